@@ -1,0 +1,1 @@
+"""monorl: RL post-training for language models in plain PyTorch."""

@@ -1,0 +1,55 @@
+import pytest
+import torch
+
+from monorl.model.config import model_shape
+from monorl.model.logprobs import token_logprobs
+from monorl.model.qwen3 import build_model
+from monorl.train.packing import TrainSequence, make_micro_batches, plan_micro_batches, token_buckets
+
+
+def _seq(p: int, c: int, start: int = 3) -> TrainSequence:
+    return TrainSequence(list(range(start, start + p)), list(range(start + p, start + p + c)), [0.0] * c, 0.5)
+
+
+def test_buckets_and_plan():
+    assert token_buckets(1000) == (64, 128, 256, 512, 1000)
+    plan = plan_micro_batches([60, 50, 40, 30, 20], max_tokens=100)
+    assert sorted(i for b in plan for i in b) == [0, 1, 2, 3, 4]
+    for b in plan:
+        assert sum([60, 50, 40, 30, 20][i] for i in b) <= 100
+    with pytest.raises(ValueError, match="sequence 1 has 120 tokens"):
+        plan_micro_batches([10, 120], max_tokens=100)
+
+
+def test_pack_layout_is_bucketed_and_unpadded():
+    seqs = [_seq(5, 3), _seq(7, 4), _seq(2, 6)]
+    (mb,) = make_micro_batches(seqs, max_tokens=64, device="cpu", buckets=(16, 32, 64))
+    assert mb.input_ids.numel() == 32 and mb.num_real_tokens == 27
+    assert mb.ctx.cu_seqlens.tolist() == [0, 8, 19, 27, 32]  # last segment is the filler
+    assert mb.targets.numel() == 13
+    # every target is the token right after its logit row
+    assert torch.equal(mb.input_ids[mb.logit_index + 1], mb.targets)
+    assert mb.seq_ids.tolist() == [0] * 3 + [1] * 4 + [2] * 6
+
+
+def test_packed_logprobs_equal_per_sequence():
+    torch.manual_seed(0)
+    model = build_model(model_shape("tiny"), seed=1).eval()
+    seqs = [TrainSequence(torch.randint(3, 100, (p,)).tolist(), torch.randint(3, 100, (c,)).tolist(), [0.0] * c, 1.0)
+            for p, c in [(5, 3), (9, 7), (3, 1)]]
+    mbs = make_micro_batches(seqs, max_tokens=64, device="cpu", buckets=(48, 64))
+    assert len(mbs) == 1
+    mb = mbs[0]
+    with torch.no_grad():
+        packed = token_logprobs(model.compute_logits(model(mb.input_ids, mb.ctx.positions, mb.ctx)[mb.logit_index]),
+                                mb.targets)
+        alone = []
+        for s in seqs:
+            from monorl.model.attention import VarlenContext
+
+            ids = torch.tensor(s.prompt_ids + s.completion_ids)
+            ctx = VarlenContext.from_lengths([len(ids)], "cpu")
+            logits = model.compute_logits(model(ids, ctx.positions, ctx))
+            p = len(s.prompt_ids)
+            alone.append(token_logprobs(logits[p - 1:-1], torch.tensor(s.completion_ids)))
+    torch.testing.assert_close(packed, torch.cat(alone), atol=1e-5, rtol=0)

@@ -129,6 +129,18 @@ class Qwen3ForCausalLM(nn.Module):
         return F.linear(hidden, self.lm_head_weight)
 
     @torch.no_grad()
+    def logits_for(self, sequences: Sequence[Sequence[int]], backend: str = "auto") -> list[Tensor]:
+        """Logits [len_i, vocab] for each of a batch of token sequences of unequal length, computed in
+        one packed forward (no padding)."""
+        from monorl.model.attention import VarlenContext, resolve_backend
+
+        dev, dtype = self.lm_head_weight.device, self.lm_head_weight.dtype
+        ids = torch.tensor([t for s in sequences for t in s], dtype=torch.long, device=dev)
+        ctx = VarlenContext.from_lengths([len(s) for s in sequences], dev, resolve_backend(backend, dev, dtype))
+        logits = self.compute_logits(self(ids, ctx.positions, ctx))
+        return list(logits.split([len(s) for s in sequences]))
+
+    @torch.no_grad()
     def init_weights(self, seed: int = 0, std: float = 0.02) -> Qwen3ForCausalLM:
         """Random init (normal(0, std) matrices, unit norms), deterministic for a seed, on any device."""
         g = torch.Generator(device="cpu").manual_seed(seed)

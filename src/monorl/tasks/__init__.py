@@ -1,1 +1,78 @@
+"""Tasks: prompt sources + reward functions. `load_task("sum_digits")`, `load_task("gsm8k", data_dir=...)`,
+or a user task as `load_task("my_pkg.my_mod:MyTask")` / `load_task("path/to/file.py:make_task", size=3)`."""
 
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import sys
+from pathlib import Path
+from typing import Any
+
+from monorl.tasks.base import Prompt, Task, safe_reward
+from monorl.tasks.gsm8k import Gsm8kTask
+from monorl.tasks.sum_digits import SumDigitsTask
+
+BUILTIN_TASKS: dict[str, type[Task]] = {"sum_digits": SumDigitsTask, "gsm8k": Gsm8kTask}
+
+__all__ = ["BUILTIN_TASKS", "Gsm8kTask", "Prompt", "SumDigitsTask", "Task", "load_task", "safe_reward"]
+
+
+def load_task(spec: str, **kwargs: Any) -> Task:
+    """A task from a built-in name or ``module:object``.
+
+    ``object`` (a dotted attribute path inside the module) may be a `Task` instance (then no kwargs), a `Task`
+    subclass (called with kwargs), or a factory (called with kwargs) that returns a `Task`. ``module`` may be an
+    importable module name or a path to a ``.py`` file.
+    """
+    if spec in BUILTIN_TASKS:
+        return BUILTIN_TASKS[spec](**kwargs)
+    if ":" not in spec:
+        raise ValueError(f"unknown task {spec!r}: use one of {sorted(BUILTIN_TASKS)} or 'module:object' "
+                         f"(e.g. 'my_tasks:MyTask' or 'path/to/tasks.py:make_task')")
+    module_name, _, attr_path = spec.rpartition(":")
+    if not module_name or not attr_path:
+        raise ValueError(f"task spec {spec!r} must look like 'module:object'")
+    module = _import(module_name, spec)
+    obj: Any = module
+    for part in attr_path.split("."):
+        if not hasattr(obj, part):
+            raise AttributeError(f"task spec {spec!r}: {module_name!r} has no attribute {attr_path!r}")
+        obj = getattr(obj, part)
+    if isinstance(obj, Task):
+        if kwargs:
+            raise TypeError(f"task spec {spec!r} names a Task instance; it takes no arguments, got {sorted(kwargs)}")
+        return obj
+    if isinstance(obj, type):
+        if not issubclass(obj, Task):
+            raise TypeError(f"task spec {spec!r} names class {obj.__name__}, which is not a monorl.tasks.Task subclass")
+        return obj(**kwargs)
+    if callable(obj):
+        task = obj(**kwargs)
+        if not isinstance(task, Task):
+            raise TypeError(f"task factory {spec!r} returned {type(task).__name__}, not a monorl.tasks.Task")
+        return task
+    raise TypeError(f"task spec {spec!r} names a {type(obj).__name__}: expected a Task, a Task subclass or a factory")
+
+
+def _import(module_name: str, spec: str) -> Any:
+    if module_name.endswith(".py"):
+        path = Path(module_name)
+        if not path.is_file():
+            raise FileNotFoundError(f"task spec {spec!r}: no such file {path}")
+        name = f"_monorl_user_task_{path.stem}"
+        mod_spec = importlib.util.spec_from_file_location(name, path)
+        if mod_spec is None or mod_spec.loader is None:
+            raise ImportError(f"task spec {spec!r}: cannot load {path}")
+        module = importlib.util.module_from_spec(mod_spec)
+        sys.modules[name] = module  # dataclasses and pickling look modules up by name
+        try:
+            mod_spec.loader.exec_module(module)
+        except Exception as e:
+            del sys.modules[name]
+            raise ImportError(f"task spec {spec!r}: importing {path} failed: {type(e).__name__}: {e}") from e
+        return module
+    try:
+        return importlib.import_module(module_name)
+    except Exception as e:
+        raise ImportError(f"task spec {spec!r}: cannot import module {module_name!r}: {type(e).__name__}: {e}") from e

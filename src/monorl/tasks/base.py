@@ -1,0 +1,93 @@
+"""What a task is: a source of prompts and a reward function over completion text.
+
+The RL loop only needs what is on `Task`: draw training prompts, draw a fixed validation set, render a prompt
+for the tokenizer, score a completion. A user task is any `Task` subclass, loaded with `load_task("mod:obj")`.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from abc import ABC, abstractmethod
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class Prompt:
+    """One problem. `text` is the user message; `answer` the ground truth in whatever form the task's reward
+    uses; `meta` carries the rest (for training prompts, `meta["index"]` is the position in the stream,
+    which is what a resume passes back as `train_prompts(seed, start=index + 1)`)."""
+
+    text: str
+    answer: Any
+    meta: dict[str, Any] = field(default_factory=dict)
+
+
+class ChatTokenizer(Protocol):
+    """The slice of monorl's tokenizer wrapper that tasks use."""
+
+    has_chat_template: bool
+
+    def apply_chat_template(self, messages: list[dict[str, str]], add_generation_prompt: bool = True) -> str: ...
+
+
+class Task(ABC):
+    """Base class for tasks. Subclasses set `name` and `reward_components` and implement the three abstract
+    methods; `render` has a sensible default."""
+
+    name: str = "task"
+    reward_components: tuple[str, ...] = ()
+
+    @abstractmethod
+    def train_prompts(self, seed: int = 0, start: int = 0) -> Iterator[Prompt]:
+        """Endless (or epoch-cycling) stream of training prompts, the same for the same `seed`.
+
+        `start` skips to that position in the stream, so a resumed run continues where it stopped: each
+        prompt's `meta["index"]` is its position, counting from 0 at the start of the stream."""
+
+    @abstractmethod
+    def val_prompts(self, n: int) -> list[Prompt]:
+        """The first `n` held-out prompts: fixed (independent of any seed), never produced by `train_prompts`."""
+
+    @abstractmethod
+    def reward(self, prompt: Prompt, completion: str) -> dict[str, float]:
+        """Reward components for one completion, keyed by `reward_components`; the run's reward is their sum."""
+
+    def plain_prompt(self, prompt: Prompt) -> str:
+        """The prompt string for tokenizers without a chat template (tiny char-level models)."""
+        return f"User: {prompt.text}\nAssistant: "
+
+    def render(self, prompt: Prompt, tokenizer: ChatTokenizer) -> str:
+        """The text the generator continues: the chat template's user turn + generation prompt when the
+        tokenizer has one, else `plain_prompt`."""
+        if getattr(tokenizer, "has_chat_template", False):
+            out = tokenizer.apply_chat_template([{"role": "user", "content": prompt.text}], add_generation_prompt=True)
+            if not isinstance(out, str):
+                raise TypeError(f"tokenizer.apply_chat_template returned {type(out).__name__}, expected str")
+            return out
+        return self.plain_prompt(prompt)
+
+
+def safe_reward(task: Task, prompt: Prompt, completion: str) -> dict[str, float]:
+    """`task.reward`, but a broken reward never stops the run: if it raises, returns something that is not a
+    dict of finite numbers, or misses / adds components, log a warning naming the task and the problem and
+    score the completion 0.0 on every component."""
+    try:
+        out = task.reward(prompt, completion)
+        if not isinstance(out, dict):
+            raise TypeError(f"reward returned {type(out).__name__}, expected dict[str, float]")
+        if set(out) != set(task.reward_components):
+            raise KeyError(f"reward returned components {sorted(out)}, expected {sorted(task.reward_components)}")
+        vals = {k: float(out[k]) for k in task.reward_components}
+        bad = [k for k, v in vals.items() if not math.isfinite(v)]
+        if bad:
+            raise ValueError(f"non-finite reward for {bad}: {[vals[k] for k in bad]}")
+        return vals
+    except Exception as e:  # noqa: BLE001 -- a user reward can fail in any way; the run goes on
+        logger.warning("task %r: reward failed (%s: %s); scoring this completion 0.0", getattr(task, "name", task),
+                       type(e).__name__, e)
+        return {k: 0.0 for k in task.reward_components}

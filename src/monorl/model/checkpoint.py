@@ -1,0 +1,249 @@
+"""HF-format checkpoints in and out: `config.json` + safetensors (one file or sharded with an index).
+
+Loading builds the model on the meta device and reads each tensor straight to its target device and
+dtype, so the weights exist once. Saving writes a directory that `transformers` loads as
+`Qwen3ForCausalLM`, atomically: everything goes to a temp dir beside the target, then one rename.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import uuid
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors import safe_open
+from safetensors.torch import save_file
+from torch import Tensor
+
+from monorl.model.config import ModelConfig
+from monorl.model.qwen3 import Qwen3ForCausalLM
+from monorl.model.tokenizer import Tokenizer, load_tokenizer
+
+CONFIG_FILE = "config.json"
+SINGLE_FILE = "model.safetensors"
+INDEX_FILE = "model.safetensors.index.json"
+GENERATION_CONFIG_FILE = "generation_config.json"
+
+_ST_DTYPES = {"F64": torch.float64, "F32": torch.float32, "BF16": torch.bfloat16, "F16": torch.float16}
+_DTYPE_NAMES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16",
+                torch.float64: "float64"}
+
+
+class CheckpointError(ValueError):
+    """A checkpoint directory that cannot be loaded; the message names the file / tensor at fault."""
+
+
+# ---- reading ---------------------------------------------------------------------------------------
+
+def _check_dir(path: str | os.PathLike) -> Path:
+    p = Path(path)
+    if not p.exists():
+        raise CheckpointError(f"checkpoint directory {p} does not exist")
+    if not p.is_dir():
+        raise CheckpointError(f"checkpoint path {p} is not a directory")
+    return p
+
+
+def _read_json(file: Path, what: str) -> dict[str, Any]:
+    if not file.is_file():
+        raise CheckpointError(f"{what} not found: {file}")
+    try:
+        data = json.loads(file.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise CheckpointError(f"cannot parse {file}: {e}") from None
+    if not isinstance(data, dict):
+        raise CheckpointError(f"cannot parse {file}: expected a JSON object, got {type(data).__name__}")
+    return data
+
+
+def load_config(path: str | os.PathLike) -> ModelConfig:
+    """The `ModelConfig` of an HF checkpoint directory (its `config.json`)."""
+    p = _check_dir(path)
+    hf = _read_json(p / CONFIG_FILE, "config.json")
+    try:
+        return ModelConfig.from_hf(hf)
+    except (ValueError, TypeError) as e:
+        raise CheckpointError(f"{p / CONFIG_FILE}: {e}") from None
+
+
+def weight_files(path: str | os.PathLike) -> dict[Path, list[str] | None]:
+    """Safetensors files of a checkpoint -> the tensor names the index assigns to each (None: unindexed)."""
+    p = _check_dir(path)
+    index = p / INDEX_FILE
+    if index.is_file():
+        weight_map = _read_json(index, INDEX_FILE).get("weight_map")
+        if not isinstance(weight_map, dict) or not weight_map:
+            raise CheckpointError(f"{index} has no 'weight_map'")
+        files: dict[Path, list[str] | None] = {}
+        for name, shard in weight_map.items():
+            files.setdefault(p / shard, []).append(name)  # type: ignore[union-attr]
+        for shard in files:
+            if not shard.is_file():
+                raise CheckpointError(f"{index} names shard {shard.name!r}, which does not exist in {p}")
+        return files
+    if (p / SINGLE_FILE).is_file():
+        return {p / SINGLE_FILE: None}
+    found = sorted(p.glob("*.safetensors"))
+    if not found:
+        raise CheckpointError(f"no weights in {p}: expected {SINGLE_FILE} or {INDEX_FILE} (+ shards)")
+    return dict.fromkeys(found)
+
+
+def _device_str(device: torch.device | str) -> str:
+    d = torch.device(device)
+    if d.type == "cuda" and d.index is None:  # safetensors wants an explicit ordinal
+        d = torch.device("cuda", torch.cuda.current_device())
+    return str(d)
+
+
+def load_state_dict(path: str | os.PathLike, expected: dict[str, Tensor], device: torch.device | str = "cpu",
+                    dtype: torch.dtype | None = None, ignore: tuple[str, ...] = ()) -> dict[str, Tensor]:
+    """Read every tensor named in `expected` (name -> a tensor of the right shape, e.g. on meta) from
+    the checkpoint at `path`, checking names and shapes before reading any data."""
+    out: dict[str, Tensor] = {}
+    unexpected: list[str] = []
+    for file, indexed_names in weight_files(path).items():
+        try:
+            with safe_open(file, framework="pt", device=_device_str(device)) as f:
+                names = list(f.keys())
+                if indexed_names is not None and (missing := sorted(set(indexed_names) - set(names))):
+                    raise CheckpointError(f"{file} lacks tensors its index assigns to it: {missing[:8]}")
+                for name in names:
+                    if name in ignore:
+                        continue
+                    if name not in expected:
+                        unexpected.append(name)
+                        continue
+                    if name in out:
+                        raise CheckpointError(f"tensor {name!r} is stored twice (again in {file.name})")
+                    shape = tuple(f.get_slice(name).get_shape())
+                    want = tuple(expected[name].shape)
+                    if shape != want:
+                        raise CheckpointError(
+                            f"tensor {name!r} in {file.name} has shape {list(shape)}, the model expects {list(want)}")
+                    t = f.get_tensor(name)
+                    out[name] = t if dtype is None or t.dtype == dtype else t.to(dtype)
+        except CheckpointError:
+            raise
+        except Exception as e:  # SafetensorError, OSError: a corrupt or truncated file
+            raise CheckpointError(f"cannot read safetensors file {file}: {e}") from None
+    if unexpected:
+        raise CheckpointError(f"unexpected tensors in {path} (not in the model): {sorted(unexpected)}")
+    if missing := sorted(set(expected) - set(out)):
+        raise CheckpointError(f"tensors missing from {path}: {missing}")
+    return out
+
+
+def load_checkpoint(path: str | os.PathLike, device: torch.device | str = "cpu",
+                    dtype: torch.dtype | None = None) -> Qwen3ForCausalLM:
+    """A Qwen3 model from an HF checkpoint directory. dtype=None keeps the stored dtype (of the embedding,
+    so a checkpoint with mixed dtypes still gives a model of one dtype)."""
+    cfg = load_config(path)
+    with torch.device("meta"):
+        model = Qwen3ForCausalLM(cfg)
+    expected = model.state_dict()
+    if dtype is None:
+        dtype = _stored_dtype(path, "model.embed_tokens.weight")
+    # Tied checkpoints may still carry lm_head.weight (a copy of the embedding): read past it.
+    ignore = ("lm_head.weight",) if cfg.tie_word_embeddings else ()
+    state = load_state_dict(path, expected, device=device, dtype=dtype, ignore=ignore)
+    model.load_state_dict(state, strict=True, assign=True)
+    return model.eval()
+
+
+def _stored_dtype(path: str | os.PathLike, name: str) -> torch.dtype | None:
+    for file in weight_files(path):
+        try:
+            with safe_open(file, framework="pt", device="cpu") as f:
+                if name in f.keys():
+                    return _ST_DTYPES.get(f.get_slice(name).get_dtype())
+        except Exception as e:
+            raise CheckpointError(f"cannot read safetensors file {file}: {e}") from None
+    return None  # load_state_dict reports the missing tensor
+
+
+def load_pretrained(path: str | os.PathLike, device: torch.device | str = "cpu",
+                    dtype: torch.dtype | None = None) -> tuple[Qwen3ForCausalLM, Tokenizer]:
+    """Model and tokenizer from one HF checkpoint directory."""
+    model = load_checkpoint(path, device=device, dtype=dtype)
+    return model, load_tokenizer(path)
+
+
+# ---- writing ---------------------------------------------------------------------------------------
+
+def _shards(state: dict[str, Tensor], max_shard_bytes: int | None) -> list[dict[str, Tensor]]:
+    """Greedy split in insertion order; a tensor larger than the limit gets a shard of its own."""
+    if max_shard_bytes is None:
+        return [state]
+    shards: list[dict[str, Tensor]] = [{}]
+    size = 0
+    for name, t in state.items():
+        nbytes = t.numel() * t.element_size()
+        if shards[-1] and size + nbytes > max_shard_bytes:
+            shards.append({})
+            size = 0
+        shards[-1][name] = t
+        size += nbytes
+    return shards
+
+
+def save_checkpoint(model: Qwen3ForCausalLM, path: str | os.PathLike, dtype: torch.dtype | None = None,
+                    tokenizer: Tokenizer | None = None, max_shard_bytes: int | None = None) -> Path:
+    """Write `model` (and `tokenizer`, if given) as an HF checkpoint directory at `path`, replacing any
+    existing one only once the new one is complete. dtype=None keeps the model's dtype."""
+    path = Path(path)
+    if path.exists() and not path.is_dir():
+        raise CheckpointError(f"cannot save checkpoint to {path}: it exists and is not a directory")
+    if any(t.is_meta for t in model.state_dict().values()):
+        raise CheckpointError("cannot save a model that still has meta (unmaterialised) tensors")
+    state = {name: t.detach().to("cpu", dtype=dtype or t.dtype).contiguous() for name, t in model.state_dict().items()}
+    saved_dtype = dtype or next(iter(state.values())).dtype
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.parent / f".{path.name}.tmp-{uuid.uuid4().hex[:8]}"
+    tmp.mkdir()
+    try:
+        _write_json(tmp / CONFIG_FILE, model.config.to_hf(_DTYPE_NAMES.get(saved_dtype, str(saved_dtype))))
+        shards = _shards(state, max_shard_bytes)
+        if len(shards) == 1:
+            save_file(shards[0], tmp / SINGLE_FILE, metadata={"format": "pt"})
+        else:
+            weight_map = {}
+            for i, shard in enumerate(shards):
+                fname = f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors"
+                save_file(shard, tmp / fname, metadata={"format": "pt"})
+                weight_map.update(dict.fromkeys(shard, fname))
+            total = sum(t.numel() * t.element_size() for t in state.values())
+            _write_json(tmp / INDEX_FILE, {"metadata": {"total_size": total}, "weight_map": weight_map})
+        if tokenizer is not None:
+            tokenizer.save(tmp)
+            gen = {"bos_token_id": tokenizer.bos_token_id, "eos_token_id": tokenizer.eos_token_ids,
+                   "pad_token_id": tokenizer.pad_token_id}
+            _write_json(tmp / GENERATION_CONFIG_FILE, {k: v for k, v in gen.items() if v is not None})
+        _replace_dir(tmp, path)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return path
+
+
+def _write_json(file: Path, data: dict[str, Any]) -> None:
+    file.write_text(json.dumps(data, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+
+
+def _replace_dir(new: Path, dst: Path) -> None:
+    """Move the finished `new` to `dst`. An old `dst` is first renamed aside (a directory cannot be
+    atomically renamed over a non-empty one), so at no point does `dst` hold a partial checkpoint."""
+    for f in new.iterdir():  # flush file data before the rename makes it visible
+        with open(f, "rb") as fh:
+            os.fsync(fh.fileno())
+    old = None
+    if dst.exists():
+        old = dst.parent / f".{dst.name}.old-{uuid.uuid4().hex[:8]}"
+        dst.rename(old)
+    new.rename(dst)
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)

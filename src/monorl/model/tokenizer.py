@@ -1,0 +1,283 @@
+"""Tokenizers: HF `tokenizer.json` checkpoints (through the `tokenizers` library) and a tiny built-in
+character tokenizer for the embedded default model. Chat templates render with a sandboxed jinja2
+environment set up the way HF transformers sets it up, so Hub templates render the same text.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from datetime import datetime
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+import jinja2
+import jinja2.ext
+from jinja2.sandbox import ImmutableSandboxedEnvironment
+from tokenizers import AddedToken, decoders, models, processors
+from tokenizers import Tokenizer as _HFTok
+
+TOKENIZER_FILE = "tokenizer.json"
+TOKENIZER_CONFIG_FILE = "tokenizer_config.json"
+CHAT_TEMPLATE_FILE = "chat_template.jinja"
+SPECIAL_TOKENS_MAP_FILE = "special_tokens_map.json"
+GENERATION_CONFIG_FILE = "generation_config.json"
+
+
+class TokenizerError(ValueError):
+    """A tokenizer directory that cannot be loaded, or a request it cannot serve."""
+
+
+# ---- chat templates --------------------------------------------------------------------------------
+
+class _GenerationTag(jinja2.ext.Extension):
+    """`{% generation %}...{% endgeneration %}` (HF's assistant-mask marker): rendered as its body."""
+
+    tags = {"generation"}
+
+    def parse(self, parser: Any) -> jinja2.nodes.Node:
+        lineno = next(parser.stream).lineno
+        body = parser.parse_statements(("name:endgeneration",), drop_needle=True)
+        return jinja2.nodes.CallBlock(self.call_method("_render"), [], [], body).set_lineno(lineno)
+
+    def _render(self, caller: Any) -> str:
+        return caller()
+
+
+def _raise_exception(message: str) -> None:
+    raise jinja2.exceptions.TemplateError(message)
+
+
+def _tojson(x: Any, ensure_ascii: bool = False, indent: int | None = None, separators: Any = None,
+            sort_keys: bool = False) -> str:
+    # jinja's own tojson HTML-escapes; HF templates expect plain json.dumps
+    return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
+
+
+@cache
+def compile_chat_template(template: str) -> jinja2.Template:
+    """Compile once per template string; the environment matches HF's (sandboxed, trim/lstrip blocks)."""
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
+                                        extensions=[_GenerationTag, jinja2.ext.loopcontrols])
+    env.filters["tojson"] = _tojson
+    env.globals["raise_exception"] = _raise_exception
+    env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
+    return env.from_string(template)
+
+
+# ---- the interface ---------------------------------------------------------------------------------
+
+class Tokenizer:
+    """What the rest of monorl needs from a tokenizer. Subclasses set the attributes below and
+    implement encode / decode / save."""
+
+    vocab_size: int
+    eos_token_id: int | None
+    eos_token_ids: list[int]  # every id that ends a generation (eos + generation_config extras)
+    pad_token_id: int | None
+    bos_token_id: int | None
+    chat_template: str | None = None
+    special_tokens: dict[str, str]  # e.g. {"eos_token": "<|im_end|>"}: what templates see
+
+    def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
+        raise NotImplementedError
+
+    def decode(self, ids: list[int], skip_special_tokens: bool = False) -> str:
+        raise NotImplementedError
+
+    def save(self, path: str | os.PathLike) -> None:
+        raise NotImplementedError
+
+    @property
+    def has_chat_template(self) -> bool:
+        return bool(self.chat_template)
+
+    def apply_chat_template(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True,
+                            **kw: Any) -> str:
+        """Render a conversation to text. Extra keywords (tools, enable_thinking, ...) reach the template."""
+        if not self.chat_template:
+            raise TokenizerError(f"{type(self).__name__} has no chat template; encode the prompt text directly")
+        variables = {**self.special_tokens, "tools": None, "documents": None, **kw}
+        return compile_chat_template(self.chat_template).render(
+            messages=messages, add_generation_prompt=add_generation_prompt, **variables)
+
+
+# ---- HF tokenizer.json -----------------------------------------------------------------------------
+
+def _read_json(file: Path) -> dict[str, Any]:
+    try:
+        return json.loads(file.read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise TokenizerError(f"cannot read {file}: {e}") from None
+
+
+def _token_content(value: Any) -> str | None:
+    """Special tokens appear as "<s>" or as {"content": "<s>", ...} (AddedToken dict form)."""
+    if isinstance(value, dict):
+        return value.get("content")
+    return value if isinstance(value, str) else None
+
+
+def _pick_template(value: Any) -> str | None:
+    # Older configs store several named templates: [{"name": "default", "template": ...}, ...]
+    if isinstance(value, list):
+        named = {t.get("name"): t.get("template") for t in value if isinstance(t, dict)}
+        return named.get("default")
+    return value
+
+
+class HFTokenizer(Tokenizer):
+    """A tokenizer from an HF checkpoint directory: tokenizer.json + tokenizer_config.json (+ optional
+    chat_template.jinja, special_tokens_map.json, generation_config.json)."""
+
+    def __init__(self, tok: _HFTok, config: dict[str, Any], chat_template: str | None = None,
+                 template_file: str | None = None, generation_eos: list[int] | None = None) -> None:
+        self._tok, self._config, self._template_file = tok, config, template_file
+        self.chat_template = chat_template if chat_template is not None else _pick_template(config.get("chat_template"))
+        self._add_config_tokens(tok, config.get("added_tokens_decoder") or {})
+        self.vocab_size = tok.get_vocab_size(with_added_tokens=True)
+        self.special_tokens = {}
+        ids: dict[str, int | None] = {}
+        for key in ("bos_token", "eos_token", "pad_token", "unk_token"):
+            content = _token_content(config.get(key))
+            ids[key] = None
+            if content is not None:
+                tid = tok.token_to_id(content)
+                if tid is None:
+                    raise TokenizerError(f"{key} {content!r} from {TOKENIZER_CONFIG_FILE} is not in the vocabulary")
+                self.special_tokens[key] = content
+                ids[key] = tid
+        self.bos_token_id, self.eos_token_id, self.pad_token_id = ids["bos_token"], ids["eos_token"], ids["pad_token"]
+        eos = [self.eos_token_id] if self.eos_token_id is not None else []
+        self.eos_token_ids = list(dict.fromkeys(eos + list(generation_eos or [])))
+        if self.eos_token_id is None and self.eos_token_ids:
+            self.eos_token_id = self.eos_token_ids[0]
+
+    @staticmethod
+    def _add_config_tokens(tok: _HFTok, decoder: dict[str, Any]) -> None:
+        """Tokens listed only in tokenizer_config's added_tokens_decoder (HF adds them too)."""
+        for tid, spec in sorted(decoder.items(), key=lambda kv: int(kv[0])):
+            content = _token_content(spec)
+            if content is None or tok.token_to_id(content) is not None:
+                continue
+            special = bool(spec.get("special", True)) if isinstance(spec, dict) else True
+            tok.add_tokens([AddedToken(content, special=special, normalized=False)])
+            if tok.token_to_id(content) != int(tid):
+                raise TokenizerError(f"added token {content!r} should have id {tid} but would get "
+                                     f"{tok.token_to_id(content)}; tokenizer.json and tokenizer_config.json disagree")
+
+    @classmethod
+    def from_dir(cls, path: str | os.PathLike) -> HFTokenizer:
+        p = Path(path)
+        if not p.is_dir():
+            raise TokenizerError(f"tokenizer directory {p} does not exist")
+        if not (p / TOKENIZER_FILE).is_file():
+            raise TokenizerError(f"{TOKENIZER_FILE} not found in {p} (monorl reads fast-tokenizer files only)")
+        try:
+            tok = _HFTok.from_file(str(p / TOKENIZER_FILE))
+        except Exception as e:
+            raise TokenizerError(f"cannot read {p / TOKENIZER_FILE}: {e}") from None
+        config = _read_json(p / TOKENIZER_CONFIG_FILE) if (p / TOKENIZER_CONFIG_FILE).is_file() else {}
+        if (p / SPECIAL_TOKENS_MAP_FILE).is_file():  # legacy file; tokenizer_config.json wins
+            config = {**_read_json(p / SPECIAL_TOKENS_MAP_FILE), **config}
+        template = None
+        if (p / CHAT_TEMPLATE_FILE).is_file():  # newer checkpoints keep the template beside the config
+            template = (p / CHAT_TEMPLATE_FILE).read_text(encoding="utf-8")
+        gen_eos: list[int] = []
+        if (p / GENERATION_CONFIG_FILE).is_file():
+            eos = _read_json(p / GENERATION_CONFIG_FILE).get("eos_token_id")
+            gen_eos = [eos] if isinstance(eos, int) else list(eos or [])
+        return cls(tok, config, chat_template=template, template_file=CHAT_TEMPLATE_FILE if template else None,
+                   generation_eos=gen_eos)
+
+    def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
+        return self._tok.encode(text, add_special_tokens=add_special_tokens).ids
+
+    def decode(self, ids: list[int], skip_special_tokens: bool = False) -> str:
+        return self._tok.decode(list(ids), skip_special_tokens=skip_special_tokens)
+
+    def token_to_id(self, token: str) -> int | None:
+        return self._tok.token_to_id(token)
+
+    def save(self, path: str | os.PathLike) -> None:
+        p = Path(path)
+        p.mkdir(parents=True, exist_ok=True)
+        self._tok.save(str(p / TOKENIZER_FILE))
+        config = dict(self._config)
+        if self._template_file:
+            (p / self._template_file).write_text(self.chat_template or "", encoding="utf-8")
+            config.pop("chat_template", None)
+        elif self.chat_template is not None:
+            config["chat_template"] = self.chat_template
+        (p / TOKENIZER_CONFIG_FILE).write_text(json.dumps(config, indent=2, ensure_ascii=False) + "\n",
+                                               encoding="utf-8")
+
+
+# ---- the built-in character tokenizer ---------------------------------------------------------------
+
+class CharTokenizer(Tokenizer):
+    """One token per character, no files: `<pad>`=0, `<eos>`=1, `<bos>`=2, then printable ASCII 32..126,
+    then '\\n' (99 ids; fits the "tiny" shape's 128-row vocabulary). Special-token strings in the text
+    encode to their ids (as HF tokenizers do). Any other character raises ValueError. No chat template."""
+
+    SPECIALS = ("<pad>", "<eos>", "<bos>")
+    CHARS = tuple(chr(c) for c in range(32, 127)) + ("\n",)
+
+    def __init__(self) -> None:
+        self.pad_token_id, self.eos_token_id, self.bos_token_id = 0, 1, 2
+        self.eos_token_ids = [1]
+        self.special_tokens = {"pad_token": "<pad>", "eos_token": "<eos>", "bos_token": "<bos>"}
+        self._id_to_str = list(self.SPECIALS) + list(self.CHARS)
+        self._char_to_id = {c: i + len(self.SPECIALS) for i, c in enumerate(self.CHARS)}
+        self.vocab_size = len(self._id_to_str)
+
+    def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
+        ids = [self.bos_token_id] if add_special_tokens else []
+        i = 0
+        while i < len(text):
+            if text[i] == "<" and (special := next((s for s in self.SPECIALS if text.startswith(s, i)), None)):
+                ids.append(self.SPECIALS.index(special))
+                i += len(special)
+                continue
+            tid = self._char_to_id.get(text[i])
+            if tid is None:
+                raise ValueError(f"CharTokenizer cannot encode {text[i]!r} at position {i}: it knows printable "
+                                 "ASCII and '\\n' only")
+            ids.append(tid)
+            i += 1
+        return ids
+
+    def decode(self, ids: list[int], skip_special_tokens: bool = False) -> str:
+        n = len(self.SPECIALS)
+        return "".join(self._id_to_str[int(i)] for i in ids if not (skip_special_tokens and int(i) < n))
+
+    def to_hf(self) -> _HFTok:
+        """The same tokenizer as a `tokenizers.Tokenizer` (a merge-free BPE: each character one token).
+        Difference: it drops unknown characters instead of raising."""
+        tok = _HFTok(models.BPE(vocab={s: i for i, s in enumerate(self._id_to_str)}, merges=[]))
+        tok.decoder = decoders.Fuse()  # concatenate tokens (the default decoder joins with spaces)
+        tok.add_special_tokens([AddedToken(s, special=True, normalized=False) for s in self.SPECIALS])
+        tok.post_processor = processors.TemplateProcessing(single="<bos> $A", special_tokens=[("<bos>", 2)])
+        return tok
+
+    def save(self, path: str | os.PathLike) -> None:
+        """Write tokenizer.json + tokenizer_config.json: HF `AutoTokenizer` and `load_tokenizer` read it back."""
+        p = Path(path)
+        p.mkdir(parents=True, exist_ok=True)
+        self.to_hf().save(str(p / TOKENIZER_FILE))
+        config = {
+            "tokenizer_class": "PreTrainedTokenizerFast",
+            **self.special_tokens,
+            "added_tokens_decoder": {str(i): {"content": s, "lstrip": False, "rstrip": False, "normalized": False,
+                                              "single_word": False, "special": True}
+                                     for i, s in enumerate(self.SPECIALS)},
+            "model_max_length": 1024,
+            "clean_up_tokenization_spaces": False,
+        }
+        (p / TOKENIZER_CONFIG_FILE).write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
+
+
+def load_tokenizer(path: str | os.PathLike) -> Tokenizer:
+    """The tokenizer of an HF checkpoint directory (needs tokenizer.json)."""
+    return HFTokenizer.from_dir(path)

@@ -80,6 +80,8 @@ def weight_files(path: str | os.PathLike) -> dict[Path, list[str] | None]:
             raise CheckpointError(f"{index} has no 'weight_map'")
         files: dict[Path, list[str] | None] = {}
         for name, shard in weight_map.items():
+            if not isinstance(shard, str):
+                raise CheckpointError(f"{index}: weight_map[{name!r}] should be a file name, got {shard!r}")
             files.setdefault(p / shard, []).append(name)  # type: ignore[union-attr]
         for shard in files:
             if not shard.is_file():
@@ -152,6 +154,9 @@ def load_checkpoint(path: str | os.PathLike, device: torch.device | str = "cpu",
     ignore = ("lm_head.weight",) if cfg.tie_word_embeddings else ()
     state = load_state_dict(path, expected, device=device, dtype=dtype, ignore=ignore)
     model.load_state_dict(state, strict=True, assign=True)
+    # A tensor outside the state dict (e.g. a non-persistent buffer) would still be on meta: say so now.
+    if left := [n for n, t in [*model.named_parameters(), *model.named_buffers()] if t.is_meta]:
+        raise CheckpointError(f"tensors not initialised by the checkpoint (still on meta): {left}")
     return model.eval()
 
 

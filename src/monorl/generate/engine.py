@@ -1,0 +1,281 @@
+"""`Generator`: prompts (token ids) -> n sampled completions each, with per-token log-probs.
+
+Runs the one `Qwen3ForCausalLM` through the generator's attention contexts: a paged KV cache, prefix
+sharing across the n samples of a prompt, continuous batching over `max_num_seqs` decode slots, and
+(on CUDA) a decode step replayed from a CUDA graph per batch-size bucket, with sampling and the
+log-prob inside the graph.
+
+Log-probs: each returned log-prob is `monorl.model.logprobs.token_logprobs` -- the trainer's function
+-- of the sampled token under the temperature-scaled distribution `log_softmax(logits / T)`, before
+top-k / top-p truncation; for greedy decoding (temperature 0) T = 1.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from monorl.generate.attention import triton_decode_supported
+from monorl.generate.kv_cache import BlockManager, KVCache, blocks_for, bytes_per_block, slot_mapping
+from monorl.generate.runner import ModelRunner
+from monorl.generate.sampling import SamplingParams, sample, sequence_key
+from monorl.generate.scheduler import Group, Scheduler, Sequence
+from monorl.model.qwen3 import Qwen3ForCausalLM, build_model
+
+_CPU_DEFAULT_KV_BYTES = 256 << 20
+
+
+@dataclass
+class GeneratorConfig:
+    max_num_seqs: int = 64  # decode slots
+    kv_cache_bytes: int | None = None  # KV budget; None: what max_num_seqs * max_model_len needs, capped by
+    #                                    half the free GPU memory (256 MiB on CPU)
+    block_size: int = 16
+    max_model_len: int | None = None  # None: the model's max_position_embeddings
+    cuda_graphs: bool = True  # only on CUDA (and with the triton decode kernel)
+    compile: bool = False  # regional torch.compile of each TransformerBlock
+    stop_check_interval: int = 1  # decode steps between host-side stop checks (results do not depend on it)
+    max_prefill_tokens: int = 8192  # tokens per packed prefill forward (a longer prompt runs alone)
+    dtype: torch.dtype | None = None  # None: bf16 on CUDA, the model's dtype elsewhere
+
+
+@dataclass
+class Completion:
+    token_ids: list[int]
+    logprobs: list[float]
+    finish_reason: str  # "stop" | "length"
+    text: str | None = None
+
+
+def _strip_compile_prefix(name: str) -> str:
+    return name.replace("_orig_mod.", "")
+
+
+class Generator:
+    def __init__(self, model: Qwen3ForCausalLM, config: GeneratorConfig | None = None, tokenizer=None,
+                 eos_token_ids: tuple[int, ...] | list[int] = ()) -> None:
+        config = config or GeneratorConfig()
+        if config.max_num_seqs < 1 or config.stop_check_interval < 1 or config.block_size < 1:
+            raise ValueError(f"invalid GeneratorConfig: {config}")
+        self.config, self.tokenizer = config, tokenizer
+        cfg = model.config
+        p = next(model.parameters())
+        device = p.device
+        dtype = config.dtype or (torch.bfloat16 if device.type == "cuda" else p.dtype)
+        if p.dtype == dtype:
+            self.model = model  # already what we run: use it as is (no second copy)
+        else:  # the generator keeps its own cast copy; refresh it with load_weights_
+            self.model = build_model(cfg, device=device, dtype=dtype, seed=None)
+            self.load_weights_(model)
+        self.model.eval()
+        self.device, self.dtype = device, dtype
+
+        if eos_token_ids:
+            eos = tuple(eos_token_ids)
+        elif tokenizer is not None and getattr(tokenizer, "eos_token_ids", None):
+            eos = tuple(tokenizer.eos_token_ids)
+        else:
+            e = cfg.eos_token_id
+            eos = () if e is None else tuple(e) if isinstance(e, list | tuple) else (e,)
+        self.eos_token_ids = tuple(int(t) for t in eos)
+
+        self.max_model_len = config.max_model_len or cfg.max_position_embeddings
+        bs = config.block_size
+        per_block = bytes_per_block(cfg, bs, dtype)
+        need = (config.max_num_seqs * blocks_for(self.max_model_len, bs) + 1) * per_block
+        if config.kv_cache_bytes is not None:
+            budget = config.kv_cache_bytes
+        elif device.type == "cuda":
+            free, _ = torch.cuda.mem_get_info(device)
+            budget = min(need, free // 2)
+        else:
+            budget = min(need, _CPU_DEFAULT_KV_BYTES)
+        num_blocks = budget // per_block
+        if num_blocks < 2:
+            raise ValueError(f"kv_cache_bytes={budget} holds {num_blocks} blocks of {per_block} bytes; need >= 2")
+        self.kv = KVCache(cfg, num_blocks, bs, device, dtype)
+        self.blocks = BlockManager(num_blocks)
+
+        backend = "triton" if triton_decode_supported(device, dtype, cfg.head_dim) else "torch"
+        # The graph path reads the full table width each step; only the triton kernel's cost does not grow with it.
+        graphs = config.cuda_graphs and device.type == "cuda" and backend == "triton"
+        self.runner = ModelRunner(self.model, self.kv, config.max_num_seqs, blocks_for(self.max_model_len, bs),
+                                  ring_size=max(256, config.stop_check_interval), decode_backend=backend,
+                                  cuda_graphs=graphs)
+        if config.compile:
+            for layer in self.model.model.layers:
+                layer.compile()
+
+    # ---- weights -----------------------------------------------------------------------------------
+    @torch.no_grad()
+    def load_weights_(self, src: nn.Module) -> None:
+        """Copy src's parameters into the generator's model in place (cast to its dtype). No
+        reallocation, so captured CUDA graphs stay valid. Names follow HF / `Qwen3ForCausalLM`."""
+        src_params = {_strip_compile_prefix(n): t for n, t in src.named_parameters()}
+        for name, dst in self.model.named_parameters():
+            name = _strip_compile_prefix(name)
+            if name not in src_params:
+                raise KeyError(f"load_weights_: source has no parameter {name!r}")
+            s = src_params[name]
+            if s.shape != dst.shape:
+                raise ValueError(f"load_weights_: {name} has shape {tuple(s.shape)}, expected {tuple(dst.shape)}")
+            dst.copy_(s.detach())
+
+    # ---- generate ----------------------------------------------------------------------------------
+    def _validate(self, prompts: list[list[int]], sampling: SamplingParams, n: int, sched: Scheduler) -> None:
+        if n < 1:
+            raise ValueError(f"n must be >= 1, got {n}")
+        if sampling.stop_strings and self.tokenizer is None:
+            raise ValueError("stop_strings need a tokenizer (Generator(..., tokenizer=...))")
+        V = self.model.config.vocab_size
+        for i, p in enumerate(prompts):
+            if len(p) == 0:
+                raise ValueError(f"prompt {i} is empty")
+            if min(p) < 0 or max(p) >= V:
+                raise ValueError(f"prompt {i} has token ids outside [0, {V})")
+            total = len(p) + sampling.max_new_tokens
+            if total > self.max_model_len:
+                raise ValueError(f"prompt {i}: {len(p)} tokens + max_new_tokens {sampling.max_new_tokens} = {total} "
+                                 f"exceeds max_model_len {self.max_model_len}")
+            need = sched.blocks_needed(len(p))
+            if need > self.blocks.usable_blocks:
+                raise ValueError(
+                    f"prompt {i}: {len(p)} tokens + max_new_tokens {sampling.max_new_tokens} needs {need} KV blocks "
+                    f"of {self.kv.block_size} tokens, but the KV cache has {self.blocks.usable_blocks} "
+                    f"(raise GeneratorConfig.kv_cache_bytes or lower max_new_tokens)")
+
+    @torch.inference_mode()
+    def generate(self, prompts: list[list[int]], sampling: SamplingParams, n: int = 1) -> list[list[Completion]]:
+        """For each prompt, n completions (results[prompt][sample])."""
+        cfg = self.config
+        sched = Scheduler(self.blocks, self.kv.block_size, cfg.max_num_seqs, cfg.max_prefill_tokens,
+                          sampling.max_new_tokens)
+        self._validate(prompts, sampling, n, sched)
+        seed = sampling.seed if sampling.seed is not None else int(torch.randint(0, 2**31 - 1, ()).item())
+        stop_ids = set(sampling.stop_token_ids) | (set() if sampling.ignore_eos else set(self.eos_token_ids))
+        stops_possible = bool(stop_ids or sampling.stop_strings)
+        results: list[list[Sequence]] = []
+        for i, p in enumerate(prompts):
+            g = Group(index=i, prompt=list(p), pending=n)
+            seqs = [Sequence(group=g, sample_index=j, key=sequence_key(seed, i, j)) for j in range(n)]
+            results.append(seqs)
+            for s in seqs:
+                sched.add(s)
+        runner = self.runner
+        if runner.use_graphs and runner.graph_key != sampling.sampler_key():
+            runner.capture(sampling)  # nothing is live yet (see ModelRunner.capture)
+        runner.reset_slots(0)
+        try:
+            while sched.waiting or sched.running:
+                self._admit(sched, sampling, stop_ids)
+                if not sched.running:
+                    continue
+                left = min(sampling.max_new_tokens - len(s.tokens) for s in sched.running)
+                steps = min(left, runner.ring_size)
+                if stops_possible:
+                    steps = min(steps, cfg.stop_check_interval)
+                live = len(sched.running)
+                width = max(len(s.table) for s in sched.running)
+                for _ in range(steps):
+                    runner.decode(live, width, sampling)
+                toks, lps = runner.read_ring(steps, live)
+                for slot, seq in enumerate(sched.running):
+                    for t in range(steps):
+                        self._append(seq, toks[t][slot], lps[t][slot], sampling, stop_ids)
+                        if seq.finish_reason is not None:
+                            break
+                self._reap(sched)
+        finally:
+            # An exception mid-generation must not leak blocks into the next call.
+            for s in sched.running:
+                if s.finish_reason is None:
+                    sched.finish(s, "abort")
+            for seqs in results:
+                g = seqs[0].group
+                if g.blocks:
+                    g.pending = 0
+                    sched.release_group_if_done(g)
+        return [[self._completion(s, sampling) for s in seqs] for seqs in results]
+
+    def _admit(self, sched: Scheduler, sampling: SamplingParams, stop_ids: set[int]) -> None:
+        groups, seqs, copies = sched.admit()
+        if not seqs:
+            if not sched.running and sched.waiting:
+                raise RuntimeError("scheduler could not admit any sequence (KV cache accounting bug)")
+            return
+        runner = self.runner
+        if groups:
+            bs = self.kv.block_size
+            slots = [slot_mapping(g.blocks, 0, len(g.prompt), bs) for g in groups]
+            logits = runner.prefill([g.prompt for g in groups], slots)
+            for g, row in zip(groups, logits, strict=True):
+                g.last_logits = row
+        self.kv.copy_blocks([c[0] for c in copies], [c[1] for c in copies])
+        rows = torch.stack([s.group.last_logits for s in seqs])
+        keys = torch.tensor([s.key for s in seqs], dtype=torch.int64, device=self.device)
+        positions = torch.tensor([s.prompt_len for s in seqs], dtype=torch.int64, device=self.device)
+        first, first_lp = sample(rows, keys, positions, sampling)
+        for s in seqs:
+            sched.release_group_if_done(s.group)
+        first_host, lp_host = first.tolist(), first_lp.tolist()
+        keep = []
+        for i, s in enumerate(seqs):
+            self._append(s, first_host[i], lp_host[i], sampling, stop_ids)
+            if s.finish_reason is None:
+                keep.append(i)
+            else:
+                sched.finish(s, s.finish_reason)
+        if not keep:
+            return
+        start = len(sched.running)
+        new = [seqs[i] for i in keep]
+        sched.running.extend(new)
+        idx = torch.tensor(keep, device=self.device)
+        tables = torch.zeros(len(new), runner.width, dtype=torch.int32)
+        for r, s in enumerate(new):
+            tables[r, :len(s.table)] = torch.tensor(s.table, dtype=torch.int32)
+        runner.set_slots(list(range(start, start + len(new))), first[idx], [s.prompt_len for s in new],
+                         [s.key for s in new], tables.to(self.device))
+
+    def _append(self, seq: Sequence, tok: int, lp: float, sampling: SamplingParams, stop_ids: set[int]) -> None:
+        seq.tokens.append(tok)
+        seq.logprobs.append(lp)
+        if tok in stop_ids:
+            seq.finish_reason = "stop"
+        elif sampling.stop_strings and self._hit_stop_string(seq, sampling.stop_strings):
+            seq.finish_reason = "stop"
+        elif len(seq.tokens) >= sampling.max_new_tokens:
+            seq.finish_reason = "length"
+
+    def _hit_stop_string(self, seq: Sequence, stops: tuple[str, ...]) -> bool:
+        # Decode only a tail window: a stop string of c characters spans at most ~c tokens.
+        window = max(len(s) for s in stops) + 8
+        tail = self.tokenizer.decode(seq.tokens[-window:], skip_special_tokens=False)
+        return any(s in tail for s in stops)
+
+    def _reap(self, sched: Scheduler) -> None:
+        done = [s for s in sched.running if s.finish_reason is not None]
+        if not done:
+            return
+        for s in done:
+            sched.finish(s, s.finish_reason)
+        src, dst = sched.compact()
+        self.runner.move_slots(src, dst)
+        self.runner.reset_slots(len(sched.running))
+
+    def _completion(self, seq: Sequence, sampling: SamplingParams) -> Completion:
+        text = None
+        if self.tokenizer is not None:
+            ids = seq.tokens
+            if seq.finish_reason == "stop" and ids and ids[-1] in set(sampling.stop_token_ids) | set(
+                    self.eos_token_ids):
+                ids = ids[:-1]  # the stop token stays in token_ids (the policy must learn to emit it), not in text
+            text = self.tokenizer.decode(ids, skip_special_tokens=False)
+            if sampling.stop_strings:
+                cut = [text.find(s) for s in sampling.stop_strings if s in text]
+                if cut:
+                    text = text[:min(cut)]
+        return Completion(token_ids=list(seq.tokens), logprobs=list(seq.logprobs),
+                          finish_reason=seq.finish_reason or "length", text=text)

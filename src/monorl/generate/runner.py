@@ -1,0 +1,158 @@
+"""The model runner: static per-slot device state, the prefill forward, and the decode step (eager or
+replayed from a CUDA graph captured per batch-size bucket).
+
+Decode state lives on the device in fixed buffers indexed by slot (live sequences occupy slots
+0..live-1): the last token, its position, the sampling key and the block table. One decode step reads
+them, runs the model, samples, writes the new token / log-prob into a ring buffer row (a device
+counter picks the row) and advances token and position -- all on the device, so consecutive steps
+need no host involvement and the host reads the ring only when it checks for stops.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from monorl.generate.attention import DecodeContext, PrefillContext
+from monorl.generate.kv_cache import KVCache
+from monorl.generate.sampling import SamplingParams, sample
+from monorl.model.attention import VarlenContext, resolve_backend
+from monorl.model.qwen3 import Qwen3ForCausalLM
+
+
+def graph_buckets(max_num_seqs: int) -> list[int]:
+    small = [b for b in (1, 2, 4, 8, 16, 24, 32) if b < max_num_seqs]
+    return small + list(range(48, max_num_seqs, 16)) + [max_num_seqs]
+
+
+class ModelRunner:
+    def __init__(self, model: Qwen3ForCausalLM, kv: KVCache, max_num_seqs: int, max_blocks_per_seq: int,
+                 ring_size: int, decode_backend: str, cuda_graphs: bool) -> None:
+        self.model, self.kv = model, kv
+        self.cfg = model.config
+        self.device = kv.kv.device
+        self.block_size = kv.block_size
+        self.max_num_seqs, self.width = max_num_seqs, max_blocks_per_seq
+        self.decode_backend = decode_backend
+        self.prefill_backend = resolve_backend("auto", self.device, kv.kv.dtype)
+        self.ring_size = ring_size
+        dev, S = self.device, max_num_seqs
+        self.tok = torch.zeros(S, dtype=torch.int64, device=dev)
+        self.pos = torch.zeros(S, dtype=torch.int64, device=dev)
+        self.keys = torch.zeros(S, dtype=torch.int64, device=dev)
+        self.block_tables = torch.zeros(S, max_blocks_per_seq, dtype=torch.int32, device=dev)
+        self.ring_tok = torch.zeros(ring_size + 1, S, dtype=torch.int64, device=dev)  # +1: overflow row
+        self.ring_lp = torch.zeros(ring_size + 1, S, dtype=torch.float32, device=dev)
+        self.ring_idx = torch.zeros(1, dtype=torch.int64, device=dev)
+        self.use_graphs = cuda_graphs and self.device.type == "cuda"
+        self.buckets = graph_buckets(max_num_seqs)
+        self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
+        self.graph_key: tuple | None = None
+        self.graph_pool: Any = None
+
+    # ---- prefill -----------------------------------------------------------------------------------
+    @torch.inference_mode()
+    def prefill(self, prompts: list[list[int]], slots: list[list[int]]) -> Tensor:
+        """Run packed prompts, write their KV to `slots`; return last-token logits [P, V]."""
+        dev = self.device
+        lengths = [len(p) for p in prompts]
+        ids = torch.tensor([t for p in prompts for t in p], dtype=torch.int64).to(dev, non_blocking=True)
+        slot_t = torch.tensor([s for ss in slots for s in ss], dtype=torch.int64).to(dev, non_blocking=True)
+        varlen = VarlenContext.from_lengths(lengths, dev, backend=self.prefill_backend)
+        ctx = PrefillContext(varlen=varlen, slot_mapping=slot_t)
+        hidden = self.model(ids, varlen.positions, ctx, self.kv.layers)
+        last = varlen.cu_seqlens[1:].long() - 1
+        return self.model.compute_logits(hidden[last])
+
+    # ---- decode ------------------------------------------------------------------------------------
+    def _decode_step(self, B: int, width: int, params: SamplingParams) -> None:
+        tok, pos, bt = self.tok[:B], self.pos[:B], self.block_tables[:B, :width]
+        # Padded rows keep advancing between host checks; clamping keeps their (scratch) writes in range.
+        blk = bt.gather(1, (pos // self.block_size).clamp_(max=width - 1)[:, None])[:, 0]
+        slots = blk.long() * self.block_size + pos % self.block_size
+        ctx = DecodeContext(block_tables=bt, seq_lens=(pos + 1).to(torch.int32), slot_mapping=slots,
+                            backend=self.decode_backend)
+        hidden = self.model(tok, pos, ctx, self.kv.layers)
+        logits = self.model.compute_logits(hidden)
+        nxt, lp = sample(logits, self.keys[:B], pos + 1, params)
+        self.ring_tok[:, :B].index_copy_(0, self.ring_idx, nxt[None])
+        self.ring_lp[:, :B].index_copy_(0, self.ring_idx, lp[None])
+        self.ring_idx.add_(1).clamp_(max=self.ring_size)  # never past the overflow row
+        self.tok[:B].copy_(nxt)
+        self.pos[:B].add_(1)
+
+    def bucket(self, live: int) -> int:
+        for b in self.buckets:
+            if b >= live:
+                return b
+        raise AssertionError(f"{live} live sequences > max_num_seqs {self.max_num_seqs}")
+
+    @torch.inference_mode()
+    def decode(self, live: int, width: int, params: SamplingParams) -> None:
+        """One decode step for slots 0..live-1 (eager: exactly `live` rows, tables cut to `width`)."""
+        if not self.use_graphs:
+            self._decode_step(live, width, params)
+            return
+        key = params.sampler_key()
+        if key != self.graph_key:
+            self.capture(params)
+        self.graphs[self.bucket(live)].replay()
+
+    @torch.inference_mode()
+    def capture(self, params: SamplingParams) -> None:
+        """Capture one graph per bucket for this sampler configuration. Must run while no sequence
+        is live: warm-up steps write to slot state (reset afterwards) and to the scratch block."""
+        self.graphs.clear()
+        self.graph_key = None
+        torch.cuda.synchronize(self.device)
+        self.graph_pool = torch.cuda.graph_pool_handle()
+        self.reset_slots(0)
+        # Largest first, so smaller graphs reuse the pool's memory.
+        for B in reversed(self.buckets):
+            stream = torch.cuda.Stream(self.device)
+            stream.wait_stream(torch.cuda.current_stream(self.device))
+            with torch.cuda.stream(stream):
+                for _ in range(2):  # compile / autotune / allocator warm-up outside the capture
+                    self._decode_step(B, self.width, params)
+            torch.cuda.current_stream(self.device).wait_stream(stream)
+            self.reset_slots(0)
+            g = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(g, pool=self.graph_pool):
+                self._decode_step(B, self.width, params)
+            self.graphs[B] = g
+        self.reset_slots(0)
+        self.graph_key = params.sampler_key()
+
+    # ---- slot bookkeeping --------------------------------------------------------------------------
+    def reset_slots(self, start: int) -> None:
+        """Point rows start.. at the scratch block (padding for graph buckets)."""
+        self.tok[start:].zero_()
+        self.pos[start:].zero_()
+        self.keys[start:].zero_()
+        self.block_tables[start:].zero_()
+        self.ring_idx.zero_()
+
+    def move_slots(self, src: list[int], dst: list[int]) -> None:
+        if not src:
+            return
+        s = torch.tensor(src, device=self.device)
+        d = torch.tensor(dst, device=self.device)
+        for buf in (self.tok, self.pos, self.keys, self.block_tables):
+            buf[d] = buf[s]
+
+    def set_slots(self, rows: list[int], tokens: Tensor, positions: list[int], keys: list[int],
+                  tables: Tensor) -> None:
+        r = torch.tensor(rows, device=self.device)
+        self.tok[r] = tokens
+        self.pos[r] = torch.tensor(positions, dtype=torch.int64, device=self.device)
+        self.keys[r] = torch.tensor(keys, dtype=torch.int64, device=self.device)
+        self.block_tables[r] = tables
+
+    def read_ring(self, steps: int, live: int) -> tuple[list[list[int]], list[list[float]]]:
+        """[step][slot] tokens and log-probs of the last `steps` steps (one host sync)."""
+        toks = self.ring_tok[:steps, :live].cpu().tolist()
+        lps = self.ring_lp[:steps, :live].cpu().tolist()
+        self.ring_idx.zero_()
+        return toks, lps

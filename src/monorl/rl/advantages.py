@@ -31,7 +31,8 @@ def group_advantages(rewards: Tensor | list[float], group_size: int, normalize_s
         if r.shape[1] != group_size:
             raise ValueError(f"rewards of shape {tuple(r.shape)} do not have groups of {group_size}")
     elif r.dim() != 1 or r.numel() % group_size:
-        raise ValueError(f"rewards of shape {tuple(r.shape)}: expected [P*{group_size}] or [P, {group_size}]")
+        raise ValueError(f"rewards of shape {tuple(r.shape)} do not split into groups of {group_size}: "
+                         f"expected [P*{group_size}] or [P, {group_size}]")
     if eps < 0:
         raise ValueError(f"eps must be >= 0, got {eps}")
     if not torch.isfinite(r).all():

@@ -1,0 +1,254 @@
+"""Generator on CPU: HF greedy parity, log-prob parity with a full forward, seeded sampling, prefix
+sharing, stops, continuous batching and KV budget errors. Tiny random HF checkpoints, fp32."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from monorl.generate import Generator, GeneratorConfig, SamplingParams
+from monorl.generate.sampling import gumbel_noise, sample, sequence_key
+from monorl.model.attention import VarlenContext
+from monorl.model.checkpoint import load_checkpoint
+from monorl.model.logprobs import token_logprobs
+
+PROMPT_LENS = [3, 17, 9, 33, 1]
+
+
+def prompts_of(lengths: list[int], vocab: int, seed: int = 0) -> list[list[int]]:
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randint(2, vocab, (n,), generator=g).tolist() for n in lengths]
+
+
+@pytest.fixture
+def ckpt(make_hf_checkpoint):
+    # eos 1; a tied, GQA tiny model. Logits are O(1) (conftest.randomize_hf_model), so greedy is not degenerate.
+    return make_hf_checkpoint(tie_word_embeddings=True, num_hidden_layers=2, eos_token_id=1)
+
+
+@pytest.fixture
+def model(ckpt):
+    return load_checkpoint(ckpt)
+
+
+def gen(model, eos=(1,), tokenizer=None, **kw) -> Generator:
+    cfg = dict(max_num_seqs=8, max_model_len=256, block_size=4)
+    cfg.update(kw)
+    return Generator(model, GeneratorConfig(**cfg), tokenizer=tokenizer, eos_token_ids=eos)
+
+
+def test_greedy_matches_hf_generate(ckpt, model, load_hf_model):
+    hf = load_hf_model(ckpt)
+    prompts = prompts_of(PROMPT_LENS, model.config.vocab_size)
+    out = gen(model).generate(prompts, SamplingParams(max_new_tokens=24, temperature=0.0))
+    lengths = []
+    for p, [c] in zip(prompts, out, strict=True):
+        ref = hf.generate(torch.tensor([p]), attention_mask=torch.ones(1, len(p), dtype=torch.long), do_sample=False,
+                          max_new_tokens=24, eos_token_id=1, pad_token_id=0)[0, len(p):].tolist()
+        assert c.token_ids == ref
+        assert c.finish_reason == ("stop" if ref[-1] == 1 else "length")
+        lengths.append(len(ref))
+    assert max(lengths) == 24 and len({tuple(c.token_ids) for [c] in out}) == len(prompts)  # not degenerate
+
+
+def full_forward_logprobs(model, prompt: list[int], completion: list[int], temperature: float) -> torch.Tensor:
+    ids = torch.tensor(prompt + completion)
+    ctx = VarlenContext.from_lengths([len(ids)], "cpu")
+    with torch.no_grad():
+        logits = model.compute_logits(model(ids, ctx.positions, ctx))
+    L = len(prompt)
+    return token_logprobs(logits[L - 1:L - 1 + len(completion)], torch.tensor(completion), temperature)
+
+
+@pytest.mark.parametrize("temperature, top_p, top_k", [(0.0, 1.0, 0), (0.7, 0.9, 0), (1.3, 1.0, 5)])
+def test_logprobs_match_full_forward(model, temperature, top_p, top_k):
+    prompts = prompts_of([5, 12, 20], model.config.vocab_size, seed=1)
+    sp = SamplingParams(max_new_tokens=16, temperature=temperature, top_p=top_p, top_k=top_k, seed=3,
+                        ignore_eos=True)
+    out = gen(model).generate(prompts, sp, n=3)
+    for p, comps in zip(prompts, out, strict=True):
+        for c in comps:
+            ref = full_forward_logprobs(model, p, c.token_ids, sp.logprob_temperature)
+            assert len(c.logprobs) == len(c.token_ids) == 16
+            torch.testing.assert_close(torch.tensor(c.logprobs), ref, atol=1e-5, rtol=0)
+
+
+def test_seeded_sampling_is_reproducible_and_batch_independent(model):
+    prompts = prompts_of([6, 14, 3], model.config.vocab_size, seed=2)
+    sp = SamplingParams(max_new_tokens=12, temperature=1.0, top_p=0.95, seed=7, ignore_eos=True)
+    a = gen(model).generate(prompts, sp, n=4)
+    b = gen(model).generate(prompts, sp, n=4)
+    assert [[c.token_ids for c in g] for g in a] == [[c.token_ids for c in g] for g in b]
+    # samples of one prompt differ from each other, and a different seed gives different samples
+    assert len({tuple(c.token_ids) for c in a[0]}) == 4
+    c = gen(model).generate(prompts, SamplingParams(**{**sp.__dict__, "seed": 8}), n=4)
+    assert [x.token_ids for x in c[0]] != [x.token_ids for x in a[0]]
+    # a sample depends on (seed, prompt index, sample index) only: not on slots or what else runs
+    d = gen(model, max_num_seqs=3).generate(prompts, sp, n=4)
+    assert [[c.token_ids for c in g] for g in d] == [[c.token_ids for c in g] for g in a]
+    e = gen(model).generate(prompts[:1], sp, n=4)
+    assert [c.token_ids for c in e[0]] == [c.token_ids for c in a[0]]
+
+
+def test_prefix_sharing_n_greedy_equals_separate_runs(model, monkeypatch):
+    prompts = prompts_of([13, 8], model.config.vocab_size, seed=3)  # 13 = 3 full blocks + a partial one
+    g = gen(model)
+    prefilled: list[int] = []
+    orig = g.runner.prefill
+
+    def counting_prefill(ps, slots):
+        prefilled.extend(len(p) for p in ps)
+        return orig(ps, slots)
+
+    monkeypatch.setattr(g.runner, "prefill", counting_prefill)
+    sp = SamplingParams(max_new_tokens=20, temperature=0.0, ignore_eos=True)
+    shared = g.generate(prompts, sp, n=4)
+    assert prefilled == [13, 8]  # each prompt prefilled once for its 4 samples
+    for p, comps in zip(prompts, shared, strict=True):
+        [[alone]] = gen(model).generate([p], sp)
+        assert all(c.token_ids == alone.token_ids for c in comps)
+        torch.testing.assert_close(torch.tensor(comps[3].logprobs), torch.tensor(alone.logprobs), atol=1e-5, rtol=0)
+    assert g.blocks.num_free() == g.blocks.usable_blocks  # every block came back
+
+
+def test_prefix_sharing_shares_blocks(model):
+    g = gen(model, max_num_seqs=8)
+    sched_peak = []
+    orig = g.runner.decode
+
+    def spy(live, width, params):
+        sched_peak.append(g.blocks.usable_blocks - g.blocks.num_free())
+        return orig(live, width, params)
+
+    g.runner.decode = spy
+    prompt = prompts_of([40], model.config.vocab_size)[0]  # 10 full blocks of 4
+    g.generate([prompt], SamplingParams(max_new_tokens=4, temperature=0.0, ignore_eos=True), n=8)
+    # shared: 10 prompt blocks + 8 * 1 own block (positions 40..42), not 8 * 11
+    assert max(sched_peak) == 10 + 8
+
+
+def test_stop_tokens(model):
+    prompts = prompts_of([7, 11], model.config.vocab_size, seed=4)
+    free = gen(model, eos=()).generate(prompts, SamplingParams(max_new_tokens=30, temperature=0.0))
+    stop = free[0][0].token_ids[5]  # a token the first completion emits at step 6
+    first = free[0][0].token_ids.index(stop)
+    for interval in (1, 4):
+        out = gen(model, eos=(), stop_check_interval=interval).generate(
+            prompts, SamplingParams(max_new_tokens=30, temperature=0.0, stop_token_ids=(stop,)))
+        c = out[0][0]
+        assert c.token_ids == free[0][0].token_ids[:first + 1] and c.finish_reason == "stop"
+        assert len(c.logprobs) == len(c.token_ids)
+        other = free[1][0].token_ids
+        k = other.index(stop) + 1 if stop in other else len(other)
+        assert out[1][0].token_ids == other[:k]
+    # eos from the generator, and ignore_eos
+    eos_out = gen(model, eos=(stop,)).generate(prompts[:1], SamplingParams(max_new_tokens=30, temperature=0.0))
+    assert eos_out[0][0].token_ids == free[0][0].token_ids[:first + 1]
+    ign = gen(model, eos=(stop,)).generate(prompts[:1], SamplingParams(max_new_tokens=30, temperature=0.0,
+                                                                         ignore_eos=True))
+    assert ign[0][0].token_ids == free[0][0].token_ids and ign[0][0].finish_reason == "length"
+
+
+class LetterTokenizer:
+    """id -> one letter; enough for stop strings."""
+
+    eos_token_ids = ()
+
+    def decode(self, ids: list[int], skip_special_tokens: bool = False) -> str:
+        return "".join(chr(ord("a") + i % 26) for i in ids)
+
+
+def test_stop_strings(model):
+    tok = LetterTokenizer()
+    prompt = prompts_of([9], model.config.vocab_size, seed=5)
+    free = gen(model, eos=(), tokenizer=tok).generate(prompt, SamplingParams(max_new_tokens=30, temperature=0.0))
+    text = free[0][0].text
+    assert text == tok.decode(free[0][0].token_ids)
+    stop_str = text[6:8]
+    cut = text.index(stop_str)
+    for interval in (1, 5):
+        out = gen(model, eos=(), tokenizer=tok, stop_check_interval=interval).generate(
+            prompt, SamplingParams(max_new_tokens=30, temperature=0.0, stop_strings=("zzzzzz", stop_str)))
+        c = out[0][0]
+        assert c.finish_reason == "stop"
+        assert c.token_ids == free[0][0].token_ids[:cut + 2]  # up to the token that completes the stop string
+        assert c.text == text[:cut]
+    with pytest.raises(ValueError, match="tokenizer"):
+        gen(model).generate(prompt, SamplingParams(stop_strings=("x",)))
+
+
+def test_more_sequences_than_slots(model):
+    prompts = prompts_of([5, 30, 2, 17, 9, 11, 4], model.config.vocab_size, seed=6)
+    for sp in (SamplingParams(max_new_tokens=15, temperature=0.0),
+               SamplingParams(max_new_tokens=15, temperature=0.9, top_k=20, seed=1)):
+        ref = gen(model, max_num_seqs=32).generate(prompts, sp, n=3)
+        # 2 slots; and a KV budget that holds ~3 sequences, so admission also waits on memory
+        g = gen(model, max_num_seqs=2, stop_check_interval=3)
+        small = gen(model, max_num_seqs=6, kv_cache_bytes=g.kv.kv[:, :, :40].numel() * 4)
+        for eng in (g, small):
+            out = eng.generate(prompts, sp, n=3)
+            assert [[c.token_ids for c in x] for x in out] == [[c.token_ids for c in x] for x in ref]
+            assert [[c.finish_reason for c in x] for x in out] == [[c.finish_reason for c in x] for x in ref]
+            assert eng.blocks.num_free() == eng.blocks.usable_blocks
+
+
+def test_kv_budget_and_length_errors(model):
+    g = gen(model, kv_cache_bytes=None, max_model_len=64)
+    with pytest.raises(ValueError, match="max_model_len"):
+        g.generate([[3] * 50], SamplingParams(max_new_tokens=20))
+    tiny = gen(model, kv_cache_bytes=6 * gen(model).kv.kv[:, :, :1].numel() * 4)  # 5 usable blocks of 4
+    with pytest.raises(ValueError, match="KV blocks"):
+        tiny.generate([[3] * 10], SamplingParams(max_new_tokens=20))
+    # 3 prompt blocks + 2 own per sample: one sample at a time fits, the others wait for its blocks
+    out = tiny.generate([[3] * 10], SamplingParams(max_new_tokens=4, temperature=0.0, ignore_eos=True), n=3)
+    assert all(c.token_ids == out[0][0].token_ids and len(c.token_ids) == 4 for c in out[0])
+    assert tiny.blocks.num_free() == tiny.blocks.usable_blocks
+    with pytest.raises(ValueError, match="empty"):
+        g.generate([[]], SamplingParams())
+
+
+def test_load_weights_in_place(model):
+    g = Generator(model, GeneratorConfig(max_num_seqs=2, max_model_len=64, dtype=torch.bfloat16))
+    assert g.model is not model and all(p.dtype == torch.bfloat16 for p in g.model.parameters())
+    ptrs = [p.data_ptr() for p in g.model.parameters()]
+    with torch.no_grad():
+        for p in model.parameters():
+            p.mul_(1.5)
+    g.load_weights_(model)
+    assert [p.data_ptr() for p in g.model.parameters()] == ptrs
+    for (n, a), (_, b) in zip(g.model.named_parameters(), model.named_parameters(), strict=True):
+        assert torch.equal(a, b.to(torch.bfloat16)), n
+    same = Generator(model, GeneratorConfig(max_num_seqs=2, max_model_len=64))
+    assert same.model is model  # already fp32 on CPU: used as is
+
+
+def test_sampler_distribution_and_truncation():
+    torch.manual_seed(0)
+    V, N = 8, 40000
+    logits = torch.randn(1, V).expand(N, V) * 2
+    keys = torch.tensor([sequence_key(0, 0, i) for i in range(N)])
+    pos = torch.full((N,), 5)
+    probs = torch.softmax(logits[0] / 0.8, -1)
+    tok, lp = sample(logits, keys, pos, SamplingParams(temperature=0.8))
+    freq = torch.bincount(tok, minlength=V).float() / N
+    assert (freq - probs).abs().max() < 0.015
+    torch.testing.assert_close(lp, probs.log()[tok])  # log-prob of the untruncated, tempered distribution
+    order = probs.argsort(descending=True)
+    tok_k, _ = sample(logits, keys, pos, SamplingParams(temperature=0.8, top_k=3))
+    assert set(tok_k.tolist()) == set(order[:3].tolist())
+    nucleus = int((probs[order].cumsum(0) < 0.7).sum()) + 1
+    tok_p, _ = sample(logits, keys, pos, SamplingParams(temperature=0.8, top_p=0.7))
+    assert set(tok_p.tolist()) == set(order[:nucleus].tolist())
+    renorm = probs[order[:nucleus]] / probs[order[:nucleus]].sum()
+    freq_p = torch.bincount(tok_p, minlength=V).float()[order[:nucleus]] / N
+    assert (freq_p - renorm).abs().max() < 0.015
+    greedy, _ = sample(logits[:4], keys[:4], pos[:4], SamplingParams(temperature=0.0))
+    assert (greedy == order[0]).all()
+
+
+def test_gumbel_noise_is_a_function_of_key_and_position():
+    keys, pos = torch.tensor([11, 11, 12]), torch.tensor([3, 4, 3])
+    a = gumbel_noise(keys, pos, 50)
+    assert torch.equal(a, gumbel_noise(keys, pos, 50))
+    assert not torch.equal(a[0], a[1]) and not torch.equal(a[0], a[2])
+    assert torch.equal(gumbel_noise(keys[1:], pos[1:], 50), a[1:])

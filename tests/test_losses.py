@@ -88,8 +88,8 @@ def test_token_grpo_hand_computed():
 
 
 def test_dapo_uses_clip_higher():
-    assert LossConfig(kind="dapo").clip_high == 0.28
-    assert LossConfig(kind="token_grpo").clip_high == 0.2
+    assert LossConfig(kind="dapo").ceiling == 0.28
+    assert LossConfig(kind="token_grpo").ceiling == 0.2
     loss, _, _ = _run("dapo", **TOKENS)
     assert loss == pytest.approx((-E01 - 1.28 + 1.6 + 2.0) / 4, abs=1e-6)
 
@@ -193,8 +193,8 @@ def test_config_validation():
         LossConfig(clip_high=-0.1)
     with pytest.raises(ValueError, match="kl_coef"):
         LossConfig(kl_coef=-1)
-    with pytest.raises(ValueError, match="dr_grpo_norm"):
-        LossConfig(kind="dr_grpo")
+    with pytest.raises(ValueError, match="dr_grpo_norm"):  # the constant is needed once the step is normalised
+        LossNorm.for_step(LossConfig(kind="dr_grpo"), [3, 2])
     with pytest.raises(ValueError, match="dr_grpo_norm"):
         LossConfig(kind="dr_grpo", dr_grpo_norm=0)
     with pytest.raises(ValueError, match="dual_clip"):

@@ -54,19 +54,22 @@ class LossConfig:
     # (as TorchTitan's compute_ratio does); tokens beyond it get no gradient.
     log_ratio_clamp: float = 20.0
 
+    @property
+    def ceiling(self) -> float:
+        """The upper clip offset: clip_high, or its default (0.28 for dapo, else 0.2)."""
+        if self.clip_high is not None:
+            return self.clip_high
+        return 0.28 if self.kind == "dapo" else 0.2
+
     def __post_init__(self) -> None:
         if self.kind not in LOSS_KINDS:
             raise ValueError(f"LossConfig.kind must be one of {LOSS_KINDS}, got {self.kind!r}")
-        if self.clip_high is None:
-            self.clip_high = 0.28 if self.kind == "dapo" else 0.2
         if not 0.0 <= self.clip_low < 1.0:
             raise ValueError(f"clip_low must be in [0, 1), got {self.clip_low}")
-        if self.clip_high < 0.0:
+        if self.clip_high is not None and self.clip_high < 0.0:
             raise ValueError(f"clip_high must be >= 0, got {self.clip_high}")
         if self.kl_coef < 0.0:
             raise ValueError(f"kl_coef must be >= 0, got {self.kl_coef}")
-        if self.kind == "dr_grpo" and self.dr_grpo_norm is None:
-            raise ValueError("kind='dr_grpo' needs dr_grpo_norm (a constant such as max_new_tokens)")
         if self.dr_grpo_norm is not None and not self.dr_grpo_norm > 0:
             raise ValueError(f"dr_grpo_norm must be > 0, got {self.dr_grpo_norm}")
         if self.dual_clip is not None and not self.dual_clip > 1.0:
@@ -95,6 +98,8 @@ class LossNorm:
         if cfg.kind == "grpo":
             denom = num_seqs
         elif cfg.kind == "dr_grpo":
+            if cfg.dr_grpo_norm is None:
+                raise ValueError("kind='dr_grpo' needs dr_grpo_norm (a constant such as max_new_tokens)")
             denom = lengths.numel() * cfg.dr_grpo_norm
         else:
             denom = num_tokens
@@ -104,7 +109,7 @@ class LossNorm:
 
 def _surrogate_loss(ratio: Tensor, adv: Tensor, cfg: LossConfig) -> Tensor:
     """-min(r A, clip(r) A), optionally dual-clipped: per unit (token or sequence)."""
-    clipped = ratio.clamp(1.0 - cfg.clip_low, 1.0 + cfg.clip_high)
+    clipped = ratio.clamp(1.0 - cfg.clip_low, 1.0 + cfg.ceiling)
     loss = -torch.minimum(ratio * adv, clipped * adv)
     if cfg.dual_clip is not None:
         loss = torch.where(adv < 0, torch.minimum(loss, -cfg.dual_clip * adv), loss)
@@ -165,7 +170,7 @@ def policy_loss(logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, seq_
     with torch.no_grad():
         u = units.detach()
         low = u < 1.0 - cfg.clip_low
-        high = u > 1.0 + cfg.clip_high
+        high = u > 1.0 + cfg.ceiling
         if unit_mask is not None:
             u, low, high = u * unit_mask, low & unit_mask, high & unit_mask
         metrics = {

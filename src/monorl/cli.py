@@ -1,0 +1,93 @@
+"""`monorl <verb>`: train (GRPO), generate, presets."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+
+from monorl.config import PRESETS, apply_overrides, parse_override_args, preset
+
+USAGE = """monorl train [--preset NAME] [--key.sub value ...]    run GRPO (default preset: tiny)
+monorl generate [--preset NAME] [--prompt TEXT] [--n N] [--key.sub value ...]
+monorl presets                                          list presets
+monorl config [--preset NAME] [--key.sub value ...]     print the resolved config"""
+
+
+def _resolve(argv: list[str]):
+    p = argparse.ArgumentParser(add_help=False)
+    p.add_argument("--preset", default="tiny")
+    known, rest = p.parse_known_args(argv)
+    cfg = preset(known.preset)
+    return apply_overrides(cfg, parse_override_args(rest))
+
+
+def cmd_train(argv: list[str]) -> int:
+    from monorl.rl.loop import train
+
+    cfg = _resolve(argv)
+    train(cfg, progress=sys.stderr.isatty())
+    return 0
+
+
+def cmd_generate(argv: list[str]) -> int:
+    import torch
+
+    from monorl.generate.engine import Generator
+    from monorl.generate.sampling import SamplingParams
+    from monorl.rl.loop import load_policy, resolve_device
+
+    p = argparse.ArgumentParser(prog="monorl generate", add_help=False)
+    p.add_argument("--prompt", action="append", default=None)
+    p.add_argument("--n", type=int, default=1)
+    p.add_argument("--chat", action="store_true", help="wrap the prompt in the tokenizer's chat template")
+    known, rest = p.parse_known_args(argv)
+    cfg = _resolve(rest)
+    device = resolve_device(cfg.device)
+    model, tok = load_policy(cfg, device)
+    if device.type == "cuda":
+        model = model.to(torch.bfloat16)
+    gen = Generator(model.eval().requires_grad_(False), cfg.generator, tokenizer=tok,
+                    eos_token_ids=tuple(getattr(tok, "eos_token_ids", None) or [tok.eos_token_id]))
+    prompts = known.prompt or ["What is the total digit sum of [3, 4]?"]
+    texts = [tok.apply_chat_template([{"role": "user", "content": t}]) if known.chat else t for t in prompts]
+    r = cfg.rollout
+    sp = SamplingParams(max_new_tokens=r.max_new_tokens, temperature=r.temperature, top_p=r.top_p, top_k=r.top_k,
+                        seed=cfg.seed)
+    outs = gen.generate([tok.encode(t) for t in texts], sp, n=known.n)
+    for t, comps in zip(prompts, outs, strict=True):
+        for c in comps:
+            text = c.text if c.text is not None else tok.decode(c.token_ids, skip_special_tokens=True)
+            print(json.dumps({"prompt": t, "completion": text, "tokens": len(c.token_ids),
+                              "finish_reason": c.finish_reason}))
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    verb, rest = (argv[0], argv[1:]) if argv and not argv[0].startswith("-") else ("train", argv)
+    try:
+        if verb == "train":
+            return cmd_train(rest)
+        if verb == "generate":
+            return cmd_generate(rest)
+        if verb == "presets":
+            print("\n".join(PRESETS))
+            return 0
+        if verb == "config":
+            print(json.dumps(_resolve(rest).to_dict(), indent=2))
+            return 0
+        if verb in ("-h", "--help", "help"):
+            print(USAGE)
+            return 0
+        print(f"unknown command {verb!r}\n{USAGE}", file=sys.stderr)
+        return 2
+    except ValueError as e:  # configuration / input errors: one clear line, no traceback
+        print(f"monorl: error: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,263 @@
+"""Run configuration: nested dataclasses, named presets, and `--a.b value` overrides."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import types
+import typing
+from dataclasses import dataclass, field
+from typing import Any
+
+from monorl.generate.engine import GeneratorConfig
+from monorl.train.losses import LossConfig
+from monorl.train.trainer import TrainerConfig
+
+
+@dataclass
+class ModelSection:
+    path: str | None = None  # HF checkpoint directory (config.json + safetensors + tokenizer files)
+    shape: str = "tiny"  # named shape (monorl.model.config.MODEL_SHAPES) used when there is no path
+    random_init: bool = False  # random weights of `shape` (or of path's config.json) instead of loading
+    init_seed: int = 0
+    attn_backend: str = "auto"  # auto | sdpa | flash
+
+
+@dataclass
+class TaskSection:
+    name: str = "sum_digits"  # built-in name or "module:object"
+    args: dict[str, Any] = field(default_factory=dict)  # keyword arguments of the task
+
+
+@dataclass
+class RolloutSection:
+    prompts_per_step: int = 5
+    group_size: int = 8  # completions per prompt
+    max_new_tokens: int = 100
+    temperature: float = 0.8
+    top_p: float = 0.95
+    top_k: int = 0
+    ignore_eos: bool = False  # benchmarks: always generate max_new_tokens
+    advantage_std_norm: bool = True  # divide by the group std (GRPO paper, TRL); the reference uses mean only
+
+    def __post_init__(self) -> None:
+        for k in ("prompts_per_step", "group_size", "max_new_tokens"):
+            if getattr(self, k) < 1:
+                raise ValueError(f"rollout.{k} must be >= 1, got {getattr(self, k)}")
+        if self.temperature <= 0:
+            raise ValueError(f"rollout.temperature must be > 0 for RL sampling, got {self.temperature}")
+        if not 0 < self.top_p <= 1:
+            raise ValueError(f"rollout.top_p must be in (0, 1], got {self.top_p}")
+
+
+@dataclass
+class ValidationSection:
+    num_prompts: int = 20  # greedy, held-out prompts, before the first and after the last step
+    max_new_tokens: int | None = None  # default: rollout.max_new_tokens
+
+
+@dataclass
+class WarmStartSection:
+    """Supervised warm start on the task's reference solutions (the tiny default needs it for signal)."""
+
+    steps: int = 0
+    batch_size: int = 32
+    lr: float = 1e-3
+
+
+@dataclass
+class RunConfig:
+    preset: str = "tiny"
+    seed: int = 0
+    steps: int = 10
+    device: str = "auto"  # auto | cpu | cuda | cuda:N
+    run_dir: str | None = None  # default: runs/<preset>-<time>
+    samples_per_step: int = 4  # rollouts written to samples.jsonl each step
+    model: ModelSection = field(default_factory=ModelSection)
+    task: TaskSection = field(default_factory=TaskSection)
+    rollout: RolloutSection = field(default_factory=RolloutSection)
+    generator: GeneratorConfig = field(default_factory=GeneratorConfig)
+    trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    validation: ValidationSection = field(default_factory=ValidationSection)
+    warm_start: WarmStartSection = field(default_factory=WarmStartSection)
+
+    def __post_init__(self) -> None:
+        if self.steps < 0:
+            raise ValueError(f"steps must be >= 0, got {self.steps}")
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+def _tiny() -> RunConfig:
+    """The embedded default: a tiny Qwen3-architecture model + char tokenizer, no files, CPU minutes."""
+    return RunConfig(
+        preset="tiny", seed=0, steps=40, samples_per_step=4,
+        model=ModelSection(shape="tiny", random_init=True),
+        task=TaskSection(name="sum_digits", args={"min_numbers": 2, "max_numbers": 3, "min_digits": 1, "max_digits": 1,
+                                                  "instructions": False, "solution_style": "short"}),
+        rollout=RolloutSection(prompts_per_step=8, group_size=8, max_new_tokens=16, temperature=1.0, top_p=1.0),
+        generator=GeneratorConfig(max_num_seqs=64),
+        trainer=TrainerConfig(lr=3e-4, warmup_steps=2, schedule="constant", micro_batch_tokens=4096,
+                              loss=LossConfig(kind="grpo")),
+        validation=ValidationSection(num_prompts=128),
+        warm_start=WarmStartSection(steps=150, batch_size=32, lr=2e-3),
+    )
+
+
+def _qwen3_0_6b_sum_digits() -> RunConfig:
+    """The reference's rl_grpo_qwen3_0_6b: 10 steps, 5 prompts x 8, 100 tokens, T=0.8, top_p=0.95,
+    lr 2e-6 with 2 warmup steps then linear decay, 20 validation prompts."""
+    return RunConfig(
+        preset="qwen3_0_6b_sum_digits", steps=10,
+        model=ModelSection(shape="qwen3-0.6b"),
+        task=TaskSection(name="sum_digits"),
+        rollout=RolloutSection(prompts_per_step=5, group_size=8, max_new_tokens=100, temperature=0.8, top_p=0.95,
+                               advantage_std_norm=False),
+        generator=GeneratorConfig(max_num_seqs=64),
+        trainer=TrainerConfig(lr=2e-6, warmup_steps=2, schedule="linear", micro_batch_tokens=8192,
+                              loss=LossConfig(kind="grpo")),
+        validation=ValidationSection(num_prompts=20),
+    )
+
+
+def _qwen3_0_6b_gsm8k() -> RunConfig:
+    cfg = _qwen3_0_6b_sum_digits()
+    cfg.preset = "qwen3_0_6b_gsm8k"
+    cfg.steps = 100
+    cfg.task = TaskSection(name="gsm8k", args={"train_path": "../shared/data/gsm8k/train.jsonl",
+                                               "test_path": "../shared/data/gsm8k/test.jsonl"})
+    cfg.rollout = RolloutSection(prompts_per_step=8, group_size=8, max_new_tokens=512, temperature=1.0, top_p=1.0)
+    cfg.trainer = TrainerConfig(lr=1e-6, warmup_steps=5, schedule="cosine", micro_batch_tokens=16384,
+                                loss=LossConfig(kind="dapo", clip_high=0.28))
+    cfg.validation = ValidationSection(num_prompts=100)
+    return cfg
+
+
+PRESETS: dict[str, typing.Callable[[], RunConfig]] = {
+    "tiny": _tiny,
+    "qwen3_0_6b_sum_digits": _qwen3_0_6b_sum_digits,
+    "qwen3_0_6b_gsm8k": _qwen3_0_6b_gsm8k,
+}
+
+
+def preset(name: str) -> RunConfig:
+    if name not in PRESETS:
+        raise ValueError(f"unknown preset {name!r}; known presets: {', '.join(PRESETS)}")
+    return PRESETS[name]()
+
+
+# ---- overrides -----------------------------------------------------------------------------------
+
+def _parse_value(raw: str, tp: Any, key: str) -> Any:
+    origin = typing.get_origin(tp)
+    args = typing.get_args(tp)
+    if origin in (typing.Union, types.UnionType):
+        if raw.lower() in ("none", "null") and type(None) in args:
+            return None
+        errors = []
+        for a in args:
+            if a is type(None):
+                continue
+            try:
+                return _parse_value(raw, a, key)
+            except ValueError as e:
+                errors.append(str(e))
+        raise ValueError(f"bad value {raw!r} for --{key}: {'; '.join(errors)}")
+    if tp is bool:
+        if raw.lower() in ("1", "true", "yes", "on"):
+            return True
+        if raw.lower() in ("0", "false", "no", "off"):
+            return False
+        raise ValueError(f"bad value {raw!r} for --{key}: expected true/false")
+    if tp in (int, float):
+        try:
+            return tp(raw)
+        except ValueError:
+            raise ValueError(f"bad value {raw!r} for --{key}: expected {tp.__name__}") from None
+    if tp is str:
+        return raw
+    if origin is tuple:
+        items = [x for x in raw.split(",") if x != ""]
+        inner = args[0] if args else str
+        return tuple(_parse_value(x, inner, key) for x in items)
+    if origin is dict or tp is dict:
+        try:
+            v = json.loads(raw)
+        except json.JSONDecodeError:
+            raise ValueError(f"bad value {raw!r} for --{key}: expected a JSON object") from None
+        if not isinstance(v, dict):
+            raise ValueError(f"bad value {raw!r} for --{key}: expected a JSON object")
+        return v
+    raise ValueError(f"--{key}: cannot parse values of type {tp}")
+
+
+def _loose_value(raw: str) -> Any:
+    """Values of free-form dict entries (task args): JSON when it parses, else the string."""
+    try:
+        return json.loads(raw)
+    except json.JSONDecodeError:
+        return raw
+
+
+def _fields(obj: Any) -> dict[str, Any]:
+    hints = typing.get_type_hints(type(obj))
+    return {f.name: hints[f.name] for f in dataclasses.fields(obj)}
+
+
+def apply_overrides(cfg: RunConfig, overrides: dict[str, str]) -> RunConfig:
+    """Set dotted keys (`trainer.lr` -> cfg.trainer.lr). Unknown keys and bad values raise ValueError."""
+    for key, raw in overrides.items():
+        parts = key.split(".")
+        obj: Any = cfg
+        for i, part in enumerate(parts):
+            if isinstance(obj, dict):  # free-form dict (task.args.x)
+                if i != len(parts) - 1:
+                    obj = obj.setdefault(part, {})
+                    continue
+                obj[part] = _loose_value(raw)
+                break
+            fields = _fields(obj)
+            if part not in fields:
+                where = ".".join(parts[:i]) or "the run config"
+                raise ValueError(f"unknown config key --{key}: {where} has no {part!r}; "
+                                 f"valid keys there: {', '.join(sorted(fields))}")
+            if i == len(parts) - 1:
+                if dataclasses.is_dataclass(getattr(obj, part)):
+                    raise ValueError(f"--{key} is a section; set one of its keys, e.g. --{key}.<name>")
+                setattr(obj, part, _parse_value(raw, fields[part], key))
+            else:
+                obj = getattr(obj, part)
+    validate(cfg)
+    return cfg
+
+
+def validate(obj: Any) -> None:
+    """Re-run every section's __post_init__ checks after overrides."""
+    for f in dataclasses.fields(obj):
+        v = getattr(obj, f.name)
+        if dataclasses.is_dataclass(v):
+            validate(v)
+    post = getattr(obj, "__post_init__", None)
+    if post is not None:
+        post()
+
+
+def parse_override_args(args: list[str]) -> dict[str, str]:
+    """['--trainer.lr', '1e-6', '--steps=3'] -> {'trainer.lr': '1e-6', 'steps': '3'}"""
+    out: dict[str, str] = {}
+    i = 0
+    while i < len(args):
+        a = args[i]
+        if not a.startswith("--"):
+            raise ValueError(f"expected --key value, got {a!r}")
+        if "=" in a:
+            k, v = a[2:].split("=", 1)
+            i += 1
+        else:
+            if i + 1 >= len(args):
+                raise ValueError(f"missing value for {a}")
+            k, v = a[2:], args[i + 1]
+            i += 2
+        out[k] = v
+    return out

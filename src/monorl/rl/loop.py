@@ -1,0 +1,246 @@
+"""The GRPO loop: sample prompts -> n completions each -> rewards -> group-normalised advantages ->
+train -> weight sync, with greedy validation before the first and after the last step."""
+
+from __future__ import annotations
+
+import copy
+import itertools
+import logging
+import random
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from tqdm import tqdm
+
+from monorl.config import RunConfig
+from monorl.generate.engine import Generator
+from monorl.generate.sampling import SamplingParams
+from monorl.model.attention import resolve_backend
+from monorl.model.checkpoint import load_checkpoint, save_checkpoint
+from monorl.model.config import ModelConfig, model_shape
+from monorl.model.qwen3 import Qwen3ForCausalLM, build_model
+from monorl.model.tokenizer import CharTokenizer, load_tokenizer
+from monorl.rl.rollouts import Rollout, assign_advantages, generate_rollouts
+from monorl.rl.run_dir import RunDir
+from monorl.tasks import load_task
+from monorl.tasks.base import Task
+from monorl.train.packing import TrainSequence
+from monorl.train.trainer import Trainer, TrainerConfig
+
+log = logging.getLogger("monorl")
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    dev = torch.device(name)
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"device {name!r} requested but CUDA is not available")
+    return dev
+
+
+def load_policy(cfg: RunConfig, device: torch.device) -> tuple[Qwen3ForCausalLM, Any]:
+    """The trainer's fp32 policy and its tokenizer, from a checkpoint or a named shape."""
+    m = cfg.model
+    if m.path:
+        path = Path(m.path)
+        if m.random_init:
+            import json
+
+            mcfg = ModelConfig.from_hf(json.loads((path / "config.json").read_text()))
+            model = build_model(mcfg, device, torch.float32, seed=m.init_seed)
+        else:
+            model = load_checkpoint(path, device=device, dtype=torch.float32)
+        tok = load_tokenizer(path) if (path / "tokenizer.json").exists() else CharTokenizer()
+    else:
+        if not m.random_init:
+            raise ValueError("model.path is not set: give --model.path <HF checkpoint dir>, "
+                             "or --model.random_init true to train random weights of --model.shape")
+        model = build_model(model_shape(m.shape), device, torch.float32, seed=m.init_seed)
+        tok = CharTokenizer()
+    if tok.vocab_size > model.config.vocab_size:
+        raise ValueError(f"tokenizer has {tok.vocab_size} tokens but the model's vocab_size is "
+                         f"{model.config.vocab_size}")
+    return model, tok
+
+
+@dataclass
+class ValidationResult:
+    mean_reward: float
+    components: dict[str, float]
+    mean_length: float
+
+    def line(self) -> str:
+        comps = ", ".join(f"{k}={v:+.3f}" for k, v in self.components.items())
+        return f"mean_reward={self.mean_reward:+.3f} ({comps})"
+
+
+@dataclass
+class RunResult:
+    run_dir: Path
+    pre: ValidationResult | None
+    post: ValidationResult | None
+    steps: list[dict[str, Any]] = field(default_factory=list)
+    startup: dict[str, float] = field(default_factory=dict)
+
+
+def summarize(groups: list[list[Rollout]], components: tuple[str, ...]) -> ValidationResult:
+    flat = [r for g in groups for r in g]
+    if not flat:
+        return ValidationResult(0.0, {c: 0.0 for c in components}, 0.0)
+    comps = {c: sum(r.rewards.get(c, 0.0) for r in flat) / len(flat) for c in components}
+    return ValidationResult(sum(r.reward for r in flat) / len(flat), comps,
+                            sum(len(r.completion_ids) for r in flat) / len(flat))
+
+
+class GRPORun:
+    """Holds the pieces of one run; `run()` executes it."""
+
+    def __init__(self, cfg: RunConfig, progress: bool = True) -> None:
+        self.cfg, self.progress = cfg, progress
+        random.seed(cfg.seed)
+        torch.manual_seed(cfg.seed)
+        self.device = resolve_device(cfg.device)
+        self.run_dir = RunDir(cfg.run_dir or RunDir.default_path(cfg.preset))
+        self.run_dir.write_config(cfg.to_dict())
+        self.startup: dict[str, float] = {}
+
+        t = time.perf_counter()
+        self.policy, self.tokenizer = load_policy(cfg, self.device)
+        self.task: Task = load_task(cfg.task.name, **cfg.task.args)
+        self.startup["model_load_s"] = time.perf_counter() - t
+
+        gen_dtype = torch.bfloat16 if self.device.type == "cuda" else torch.float32
+        self.attn_backend = resolve_backend(cfg.model.attn_backend, self.device, gen_dtype)
+        t = time.perf_counter()
+        gen_model = copy.deepcopy(self.policy).to(gen_dtype).eval().requires_grad_(False)
+        eos = tuple(getattr(self.tokenizer, "eos_token_ids", None) or [self.tokenizer.eos_token_id])
+        self.generator = Generator(gen_model, cfg.generator, tokenizer=self.tokenizer, eos_token_ids=eos)
+        self.startup["generator_init_s"] = time.perf_counter() - t
+        for k, v in getattr(self.generator, "startup_times", {}).items():
+            self.startup[f"generator_{k}"] = v
+
+        if cfg.trainer.loss.kind == "dr_grpo" and cfg.trainer.loss.dr_grpo_norm is None:
+            cfg.trainer.loss.dr_grpo_norm = float(cfg.rollout.max_new_tokens)  # Dr.GRPO's constant normaliser
+        ref_model = None
+        if cfg.trainer.loss.kl_coef > 0:
+            ref_model = copy.deepcopy(self.policy).to(gen_dtype).eval().requires_grad_(False)
+        self.trainer = Trainer(self.policy, cfg.trainer, total_steps=cfg.steps,
+                               attn_backend="flash" if self.attn_backend == "flash" else "sdpa",
+                               ref_model=ref_model)
+        self.max_len = self.generator_max_len()
+        self.train_prompts = self.task.train_prompts(seed=cfg.seed)
+        self.val_prompts = self.task.val_prompts(cfg.validation.num_prompts)
+
+    def generator_max_len(self) -> int:
+        return self.cfg.generator.max_model_len or self.policy.config.max_position_embeddings
+
+    def sampling(self, step: int) -> SamplingParams:
+        r = self.cfg.rollout
+        return SamplingParams(max_new_tokens=r.max_new_tokens, temperature=r.temperature, top_p=r.top_p,
+                              top_k=r.top_k, ignore_eos=r.ignore_eos, seed=self.cfg.seed * 1_000_003 + step)
+
+    def validate(self) -> ValidationResult:
+        v = self.cfg.validation
+        sp = SamplingParams(max_new_tokens=v.max_new_tokens or self.cfg.rollout.max_new_tokens, temperature=0.0,
+                            ignore_eos=self.cfg.rollout.ignore_eos)
+        groups = generate_rollouts(self.generator, self.tokenizer, self.task, self.val_prompts, sp, 1, self.max_len)
+        return summarize(groups, self.task.reward_components)
+
+    def sync_weights(self) -> None:
+        self.generator.load_weights_(self.policy)
+
+    def warm_start(self) -> None:
+        """Supervised steps on the task's reference solutions, so RL starts with some signal."""
+        ws = self.cfg.warm_start
+        if ws.steps <= 0:
+            return
+        if not hasattr(self.task, "solution"):
+            raise ValueError(f"warm_start.steps={ws.steps} needs a task with solution(); {self.task.name} has none")
+        sft = Trainer(self.policy, TrainerConfig(lr=ws.lr, warmup_steps=max(1, ws.steps // 10), schedule="cosine",
+                                                 micro_batch_tokens=self.cfg.trainer.micro_batch_tokens,
+                                                 max_grad_norm=1.0),
+                      total_steps=ws.steps, attn_backend=self.trainer.attn_backend)
+        eos = self.tokenizer.eos_token_id
+        bar = tqdm(range(ws.steps), desc="warm start", disable=not self.progress, leave=False)
+        for _ in bar:
+            seqs = []
+            for p in itertools.islice(self.train_prompts, ws.batch_size):
+                ids = self.tokenizer.encode(self.task.render(p, self.tokenizer))
+                sol = self.tokenizer.encode(self.task.solution(p)) + [eos]
+                seqs.append(TrainSequence(ids, sol, [0.0] * len(sol), 0.0))
+            m = sft.sft_step(seqs)
+            bar.set_postfix(loss=f"{m['loss']:.3f}")
+        self.sync_weights()
+
+    def step(self, step: int) -> dict[str, Any]:
+        cfg = self.cfg
+        t0 = time.perf_counter()
+        prompts = list(itertools.islice(self.train_prompts, cfg.rollout.prompts_per_step))
+        groups = generate_rollouts(self.generator, self.tokenizer, self.task, prompts, self.sampling(step),
+                                   cfg.rollout.group_size, self.max_len)
+        assign_advantages(groups, normalize_std=cfg.rollout.advantage_std_norm and cfg.trainer.loss.kind != "dr_grpo")
+        t1 = time.perf_counter()
+        rollouts = [r for g in groups for r in g]
+        if not rollouts:
+            raise RuntimeError(f"step {step}: every prompt was skipped (too long for the context?)")
+        tm = self.trainer.step([r.train_sequence() for r in rollouts], temperature=cfg.rollout.temperature)
+        t2 = time.perf_counter()
+        self.sync_weights()
+        if self.device.type == "cuda":
+            torch.cuda.synchronize()
+        t3 = time.perf_counter()
+        summary = summarize(groups, self.task.reward_components)
+        row = {
+            "step": step, "loss": tm["loss"], "reward": summary.mean_reward,
+            **{f"reward/{k}": v for k, v in summary.components.items()},
+            "response_length": summary.mean_length,
+            "truncated_frac": sum(r.finish_reason == "length" for r in rollouts) / len(rollouts),
+            **{k: v for k, v in tm.items() if k != "loss"},
+            "time/generate_s": t1 - t0, "time/train_s": t2 - t1, "time/sync_s": t3 - t2, "time/step_s": t3 - t0,
+        }
+        self.run_dir.log_metrics(row)
+        self.run_dir.log_samples([
+            {"step": step, "prompt": r.prompt.text, "completion": r.text, "rewards": r.rewards,
+             "advantage": r.advantage, "finish_reason": r.finish_reason}
+            for r in rollouts[: cfg.samples_per_step]
+        ])
+        return row
+
+    @staticmethod
+    def step_line(row: dict[str, Any], steps: int) -> str:
+        comps = ", ".join(f"{k.split('/', 1)[1]}={v:+.3f}" for k, v in row.items() if k.startswith("reward/"))
+        return (f"step {row['step'] + 1}/{steps} | loss {row['loss']:+.4f} | reward {row['reward']:+.3f} ({comps}) | "
+                f"len {row['response_length']:.1f} | logprob_diff {row['logprob_diff_mean']:.2e}/"
+                f"{row['logprob_diff_max']:.2e} | gen {row['time/generate_s']:.2f}s train {row['time/train_s']:.2f}s "
+                f"sync {row['time/sync_s']:.3f}s")
+
+    def run(self) -> RunResult:
+        cfg = self.cfg
+        split = ", ".join(f"{k}={v:.2f}" for k, v in self.startup.items())
+        print(f"startup: {split} | device={self.device} attn={self.attn_backend} run_dir={self.run_dir.path}",
+              flush=True)
+        self.warm_start()
+        pre = self.validate()
+        print(f"validation (pre): {pre.line()}", flush=True)
+        result = RunResult(self.run_dir.path, pre, None, startup=dict(self.startup))
+        for step in range(cfg.steps):
+            row = self.step(step)
+            result.steps.append(row)
+            print(self.step_line(row, cfg.steps), flush=True)
+        post = self.validate()
+        result.post = post
+        save_checkpoint(self.policy, self.run_dir.checkpoints / "final", dtype=torch.float32,
+                        tokenizer=self.tokenizer)
+        self.run_dir.log_metrics({"validation/pre": pre.__dict__, "validation/post": post.__dict__})
+        print("Summary:")
+        print(f"  Pre:  {pre.line()}")
+        print(f"  Post: {post.line()}", flush=True)
+        return result
+
+
+def train(cfg: RunConfig, progress: bool = True) -> RunResult:
+    return GRPORun(cfg, progress).run()

@@ -1,0 +1,79 @@
+"""Rollouts: prompts -> n completions each (generator) -> rewards -> group-normalised advantages."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from monorl.generate.engine import Generator
+from monorl.generate.sampling import SamplingParams
+from monorl.rl.advantages import group_advantages
+from monorl.tasks.base import Prompt, Task, safe_reward
+from monorl.train.packing import TrainSequence
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Rollout:
+    prompt: Prompt
+    prompt_ids: list[int]
+    completion_ids: list[int]
+    logprobs: list[float]
+    finish_reason: str
+    text: str
+    rewards: dict[str, float]
+    advantage: float = 0.0
+
+    @property
+    def reward(self) -> float:
+        return sum(self.rewards.values())
+
+    def train_sequence(self) -> TrainSequence:
+        return TrainSequence(self.prompt_ids, self.completion_ids, self.logprobs, self.advantage)
+
+
+def encode_prompts(task: Task, tokenizer, prompts: Sequence[Prompt], max_len: int,
+                   max_new_tokens: int) -> tuple[list[Prompt], list[list[int]]]:
+    """Render and tokenize; a prompt that leaves no room for `max_new_tokens` is skipped with a warning."""
+    kept, ids = [], []
+    for p in prompts:
+        toks = tokenizer.encode(task.render(p, tokenizer))
+        if len(toks) + max_new_tokens > max_len:
+            log.warning("skipping prompt of %d tokens: with max_new_tokens=%d it exceeds the context of %d tokens",
+                        len(toks), max_new_tokens, max_len)
+            continue
+        kept.append(p)
+        ids.append(toks)
+    return kept, ids
+
+
+def generate_rollouts(generator: Generator, tokenizer, task: Task, prompts: Sequence[Prompt],
+                      sampling: SamplingParams, n: int, max_len: int) -> list[list[Rollout]]:
+    """[prompt][sample] rollouts with rewards (no advantages yet)."""
+    prompts, prompt_ids = encode_prompts(task, tokenizer, prompts, max_len, sampling.max_new_tokens)
+    if not prompts:
+        return []
+    outs = generator.generate(prompt_ids, sampling, n=n)
+    groups = []
+    for p, ids, comps in zip(prompts, prompt_ids, outs, strict=True):
+        group = []
+        for c in comps:
+            text = c.text if c.text is not None else tokenizer.decode(c.token_ids, skip_special_tokens=True)
+            group.append(Rollout(p, ids, list(c.token_ids), list(c.logprobs), c.finish_reason, text,
+                                 safe_reward(task, p, text)))
+        groups.append(group)
+    return groups
+
+
+def assign_advantages(groups: list[list[Rollout]], normalize_std: bool) -> None:
+    if not groups:
+        return
+    rewards = torch.tensor([[r.reward for r in g] for g in groups], dtype=torch.float32)
+    adv = group_advantages(rewards, group_size=rewards.shape[1], normalize_std=normalize_std)
+    for g, a in zip(groups, adv.tolist(), strict=True):
+        for r, v in zip(g, a, strict=True):
+            r.advantage = v

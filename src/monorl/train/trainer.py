@@ -1,0 +1,165 @@
+"""The trainer step on the shared model: packed forward -> response log-probs -> policy loss ->
+backward (accumulated over micro-batches to one step) -> clip -> AdamW -> lr schedule.
+
+The trainer owns the fp32 master weights and optimizer state; on CUDA the forward runs under bf16
+autocast, so its matmuls see the same bf16-rounded weights the generator holds.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import torch
+from torch import Tensor
+
+from monorl.model.logprobs import chunked_token_logprobs
+from monorl.model.qwen3 import Qwen3ForCausalLM
+from monorl.train.losses import LossConfig, LossNorm, policy_loss
+from monorl.train.optim import lr_factor, make_optimizer
+from monorl.train.packing import MicroBatch, TrainSequence, make_micro_batches
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class TrainerConfig:
+    lr: float = 2e-6
+    weight_decay: float = 0.0
+    beta1: float = 0.9
+    beta2: float = 0.999
+    eps: float = 1e-8
+    max_grad_norm: float = 1.0
+    warmup_steps: int = 2
+    schedule: str = "linear"  # linear | cosine | constant (after warmup)
+    min_lr_ratio: float = 0.0
+    micro_batch_tokens: int = 8192  # token budget of one packed micro-batch
+    logprob_chunk: int = 1024  # rows of LM head + log-softmax at a time
+    compute_dtype: str = "auto"  # auto (bf16 on CUDA, fp32 on CPU) | bfloat16 | float32
+    loss: LossConfig = field(default_factory=LossConfig)
+
+    def __post_init__(self) -> None:
+        if self.lr <= 0:
+            raise ValueError(f"trainer.lr must be > 0, got {self.lr}")
+        if self.micro_batch_tokens < 16:
+            raise ValueError(f"trainer.micro_batch_tokens must be >= 16, got {self.micro_batch_tokens}")
+        if self.compute_dtype not in ("auto", "bfloat16", "float32"):
+            raise ValueError(f"trainer.compute_dtype must be auto|bfloat16|float32, got {self.compute_dtype!r}")
+        if self.max_grad_norm <= 0:
+            raise ValueError(f"trainer.max_grad_norm must be > 0, got {self.max_grad_norm}")
+
+
+class Trainer:
+    def __init__(self, model: Qwen3ForCausalLM, cfg: TrainerConfig, total_steps: int, attn_backend: str = "sdpa",
+                 ref_model: Qwen3ForCausalLM | None = None) -> None:
+        self.model, self.cfg, self.total_steps = model, cfg, total_steps
+        self.attn_backend = attn_backend
+        self.ref_model = ref_model
+        self.device = next(model.parameters()).device
+        params = [p for p in model.parameters() if p.requires_grad]
+        self.optimizer = make_optimizer(params, cfg.lr, cfg.weight_decay, (cfg.beta1, cfg.beta2), cfg.eps)
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
+            self.optimizer,
+            lambda s: lr_factor(s, cfg.warmup_steps, total_steps, cfg.schedule, cfg.min_lr_ratio),
+        )
+        dt = cfg.compute_dtype
+        if dt == "auto":
+            dt = "bfloat16" if self.device.type == "cuda" else "float32"
+        self.autocast_dtype = torch.bfloat16 if dt == "bfloat16" else None
+        self.step_count = 0
+
+    def _autocast(self) -> contextlib.AbstractContextManager:
+        if self.autocast_dtype is None:
+            return contextlib.nullcontext()
+        return torch.autocast(self.device.type, dtype=self.autocast_dtype)
+
+    def response_logprobs(self, model: Qwen3ForCausalLM, mb: MicroBatch, temperature: float) -> Tensor:
+        """Log-probs of the completion tokens of one micro-batch, [N] fp32."""
+        with self._autocast():
+            hidden = model(mb.input_ids, mb.ctx.positions, mb.ctx)
+            return chunked_token_logprobs(model, hidden[mb.logit_index], mb.targets, temperature,
+                                          self.cfg.logprob_chunk)
+
+    @torch.no_grad()
+    def ref_logprobs(self, seqs: Sequence[TrainSequence], temperature: float) -> None:
+        """Fill `ref_logprobs` of each sequence from the frozen reference policy (KL penalty)."""
+        assert self.ref_model is not None
+        for mb in make_micro_batches(seqs, self.cfg.micro_batch_tokens, self.device, self.attn_backend):
+            lp = self.response_logprobs(self.ref_model, mb, temperature).tolist()
+            # tokens are laid out sequence by sequence in index order within the micro-batch
+            pos = 0
+            for i in sorted(set(mb.seq_ids.tolist())):
+                n = len(seqs[i].completion_ids)
+                seqs[i].ref_logprobs = lp[pos:pos + n]
+                pos += n
+
+    def _apply_gradients(self) -> tuple[float, float, bool]:
+        """Clip, step AdamW and the schedule. A non-finite gradient skips the update (weights untouched)."""
+        grad_norm = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.max_grad_norm))
+        lr = self.optimizer.param_groups[0]["lr"]
+        skipped = not math.isfinite(grad_norm)
+        if skipped:
+            log.warning("non-finite gradient norm (%s) at trainer step %d: update skipped", grad_norm,
+                        self.step_count)
+        else:
+            self.optimizer.step()
+        self.scheduler.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        self.step_count += 1
+        return grad_norm, lr, skipped
+
+    def sft_step(self, seqs: Sequence[TrainSequence]) -> dict[str, float]:
+        """One supervised step: mean negative log-likelihood of the completion tokens (warm start)."""
+        self.model.train()
+        mbs = make_micro_batches(seqs, self.cfg.micro_batch_tokens, self.device, self.attn_backend)
+        ntok = sum(mb.targets.numel() for mb in mbs)
+        total = 0.0
+        for mb in mbs:
+            loss = -self.response_logprobs(self.model, mb, 1.0).sum() / ntok
+            loss.backward()
+            total += float(loss.detach())
+        grad_norm, lr, skipped = self._apply_gradients()
+        return {"loss": total, "grad_norm": grad_norm, "lr": lr, "skipped": float(skipped)}
+
+    def step(self, seqs: Sequence[TrainSequence], temperature: float = 1.0) -> dict[str, float]:
+        """One optimizer step over all `seqs` (accumulated over packed micro-batches)."""
+        if not seqs:
+            raise ValueError("trainer.step needs at least one sequence")
+        cfg = self.cfg
+        if self.ref_model is not None and cfg.loss.kl_coef > 0:
+            self.ref_logprobs(seqs, temperature)
+        self.model.train()
+        norm = LossNorm.for_step(cfg.loss, [len(s.completion_ids) for s in seqs])
+        advantages = torch.tensor([s.advantage for s in seqs], dtype=torch.float32, device=self.device)
+        mbs = make_micro_batches(seqs, cfg.micro_batch_tokens, self.device, self.attn_backend)
+        total_loss = 0.0
+        diffs: list[Tensor] = []
+        sums: dict[str, float] = {}
+        for mb in mbs:
+            if mb.targets.numel() == 0:
+                continue
+            logprobs = self.response_logprobs(self.model, mb, temperature)
+            loss, metrics = policy_loss(logprobs, mb.old_logprobs, advantages, mb.seq_ids, cfg.loss, norm,
+                                        ref_logprobs=mb.ref_logprobs)
+            loss.backward()
+            total_loss += float(loss.detach())
+            diffs.append((logprobs.detach() - mb.old_logprobs).abs())
+            for k, v in metrics.items():  # each micro-batch returns its share of the step value
+                sums[k] = sums.get(k, 0.0) + float(v)
+        grad_norm, lr, skipped = self._apply_gradients()
+        d = torch.cat(diffs) if diffs else torch.zeros(1)
+        out = {
+            "loss": total_loss,
+            "grad_norm": float(grad_norm),
+            "lr": lr,
+            "logprob_diff_mean": float(d.mean()),
+            "logprob_diff_max": float(d.max()),
+            "skipped": float(skipped),
+            "micro_batches": len(mbs),
+            "train_tokens": sum(mb.num_real_tokens for mb in mbs),
+        }
+        out.update({k: v for k, v in sums.items() if k != "loss"})
+        return out

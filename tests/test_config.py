@@ -1,0 +1,48 @@
+import pytest
+
+from monorl.cli import main
+from monorl.config import PRESETS, apply_overrides, parse_override_args, preset
+
+
+def test_presets_build():
+    for name in PRESETS:
+        cfg = preset(name)
+        assert cfg.preset == name
+    ref = preset("qwen3_0_6b_sum_digits")
+    assert (ref.steps, ref.rollout.prompts_per_step, ref.rollout.group_size) == (10, 5, 8)
+    assert (ref.rollout.max_new_tokens, ref.rollout.temperature, ref.rollout.top_p) == (100, 0.8, 0.95)
+    assert (ref.trainer.lr, ref.trainer.warmup_steps, ref.trainer.schedule) == (2e-6, 2, "linear")
+    assert ref.validation.num_prompts == 20
+
+
+def test_overrides_typed():
+    cfg = apply_overrides(preset("tiny"), parse_override_args(
+        ["--trainer.lr", "1e-6", "--steps=3", "--model.random_init", "false", "--model.path", "/x",
+         "--trainer.loss.kind", "dapo", "--task.args.max_value", "5", "--generator.max_model_len", "none"]))
+    assert cfg.trainer.lr == 1e-6 and cfg.steps == 3 and cfg.model.random_init is False
+    assert cfg.model.path == "/x" and cfg.trainer.loss.kind == "dapo"
+    assert cfg.task.args["max_value"] == 5 and cfg.generator.max_model_len is None
+
+
+@pytest.mark.parametrize("args, match", [
+    (["--trainer.lrr", "1"], "unknown config key --trainer.lrr.*valid keys there"),
+    (["--nope", "1"], "unknown config key --nope"),
+    (["--trainer.lr", "fast"], "bad value 'fast' for --trainer.lr"),
+    (["--trainer.lr", "-1"], "trainer.lr must be > 0"),
+    (["--rollout.top_p", "1.5"], "top_p"),
+    (["--model.random_init", "maybe"], "expected true/false"),
+    (["--trainer", "1"], "is a section"),
+    (["--steps"], "missing value"),
+])
+def test_bad_overrides(args, match):
+    with pytest.raises(ValueError, match=match):
+        apply_overrides(preset("tiny"), parse_override_args(args))
+
+
+def test_cli_errors_are_one_line(capsys):
+    assert main(["train", "--preset", "nope"]) == 2
+    assert "unknown preset 'nope'" in capsys.readouterr().err
+    assert main(["train", "--trainer.bogus", "1"]) == 2
+    assert "unknown config key --trainer.bogus" in capsys.readouterr().err
+    assert main(["presets"]) == 0
+    assert "tiny" in capsys.readouterr().out

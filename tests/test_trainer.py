@@ -1,0 +1,94 @@
+import math
+
+import pytest
+import torch
+
+from monorl.model.config import model_shape
+from monorl.model.qwen3 import build_model
+from monorl.train.losses import LossConfig
+from monorl.train.optim import lr_factor
+from monorl.train.packing import TrainSequence
+from monorl.train.trainer import Trainer, TrainerConfig
+
+
+def _seqs(n: int = 6, seed: int = 0) -> list[TrainSequence]:
+    g = torch.Generator().manual_seed(seed)
+    out = []
+    for i in range(n):
+        p, c = 4 + i, 3 + (i * 5) % 7
+        out.append(TrainSequence(torch.randint(3, 100, (p,), generator=g).tolist(),
+                                 torch.randint(3, 100, (c,), generator=g).tolist(),
+                                 (-torch.rand(c, generator=g) * 3).tolist(), advantage=float(i % 3 - 1)))
+    return out
+
+
+def test_lr_schedule():
+    assert [lr_factor(s, 2, 10, "linear") for s in (0, 1)] == [0.5, 1.0]
+    assert lr_factor(2, 2, 10, "linear") == 1.0 and lr_factor(6, 2, 10, "linear") == 0.5
+    assert lr_factor(10, 2, 10, "linear") == 0.0
+    assert math.isclose(lr_factor(6, 2, 10, "cosine"), 0.5)
+    assert lr_factor(9, 2, 10, "constant") == 1.0
+    with pytest.raises(ValueError, match="unknown lr schedule"):
+        lr_factor(0, 1, 2, "step")
+
+
+@pytest.mark.parametrize("kind", ["grpo", "dapo", "dr_grpo"])
+def test_step_changes_weights_and_accumulation_is_exact(kind):
+    loss_cfg = LossConfig(kind=kind, dr_grpo_norm=8.0 if kind == "dr_grpo" else None)
+    results = []
+    for budget in (32, 4096):  # many micro-batches vs one
+        model = build_model(model_shape("tiny"), seed=3)
+        before = [p.detach().clone() for p in model.parameters()]
+        tr = Trainer(model, TrainerConfig(lr=1e-3, micro_batch_tokens=budget, warmup_steps=1, loss=loss_cfg),
+                     total_steps=4)
+        m = tr.step(_seqs())
+        assert m["micro_batches"] == (1 if budget == 4096 else m["micro_batches"]) and m["skipped"] == 0.0
+        assert any(not torch.equal(a, b) for a, b in zip(before, model.parameters(), strict=True))
+        results.append(m)
+    assert results[0]["micro_batches"] > 1
+    assert math.isclose(results[0]["loss"], results[1]["loss"], rel_tol=1e-5, abs_tol=1e-7)
+    assert math.isclose(results[0]["grad_norm"], results[1]["grad_norm"], rel_tol=1e-4)
+
+
+def test_logprob_diff_is_zero_when_old_logprobs_are_the_trainers():
+    model = build_model(model_shape("tiny"), seed=3)
+    tr = Trainer(model, TrainerConfig(lr=1e-3, micro_batch_tokens=4096), total_steps=2)
+    seqs = _seqs()
+    with torch.no_grad():
+        from monorl.train.packing import make_micro_batches
+
+        (mb,) = make_micro_batches(seqs, 4096, "cpu")
+        lp = tr.response_logprobs(model, mb, 1.0).tolist()
+    pos = 0
+    for s in seqs:
+        s.old_logprobs = lp[pos:pos + len(s.completion_ids)]
+        pos += len(s.completion_ids)
+    m = tr.step(seqs)
+    assert m["logprob_diff_max"] < 1e-5
+    assert math.isclose(m["ratio_mean"], 1.0, abs_tol=1e-5)
+
+
+def test_non_finite_gradient_skips_update():
+    model = build_model(model_shape("tiny"), seed=3)
+    tr = Trainer(model, TrainerConfig(lr=1e-3), total_steps=2)
+    seqs = _seqs()
+    seqs[0].advantage = float("nan")
+    before = [p.detach().clone() for p in model.parameters()]
+    m = tr.step(seqs)
+    assert m["skipped"] == 1.0
+    assert all(torch.equal(a, b) for a, b in zip(before, model.parameters(), strict=True))
+
+
+def test_sft_steps_reduce_nll():
+    model = build_model(model_shape("tiny"), seed=0)
+    tr = Trainer(model, TrainerConfig(lr=3e-3, warmup_steps=1, schedule="constant"), total_steps=30)
+    seqs = _seqs(4)
+    losses = [tr.sft_step(seqs)["loss"] for _ in range(30)]
+    assert losses[-1] < 0.5 * losses[0]
+
+
+def test_config_validation():
+    with pytest.raises(ValueError, match="trainer.lr"):
+        TrainerConfig(lr=0)
+    with pytest.raises(ValueError, match="compute_dtype"):
+        TrainerConfig(compute_dtype="fp8")

@@ -192,6 +192,20 @@ def test_more_sequences_than_slots(model):
             assert eng.blocks.num_free() == eng.blocks.usable_blocks
 
 
+def test_per_prompt_sampling_params(model):
+    prompts = prompts_of([6, 19, 4], model.config.vocab_size, seed=7)
+    sps = [SamplingParams(max_new_tokens=m, temperature=0.9, seed=s, ignore_eos=True)
+           for m, s in ((5, 1), (17, 2), (9, 3))]
+    out = gen(model, max_num_seqs=2).generate(prompts, sps, n=2)
+    for i, (p, sp) in enumerate(zip(prompts, sps, strict=True)):
+        assert [len(c.token_ids) for c in out[i]] == [sp.max_new_tokens] * 2
+        # prompt index is part of the sample key: compare with the same prompt at the same index
+        alone = gen(model).generate(prompts[:i] + [p], sps[:i] + [sp], n=2)[i]
+        assert [c.token_ids for c in alone] == [c.token_ids for c in out[i]]
+    with pytest.raises(ValueError, match="temperature"):
+        gen(model).generate(prompts[:2], [sps[0], SamplingParams(temperature=0.5)])
+
+
 def test_kv_budget_and_length_errors(model):
     g = gen(model, kv_cache_bytes=None, max_model_len=64)
     with pytest.raises(ValueError, match="max_model_len"):

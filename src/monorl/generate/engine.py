@@ -20,7 +20,7 @@ from torch import nn
 from monorl.generate.attention import triton_decode_supported
 from monorl.generate.kv_cache import BlockManager, KVCache, blocks_for, bytes_per_block, slot_mapping
 from monorl.generate.runner import ModelRunner
-from monorl.generate.sampling import SamplingParams, sample, sequence_key
+from monorl.generate.sampling import SamplingParams, sequence_key
 from monorl.generate.scheduler import Group, Scheduler, Sequence
 from monorl.model.qwen3 import Qwen3ForCausalLM, build_model
 
@@ -35,7 +35,7 @@ class GeneratorConfig:
     block_size: int = 16
     max_model_len: int | None = None  # None: the model's max_position_embeddings
     cuda_graphs: bool = True  # only on CUDA (and with the triton decode kernel)
-    compile: bool = False  # regional torch.compile of each TransformerBlock
+    compile: bool = False  # regional torch.compile of each TransformerBlock (and, on CUDA, of the sampler)
     stop_check_interval: int = 1  # decode steps between host-side stop checks (results do not depend on it)
     max_prefill_tokens: int = 8192  # tokens per packed prefill forward (a longer prompt runs alone)
     dtype: torch.dtype | None = None  # None: bf16 on CUDA, the model's dtype elsewhere
@@ -103,7 +103,7 @@ class Generator:
         graphs = config.cuda_graphs and device.type == "cuda" and backend == "triton"
         self.runner = ModelRunner(self.model, self.kv, config.max_num_seqs, blocks_for(self.max_model_len, bs),
                                   ring_size=max(256, config.stop_check_interval), decode_backend=backend,
-                                  cuda_graphs=graphs)
+                                  cuda_graphs=graphs, compile_sampler=config.compile and device.type == "cuda")
         if config.compile:
             for layer in self.model.model.layers:
                 layer.compile()
@@ -124,13 +124,18 @@ class Generator:
             dst.copy_(s.detach())
 
     # ---- generate ----------------------------------------------------------------------------------
-    def _validate(self, prompts: list[list[int]], sampling: SamplingParams, n: int, sched: Scheduler) -> None:
+    def _validate(self, prompts: list[list[int]], params: list[SamplingParams], n: int, sched: Scheduler) -> None:
         if n < 1:
             raise ValueError(f"n must be >= 1, got {n}")
-        if sampling.stop_strings and self.tokenizer is None:
+        if len(params) != len(prompts):
+            raise ValueError(f"{len(params)} SamplingParams for {len(prompts)} prompts")
+        if len({sp.sampler_key() for sp in params}) > 1:
+            raise ValueError("per-prompt SamplingParams may differ in lengths, stops and seeds, "
+                             "not in temperature / top_p / top_k")
+        if any(sp.stop_strings for sp in params) and self.tokenizer is None:
             raise ValueError("stop_strings need a tokenizer (Generator(..., tokenizer=...))")
         V = self.model.config.vocab_size
-        for i, p in enumerate(prompts):
+        for i, (p, sampling) in enumerate(zip(prompts, params, strict=True)):
             if len(p) == 0:
                 raise ValueError(f"prompt {i} is empty")
             if min(p) < 0 or max(p) >= V:
@@ -139,7 +144,7 @@ class Generator:
             if total > self.max_model_len:
                 raise ValueError(f"prompt {i}: {len(p)} tokens + max_new_tokens {sampling.max_new_tokens} = {total} "
                                  f"exceeds max_model_len {self.max_model_len}")
-            need = sched.blocks_needed(len(p))
+            need = sched.blocks_needed(len(p), sampling.max_new_tokens)
             if need > self.blocks.usable_blocks:
                 raise ValueError(
                     f"prompt {i}: {len(p)} tokens + max_new_tokens {sampling.max_new_tokens} needs {need} KV blocks "
@@ -147,18 +152,25 @@ class Generator:
                     f"(raise GeneratorConfig.kv_cache_bytes or lower max_new_tokens)")
 
     @torch.inference_mode()
-    def generate(self, prompts: list[list[int]], sampling: SamplingParams, n: int = 1) -> list[list[Completion]]:
-        """For each prompt, n completions (results[prompt][sample])."""
+    def generate(self, prompts: list[list[int]], sampling: SamplingParams | list[SamplingParams],
+                 n: int = 1) -> list[list[Completion]]:
+        """For each prompt, n completions (results[prompt][sample]). `sampling` is one SamplingParams for
+        all prompts, or one per prompt (those may differ in lengths, stops and seed, not in the sampler)."""
         cfg = self.config
-        sched = Scheduler(self.blocks, self.kv.block_size, cfg.max_num_seqs, cfg.max_prefill_tokens,
-                          sampling.max_new_tokens)
-        self._validate(prompts, sampling, n, sched)
-        seed = sampling.seed if sampling.seed is not None else int(torch.randint(0, 2**31 - 1, ()).item())
-        stop_ids = set(sampling.stop_token_ids) | (set() if sampling.ignore_eos else set(self.eos_token_ids))
-        stops_possible = bool(stop_ids or sampling.stop_strings)
+        params = [sampling] * len(prompts) if isinstance(sampling, SamplingParams) else list(sampling)
+        sched = Scheduler(self.blocks, self.kv.block_size, cfg.max_num_seqs, cfg.max_prefill_tokens)
+        self._validate(prompts, params, n, sched)
+        if not prompts:
+            return []
+        sampling = params[0]  # the sampler configuration (shared by all prompts)
+        default_seed = int(torch.randint(0, 2**31 - 1, ()).item())
+        stops_possible = False
         results: list[list[Sequence]] = []
-        for i, p in enumerate(prompts):
-            g = Group(index=i, prompt=list(p), pending=n)
+        for i, (p, sp) in enumerate(zip(prompts, params, strict=True)):
+            stop_ids = frozenset(sp.stop_token_ids) | (frozenset() if sp.ignore_eos else frozenset(self.eos_token_ids))
+            stops_possible |= bool(stop_ids or sp.stop_strings)
+            g = Group(index=i, prompt=list(p), sampling=sp, pending=n, stop_ids=stop_ids)
+            seed = sp.seed if sp.seed is not None else default_seed
             seqs = [Sequence(group=g, sample_index=j, key=sequence_key(seed, i, j)) for j in range(n)]
             results.append(seqs)
             for s in seqs:
@@ -169,10 +181,10 @@ class Generator:
         runner.reset_slots(0)
         try:
             while sched.waiting or sched.running:
-                self._admit(sched, sampling, stop_ids)
+                self._admit(sched, sampling)
                 if not sched.running:
                     continue
-                left = min(sampling.max_new_tokens - len(s.tokens) for s in sched.running)
+                left = min(s.group.sampling.max_new_tokens - len(s.tokens) for s in sched.running)
                 steps = min(left, runner.ring_size)
                 if stops_possible:
                     steps = min(steps, cfg.stop_check_interval)
@@ -183,7 +195,7 @@ class Generator:
                 toks, lps = runner.read_ring(steps, live)
                 for slot, seq in enumerate(sched.running):
                     for t in range(steps):
-                        self._append(seq, toks[t][slot], lps[t][slot], sampling, stop_ids)
+                        self._append(seq, toks[t][slot], lps[t][slot])
                         if seq.finish_reason is not None:
                             break
                 self._reap(sched)
@@ -197,9 +209,9 @@ class Generator:
                 if g.blocks:
                     g.pending = 0
                     sched.release_group_if_done(g)
-        return [[self._completion(s, sampling) for s in seqs] for seqs in results]
+        return [[self._completion(s) for s in seqs] for seqs in results]
 
-    def _admit(self, sched: Scheduler, sampling: SamplingParams, stop_ids: set[int]) -> None:
+    def _admit(self, sched: Scheduler, sampling: SamplingParams) -> None:
         groups, seqs, copies = sched.admit()
         if not seqs:
             if not sched.running and sched.waiting:
@@ -216,13 +228,13 @@ class Generator:
         rows = torch.stack([s.group.last_logits for s in seqs])
         keys = torch.tensor([s.key for s in seqs], dtype=torch.int64, device=self.device)
         positions = torch.tensor([s.prompt_len for s in seqs], dtype=torch.int64, device=self.device)
-        first, first_lp = sample(rows, keys, positions, sampling)
+        first, first_lp = runner.sample_fn(rows, keys, positions, sampling)
         for s in seqs:
             sched.release_group_if_done(s.group)
         first_host, lp_host = first.tolist(), first_lp.tolist()
         keep = []
         for i, s in enumerate(seqs):
-            self._append(s, first_host[i], lp_host[i], sampling, stop_ids)
+            self._append(s, first_host[i], lp_host[i])
             if s.finish_reason is None:
                 keep.append(i)
             else:
@@ -239,10 +251,11 @@ class Generator:
         runner.set_slots(list(range(start, start + len(new))), first[idx], [s.prompt_len for s in new],
                          [s.key for s in new], tables.to(self.device))
 
-    def _append(self, seq: Sequence, tok: int, lp: float, sampling: SamplingParams, stop_ids: set[int]) -> None:
+    def _append(self, seq: Sequence, tok: int, lp: float) -> None:
+        sampling = seq.group.sampling
         seq.tokens.append(tok)
         seq.logprobs.append(lp)
-        if tok in stop_ids:
+        if tok in seq.group.stop_ids:
             seq.finish_reason = "stop"
         elif sampling.stop_strings and self._hit_stop_string(seq, sampling.stop_strings):
             seq.finish_reason = "stop"
@@ -265,12 +278,12 @@ class Generator:
         self.runner.move_slots(src, dst)
         self.runner.reset_slots(len(sched.running))
 
-    def _completion(self, seq: Sequence, sampling: SamplingParams) -> Completion:
+    def _completion(self, seq: Sequence) -> Completion:
         text = None
+        sampling = seq.group.sampling
         if self.tokenizer is not None:
             ids = seq.tokens
-            if seq.finish_reason == "stop" and ids and ids[-1] in set(sampling.stop_token_ids) | set(
-                    self.eos_token_ids):
+            if seq.finish_reason == "stop" and ids and ids[-1] in seq.group.stop_ids:
                 ids = ids[:-1]  # the stop token stays in token_ids (the policy must learn to emit it), not in text
             text = self.tokenizer.decode(ids, skip_special_tokens=False)
             if sampling.stop_strings:

@@ -29,7 +29,7 @@ def graph_buckets(max_num_seqs: int) -> list[int]:
 
 class ModelRunner:
     def __init__(self, model: Qwen3ForCausalLM, kv: KVCache, max_num_seqs: int, max_blocks_per_seq: int,
-                 ring_size: int, decode_backend: str, cuda_graphs: bool) -> None:
+                 ring_size: int, decode_backend: str, cuda_graphs: bool, compile_sampler: bool = False) -> None:
         self.model, self.kv = model, kv
         self.cfg = model.config
         self.device = kv.kv.device
@@ -51,6 +51,9 @@ class ModelRunner:
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self.graph_key: tuple | None = None
         self.graph_pool: Any = None
+        # Compiled, the sampler (hash noise, softmax, top-k/p, log-prob) is a few fused kernels instead of
+        # ~30 passes over [B, vocab]; eager it is correct but slow at large vocabularies.
+        self.sample_fn = torch.compile(sample, dynamic=True) if compile_sampler else sample
 
     # ---- prefill -----------------------------------------------------------------------------------
     @torch.inference_mode()
@@ -76,7 +79,7 @@ class ModelRunner:
                             backend=self.decode_backend)
         hidden = self.model(tok, pos, ctx, self.kv.layers)
         logits = self.model.compute_logits(hidden)
-        nxt, lp = sample(logits, self.keys[:B], pos + 1, params)
+        nxt, lp = self.sample_fn(logits, self.keys[:B], pos + 1, params)
         self.ring_tok[:, :B].index_copy_(0, self.ring_idx, nxt[None])
         self.ring_lp[:, :B].index_copy_(0, self.ring_idx, lp[None])
         self.ring_idx.add_(1).clamp_(max=self.ring_size)  # never past the overflow row

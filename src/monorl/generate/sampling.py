@@ -6,7 +6,9 @@ only on those numbers -- not on which slot it ran in, what else was in the batch
 or how many sequences fit at once -- and there is no RNG state to register with a graph.
 
 Sampling is Gumbel-max over the temperature-scaled logits restricted to the top-k / top-p set, which
-draws exactly from softmax(logits / T) renormalised over that set. The returned log-prob is of the
+draws exactly from softmax(logits / T) renormalised over that set. Nothing sorts the whole vocabulary
+(top-k uses topk, top-p a few Gumbel candidates, see `_top_p_sample`), and everything is a fixed-shape
+tensor program, so it runs inside the CUDA graph. The returned log-prob is of the
 temperature-scaled distribution *before* truncation (`monorl.model.logprobs.token_logprobs`, the
 trainer's function), with temperature 1.0 for greedy decoding.
 """
@@ -91,30 +93,47 @@ def gumbel_noise(keys: Tensor, positions: Tensor, vocab_size: int) -> Tensor:
     return -torch.log(-torch.log(u))
 
 
-def _truncation_threshold(scaled: Tensor, top_p: float, top_k: int) -> Tensor:
-    """Per-row smallest logit that stays in the top-k / top-p set [B, 1]. Sort based (CUDA-graph safe)."""
-    V = scaled.shape[-1]
-    if top_p >= 1.0:  # top-k only: no full sort needed
-        return torch.topk(scaled, min(top_k, V), dim=-1).values[:, -1:]
-    srt = torch.sort(scaled, dim=-1, descending=True).values
-    if 0 < top_k < V:
-        srt = srt[:, :top_k]  # top-p is applied to the top-k-renormalised distribution, as in HF
+def _top_k_threshold(scaled: Tensor, top_p: float, top_k: int) -> Tensor:
+    """Per-row smallest logit kept by top-k (then top-p within the top-k, as HF orders them) [B, 1]."""
+    srt = torch.topk(scaled, top_k, dim=-1).values  # sorted, descending
+    if top_p >= 1.0:
+        return srt[:, -1:]
     probs = torch.softmax(srt, dim=-1)
-    before = torch.cumsum(probs, dim=-1) - probs  # mass of strictly better-ranked tokens
-    keep = before < top_p  # always keeps the first
-    n_keep = keep.sum(dim=-1, keepdim=True)
+    before = torch.cumsum(probs, dim=-1) - probs  # mass of better-ranked tokens
+    n_keep = (before < top_p).sum(dim=-1, keepdim=True)  # >= 1: the first always stays
     return srt.gather(-1, n_keep - 1)
 
 
-def sample(logits: Tensor, keys: Tensor, positions: Tensor, params: SamplingParams) -> tuple[Tensor, Tensor]:
+def _top_p_sample(scaled: Tensor, noise: Tensor, top_p: float, candidates: int) -> Tensor:
+    """Exact nucleus sampling without sorting the vocabulary. Gumbel-max restricted to a set S picks the
+    first token of the perturbed order that lies in S; so take the top few of the perturbed logits and
+    keep the first one inside the nucleus (token c is inside iff the mass of tokens more probable than c
+    is < top_p). If none of them is (probability ~ tail_mass ** candidates), take the most probable token."""
+    probs = torch.softmax(scaled, dim=-1)
+    cand = torch.topk(scaled + noise, candidates, dim=-1).indices  # [B, K], perturbed order
+    pc = probs.gather(-1, cand)
+    above = torch.where(probs[:, None, :] > pc[:, :, None], probs[:, None, :], 0.0).sum(-1)  # [B, K]
+    inside = above < top_p
+    first = torch.argmax(inside.to(torch.int32), dim=-1, keepdim=True)  # first True (argmax returns the first max)
+    chosen = cand.gather(-1, first)[:, 0]
+    return torch.where(inside.any(dim=-1), chosen, torch.argmax(probs, dim=-1))
+
+
+def sample(logits: Tensor, keys: Tensor, positions: Tensor, params: SamplingParams,
+           top_p_candidates: int = 16) -> tuple[Tensor, Tensor]:
     """logits [B, V] -> (tokens int64 [B], log-probs fp32 [B]). `keys` [B] int64 (see `sequence_key`),
-    `positions` [B] int64: the position the sampled token will have. No host sync."""
+    `positions` [B] int64: the position the sampled token will have. No host sync, no vocabulary sort."""
+    V = logits.shape[-1]
     if params.greedy:
         tokens = torch.argmax(logits, dim=-1)
     else:
         scaled = logits.float() / params.temperature
-        if params.top_p < 1.0 or 0 < params.top_k < logits.shape[-1]:
-            thresh = _truncation_threshold(scaled, params.top_p, params.top_k)
-            scaled = scaled.masked_fill(scaled < thresh, float("-inf"))
-        tokens = torch.argmax(scaled + gumbel_noise(keys, positions, logits.shape[-1]), dim=-1)
+        noise = gumbel_noise(keys, positions, V)
+        if 0 < params.top_k < V:
+            thresh = _top_k_threshold(scaled, params.top_p, params.top_k)
+            tokens = torch.argmax((scaled + noise).masked_fill(scaled < thresh, float("-inf")), dim=-1)
+        elif params.top_p < 1.0:
+            tokens = _top_p_sample(scaled, noise, params.top_p, min(top_p_candidates, V))
+        else:
+            tokens = torch.argmax(scaled + noise, dim=-1)
     return tokens, token_logprobs(logits, tokens, params.logprob_temperature)

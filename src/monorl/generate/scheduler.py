@@ -17,13 +17,16 @@ from dataclasses import dataclass, field
 from torch import Tensor
 
 from monorl.generate.kv_cache import BlockManager, blocks_for
+from monorl.generate.sampling import SamplingParams
 
 
 @dataclass
 class Group:
     index: int
     prompt: list[int]
+    sampling: SamplingParams
     pending: int  # samples not admitted yet
+    stop_ids: frozenset[int] = frozenset()
     blocks: list[int] | None = None  # prompt blocks, allocated at prefill
     last_logits: Tensor | None = None  # [V], the first token's distribution, kept until all samples start
 
@@ -45,25 +48,23 @@ class Sequence:
 
 
 class Scheduler:
-    def __init__(self, blocks: BlockManager, block_size: int, max_num_seqs: int, max_prefill_tokens: int,
-                 max_new_tokens: int) -> None:
+    def __init__(self, blocks: BlockManager, block_size: int, max_num_seqs: int, max_prefill_tokens: int) -> None:
         self.blocks, self.block_size = blocks, block_size
         self.max_num_seqs, self.max_prefill_tokens = max_num_seqs, max_prefill_tokens
-        self.max_new_tokens = max_new_tokens
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []  # running[i] lives in slot i
 
     def add(self, seq: Sequence) -> None:
         self.waiting.append(seq)
 
-    def own_blocks(self, prompt_len: int) -> int:
+    def own_blocks(self, prompt_len: int, max_new: int) -> int:
         # KV is written for positions 0 .. prompt_len + max_new - 2 (the last sampled token is never fed).
-        total = blocks_for(prompt_len + self.max_new_tokens - 1, self.block_size)
+        total = blocks_for(prompt_len + max_new - 1, self.block_size)
         return total - prompt_len // self.block_size
 
-    def blocks_needed(self, prompt_len: int) -> int:
+    def blocks_needed(self, prompt_len: int, max_new: int) -> int:
         """Worst case for one prompt with one sample (the feasibility check)."""
-        return blocks_for(prompt_len, self.block_size) + self.own_blocks(prompt_len)
+        return blocks_for(prompt_len, self.block_size) + self.own_blocks(prompt_len, max_new)
 
     def admit(self) -> tuple[list[Group], list[Sequence], list[tuple[int, int]]]:
         """Admit waiting samples while slots and blocks last. Returns (groups to prefill, admitted
@@ -76,7 +77,8 @@ class Scheduler:
         while self.waiting and len(self.running) + len(seqs) < self.max_num_seqs:
             seq = self.waiting[0]
             g, L = seq.group, seq.prompt_len
-            need = self.own_blocks(L)
+            n_own = self.own_blocks(L, g.sampling.max_new_tokens)
+            need = n_own
             if g.blocks is None:
                 if groups and prefill_tokens + L > self.max_prefill_tokens:
                     break
@@ -88,7 +90,7 @@ class Scheduler:
                 groups.append(g)
                 prefill_tokens += L
             full = L // bs
-            own = self.blocks.allocate(self.own_blocks(L))
+            own = self.blocks.allocate(n_own)
             self.blocks.incref(g.blocks[:full])
             seq.table = g.blocks[:full] + own
             if L % bs and own:

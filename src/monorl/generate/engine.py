@@ -212,11 +212,16 @@ class Generator:
         return [[self._completion(s) for s in seqs] for seqs in results]
 
     def _admit(self, sched: Scheduler, sampling: SamplingParams) -> None:
+        # Prefill first: keep admitting (one packed prefill per round) while slots and blocks last.
+        while self._admit_round(sched, sampling):
+            pass
+        if not sched.running and sched.waiting:
+            raise RuntimeError("scheduler could not admit any sequence (KV cache accounting bug)")
+
+    def _admit_round(self, sched: Scheduler, sampling: SamplingParams) -> bool:
         groups, seqs, copies = sched.admit()
         if not seqs:
-            if not sched.running and sched.waiting:
-                raise RuntimeError("scheduler could not admit any sequence (KV cache accounting bug)")
-            return
+            return False
         runner = self.runner
         if groups:
             bs = self.kv.block_size
@@ -240,7 +245,7 @@ class Generator:
             else:
                 sched.finish(s, s.finish_reason)
         if not keep:
-            return
+            return True
         start = len(sched.running)
         new = [seqs[i] for i in keep]
         sched.running.extend(new)
@@ -250,6 +255,7 @@ class Generator:
             tables[r, :len(s.table)] = torch.tensor(s.table, dtype=torch.int32)
         runner.set_slots(list(range(start, start + len(new))), first[idx], [s.prompt_len for s in new],
                          [s.key for s in new], tables.to(self.device))
+        return True
 
     def _append(self, seq: Sequence, tok: int, lp: float) -> None:
         sampling = seq.group.sampling

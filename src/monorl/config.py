@@ -100,7 +100,7 @@ def _tiny() -> RunConfig:
         generator=GeneratorConfig(max_num_seqs=64),
         trainer=TrainerConfig(lr=3e-4, warmup_steps=2, schedule="constant", micro_batch_tokens=4096,
                               loss=LossConfig(kind="grpo")),
-        validation=ValidationSection(num_prompts=128),
+        validation=ValidationSection(num_prompts=64),
         warm_start=WarmStartSection(steps=150, batch_size=32, lr=2e-3),
     )
 

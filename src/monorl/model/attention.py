@@ -8,8 +8,8 @@ The model never sees padding or caches. Each attention layer hands its q, k, v (
 - the generator's prefill / decode contexts (`monorl.generate`) implement the same `attend`
   and additionally read and write the per-layer KV cache passed in `cache`.
 
-Two backends compute varlen causal attention: "sdpa" (portable, CPU and GPU: one
-scaled_dot_product_attention over the pack with a block-diagonal causal mask) and "flash"
+Two backends compute varlen causal attention: "sdpa" (portable, CPU and GPU: the pack gathered
+into a padded batch, one causal scaled_dot_product_attention) and "flash"
 (`torch.nn.attention.varlen.varlen_attn`, CUDA, bf16/fp16). "auto" picks flash where it can.
 """
 
@@ -52,15 +52,20 @@ def resolve_backend(backend: str, device: torch.device, dtype: torch.dtype) -> s
     return backend
 
 
-def sdpa_varlen(q: Tensor, k: Tensor, v: Tensor, seq_ids: Tensor, positions: Tensor) -> Tensor:
-    """Portable varlen causal attention: one SDPA over the whole pack, masked so each token sees
-    only earlier tokens of its own sequence. O(T^2) memory: meant for CPU and tests."""
-    mask = (seq_ids[:, None] == seq_ids[None, :]) & (positions[:, None] >= positions[None, :])
-    out = F.scaled_dot_product_attention(
-        q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1), attn_mask=mask,
-        enable_gqa=q.shape[1] != k.shape[1],
-    )
-    return out.transpose(0, 1)
+def sdpa_varlen(q: Tensor, k: Tensor, v: Tensor, pad_index: Tensor, valid: Tensor) -> Tensor:
+    """Portable varlen causal attention: gather the pack into a padded [B, L] batch (`pad_index`
+    points into the flat tokens, `valid` marks real slots), one causal SDPA, then drop the padding.
+    Cost O(B * L^2), not O(T^2): packs of many short sequences stay cheap on CPU."""
+    def padded(x: Tensor) -> Tensor:  # [T, H, D] -> [B, H, L, D]; index T is a zero row for padding
+        x = torch.cat([x, x.new_zeros(1, *x.shape[1:])])
+        return x[pad_index].transpose(1, 2)
+
+    L = pad_index.shape[1]
+    causal = torch.ones(L, L, dtype=torch.bool, device=q.device).tril()
+    mask = causal[None, None] & valid[:, None, None, :]
+    out = F.scaled_dot_product_attention(padded(q), padded(k), padded(v), attn_mask=mask,
+                                         enable_gqa=q.shape[1] != k.shape[1])
+    return out.transpose(1, 2)[valid]  # sequences are laid out in order, so this is the flat order
 
 
 def flash_varlen(q: Tensor, k: Tensor, v: Tensor, cu_seqlens: Tensor, max_seqlen: int) -> Tensor:
@@ -85,8 +90,9 @@ class VarlenContext:
 
     cu_seqlens: Tensor  # int32 [B+1]
     max_seqlen: int
-    seq_ids: Tensor  # int64 [T], which sequence each token belongs to (sdpa mask)
     positions: Tensor  # int64 [T], position within its sequence
+    pad_index: Tensor  # int64 [B, max_seqlen] flat index of each (sequence, position); T where padding (sdpa)
+    valid: Tensor  # bool [B, max_seqlen]
     backend: str = "sdpa"
 
     @staticmethod
@@ -96,15 +102,18 @@ class VarlenContext:
             raise ValueError(f"sequence lengths must be positive, got {lengths.tolist()}")
         cu = torch.zeros(len(lengths) + 1, dtype=torch.int32)
         cu[1:] = torch.cumsum(lengths, 0)
-        seq_ids = torch.repeat_interleave(torch.arange(len(lengths)), lengths)
+        T, L = int(cu[-1]), int(lengths.max())
         starts = torch.repeat_interleave(cu[:-1].long(), lengths)
-        positions = torch.arange(int(cu[-1])) - starts
+        positions = torch.arange(T) - starts
+        col = torch.arange(L)
+        valid = col[None, :] < lengths[:, None]
+        pad_index = torch.where(valid, cu[:-1, None].long() + col[None, :], T)
         return VarlenContext(
-            cu_seqlens=cu.to(device), max_seqlen=int(lengths.max()), seq_ids=seq_ids.to(device),
-            positions=positions.to(device), backend=backend,
+            cu_seqlens=cu.to(device), max_seqlen=L, positions=positions.to(device),
+            pad_index=pad_index.to(device), valid=valid.to(device), backend=backend,
         )
 
     def attend(self, q: Tensor, k: Tensor, v: Tensor, cache: Any = None) -> Tensor:
         if self.backend == "flash":
             return flash_varlen(q, k, v, self.cu_seqlens, self.max_seqlen)
-        return sdpa_varlen(q, k, v, self.seq_ids, self.positions)
+        return sdpa_varlen(q, k, v, self.pad_index, self.valid)

@@ -249,8 +249,10 @@ class CharTokenizer(Tokenizer):
         return ids
 
     def decode(self, ids: list[int], skip_special_tokens: bool = False) -> str:
-        n = len(self.SPECIALS)
-        return "".join(self._id_to_str[int(i)] for i in ids if not (skip_special_tokens and int(i) < n))
+        # ids past the tokenizer (a model's vocab is often padded beyond it) decode to nothing, as in HF
+        n, v = len(self.SPECIALS), len(self._id_to_str)
+        return "".join(self._id_to_str[int(i)] for i in ids
+                       if int(i) < v and not (skip_special_tokens and int(i) < n))
 
     def to_hf(self) -> _HFTok:
         """The same tokenizer as a `tokenizers.Tokenizer` (a merge-free BPE: each character one token).

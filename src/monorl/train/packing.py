@@ -104,9 +104,12 @@ def pack(seqs: Sequence[TrainSequence], indices: Sequence[int], buckets: Sequenc
     size = next((b for b in buckets if b >= real), None)
     if size is None:
         raise ValueError(f"{real} tokens do not fit the largest bucket {max(buckets)}")
-    if size > real:  # filler sequence: attends only to itself, no loss
-        ids += [pad_id] * (size - real)
-        lengths.append(size - real)
+    # filler sequences: attend only to themselves, carry no loss; no longer than the longest real
+    # sequence, so the padded-batch attention does not grow
+    chunk = max(lengths)
+    for s in range(real, size, chunk):
+        lengths.append(min(chunk, size - s))
+    ids += [pad_id] * (size - real)
     has_ref = all(seqs[i].ref_logprobs is not None for i in indices)
     return MicroBatch(
         input_ids=torch.tensor(ids, dtype=torch.long, device=device),

@@ -11,7 +11,8 @@ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
 python3 -c "import torch, triton, transformers; print('torch', torch.__version__, 'triton', triton.__version__, 'transformers', transformers.__version__)"
 has() { [[ " $PARTS " == *" $1 "* ]]; }
 if has tests; then
-  timeout 200 python3 -m pytest -q -m gpu tests/test_generate_gpu.py -p no:cacheprovider 2>&1 | tail -25
+  timeout 200 python3 -m pytest -q -m gpu tests/test_generate_gpu.py -p no:cacheprovider --tb=short 2>&1 \
+    | grep -v -e DEBUG -e Warning -e warn | tail -30
 fi
 GEN_ARGS="--profile"
 has hf && GEN_ARGS="$GEN_ARGS --hf"

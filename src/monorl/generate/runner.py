@@ -96,7 +96,9 @@ class ModelRunner:
     def decode(self, live: int, width: int, params: SamplingParams) -> None:
         """One decode step for slots 0..live-1 (eager: exactly `live` rows, tables cut to `width`)."""
         if not self.use_graphs:
-            self._decode_step(live, width, params)
+            # On CUDA, eager runs the graph's bucket size too: the same shapes pick the same GEMM kernels,
+            # so eager and graph decoding give identical tokens (bf16 GEMMs are not batch-size invariant).
+            self._decode_step(self.bucket(live) if self.device.type == "cuda" else live, width, params)
             return
         key = params.sampler_key()
         if key != self.graph_key:

@@ -120,7 +120,7 @@ def _top_p_sample(scaled: Tensor, noise: Tensor, top_p: float, candidates: int) 
 
 
 def sample(logits: Tensor, keys: Tensor, positions: Tensor, params: SamplingParams,
-           top_p_candidates: int = 16) -> tuple[Tensor, Tensor]:
+           top_p_candidates: int = 8) -> tuple[Tensor, Tensor]:
     """logits [B, V] -> (tokens int64 [B], log-probs fp32 [B]). `keys` [B] int64 (see `sequence_key`),
     `positions` [B] int64: the position the sampled token will have. No host sync, no vocabulary sort."""
     V = logits.shape[-1]

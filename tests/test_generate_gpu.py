@@ -57,7 +57,14 @@ def test_cuda_graph_decode_equals_eager(compile):
         assert not eager.runner.use_graphs
         b = eager.generate(ps, sp, n=3)
         assert [[c.token_ids for c in x] for x in a] == [[c.token_ids for c in x] for x in b]
-        assert [[c.logprobs for c in x] for x in a] == [[c.logprobs for c in x] for x in b]
+        la = torch.tensor([c.logprobs for x in a for c in x])
+        lb = torch.tensor([c.logprobs for x in b for c in x])
+        if compile:
+            # Both generators compile the same (shared) blocks; the second may get dynamic-shape kernels whose
+            # reductions split differently, so log-probs agree to bf16 rounding, not bit for bit.
+            torch.testing.assert_close(la, lb, atol=2e-2, rtol=0)
+        else:
+            assert torch.equal(la, lb)
         if sp.greedy:
             assert len({tuple(c.token_ids) for x in a for c in x}) > 1
             assert all(c.token_ids == x[0].token_ids for x in a for c in x)  # prefix sharing: n greedy equal

@@ -66,6 +66,20 @@ class WarmStartSection:
 
 
 @dataclass
+class CheckpointSection:
+    """Training checkpoints (policy + optimizer + schedule + RNG + data position) under run_dir/checkpoints."""
+
+    every: int = 0  # steps between checkpoints; 0: only the one at the end
+    keep_last: int = 2  # step checkpoints kept (older ones are deleted once a newer one is complete)
+
+    def __post_init__(self) -> None:
+        if self.every < 0:
+            raise ValueError(f"checkpoint.every must be >= 0, got {self.every}")
+        if self.keep_last < 1:
+            raise ValueError(f"checkpoint.keep_last must be >= 1, got {self.keep_last}")
+
+
+@dataclass
 class RunConfig:
     preset: str = "tiny"
     seed: int = 0
@@ -80,6 +94,7 @@ class RunConfig:
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     validation: ValidationSection = field(default_factory=ValidationSection)
     warm_start: WarmStartSection = field(default_factory=WarmStartSection)
+    checkpoint: CheckpointSection = field(default_factory=CheckpointSection)
 
     def __post_init__(self) -> None:
         if self.steps < 0:
@@ -102,6 +117,7 @@ def _tiny() -> RunConfig:
                               loss=LossConfig(kind="grpo")),
         validation=ValidationSection(num_prompts=64),
         warm_start=WarmStartSection(steps=150, batch_size=32, lr=2e-3),
+        checkpoint=CheckpointSection(every=10, keep_last=2),
     )
 
 
@@ -241,6 +257,25 @@ def validate(obj: Any) -> None:
     post = getattr(obj, "__post_init__", None)
     if post is not None:
         post()
+
+
+def config_from_dict(data: dict[str, Any], cls: type = RunConfig, where: str = "") -> Any:
+    """Rebuild a config from its `to_dict()` form (a run's config.json). Keys it lacks keep their defaults
+    (a run dir from before a section existed); keys the dataclass lacks raise ValueError naming them."""
+    hints = typing.get_type_hints(cls)
+    if unknown := sorted(set(data) - set(hints)):
+        raise ValueError(f"unknown config keys: {', '.join(where + k for k in unknown)}")
+    kw: dict[str, Any] = {}
+    for name, v in data.items():
+        tp = hints[name]
+        if dataclasses.is_dataclass(tp) and isinstance(v, dict):
+            kw[name] = config_from_dict(v, tp, f"{where}{name}.")
+        elif isinstance(v, list) and any(t is tuple or typing.get_origin(t) is tuple
+                                         for t in (tp, *typing.get_args(tp))):
+            kw[name] = tuple(v)  # JSON has no tuples
+        else:
+            kw[name] = v
+    return cls(**kw)
 
 
 def parse_override_args(args: list[str]) -> dict[str, str]:

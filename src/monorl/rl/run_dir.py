@@ -32,7 +32,7 @@ class RunDir:
         return Path("runs") / f"{preset}-{time.strftime('%Y%m%d-%H%M%S')}"
 
     def write_config(self, cfg: dict[str, Any]) -> None:
-        (self.path / "config.json").write_text(json.dumps(_clean(cfg), indent=2, sort_keys=True) + "\n")
+        (self.path / "config.json").write_text(json.dumps(_clean(cfg), indent=2, sort_keys=True, default=str) + "\n")
 
     def _append(self, path: Path, rows: list[dict[str, Any]]) -> None:
         with path.open("a") as f:

@@ -52,6 +52,9 @@ def digit_sum(numbers: list[int]) -> int:
     return sum(int(d) for x in numbers for d in str(abs(x)))
 
 
+SOLUTION_STYLES = ("steps", "short", "mixed")
+
+
 class SumDigitsTask(Task):
     """Digit sums of short lists of numbers. Defaults reproduce the reference (2-4 two-digit numbers)."""
 
@@ -65,8 +68,8 @@ class SumDigitsTask(Task):
             raise ValueError(f"need 1 <= min_numbers <= max_numbers, got {min_numbers}, {max_numbers}")
         if not 1 <= min_digits <= max_digits:
             raise ValueError(f"need 1 <= min_digits <= max_digits, got {min_digits}, {max_digits}")
-        if solution_style not in ("steps", "short"):
-            raise ValueError(f"solution_style must be 'steps' or 'short', got {solution_style!r}")
+        if solution_style not in SOLUTION_STYLES:
+            raise ValueError(f"solution_style must be one of {SOLUTION_STYLES}, got {solution_style!r}")
         self.min_numbers, self.max_numbers = min_numbers, max_numbers
         self.min_digits, self.max_digits = min_digits, max_digits
         self.instructions = instructions
@@ -137,11 +140,16 @@ class SumDigitsTask(Task):
 
     def solution(self, prompt: Prompt) -> str:
         """A correct, well-formatted completion (the reference's worked-example style), for a supervised warm
-        start. ``solution_style="short"`` gives just the answer tag."""
+        start. ``solution_style="short"`` gives just the answer tag. ``"mixed"`` answers correctly but uses
+        the tag only on even stream positions (``"The answer is n."`` otherwise): a warm-started model then
+        knows the task but not reliably the rewarded format, as a base model often does, and RL has a
+        signal to learn from."""
         numbers = prompt.meta["numbers"]
         total = digit_sum(numbers)
         if self.solution_style == "short":
             return f"[ANSWER] {total}"
+        if self.solution_style == "mixed":
+            return f"[ANSWER] {total}" if prompt.meta.get("index", 0) % 2 == 0 else f"The answer is {total}."
         lines = ["Break each number into digits:"]
         lines += [f"{x} -> {', '.join(str(abs(x)))}" for x in numbers]
         digits = [d for x in numbers for d in str(abs(x))]

@@ -24,7 +24,9 @@ class CompileConfig:
     mode: str | None = None  # torch.compile mode for inductor (e.g. "max-autotune-no-cudagraphs")
     regional: bool = True  # compile each TransformerBlock, not the whole model
     decode_cuda_graphs: bool = True  # capture the generator's decode step (CUDA only)
-    trainer: bool = True  # also compile the trainer's blocks (the generator's are compiled whenever backend != none)
+    generator: bool = True  # compile the generator's blocks (and sampler)
+    trainer: bool = True  # compile the trainer's blocks
+    eager_step_s: float | None = None  # a measured eager RL step time: the run then reports compile break-even
     cache_dir: str | None = None  # persistent Inductor/AOTAutograd cache; default ~/.cache/monorl/torch_compile
 
     def __post_init__(self) -> None:

@@ -9,6 +9,7 @@ import typing
 from dataclasses import dataclass, field
 from typing import Any
 
+from monorl.compile import CompileConfig
 from monorl.generate.engine import GeneratorConfig
 from monorl.train.losses import LossConfig
 from monorl.train.trainer import TrainerConfig
@@ -91,6 +92,7 @@ class RunConfig:
     task: TaskSection = field(default_factory=TaskSection)
     rollout: RolloutSection = field(default_factory=RolloutSection)
     generator: GeneratorConfig = field(default_factory=GeneratorConfig)
+    compile: CompileConfig = field(default_factory=CompileConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     validation: ValidationSection = field(default_factory=ValidationSection)
     warm_start: WarmStartSection = field(default_factory=WarmStartSection)
@@ -132,6 +134,7 @@ def _qwen3_0_6b_sum_digits() -> RunConfig:
         rollout=RolloutSection(prompts_per_step=5, group_size=8, max_new_tokens=100, temperature=0.8, top_p=0.95,
                                advantage_std_norm=False),
         generator=GeneratorConfig(max_num_seqs=64, max_model_len=2048),
+        compile=CompileConfig(backend="inductor"),  # on GPU; use --compile.backend none for the eager baseline
         trainer=TrainerConfig(lr=2e-6, warmup_steps=2, schedule="linear", micro_batch_tokens=8192,
                               loss=LossConfig(kind="grpo")),
         validation=ValidationSection(num_prompts=20),

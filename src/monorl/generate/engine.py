@@ -36,6 +36,8 @@ class GeneratorConfig:
     max_model_len: int | None = None  # None: the model's max_position_embeddings
     cuda_graphs: bool = True  # only on CUDA (and with the triton decode kernel)
     compile: bool = False  # regional torch.compile of each TransformerBlock (and, on CUDA, of the sampler)
+    compile_backend: str = "inductor"  # with compile: the torch.compile backend (the run's CompileConfig sets it)
+    compile_mode: str | None = None
     stop_check_interval: int = 1  # decode steps between host-side stop checks (results do not depend on it)
     max_prefill_tokens: int = 8192  # tokens per packed prefill forward (a longer prompt runs alone)
     dtype: torch.dtype | None = None  # None: bf16 on CUDA, the model's dtype elsewhere
@@ -103,10 +105,12 @@ class Generator:
         graphs = config.cuda_graphs and device.type == "cuda" and backend == "triton"
         self.runner = ModelRunner(self.model, self.kv, config.max_num_seqs, blocks_for(self.max_model_len, bs),
                                   ring_size=max(256, config.stop_check_interval), decode_backend=backend,
-                                  cuda_graphs=graphs, compile_sampler=config.compile and device.type == "cuda")
+                                  cuda_graphs=graphs, compile_sampler=config.compile and device.type == "cuda"
+                                  and config.compile_backend == "inductor")
         if config.compile:
+            kw = {"mode": config.compile_mode} if config.compile_mode else {}
             for layer in self.model.model.layers:
-                layer.compile()
+                layer.compile(backend=config.compile_backend, **kw)
 
     # ---- weights -----------------------------------------------------------------------------------
     @torch.no_grad()

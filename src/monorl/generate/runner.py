@@ -10,6 +10,7 @@ need no host involvement and the host reads the ring only when it checks for sto
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import torch
@@ -48,9 +49,13 @@ class ModelRunner:
         self.ring_idx = torch.zeros(1, dtype=torch.int64, device=dev)
         self.use_graphs = cuda_graphs and self.device.type == "cuda"
         self.buckets = graph_buckets(max_num_seqs)
+        # one set of graphs per sampler configuration (e.g. greedy validation and sampled rollouts), kept
+        # so that alternating between them does not re-capture
+        self.graph_sets: dict[tuple, dict[int, torch.cuda.CUDAGraph]] = {}
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self.graph_key: tuple | None = None
         self.graph_pool: Any = None
+        self.timings = {"compile_warmup_s": 0.0, "graph_capture_s": 0.0}
         # Compiled, the sampler (hash noise, softmax, top-k/p, log-prob) is a few fused kernels instead of
         # ~30 passes over [B, vocab]; eager it is correct but slow at large vocabularies.
         self.sample_fn = torch.compile(sample, dynamic=True) if compile_sampler else sample
@@ -100,8 +105,7 @@ class ModelRunner:
             # so eager and graph decoding give identical tokens (bf16 GEMMs are not batch-size invariant).
             self._decode_step(self.bucket(live) if self.device.type == "cuda" else live, width, params)
             return
-        key = params.sampler_key()
-        if key != self.graph_key:
+        if params.sampler_key() != self.graph_key:
             self.capture(params)
         self.graphs[self.bucket(live)].replay()
 
@@ -109,26 +113,38 @@ class ModelRunner:
     def capture(self, params: SamplingParams) -> None:
         """Capture one graph per bucket for this sampler configuration. Must run while no sequence
         is live: warm-up steps write to slot state (reset afterwards) and to the scratch block."""
-        self.graphs.clear()
+        key = params.sampler_key()
+        if key in self.graph_sets:  # captured before: switch, no work
+            self.graphs, self.graph_key = self.graph_sets[key], key
+            return
+        self.graphs = {}
         self.graph_key = None
         torch.cuda.synchronize(self.device)
-        self.graph_pool = torch.cuda.graph_pool_handle()
+        if self.graph_pool is None:
+            self.graph_pool = torch.cuda.graph_pool_handle()
         self.reset_slots(0)
         # Largest first, so smaller graphs reuse the pool's memory.
         for B in reversed(self.buckets):
             stream = torch.cuda.Stream(self.device)
             stream.wait_stream(torch.cuda.current_stream(self.device))
+            t0 = time.perf_counter()
             with torch.cuda.stream(stream):
                 for _ in range(2):  # compile / autotune / allocator warm-up outside the capture
                     self._decode_step(B, self.width, params)
             torch.cuda.current_stream(self.device).wait_stream(stream)
+            torch.cuda.synchronize(self.device)
+            t1 = time.perf_counter()
             self.reset_slots(0)
             g = torch.cuda.CUDAGraph()
             with torch.cuda.graph(g, pool=self.graph_pool):
                 self._decode_step(B, self.width, params)
+            torch.cuda.synchronize(self.device)
+            self.timings["compile_warmup_s"] += t1 - t0
+            self.timings["graph_capture_s"] += time.perf_counter() - t1
             self.graphs[B] = g
         self.reset_slots(0)
-        self.graph_key = params.sampler_key()
+        self.graph_key = key
+        self.graph_sets[key] = self.graphs
 
     # ---- slot bookkeeping --------------------------------------------------------------------------
     def reset_slots(self, start: int) -> None:

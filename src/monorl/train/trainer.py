@@ -111,6 +111,17 @@ class Trainer:
         self.step_count += 1
         return grad_norm, lr, skipped
 
+    def warm_up(self, prompt_ids: list[int]) -> None:
+        """Compile ahead of the first step: forward+backward on two packs of different bucket sizes (so
+        Dynamo settles on dynamic shapes), then drop the gradients. Weights and optimizer are untouched."""
+        self.model.train()
+        comp = list(prompt_ids[-4:]) or [0]
+        for copies in (1, 3):
+            seqs = [TrainSequence(list(prompt_ids), comp, [0.0] * len(comp), 1.0) for _ in range(copies)]
+            for mb in make_micro_batches(seqs, self.cfg.micro_batch_tokens, self.device, self.attn_backend):
+                self.response_logprobs(self.model, mb, 1.0).sum().backward()
+        self.optimizer.zero_grad(set_to_none=True)
+
     def sft_step(self, seqs: Sequence[TrainSequence]) -> dict[str, float]:
         """One supervised step: mean negative log-likelihood of the completion tokens (warm start)."""
         self.model.train()

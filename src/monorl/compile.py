@@ -52,6 +52,11 @@ def setup_compile_cache(cfg: CompileConfig) -> Path | None:
     import torch._inductor.config as inductor_config
 
     inductor_config.fx_graph_cache = True
+    # One block's code serves trainer (grad, autocast) and generator (prefill, decode) of two model
+    # copies: more variants than Dynamo's default limit of 8, past which it silently runs eager.
+    import torch._dynamo.config as dynamo_config
+
+    dynamo_config.recompile_limit = max(getattr(dynamo_config, "recompile_limit", 8), 64)
     if hasattr(inductor_config, "autograd_cache"):
         inductor_config.autograd_cache = True
     return path

@@ -68,20 +68,34 @@ def sdpa_varlen(q: Tensor, k: Tensor, v: Tensor, pad_index: Tensor, valid: Tenso
     return out.transpose(1, 2)[valid]  # sequences are laid out in order, so this is the flat order
 
 
+def _varlen_api() -> tuple[bool, bool]:
+    """(has window_size, has enable_gqa): varlen_attn's signature changed between torch releases."""
+    import inspect
+
+    from torch.nn.attention.varlen import varlen_attn
+
+    params = inspect.signature(varlen_attn).parameters
+    return "window_size" in params, "enable_gqa" in params
+
+
 def flash_varlen(q: Tensor, k: Tensor, v: Tensor, cu_seqlens: Tensor, max_seqlen: int) -> Tensor:
     from torch.nn.attention.varlen import varlen_attn
 
+    has_window, has_gqa = _VARLEN_API if _VARLEN_API is not None else _varlen_api()
+    kw: dict[str, Any] = {"window_size": (-1, 0)} if has_window else {"is_causal": True}
     if k.shape[1] != q.shape[1]:
-        try:
-            return varlen_attn(q, k, v, cu_seqlens, cu_seqlens, max_seqlen, max_seqlen,
-                               window_size=(-1, 0), enable_gqa=True)
-        except TypeError:  # older varlen_attn without enable_gqa: expand kv heads
+        if has_gqa:
+            kw["enable_gqa"] = True
+        else:  # older varlen_attn: expand the kv heads
             rep = q.shape[1] // k.shape[1]
             k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
-    try:
-        return varlen_attn(q, k, v, cu_seqlens, cu_seqlens, max_seqlen, max_seqlen, window_size=(-1, 0))
-    except TypeError:  # older signature: is_causal flag
-        return varlen_attn(q, k, v, cu_seqlens, cu_seqlens, max_seqlen, max_seqlen, is_causal=True)
+    return varlen_attn(q, k, v, cu_seqlens, cu_seqlens, max_seqlen, max_seqlen, **kw)
+
+
+try:  # resolved once at import, so traced code has no try/except around the call
+    _VARLEN_API: tuple[bool, bool] | None = _varlen_api()
+except ImportError:
+    _VARLEN_API = None
 
 
 @dataclass
@@ -108,10 +122,15 @@ class VarlenContext:
         col = torch.arange(L)
         valid = col[None, :] < lengths[:, None]
         pad_index = torch.where(valid, cu[:-1, None].long() + col[None, :], T)
-        return VarlenContext(
+        ctx = VarlenContext(
             cu_seqlens=cu.to(device), max_seqlen=L, positions=positions.to(device),
             pad_index=pad_index.to(device), valid=valid.to(device), backend=backend,
         )
+        # the number and lengths of packed sequences vary every call: compile for any from the start
+        for t in (ctx.cu_seqlens, ctx.positions, ctx.pad_index, ctx.valid):
+            for d in range(t.dim()):
+                torch._dynamo.maybe_mark_dynamic(t, d)
+        return ctx
 
     def attend(self, q: Tensor, k: Tensor, v: Tensor, cache: Any = None) -> Tensor:
         if self.backend == "flash":

@@ -63,7 +63,8 @@ class Attention(nn.Module):
         q = self.q_norm(self.q_proj(x).view(T, self.num_heads, self.head_dim))
         k = self.k_norm(self.k_proj(x).view(T, self.num_kv_heads, self.head_dim))
         v = self.v_proj(x).view(T, self.num_kv_heads, self.head_dim)
-        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        # under autocast the fp32 norm weights promote q/k to fp32; attention runs in the projections' dtype
+        q, k = apply_rope(q, cos, sin).to(v.dtype), apply_rope(k, cos, sin).to(v.dtype)
         o = ctx.attend(q, k, v, cache)
         return self.o_proj(o.reshape(T, self.num_heads * self.head_dim))
 

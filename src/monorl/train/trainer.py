@@ -111,13 +111,14 @@ class Trainer:
         self.step_count += 1
         return grad_norm, lr, skipped
 
-    def warm_up(self, prompt_ids: list[int]) -> None:
-        """Compile ahead of the first step: forward+backward on two packs of different bucket sizes (so
-        Dynamo settles on dynamic shapes), then drop the gradients. Weights and optimizer are untouched."""
+    def warm_up(self, prompt_ids: list[int], num_seqs: int, completion_len: int) -> None:
+        """Compile ahead of the first step: forward+backward on the step's full-size packs (num_seqs
+        rollouts of completion_len tokens) and on a smaller one, so Dynamo settles on the shapes it will
+        see; then drop the gradients. Weights and optimizer state are untouched."""
         self.model.train()
-        comp = list(prompt_ids[-4:]) or [0]
-        for copies in (1, 3):
-            seqs = [TrainSequence(list(prompt_ids), comp, [0.0] * len(comp), 1.0) for _ in range(copies)]
+        comp = (list(prompt_ids) * (completion_len // max(1, len(prompt_ids)) + 1))[:completion_len] or [0]
+        for n in (num_seqs, max(1, num_seqs // 4)):
+            seqs = [TrainSequence(list(prompt_ids), comp, [0.0] * len(comp), 1.0) for _ in range(n)]
             for mb in make_micro_batches(seqs, self.cfg.micro_batch_tokens, self.device, self.attn_backend):
                 self.response_logprobs(self.model, mb, 1.0).sum().backward()
         self.optimizer.zero_grad(set_to_none=True)

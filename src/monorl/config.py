@@ -88,6 +88,7 @@ class RunConfig:
     device: str = "auto"  # auto | cpu | cuda | cuda:N
     run_dir: str | None = None  # default: runs/<preset>-<time>
     samples_per_step: int = 4  # rollouts written to samples.jsonl each step
+    batch_invariant: bool = False  # generator and trainer log-probs equal bit for bit (slower kernels)
     model: ModelSection = field(default_factory=ModelSection)
     task: TaskSection = field(default_factory=TaskSection)
     rollout: RolloutSection = field(default_factory=RolloutSection)

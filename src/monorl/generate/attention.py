@@ -22,6 +22,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from monorl.model.attention import VarlenContext
+from monorl.ops import batch_invariant as bi
 
 try:  # triton only exists on the GPU machines
     import triton
@@ -64,6 +65,8 @@ class DecodeContext:
     @torch.compiler.disable
     def attend(self, q: Tensor, k: Tensor, v: Tensor, cache: Any) -> Tensor:
         _write_kv(k, v, cache, self.slot_mapping)
+        if bi.is_enabled():  # same kernel and key-block order as the varlen (prefill / trainer) path
+            return bi.paged_decode(q, cache[0], cache[1], self.block_tables, self.seq_lens)
         if self.backend == "triton":
             return paged_decode_triton(q, cache[0], cache[1], self.block_tables, self.seq_lens)
         return paged_decode_torch(q, cache[0], cache[1], self.block_tables, self.seq_lens)

@@ -133,6 +133,10 @@ class VarlenContext:
         return ctx
 
     def attend(self, q: Tensor, k: Tensor, v: Tensor, cache: Any = None) -> Tensor:
+        from monorl.ops import batch_invariant as bi
+
+        if bi.is_enabled():  # the same kernel (and key-block order) as the generator's invariant decode
+            return bi.varlen_attention(q, k, v, self.positions, self.cu_seqlens)
         if self.backend == "flash":
             return flash_varlen(q, k, v, self.cu_seqlens, self.max_seqlen)
         return sdpa_varlen(q, k, v, self.pad_index, self.valid)

@@ -13,6 +13,10 @@ from torch import Tensor
 
 def token_logprobs(logits: Tensor, tokens: Tensor, temperature: float = 1.0) -> Tensor:
     """logits [N, V] (any dtype), tokens [N] -> fp32 log p(token) [N]."""
+    from monorl.ops import batch_invariant as bi
+
+    if bi.is_enabled():  # one fixed reduction order per row (generator and trainer alike)
+        return bi.token_logprobs(logits, tokens, temperature)
     logits = logits.float()
     if temperature != 1.0:
         logits = logits / temperature

@@ -16,6 +16,7 @@ from torch import Tensor, nn
 
 from monorl.model.attention import AttentionContext
 from monorl.model.config import ModelConfig
+from monorl.ops import batch_invariant as bi
 
 
 class RMSNorm(nn.Module):
@@ -25,11 +26,22 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: Tensor) -> Tensor:
+        if bi.is_enabled():  # batch-invariant mode: fixed per-row reduction order, weight in x's dtype
+            return bi.rms_norm(x, self.weight, self.eps)
         # Normalise in fp32, scale in the input dtype: the same rounding as HF's Qwen3RMSNorm.
         dtype = x.dtype
         x = x.float()
         x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
         return self.weight * x.to(dtype)
+
+
+class Linear(nn.Linear):
+    """nn.Linear (same parameters) that switches to the batch-invariant matmul when the mode is on."""
+
+    def forward(self, x: Tensor) -> Tensor:
+        if bi.is_enabled():
+            return bi.linear(x, self.weight)
+        return super().forward(x)
 
 
 def rope_cos_sin(positions: Tensor, head_dim: int, theta: float, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
@@ -51,10 +63,10 @@ class Attention(nn.Module):
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
         self.num_heads, self.num_kv_heads, self.head_dim = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
-        self.q_proj = nn.Linear(cfg.hidden_size, cfg.num_heads * cfg.head_dim, bias=False)
-        self.k_proj = nn.Linear(cfg.hidden_size, cfg.num_kv_heads * cfg.head_dim, bias=False)
-        self.v_proj = nn.Linear(cfg.hidden_size, cfg.num_kv_heads * cfg.head_dim, bias=False)
-        self.o_proj = nn.Linear(cfg.num_heads * cfg.head_dim, cfg.hidden_size, bias=False)
+        self.q_proj = Linear(cfg.hidden_size, cfg.num_heads * cfg.head_dim, bias=False)
+        self.k_proj = Linear(cfg.hidden_size, cfg.num_kv_heads * cfg.head_dim, bias=False)
+        self.v_proj = Linear(cfg.hidden_size, cfg.num_kv_heads * cfg.head_dim, bias=False)
+        self.o_proj = Linear(cfg.num_heads * cfg.head_dim, cfg.hidden_size, bias=False)
         self.q_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps)
         self.k_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps)
 
@@ -72,9 +84,9 @@ class Attention(nn.Module):
 class MLP(nn.Module):
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
-        self.gate_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
-        self.up_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
-        self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
+        self.gate_proj = Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
+        self.up_proj = Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
+        self.down_proj = Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
 
     def forward(self, x: Tensor) -> Tensor:
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
@@ -111,7 +123,7 @@ class Qwen3ForCausalLM(nn.Module):
         super().__init__()
         self.config = cfg
         self.model = Qwen3Model(cfg)
-        self.lm_head = None if cfg.tie_word_embeddings else nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+        self.lm_head = None if cfg.tie_word_embeddings else Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
 
     @property
     def lm_head_weight(self) -> Tensor:
@@ -121,12 +133,16 @@ class Qwen3ForCausalLM(nn.Module):
                 kv_cache: Sequence[Any] | None = None) -> Tensor:
         """input_ids, positions: [T]. kv_cache: one entry per layer (or None), handed to `ctx.attend`."""
         x = self.model.embed_tokens(input_ids)
+        if bi.is_enabled() and bi.compute_dtype() is not None:  # the trainer's fp32 masters -> generator's dtype
+            x = x.to(bi.compute_dtype())
         cos, sin = rope_cos_sin(positions, self.config.head_dim, self.config.rope_theta, x.dtype)
         for i, layer in enumerate(self.model.layers):
             x = layer(x, cos, sin, ctx, None if kv_cache is None else kv_cache[i])
         return self.model.norm(x)
 
     def compute_logits(self, hidden: Tensor) -> Tensor:
+        if bi.is_enabled():
+            return bi.linear(hidden, self.lm_head_weight)
         return F.linear(hidden, self.lm_head_weight)
 
     @torch.no_grad()

@@ -23,6 +23,7 @@ from monorl.model.checkpoint import load_checkpoint, save_checkpoint
 from monorl.model.config import ModelConfig, model_shape
 from monorl.model.qwen3 import Qwen3ForCausalLM, build_model
 from monorl.model.tokenizer import CharTokenizer, load_tokenizer
+from monorl.ops.batch_invariant import set_batch_invariant
 from monorl.rl.rollouts import Rollout, assign_advantages, generate_rollouts
 from monorl.rl.run_dir import RunDir
 from monorl.tasks import load_task
@@ -114,6 +115,8 @@ class GRPORun:
         self.startup["model_load_s"] = time.perf_counter() - t
 
         gen_dtype = torch.bfloat16 if self.device.type == "cuda" else torch.float32
+        # one process-wide switch for trainer and generator; the trainer then computes in gen_dtype
+        set_batch_invariant(cfg.batch_invariant, gen_dtype)
         self.attn_backend = resolve_backend(cfg.model.attn_backend, self.device, gen_dtype)
         t = time.perf_counter()
         gen_model = copy.deepcopy(self.policy).to(gen_dtype).eval().requires_grad_(False)

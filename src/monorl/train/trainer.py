@@ -18,6 +18,7 @@ from torch import Tensor
 
 from monorl.model.logprobs import chunked_token_logprobs
 from monorl.model.qwen3 import Qwen3ForCausalLM
+from monorl.ops import batch_invariant as bi
 from monorl.train.losses import LossConfig, LossNorm, policy_loss
 from monorl.train.optim import lr_factor, make_optimizer
 from monorl.train.packing import MicroBatch, TrainSequence, make_micro_batches
@@ -72,7 +73,8 @@ class Trainer:
         self.step_count = 0
 
     def _autocast(self) -> contextlib.AbstractContextManager:
-        if self.autocast_dtype is None:
+        if self.autocast_dtype is None or bi.is_enabled():
+            # batch-invariant mode: no autocast; the model casts weights/activations to the generator's dtype
             return contextlib.nullcontext()
         return torch.autocast(self.device.type, dtype=self.autocast_dtype)
 

@@ -1,0 +1,137 @@
+"""Batch-invariant mode on CPU (the ops' CPU path): generator log-probs == trainer log-probs, bitwise."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+from monorl.generate.engine import Generator, GeneratorConfig
+from monorl.generate.sampling import SamplingParams
+from monorl.model.config import model_shape
+from monorl.model.qwen3 import build_model
+from monorl.ops import batch_invariant as bi
+from monorl.train.packing import TrainSequence, make_micro_batches
+from monorl.train.trainer import Trainer, TrainerConfig
+
+TEMPERATURE = 0.9
+
+
+def _prompts(n: int, seed: int, vocab: int) -> list[list[int]]:
+    rng = random.Random(seed)
+    return [[rng.randrange(1, vocab) for _ in range(rng.randint(3, 40))] for _ in range(n)]
+
+
+def _rollouts(model, prompts, max_num_seqs: int, n: int = 2, new: int = 10) -> list[TrainSequence]:
+    gen = Generator(model, GeneratorConfig(max_num_seqs=max_num_seqs, max_model_len=128, block_size=8))
+    sp = SamplingParams(max_new_tokens=new, temperature=TEMPERATURE, ignore_eos=True, seed=1)
+    out = gen.generate(prompts, sp, n=n)
+    return [TrainSequence(p, c.token_ids, c.logprobs, 0.0) for p, cs in zip(prompts, out, strict=True) for c in cs]
+
+
+def _trainer_logprobs(model, seqs: list[TrainSequence], budget: int) -> list[torch.Tensor]:
+    """Trainer log-probs per sequence (in `seqs` order), packed into micro-batches of `budget` tokens."""
+    tr = Trainer(model, TrainerConfig(micro_batch_tokens=budget), total_steps=1)
+    out: dict[int, torch.Tensor] = {}
+    with torch.no_grad():
+        for mb in make_micro_batches(seqs, budget, "cpu"):
+            lp = tr.response_logprobs(model, mb, TEMPERATURE)
+            for i in mb.seq_ids.unique().tolist():
+                out[i] = lp[mb.seq_ids == i]
+    return [out[i] for i in range(len(seqs))]
+
+
+@pytest.fixture(scope="module")
+def model():
+    return build_model(model_shape("tiny"), seed=3)
+
+
+def test_ops_rows_do_not_depend_on_batch() -> None:
+    g = torch.Generator().manual_seed(0)
+    x, w = torch.randn(37, 96, generator=g), torch.randn(50, 96, generator=g)
+    with bi.batch_invariant_mode():
+        full = bi.linear(x, w)
+        assert all(torch.equal(bi.linear(x[i:i + 1], w)[0], full[i]) for i in range(37))
+        assert torch.equal(bi.linear(x[5:20], w), full[5:20])
+        nw = torch.rand(96, generator=g)
+        assert torch.equal(bi.rms_norm(x[3:4], nw, 1e-6), bi.rms_norm(x, nw, 1e-6)[3:4])
+        tok = torch.randint(0, 96, (37,), generator=g)
+        assert torch.equal(bi.token_logprobs(x[7:9], tok[7:9], 0.7), bi.token_logprobs(x, tok, 0.7)[7:9])
+    # close to the ordinary math, too
+    torch.testing.assert_close(full, x @ w.t(), rtol=1e-5, atol=1e-4)
+
+
+def test_attention_varlen_equals_decode() -> None:
+    """A token's attention output is the same from a packed causal forward and from a decode step over
+    a paged cache holding the same keys (scattered blocks)."""
+    g = torch.Generator().manual_seed(1)
+    L, Hq, Hkv, D, bs = 21, 4, 2, 16, 4
+    q, k, v = (torch.randn(L, h, D, generator=g) for h in (Hq, Hkv, Hkv))
+    with bi.batch_invariant_mode():
+        full = bi.varlen_attention(q, k, v, torch.arange(L), torch.tensor([0, L], dtype=torch.int32))
+        blocks = torch.randperm(16, generator=g)[:6]  # a non-contiguous block table
+        kc, vc = torch.full((16, bs, Hkv, D), float("nan")), torch.full((16, bs, Hkv, D), float("nan"))
+        slots = blocks.repeat_interleave(bs)[:L] * bs + torch.arange(L) % bs
+        kc.view(-1, Hkv, D)[slots], vc.view(-1, Hkv, D)[slots] = k, v
+        for t in (0, 3, 4, 20):
+            dec = bi.paged_decode(q[t:t + 1], kc, vc, blocks[None].int(), torch.tensor([t + 1], dtype=torch.int32))
+            assert torch.equal(dec[0], full[t]), t
+    ref = torch.nn.functional.scaled_dot_product_attention(
+        q.transpose(0, 1)[None], k.transpose(0, 1)[None], v.transpose(0, 1)[None], is_causal=True, enable_gqa=True)
+    torch.testing.assert_close(full, ref[0].transpose(0, 1), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("max_num_seqs", [1, 5, 16])
+def test_generator_equals_trainer_bitwise(model, max_num_seqs: int) -> None:
+    prompts = _prompts(8, seed=max_num_seqs, vocab=model.config.vocab_size)
+    with bi.batch_invariant_mode():
+        seqs = _rollouts(model, prompts, max_num_seqs)
+        for budget in (64, 160, 4096):  # different pack layouts: one sequence per pack up to all in one
+            got = _trainer_logprobs(model, seqs, budget)
+            for s, lp in zip(seqs, got, strict=True):
+                assert torch.equal(lp, torch.tensor(s.old_logprobs, dtype=torch.float32)), (budget, s)
+
+
+def test_trainer_backward_runs_in_mode(model) -> None:
+    m = build_model(model_shape("tiny"), seed=3)
+    seqs = [TrainSequence([1, 2, 3], [4, 5], [-1.0, -1.0], 1.0), TrainSequence([7] * 9, [3, 2, 1], [-1.0] * 3, -1.0)]
+    tr = Trainer(m, TrainerConfig(micro_batch_tokens=64), total_steps=1)
+    with bi.batch_invariant_mode():
+        (mb,) = make_micro_batches(seqs, 64, "cpu")
+        lp = tr.response_logprobs(m, mb, 1.0)
+        lp.sum().backward()
+    grads_bi = {n: p.grad.clone() for n, p in m.named_parameters()}
+    m.zero_grad()
+    tr.response_logprobs(m, mb, 1.0).sum().backward()
+    for n, p in m.named_parameters():  # backward is ordinary math: close to the default mode's gradient
+        torch.testing.assert_close(grads_bi[n], p.grad, rtol=1e-3, atol=1e-5, msg=n)
+
+
+def test_default_mode_is_not_bitwise(model) -> None:
+    """Negative control: without the mode, the trainer's recomputation differs from the generator's
+    log-probs in the last bits somewhere (so the bitwise test above is not vacuous)."""
+    seqs = _rollouts(model, _prompts(8, seed=5, vocab=model.config.vocab_size), max_num_seqs=16)
+    got = _trainer_logprobs(model, seqs, 4096)
+    diffs = [float((lp - torch.tensor(s.old_logprobs)).abs().max()) for s, lp in zip(seqs, got, strict=True)]
+    assert max(diffs) > 0
+    assert max(diffs) < 1e-4
+
+
+def test_loop_reports_zero_logprob_diff(tmp_path) -> None:
+    """In the RL loop with `batch_invariant: true`, the reported logprob_diff max is 0 every step."""
+    from monorl.config import preset
+    from monorl.rl.loop import GRPORun
+
+    cfg = preset("tiny")
+    cfg.run_dir, cfg.steps, cfg.batch_invariant = str(tmp_path / "run"), 2, True
+    cfg.warm_start.steps, cfg.validation.num_prompts = 0, 2
+    cfg.rollout.prompts_per_step, cfg.rollout.group_size, cfg.rollout.max_new_tokens = 3, 4, 8
+    cfg.trainer.lr = 1e-3  # weights change between steps: the generator must follow them exactly
+    try:
+        result = GRPORun(cfg, progress=False).run()
+    finally:
+        bi.set_batch_invariant(False)
+    assert len(result.steps) == 2
+    for s in result.steps:
+        assert s["logprob_diff_max"] == 0.0 and s["logprob_diff_mean"] == 0.0, s

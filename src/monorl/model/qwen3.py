@@ -136,6 +136,8 @@ class Qwen3ForCausalLM(nn.Module):
         if bi.is_enabled() and bi.compute_dtype() is not None:  # the trainer's fp32 masters -> generator's dtype
             x = x.to(bi.compute_dtype())
         cos, sin = rope_cos_sin(positions, self.config.head_dim, self.config.rope_theta, x.dtype)
+        for t in (x, cos, sin):  # token counts vary (packs, prefills, decode buckets): one dynamic compile
+            torch._dynamo.maybe_mark_dynamic(t, 0)
         for i, layer in enumerate(self.model.layers):
             x = layer(x, cos, sin, ctx, None if kv_cache is None else kv_cache[i])
         return self.model.norm(x)

@@ -363,7 +363,7 @@ if HAS_TRITON:
                  out.to(o_ptr.dtype.element_ty), mask=gmask[:, None])
 
 
-def _attn_triton(q: Tensor, k: Tensor, v: Tensor, kbase: Tensor | None, lens: Tensor,
+def attention_triton(q: Tensor, k: Tensor, v: Tensor, kbase: Tensor | None, lens: Tensor,
                  block_tables: Tensor | None) -> Tensor:
     """q [R, Hq, D]. Varlen: k/v [T, Hkv, D], row r attends keys kbase[r] .. kbase[r]+lens[r]-1.
     Paged: k/v caches [N, BS, Hkv, D], row r attends its table's first lens[r] keys."""
@@ -413,7 +413,7 @@ def bi_varlen_attn(q: Tensor, k: Tensor, v: Tensor, positions: Tensor, cu_seqlen
     if _use_triton(q):
         pos = positions.to(torch.int32)
         kbase = torch.arange(q.shape[0], device=q.device, dtype=torch.int32) - pos
-        return _attn_triton(q, k, v, kbase, pos + 1, None)
+        return attention_triton(q, k, v, kbase, pos + 1, None)
     g = q.shape[1] // k.shape[1]
     out = torch.empty_like(q)
     cu = cu_seqlens.tolist()
@@ -493,7 +493,7 @@ bi_varlen_attn.register_autograd(_attn_backward, setup_context=_attn_setup)
 def bi_paged_decode(q: Tensor, k_cache: Tensor, v_cache: Tensor, block_tables: Tensor, seq_lens: Tensor) -> Tensor:
     """q [B, Hq, D] attends the first seq_lens[b] keys of its block table (caches [N, bs, Hkv, D])."""
     if _use_triton(q):
-        return _attn_triton(q, k_cache, v_cache, None, seq_lens.to(torch.int32), block_tables)
+        return attention_triton(q, k_cache, v_cache, None, seq_lens.to(torch.int32), block_tables)
     B, W = block_tables.shape
     bs, Hkv, D = k_cache.shape[1:]
     g = q.shape[1] // Hkv

@@ -70,8 +70,13 @@ def test_cuda_graph_decode_equals_eager(compile):
             assert all(c.token_ids == x[0].token_ids for x in a for c in x)  # prefix sharing: n greedy equal
 
 
-def test_greedy_cuda_matches_cpu_fp32_early_tokens():
-    """The triton path in bf16 follows the fp32 CPU reference for the first few greedy tokens."""
+def test_greedy_cuda_matches_cpu_fp32_reference():
+    """The bf16 CUDA path (triton kernel, graphs) follows the fp32 CPU reference: same first greedy token, and
+    the log-probs it reports for its tokens equal an fp32 full-sequence forward over them to bf16 tolerance.
+    (Later greedy tokens may legitimately differ: bf16 rounding flips near-tied argmaxes.)"""
+    from monorl.model.attention import VarlenContext
+    from monorl.model.logprobs import token_logprobs
+
     model = tiny_cuda_model()
     cpu = build_model(model.config, seed=None)
     cpu.load_state_dict({k: v.float().cpu() for k, v in model.state_dict().items()})
@@ -79,4 +84,11 @@ def test_greedy_cuda_matches_cpu_fp32_early_tokens():
     sp = SamplingParams(max_new_tokens=4, temperature=0.0, ignore_eos=True)
     a = Generator(model, GeneratorConfig(max_num_seqs=4, max_model_len=128)).generate(ps, sp)
     b = Generator(cpu, GeneratorConfig(max_num_seqs=4, max_model_len=128)).generate(ps, sp)
-    assert [x[0].token_ids[:2] for x in a] == [x[0].token_ids[:2] for x in b]
+    assert [x[0].token_ids[0] for x in a] == [x[0].token_ids[0] for x in b]
+    for p, (c,) in zip(ps, a, strict=True):
+        ids = torch.tensor(p + c.token_ids)
+        ctx = VarlenContext.from_lengths([len(ids)], "cpu")
+        with torch.no_grad():
+            logits = cpu.compute_logits(cpu(ids, ctx.positions, ctx))[len(p) - 1:-1]
+        ref = token_logprobs(logits, torch.tensor(c.token_ids))
+        torch.testing.assert_close(torch.tensor(c.logprobs), ref, atol=0.1, rtol=0)

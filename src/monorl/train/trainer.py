@@ -119,8 +119,10 @@ class Trainer:
         see; then drop the gradients. Weights and optimizer state are untouched."""
         self.model.train()
         comp = (list(prompt_ids) * (completion_len // max(1, len(prompt_ids)) + 1))[:completion_len] or [0]
-        for n in (num_seqs, max(1, num_seqs // 4)):
-            seqs = [TrainSequence(list(prompt_ids), comp, [0.0] * len(comp), 1.0) for _ in range(n)]
+        # two packs that differ in every size Dynamo sees (tokens, sequences, max_seqlen): it then compiles
+        # them as dynamic once, here, instead of recompiling at the first real step
+        for n, c in ((num_seqs, comp), (max(1, num_seqs // 4), comp[: max(1, len(comp) // 2)])):
+            seqs = [TrainSequence(list(prompt_ids), c, [0.0] * len(c), 1.0) for _ in range(n)]
             for mb in make_micro_batches(seqs, self.cfg.micro_batch_tokens, self.device, self.attn_backend):
                 self.response_logprobs(self.model, mb, 1.0).sum().backward()
         self.optimizer.zero_grad(set_to_none=True)

@@ -10,6 +10,10 @@ import sys
 from monorl.config import PRESETS, apply_overrides, parse_override_args, preset
 
 USAGE = """monorl train [--preset NAME] [--key.sub value ...]    run GRPO (default preset: tiny)
+monorl train --resume RUN_DIR [--allow-config-change] [--key.sub value ...]
+                                                        continue from RUN_DIR's latest checkpoint (or a
+                                                        checkpoint dir); overrides apply to its config.json
+monorl report RUN_DIR [--out FILE.png]                  plot curves (default RUN_DIR/report.png) + summary
 monorl generate [--preset NAME] [--prompt TEXT] [--n N] [--key.sub value ...]
 monorl presets                                          list presets
 monorl config [--preset NAME] [--key.sub value ...]     print the resolved config"""
@@ -23,11 +27,63 @@ def _resolve(argv: list[str]):
     return apply_overrides(cfg, parse_override_args(rest))
 
 
+def _resume_config(resume: str, rest: list[str], allow_change: bool):
+    """The config to resume with: the run's config.json + `rest` overrides (or, with --preset, `rest` alone,
+    as for a fresh run), checked against config.json: differing keys are an error unless allowed."""
+    from monorl.config import config_from_dict
+    from monorl.rl.checkpointing import config_diff, find_checkpoint, format_config_diff
+
+    ckpt = find_checkpoint(resume)  # CheckpointError (a ValueError) names what is missing
+    run_dir = ckpt.parent.parent
+    stored_file = run_dir / "config.json"
+    try:
+        stored = json.loads(stored_file.read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError) as e:
+        raise ValueError(f"cannot read the resumed run's config {stored_file}: {e}") from None
+    if any(a == "--preset" or a.startswith("--preset=") for a in rest):
+        cfg = _resolve(rest)
+    else:
+        cfg = apply_overrides(config_from_dict(stored), parse_override_args(rest))
+    cfg.run_dir = str(run_dir)
+    if diff := config_diff(stored, cfg.to_dict()):
+        listing = format_config_diff(diff)
+        if not allow_change:
+            raise ValueError(f"the config differs from the one {run_dir} was trained with ({stored_file}); "
+                             f"keys that differ (stored -> now):\n{listing}\n"
+                             "pass --allow-config-change to resume with the new values")
+        print(f"resuming with a changed config (--allow-config-change):\n{listing}", file=sys.stderr)
+    return cfg
+
+
 def cmd_train(argv: list[str]) -> int:
     from monorl.rl.loop import train
 
-    cfg = _resolve(argv)
-    train(cfg, progress=sys.stderr.isatty())
+    p = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
+    p.add_argument("--resume", default=None)
+    p.add_argument("--allow-config-change", action="store_true")
+    known, rest = p.parse_known_args(argv)
+    if known.resume is None:
+        if known.allow_config_change:
+            raise ValueError("--allow-config-change only applies with --resume RUN_DIR")
+        cfg = _resolve(rest)
+    else:
+        cfg = _resume_config(known.resume, rest, known.allow_config_change)
+    train(cfg, progress=sys.stderr.isatty(), resume=known.resume)
+    return 0
+
+
+def cmd_report(argv: list[str]) -> int:
+    from monorl.rl.report import report
+
+    p = argparse.ArgumentParser(prog="monorl report")
+    p.add_argument("run_dir")
+    p.add_argument("--out", default=None, help="PNG path (default: RUN_DIR/report.png)")
+    a = p.parse_args(argv)
+    try:
+        print(report(a.run_dir, a.out))
+    except ImportError as e:  # matplotlib is optional
+        print(f"monorl: error: {e}", file=sys.stderr)
+        return 2
     return 0
 
 
@@ -73,6 +129,8 @@ def main(argv: list[str] | None = None) -> int:
             return cmd_train(rest)
         if verb == "generate":
             return cmd_generate(rest)
+        if verb == "report":
+            return cmd_report(rest)
         if verb == "presets":
             print("\n".join(PRESETS))
             return 0

@@ -1,0 +1,75 @@
+"""`monorl report`: metrics.jsonl -> PNG curves + a summary table."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+from monorl.cli import main
+from monorl.rl.report import load_metrics, plot, report, summary_table
+
+
+def write_metrics(run_dir: Path) -> None:
+    rows = []
+    for s in range(5):
+        rows.append({"step": s, "loss": 0.1 * s, "reward": 0.2 * s, "reward/correctness": 0.1 * s,
+                     "reward/format": 0.1 * s, "response_length": 10.0 + s, "grad_norm": 1.0,
+                     "time/generate_s": 1.0, "time/train_s": 3.0, "time/sync_s": 0.0, "time/step_s": 4.0})
+    rows.insert(3, {**rows[2], "reward": -9.0})  # step 2 logged twice: the later row wins
+    lines = [json.dumps(r) for r in rows]
+    lines.append(json.dumps({"validation/pre": {"mean_reward": 0.25, "components": {"correctness": 0.25},
+                                                "mean_length": 7.0},
+                             "validation/post": {"mean_reward": 0.75, "components": {"correctness": 0.75},
+                                                 "mean_length": 6.0}}))
+    lines.append('{"step": 5, "loss": ')  # a line cut off by a kill
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / "metrics.jsonl").write_text("\n".join(lines) + "\n")
+
+
+def test_load_metrics(tmp_path: Path) -> None:
+    write_metrics(tmp_path)
+    rows, val = load_metrics(tmp_path)
+    assert [r["step"] for r in rows] == [0, 1, 2, 3, 4]
+    assert rows[2]["reward"] == -9.0
+    assert val["validation/post"]["mean_reward"] == 0.75
+
+
+def test_summary_table(tmp_path: Path) -> None:
+    write_metrics(tmp_path)
+    table = summary_table(*load_metrics(tmp_path))
+    lines = {ln.split()[0]: ln.split()[1:] for ln in table.splitlines() if ln.strip()}
+    # first, last, min, max, mean
+    assert [float(x) for x in lines["response_length"]] == [10, 14, 10, 14, 12]
+    assert [float(x) for x in lines["reward"]] == [0, 0.8, -9, 0.8, pytest.approx((0 + 0.2 - 9 + 0.6 + 0.8) / 5)]
+    assert "reward/format" in lines
+    assert "time: 20.0s in steps: generate 5.0s (25%), train 15.0s (75%), sync 0.0s (0%)" in table
+    assert "validation (post): mean_reward=+0.750 (correctness=+0.750), mean_length=6.0" in table
+
+
+def test_report_writes_png(tmp_path: Path, capsys) -> None:
+    write_metrics(tmp_path / "run")
+    text = report(tmp_path / "run")
+    png = tmp_path / "run" / "report.png"
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert f"plot: {png}" in text
+    out = tmp_path / "elsewhere" / "r.png"
+    assert main(["report", str(tmp_path / "run"), "--out", str(out)]) == 0
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert "response_length" in capsys.readouterr().out
+
+
+def test_report_errors(tmp_path: Path, capsys, monkeypatch: pytest.MonkeyPatch) -> None:
+    assert main(["report", str(tmp_path / "missing")]) == 2
+    assert "metrics.jsonl does not exist" in capsys.readouterr().err
+    (tmp_path / "metrics.jsonl").write_text('{"validation/pre": {}}\n')
+    with pytest.raises(ValueError, match="no step rows"):
+        load_metrics(tmp_path)
+    write_metrics(tmp_path)
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # as if matplotlib were not installed
+    with pytest.raises(ImportError, match="pip install matplotlib"):
+        plot(load_metrics(tmp_path)[0], tmp_path / "x.png")
+    assert main(["report", str(tmp_path)]) == 2
+    assert "needs matplotlib" in capsys.readouterr().err

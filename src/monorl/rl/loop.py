@@ -24,6 +24,13 @@ from monorl.model.config import ModelConfig, model_shape
 from monorl.model.qwen3 import Qwen3ForCausalLM, build_model
 from monorl.model.tokenizer import CharTokenizer, load_tokenizer
 from monorl.ops.batch_invariant import set_batch_invariant
+from monorl.rl.checkpointing import (
+    PromptStream,
+    find_checkpoint,
+    load_training_checkpoint,
+    save_training_checkpoint,
+    truncate_jsonl,
+)
 from monorl.rl.rollouts import Rollout, assign_advantages, generate_rollouts
 from monorl.rl.run_dir import RunDir
 from monorl.tasks import load_task
@@ -100,8 +107,10 @@ def summarize(groups: list[list[Rollout]], components: tuple[str, ...]) -> Valid
 class GRPORun:
     """Holds the pieces of one run; `run()` executes it."""
 
-    def __init__(self, cfg: RunConfig, progress: bool = True) -> None:
+    def __init__(self, cfg: RunConfig, progress: bool = True, resume: str | Path | None = None) -> None:
         self.cfg, self.progress = cfg, progress
+        # a run dir or checkpoint dir to continue from; resolved first so a bad path fails before any work
+        self.resume_from = find_checkpoint(resume) if resume is not None else None
         random.seed(cfg.seed)
         torch.manual_seed(cfg.seed)
         self.device = resolve_device(cfg.device)
@@ -135,7 +144,7 @@ class GRPORun:
                                attn_backend="flash" if self.attn_backend == "flash" else "sdpa",
                                ref_model=ref_model)
         self.max_len = self.generator_max_len()
-        self.train_prompts = self.task.train_prompts(seed=cfg.seed)
+        self.train_prompts = PromptStream(self.task, cfg.seed)  # knows its position, for checkpoints
         self.val_prompts = self.task.val_prompts(cfg.validation.num_prompts)
 
     def generator_max_len(self) -> int:
@@ -213,6 +222,28 @@ class GRPORun:
         ])
         return row
 
+    def save_training_checkpoint(self, step: int, pre: ValidationResult) -> Path:
+        """Checkpoint after `step` completed steps; pre-validation goes in its meta, as a resume skips it."""
+        return save_training_checkpoint(self.run_dir.checkpoints, step, self.policy, self.trainer,
+                                        data_position=self.train_prompts.position, tokenizer=self.tokenizer,
+                                        meta={"pre_validation": pre.__dict__, "total_steps": self.cfg.steps},
+                                        keep_last=self.cfg.checkpoint.keep_last)
+
+    def restore(self, path: Path) -> tuple[int, ValidationResult, list[dict[str, Any]]]:
+        """Continue from a training checkpoint: policy weights (in place, then synced to the generator),
+        optimizer, schedule, RNG and data position; log rows written after it are dropped, so a run killed
+        between a checkpoint and its death has no duplicate steps. Returns (first step, pre, earlier rows)."""
+        ckpt = load_training_checkpoint(path, self.policy, self.trainer)
+        self.sync_weights()
+        self.train_prompts = PromptStream(self.task, self.cfg.seed, start=ckpt.data_position)
+        rows = truncate_jsonl(self.run_dir.metrics_path,
+                              lambda r: r.get("step", -1) < ckpt.step and "validation/post" not in r)
+        truncate_jsonl(self.run_dir.samples_path, lambda r: r.get("step", -1) < ckpt.step)
+        pre = ckpt.meta.get("pre_validation")
+        if not isinstance(pre, dict):
+            raise ValueError(f"{path / 'meta.json'} has no pre_validation entry")
+        return ckpt.step, ValidationResult(**pre), [r for r in rows if "step" in r]
+
     @staticmethod
     def step_line(row: dict[str, Any], steps: int) -> str:
         comps = ", ".join(f"{k.split('/', 1)[1]}={v:+.3f}" for k, v in row.items() if k.startswith("reward/"))
@@ -226,14 +257,22 @@ class GRPORun:
         split = ", ".join(f"{k}={v:.2f}" for k, v in self.startup.items())
         print(f"startup: {split} | device={self.device} attn={self.attn_backend} run_dir={self.run_dir.path}",
               flush=True)
-        self.warm_start()
-        pre = self.validate()
+        start, earlier = 0, []
+        if self.resume_from is not None:
+            start, pre, earlier = self.restore(self.resume_from)
+            print(f"resumed from {self.resume_from} at step {start}/{cfg.steps}", flush=True)
+        else:
+            self.warm_start()
+            pre = self.validate()
         print(f"validation (pre): {pre.line()}", flush=True)
-        result = RunResult(self.run_dir.path, pre, None, startup=dict(self.startup))
-        for step in range(cfg.steps):
+        result = RunResult(self.run_dir.path, pre, None, steps=earlier, startup=dict(self.startup))
+        every = cfg.checkpoint.every
+        for step in range(start, cfg.steps):
             row = self.step(step)
             result.steps.append(row)
             print(self.step_line(row, cfg.steps), flush=True)
+            if step + 1 == cfg.steps or (every > 0 and (step + 1) % every == 0):
+                self.save_training_checkpoint(step + 1, pre)
         post = self.validate()
         result.post = post
         save_checkpoint(self.policy, self.run_dir.checkpoints / "final", dtype=torch.float32,
@@ -245,5 +284,6 @@ class GRPORun:
         return result
 
 
-def train(cfg: RunConfig, progress: bool = True) -> RunResult:
-    return GRPORun(cfg, progress).run()
+def train(cfg: RunConfig, progress: bool = True, resume: str | Path | None = None) -> RunResult:
+    """Run GRPO; `resume` (a run dir or one of its checkpoints) continues a stopped run."""
+    return GRPORun(cfg, progress, resume=resume).run()

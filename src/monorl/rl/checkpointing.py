@@ -316,8 +316,12 @@ def load_training_checkpoint(path: str | os.PathLike, policy: Qwen3ForCausalLM, 
     if (state["step"], state["data_position"]) != (meta["step"], meta["data_position"]):
         raise CheckpointError(f"{state_file} (step {state['step']}) and {p / META_FILE} (step {meta['step']}) "
                               "disagree: files from different checkpoints")
-    if load_config(p) != policy.config:
-        raise CheckpointError(f"{p / 'config.json'} describes another model shape than the run's policy")
+    stored = load_config(p)
+    arch = ("vocab_size", "hidden_size", "intermediate_size", "num_layers", "num_heads", "num_kv_heads", "head_dim",
+            "rope_theta", "rms_norm_eps", "tie_word_embeddings")  # not token ids: those may be rewritten on save
+    if diff := [f"{k}={getattr(stored, k)} (run: {getattr(policy.config, k)})" for k in arch
+                if getattr(stored, k) != getattr(policy.config, k)]:
+        raise CheckpointError(f"{p / 'config.json'} is another model than the run's policy: {', '.join(diff)}")
     expected = policy.state_dict()
     ignore = ("lm_head.weight",) if policy.config.tie_word_embeddings else ()
     device = next(policy.parameters()).device

@@ -72,6 +72,7 @@ class CheckpointSection:
 
     every: int = 0  # steps between checkpoints; 0: only the one at the end
     keep_last: int = 2  # step checkpoints kept (older ones are deleted once a newer one is complete)
+    final: bool = True  # write checkpoints at the end (benchmarks turn this off)
 
     def __post_init__(self) -> None:
         if self.every < 0:
@@ -136,7 +137,7 @@ def _qwen3_0_6b_sum_digits() -> RunConfig:
                                advantage_std_norm=False),
         generator=GeneratorConfig(max_num_seqs=64, max_model_len=2048),
         compile=CompileConfig(backend="inductor"),  # on GPU; use --compile.backend none for the eager baseline
-        trainer=TrainerConfig(lr=2e-6, warmup_steps=2, schedule="linear", micro_batch_tokens=8192,
+        trainer=TrainerConfig(lr=2e-6, warmup_steps=2, schedule="linear", micro_batch_tokens=16384,
                               loss=LossConfig(kind="grpo")),
         validation=ValidationSection(num_prompts=20),
     )

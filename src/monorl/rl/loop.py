@@ -4,6 +4,7 @@ train -> weight sync, with greedy validation before the first and after the last
 from __future__ import annotations
 
 import copy
+import dataclasses
 import itertools
 import logging
 import random
@@ -15,6 +16,7 @@ from typing import Any
 import torch
 from tqdm import tqdm
 
+from monorl.compile import compile_blocks, compile_counters, setup_compile_cache
 from monorl.config import RunConfig
 from monorl.generate.engine import Generator
 from monorl.generate.sampling import SamplingParams
@@ -109,6 +111,8 @@ class GRPORun:
 
     def __init__(self, cfg: RunConfig, progress: bool = True, resume: str | Path | None = None) -> None:
         self.cfg, self.progress = cfg, progress
+        self.t_start = time.perf_counter()
+        self.phase_s = {"warm_start_s": 0.0, "validation_s": 0.0, "checkpoint_s": 0.0}
         # a run dir or checkpoint dir to continue from; resolved first so a bad path fails before any work
         self.resume_from = find_checkpoint(resume) if resume is not None else None
         random.seed(cfg.seed)
@@ -117,12 +121,15 @@ class GRPORun:
         self.run_dir = RunDir(cfg.run_dir or RunDir.default_path(cfg.preset))
         self.run_dir.write_config(cfg.to_dict())
         self.startup: dict[str, float] = {}
+        self.compile_s = 0.0
 
         t = time.perf_counter()
         self.policy, self.tokenizer = load_policy(cfg, self.device)
         self.task: Task = load_task(cfg.task.name, **cfg.task.args)
         self.startup["model_load_s"] = time.perf_counter() - t
 
+        cc = cfg.compile
+        self.compile_cache = setup_compile_cache(cc)
         gen_dtype = torch.bfloat16 if self.device.type == "cuda" else torch.float32
         # one process-wide switch for trainer and generator; the trainer then computes in gen_dtype
         set_batch_invariant(cfg.batch_invariant, gen_dtype)
@@ -130,7 +137,11 @@ class GRPORun:
         t = time.perf_counter()
         gen_model = copy.deepcopy(self.policy).to(gen_dtype).eval().requires_grad_(False)
         eos = tuple(getattr(self.tokenizer, "eos_token_ids", None) or [self.tokenizer.eos_token_id])
-        self.generator = Generator(gen_model, cfg.generator, tokenizer=self.tokenizer, eos_token_ids=eos)
+        gen_cfg = cfg.generator
+        if cc.enabled and cc.generator:  # the run's compile policy drives the generator's
+            gen_cfg = dataclasses.replace(gen_cfg, compile=True, compile_backend=cc.backend, compile_mode=cc.mode)
+        gen_cfg = dataclasses.replace(gen_cfg, cuda_graphs=gen_cfg.cuda_graphs and cc.decode_cuda_graphs)
+        self.generator = Generator(gen_model, gen_cfg, tokenizer=self.tokenizer, eos_token_ids=eos)
         self.startup["generator_init_s"] = time.perf_counter() - t
         for k, v in getattr(self.generator, "startup_times", {}).items():
             self.startup[f"generator_{k}"] = v
@@ -143,9 +154,35 @@ class GRPORun:
         self.trainer = Trainer(self.policy, cfg.trainer, total_steps=cfg.steps,
                                attn_backend="flash" if self.attn_backend == "flash" else "sdpa",
                                ref_model=ref_model)
+        if cc.enabled and cc.trainer:
+            compile_blocks(self.policy, cc)
         self.max_len = self.generator_max_len()
         self.train_prompts = PromptStream(self.task, cfg.seed)  # knows its position, for checkpoints
         self.val_prompts = self.task.val_prompts(cfg.validation.num_prompts)
+
+    def warm_up(self) -> None:
+        """Compile and capture before the first step, so the startup split says what they cost and steady
+        state compiles nothing: a short generation with each sampler the run uses (rollouts, greedy
+        validation), and a trainer forward+backward on two pack sizes (no optimizer step: weights untouched)."""
+        cc = self.cfg.compile
+        if not (cc.enabled or self.generator.runner.use_graphs):
+            return
+        t = time.perf_counter()
+        prompt = self.tokenizer.encode(self.task.render(self.val_prompts[0], self.tokenizer))
+        for sp in (self.sampling(0), SamplingParams(max_new_tokens=4, temperature=0.0)):
+            self.generator.generate([prompt], dataclasses.replace(sp, max_new_tokens=4), n=2)
+        if self.device.type == "cuda":
+            torch.cuda.synchronize()
+        gen_s = time.perf_counter() - t
+        timings = getattr(self.generator.runner, "timings", {})
+        self.startup["graph_capture_s"] = timings.get("graph_capture_s", 0.0)
+        self.startup["generator_compile_s"] = gen_s - self.startup["graph_capture_s"]
+        t = time.perf_counter()
+        if cc.enabled and cc.trainer:
+            r = self.cfg.rollout
+            self.trainer.warm_up(prompt, r.prompts_per_step * r.group_size, r.max_new_tokens)
+        self.startup["trainer_compile_s"] = time.perf_counter() - t
+        self.compile_s = self.startup["generator_compile_s"] + self.startup["trainer_compile_s"]
 
     def generator_max_len(self) -> int:
         return self.cfg.generator.max_model_len or self.policy.config.max_position_embeddings
@@ -244,6 +281,48 @@ class GRPORun:
             raise ValueError(f"{path / 'meta.json'} has no pre_validation entry")
         return ckpt.step, ValidationResult(**pre), [r for r in rows if "step" in r]
 
+    def timed_validate(self) -> ValidationResult:
+        t = time.perf_counter()
+        out = self.validate()
+        self.phase_s["validation_s"] += time.perf_counter() - t
+        return out
+
+    def write_summary(self, result: RunResult) -> None:
+        """summary.json: the time split the benchmarks read. total_s = startup + the RL steps (generate,
+        train, sync); warm start, validation and checkpoint writes are reported beside it."""
+        rows = [r for r in result.steps if "time/step_s" in r]
+        steps = sorted(r["time/step_s"] for r in rows)
+        startup = sum(self.startup.values())
+        split = {k: sum(r[f"time/{k}"] for r in rows) for k in ("generate_s", "train_s", "sync_s")}
+        summary = {
+            "startup": self.startup, "startup_s": startup, **split,
+            "steps": len(rows), "total_s": startup + sum(split.values()),
+            "steady_step_s": steps[len(steps) // 2] if steps else None,
+            "first_step_s": rows[0]["time/step_s"] if rows else None,
+            **self.phase_s, "wall_s": time.perf_counter() - self.t_start,
+            "compile_s": self.compile_s, "compile_counters": compile_counters(),
+            "logprob_diff_max": max((r["logprob_diff_max"] for r in rows), default=None),
+            "pre": result.pre.__dict__ if result.pre else None, "post": result.post.__dict__ if result.post else None,
+            "device": torch.cuda.get_device_name() if self.device.type == "cuda" else "cpu",
+        }
+        import json
+
+        (self.run_dir.path / "summary.json").write_text(json.dumps(summary, indent=2, default=str) + "\n")
+
+    def compile_roi(self, rows: list[dict[str, Any]]) -> str | None:
+        """Compile time spent, and with a measured eager step time, the per-step saving and break-even."""
+        if not self.compile_s:
+            return None
+        times = sorted(r["time/step_s"] for r in rows[1:] if "time/step_s" in r) or [float("nan")]
+        step_s = times[len(times) // 2]
+        line = f"compile: {self.compile_s:.1f}s spent; steady-state step {step_s:.3f}s"
+        eager = self.cfg.compile.eager_step_s
+        if eager:
+            saved = eager - step_s
+            even = f"break-even after {self.compile_s / saved:.1f} steps" if saved > 0 else "never breaks even"
+            line += f"; eager step {eager:.3f}s -> saves {saved:.3f}s/step, {even}"
+        return line
+
     @staticmethod
     def step_line(row: dict[str, Any], steps: int) -> str:
         comps = ", ".join(f"{k.split('/', 1)[1]}={v:+.3f}" for k, v in row.items() if k.startswith("reward/"))
@@ -257,13 +336,20 @@ class GRPORun:
         split = ", ".join(f"{k}={v:.2f}" for k, v in self.startup.items())
         print(f"startup: {split} | device={self.device} attn={self.attn_backend} run_dir={self.run_dir.path}",
               flush=True)
+        self.warm_up()
+        if self.compile_s:
+            warm = ", ".join(f"{k}={self.startup[k]:.2f}" for k in
+                             ("generator_compile_s", "graph_capture_s", "trainer_compile_s"))
+            print(f"startup (compile): {warm} | compile counters {compile_counters()}", flush=True)
         start, earlier = 0, []
         if self.resume_from is not None:
             start, pre, earlier = self.restore(self.resume_from)
             print(f"resumed from {self.resume_from} at step {start}/{cfg.steps}", flush=True)
         else:
+            t = time.perf_counter()
             self.warm_start()
-            pre = self.validate()
+            self.phase_s["warm_start_s"] = time.perf_counter() - t
+            pre = self.timed_validate()
         print(f"validation (pre): {pre.line()}", flush=True)
         result = RunResult(self.run_dir.path, pre, None, steps=earlier, startup=dict(self.startup))
         every = cfg.checkpoint.every
@@ -271,13 +357,22 @@ class GRPORun:
             row = self.step(step)
             result.steps.append(row)
             print(self.step_line(row, cfg.steps), flush=True)
-            if step + 1 == cfg.steps or (every > 0 and (step + 1) % every == 0):
+            if (step + 1 == cfg.steps and cfg.checkpoint.final) or (every > 0 and (step + 1) % every == 0):
+                t = time.perf_counter()
                 self.save_training_checkpoint(step + 1, pre)
-        post = self.validate()
+                self.phase_s["checkpoint_s"] += time.perf_counter() - t
+        post = self.timed_validate()
         result.post = post
-        save_checkpoint(self.policy, self.run_dir.checkpoints / "final", dtype=torch.float32,
-                        tokenizer=self.tokenizer)
+        if cfg.checkpoint.final:
+            t = time.perf_counter()
+            save_checkpoint(self.policy, self.run_dir.checkpoints / "final", dtype=torch.float32,
+                            tokenizer=self.tokenizer)
+            self.phase_s["checkpoint_s"] += time.perf_counter() - t
+        self.write_summary(result)
         self.run_dir.log_metrics({"validation/pre": pre.__dict__, "validation/post": post.__dict__})
+        roi = self.compile_roi(result.steps)
+        if roi:
+            print(roi, flush=True)
         print("Summary:")
         print(f"  Pre:  {pre.line()}")
         print(f"  Post: {post.line()}", flush=True)

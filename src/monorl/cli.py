@@ -142,7 +142,7 @@ def main(argv: list[str] | None = None) -> int:
             return 0
         print(f"unknown command {verb!r}\n{USAGE}", file=sys.stderr)
         return 2
-    except ValueError as e:  # configuration / input errors: one clear line, no traceback
+    except (ValueError, FileNotFoundError) as e:  # configuration / input errors: one clear line, no traceback
         print(f"monorl: error: {e}", file=sys.stderr)
         return 2
 

@@ -56,6 +56,10 @@ class ValidationSection:
     num_prompts: int = 20  # greedy, held-out prompts, before the first and after the last step
     max_new_tokens: int | None = None  # default: rollout.max_new_tokens
 
+    def __post_init__(self) -> None:
+        if self.num_prompts < 0:
+            raise ValueError(f"validation.num_prompts must be >= 0, got {self.num_prompts}")
+
 
 @dataclass
 class WarmStartSection:

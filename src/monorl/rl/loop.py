@@ -118,8 +118,6 @@ class GRPORun:
         random.seed(cfg.seed)
         torch.manual_seed(cfg.seed)
         self.device = resolve_device(cfg.device)
-        self.run_dir = RunDir(cfg.run_dir or RunDir.default_path(cfg.preset))
-        self.run_dir.write_config(cfg.to_dict())
         self.startup: dict[str, float] = {}
         self.compile_s = 0.0
 
@@ -159,6 +157,9 @@ class GRPORun:
         self.max_len = self.generator_max_len()
         self.train_prompts = PromptStream(self.task, cfg.seed)  # knows its position, for checkpoints
         self.val_prompts = self.task.val_prompts(cfg.validation.num_prompts)
+        # created last, so a bad config, checkpoint or data file leaves no empty run directory behind
+        self.run_dir = RunDir(cfg.run_dir or RunDir.default_path(cfg.preset))
+        self.run_dir.write_config(cfg.to_dict())
 
     def warm_up(self) -> None:
         """Compile and capture before the first step, so the startup split says what they cost and steady
@@ -168,7 +169,8 @@ class GRPORun:
         if not (cc.enabled or self.generator.runner.use_graphs):
             return
         t = time.perf_counter()
-        prompt = self.tokenizer.encode(self.task.render(self.val_prompts[0], self.tokenizer))
+        text = self.task.render(self.val_prompts[0], self.tokenizer) if self.val_prompts else "warm up"
+        prompt = self.tokenizer.encode(text)
         for sp in (self.sampling(0), SamplingParams(max_new_tokens=4, temperature=0.0)):
             self.generator.generate([prompt], dataclasses.replace(sp, max_new_tokens=4), n=2)
         if self.device.type == "cuda":

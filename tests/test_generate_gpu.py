@@ -43,6 +43,17 @@ def test_triton_paged_decode_matches_torch(heads, kv_heads, D):
     torch.testing.assert_close(a, b, atol=2e-2, rtol=2e-2)
 
 
+def _full_forward_logprobs(model, prompt: list[int], completion: list[int], temperature: float) -> torch.Tensor:
+    from monorl.model.attention import VarlenContext
+    from monorl.model.logprobs import token_logprobs
+
+    ids = torch.tensor(prompt + completion, device="cuda")
+    ctx = VarlenContext.from_lengths([len(ids)], "cuda")
+    with torch.no_grad(), torch.compiler.set_stance("force_eager"):
+        logits = model.compute_logits(model(ids, ctx.positions, ctx))[len(prompt) - 1:-1]
+    return token_logprobs(logits, torch.tensor(completion, device="cuda"), temperature).cpu()
+
+
 @pytest.mark.parametrize("compile", [False, True])
 def test_cuda_graph_decode_equals_eager(compile):
     model = tiny_cuda_model()
@@ -53,21 +64,27 @@ def test_cuda_graph_decode_equals_eager(compile):
     for sp in (SamplingParams(max_new_tokens=40, temperature=0.0, ignore_eos=True),
                SamplingParams(max_new_tokens=40, temperature=0.8, top_p=0.95, seed=3, ignore_eos=True)):
         a = graph.generate(ps, sp, n=3)  # 15 sequences through 6 slots: several buckets, slot moves
+        if sp.greedy:
+            assert len({tuple(c.token_ids) for x in a for c in x}) > 1
+            assert all(c.token_ids == x[0].token_ids for x in a for c in x)  # prefix sharing: n greedy equal
+        if compile:
+            # Inductor autotunes its kernels per compilation, so two compiled generators may reduce in different
+            # orders: greedy near-ties then flip and sequences diverge (seen on an H200). What must hold is that
+            # the graph path computes the model: its log-probs equal an eager full-sequence forward over its own
+            # tokens, to bf16 tolerance.
+            T = sp.temperature if not sp.greedy else 1.0
+            for p, comps in zip(ps, a, strict=True):
+                for c in comps:
+                    ref = _full_forward_logprobs(model, p, c.token_ids, T)
+                    torch.testing.assert_close(torch.tensor(c.logprobs), ref, atol=0.1, rtol=0)
+            continue
         eager = Generator(model, GeneratorConfig(cuda_graphs=False, **cfg))
         assert not eager.runner.use_graphs
         b = eager.generate(ps, sp, n=3)
         assert [[c.token_ids for c in x] for x in a] == [[c.token_ids for c in x] for x in b]
         la = torch.tensor([c.logprobs for x in a for c in x])
         lb = torch.tensor([c.logprobs for x in b for c in x])
-        if compile:
-            # Both generators compile the same (shared) blocks; the second may get dynamic-shape kernels whose
-            # reductions split differently, so log-probs agree to bf16 rounding, not bit for bit.
-            torch.testing.assert_close(la, lb, atol=2e-2, rtol=0)
-        else:
-            assert torch.equal(la, lb)
-        if sp.greedy:
-            assert len({tuple(c.token_ids) for x in a for c in x}) > 1
-            assert all(c.token_ids == x[0].token_ids for x in a for c in x)  # prefix sharing: n greedy equal
+        assert torch.equal(la, lb)
 
 
 def test_greedy_cuda_matches_cpu_fp32_reference():

@@ -141,8 +141,6 @@ class GRPORun:
         gen_cfg = dataclasses.replace(gen_cfg, cuda_graphs=gen_cfg.cuda_graphs and cc.decode_cuda_graphs)
         self.generator = Generator(gen_model, gen_cfg, tokenizer=self.tokenizer, eos_token_ids=eos)
         self.startup["generator_init_s"] = time.perf_counter() - t
-        for k, v in getattr(self.generator, "startup_times", {}).items():
-            self.startup[f"generator_{k}"] = v
 
         if cfg.trainer.loss.kind == "dr_grpo" and cfg.trainer.loss.dr_grpo_norm is None:
             cfg.trainer.loss.dr_grpo_norm = float(cfg.rollout.max_new_tokens)  # Dr.GRPO's constant normaliser
@@ -154,7 +152,7 @@ class GRPORun:
                                ref_model=ref_model)
         if cc.enabled and cc.trainer:
             compile_blocks(self.policy, cc)
-        self.max_len = self.generator_max_len()
+        self.max_len = self.generator.max_model_len  # prompt + completion must fit the generator's context
         self.train_prompts = PromptStream(self.task, cfg.seed)  # knows its position, for checkpoints
         self.val_prompts = self.task.val_prompts(cfg.validation.num_prompts)
         # created last, so a bad config, checkpoint or data file leaves no empty run directory behind
@@ -185,9 +183,6 @@ class GRPORun:
             self.trainer.warm_up(prompt, r.prompts_per_step * r.group_size, r.max_new_tokens)
         self.startup["trainer_compile_s"] = time.perf_counter() - t
         self.compile_s = self.startup["generator_compile_s"] + self.startup["trainer_compile_s"]
-
-    def generator_max_len(self) -> int:
-        return self.cfg.generator.max_model_len or self.policy.config.max_position_embeddings
 
     def sampling(self, step: int) -> SamplingParams:
         r = self.cfg.rollout

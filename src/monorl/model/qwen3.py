@@ -78,7 +78,7 @@ class Attention(nn.Module):
         # under autocast the fp32 norm weights promote q/k to fp32; attention runs in the projections' dtype
         q, k = apply_rope(q, cos, sin).to(v.dtype), apply_rope(k, cos, sin).to(v.dtype)
         o = ctx.attend(q, k, v, cache)
-        return self.o_proj(o.reshape(T, self.num_heads * self.head_dim))
+        return self.o_proj(o.flatten(1))  # no Python int crosses the graph break around attend
 
 
 class MLP(nn.Module):

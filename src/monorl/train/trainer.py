@@ -132,13 +132,13 @@ class Trainer:
         self.model.train()
         mbs = make_micro_batches(seqs, self.cfg.micro_batch_tokens, self.device, self.attn_backend)
         ntok = sum(mb.targets.numel() for mb in mbs)
-        total = 0.0
+        total = torch.zeros((), dtype=torch.float64, device=self.device)
         for mb in mbs:
             loss = -self.response_logprobs(self.model, mb, 1.0).sum() / ntok
             loss.backward()
-            total += float(loss.detach())
+            total += loss.detach().double()  # summed on the device: one sync per step, not per micro-batch
         grad_norm, lr, skipped = self._apply_gradients()
-        return {"loss": total, "grad_norm": grad_norm, "lr": lr, "skipped": float(skipped)}
+        return {"loss": total.item(), "grad_norm": grad_norm, "lr": lr, "skipped": float(skipped)}
 
     def step(self, seqs: Sequence[TrainSequence], temperature: float = 1.0) -> dict[str, float]:
         """One optimizer step over all `seqs` (accumulated over packed micro-batches)."""
@@ -151,9 +151,10 @@ class Trainer:
         norm = LossNorm.for_step(cfg.loss, [len(s.completion_ids) for s in seqs])
         advantages = torch.tensor([s.advantage for s in seqs], dtype=torch.float32, device=self.device)
         mbs = make_micro_batches(seqs, cfg.micro_batch_tokens, self.device, self.attn_backend)
-        total_loss = 0.0
+        # metrics stay on the device (fp64 sums) and cross to the host once per step: a sync per
+        # micro-batch would stall the CPU that queues the next micro-batch's kernels
+        sums: dict[str, Tensor] = {}
         diffs: list[Tensor] = []
-        sums: dict[str, float] = {}
         for mb in mbs:
             if mb.targets.numel() == 0:
                 continue
@@ -161,21 +162,23 @@ class Trainer:
             loss, metrics = policy_loss(logprobs, mb.old_logprobs, advantages, mb.seq_ids, cfg.loss, norm,
                                         ref_logprobs=mb.ref_logprobs)
             loss.backward()
-            total_loss += float(loss.detach())
+            for k, v in {**metrics, "loss": loss}.items():  # each micro-batch returns its share of the step value
+                v = v.detach().double()
+                sums[k] = sums[k] + v if k in sums else v
             diffs.append((logprobs.detach() - mb.old_logprobs).abs())
-            for k, v in metrics.items():  # each micro-batch returns its share of the step value
-                sums[k] = sums.get(k, 0.0) + float(v)
         grad_norm, lr, skipped = self._apply_gradients()
-        d = torch.cat(diffs) if diffs else torch.zeros(1)
+        d = torch.cat(diffs) if diffs else torch.zeros(1, device=self.device)
+        host = dict(zip(sums, torch.stack(list(sums.values())).tolist(), strict=True)) if sums else {}
+        d_mean, d_max = torch.stack([d.mean(), d.max()]).tolist()
         out = {
-            "loss": total_loss,
+            "loss": host.get("loss", 0.0),
             "grad_norm": float(grad_norm),
             "lr": lr,
-            "logprob_diff_mean": float(d.mean()),
-            "logprob_diff_max": float(d.max()),
+            "logprob_diff_mean": d_mean,
+            "logprob_diff_max": d_max,
             "skipped": float(skipped),
             "micro_batches": len(mbs),
             "train_tokens": sum(mb.num_real_tokens for mb in mbs),
         }
-        out.update({k: v for k, v in sums.items() if k != "loss"})
+        out.update({k: v for k, v in host.items() if k != "loss"})
         return out

@@ -6,6 +6,9 @@ process so startup is real:
   compiled_gen       generator: regional inductor compile + decode CUDA graphs; trainer eager
   compiled_all       + trainer blocks compiled (packed varlen micro-batches, as always)
   compiled_all_warm  the same again with the compile cache the previous run filled
+  graphs             + trainer CUDA graphs (each micro-batch's fwd+bwd one replay; generator and trainer
+                       share one compile cache directory, as in every column)
+  graphs_warm        the same again on that warm cache
 
 Rows: total (startup + steps), startup, generator, trainer, weight sync; plus the steady-state step.
 Prints a markdown table and writes JSON.
@@ -32,6 +35,8 @@ COLUMNS = {
     "compiled_gen": (["--compile.backend", "inductor", "--compile.trainer", "false"], "gen"),
     "compiled_all": (["--compile.backend", "inductor"], "all"),
     "compiled_all_warm": (["--compile.backend", "inductor"], "all"),  # same cache dir: warm
+    "graphs": (["--compile.backend", "inductor", "--compile.trainer_cuda_graphs", "true"], "graphs"),
+    "graphs_warm": (["--compile.backend", "inductor", "--compile.trainer_cuda_graphs", "true"], "graphs"),
 }
 
 ROWS = [("total_s", "total"), ("startup_s", "startup"), ("generate_s", "generator"), ("train_s", "trainer"),

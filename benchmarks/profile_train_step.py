@@ -7,7 +7,10 @@ completion tokens, bf16 autocast, flash varlen. Times eager vs regionally compil
 
 from __future__ import annotations
 
+import argparse
+import json
 import statistics
+from pathlib import Path
 
 import torch
 
@@ -39,19 +42,30 @@ def timed(tr: Trainer, batches: list[list[TrainSequence]]) -> list[float]:
     return ts
 
 
+VARIANTS = {"eager": ("none", False), "eager_graphs": ("none", True), "compiled": ("inductor", False),
+            "compiled_graphs": ("inductor", True)}
+
+
 def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", default="train_step.json")
+    ap.add_argument("--variants", default=",".join(VARIANTS))
+    args = ap.parse_args()
     g = torch.Generator().manual_seed(0)
     batches = [seqs(g) for _ in range(7)]
     res = {}
-    for name in ("eager", "compiled"):
+    for name in args.variants.split(","):
+        backend, graphs = VARIANTS[name]
         model = build_model(model_shape("qwen3-0.6b"), "cuda", torch.float32, seed=0)
-        if name == "compiled":
-            cc = CompileConfig(backend="inductor")
+        if backend != "none":
+            cc = CompileConfig(backend=backend)
             setup_compile_cache(cc)
             compile_blocks(model, cc)
-        tr = Trainer(model, TrainerConfig(lr=1e-6, micro_batch_tokens=8192), total_steps=100, attn_backend="flash")
+        tr = Trainer(model, TrainerConfig(lr=1e-6, micro_batch_tokens=16384), total_steps=100, attn_backend="flash",
+                     cuda_graphs=graphs)
         ts = timed(tr, batches)
-        res[name] = statistics.median(ts[2:])
+        res[name] = {"median_s": statistics.median(ts[2:]), "steps_s": ts,
+                     "graphs": None if tr.graphs is None else len(tr.graphs.graphs)}
         print(name, "step times", [round(t, 3) for t in ts], flush=True)
         if name == "compiled":
             from torch.profiler import ProfilerActivity, profile
@@ -64,8 +78,12 @@ def main() -> None:
         torch.cuda.empty_cache()
     tokens = sum(len(s) for s in batches[0])
     flops = 6 * 0.44e9 * tokens + 6 * 1024 * 151936 * 4000  # blocks + LM head on completion rows
-    print(f"| trainer step ({tokens} tokens) | eager {res['eager']:.3f}s | compiled {res['compiled']:.3f}s | "
-          f"floor ~{flops / 790e12:.3f}s at 790 TFLOP/s |")
+    floor = flops / 790e12
+    Path(args.out).write_text(json.dumps({"device": torch.cuda.get_device_name(), "tokens": tokens,
+                                          "floor_s": floor, "results": res}, indent=2))
+    print(f"\n| trainer step ({tokens} tokens) | median s | vs floor ~{floor:.3f}s at 790 TFLOP/s |\n|---|---|---|")
+    for name, r in res.items():
+        print(f"| {name} | {r['median_s']:.3f} | {r['median_s'] / floor:.1f}x |")
 
 
 if __name__ == "__main__":

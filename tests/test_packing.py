@@ -4,7 +4,14 @@ import torch
 from monorl.model.config import model_shape
 from monorl.model.logprobs import token_logprobs
 from monorl.model.qwen3 import build_model
-from monorl.train.packing import TrainSequence, make_micro_batches, plan_micro_batches, token_buckets
+from monorl.train.packing import (
+    PackShape,
+    TrainSequence,
+    bucket_size,
+    make_micro_batches,
+    plan_micro_batches,
+    token_buckets,
+)
 
 
 def _seq(p: int, c: int, start: int = 3) -> TrainSequence:
@@ -12,7 +19,11 @@ def _seq(p: int, c: int, start: int = 3) -> TrainSequence:
 
 
 def test_buckets_and_plan():
-    assert token_buckets(1000) == (64, 128, 256, 512, 1000)
+    assert token_buckets(1000)[:3] == (64, 128, 192) and token_buckets(1000)[-3:] == (896, 960, 1000)
+    assert [bucket_size(n) for n in (1, 16, 17, 200, 8192, 8193, 8400)] == [16, 16, 32, 208, 8192, 9216, 9216]
+    for n in range(1, 20000, 37):  # padding stays within 12.5% above 8 x the smallest bucket
+        b = bucket_size(n)
+        assert n <= b and (b <= 128 or b <= n * 1.125)
     plan = plan_micro_batches([60, 50, 40, 30, 20], max_tokens=100)
     assert sorted(i for b in plan for i in b) == [0, 1, 2, 3, 4]
     for b in plan:
@@ -53,3 +64,34 @@ def test_packed_logprobs_equal_per_sequence():
             p = len(s.prompt_ids)
             alone.append(token_logprobs(logits[p - 1:-1], torch.tensor(s.completion_ids)))
     torch.testing.assert_close(packed, torch.cat(alone), atol=1e-5, rtol=0)
+
+
+def test_static_pack_pads_every_dimension_to_a_bucket():
+    seqs = [_seq(5, 3), _seq(7, 4), _seq(2, 6)]
+    (mb,) = make_micro_batches(seqs, max_tokens=64, device="cpu", buckets=(16, 32, 64), static=True)
+    # 27 real tokens -> 32; max_seqlen 16 (>= 11); fillers of <= 16 tokens; 4 entries padded to 8 with zeros
+    assert mb.shape == PackShape(tokens=32, seqs=8, targets=16, max_seqlen=16)
+    assert mb.ctx.cu_seqlens.tolist() == [0, 8, 19, 27, 32, 32, 32, 32, 32]
+    assert mb.num_targets == 13 and mb.token_mask.tolist() == [1.0] * 13 + [0.0] * 3
+    assert torch.equal(mb.input_ids[mb.logit_index[:13] + 1], mb.targets[:13])
+    # another pack of the same bucket sizes has the same static shape (one CUDA graph serves both)
+    (mb2,) = make_micro_batches([_seq(9, 2), _seq(4, 9)], max_tokens=64, device="cpu", buckets=(16, 32, 64),
+                                static=True)
+    assert mb2.shape == mb.shape
+
+
+def test_static_pack_logprobs_equal_dynamic_pack():
+    """Zero-length entries, a larger max_seqlen and padded rows change nothing for the real tokens."""
+    torch.manual_seed(0)
+    model = build_model(model_shape("tiny"), seed=1).eval()
+    seqs = [TrainSequence(torch.randint(3, 100, (p,)).tolist(), torch.randint(3, 100, (c,)).tolist(), [0.0] * c, 1.0)
+            for p, c in [(5, 3), (9, 7), (3, 1)]]
+    out = []
+    for static in (False, True):
+        (mb,) = make_micro_batches(seqs, max_tokens=64, device="cpu", static=static)
+        with torch.no_grad():
+            hidden = model(mb.input_ids, mb.ctx.positions, mb.ctx)
+            lp = token_logprobs(model.compute_logits(hidden[mb.logit_index]), mb.targets)
+        out.append(lp[: mb.num_targets])
+        assert bool(torch.isfinite(lp).all())
+    torch.testing.assert_close(out[1], out[0], atol=1e-5, rtol=0)

@@ -12,6 +12,7 @@ import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -24,6 +25,7 @@ class CompileConfig:
     mode: str | None = None  # torch.compile mode for inductor (e.g. "max-autotune-no-cudagraphs")
     regional: bool = True  # compile each TransformerBlock, not the whole model
     decode_cuda_graphs: bool = True  # capture the generator's decode step (CUDA only)
+    trainer_cuda_graphs: bool = False  # replay each trainer micro-batch (fwd+bwd) from a graph per pack shape (CUDA)
     generator: bool = True  # compile the generator's blocks (and sampler)
     trainer: bool = True  # compile the trainer's blocks
     eager_step_s: float | None = None  # a measured eager RL step time: the run then reports compile break-even
@@ -89,3 +91,14 @@ def compile_counters() -> dict[str, int]:
         "graph_breaks": int(sum(counters["graph_break"].values())),
         "recompiles": int(sum(v for k, v in counters["recompiles"].items())) if "recompiles" in counters else 0,
     }
+
+
+def compile_phase_times(top: int = 12) -> dict[str, Any]:
+    """Where compile time went: seconds per Dynamo/AOT/Inductor phase (summed over frames, largest first)
+    and each frame's total compile time in order (`frames_s`)."""
+    from torch._dynamo.utils import compilation_time_metrics
+
+    sums = {k: sum(v) for k, v in compilation_time_metrics.items()}
+    phases = dict(sorted(sums.items(), key=lambda kv: -kv[1])[:top])
+    frames = compilation_time_metrics.get("_compile.compile_inner", [])
+    return {"phases_s": {k: round(v, 3) for k, v in phases.items()}, "frames_s": [round(t, 3) for t in frames]}

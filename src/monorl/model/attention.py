@@ -62,7 +62,10 @@ def sdpa_varlen(q: Tensor, k: Tensor, v: Tensor, pad_index: Tensor, valid: Tenso
 
     L = pad_index.shape[1]
     causal = torch.ones(L, L, dtype=torch.bool, device=q.device).tril()
-    mask = causal[None, None] & valid[:, None, None, :]
+    # key 0 stays visible to every row: a zero-length entry (static packs pad the sequence count with
+    # them) would otherwise be all-masked and give NaN; its rows are dropped below anyway
+    keys = valid | (torch.arange(L, device=q.device) == 0)
+    mask = causal[None, None] & keys[:, None, None, :]
     out = F.scaled_dot_product_attention(padded(q), padded(k), padded(v), attn_mask=mask,
                                          enable_gqa=q.shape[1] != k.shape[1])
     return out.transpose(1, 2)[valid]  # sequences are laid out in order, so this is the flat order
@@ -110,13 +113,20 @@ class VarlenContext:
     backend: str = "sdpa"
 
     @staticmethod
-    def from_lengths(lengths: list[int] | Tensor, device: torch.device | str, backend: str = "sdpa") -> VarlenContext:
+    def from_lengths(lengths: list[int] | Tensor, device: torch.device | str, backend: str = "sdpa",
+                     max_seqlen: int | None = None) -> VarlenContext:
+        """`lengths` may end in zero-length entries (a static pack pads its sequence count with them);
+        `max_seqlen` (>= every length) fixes the attention bound, for a CUDA graph replayed on other packs."""
         lengths = torch.as_tensor(lengths, dtype=torch.int64, device="cpu")
-        if lengths.numel() == 0 or bool((lengths <= 0).any()):
-            raise ValueError(f"sequence lengths must be positive, got {lengths.tolist()}")
+        if lengths.numel() == 0 or bool((lengths < 0).any()) or int(lengths.sum()) == 0:
+            raise ValueError(f"sequence lengths must be >= 0 with at least one token, got {lengths.tolist()}")
         cu = torch.zeros(len(lengths) + 1, dtype=torch.int32)
         cu[1:] = torch.cumsum(lengths, 0)
         T, L = int(cu[-1]), int(lengths.max())
+        if max_seqlen is not None:
+            if max_seqlen < L:
+                raise ValueError(f"max_seqlen={max_seqlen} is below the longest sequence ({L})")
+            L = max_seqlen
         starts = torch.repeat_interleave(cu[:-1].long(), lengths)
         positions = torch.arange(T) - starts
         col = torch.arange(L)

@@ -37,7 +37,8 @@ def chunked_token_logprobs(model: torch.nn.Module, hidden: Tensor, tokens: Tenso
     for s in range(0, hidden.shape[0], chunk_size):
         h, t = hidden[s:s + chunk_size], tokens[s:s + chunk_size]
         if torch.is_grad_enabled() and h.requires_grad:
-            outs.append(checkpoint(chunk_fn, h, t, use_reentrant=False))
+            # no RNG inside: skipping its save/restore keeps this capturable in a CUDA graph
+            outs.append(checkpoint(chunk_fn, h, t, use_reentrant=False, preserve_rng_state=False))
         else:
             outs.append(chunk_fn(h, t))
     return torch.cat(outs) if outs else hidden.new_zeros(0, dtype=torch.float32)

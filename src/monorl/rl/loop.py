@@ -16,7 +16,7 @@ from typing import Any
 import torch
 from tqdm import tqdm
 
-from monorl.compile import compile_blocks, compile_counters, setup_compile_cache
+from monorl.compile import compile_blocks, compile_counters, compile_phase_times, setup_compile_cache
 from monorl.config import RunConfig
 from monorl.generate.engine import Generator
 from monorl.generate.sampling import SamplingParams
@@ -149,7 +149,7 @@ class GRPORun:
             ref_model = copy.deepcopy(self.policy).to(gen_dtype).eval().requires_grad_(False)
         self.trainer = Trainer(self.policy, cfg.trainer, total_steps=cfg.steps,
                                attn_backend="flash" if self.attn_backend == "flash" else "sdpa",
-                               ref_model=ref_model)
+                               ref_model=ref_model, cuda_graphs=cc.trainer_cuda_graphs)
         if cc.enabled and cc.trainer:
             compile_blocks(self.policy, cc)
         self.max_len = self.generator.max_model_len  # prompt + completion must fit the generator's context
@@ -164,7 +164,8 @@ class GRPORun:
         state compiles nothing: a short generation with each sampler the run uses (rollouts, greedy
         validation), and a trainer forward+backward on two pack sizes (no optimizer step: weights untouched)."""
         cc = self.cfg.compile
-        if not (cc.enabled or self.generator.runner.use_graphs):
+        trainer_graphs = self.trainer.graphs is not None
+        if not (cc.enabled or self.generator.runner.use_graphs or trainer_graphs):
             return
         t = time.perf_counter()
         text = self.task.render(self.val_prompts[0], self.tokenizer) if self.val_prompts else "warm up"
@@ -178,10 +179,12 @@ class GRPORun:
         self.startup["graph_capture_s"] = timings.get("graph_capture_s", 0.0)
         self.startup["generator_compile_s"] = gen_s - self.startup["graph_capture_s"]
         t = time.perf_counter()
-        if cc.enabled and cc.trainer:
+        if (cc.enabled and cc.trainer) or trainer_graphs:
             r = self.cfg.rollout
-            self.trainer.warm_up(prompt, r.prompts_per_step * r.group_size, r.max_new_tokens)
-        self.startup["trainer_compile_s"] = time.perf_counter() - t
+            self.trainer.warm_up(prompt, r.prompts_per_step * r.group_size, r.max_new_tokens, r.temperature)
+        capture = self.trainer.graphs.capture_s if trainer_graphs else 0.0
+        self.startup["trainer_graph_capture_s"] = capture
+        self.startup["trainer_compile_s"] = time.perf_counter() - t - capture
         self.compile_s = self.startup["generator_compile_s"] + self.startup["trainer_compile_s"]
 
     def sampling(self, step: int) -> SamplingParams:
@@ -298,6 +301,7 @@ class GRPORun:
             "first_step_s": rows[0]["time/step_s"] if rows else None,
             **self.phase_s, "wall_s": time.perf_counter() - self.t_start,
             "compile_s": self.compile_s, "compile_counters": compile_counters(),
+            "trainer_graphs": self.trainer_graph_stats(), "compile_phases": compile_phase_times(),
             "logprob_diff_max": max((r["logprob_diff_max"] for r in rows), default=None),
             "pre": result.pre.__dict__ if result.pre else None, "post": result.post.__dict__ if result.post else None,
             "device": torch.cuda.get_device_name() if self.device.type == "cuda" else "cpu",
@@ -305,6 +309,12 @@ class GRPORun:
         import json
 
         (self.run_dir.path / "summary.json").write_text(json.dumps(summary, indent=2, default=str) + "\n")
+
+    def trainer_graph_stats(self) -> dict[str, float] | None:
+        """Trainer CUDA graphs: how many shapes were captured (in warm-up and lazily in steps), in how
+        long, and how many micro-batches replayed one."""
+        g = self.trainer.graphs
+        return None if g is None else {"captured": len(g.graphs), "capture_s": g.capture_s, "replays": g.replays}
 
     def compile_roi(self, rows: list[dict[str, Any]]) -> str | None:
         """Compile time spent, and with a measured eager step time, the per-step saving and break-even."""
@@ -336,7 +346,7 @@ class GRPORun:
         self.warm_up()
         if self.compile_s:
             warm = ", ".join(f"{k}={self.startup[k]:.2f}" for k in
-                             ("generator_compile_s", "graph_capture_s", "trainer_compile_s"))
+                             ("generator_compile_s", "graph_capture_s", "trainer_compile_s", "trainer_graph_capture_s"))
             print(f"startup (compile): {warm} | compile counters {compile_counters()}", flush=True)
         start, earlier = 0, []
         if self.resume_from is not None:

@@ -80,17 +80,19 @@ class LossConfig:
 
 @dataclass(frozen=True)
 class LossNorm:
-    """Step-level normalisers. Build once per optimizer step with `for_step`, pass to every micro-batch."""
+    """Step-level normalisers. Build once per optimizer step with `for_step`, pass to every micro-batch.
+    The divisors are tensors, so a captured CUDA graph reads this step's values rather than baking them."""
 
     response_lengths: Tensor  # [S] fp32, response tokens of each sequence of the step
     num_tokens: int  # response tokens in the step
     num_seqs: int  # sequences with at least one response token
-    denom: float  # the policy (and KL) sum is divided by this
+    denom: Tensor  # 0-d fp32: the policy (and KL) sum is divided by this
+    unit_count: Tensor  # 0-d fp32: units (sequences for grpo, else tokens) the metrics average over (>= 1)
 
     @classmethod
     def for_step(cls, cfg: LossConfig, response_lengths: Sequence[int] | Tensor,
                  device: torch.device | str | None = None) -> LossNorm:
-        lengths = torch.as_tensor(response_lengths, dtype=torch.float32, device=device).reshape(-1)
+        lengths = torch.as_tensor(response_lengths, dtype=torch.float32).reshape(-1)
         if (lengths < 0).any():
             raise ValueError("response lengths must be >= 0")
         num_tokens = int(lengths.sum().item())
@@ -103,8 +105,16 @@ class LossNorm:
             denom = lengths.numel() * cfg.dr_grpo_norm
         else:
             denom = num_tokens
+        units = num_seqs if cfg.kind == "grpo" else num_tokens
         # an all-empty step has a zero loss; max() keeps it 0 rather than 0/0
-        return cls(lengths, num_tokens, num_seqs, float(max(denom, 1)))
+        scalars = torch.tensor([max(denom, 1), max(units, 1)], dtype=torch.float32).to(device)
+        return cls(lengths.to(device), num_tokens, num_seqs, scalars[0], scalars[1])
+
+
+def loss_metric_names(has_ref: bool) -> tuple[str, ...]:
+    """The keys of `policy_loss`'s metrics, in order (`kl` only with ref_logprobs)."""
+    names = ("loss", "pg_loss", "ratio_mean", "clip_frac_low", "clip_frac_high", "clip_frac")
+    return (*names, "kl") if has_ref else names
 
 
 def _surrogate_loss(ratio: Tensor, adv: Tensor, cfg: LossConfig) -> Tensor:
@@ -117,13 +127,15 @@ def _surrogate_loss(ratio: Tensor, adv: Tensor, cfg: LossConfig) -> Tensor:
 
 
 def policy_loss(logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, seq_ids: Tensor, cfg: LossConfig,
-                norm: LossNorm, ref_logprobs: Tensor | None = None) -> tuple[Tensor, dict[str, Tensor]]:
+                norm: LossNorm, ref_logprobs: Tensor | None = None,
+                token_mask: Tensor | None = None) -> tuple[Tensor, dict[str, Tensor]]:
     """This micro-batch's share of the step loss, and its share of each metric (all detached):
     ``loss``, ``pg_loss``, ``kl`` (when ref_logprobs is given), ``ratio_mean``, ``clip_frac`` (=
     ``clip_frac_low + clip_frac_high``: units whose ratio fell outside the clip range). Units are sequences for
-    grpo, tokens otherwise.
+    grpo, tokens otherwise. `token_mask` [N] (1 real, 0 padding) drops padded rows of a static pack.
 
     For grpo every sequence's tokens must all be in one micro-batch (packing keeps sequences whole).
+    No host sync and no data-dependent control flow: it runs inside the trainer's CUDA graph.
     """
     n = logprobs.shape
     if logprobs.dim() != 1 or old_logprobs.shape != n or seq_ids.shape != n:
@@ -138,18 +150,21 @@ def policy_loss(logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, seq_
         raise TypeError(f"seq_ids must be int64, got {seq_ids.dtype}")
     if cfg.kl_coef > 0 and ref_logprobs is None:
         raise ValueError("kl_coef > 0 needs ref_logprobs")
+    if token_mask is not None and token_mask.shape != n:
+        raise ValueError(f"token_mask {tuple(token_mask.shape)} must match logprobs {tuple(n)}")
 
     lp = logprobs.float()
     adv = advantages.detach().float()
-    log_ratio = (lp - old_logprobs.detach().float()).clamp(-cfg.log_ratio_clamp, cfg.log_ratio_clamp)
+    mask = torch.ones_like(lp) if token_mask is None else token_mask.float()
+    log_ratio = (lp - old_logprobs.detach().float()).clamp(-cfg.log_ratio_clamp, cfg.log_ratio_clamp) * mask
     kl_tok = None
     if ref_logprobs is not None:
         d = (ref_logprobs.detach().float() - lp).clamp(-cfg.log_ratio_clamp, cfg.log_ratio_clamp)
-        kl_tok = torch.exp(d) - d - 1.0
+        kl_tok = (torch.exp(d) - d - 1.0) * mask
 
     if cfg.kind == "grpo":
         lengths = norm.response_lengths.to(lp.device)
-        present = torch.zeros(num_seqs_step, device=lp.device).index_add_(0, seq_ids, torch.ones_like(lp)) > 0
+        present = torch.zeros(num_seqs_step, device=lp.device).index_add_(0, seq_ids, mask) > 0
         per_len = 1.0 / lengths.clamp(min=1.0)
         seq_log_ratio = torch.zeros(num_seqs_step, device=lp.device).index_add(0, seq_ids, log_ratio) * per_len
         ratio = torch.exp(seq_log_ratio)
@@ -159,12 +174,13 @@ def policy_loss(logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, seq_
         if kl_tok is not None:
             kl = (torch.zeros(num_seqs_step, device=lp.device).index_add(0, seq_ids, kl_tok) * per_len).sum()
             kl = kl / norm.denom
-        units, unit_mask, unit_count = ratio, present, max(norm.num_seqs, 1)
+        units, unit_mask = ratio, present
     else:
         ratio = torch.exp(log_ratio)
-        pg = _surrogate_loss(ratio, adv[seq_ids], cfg).sum() / norm.denom
+        pg = (_surrogate_loss(ratio, adv[seq_ids], cfg) * mask).sum() / norm.denom
         kl = kl_tok.sum() / norm.denom if kl_tok is not None else None
-        units, unit_mask, unit_count = ratio, None, max(norm.num_tokens, 1)
+        units, unit_mask = ratio, None if token_mask is None else mask > 0
+    unit_count = norm.unit_count.to(lp.device)
 
     loss = pg if kl is None or cfg.kl_coef == 0 else pg + cfg.kl_coef * kl
     with torch.no_grad():

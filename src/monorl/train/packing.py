@@ -1,8 +1,12 @@
 """Pack rollouts into varlen micro-batches: no padding inside sequences, token counts bucketed.
 
 A micro-batch is a flat run of whole sequences (prompt + completion) laid end to end with
-`cu_seqlens`. Its length is rounded up to one of a few bucket sizes with a filler sequence whose
-tokens carry no loss, so compiled code sees only a handful of shapes.
+`cu_seqlens`. Its length is rounded up to a bucket size (at most 12.5% above it) with filler
+sequences whose tokens carry no loss, so compiled code sees only a handful of shapes.
+
+A *static* pack (`static=True`, for the trainer's CUDA graphs) also rounds every other dimension
+to a bucket -- sequence count (zero-length entries), completion-token rows (masked) and the
+attention's max_seqlen -- so that one captured graph replays any pack of the same `PackShape`.
 """
 
 from __future__ import annotations
@@ -36,6 +40,16 @@ class TrainSequence:
         return len(self.prompt_ids) + len(self.completion_ids)
 
 
+@dataclass(frozen=True)
+class PackShape:
+    """Every size a micro-batch's compiled code and CUDA graph depend on."""
+
+    tokens: int  # T: flat tokens (real + filler)
+    seqs: int  # entries in cu_seqlens - 1 (static packs: padded with zero-length entries)
+    targets: int  # N: completion-token rows (static packs: padded rows have token_mask 0)
+    max_seqlen: int  # the attention's bound on any one sequence's length
+
+
 @dataclass
 class MicroBatch:
     input_ids: Tensor  # [T] (T a bucket size)
@@ -45,15 +59,35 @@ class MicroBatch:
     old_logprobs: Tensor  # [N]
     ref_logprobs: Tensor | None  # [N]
     seq_ids: Tensor  # [N] index of each token's sequence within the step
+    token_mask: Tensor  # [N] fp32, 1 for a real completion token, 0 for a padded row
     num_real_tokens: int
+    num_targets: int  # real completion tokens (rows of token_mask that are 1)
+
+    @property
+    def shape(self) -> PackShape:
+        return PackShape(self.input_ids.numel(), self.ctx.cu_seqlens.numel() - 1, self.targets.numel(),
+                         self.ctx.max_seqlen)
+
+
+def bucket_size(n: int, smallest: int = 16) -> int:
+    """Round n up to a bucket: a multiple of `smallest`, and above 8 * smallest one of 8 steps per power
+    of two, so padding stays within 12.5% (8400 -> 9216) and a run sees few distinct sizes."""
+    if n <= smallest:
+        return smallest
+    step = max(smallest, 1 << ((n.bit_length() - 1) - 3))
+    return -(-n // step) * step
+
+
+def next_pow2(n: int, smallest: int = 1) -> int:
+    return max(smallest, 1 << max(0, n - 1).bit_length())
 
 
 def token_buckets(max_tokens: int, smallest: int = 64) -> tuple[int, ...]:
-    """Powers of two from `smallest` up to `max_tokens` (which is always the last bucket)."""
+    """The bucket sizes (`bucket_size`) from `smallest` up to `max_tokens` (always the last bucket)."""
     out, b = [], smallest
     while b < max_tokens:
         out.append(b)
-        b *= 2
+        b = bucket_size(b + 1, smallest)
     return (*out, max_tokens)
 
 
@@ -78,8 +112,9 @@ def plan_micro_batches(lengths: Sequence[int], max_tokens: int) -> list[list[int
 
 
 def pack(seqs: Sequence[TrainSequence], indices: Sequence[int], buckets: Sequence[int], device: torch.device | str,
-         attn_backend: str = "sdpa", pad_id: int = 0) -> MicroBatch:
-    """Lay out `seqs[indices]` end to end, then pad to the smallest bucket that fits with a filler sequence."""
+         attn_backend: str = "sdpa", pad_id: int = 0, static: bool = False) -> MicroBatch:
+    """Lay out `seqs[indices]` end to end, then pad to the smallest bucket that fits with filler sequences.
+    static: also pad the sequence count, completion rows and max_seqlen to buckets (see `PackShape`)."""
     ids: list[int] = []
     lengths: list[int] = []
     logit_index: list[int] = []
@@ -100,31 +135,44 @@ def pack(seqs: Sequence[TrainSequence], indices: Sequence[int], buckets: Sequenc
         if s.ref_logprobs is not None:
             ref += s.ref_logprobs
         seq_ids += [i] * len(s.completion_ids)
-    real = len(ids)
+    real, num_targets = len(ids), len(targets)
     size = next((b for b in buckets if b >= real), None)
     if size is None:
         raise ValueError(f"{real} tokens do not fit the largest bucket {max(buckets)}")
     # filler sequences: attend only to themselves, carry no loss; no longer than the longest real
-    # sequence, so the padded-batch attention does not grow
-    chunk = max(lengths)
+    # sequence (static: than max_seqlen), so the attention's cost and bound do not grow
+    max_seqlen = min(next_pow2(max(lengths), 16), size) if static else None
+    chunk = max_seqlen or max(lengths)
     for s in range(real, size, chunk):
         lengths.append(min(chunk, size - s))
     ids += [pad_id] * (size - real)
     has_ref = all(seqs[i].ref_logprobs is not None for i in indices)
+    n_rows = num_targets
+    if static:
+        lengths += [0] * (next_pow2(len(lengths), 8) - len(lengths))
+        n_rows = bucket_size(num_targets)
+    pad = n_rows - num_targets  # padded rows: row 0, token 0, sequence indices[0], mask 0
+
+    def rows(values: list, fill, dtype: torch.dtype) -> Tensor:
+        return torch.tensor(values + [fill] * pad, dtype=dtype, device=device)
+
     return MicroBatch(
         input_ids=torch.tensor(ids, dtype=torch.long, device=device),
-        ctx=VarlenContext.from_lengths(lengths, device, attn_backend),
-        logit_index=torch.tensor(logit_index, dtype=torch.long, device=device),
-        targets=torch.tensor(targets, dtype=torch.long, device=device),
-        old_logprobs=torch.tensor(old, dtype=torch.float32, device=device),
-        ref_logprobs=torch.tensor(ref, dtype=torch.float32, device=device) if has_ref else None,
-        seq_ids=torch.tensor(seq_ids, dtype=torch.long, device=device),
+        ctx=VarlenContext.from_lengths(lengths, device, attn_backend, max_seqlen=max_seqlen),
+        logit_index=rows(logit_index, 0, torch.long),
+        targets=rows(targets, 0, torch.long),
+        old_logprobs=rows(old, 0.0, torch.float32),
+        ref_logprobs=rows(ref, 0.0, torch.float32) if has_ref else None,
+        seq_ids=rows(seq_ids, indices[0], torch.long),
+        token_mask=rows([1.0] * num_targets, 0.0, torch.float32),
         num_real_tokens=real,
+        num_targets=num_targets,
     )
 
 
 def make_micro_batches(seqs: Sequence[TrainSequence], max_tokens: int, device: torch.device | str,
-                       attn_backend: str = "sdpa", buckets: Sequence[int] | None = None) -> list[MicroBatch]:
+                       attn_backend: str = "sdpa", buckets: Sequence[int] | None = None,
+                       static: bool = False) -> list[MicroBatch]:
     buckets = tuple(buckets) if buckets else token_buckets(max_tokens)
     plan = plan_micro_batches([len(s) for s in seqs], max_tokens)
-    return [pack(seqs, idx, buckets, device, attn_backend) for idx in plan]
+    return [pack(seqs, idx, buckets, device, attn_backend, static=static) for idx in plan]

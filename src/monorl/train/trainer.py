@@ -3,6 +3,9 @@ backward (accumulated over micro-batches to one step) -> clip -> AdamW -> lr sch
 
 The trainer owns the fp32 master weights and optimizer state; on CUDA the forward runs under bf16
 autocast, so its matmuls see the same bf16-rounded weights the generator holds.
+
+With `cuda_graphs`, packs are static (`packing.pack(static=True)`) and each micro-batch is one replay
+of a graph captured per pack shape (`train.graphs`); without, the same `_accumulate` runs directly.
 """
 
 from __future__ import annotations
@@ -19,7 +22,8 @@ from torch import Tensor
 from monorl.model.logprobs import chunked_token_logprobs
 from monorl.model.qwen3 import Qwen3ForCausalLM
 from monorl.ops import batch_invariant as bi
-from monorl.train.losses import LossConfig, LossNorm, policy_loss
+from monorl.train.graphs import TrainGraphs
+from monorl.train.losses import LossConfig, LossNorm, loss_metric_names, policy_loss
 from monorl.train.optim import lr_factor, make_optimizer
 from monorl.train.packing import MicroBatch, TrainSequence, make_micro_batches
 
@@ -53,14 +57,30 @@ class TrainerConfig:
             raise ValueError(f"trainer.max_grad_norm must be > 0, got {self.max_grad_norm}")
 
 
+_METRIC_SLOTS = 16  # device accumulator: the loss's metrics, then logprob-diff sum and count
+
+
 class Trainer:
     def __init__(self, model: Qwen3ForCausalLM, cfg: TrainerConfig, total_steps: int, attn_backend: str = "sdpa",
-                 ref_model: Qwen3ForCausalLM | None = None) -> None:
+                 ref_model: Qwen3ForCausalLM | None = None, cuda_graphs: bool = False,
+                 static_shapes: bool | None = None) -> None:
+        """cuda_graphs: replay each micro-batch from a graph captured per pack shape (CUDA only; needs the
+        flash backend, whose attention reads no host values). static_shapes: pad packs to bucketed shapes
+        (implied by cuda_graphs; on CPU it runs the graphs' exact computation without capturing)."""
         self.model, self.cfg, self.total_steps = model, cfg, total_steps
         self.attn_backend = attn_backend
         self.ref_model = ref_model
         self.device = next(model.parameters()).device
         params = [p for p in model.parameters() if p.requires_grad]
+        self.static_shapes = cuda_graphs if static_shapes is None else static_shapes
+        use_graphs = cuda_graphs and self.device.type == "cuda" and (attn_backend == "flash" or bi.is_enabled())
+        if cuda_graphs and self.device.type == "cuda" and not use_graphs:
+            log.warning("trainer CUDA graphs need attention backend 'flash' (got %r): running without", attn_backend)
+        self.graphs = TrainGraphs(params, self.device) if use_graphs else None
+        # metric sums stay on the device and cross to the host once per step (a sync per micro-batch would
+        # stall the CPU that queues the next one); fixed buffers, so captured graphs can accumulate into them
+        self._acc = torch.zeros(_METRIC_SLOTS, dtype=torch.float64, device=self.device)
+        self._acc_max = torch.zeros(1, dtype=torch.float32, device=self.device)
         self.optimizer = make_optimizer(params, cfg.lr, cfg.weight_decay, (cfg.beta1, cfg.beta2), cfg.eps)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
             self.optimizer,
@@ -109,23 +129,69 @@ class Trainer:
         else:
             self.optimizer.step()
         self.scheduler.step()
-        self.optimizer.zero_grad(set_to_none=True)
+        self.optimizer.zero_grad(set_to_none=self.graphs is None)  # graphs write into the fixed .grad buffers
         self.step_count += 1
         return grad_norm, lr, skipped
 
-    def warm_up(self, prompt_ids: list[int], num_seqs: int, completion_len: int) -> None:
+    def warm_up(self, prompt_ids: list[int], num_seqs: int, completion_len: int, temperature: float = 1.0) -> None:
         """Compile ahead of the first step: forward+backward on the step's full-size packs (num_seqs
         rollouts of completion_len tokens) and on a smaller one, so Dynamo settles on the shapes it will
-        see; then drop the gradients. Weights and optimizer state are untouched."""
+        see; with CUDA graphs, also capture the full-size pack's graph. Then drop the gradients and metric
+        sums. Weights and optimizer state are untouched."""
         self.model.train()
         comp = (list(prompt_ids) * (completion_len // max(1, len(prompt_ids)) + 1))[:completion_len] or [0]
         # two packs that differ in every size Dynamo sees (tokens, sequences, max_seqlen): it then compiles
         # them as dynamic once, here, instead of recompiling at the first real step
+        full = []
         for n, c in ((num_seqs, comp), (max(1, num_seqs // 4), comp[: max(1, len(comp) // 2)])):
             seqs = [TrainSequence(list(prompt_ids), c, [0.0] * len(c), 1.0) for _ in range(n)]
-            for mb in make_micro_batches(seqs, self.cfg.micro_batch_tokens, self.device, self.attn_backend):
-                self.response_logprobs(self.model, mb, 1.0).sum().backward()
-        self.optimizer.zero_grad(set_to_none=True)
+            norm = LossNorm.for_step(self.cfg.loss, [len(c)] * n, self.device)
+            adv = torch.ones(n, device=self.device)
+            for mb in self._micro_batches(seqs):
+                self._accumulate(mb, norm, adv, temperature)
+                full += [(mb, norm, adv)] if n == num_seqs else []
+        if self.graphs is not None:  # after compiling, so capture time is only capture
+            for mb, norm, adv in full:
+                self._ensure_graph(mb, norm, adv, temperature)
+        self._reset_accumulators()
+
+    def _micro_batches(self, seqs: Sequence[TrainSequence]) -> list[MicroBatch]:
+        return make_micro_batches(seqs, self.cfg.micro_batch_tokens, self.device, self.attn_backend,
+                                  static=self.static_shapes)
+
+    def _reset_accumulators(self) -> None:
+        """Zero the gradients (keeping the fixed buffers while graphs exist) and the metric sums."""
+        self.optimizer.zero_grad(set_to_none=self.graphs is None)
+        self._acc.zero_()
+        self._acc_max.zero_()
+
+    def _accumulate(self, mb: MicroBatch, norm: LossNorm, advantages: Tensor, temperature: float) -> None:
+        """One micro-batch: forward, loss, backward (into .grad), metric sums (into the device buffers).
+        No host sync: this is the body a trainer CUDA graph captures."""
+        logprobs = self.response_logprobs(self.model, mb, temperature)
+        loss, metrics = policy_loss(logprobs, mb.old_logprobs, advantages, mb.seq_ids, self.cfg.loss, norm,
+                                    ref_logprobs=mb.ref_logprobs, token_mask=mb.token_mask)
+        loss.backward()
+        diff = (logprobs.detach() - mb.old_logprobs).abs() * mb.token_mask
+        names = loss_metric_names(mb.ref_logprobs is not None)
+        vals = torch.stack([*(metrics[k] for k in names), diff.sum(), mb.token_mask.sum()]).double()
+        self._acc[: vals.numel()] += vals  # each micro-batch returns its share of the step value
+        torch.maximum(self._acc_max, diff.max().reshape(1), out=self._acc_max)
+
+    def _graph_key(self, mb: MicroBatch, advantages: Tensor, temperature: float) -> tuple:
+        return (mb.shape, advantages.numel(), mb.ref_logprobs is not None, float(temperature))
+
+    def _ensure_graph(self, mb: MicroBatch, norm: LossNorm, advantages: Tensor, temperature: float) -> bool:
+        """Capture the graph for this micro-batch's key if needed; False when no graph will serve it."""
+        assert self.graphs is not None
+        key = self._graph_key(mb, advantages, temperature)
+        if self.graphs.has(key):
+            return True
+        if self.graphs.full():
+            return False
+        self.graphs.capture(key, lambda m, n, a: self._accumulate(m, n, a, temperature), (mb, norm, advantages),
+                            reset=self._reset_accumulators)
+        return True
 
     def sft_step(self, seqs: Sequence[TrainSequence]) -> dict[str, float]:
         """One supervised step: mean negative log-likelihood of the completion tokens (warm start)."""
@@ -148,37 +214,36 @@ class Trainer:
         if self.ref_model is not None and cfg.loss.kl_coef > 0:
             self.ref_logprobs(seqs, temperature)
         self.model.train()
-        norm = LossNorm.for_step(cfg.loss, [len(s.completion_ids) for s in seqs])
+        norm = LossNorm.for_step(cfg.loss, [len(s.completion_ids) for s in seqs], self.device)
         advantages = torch.tensor([s.advantage for s in seqs], dtype=torch.float32, device=self.device)
-        mbs = make_micro_batches(seqs, cfg.micro_batch_tokens, self.device, self.attn_backend)
-        # metrics stay on the device (fp64 sums) and cross to the host once per step: a sync per
-        # micro-batch would stall the CPU that queues the next micro-batch's kernels
-        sums: dict[str, Tensor] = {}
-        diffs: list[Tensor] = []
-        for mb in mbs:
-            if mb.targets.numel() == 0:
-                continue
-            logprobs = self.response_logprobs(self.model, mb, temperature)
-            loss, metrics = policy_loss(logprobs, mb.old_logprobs, advantages, mb.seq_ids, cfg.loss, norm,
-                                        ref_logprobs=mb.ref_logprobs)
-            loss.backward()
-            for k, v in {**metrics, "loss": loss}.items():  # each micro-batch returns its share of the step value
-                v = v.detach().double()
-                sums[k] = sums[k] + v if k in sums else v
-            diffs.append((logprobs.detach() - mb.old_logprobs).abs())
+        mbs = [mb for mb in self._micro_batches(seqs) if mb.num_targets > 0]
+        graphed = [False] * len(mbs)
+        if self.graphs is not None:
+            # capture every new shape first: a capture's warm-up runs accumulate, and are then cleared
+            graphed = [self._ensure_graph(mb, norm, advantages, temperature) for mb in mbs]
+            self.graphs.install_grads()
+        self._acc.zero_()
+        self._acc_max.zero_()
+        for mb, g in zip(mbs, graphed, strict=True):
+            if g:
+                self.graphs.replay(self._graph_key(mb, advantages, temperature), (mb, norm, advantages))
+            else:
+                self._accumulate(mb, norm, advantages, temperature)
+        names = loss_metric_names(bool(mbs) and mbs[0].ref_logprobs is not None)
+        host = self._acc.tolist() + self._acc_max.tolist()  # the step's one metrics sync
         grad_norm, lr, skipped = self._apply_gradients()
-        d = torch.cat(diffs) if diffs else torch.zeros(1, device=self.device)
-        host = dict(zip(sums, torch.stack(list(sums.values())).tolist(), strict=True)) if sums else {}
-        d_mean, d_max = torch.stack([d.mean(), d.max()]).tolist()
+        sums = dict(zip(names, host, strict=False))
+        k = len(names)
+        d_sum, d_count, d_max = host[k], host[k + 1], host[-1]
         out = {
-            "loss": host.get("loss", 0.0),
+            "loss": sums.get("loss", 0.0) if mbs else 0.0,
             "grad_norm": float(grad_norm),
             "lr": lr,
-            "logprob_diff_mean": d_mean,
+            "logprob_diff_mean": d_sum / d_count if d_count else 0.0,
             "logprob_diff_max": d_max,
             "skipped": float(skipped),
             "micro_batches": len(mbs),
             "train_tokens": sum(mb.num_real_tokens for mb in mbs),
         }
-        out.update({k: v for k, v in host.items() if k != "loss"})
+        out.update({k: v for k, v in sums.items() if k != "loss"} if mbs else {})
         return out

@@ -1,0 +1,108 @@
+"""CUDA graphs for the trainer: one graph per static pack shape replays a whole micro-batch --
+forward, log-probs, loss, backward into the gradients, metric sums -- as a single launch.
+
+A compiled trainer step is host-bound (autograd and ~30 compiled regions queue kernels more slowly
+than the GPU runs them); a replayed graph costs one launch. What makes it replayable:
+- static packs (`packing.pack(static=True)`): every size is a bucket, so a `PackShape` recurs;
+- the step's inputs are copied into the graph's own buffers before each replay (`copy_into`);
+- the loss divides by tensors (`LossNorm`), so this step's normalisers are read, not baked in;
+- gradients live in fixed `.grad` buffers that backward accumulates into in place (never set to None
+  while graphs exist); metrics accumulate into a fixed device buffer.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import Tensor
+
+log = logging.getLogger(__name__)
+
+
+def copy_into(dst: Any, src: Any) -> None:
+    """Copy src's tensors into dst's (same structure: dataclasses, tuples, tensors; other values equal)."""
+    if isinstance(dst, Tensor):
+        if dst.shape != src.shape or dst.dtype != src.dtype:
+            raise ValueError(f"static buffer {tuple(dst.shape)} {dst.dtype} vs {tuple(src.shape)} {src.dtype}")
+        dst.copy_(src, non_blocking=True)
+    elif dataclasses.is_dataclass(dst):
+        for f in dataclasses.fields(dst):
+            copy_into(getattr(dst, f.name), getattr(src, f.name))
+    elif isinstance(dst, tuple | list):
+        for d, s in zip(dst, src, strict=True):
+            copy_into(d, s)
+    elif dst != src and not isinstance(dst, int | float):  # ints/floats that differ are host-side counts
+        raise ValueError(f"static value {dst!r} differs from {src!r}")
+
+
+class TrainGraphs:
+    """Captured micro-batch graphs keyed by everything the captured work depends on."""
+
+    def __init__(self, params: list[torch.nn.Parameter], device: torch.device, max_graphs: int = 32) -> None:
+        self.params, self.device, self.max_graphs = params, device, max_graphs
+        self.grads = [torch.zeros_like(p) for p in params]  # fixed gradient buffers the graphs write
+        self.pool = torch.cuda.graph_pool_handle()
+        self.graphs: dict[tuple, tuple[torch.cuda.CUDAGraph, tuple]] = {}
+        self.capture_s = 0.0
+        self.replays = 0
+        self._warned_full = False
+
+    def install_grads(self) -> None:
+        """Point every `.grad` at the fixed buffers (zeroing them if something else had replaced them,
+        e.g. a warm-start optimizer that freed its gradients)."""
+        for p, g in zip(self.params, self.grads, strict=True):
+            if p.grad is not g:
+                g.zero_()
+                p.grad = g
+
+    def has(self, key: tuple) -> bool:
+        return key in self.graphs
+
+    def full(self) -> bool:
+        if len(self.graphs) >= self.max_graphs and not self._warned_full:
+            log.warning("trainer: %d CUDA graphs captured; further pack shapes run without graphs", self.max_graphs)
+            self._warned_full = True
+        return len(self.graphs) >= self.max_graphs
+
+    def capture(self, key: tuple, fn: Callable[..., None], inputs: tuple, reset: Callable[[], None]) -> None:
+        """Warm `fn(*inputs)` up on a side stream (compile, autotune, allocator), capture it with private
+        copies of `inputs` as its static buffers, then `reset()` (clears what the warm-up accumulated)."""
+        t = time.perf_counter()
+        self.install_grads()
+        static = _clone(inputs)
+        stream = torch.cuda.Stream(self.device)
+        stream.wait_stream(torch.cuda.current_stream(self.device))
+        with torch.cuda.stream(stream):
+            for _ in range(2):
+                fn(*static)
+        torch.cuda.current_stream(self.device).wait_stream(stream)
+        torch.cuda.synchronize(self.device)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=self.pool):
+            fn(*static)
+        torch.cuda.synchronize(self.device)
+        reset()
+        self.graphs[key] = (graph, static)
+        self.capture_s += time.perf_counter() - t
+
+    def replay(self, key: tuple, inputs: tuple) -> None:
+        graph, static = self.graphs[key]
+        copy_into(static, inputs)
+        graph.replay()
+        self.replays += 1
+
+
+def _clone(x: Any) -> Any:
+    if isinstance(x, Tensor):
+        return x.clone()
+    if dataclasses.is_dataclass(x) and not isinstance(x, type):
+        return dataclasses.replace(x, **{f.name: _clone(getattr(x, f.name)) for f in dataclasses.fields(x)
+                                         if f.init})
+    if isinstance(x, tuple | list):
+        return type(x)(_clone(v) for v in x)
+    return x

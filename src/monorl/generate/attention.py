@@ -8,14 +8,14 @@ Decode backends:
 - "triton": a paged flash-decode kernel (CUDA, bf16/fp16, power-of-two head_dim), reads only
   `seq_len` keys per sequence; the CUDA-graph path needs it (its cost does not depend on table width).
 
-`attend` is excluded from torch.compile (the cache write mutates a large buffer, and the Triton
-launch is opaque), so regional compile of a TransformerBlock fuses everything around it.
+`attend` is one custom op per context (`monorl::prefill_attention`, `monorl::decode_attention`): the
+compiler sees an opaque call that mutates this layer's cache in place, so a compiled TransformerBlock is
+one graph (no graph break) that fuses everything around it, and the cache is never copied.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -25,11 +25,44 @@ from monorl.model.attention import VarlenContext
 from monorl.ops import batch_invariant as bi
 
 
-def _write_kv(k: Tensor, v: Tensor, cache: tuple[Tensor, Tensor], slots: Tensor) -> None:
-    k_cache, v_cache = cache
-    Hkv, D = k_cache.shape[-2:]
-    k_cache.view(-1, Hkv, D).index_copy_(0, slots, k.to(k_cache.dtype))
-    v_cache.view(-1, Hkv, D).index_copy_(0, slots, v.to(v_cache.dtype))
+def _write_kv(k: Tensor, v: Tensor, cache: Tensor, slots: Tensor) -> None:
+    Hkv, D = cache.shape[-2:]
+    cache[0].view(-1, Hkv, D).index_copy_(0, slots, k.to(cache.dtype))
+    cache[1].view(-1, Hkv, D).index_copy_(0, slots, v.to(cache.dtype))
+
+
+@torch.library.custom_op("monorl::prefill_attention", mutates_args=("cache",))
+def prefill_attention(q: Tensor, k: Tensor, v: Tensor, cache: Tensor, slot_mapping: Tensor, cu_seqlens: Tensor,
+                      positions: Tensor, pad_index: Tensor, valid: Tensor, backend: str) -> Tensor:
+    """Write the prompts' k/v to `slot_mapping`, then varlen causal attention within each prompt.
+    max_seqlen is `valid.shape[1]`: a tensor size, so compiled code sees no Python int to specialise on."""
+    _write_kv(k, v, cache, slot_mapping)
+    varlen = VarlenContext(cu_seqlens, valid.shape[1], positions, pad_index, valid, backend)
+    return varlen.attend(q, k, v).contiguous()
+
+
+@prefill_attention.register_fake
+def _(q, k, v, cache, slot_mapping, cu_seqlens, positions, pad_index, valid, backend):
+    return torch.empty_like(q)
+
+
+@torch.library.custom_op("monorl::decode_attention", mutates_args=("cache",))
+def decode_attention(q: Tensor, k: Tensor, v: Tensor, cache: Tensor, slot_mapping: Tensor, block_tables: Tensor,
+                     seq_lens: Tensor, backend: str) -> Tensor:
+    """Write each sequence's new k/v, then attend over its paged cache (seq_lens include the new token)."""
+    _write_kv(k, v, cache, slot_mapping)
+    if bi.is_enabled():  # same kernel and key-block order as the varlen (prefill / trainer) path
+        out = bi.paged_decode(q, cache[0], cache[1], block_tables, seq_lens)
+    elif backend == "triton":
+        out = paged_decode_triton(q, cache[0], cache[1], block_tables, seq_lens)
+    else:
+        out = paged_decode_torch(q, cache[0], cache[1], block_tables, seq_lens)
+    return out.contiguous()  # the layout the fake (compile-time) output promises
+
+
+@decode_attention.register_fake
+def _(q, k, v, cache, slot_mapping, block_tables, seq_lens, backend):
+    return torch.empty_like(q)
 
 
 @dataclass
@@ -39,10 +72,10 @@ class PrefillContext:
     varlen: VarlenContext
     slot_mapping: Tensor  # int64 [T]
 
-    @torch.compiler.disable
-    def attend(self, q: Tensor, k: Tensor, v: Tensor, cache: Any) -> Tensor:
-        _write_kv(k, v, cache, self.slot_mapping)
-        return self.varlen.attend(q, k, v)
+    def attend(self, q: Tensor, k: Tensor, v: Tensor, cache: Tensor) -> Tensor:
+        c = self.varlen
+        return prefill_attention(q, k, v, cache, self.slot_mapping, c.cu_seqlens, c.positions, c.pad_index, c.valid,
+                                 c.backend)
 
 
 @dataclass
@@ -54,14 +87,8 @@ class DecodeContext:
     slot_mapping: Tensor  # int64 [B]
     backend: str = "torch"
 
-    @torch.compiler.disable
-    def attend(self, q: Tensor, k: Tensor, v: Tensor, cache: Any) -> Tensor:
-        _write_kv(k, v, cache, self.slot_mapping)
-        if bi.is_enabled():  # same kernel and key-block order as the varlen (prefill / trainer) path
-            return bi.paged_decode(q, cache[0], cache[1], self.block_tables, self.seq_lens)
-        if self.backend == "triton":
-            return paged_decode_triton(q, cache[0], cache[1], self.block_tables, self.seq_lens)
-        return paged_decode_torch(q, cache[0], cache[1], self.block_tables, self.seq_lens)
+    def attend(self, q: Tensor, k: Tensor, v: Tensor, cache: Tensor) -> Tensor:
+        return decode_attention(q, k, v, cache, self.slot_mapping, self.block_tables, self.seq_lens, self.backend)
 
 
 def paged_decode_torch(q: Tensor, k_cache: Tensor, v_cache: Tensor, block_tables: Tensor, seq_lens: Tensor) -> Tensor:

@@ -30,8 +30,10 @@ class KVCache:
         self.block_size, self.num_blocks = block_size, num_blocks
         self.kv = torch.zeros(cfg.num_layers, 2, num_blocks, block_size, cfg.num_kv_heads, cfg.head_dim,
                               device=device, dtype=dtype)
-        # Per-layer (k, v) views: what the model hands to the attention context as `cache`.
-        self.layers = [(self.kv[i, 0], self.kv[i, 1]) for i in range(cfg.num_layers)]
+        # One view per layer, [2, blocks, block_size, kv_heads, head_dim]: what the model hands to the
+        # attention context as `cache`. A single tensor (not a k/v pair of views into one storage), so a
+        # compiled block sees one mutated input and updates it in place.
+        self.layers = [self.kv[i] for i in range(cfg.num_layers)]
 
     def copy_blocks(self, src: list[int], dst: list[int]) -> None:
         if src:

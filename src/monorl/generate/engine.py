@@ -22,7 +22,7 @@ from monorl.generate.kv_cache import BlockManager, KVCache, blocks_for, bytes_pe
 from monorl.generate.runner import ModelRunner
 from monorl.generate.sampling import SamplingParams, sequence_key
 from monorl.generate.scheduler import Group, Scheduler, Sequence
-from monorl.model.qwen3 import Qwen3ForCausalLM, build_model
+from monorl.model.qwen3 import Qwen3ForCausalLM, build_model, fuse_projections_
 
 _CPU_DEFAULT_KV_BYTES = 256 << 20
 
@@ -41,6 +41,7 @@ class GeneratorConfig:
     stop_check_interval: int = 1  # decode steps between host-side stop checks (results do not depend on it)
     max_prefill_tokens: int = 8192  # tokens per packed prefill forward (a longer prompt runs alone)
     dtype: torch.dtype | None = None  # None: bf16 on CUDA, the model's dtype elsewhere
+    fuse_projections: bool = True  # one q/k/v and one gate/up GEMM per layer (inference-only models; see __init__)
 
 
 @dataclass
@@ -69,9 +70,13 @@ class Generator:
         if p.dtype == dtype:
             self.model = model  # already what we run: use it as is (no second copy)
         else:  # the generator keeps its own cast copy; refresh it with load_weights_
-            self.model = build_model(cfg, device=device, dtype=dtype, seed=None)
+            self.model = build_model(cfg, device=device, dtype=dtype, seed=None).requires_grad_(False)
             self.load_weights_(model)
         self.model.eval()
+        # Fuse only a model nobody trains (our own copy, or one handed over with requires_grad False everywhere);
+        # before graph capture, since fusing allocates. load_weights_ then writes the fused matrices in place.
+        if config.fuse_projections and not any(q.requires_grad for q in self.model.parameters()):
+            fuse_projections_(self.model)
         self.device, self.dtype = device, dtype
 
         if eos_token_ids:
@@ -234,10 +239,14 @@ class Generator:
             for g, row in zip(groups, logits, strict=True):
                 g.last_logits = row
         self.kv.copy_blocks([c[0] for c in copies], [c[1] for c in copies])
-        rows = torch.stack([s.group.last_logits for s in seqs])
-        keys = torch.tensor([s.key for s in seqs], dtype=torch.int64, device=self.device)
-        positions = torch.tensor([s.prompt_len for s in seqs], dtype=torch.int64, device=self.device)
+        # At least 2 rows (the one row repeated): Dynamo specialises a size-1 dimension, so one row would
+        # compile the sampler a second time. Rows are sampled independently; the extra one is dropped.
+        pad = [seqs[0]] if len(seqs) == 1 else []
+        rows = torch.stack([s.group.last_logits for s in seqs + pad])
+        keys = torch.tensor([s.key for s in seqs + pad], dtype=torch.int64, device=self.device)
+        positions = torch.tensor([s.prompt_len for s in seqs + pad], dtype=torch.int64, device=self.device)
         first, first_lp = runner.sample_fn(rows, keys, positions, sampling)
+        first, first_lp = first[:len(seqs)], first_lp[:len(seqs)]
         for s in seqs:
             sched.release_group_if_done(s.group)
         first_host, lp_host = first.tolist(), first_lp.tolist()

@@ -24,8 +24,12 @@ from monorl.model.qwen3 import Qwen3ForCausalLM
 
 
 def graph_buckets(max_num_seqs: int) -> list[int]:
-    small = [b for b in (1, 2, 4, 8, 16, 24, 32) if b < max_num_seqs]
-    return small + list(range(48, max_num_seqs, 16)) + [max_num_seqs]
+    """Decode batch sizes on CUDA (graph and eager). The smallest is 2, even for max_num_seqs 1: Dynamo
+    specialises a dimension of size 1, so a bucket of 1 would compile every block and the sampler once more.
+    A single live sequence runs in the bucket of 2; its padded row writes to the scratch block."""
+    top = max(2, max_num_seqs)
+    small = [b for b in (2, 4, 8, 16, 24, 32) if b < top]
+    return small + list(range(48, top, 16)) + [top]
 
 
 class ModelRunner:
@@ -39,7 +43,8 @@ class ModelRunner:
         self.decode_backend = decode_backend
         self.prefill_backend = resolve_backend("auto", self.device, kv.kv.dtype)
         self.ring_size = ring_size
-        dev, S = self.device, max_num_seqs
+        self.buckets = graph_buckets(max_num_seqs)
+        dev, S = self.device, self.buckets[-1]  # slot state rows: the largest bucket (>= max_num_seqs)
         self.tok = torch.zeros(S, dtype=torch.int64, device=dev)
         self.pos = torch.zeros(S, dtype=torch.int64, device=dev)
         self.keys = torch.zeros(S, dtype=torch.int64, device=dev)
@@ -48,7 +53,6 @@ class ModelRunner:
         self.ring_lp = torch.zeros(ring_size + 1, S, dtype=torch.float32, device=dev)
         self.ring_idx = torch.zeros(1, dtype=torch.int64, device=dev)
         self.use_graphs = cuda_graphs and self.device.type == "cuda"
-        self.buckets = graph_buckets(max_num_seqs)
         # one set of graphs per sampler configuration (e.g. greedy validation and sampled rollouts), kept
         # so that alternating between them does not re-capture
         self.graph_sets: dict[tuple, dict[int, torch.cuda.CUDAGraph]] = {}

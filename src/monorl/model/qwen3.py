@@ -59,7 +59,89 @@ def apply_rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
     return x * cos[:, None, :] + rotated * sin[:, None, :]
 
 
-class Attention(nn.Module):
+class FusableProjections(nn.Module):
+    """Base of `Attention` and `MLP`: bias-free Linear projections of one input (`_fusable`, in row order)
+    whose weights may share one matrix, `fused_weight` [sum of their out_features, in_features].
+
+    `fused_weight` is a non-persistent buffer, None until `fuse_()` (see `fuse_projections_`): never in
+    `named_parameters()` or `state_dict()`. Once fused, the projections' Parameters are row-slice views of
+    it, so they keep their HF names and shapes and an in-place copy into them (`Generator.load_weights_`,
+    `load_state_dict`, an optimizer step) writes the fused matrix; forward then runs one GEMM and splits it.
+    Anything that re-allocates the Parameters (`.to()`, `load_state_dict(assign=True)`, deepcopy, pickle)
+    re-fuses, so the two never drift apart. The unfused per-projection path runs when no fused matrix is
+    set, in batch-invariant mode (its bitwise guarantee must not depend on GEMM shapes), and when autograd
+    is recording for trainable weights (the fused buffer would carry no gradient to them).
+    """
+
+    _fusable: tuple[str, ...] = ()
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.register_buffer("fused_weight", None, persistent=False)
+        self.register_load_state_dict_post_hook(_refuse_after_load)
+
+    def _projections(self) -> list[Linear]:
+        return [getattr(self, n) for n in self._fusable]
+
+    def is_fused(self) -> bool:
+        """True when `fused_weight` is set and every projection's weight is its row-slice view."""
+        f = self.fused_weight
+        if f is None:
+            return False
+        row = 0
+        for lin in self._projections():
+            w, view = lin.weight, f[row:row + lin.weight.shape[0]]
+            if (w.device, w.dtype, w.shape, w.stride(), w.data_ptr()) != (
+                    view.device, view.dtype, view.shape, view.stride(), view.data_ptr()):
+                return False
+            row += w.shape[0]
+        return row == f.shape[0]
+
+    @torch.no_grad()
+    def fuse_(self) -> None:
+        """Allocate the fused matrix, copy the projections' weights into its rows and re-point each
+        Parameter's `.data` at its row slice. No-op when already fused."""
+        if self.is_fused():
+            return
+        lins = self._projections()
+        fused = torch.cat([lin.weight.detach() for lin in lins])  # one new contiguous allocation
+        row = 0
+        for lin in lins:
+            n = lin.weight.shape[0]
+            lin.weight.data = fused[row:row + n]
+            row += n
+        self.fused_weight = fused
+
+    def _project(self, x: Tensor) -> list[Tensor]:
+        """Each projection of x: one GEMM over the fused matrix (split by columns), or one per projection."""
+        lins = self._projections()
+        f = self.fused_weight
+        if f is None or bi.is_enabled() or (torch.is_grad_enabled() and lins[0].weight.requires_grad):
+            return [lin(x) for lin in lins]
+        return list(F.linear(x, f).split([lin.out_features for lin in lins], dim=-1))
+
+    def _apply(self, fn, recurse=True):  # .to(), .cuda(), .half(), to_empty(): converted views become copies
+        super()._apply(fn, recurse)
+        if self.fused_weight is not None:
+            self.fuse_()  # a no-op when fn returned the same tensors (e.g. .to() the current device)
+        return self
+
+    def __setstate__(self, state: dict[str, Any]) -> None:  # deepcopy / pickle clone Parameters apart
+        super().__setstate__(state)
+        if self.fused_weight is not None:
+            self.fuse_()
+
+
+def _refuse_after_load(module: FusableProjections, incompatible_keys: Any) -> None:
+    """load_state_dict post-hook (a module-level function, so modules stay picklable): after
+    `assign=True` the Parameters are new tensors; copy-loading kept the views and this is a no-op."""
+    if module.fused_weight is not None:
+        module.fuse_()
+
+
+class Attention(FusableProjections):
+    _fusable = ("q_proj", "k_proj", "v_proj")
+
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
         self.num_heads, self.num_kv_heads, self.head_dim = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
@@ -72,16 +154,19 @@ class Attention(nn.Module):
 
     def forward(self, x: Tensor, cos: Tensor, sin: Tensor, ctx: AttentionContext, cache: Any) -> Tensor:
         T = x.shape[0]
-        q = self.q_norm(self.q_proj(x).view(T, self.num_heads, self.head_dim))
-        k = self.k_norm(self.k_proj(x).view(T, self.num_kv_heads, self.head_dim))
-        v = self.v_proj(x).view(T, self.num_kv_heads, self.head_dim)
+        q, k, v = self._project(x)  # fused: column slices of one GEMM output (v stays a strided view)
+        q = self.q_norm(q.view(T, self.num_heads, self.head_dim))
+        k = self.k_norm(k.view(T, self.num_kv_heads, self.head_dim))
+        v = v.view(T, self.num_kv_heads, self.head_dim)
         # under autocast the fp32 norm weights promote q/k to fp32; attention runs in the projections' dtype
         q, k = apply_rope(q, cos, sin).to(v.dtype), apply_rope(k, cos, sin).to(v.dtype)
         o = ctx.attend(q, k, v, cache)
         return self.o_proj(o.flatten(1))  # no Python int crosses the graph break around attend
 
 
-class MLP(nn.Module):
+class MLP(FusableProjections):
+    _fusable = ("gate_proj", "up_proj")
+
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
         self.gate_proj = Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
@@ -89,7 +174,8 @@ class MLP(nn.Module):
         self.down_proj = Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
 
     def forward(self, x: Tensor) -> Tensor:
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        gate, up = self._project(x)
+        return self.down_proj(F.silu(gate) * up)
 
 
 class TransformerBlock(nn.Module):
@@ -182,4 +268,15 @@ def build_model(cfg: ModelConfig, device: torch.device | str = "cpu", dtype: tor
     model = model.to_empty(device=device).to(dtype)
     if seed is not None:
         model.init_weights(seed)
+    return model
+
+
+def fuse_projections_(model: nn.Module) -> nn.Module:
+    """Fuse q/k/v and gate/up of every layer in place (see `FusableProjections`): 4 projection GEMMs per
+    layer instead of 7. Parameter names, shapes and values are unchanged; idempotent.
+    For inference copies (the generator's): the fused matrices are new allocations, so call this before
+    capturing CUDA graphs, never after."""
+    for m in model.modules():
+        if isinstance(m, FusableProjections):
+            m.fuse_()
     return model

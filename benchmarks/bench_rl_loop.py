@@ -30,11 +30,12 @@ from pathlib import Path
 BASE = ["--preset", "qwen3_0_6b_sum_digits", "--model.random_init", "true", "--rollout.ignore_eos", "true",
         "--checkpoint.final", "false"]
 
+NO_TRAINER_GRAPHS = ["--compile.trainer_cuda_graphs", "false"]
 COLUMNS = {
-    "eager": (["--compile.backend", "none", "--compile.decode_cuda_graphs", "false"], "eager"),
-    "compiled_gen": (["--compile.backend", "inductor", "--compile.trainer", "false"], "gen"),
-    "compiled_all": (["--compile.backend", "inductor"], "all"),
-    "compiled_all_warm": (["--compile.backend", "inductor"], "all"),  # same cache dir: warm
+    "eager": (["--compile.backend", "none", "--compile.decode_cuda_graphs", "false", *NO_TRAINER_GRAPHS], "eager"),
+    "compiled_gen": (["--compile.backend", "inductor", "--compile.trainer", "false", *NO_TRAINER_GRAPHS], "gen"),
+    "compiled_all": (["--compile.backend", "inductor", *NO_TRAINER_GRAPHS], "all"),
+    "compiled_all_warm": (["--compile.backend", "inductor", *NO_TRAINER_GRAPHS], "all"),  # same cache dir: warm
     "graphs": (["--compile.backend", "inductor", "--compile.trainer_cuda_graphs", "true"], "graphs"),
     "graphs_warm": (["--compile.backend", "inductor", "--compile.trainer_cuda_graphs", "true"], "graphs"),
 }

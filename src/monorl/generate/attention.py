@@ -72,6 +72,9 @@ class PrefillContext:
     varlen: VarlenContext
     slot_mapping: Tensor  # int64 [T]
 
+    def __post_init__(self) -> None:
+        torch._dynamo.maybe_mark_dynamic(self.slot_mapping, 0)  # prompt tokens vary: one dynamic compile
+
     def attend(self, q: Tensor, k: Tensor, v: Tensor, cache: Tensor) -> Tensor:
         c = self.varlen
         return prefill_attention(q, k, v, cache, self.slot_mapping, c.cu_seqlens, c.positions, c.pad_index, c.valid,
@@ -86,6 +89,12 @@ class DecodeContext:
     seq_lens: Tensor  # int32 [B]
     slot_mapping: Tensor  # int64 [B]
     backend: str = "torch"
+
+    def __post_init__(self) -> None:
+        # batch buckets (and, eager, table widths) vary: compile once for any, not once static then dynamic
+        for t in (self.block_tables, self.seq_lens, self.slot_mapping):
+            for d in range(t.dim()):
+                torch._dynamo.maybe_mark_dynamic(t, d)
 
     def attend(self, q: Tensor, k: Tensor, v: Tensor, cache: Tensor) -> Tensor:
         return decode_attention(q, k, v, cache, self.slot_mapping, self.block_tables, self.seq_lens, self.backend)

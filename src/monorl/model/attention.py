@@ -81,7 +81,7 @@ def _varlen_api() -> tuple[bool, bool]:
     return "window_size" in params, "enable_gqa" in params
 
 
-def flash_varlen(q: Tensor, k: Tensor, v: Tensor, cu_seqlens: Tensor, max_seqlen: int) -> Tensor:
+def flash_varlen(q: Tensor, k: Tensor, v: Tensor, cu_seqlens: Tensor, max_seqlen: int | torch.SymInt) -> Tensor:
     from torch.nn.attention.varlen import varlen_attn
 
     has_window, has_gqa = _VARLEN_API if _VARLEN_API is not None else _varlen_api()
@@ -148,5 +148,6 @@ class VarlenContext:
         if bi.is_enabled():  # the same kernel (and key-block order) as the generator's invariant decode
             return bi.varlen_attention(q, k, v, self.positions, self.cu_seqlens)
         if self.backend == "flash":
-            return flash_varlen(q, k, v, self.cu_seqlens, self.max_seqlen)
+            # max_seqlen as a tensor size, not the Python int: compiled code then never specialises on it
+            return flash_varlen(q, k, v, self.cu_seqlens, self.valid.shape[1])
         return sdpa_varlen(q, k, v, self.pad_index, self.valid)

@@ -170,8 +170,11 @@ class GRPORun:
         t = time.perf_counter()
         text = self.task.render(self.val_prompts[0], self.tokenizer) if self.val_prompts else "warm up"
         prompt = self.tokenizer.encode(text)
+        # two prompts of different lengths: Dynamo specialises a dimension of size 1 (one prompt), which
+        # would cost a recompile at the first real prefill
+        prompts = [prompt, prompt[: max(2, len(prompt) - 3)]]
         for sp in (self.sampling(0), SamplingParams(max_new_tokens=4, temperature=0.0)):
-            self.generator.generate([prompt], dataclasses.replace(sp, max_new_tokens=4), n=2)
+            self.generator.generate(prompts, dataclasses.replace(sp, max_new_tokens=4), n=2)
         if self.device.type == "cuda":
             torch.cuda.synchronize()
         gen_s = time.perf_counter() - t

@@ -16,3 +16,15 @@ m.init_weights(0)
 torch.cuda.synchronize()
 t3 = time.perf_counter()
 print(f"cuda init {t1 - t:.2f}s | build (meta -> cuda) {t2 - t1:.2f}s | init_weights {t3 - t2:.2f}s")
+
+import cProfile  # noqa: E402
+import pstats  # noqa: E402
+
+del m
+torch.cuda.empty_cache()
+prof = cProfile.Profile()
+prof.enable()
+m = build_model(model_shape("qwen3-0.6b"), "cuda", torch.float32, seed=None)
+torch.cuda.synchronize()
+prof.disable()
+pstats.Stats(prof).sort_stats("cumulative").print_stats(14)

@@ -64,18 +64,18 @@ class Trainer:
     def __init__(self, model: Qwen3ForCausalLM, cfg: TrainerConfig, total_steps: int, attn_backend: str = "sdpa",
                  ref_model: Qwen3ForCausalLM | None = None, cuda_graphs: bool = False,
                  static_shapes: bool | None = None) -> None:
-        """cuda_graphs: replay each micro-batch from a graph captured per pack shape (CUDA only; needs the
-        flash backend, whose attention reads no host values). static_shapes: pad packs to bucketed shapes
-        (implied by cuda_graphs; on CPU it runs the graphs' exact computation without capturing)."""
+        """cuda_graphs: replay each micro-batch from a graph captured per pack shape (CUDA with the flash
+        backend, whose attention reads no host values; ignored elsewhere). static_shapes: pad packs to
+        bucketed shapes (default: when graphs are used; set on CPU, it runs the graphs' exact computation)."""
         self.model, self.cfg, self.total_steps = model, cfg, total_steps
         self.attn_backend = attn_backend
         self.ref_model = ref_model
         self.device = next(model.parameters()).device
         params = [p for p in model.parameters() if p.requires_grad]
-        self.static_shapes = cuda_graphs if static_shapes is None else static_shapes
         use_graphs = cuda_graphs and self.device.type == "cuda" and (attn_backend == "flash" or bi.is_enabled())
         if cuda_graphs and self.device.type == "cuda" and not use_graphs:
             log.warning("trainer CUDA graphs need attention backend 'flash' (got %r): running without", attn_backend)
+        self.static_shapes = use_graphs if static_shapes is None else static_shapes
         self.graphs = TrainGraphs(params, self.device) if use_graphs else None
         # metric sums stay on the device and cross to the host once per step (a sync per micro-batch would
         # stall the CPU that queues the next one); fixed buffers, so captured graphs can accumulate into them

@@ -14,9 +14,9 @@ from monorl.generate import Generator, GeneratorConfig, SamplingParams
 from monorl.generate.runner import graph_buckets
 from monorl.model.attention import VarlenContext
 from monorl.model.config import model_shape
-from monorl.model.logprobs import token_logprobs
 from monorl.model.qwen3 import FusableProjections, build_model, fuse_projections_
 from monorl.ops.batch_invariant import batch_invariant_mode
+from tests.test_generate_gpu import _full_forward_logprobs
 
 FUSED_PARAMS = ("q_proj", "k_proj", "v_proj", "gate_proj", "up_proj")
 
@@ -205,14 +205,6 @@ def test_decode_buckets_start_at_two():
 
 
 # ---- GPU ----------------------------------------------------------------------------------------------
-
-def _full_forward_logprobs(model, prompt: list[int], completion: list[int], temperature: float) -> torch.Tensor:
-    ids = torch.tensor(prompt + completion, device="cuda")
-    ctx = VarlenContext.from_lengths([len(ids)], "cuda")
-    with torch.no_grad(), torch.compiler.set_stance("force_eager"):
-        logits = model.compute_logits(model(ids, ctx.positions, ctx))[len(prompt) - 1:-1]
-    return token_logprobs(logits, torch.tensor(completion, device="cuda"), temperature).cpu()
-
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("compile", [False, True])

@@ -181,17 +181,17 @@ class Trainer:
     def _graph_key(self, mb: MicroBatch, advantages: Tensor, temperature: float) -> tuple:
         return (mb.shape, advantages.numel(), mb.ref_logprobs is not None, float(temperature))
 
-    def _ensure_graph(self, mb: MicroBatch, norm: LossNorm, advantages: Tensor, temperature: float) -> bool:
-        """Capture the graph for this micro-batch's key if needed; False when no graph will serve it."""
+    def _ensure_graph(self, mb: MicroBatch, norm: LossNorm, advantages: Tensor, temperature: float) -> tuple | None:
+        """Capture the graph for this micro-batch's key if needed; its key, or None when no graph serves it."""
         assert self.graphs is not None
         key = self._graph_key(mb, advantages, temperature)
         if self.graphs.has(key):
-            return True
+            return key
         if self.graphs.full():
-            return False
+            return None
         self.graphs.capture(key, lambda m, n, a: self._accumulate(m, n, a, temperature), (mb, norm, advantages),
                             reset=self._reset_accumulators)
-        return True
+        return key
 
     def sft_step(self, seqs: Sequence[TrainSequence]) -> dict[str, float]:
         """One supervised step: mean negative log-likelihood of the completion tokens (warm start)."""
@@ -217,16 +217,16 @@ class Trainer:
         norm = LossNorm.for_step(cfg.loss, [len(s.completion_ids) for s in seqs], self.device)
         advantages = torch.tensor([s.advantage for s in seqs], dtype=torch.float32, device=self.device)
         mbs = [mb for mb in self._micro_batches(seqs) if mb.num_targets > 0]
-        graphed = [False] * len(mbs)
+        keys: list[tuple | None] = [None] * len(mbs)
         if self.graphs is not None:
             # capture every new shape first: a capture's warm-up runs accumulate, and are then cleared
-            graphed = [self._ensure_graph(mb, norm, advantages, temperature) for mb in mbs]
+            keys = [self._ensure_graph(mb, norm, advantages, temperature) for mb in mbs]
             self.graphs.install_grads()
         self._acc.zero_()
         self._acc_max.zero_()
-        for mb, g in zip(mbs, graphed, strict=True):
-            if g:
-                self.graphs.replay(self._graph_key(mb, advantages, temperature), (mb, norm, advantages))
+        for mb, key in zip(mbs, keys, strict=True):
+            if key is not None:
+                self.graphs.replay(key, (mb, norm, advantages))
             else:
                 self._accumulate(mb, norm, advantages, temperature)
         names = loss_metric_names(bool(mbs) and mbs[0].ref_logprobs is not None)

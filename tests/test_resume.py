@@ -56,6 +56,9 @@ OVERRIDES = {
     "warm_start.steps": "1", "warm_start.batch_size": "4", "validation.num_prompts": "2",
     "validation.max_new_tokens": "4", "rollout.prompts_per_step": "2", "rollout.group_size": "4",
     "rollout.max_new_tokens": "6", "checkpoint.every": "1", "checkpoint.keep_last": "3", "samples_per_step": "8",
+    # a new task.name drops the preset's task args: the tiny preset's short prompts, given explicitly
+    "task.args.min_numbers": "2", "task.args.max_numbers": "2", "task.args.min_digits": "1",
+    "task.args.max_digits": "1", "task.args.instructions": "false", "task.args.solution_style": "mixed",
 }
 
 

@@ -1,5 +1,4 @@
 import json
-import logging
 import random
 import sys
 from itertools import islice
@@ -7,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from monorl.tasks import Gsm8kTask, Prompt, SumDigitsTask, Task, load_task, safe_reward
+from monorl.tasks import Gsm8kTask, Prompt, SumDigitsTask, Task, TaskError, load_task, safe_reward
 from monorl.tasks.answers import extract_boxed, extract_number, find_numbers, numbers_equal, parse_number
 from monorl.tasks.gsm8k import gold_answer, load_records
 from monorl.tasks.sum_digits import INSTRUCTIONS
@@ -221,14 +220,13 @@ class Flaky(Task):
     ({"a": 1.0}, "components"),
     ({"a": 1.0, "b": "x"}, "could not convert"),
 ])
-def test_safe_reward_bad(out, why, caplog):
-    with caplog.at_level(logging.WARNING):
-        assert safe_reward(Flaky(out), Prompt("q", 1), "c") == {"a": 0.0, "b": 0.0}
-    assert "flaky" in caplog.text and why in caplog.text
+def test_safe_reward_bad(out, why):
+    scores, error = safe_reward(Flaky(out), Prompt("q", 1), "c")
+    assert scores == {"a": 0.0, "b": 0.0} and why in error
 
 
 def test_safe_reward_good():
-    assert safe_reward(Flaky({"a": 1, "b": 0.5}), Prompt("q", 1), "c") == {"a": 1.0, "b": 0.5}
+    assert safe_reward(Flaky({"a": 1, "b": 0.5}), Prompt("q", 1), "c") == ({"a": 1.0, "b": 0.5}, None)
 
 
 # -- load_task --------------------------------------------------------------------------------------------------
@@ -261,23 +259,30 @@ def test_load_task(tmp_path, monkeypatch):
     assert load_task(f"{tmp_path / 'my_user_tasks.py'}:factory").name == "sum_digits"
     with pytest.raises(ValueError, match="unknown task 'sum_digit'.*gsm8k"):
         load_task("sum_digit")
-    with pytest.raises(ImportError, match="no_such_module_xyz"):
+    with pytest.raises(TaskError, match="no_such_module_xyz"):
         load_task("no_such_module_xyz:Task")
-    with pytest.raises(AttributeError, match="missing"):
+    with pytest.raises(TaskError, match="missing"):
         load_task("my_user_tasks:missing")
-    with pytest.raises(TypeError, match="not a monorl.tasks.Task subclass"):
+    with pytest.raises(TaskError, match="not a monorl.tasks.Task subclass"):
         load_task("my_user_tasks:NotATask")
-    with pytest.raises(TypeError, match="returned int"):
+    with pytest.raises(TaskError, match="returned int"):
         load_task("my_user_tasks:bad_factory")
-    with pytest.raises(TypeError, match="expected a Task"):
+    with pytest.raises(TaskError, match="expected a Task"):
         load_task("my_user_tasks:not_a_task")
-    with pytest.raises(TypeError, match="takes no arguments"):
+    with pytest.raises(TaskError, match="takes no arguments"):
         load_task("my_user_tasks:instance", val_size=3)
-    with pytest.raises(FileNotFoundError):
+    with pytest.raises(TaskError, match="no such file"):
         load_task(f"{tmp_path / 'nope.py'}:x")
     (tmp_path / "broken_tasks.py").write_text("raise RuntimeError('broken on import')\n")
-    with pytest.raises(ImportError, match="broken on import"):
+    with pytest.raises(TaskError, match="broken on import"):
         load_task("broken_tasks:x")
+    (tmp_path / "syntax_tasks.py").write_text("def f(:\n")
+    with pytest.raises(TaskError, match="SyntaxError"):
+        load_task("syntax_tasks:f")
+    with pytest.raises(TaskError, match=r"no argument 'max_digit'.*its arguments: .*max_digits"):
+        load_task("sum_digits", max_digit=3)
+    with pytest.raises(TaskError, match="no argument 'nope'"):
+        load_task("my_user_tasks:Cls", nope=1)
 
 
 # -- gsm8k: file handling on small synthetic files ----------------------------------------------------------------

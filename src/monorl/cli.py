@@ -101,7 +101,8 @@ def cmd_generate(argv: list[str]) -> int:
     known, rest = p.parse_known_args(argv)
     cfg = _resolve(rest)
     device = resolve_device(cfg.device)
-    model, tok = load_policy(cfg, device)
+    model, tok, source = load_policy(cfg, device)
+    print(f"model: {source}", file=sys.stderr)
     if device.type == "cuda":
         model = model.to(torch.bfloat16)
     gen = Generator(model.eval().requires_grad_(False), cfg.generator, tokenizer=tok,
@@ -145,6 +146,9 @@ def main(argv: list[str] | None = None) -> int:
     except (ValueError, FileNotFoundError) as e:  # configuration / input errors: one clear line, no traceback
         print(f"monorl: error: {e}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt as e:  # Ctrl-C: where the run stands (the loop fills this in), no traceback
+        print(f"\nmonorl: {e or 'interrupted'}", file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":

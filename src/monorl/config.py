@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import types
 import typing
 from dataclasses import dataclass, field
@@ -17,9 +18,9 @@ from monorl.train.trainer import TrainerConfig
 
 @dataclass
 class ModelSection:
-    path: str | None = None  # HF checkpoint directory (config.json + safetensors + tokenizer files)
-    shape: str = "tiny"  # named shape (monorl.model.config.MODEL_SHAPES) used when there is no path
-    random_init: bool = False  # random weights of `shape` (or of path's config.json) instead of loading
+    path: str | None = None  # HF checkpoint directory (config.json + safetensors + tokenizer.json): its weights
+    shape: str | None = None  # without a path: random weights of this named shape (monorl.model.config.MODEL_SHAPES)
+    random_init: bool = False  # with a path: random weights of its config.json instead of its weights
     init_seed: int = 0
     attn_backend: str = "auto"  # auto | sdpa | flash
 
@@ -45,10 +46,12 @@ class RolloutSection:
         for k in ("prompts_per_step", "group_size", "max_new_tokens"):
             if getattr(self, k) < 1:
                 raise ValueError(f"rollout.{k} must be >= 1, got {getattr(self, k)}")
-        if self.temperature <= 0:
-            raise ValueError(f"rollout.temperature must be > 0 for RL sampling, got {self.temperature}")
+        if not (self.temperature > 0 and math.isfinite(self.temperature)):
+            raise ValueError(f"rollout.temperature must be a finite number > 0 for RL sampling, got {self.temperature}")
         if not 0 < self.top_p <= 1:
             raise ValueError(f"rollout.top_p must be in (0, 1], got {self.top_p}")
+        if self.top_k < 0:
+            raise ValueError(f"rollout.top_k must be >= 0 (0 = off), got {self.top_k}")
 
 
 @dataclass
@@ -59,6 +62,8 @@ class ValidationSection:
     def __post_init__(self) -> None:
         if self.num_prompts < 0:
             raise ValueError(f"validation.num_prompts must be >= 0, got {self.num_prompts}")
+        if self.max_new_tokens is not None and self.max_new_tokens < 1:
+            raise ValueError(f"validation.max_new_tokens must be >= 1 (or none), got {self.max_new_tokens}")
 
 
 @dataclass
@@ -107,6 +112,11 @@ class RunConfig:
     def __post_init__(self) -> None:
         if self.steps < 0:
             raise ValueError(f"steps must be >= 0, got {self.steps}")
+        # every loss here scores a completion against its group (advantage = reward - group mean): with one
+        # completion per prompt every advantage is 0 and nothing is learned (TRL refuses it too)
+        if self.rollout.group_size < 2:
+            raise ValueError(f"rollout.group_size must be >= 2: loss {self.trainer.loss.kind!r} uses the group "
+                             f"mean as baseline, so a group of {self.rollout.group_size} has zero advantage")
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -118,7 +128,7 @@ def _tiny() -> RunConfig:
     reward accepts; GRPO then has to find the rewarded format and sharpen the arithmetic."""
     return RunConfig(
         preset="tiny", seed=0, steps=30, samples_per_step=4,
-        model=ModelSection(shape="tiny", random_init=True),
+        model=ModelSection(shape="tiny"),
         task=TaskSection(name="sum_digits", args={"min_numbers": 2, "max_numbers": 2, "min_digits": 1, "max_digits": 1,
                                                   "instructions": False, "solution_style": "mixed"}),
         rollout=RolloutSection(prompts_per_step=8, group_size=8, max_new_tokens=20, temperature=1.0, top_p=1.0),
@@ -135,7 +145,7 @@ def _qwen3_0_6b_sum_digits() -> RunConfig:
     lr 2e-6 with 2 warmup steps then linear decay, 20 validation prompts."""
     return RunConfig(
         preset="qwen3_0_6b_sum_digits", steps=10,
-        model=ModelSection(shape="qwen3-0.6b"),
+        model=ModelSection(),  # --model.path DIR (or --model.shape qwen3-0.6b: random weights, for benchmarks)
         task=TaskSection(name="sum_digits"),
         rollout=RolloutSection(prompts_per_step=5, group_size=8, max_new_tokens=100, temperature=0.8, top_p=0.95,
                                advantage_std_norm=False),
@@ -201,9 +211,12 @@ def _parse_value(raw: str, tp: Any, key: str) -> Any:
         raise ValueError(f"bad value {raw!r} for --{key}: expected true/false")
     if tp in (int, float):
         try:
-            return tp(raw)
+            v = tp(raw)
         except ValueError:
             raise ValueError(f"bad value {raw!r} for --{key}: expected {tp.__name__}") from None
+        if not math.isfinite(v):  # nan / inf pass every `x > 0` check and poison the run silently
+            raise ValueError(f"bad value {raw!r} for --{key}: expected a finite number")
+        return v
     if tp is str:
         return raw
     if origin is tuple:
@@ -235,7 +248,11 @@ def _fields(obj: Any) -> dict[str, Any]:
 
 
 def apply_overrides(cfg: RunConfig, overrides: dict[str, str]) -> RunConfig:
-    """Set dotted keys (`trainer.lr` -> cfg.trainer.lr). Unknown keys and bad values raise ValueError."""
+    """Set dotted keys (`trainer.lr` -> cfg.trainer.lr). Unknown keys and bad values raise ValueError.
+    Switching `task.name` drops the preset's task args (they belong to the other task); `task.args.*`
+    overrides then apply to the new task, in whatever order they were given."""
+    if "task.name" in overrides and overrides["task.name"] != cfg.task.name:
+        cfg.task.name, cfg.task.args = overrides["task.name"], {}
     for key, raw in overrides.items():
         parts = key.split(".")
         obj: Any = cfg

@@ -21,22 +21,23 @@ from monorl.config import RunConfig
 from monorl.generate.engine import Generator
 from monorl.generate.sampling import SamplingParams
 from monorl.model.attention import resolve_backend
-from monorl.model.checkpoint import load_checkpoint, save_checkpoint
-from monorl.model.config import ModelConfig, model_shape
+from monorl.model.checkpoint import load_checkpoint, load_config, save_checkpoint
+from monorl.model.config import MODEL_SHAPES, model_shape
 from monorl.model.qwen3 import Qwen3ForCausalLM, build_model
-from monorl.model.tokenizer import CharTokenizer, load_tokenizer
+from monorl.model.tokenizer import TOKENIZER_FILE, CharTokenizer, load_tokenizer
 from monorl.ops.batch_invariant import set_batch_invariant
 from monorl.rl.checkpointing import (
     PromptStream,
     find_checkpoint,
     load_training_checkpoint,
     save_training_checkpoint,
+    step_checkpoints,
     truncate_jsonl,
 )
 from monorl.rl.rollouts import Rollout, assign_advantages, generate_rollouts
 from monorl.rl.run_dir import RunDir
 from monorl.tasks import load_task
-from monorl.tasks.base import Task
+from monorl.tasks.base import RewardError, Task
 from monorl.train.packing import TrainSequence
 from monorl.train.trainer import Trainer, TrainerConfig
 
@@ -52,29 +53,36 @@ def resolve_device(name: str) -> torch.device:
     return dev
 
 
-def load_policy(cfg: RunConfig, device: torch.device) -> tuple[Qwen3ForCausalLM, Any]:
-    """The trainer's fp32 policy and its tokenizer, from a checkpoint or a named shape."""
+def load_policy(cfg: RunConfig, device: torch.device) -> tuple[Qwen3ForCausalLM, Any, str]:
+    """The trainer's fp32 policy, its tokenizer, and a line saying where the weights came from: a checkpoint's
+    weights (`model.path`), random weights of its config.json (`model.path` + `model.random_init`), or random
+    weights of a named shape (`model.shape`, no path). A path always means "load these weights" unless
+    random_init is set: a preset's shape never overrides it."""
     m = cfg.model
     if m.path:
         path = Path(m.path)
+        mcfg = load_config(path)  # names a missing directory or config.json first
+        if not (path / TOKENIZER_FILE).is_file():  # the char tokenizer would silently mis-tokenize a real vocab
+            raise FileNotFoundError(f"model.path {path} has no {TOKENIZER_FILE}: copy the model's tokenizer files "
+                                    "there (tokenizer.json, tokenizer_config.json)")
         if m.random_init:
-            import json
-
-            mcfg = ModelConfig.from_hf(json.loads((path / "config.json").read_text()))
             model = build_model(mcfg, device, torch.float32, seed=m.init_seed)
+            source = f"random init (seed {m.init_seed}) of {path / 'config.json'} (model.random_init=true)"
         else:
             model = load_checkpoint(path, device=device, dtype=torch.float32)
-        tok = load_tokenizer(path) if (path / "tokenizer.json").exists() else CharTokenizer()
+            source = f"weights of {path}"
+        tok = load_tokenizer(path)
     else:
-        if not m.random_init:
-            raise ValueError("model.path is not set: give --model.path <HF checkpoint dir>, "
-                             "or --model.random_init true to train random weights of --model.shape")
+        if m.shape is None:
+            raise ValueError("model.path is not set: give --model.path <HF checkpoint dir>, or --model.shape NAME for "
+                             f"random weights of a named shape ({', '.join(MODEL_SHAPES)})")
         model = build_model(model_shape(m.shape), device, torch.float32, seed=m.init_seed)
         tok = CharTokenizer()
+        source = f"random init (seed {m.init_seed}) of shape {m.shape!r}"
     if tok.vocab_size > model.config.vocab_size:
         raise ValueError(f"tokenizer has {tok.vocab_size} tokens but the model's vocab_size is "
                          f"{model.config.vocab_size}")
-    return model, tok
+    return model, tok, source
 
 
 @dataclass
@@ -122,8 +130,11 @@ class GRPORun:
         self.compile_s = 0.0
 
         t = time.perf_counter()
-        self.policy, self.tokenizer = load_policy(cfg, self.device)
+        self.policy, self.tokenizer, self.model_source = load_policy(cfg, self.device)
         self.task: Task = load_task(cfg.task.name, **cfg.task.args)
+        if cfg.warm_start.steps > 0 and not hasattr(self.task, "solution"):
+            raise ValueError(f"warm_start.steps={cfg.warm_start.steps} needs a task with solution(); "
+                             f"{self.task.name} has none")
         self.startup["model_load_s"] = time.perf_counter() - t
 
         cc = cfg.compile
@@ -155,9 +166,32 @@ class GRPORun:
         self.max_len = self.generator.max_model_len  # prompt + completion must fit the generator's context
         self.train_prompts = PromptStream(self.task, cfg.seed)  # knows its position, for checkpoints
         self.val_prompts = self.task.val_prompts(cfg.validation.num_prompts)
+        self.check_prompts_fit()
+        self.reward_failed_steps = 0  # consecutive steps whose reward failed on every completion
         # created last, so a bad config, checkpoint or data file leaves no empty run directory behind
         self.run_dir = RunDir(cfg.run_dir or RunDir.default_path(cfg.preset))
         self.run_dir.write_config(cfg.to_dict())
+
+    def check_prompts_fit(self, sample: int = 32) -> None:
+        """Refuse, before any work, a context that fits none of the prompts with room for max_new_tokens
+        (every step would skip everything); warn when only some fit. Reads the first `sample` training prompts
+        of the seed's stream (which also surfaces a task's refusal of the seed) and the validation prompts."""
+        r, v = self.cfg.rollout, self.cfg.validation
+        train = list(itertools.islice(self.task.train_prompts(seed=self.cfg.seed), sample))
+        for what, prompts, new_tokens in (("training", train, r.max_new_tokens),
+                                          ("validation", self.val_prompts, v.max_new_tokens or r.max_new_tokens)):
+            if not prompts:
+                continue
+            lengths = [len(self.tokenizer.encode(self.task.render(p, self.tokenizer))) for p in prompts]
+            fit = sum(n + new_tokens <= self.max_len for n in lengths)
+            if fit == 0:
+                raise ValueError(f"generator.max_model_len={self.max_len} fits none of the first {len(prompts)} "
+                                 f"{what} prompts: the shortest is {min(lengths)} tokens and {new_tokens} new tokens "
+                                 f"must fit after it; raise generator.max_model_len to at least "
+                                 f"{min(lengths) + new_tokens} or lower max_new_tokens")
+            if fit < len(prompts):
+                log.warning("%d of the first %d %s prompts do not fit generator.max_model_len=%d with %d new tokens;"
+                            " they will be skipped", len(prompts) - fit, len(prompts), what, self.max_len, new_tokens)
 
     def warm_up(self) -> None:
         """Compile and capture before the first step, so the startup split says what they cost and steady
@@ -210,8 +244,6 @@ class GRPORun:
         ws = self.cfg.warm_start
         if ws.steps <= 0:
             return
-        if not hasattr(self.task, "solution"):
-            raise ValueError(f"warm_start.steps={ws.steps} needs a task with solution(); {self.task.name} has none")
         sft = Trainer(self.policy, TrainerConfig(lr=ws.lr, warmup_steps=max(1, ws.steps // 10), schedule="cosine",
                                                  micro_batch_tokens=self.cfg.trainer.micro_batch_tokens,
                                                  max_grad_norm=1.0),
@@ -238,7 +270,9 @@ class GRPORun:
         t1 = time.perf_counter()
         rollouts = [r for g in groups for r in g]
         if not rollouts:
-            raise RuntimeError(f"step {step}: every prompt was skipped (too long for the context?)")
+            raise ValueError(f"step {step + 1}: every prompt was skipped: none fits generator.max_model_len="
+                             f"{self.max_len} with {cfg.rollout.max_new_tokens} new tokens")
+        self.check_rewards(rollouts)
         tm = self.trainer.step([r.train_sequence() for r in rollouts], temperature=cfg.rollout.temperature)
         t2 = time.perf_counter()
         self.sync_weights()
@@ -261,6 +295,15 @@ class GRPORun:
             for r in rollouts[: cfg.samples_per_step]
         ])
         return row
+
+    def check_rewards(self, rollouts: list[Rollout], patience: int = 3) -> None:
+        """Stop the run when the reward failed on every completion of `patience` consecutive steps: a reward
+        that cannot score anything would otherwise train on all-zero rewards forever."""
+        errors = [r.reward_error for r in rollouts if r.reward_error is not None]
+        self.reward_failed_steps = self.reward_failed_steps + 1 if len(errors) == len(rollouts) else 0
+        if self.reward_failed_steps >= patience:
+            raise RewardError(f"task {self.task.name!r}: the reward failed on every completion of {patience} "
+                              f"steps in a row; stopping (last error: {errors[-1]})")
 
     def save_training_checkpoint(self, step: int, pre: ValidationResult) -> Path:
         """Checkpoint after `step` completed steps; pre-validation goes in its meta, as a resume skips it."""
@@ -342,8 +385,28 @@ class GRPORun:
                 f"sync {row['time/sync_s']:.3f}s")
 
     def run(self) -> RunResult:
+        """The run; Ctrl-C ends it with one line saying where it stands and how to continue."""
+        self.steps_done = None  # RL steps finished, once the loop has started
+        try:
+            return self._run()
+        except KeyboardInterrupt:
+            raise KeyboardInterrupt(self.interrupted_line()) from None
+
+    def interrupted_line(self) -> str:
+        found = step_checkpoints(self.run_dir.checkpoints)
+        where = ("before the first RL step" if self.steps_done is None
+                 else f"after {self.steps_done}/{self.cfg.steps} steps")
+        if not found:
+            return (f"interrupted {where}; {self.run_dir.path} has no training checkpoint to resume from "
+                    "(--checkpoint.every N writes one every N steps)")
+        step, path = found[-1]
+        return (f"interrupted {where}; the last checkpoint is {path} (step {step}); continue with: "
+                f"monorl train --resume {self.run_dir.path}")
+
+    def _run(self) -> RunResult:
         cfg = self.cfg
         split = ", ".join(f"{k}={v:.2f}" for k, v in self.startup.items())
+        print(f"model: {self.model_source}", flush=True)
         print(f"startup: {split} | device={self.device} attn={self.attn_backend} run_dir={self.run_dir.path}",
               flush=True)
         self.warm_up()
@@ -363,8 +426,10 @@ class GRPORun:
         print(f"validation (pre): {pre.line()}", flush=True)
         result = RunResult(self.run_dir.path, pre, None, steps=earlier, startup=dict(self.startup))
         every = cfg.checkpoint.every
+        self.steps_done = start
         for step in range(start, cfg.steps):
             row = self.step(step)
+            self.steps_done = step + 1
             result.steps.append(row)
             print(self.step_line(row, cfg.steps), flush=True)
             if (step + 1 == cfg.steps and cfg.checkpoint.final) or (every > 0 and (step + 1) % every == 0):

@@ -26,6 +26,7 @@ class Rollout:
     finish_reason: str
     text: str
     rewards: dict[str, float]
+    reward_error: str | None = None  # why the reward failed (then every component is 0.0)
     advantage: float = 0.0
 
     @property
@@ -63,9 +64,13 @@ def generate_rollouts(generator: Generator, tokenizer, task: Task, prompts: Sequ
         group = []
         for c in comps:
             text = c.text if c.text is not None else tokenizer.decode(c.token_ids, skip_special_tokens=True)
-            group.append(Rollout(p, ids, list(c.token_ids), list(c.logprobs), c.finish_reason, text,
-                                 safe_reward(task, p, text)))
+            rewards, error = safe_reward(task, p, text)
+            group.append(Rollout(p, ids, list(c.token_ids), list(c.logprobs), c.finish_reason, text, rewards, error))
         groups.append(group)
+    failed = [r.reward_error for g in groups for r in g if r.reward_error is not None]
+    if failed:  # one line per call, not one per completion
+        log.warning("task %r: reward failed on %d of %d completions, scored 0.0 (first: %s)", task.name,
+                    len(failed), sum(map(len, groups)), failed[0])
     return groups
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+import inspect
 import sys
 from pathlib import Path
 from typing import Any
@@ -15,7 +16,11 @@ from monorl.tasks.sum_digits import SumDigitsTask
 
 BUILTIN_TASKS: dict[str, type[Task]] = {"sum_digits": SumDigitsTask, "gsm8k": Gsm8kTask}
 
-__all__ = ["BUILTIN_TASKS", "Gsm8kTask", "Prompt", "SumDigitsTask", "Task", "load_task", "safe_reward"]
+__all__ = ["BUILTIN_TASKS", "Gsm8kTask", "Prompt", "SumDigitsTask", "Task", "TaskError", "load_task", "safe_reward"]
+
+
+class TaskError(ValueError):
+    """A task spec or task arguments that cannot be used (a user error: reported as one line)."""
 
 
 def load_task(spec: str, **kwargs: Any) -> Task:
@@ -26,53 +31,71 @@ def load_task(spec: str, **kwargs: Any) -> Task:
     importable module name or a path to a ``.py`` file.
     """
     if spec in BUILTIN_TASKS:
-        return BUILTIN_TASKS[spec](**kwargs)
+        return _construct(BUILTIN_TASKS[spec], kwargs, spec)
     if ":" not in spec:
-        raise ValueError(f"unknown task {spec!r}: use one of {sorted(BUILTIN_TASKS)} or 'module:object' "
-                         f"(e.g. 'my_tasks:MyTask' or 'path/to/tasks.py:make_task')")
+        raise TaskError(f"unknown task {spec!r}: use one of {sorted(BUILTIN_TASKS)} or 'module:object' "
+                        f"(e.g. 'my_tasks:MyTask' or 'path/to/tasks.py:make_task')")
     module_name, _, attr_path = spec.rpartition(":")
     if not module_name or not attr_path:
-        raise ValueError(f"task spec {spec!r} must look like 'module:object'")
+        raise TaskError(f"task spec {spec!r} must look like 'module:object'")
     module = _import(module_name, spec)
     obj: Any = module
     for part in attr_path.split("."):
         if not hasattr(obj, part):
-            raise AttributeError(f"task spec {spec!r}: {module_name!r} has no attribute {attr_path!r}")
+            raise TaskError(f"task spec {spec!r}: {module_name!r} has no attribute {attr_path!r}")
         obj = getattr(obj, part)
     if isinstance(obj, Task):
         if kwargs:
-            raise TypeError(f"task spec {spec!r} names a Task instance; it takes no arguments, got {sorted(kwargs)}")
+            raise TaskError(f"task spec {spec!r} names a Task instance; it takes no arguments, got {sorted(kwargs)}")
         return obj
-    if isinstance(obj, type):
-        if not issubclass(obj, Task):
-            raise TypeError(f"task spec {spec!r} names class {obj.__name__}, which is not a monorl.tasks.Task subclass")
-        return obj(**kwargs)
-    if callable(obj):
-        task = obj(**kwargs)
-        if not isinstance(task, Task):
-            raise TypeError(f"task factory {spec!r} returned {type(task).__name__}, not a monorl.tasks.Task")
-        return task
-    raise TypeError(f"task spec {spec!r} names a {type(obj).__name__}: expected a Task, a Task subclass or a factory")
+    if isinstance(obj, type) and not issubclass(obj, Task):
+        raise TaskError(f"task spec {spec!r} names class {obj.__name__}, which is not a monorl.tasks.Task subclass")
+    if not callable(obj):
+        raise TaskError(f"task spec {spec!r} names a {type(obj).__name__}: expected a Task, a Task subclass or a "
+                        "factory")
+    task = _construct(obj, kwargs, spec)
+    if not isinstance(task, Task):
+        raise TaskError(f"task factory {spec!r} returned {type(task).__name__}, not a monorl.tasks.Task")
+    return task
+
+
+def _construct(factory: Any, kwargs: dict[str, Any], spec: str) -> Any:
+    """`factory(**kwargs)`, with arguments it does not take named (a typo'd --task.args.x) before the call,
+    and its own ValueError/TypeError (a bad argument value) reported as one TaskError line."""
+    try:
+        params = inspect.signature(factory).parameters
+    except (TypeError, ValueError):  # no introspectable signature: let the call decide
+        params = {}
+    if params and not any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
+        accepted = [n for n, p in params.items()
+                    if p.kind in (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)]
+        if unknown := sorted(set(kwargs) - set(accepted)):
+            raise TaskError(f"task {spec!r} has no argument {', '.join(map(repr, unknown))} (--task.args.*); "
+                            f"its arguments: {', '.join(accepted) or 'none'}")
+    try:
+        return factory(**kwargs)
+    except (TypeError, ValueError) as e:
+        raise TaskError(f"task {spec!r}: {e}") from e
 
 
 def _import(module_name: str, spec: str) -> Any:
     if module_name.endswith(".py"):
         path = Path(module_name)
         if not path.is_file():
-            raise FileNotFoundError(f"task spec {spec!r}: no such file {path}")
+            raise TaskError(f"task spec {spec!r}: no such file {path}")
         name = f"_monorl_user_task_{path.stem}"
         mod_spec = importlib.util.spec_from_file_location(name, path)
         if mod_spec is None or mod_spec.loader is None:
-            raise ImportError(f"task spec {spec!r}: cannot load {path}")
+            raise TaskError(f"task spec {spec!r}: cannot load {path}")
         module = importlib.util.module_from_spec(mod_spec)
         sys.modules[name] = module  # dataclasses and pickling look modules up by name
         try:
             mod_spec.loader.exec_module(module)
         except Exception as e:
             del sys.modules[name]
-            raise ImportError(f"task spec {spec!r}: importing {path} failed: {type(e).__name__}: {e}") from e
+            raise TaskError(f"task spec {spec!r}: importing {path} failed: {type(e).__name__}: {e}") from e
         return module
     try:
         return importlib.import_module(module_name)
     except Exception as e:
-        raise ImportError(f"task spec {spec!r}: cannot import module {module_name!r}: {type(e).__name__}: {e}") from e
+        raise TaskError(f"task spec {spec!r}: cannot import module {module_name!r}: {type(e).__name__}: {e}") from e

@@ -6,15 +6,11 @@ for the tokenizer, score a completion. A user task is any `Task` subclass, loade
 
 from __future__ import annotations
 
-import logging
 import math
 from abc import ABC, abstractmethod
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any, Protocol
-
-logger = logging.getLogger(__name__)
-
 
 @dataclass
 class Prompt:
@@ -72,10 +68,15 @@ class Task(ABC):
         return self.plain_prompt(prompt)
 
 
-def safe_reward(task: Task, prompt: Prompt, completion: str) -> dict[str, float]:
-    """`task.reward`, but a broken reward never stops the run: if it raises, returns something that is not a
-    dict of finite numbers, or misses / adds components, log a warning naming the task and the problem and
-    score the completion 0.0 on every component."""
+class RewardError(ValueError):
+    """A task's reward failed on every completion for several steps: the run stops (a user error, one line)."""
+
+
+def safe_reward(task: Task, prompt: Prompt, completion: str) -> tuple[dict[str, float], str | None]:
+    """`task.reward`, but one broken completion never stops the run: if it raises, returns something that is
+    not a dict of finite numbers, or misses / adds components, the completion scores 0.0 on every component
+    and the second element says why (None when the reward worked). The caller logs and counts failures, so a
+    reward that fails on everything stops the run (`RewardError`) instead of scoring 0 forever."""
     try:
         out = task.reward(prompt, completion)
         if not isinstance(out, dict):
@@ -86,8 +87,6 @@ def safe_reward(task: Task, prompt: Prompt, completion: str) -> dict[str, float]
         bad = [k for k, v in vals.items() if not math.isfinite(v)]
         if bad:
             raise ValueError(f"non-finite reward for {bad}: {[vals[k] for k in bad]}")
-        return vals
+        return vals, None
     except Exception as e:  # noqa: BLE001 -- a user reward can fail in any way; the run goes on
-        logger.warning("task %r: reward failed (%s: %s); scoring this completion 0.0", getattr(task, "name", task),
-                       type(e).__name__, e)
-        return {k: 0.0 for k in task.reward_components}
+        return {k: 0.0 for k in task.reward_components}, f"{type(e).__name__}: {e}"

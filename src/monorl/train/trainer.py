@@ -24,7 +24,7 @@ from monorl.model.qwen3 import Qwen3ForCausalLM
 from monorl.ops import batch_invariant as bi
 from monorl.train.graphs import TrainGraphs
 from monorl.train.losses import LossConfig, LossNorm, loss_metric_names, policy_loss
-from monorl.train.optim import lr_factor, make_optimizer
+from monorl.train.optim import SCHEDULES, lr_factor, make_optimizer
 from monorl.train.packing import MicroBatch, TrainSequence, make_micro_batches
 
 log = logging.getLogger(__name__)
@@ -53,6 +53,8 @@ class TrainerConfig:
             raise ValueError(f"trainer.micro_batch_tokens must be >= 16, got {self.micro_batch_tokens}")
         if self.compute_dtype not in ("auto", "bfloat16", "float32"):
             raise ValueError(f"trainer.compute_dtype must be auto|bfloat16|float32, got {self.compute_dtype!r}")
+        if self.schedule not in SCHEDULES:
+            raise ValueError(f"trainer.schedule must be one of {SCHEDULES}, got {self.schedule!r}")
         if self.max_grad_norm <= 0:
             raise ValueError(f"trainer.max_grad_norm must be > 0, got {self.max_grad_norm}")
 

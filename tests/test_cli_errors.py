@@ -1,0 +1,111 @@
+"""User errors end in one line (exit 2, no traceback) and leave no run directory behind; Ctrl-C says where
+the run stands; a model path always means its weights; a reward that always fails stops the run."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import monorl.rl.loop as loop
+from monorl.cli import main
+from monorl.config import apply_overrides, parse_override_args, preset
+from monorl.model.checkpoint import save_checkpoint
+from monorl.model.config import model_shape
+from monorl.model.qwen3 import build_model
+from monorl.model.tokenizer import CharTokenizer
+from monorl.rl.loop import GRPORun, load_policy
+from monorl.tasks.base import RewardError
+from tests.test_loop import DigitsTask, _cfg
+
+# a cut-down tiny run (seconds on CPU): what the cases below add to it is the only thing wrong
+FAST = ["--device", "cpu", "--steps", "1", "--warm_start.steps", "0", "--validation.num_prompts", "2",
+        "--rollout.prompts_per_step", "2", "--rollout.group_size", "2", "--rollout.max_new_tokens", "4",
+        "--checkpoint.final", "false"]
+
+
+def _write(tmp_path, name, text):
+    (tmp_path / name).write_text(text)
+    return str(tmp_path / name)
+
+
+def _cases(tmp_path):
+    not_a_task = _write(tmp_path, "not_a_task.py", "class Thing:\n    pass\n\ndef factory():\n    return 3\n")
+    syntax = _write(tmp_path, "syntax_task.py", "def f(:\n")
+    no_tok = tmp_path / "no_tokenizer"
+    save_checkpoint(build_model(model_shape("tiny"), seed=0), no_tok)  # config + weights, no tokenizer.json
+    return [
+        (["--task.name", "no_such_mod_xyz:Task"], "cannot import module 'no_such_mod_xyz'"),
+        (["--task.name", f"{not_a_task}:Nope"], "has no attribute 'Nope'"),
+        (["--task.name", f"{not_a_task}:Thing"], "not a monorl.tasks.Task subclass"),
+        (["--task.name", f"{not_a_task}:factory"], "returned int"),
+        (["--task.name", f"{syntax}:f"], "SyntaxError"),
+        (["--task.args.max_digit", "3"], "no argument 'max_digit'"),
+        (["--task.name", "gsm8k"], "gsm8k needs train_path"),  # the tiny preset's sum_digits args are dropped
+        (["--rollout.temperature", "nan"], "expected a finite number"),
+        (["--rollout.group_size", "1"], "group_size must be >= 2"),
+        (["--generator.max_model_len", "8"], "fits none of the first"),
+        (["--rollout.top_k", "-1"], "top_k must be >= 0"),
+        (["--seed", "99", "--task.args.val_seed", "99"], "equals the validation seed"),
+        (["--trainer.schedule", "foo"], "trainer.schedule must be one of"),
+        (["--model.path", str(no_tok)], "has no tokenizer.json"),
+        (["--preset", "qwen3_0_6b_sum_digits"], "model.path is not set"),
+    ]
+
+
+def test_user_errors_are_one_line_and_leave_no_run_dir(tmp_path, capsys):
+    for i, (args, message) in enumerate(_cases(tmp_path)):
+        run_dir = tmp_path / f"run{i}"
+        code = main(["train", *FAST, "--run_dir", str(run_dir), *args])
+        err = capsys.readouterr().err.strip()
+        assert code == 2, (args, err)
+        assert "Traceback" not in err and err.startswith("monorl: error: ") and message in err, (args, err)
+        assert len(err.splitlines()) == 1, (args, err)
+        assert not run_dir.exists(), args
+
+
+def test_model_path_means_its_weights(tmp_path):
+    """The tiny preset builds random weights of its shape; a --model.path overrides that and loads the path's
+    weights, unless --model.random_init true asks for random weights of the path's config.json."""
+    saved = build_model(model_shape("tiny"), seed=5)
+    save_checkpoint(saved, tmp_path / "ckpt", tokenizer=CharTokenizer())
+    cfg = apply_overrides(preset("tiny"), parse_override_args(["--model.path", str(tmp_path / "ckpt")]))
+    model, _, source = load_policy(cfg, torch.device("cpu"))
+    assert source == f"weights of {tmp_path / 'ckpt'}"
+    for (name, p), q in zip(model.named_parameters(), saved.parameters(), strict=True):
+        assert torch.equal(p, q), name
+    cfg.model.random_init = True
+    model, _, source = load_policy(cfg, torch.device("cpu"))
+    assert source.startswith("random init (seed 0) of ") and "model.random_init=true" in source
+    assert not all(torch.equal(p, q) for p, q in zip(model.parameters(), saved.parameters(), strict=True))
+
+
+def test_ctrl_c_says_where_the_run_stands(tmp_path, monkeypatch, capsys):
+    step = loop.GRPORun.step
+
+    def interrupted_at_second(self, i):
+        if i == 1:
+            raise KeyboardInterrupt
+        return step(self, i)
+
+    monkeypatch.setattr(loop.GRPORun, "step", interrupted_at_second)
+    code = main(["train", *FAST, "--steps", "3", "--checkpoint.every", "1", "--run_dir", str(tmp_path / "run")])
+    err = capsys.readouterr().err
+    assert code == 130 and "Traceback" not in err
+    assert "interrupted after 1/3 steps" in err and "step_000001" in err
+    assert f"monorl train --resume {tmp_path / 'run'}" in err
+
+
+class AlwaysFails(DigitsTask):
+    def reward(self, prompt, completion):
+        raise KeyError("no such column")
+
+
+def test_reward_failing_everywhere_stops_the_run(tmp_path, caplog):
+    cfg = _cfg(tmp_path, steps=6)
+    cfg.task.name = "tests.test_cli_errors:AlwaysFails"
+    run = GRPORun(cfg, progress=False)
+    with pytest.raises(RewardError, match=r"failed on every completion of 3 steps in a row.*KeyError"):
+        run.run()
+    rows = (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()
+    assert len(rows) == 2  # steps 1 and 2 ran (and logged); step 3 stopped the run
+    assert "reward failed on 24 of 24 completions" in caplog.text

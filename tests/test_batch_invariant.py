@@ -9,6 +9,7 @@ import torch
 
 from monorl.generate.engine import Generator, GeneratorConfig
 from monorl.generate.sampling import SamplingParams
+from monorl.model.attention import VarlenContext
 from monorl.model.config import model_shape
 from monorl.model.qwen3 import build_model
 from monorl.ops import batch_invariant as bi
@@ -69,7 +70,8 @@ def test_attention_varlen_equals_decode() -> None:
     L, Hq, Hkv, D, bs = 21, 4, 2, 16, 4
     q, k, v = (torch.randn(L, h, D, generator=g) for h in (Hq, Hkv, Hkv))
     with bi.batch_invariant_mode():
-        full = bi.varlen_attention(q, k, v, torch.arange(L), torch.tensor([0, L], dtype=torch.int32))
+        c = VarlenContext.from_lengths([L], "cpu")
+        full = bi.varlen_attention(q, k, v, c.positions, c.cu_seqlens, c.pad_index, c.valid)
         blocks = torch.randperm(16, generator=g)[:6]  # a non-contiguous block table
         kc, vc = torch.full((16, bs, Hkv, D), float("nan")), torch.full((16, bs, Hkv, D), float("nan"))
         slots = blocks.repeat_interleave(bs)[:L] * bs + torch.arange(L) % bs
@@ -80,6 +82,30 @@ def test_attention_varlen_equals_decode() -> None:
     ref = torch.nn.functional.scaled_dot_product_attention(
         q.transpose(0, 1)[None], k.transpose(0, 1)[None], v.transpose(0, 1)[None], is_causal=True, enable_gqa=True)
     torch.testing.assert_close(full, ref[0].transpose(0, 1), rtol=1e-5, atol=1e-5)
+
+
+def test_attention_backward_static_pack_layout() -> None:
+    """The mode's attention backward reads only device tensors of the context (no host sync: it runs inside
+    trainer CUDA graphs); with a static pack's layout (zero-length entries, a larger max_seqlen) its gradients
+    equal the exact layout's and the portable backend's."""
+    g = torch.Generator().manual_seed(2)
+    lengths, Hq, Hkv, D = [5, 9, 3], 4, 2, 16
+    T = sum(lengths)
+    q, k, v = (torch.randn(T, h, D, generator=g, requires_grad=True) for h in (Hq, Hkv, Hkv))
+    w = torch.randn(T, Hq, D, generator=g)
+
+    def grads(ctx, invariant):
+        with bi.batch_invariant_mode(invariant):
+            out = ctx.attend(q, k, v)
+        return torch.autograd.grad((out * w).sum(), (q, k, v))
+
+    exact = VarlenContext.from_lengths(lengths, "cpu")
+    static = VarlenContext.from_lengths(lengths + [0, 0], "cpu", max_seqlen=16)
+    ref = grads(exact, False)
+    for ctx in (exact, static):
+        for a, b in zip(grads(ctx, True), ref, strict=True):
+            assert torch.isfinite(a).all()
+            torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.parametrize("max_num_seqs", [1, 5, 16])

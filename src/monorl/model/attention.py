@@ -146,7 +146,7 @@ class VarlenContext:
         from monorl.ops import batch_invariant as bi
 
         if bi.is_enabled():  # the same kernel (and key-block order) as the generator's invariant decode
-            return bi.varlen_attention(q, k, v, self.positions, self.cu_seqlens)
+            return bi.varlen_attention(q, k, v, self.positions, self.cu_seqlens, self.pad_index, self.valid)
         if self.backend == "flash":
             # max_seqlen as a tensor size, not the Python int: compiled code then never specialises on it
             return flash_varlen(q, k, v, self.cu_seqlens, self.valid.shape[1])

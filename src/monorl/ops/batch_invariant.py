@@ -408,8 +408,11 @@ def _expand_kv(x: Tensor, g: int) -> Tensor:
 
 
 @torch.library.custom_op("monorl::bi_varlen_attn", mutates_args=())
-def bi_varlen_attn(q: Tensor, k: Tensor, v: Tensor, positions: Tensor, cu_seqlens: Tensor) -> Tensor:
-    """Causal attention of packed sequences: token t attends keys t - positions[t] .. t."""
+def bi_varlen_attn(q: Tensor, k: Tensor, v: Tensor, positions: Tensor, cu_seqlens: Tensor, pad_index: Tensor,
+                   valid: Tensor) -> Tensor:
+    """Causal attention of packed sequences: token t attends keys t - positions[t] .. t. `pad_index` / `valid`
+    (the `VarlenContext`'s padded layout) are for backward, which must not read lengths on the host (it runs
+    inside trainer CUDA graphs)."""
     if _use_triton(q):
         pos = positions.to(torch.int32)
         kbase = torch.arange(q.shape[0], device=q.device, dtype=torch.int32) - pos
@@ -419,6 +422,8 @@ def bi_varlen_attn(q: Tensor, k: Tensor, v: Tensor, positions: Tensor, cu_seqlen
     cu = cu_seqlens.tolist()
     for a, b in zip(cu[:-1], cu[1:], strict=True):  # one sequence at a time: each query row sees its keys
         L = b - a
+        if L == 0:  # a static pack's zero-length entry
+            continue
         kk, vv = _expand_kv(k[a:b], g), _expand_kv(v[a:b], g)
         valid = torch.ones(L, L, dtype=torch.bool).tril()
         rows = max(1, (1 << 22) // max(1, L * kk[0].numel()))
@@ -430,32 +435,32 @@ def bi_varlen_attn(q: Tensor, k: Tensor, v: Tensor, positions: Tensor, cu_seqlen
 
 
 @bi_varlen_attn.register_fake
-def _(q: Tensor, k: Tensor, v: Tensor, positions: Tensor, cu_seqlens: Tensor) -> Tensor:
+def _(q: Tensor, k: Tensor, v: Tensor, positions: Tensor, cu_seqlens: Tensor, pad_index: Tensor,
+      valid: Tensor) -> Tensor:
     return torch.empty_like(q)
 
 
 @torch.library.custom_op("monorl::bi_varlen_attn_backward", mutates_args=())
-def bi_varlen_attn_backward(grad: Tensor, q: Tensor, k: Tensor, v: Tensor,
-                            cu_seqlens: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-    """Gradients of causal varlen attention by the textbook formulas in a padded [B, H, L, L] layout (fp32):
-    backward values need not be invariant. An opaque op, so its host read of the lengths does not break
-    a compiled backward graph."""
-    from monorl.model.attention import VarlenContext
-
+def bi_varlen_attn_backward(grad: Tensor, q: Tensor, k: Tensor, v: Tensor, pad_index: Tensor,
+                            valid: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """Gradients of causal varlen attention by the textbook formulas in the padded [B, H, L, L] layout (fp32):
+    backward values need not be invariant. Device tensors only (no host sync), so it can be graph-captured."""
     T, Hq, D = q.shape
     Hkv = k.shape[1]
     g = Hq // Hkv
-    ctx = VarlenContext.from_lengths((cu_seqlens[1:] - cu_seqlens[:-1]).tolist(), q.device)
-    B, L = ctx.valid.shape
+    B, L = valid.shape
 
     def padded(x: Tensor) -> Tensor:  # [T, H, D] -> [B, H, L, D] fp32, zero rows as padding
         x = torch.cat([x.float(), x.new_zeros(1, *x.shape[1:], dtype=torch.float32)])
-        return x[ctx.pad_index].transpose(1, 2)
+        return x[pad_index].transpose(1, 2)
 
     qp, gp = padded(q), padded(grad)
     kp, vp = padded(_expand_kv(k, g)), padded(_expand_kv(v, g))
     scale = D ** -0.5
-    mask = torch.ones(L, L, dtype=torch.bool, device=q.device).tril()[None, None] & ctx.valid[:, None, None, :]
+    # key 0 stays visible to every row, so a zero-length entry (static packs pad with them) softmaxes to
+    # finite values instead of NaN; its rows are dropped below
+    keys = valid | (torch.arange(L, device=q.device) == 0)
+    mask = torch.ones(L, L, dtype=torch.bool, device=q.device).tril()[None, None] & keys[:, None, None, :]
     p = torch.softmax((qp @ kp.transpose(-1, -2) * scale).masked_fill(~mask, float("-inf")), dim=-1)
     o = p @ vp
     dv = p.transpose(-1, -2) @ gp
@@ -464,26 +469,31 @@ def bi_varlen_attn_backward(grad: Tensor, q: Tensor, k: Tensor, v: Tensor,
     dk = ds.transpose(-1, -2) @ qp * scale
 
     def unpadded(x: Tensor, heads: int) -> Tensor:  # [B, Hq, L, D] -> [T, heads, D], summing GQA groups
-        x = x.view(B, heads, Hq // heads, L, D).sum(2)
-        return x.transpose(1, 2)[ctx.valid]
+        x = x.view(B, heads, Hq // heads, L, D).sum(2).transpose(1, 2)  # [B, L, heads, D]
+        # scatter by pad_index rather than boolean-mask indexing (data-dependent size: a host sync);
+        # padding slots all point at the extra row T, which is dropped
+        out = x.new_zeros(T + 1, heads, D)
+        out[pad_index.reshape(-1)] = x.reshape(B * L, heads, D)
+        return out[:T]
 
     return unpadded(dq, Hq).to(q.dtype), unpadded(dk, Hkv).to(k.dtype), unpadded(dv, Hkv).to(v.dtype)
 
 
 @bi_varlen_attn_backward.register_fake
-def _(grad: Tensor, q: Tensor, k: Tensor, v: Tensor, cu_seqlens: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+def _(grad: Tensor, q: Tensor, k: Tensor, v: Tensor, pad_index: Tensor,
+      valid: Tensor) -> tuple[Tensor, Tensor, Tensor]:
     return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
 
 
 def _attn_setup(ctx, inputs, output) -> None:
-    q, k, v, positions, cu_seqlens = inputs
-    ctx.save_for_backward(q, k, v, cu_seqlens)
+    q, k, v, positions, cu_seqlens, pad_index, valid = inputs
+    ctx.save_for_backward(q, k, v, pad_index, valid)
 
 
-def _attn_backward(ctx, grad: Tensor) -> tuple[Tensor, Tensor, Tensor, None, None]:
-    q, k, v, cu = ctx.saved_tensors
-    dq, dk, dv = bi_varlen_attn_backward(grad.contiguous(), q, k, v, cu)
-    return dq, dk, dv, None, None
+def _attn_backward(ctx, grad: Tensor) -> tuple[Tensor | None, ...]:
+    q, k, v, pad_index, valid = ctx.saved_tensors
+    dq, dk, dv = bi_varlen_attn_backward(grad.contiguous(), q, k, v, pad_index, valid)
+    return dq, dk, dv, None, None, None, None
 
 
 bi_varlen_attn.register_autograd(_attn_backward, setup_context=_attn_setup)
@@ -509,8 +519,9 @@ def _(q: Tensor, k_cache: Tensor, v_cache: Tensor, block_tables: Tensor, seq_len
     return torch.empty_like(q)
 
 
-def varlen_attention(q: Tensor, k: Tensor, v: Tensor, positions: Tensor, cu_seqlens: Tensor) -> Tensor:
-    return bi_varlen_attn(q, k, v, positions, cu_seqlens)
+def varlen_attention(q: Tensor, k: Tensor, v: Tensor, positions: Tensor, cu_seqlens: Tensor, pad_index: Tensor,
+                     valid: Tensor) -> Tensor:
+    return bi_varlen_attn(q, k, v, positions, cu_seqlens, pad_index, valid)
 
 
 def paged_decode(q: Tensor, k_cache: Tensor, v_cache: Tensor, block_tables: Tensor, seq_lens: Tensor) -> Tensor:

@@ -12,6 +12,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+
 @dataclass
 class Prompt:
     """One problem. `text` is the user message; `answer` the ground truth in whatever form the task's reward

@@ -8,6 +8,41 @@ from typing import Any
 
 SUPPORTED_ARCHITECTURES = ("Qwen3ForCausalLM",)
 
+# transformers' Qwen3Config defaults (models/qwen3/configuration_qwen3.py; the rope_theta default is
+# RotaryEmbeddingConfigMixin.default_theta): what HF uses for a key that config.json leaves out. Hard-coded, as
+# monorl never imports transformers at runtime; tests/test_model_config_defaults.py checks every one against the
+# installed transformers. They are HF's generic defaults, not those of a released Qwen3 model (see MODEL_SHAPES).
+HF_QWEN3_DEFAULTS: dict[str, Any] = {
+    "vocab_size": 151936,
+    "hidden_size": 4096,
+    "intermediate_size": 22016,
+    "num_hidden_layers": 32,
+    "num_attention_heads": 32,
+    "num_key_value_heads": 32,  # when absent; an explicit null means num_attention_heads
+    "head_dim": 128,  # not hidden_size // num_attention_heads
+    "rope_theta": 10000.0,  # when neither rope_parameters / rope_scaling nor a top-level rope_theta gives one
+    "rms_norm_eps": 1e-6,
+    "max_position_embeddings": 32768,
+    "tie_word_embeddings": False,
+    "bos_token_id": None,
+    "eos_token_id": None,
+    "hidden_act": "silu",
+    "attention_bias": False,
+    "use_sliding_window": False,
+}
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _is_number(v: Any) -> bool:
+    return isinstance(v, int | float) and not isinstance(v, bool)
+
+
+def _is_token_ids(v: Any) -> bool:
+    return v is None or _is_int(v) or (isinstance(v, list) and all(map(_is_int, v)))
+
 
 @dataclass(frozen=True)
 class ModelConfig:
@@ -33,18 +68,15 @@ class ModelConfig:
         if self.head_dim % 2:
             raise ValueError(f"head_dim must be even for RoPE, got {self.head_dim}")
 
-    @property
-    def num_params(self) -> int:
-        d, f, h, kv, hd = self.hidden_size, self.intermediate_size, self.num_heads, self.num_kv_heads, self.head_dim
-        attn = d * h * hd * 2 + d * kv * hd * 2 + 2 * hd
-        block = attn + 3 * d * f + 2 * d
-        emb = self.vocab_size * d * (1 if self.tie_word_embeddings else 2)
-        return self.num_layers * block + emb + d
-
     # ---- HF config.json ------------------------------------------------------------------------
     @classmethod
     def from_hf(cls, hf: dict[str, Any]) -> ModelConfig:
-        """Build from a parsed HF `config.json`; raises ValueError for other architectures."""
+        """Build from a parsed HF `config.json`; raises ValueError (one line, naming the key) for other
+        architectures and for values HF's Qwen3Config would reject or monorl does not implement.
+
+        A key absent from `config.json` takes transformers' Qwen3Config default (`HF_QWEN3_DEFAULTS`), exactly
+        as HF resolves it, so monorl and transformers read every config.json the same way.
+        """
         archs = hf.get("architectures") or []
         model_type = hf.get("model_type")
         if model_type != "qwen3" or (archs and not set(archs) & set(SUPPORTED_ARCHITECTURES)):
@@ -52,35 +84,64 @@ class ModelConfig:
                 f"unsupported architecture: model_type={model_type!r}, architectures={archs}; "
                 f"monorl supports {list(SUPPORTED_ARCHITECTURES)} (model_type 'qwen3')"
             )
-        rope = hf.get("rope_parameters") or hf.get("rope_scaling") or {}
+
+        def get(key: str, check: Any, expected: str) -> Any:
+            value = hf.get(key, HF_QWEN3_DEFAULTS[key])
+            if not check(value):
+                raise ValueError(f"config.json: {key} must be {expected}, got {value!r}")
+            return value
+
+        def positive_int(key: str) -> int:
+            return get(key, lambda v: _is_int(v) and v > 0, "a positive integer")
+
+        def positive_number(key: str) -> float:
+            return float(get(key, lambda v: _is_number(v) and v > 0, "a positive number"))
+
+        # HF: rope_scaling (legacy name), when set, wins over rope_parameters; rope_theta comes from that dict,
+        # else the top-level rope_theta, else the default.
+        rope = hf.get("rope_scaling") or hf.get("rope_parameters") or {}
+        if not isinstance(rope, dict):
+            raise ValueError(f"config.json: rope_parameters must be an object, got {rope!r}")
         rope_type = rope.get("rope_type", rope.get("type", "default"))
         if rope_type not in ("default", None):
             raise ValueError(f"unsupported rope_type {rope_type!r} (only 'default' RoPE is implemented)")
-        theta = rope.get("rope_theta", hf.get("rope_theta", 10000.0))
-        if hf.get("attention_bias"):
+        theta = rope.get("rope_theta", hf.get("rope_theta", HF_QWEN3_DEFAULTS["rope_theta"]))
+        if not (_is_number(theta) and theta > 0):
+            raise ValueError(f"config.json: rope_theta must be a positive number, got {theta!r}")
+        if get("attention_bias", lambda v: isinstance(v, bool), "true or false"):
             raise ValueError("unsupported: attention_bias=true (Qwen3 has no attention bias)")
-        if hf.get("use_sliding_window"):
+        if get("use_sliding_window", lambda v: isinstance(v, bool), "true or false"):
             raise ValueError("unsupported: use_sliding_window=true")
-        if hf.get("hidden_act", "silu") != "silu":
-            raise ValueError(f"unsupported hidden_act {hf.get('hidden_act')!r}")
-        try:
-            return cls(
-                vocab_size=hf["vocab_size"],
-                hidden_size=hf["hidden_size"],
-                intermediate_size=hf["intermediate_size"],
-                num_layers=hf["num_hidden_layers"],
-                num_heads=hf["num_attention_heads"],
-                num_kv_heads=hf.get("num_key_value_heads") or hf["num_attention_heads"],
-                head_dim=hf.get("head_dim") or hf["hidden_size"] // hf["num_attention_heads"],
-                rope_theta=float(theta),
-                rms_norm_eps=hf.get("rms_norm_eps", 1e-6),
-                max_position_embeddings=hf.get("max_position_embeddings", 40960),
-                tie_word_embeddings=hf.get("tie_word_embeddings", False),
-                bos_token_id=hf.get("bos_token_id"),
-                eos_token_id=hf.get("eos_token_id"),
-            )
-        except KeyError as e:
-            raise ValueError(f"config.json is missing required key {e.args[0]!r}") from None
+        if (act := hf.get("hidden_act", HF_QWEN3_DEFAULTS["hidden_act"])) != "silu":
+            raise ValueError(f"unsupported hidden_act {act!r}")
+
+        num_heads = positive_int("num_attention_heads")
+        if "num_key_value_heads" in hf and hf["num_key_value_heads"] is None:
+            num_kv_heads = num_heads  # HF: an explicit null means one KV head per attention head
+        else:
+            num_kv_heads = positive_int("num_key_value_heads")
+        if num_heads % num_kv_heads:
+            origin = "" if "num_key_value_heads" in hf else ", HF's Qwen3Config default: config.json does not set it"
+            raise ValueError(f"config.json: num_attention_heads ({num_heads}) must be a multiple of "
+                             f"num_key_value_heads ({num_kv_heads}{origin})")
+        head_dim = positive_int("head_dim")
+        if head_dim % 2:
+            raise ValueError(f"config.json: head_dim must be even for RoPE, got {head_dim}")
+        return cls(
+            vocab_size=positive_int("vocab_size"),
+            hidden_size=positive_int("hidden_size"),
+            intermediate_size=positive_int("intermediate_size"),
+            num_layers=positive_int("num_hidden_layers"),
+            num_heads=num_heads,
+            num_kv_heads=num_kv_heads,
+            head_dim=head_dim,
+            rope_theta=float(theta),
+            rms_norm_eps=positive_number("rms_norm_eps"),
+            max_position_embeddings=positive_int("max_position_embeddings"),
+            tie_word_embeddings=get("tie_word_embeddings", lambda v: isinstance(v, bool), "true or false"),
+            bos_token_id=get("bos_token_id", lambda v: v is None or _is_int(v), "an integer or null"),
+            eos_token_id=get("eos_token_id", _is_token_ids, "an integer, a list of integers, or null"),
+        )
 
     def to_hf(self, dtype: str = "bfloat16") -> dict[str, Any]:
         """The HF `config.json` dict that transformers' Qwen3ForCausalLM loads."""

@@ -1,7 +1,7 @@
 """GSM8K grade-school math, read from local files (JSONL, or Parquet when pyarrow is installed).
 
 Each record has ``question`` and ``answer``; the ground truth is the number after ``####`` in ``answer``
-(commas removed), as in the dataset's own format.
+(commas removed), as in the dataset's own format, kept exact (a `decimal.Decimal` of that text).
 
 Decisions:
 
@@ -10,7 +10,8 @@ Decisions:
   emit) or on a last line ``#### <number>`` (``answer_format="hash"``, GSM8K's own style, closer to what a
   model fine-tuned on GSM8K solutions writes).
 - ``correctness`` (1.0): the number extracted from the completion (see `monorl.tasks.answers`: ``\\boxed{}``,
-  then ``####``, then "answer is", then the last number) equals the ground truth numerically.
+  then ``####``, then "answer is", then the last number) equals the ground truth exactly (``2,880,001`` is
+  not ``2880000``; ``3.50`` is ``3.5``).
 - ``format`` (0.1 by default): the completion gives a number in the *requested* format. It is small, so a
   wrong answer in the right format never beats a right answer in the wrong one, but large enough to pull a
   model toward answers the grader reads without guessing.
@@ -24,6 +25,7 @@ import json
 import random
 import re
 from collections.abc import Iterator
+from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
@@ -39,14 +41,15 @@ INSTRUCTIONS = {
 _GOLD_RE = re.compile(r"^\s*-?\d[\d,]*(?:\.\d+)?\s*$")
 
 
-def gold_answer(solution: str) -> float:
-    """The ground-truth number of a GSM8K reference solution: what follows ``####``, commas removed."""
+def gold_answer(solution: str) -> Decimal:
+    """The ground-truth number of a GSM8K reference solution: what follows ``####``, commas removed, as an
+    exact Decimal (a float would make large or decimal golds compare inexactly)."""
     raw = extract_after_hash(solution)
     if raw is None:
         raise ValueError("no '####' marker in the reference solution")
     if not _GOLD_RE.match(raw):
         raise ValueError(f"the text after '####' is not a plain number: {raw.strip()!r}")
-    return float(raw.replace(",", ""))
+    return Decimal(raw.replace(",", "").strip())
 
 
 def load_records(path: str | Path) -> list[dict[str, Any]]:
@@ -140,7 +143,7 @@ class Gsm8kTask(Task):
 
     def reward(self, prompt: Prompt, completion: str) -> dict[str, float]:
         got = extract_number(completion)
-        correct = got is not None and numbers_equal(got.value, float(prompt.answer))
+        correct = got is not None and numbers_equal(got.value, prompt.answer)
         if self.answer_format == "boxed":
             raw = extract_boxed(completion)
         else:

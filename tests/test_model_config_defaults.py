@@ -1,0 +1,167 @@
+"""ModelConfig.from_hf resolves every key a config.json leaves out the way transformers' Qwen3Config does.
+
+transformers is the oracle here (a test dependency only): each full Qwen3 config below is read with one key
+dropped at a time, and monorl's resolved values must equal Qwen3Config's. The old from_hf derived a missing
+head_dim as hidden_size // num_attention_heads (HF: 128), so loading such a checkpoint ended in a tensor-shape
+error far from the cause.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import warnings
+from typing import Any
+
+import pytest
+
+from monorl.model.checkpoint import load_checkpoint
+from monorl.model.config import HF_QWEN3_DEFAULTS, ModelConfig, model_shape
+
+transformers = pytest.importorskip("transformers")
+
+# Qwen3-0.6B's released config.json (legacy style: top-level rope_theta, rope_scaling null; 16 heads, 8 KV heads).
+QWEN3_0_6B = {
+    "architectures": ["Qwen3ForCausalLM"], "attention_bias": False, "attention_dropout": 0.0, "bos_token_id": 151643,
+    "eos_token_id": 151645, "head_dim": 128, "hidden_act": "silu", "hidden_size": 1024, "initializer_range": 0.02,
+    "intermediate_size": 3072, "max_position_embeddings": 40960, "max_window_layers": 28, "model_type": "qwen3",
+    "num_attention_heads": 16, "num_hidden_layers": 28, "num_key_value_heads": 8, "rms_norm_eps": 1e-06,
+    "rope_scaling": None, "rope_theta": 1000000, "sliding_window": None, "tie_word_embeddings": True,
+    "torch_dtype": "bfloat16", "transformers_version": "4.51.0", "use_cache": True, "use_sliding_window": False,
+    "vocab_size": 151936,
+}
+# What monorl writes (transformers 5 style: rope_parameters as well as rope_theta), for a shape with 32 heads and
+# non-default values everywhere (so that dropping any key changes something).
+MONORL_8B = model_shape("qwen3-8b").replace(rope_theta=500_000.0, rms_norm_eps=1e-5, max_position_embeddings=8192,
+                                            eos_token_id=[151645, 151643]).to_hf()
+FULL_CONFIGS = {"qwen3-0.6b-released": QWEN3_0_6B, "monorl-to_hf-8b": MONORL_8B}
+
+
+def hf_resolved(d: dict[str, Any]) -> dict[str, Any]:
+    """The values transformers.Qwen3Config(**d) resolves, under ModelConfig's field names."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        c = transformers.Qwen3Config(**d)
+    return dict(
+        vocab_size=c.vocab_size, hidden_size=c.hidden_size, intermediate_size=c.intermediate_size,
+        num_layers=c.num_hidden_layers, num_heads=c.num_attention_heads, num_kv_heads=c.num_key_value_heads,
+        head_dim=c.head_dim, rope_theta=c.rope_parameters["rope_theta"], rms_norm_eps=c.rms_norm_eps,
+        max_position_embeddings=c.max_position_embeddings, tie_word_embeddings=c.tie_word_embeddings,
+        bos_token_id=c.bos_token_id, eos_token_id=c.eos_token_id,
+    )
+
+
+def assert_same_as_hf(d: dict[str, Any]) -> None:
+    expected = hf_resolved(d)
+    if expected["num_heads"] % expected["num_kv_heads"]:
+        # HF builds such a config but no model from it (num_key_value_groups would be 0); monorl says why.
+        with pytest.raises(ValueError, match="num_key_value_heads") as e:
+            ModelConfig.from_hf(d)
+        assert "\n" not in str(e.value)
+        return
+    got = dataclasses.asdict(ModelConfig.from_hf(d))
+    assert got == expected  # (an int rope_theta in config.json is the same number as monorl's float)
+
+
+def test_hard_coded_defaults_are_transformers_defaults():
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        c = transformers.Qwen3Config()
+    for key, value in HF_QWEN3_DEFAULTS.items():
+        hf_value = c.rope_parameters["rope_theta"] if key == "rope_theta" else getattr(c, key)
+        assert (hf_value, type(hf_value)) == (value, type(value)), key
+
+
+@pytest.mark.parametrize("name", sorted(FULL_CONFIGS))
+def test_full_config_matches_hf(name):
+    assert_same_as_hf(FULL_CONFIGS[name])
+
+
+@pytest.mark.parametrize("name,key", [(n, k) for n in sorted(FULL_CONFIGS) for k in FULL_CONFIGS[n]
+                                      if k != "model_type"])  # model_type is how monorl recognises Qwen3
+def test_each_key_dropped_matches_hf(name, key):
+    d = {k: v for k, v in FULL_CONFIGS[name].items() if k != key}
+    assert_same_as_hf(d)
+
+
+def test_missing_head_dim_is_128_not_hidden_over_heads():
+    d = {k: v for k, v in QWEN3_0_6B.items() if k != "head_dim"}
+    assert ModelConfig.from_hf(d).head_dim == 128 != d["hidden_size"] // d["num_attention_heads"]
+
+
+def test_empty_config_matches_hf():
+    assert_same_as_hf({"model_type": "qwen3"})
+    assert dataclasses.asdict(ModelConfig.from_hf({"model_type": "qwen3"})) == dict(
+        vocab_size=151936, hidden_size=4096, intermediate_size=22016, num_layers=32, num_heads=32, num_kv_heads=32,
+        head_dim=128, rope_theta=10000.0, rms_norm_eps=1e-6, max_position_embeddings=32768,
+        tie_word_embeddings=False, bos_token_id=None, eos_token_id=None)
+
+
+def test_num_key_value_heads_absent_or_null():
+    # absent: Qwen3Config's field default (32), whatever num_attention_heads is; explicit null: num_attention_heads
+    for heads in (8, 32, 64):
+        base = {"model_type": "qwen3", "num_attention_heads": heads}
+        assert_same_as_hf(base)
+        assert_same_as_hf({**base, "num_key_value_heads": None})
+        assert ModelConfig.from_hf({**base, "num_key_value_heads": None}).num_kv_heads == heads
+    assert ModelConfig.from_hf({"model_type": "qwen3", "num_attention_heads": 64}).num_kv_heads == 32
+    with pytest.raises(ValueError, match=r"num_attention_heads \(16\) must be a multiple of num_key_value_heads "
+                                         r"\(32, HF's Qwen3Config default: config.json does not set it\)"):
+        ModelConfig.from_hf({"model_type": "qwen3", "num_attention_heads": 16})
+
+
+@pytest.mark.parametrize("rope", [
+    {"rope_theta": 123.0},  # top-level only
+    {"rope_parameters": {"rope_type": "default"}, "rope_theta": 456.0},  # dict without theta: top-level fills it
+    {"rope_parameters": {"rope_type": "default", "rope_theta": 4.0}, "rope_theta": 3.0},  # dict wins
+    {"rope_parameters": None, "rope_theta": 5.0},
+    {"rope_scaling": {"rope_type": "default", "rope_theta": 7e5}, "rope_parameters": {"rope_theta": 5e5}},
+    {"rope_scaling": None, "rope_parameters": {"rope_theta": 5e5}},
+    {"rope_scaling": {"type": "default"}},
+    {"rope_parameters": {"rope_type": "default"}},
+])
+def test_rope_theta_resolution_matches_hf(rope):
+    assert_same_as_hf({"model_type": "qwen3", **rope})
+
+
+@pytest.mark.parametrize("key", ["vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
+                                 "num_attention_heads", "head_dim", "rms_norm_eps", "max_position_embeddings",
+                                 "tie_word_embeddings", "attention_bias", "use_sliding_window"])
+def test_null_values_are_rejected_like_hf(key):
+    d = {**QWEN3_0_6B, key: None}
+    with pytest.raises(Exception):  # noqa: B017 (HF's strict dataclass error type is private to huggingface_hub)
+        transformers.Qwen3Config(**d)
+    with pytest.raises(ValueError, match=f"config.json: {key} must be") as e:
+        ModelConfig.from_hf(d)
+    assert "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize("key,value,match", [
+    ("head_dim", "128", "head_dim must be a positive integer, got '128'"),
+    ("hidden_size", 1024.5, "hidden_size must be a positive integer"),
+    ("num_hidden_layers", True, "num_hidden_layers must be a positive integer"),
+    ("vocab_size", 0, "vocab_size must be a positive integer"),
+    ("head_dim", 7, "head_dim must be even"),
+    ("rope_theta", None, "rope_theta must be a positive number, got None"),
+    ("tie_word_embeddings", "true", "tie_word_embeddings must be true or false"),
+    ("eos_token_id", "</s>", "eos_token_id must be an integer, a list of integers, or null"),
+    ("rope_scaling", {"rope_type": "yarn", "factor": 4.0}, "unsupported rope_type 'yarn'"),
+    ("rope_parameters", [1], "rope_parameters must be an object"),
+])
+def test_bad_values_are_one_line_errors(key, value, match):
+    with pytest.raises(ValueError, match=match) as e:
+        ModelConfig.from_hf({**QWEN3_0_6B, key: value})
+    assert "\n" not in str(e.value)
+
+
+def test_checkpoint_without_head_dim_loads(make_hf_checkpoint, load_hf_model):
+    """End to end: an HF checkpoint whose head_dim is HF's default (128, not hidden_size // heads = 16) loads
+    after head_dim is removed from its config.json, as it does in transformers."""
+    path = make_hf_checkpoint(hidden_size=64, num_attention_heads=4, num_key_value_heads=2, head_dim=128,
+                              intermediate_size=64, num_hidden_layers=1, vocab_size=32)
+    cfg = json.loads((path / "config.json").read_text())
+    del cfg["head_dim"]
+    (path / "config.json").write_text(json.dumps(cfg))
+    model = load_checkpoint(path)
+    assert model.config.head_dim == 128
+    assert load_hf_model(path).config.head_dim == 128

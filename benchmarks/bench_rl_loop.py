@@ -27,7 +27,7 @@ import tempfile
 import time
 from pathlib import Path
 
-BASE = ["--preset", "qwen3_0_6b_sum_digits", "--model.random_init", "true", "--rollout.ignore_eos", "true",
+BASE = ["--preset", "qwen3_0_6b_sum_digits", "--model.shape", "qwen3-0.6b", "--rollout.ignore_eos", "true",
         "--checkpoint.final", "false"]
 
 NO_TRAINER_GRAPHS = ["--compile.trainer_cuda_graphs", "false"]

@@ -6,11 +6,15 @@ only on those numbers -- not on which slot it ran in, what else was in the batch
 or how many sequences fit at once -- and there is no RNG state to register with a graph.
 
 Sampling is Gumbel-max over the temperature-scaled logits restricted to the top-k / top-p set, which
-draws exactly from softmax(logits / T) renormalised over that set. Nothing sorts the whole vocabulary
-(top-k uses topk, top-p a few Gumbel candidates, see `_top_p_sample`), and everything is a fixed-shape
-tensor program, so it runs inside the CUDA graph. The returned log-prob is of the
-temperature-scaled distribution *before* truncation (`monorl.model.logprobs.token_logprobs`, the
-trainer's function), with temperature 1.0 for greedy decoding.
+draws exactly from softmax(logits / T) renormalised over that set. The set is found per row from the
+logits sorted in descending order (`torch.topk` for top-k, a full-vocabulary `torch.sort` for top-p
+alone; plain temperature sampling and greedy sort nothing), and the nucleus is computed in integer fixed
+point, so its cumulative sums are exact and independent of reduction order (see `_nucleus_threshold`).
+Everything is a fixed-shape tensor program without host syncs, so it runs inside the CUDA graph, and a
+row's token depends only on that row's logits, key and position, never on the rest of the batch. The
+returned log-prob is of the temperature-scaled distribution *before* truncation
+(`monorl.model.logprobs.token_logprobs`, the trainer's function), with temperature 1.0 for greedy
+decoding.
 """
 
 from __future__ import annotations
@@ -93,36 +97,60 @@ def gumbel_noise(keys: Tensor, positions: Tensor, vocab_size: int) -> Tensor:
     return -torch.log(-torch.log(u))
 
 
-def _top_k_threshold(scaled: Tensor, top_p: float, top_k: int) -> Tensor:
-    """Per-row smallest logit kept by top-k (then top-p within the top-k, as HF orders them) [B, 1]."""
-    srt = torch.topk(scaled, top_k, dim=-1).values  # sorted, descending
-    if top_p >= 1.0:
-        return srt[:, -1:]
-    probs = torch.softmax(srt, dim=-1)
-    before = torch.cumsum(probs, dim=-1) - probs  # mass of better-ranked tokens
-    n_keep = (before < top_p).sum(dim=-1, keepdim=True)  # >= 1: the first always stays
+_SCAN_BLOCK = 1024
+
+
+def _count_prefix_below(q: Tensor, limit: Tensor) -> Tensor:
+    """Per row, how many positions i have sum(q[:, :i]) < limit; q [B, n] int64 >= 0, limit [B, 1] >= 1.
+    Since the prefix sums never decrease, those positions are a prefix (>= 1 long).
+
+    A blocked scan: block masses, a scan over the blocks, then a scan inside the one block where the
+    limit is crossed. Integer sums are exact, so this equals the plain cumsum; but no scan is longer than
+    max(_SCAN_BLOCK, n / _SCAN_BLOCK), which keeps torch.compile on its plain (unsplit) scan kernels --
+    its split scan of a long int64 row fails to compile with a dynamic batch (torch 2.11)."""
+    B, n = q.shape
+    if n <= _SCAN_BLOCK:
+        return ((torch.cumsum(q, dim=-1) - q) < limit).sum(dim=-1, keepdim=True)
+    L = _SCAN_BLOCK
+    nb = -(-n // L)
+    if nb * L != n:
+        q = torch.nn.functional.pad(q, (0, nb * L - n))  # zero mass: never counted (total >= limit)
+    blocks = q.view(B, nb, L)
+    mass = blocks.sum(dim=-1)  # [B, nb]
+    start = torch.cumsum(mass, dim=-1) - mass  # mass before each block
+    b = (start < limit).sum(dim=-1, keepdim=True) - 1  # [B, 1] the block where the limit is crossed (>= 0)
+    blk = blocks.gather(1, b[:, :, None].expand(B, 1, L))[:, 0]  # [B, L]
+    before = start.gather(1, b) + torch.cumsum(blk, dim=-1) - blk
+    return b * L + (before < limit).sum(dim=-1, keepdim=True)
+
+
+def _nucleus_threshold(srt: Tensor, top_p: float) -> Tensor:
+    """Smallest logit of the top-p nucleus [B, 1], from logits `srt` [B, n] sorted descending per row.
+
+    A token is in the nucleus iff the probability mass of the tokens with a strictly larger logit is
+    < top_p (HF's TopPLogitsWarper rule; the most likely token is always in). Tokens tied with the
+    boundary token are all kept (HF keeps an arbitrary subset of them, by its sort order), so the kept set
+    is a function of the logit values alone.
+
+    The masses are integers: q = floor(exp(logit - max) * 2**K), with K chosen from the (static) n so the
+    row total stays below 2**62. Integer sums are exact, so the nucleus does not depend on the reduction
+    order a backend picks for a batch shape (a float cumsum's result may), so sampling stays batch-invariant.
+    The truncation error is < 2**-K per token, i.e. < n * 2**-K of the row's total mass (< 2**-26 for
+    n < 2**18), below fp32 softmax rounding."""
+    n = int(srt.shape[-1])  # static per vocabulary (specialised under torch.compile)
+    scale = float(2 ** (62 - n.bit_length()))  # n * scale < 2**62: no int64 overflow
+    q = (torch.exp(srt - srt[:, :1]) * scale).to(torch.int64)  # in [0, scale], exp(0) * scale exactly
+    # before < top_p * total  <=>  before < ceil(top_p * total), for an integer `before`
+    limit = torch.ceil(q.sum(dim=-1, keepdim=True).to(torch.float64) * top_p).to(torch.int64)  # >= 1
+    n_keep = _count_prefix_below(q, limit)  # >= 1, <= n
     return srt.gather(-1, n_keep - 1)
 
 
-def _top_p_sample(scaled: Tensor, noise: Tensor, top_p: float, candidates: int) -> Tensor:
-    """Exact nucleus sampling without sorting the vocabulary. Gumbel-max restricted to a set S picks the
-    first token of the perturbed order that lies in S; so take the top few of the perturbed logits and
-    keep the first one inside the nucleus (token c is inside iff the mass of tokens more probable than c
-    is < top_p). If none of them is (probability ~ tail_mass ** candidates), take the most probable token."""
-    probs = torch.softmax(scaled, dim=-1)
-    cand = torch.topk(scaled + noise, candidates, dim=-1).indices  # [B, K], perturbed order
-    pc = probs.gather(-1, cand)
-    above = torch.where(probs[:, None, :] > pc[:, :, None], probs[:, None, :], 0.0).sum(-1)  # [B, K]
-    inside = above < top_p
-    first = torch.argmax(inside.to(torch.int32), dim=-1, keepdim=True)  # first True (argmax returns the first max)
-    chosen = cand.gather(-1, first)[:, 0]
-    return torch.where(inside.any(dim=-1), chosen, torch.argmax(probs, dim=-1))
-
-
 def sample(logits: Tensor, keys: Tensor, positions: Tensor, params: SamplingParams,
-           top_p_candidates: int = 8) -> tuple[Tensor, Tensor]:
+           token_logprobs=token_logprobs) -> tuple[Tensor, Tensor]:
     """logits [B, V] -> (tokens int64 [B], log-probs fp32 [B]). `keys` [B] int64 (see `sequence_key`),
-    `positions` [B] int64: the position the sampled token will have. No host sync, no vocabulary sort."""
+    `positions` [B] int64: the position the sampled token will have. No host sync. Top-k then top-p
+    (HF's order: the nucleus is taken of the distribution renormalised over the top-k)."""
     V = logits.shape[-1]
     if params.greedy:
         tokens = torch.argmax(logits, dim=-1)
@@ -130,10 +158,16 @@ def sample(logits: Tensor, keys: Tensor, positions: Tensor, params: SamplingPara
         scaled = logits.float() / params.temperature
         noise = gumbel_noise(keys, positions, V)
         if 0 < params.top_k < V:
-            thresh = _top_k_threshold(scaled, params.top_p, params.top_k)
-            tokens = torch.argmax((scaled + noise).masked_fill(scaled < thresh, float("-inf")), dim=-1)
+            srt = torch.topk(scaled, params.top_k, dim=-1).values  # sorted, descending
         elif params.top_p < 1.0:
-            tokens = _top_p_sample(scaled, noise, params.top_p, min(top_p_candidates, V))
+            # x -> float(x) / T is monotone, so scaling the sorted logits gives exactly the sorted `scaled`;
+            # sorting in the logits' own dtype (bf16 from the model: half the radix passes) is faster.
+            srt = torch.sort(logits, dim=-1, descending=True).values.float() / params.temperature
         else:
+            srt = None
+        if srt is None:
             tokens = torch.argmax(scaled + noise, dim=-1)
+        else:
+            thresh = srt[:, -1:] if params.top_p >= 1.0 else _nucleus_threshold(srt, params.top_p)
+            tokens = torch.argmax((scaled + noise).masked_fill(scaled < thresh, float("-inf")), dim=-1)
     return tokens, token_logprobs(logits, tokens, params.logprob_temperature)

@@ -1,5 +1,7 @@
-"""Shared fixtures. The oracle for "is the model right" is HF transformers' Qwen3ForCausalLM, built
-tiny and random here and saved with `save_pretrained`, so every test reads a real HF checkpoint."""
+"""Shared fixtures and helpers. The oracle for "is the model right" is HF transformers' Qwen3ForCausalLM, built
+tiny and random here and saved with `save_pretrained`, so every test reads a real HF checkpoint.
+
+Helpers other test files use are plain names here: `from tests.conftest import DigitsTask, digits_cfg`."""
 
 from __future__ import annotations
 
@@ -9,6 +11,9 @@ from typing import Any
 
 import pytest
 import torch
+
+from monorl.config import RunConfig, preset
+from monorl.tasks.base import Prompt, Task
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -70,3 +75,54 @@ def load_hf_model() -> Callable[..., torch.nn.Module]:
         return transformers.Qwen3ForCausalLM.from_pretrained(path, dtype=dtype).eval()
 
     return load
+
+
+# ---- a short RL run --------------------------------------------------------------------------------
+
+class DigitsTask(Task):
+    """Rewards the share of digits in the completion: a random model already gets varied rewards, so the
+    loop has a learning signal from step 0 without a warm start. Loaded by the loop as a user task."""
+
+    name = "digits"
+    reward_components = ("digits",)
+
+    def train_prompts(self, seed: int = 0, start: int = 0):
+        i = start
+        while True:
+            yield Prompt(text=f"Say numbers {i % 7}", answer=None, meta={"index": i})
+            i += 1
+
+    def val_prompts(self, n: int) -> list[Prompt]:
+        return [Prompt(text=f"Say numbers {i}", answer=None, meta={"index": i}) for i in range(n)]
+
+    def reward(self, prompt: Prompt, completion: str) -> dict[str, float]:
+        if "!" in completion:
+            raise RuntimeError("a reward function that raises: logged, scored 0, the run goes on")
+        return {"digits": sum(c.isdigit() for c in completion) / max(1, len(completion))}
+
+
+def digits_cfg(tmp_path: Path, steps: int = 3) -> RunConfig:
+    """The tiny preset cut down to seconds on CPU, on `DigitsTask`, in `tmp_path / "run"`."""
+    cfg = preset("tiny")
+    cfg.run_dir = str(tmp_path / "run")
+    cfg.steps = steps
+    cfg.task.name, cfg.task.args = "tests.conftest:DigitsTask", {}
+    cfg.warm_start.steps = 0
+    cfg.validation.num_prompts = 4
+    cfg.rollout.prompts_per_step, cfg.rollout.group_size, cfg.rollout.max_new_tokens = 4, 6, 12
+    cfg.trainer.lr = 1e-3
+    return cfg
+
+
+# ---- GPU oracles -----------------------------------------------------------------------------------
+
+def full_forward_logprobs(model, prompt: list[int], completion: list[int], temperature: float) -> torch.Tensor:
+    """Log-probs of `completion` after `prompt` from one eager full forward on CUDA (no cache, no graphs)."""
+    from monorl.model.attention import VarlenContext
+    from monorl.model.logprobs import token_logprobs
+
+    ids = torch.tensor(prompt + completion, device="cuda")
+    ctx = VarlenContext.from_lengths([len(ids)], "cuda")
+    with torch.no_grad(), torch.compiler.set_stance("force_eager"):
+        logits = model.compute_logits(model(ids, ctx.positions, ctx))[len(prompt) - 1:-1]
+    return token_logprobs(logits, torch.tensor(completion, device="cuda"), temperature).cpu()

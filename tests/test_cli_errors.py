@@ -15,7 +15,7 @@ from monorl.model.qwen3 import build_model
 from monorl.model.tokenizer import CharTokenizer
 from monorl.rl.loop import GRPORun, load_policy
 from monorl.tasks.base import RewardError
-from tests.test_loop import DigitsTask, _cfg
+from tests.conftest import DigitsTask, digits_cfg
 
 # a cut-down tiny run (seconds on CPU): what the cases below add to it is the only thing wrong
 FAST = ["--device", "cpu", "--steps", "1", "--warm_start.steps", "0", "--validation.num_prompts", "2",
@@ -101,7 +101,7 @@ class AlwaysFails(DigitsTask):
 
 
 def test_reward_failing_everywhere_stops_the_run(tmp_path, caplog):
-    cfg = _cfg(tmp_path, steps=6)
+    cfg = digits_cfg(tmp_path, steps=6)
     cfg.task.name = "tests.test_cli_errors:AlwaysFails"
     run = GRPORun(cfg, progress=False)
     with pytest.raises(RewardError, match=r"failed on every completion of 3 steps in a row.*KeyError"):

@@ -16,7 +16,7 @@ from monorl.model.attention import VarlenContext
 from monorl.model.config import model_shape
 from monorl.model.qwen3 import FusableProjections, build_model, fuse_projections_
 from monorl.ops.batch_invariant import batch_invariant_mode
-from tests.test_generate_gpu import _full_forward_logprobs
+from tests.conftest import full_forward_logprobs
 
 FUSED_PARAMS = ("q_proj", "k_proj", "v_proj", "gate_proj", "up_proj")
 
@@ -240,8 +240,8 @@ def test_fused_cuda_graph_decode_matches_unfused(compile):
             err_fused, err_plain, err_prefix, same, total = [], [], [], 0, 0
             for p, ca, cb in zip(ps, a, b, strict=True):
                 for x, y in zip(ca, cb, strict=True):
-                    err_fused.append(torch.tensor(x.logprobs) - _full_forward_logprobs(plain.model, p, x.token_ids, T))
-                    err_plain.append(torch.tensor(y.logprobs) - _full_forward_logprobs(plain.model, p, y.token_ids, T))
+                    err_fused.append(torch.tensor(x.logprobs) - full_forward_logprobs(plain.model, p, x.token_ids, T))
+                    err_plain.append(torch.tensor(y.logprobs) - full_forward_logprobs(plain.model, p, y.token_ids, T))
                     diff = [i for i, (s, t) in enumerate(zip(x.token_ids, y.token_ids, strict=True)) if s != t]
                     k = diff[0] if diff else len(x.token_ids)
                     err_prefix.append(torch.tensor(x.logprobs[:k]) - torch.tensor(y.logprobs[:k]))

@@ -9,6 +9,7 @@ import torch
 from monorl.generate import Generator, GeneratorConfig, SamplingParams
 from monorl.generate.attention import paged_decode_torch, paged_decode_triton, triton_decode_supported
 from monorl.model import build_model, model_shape
+from tests.conftest import full_forward_logprobs
 
 pytestmark = pytest.mark.gpu
 
@@ -43,17 +44,6 @@ def test_triton_paged_decode_matches_torch(heads, kv_heads, D):
     torch.testing.assert_close(a, b, atol=2e-2, rtol=2e-2)
 
 
-def _full_forward_logprobs(model, prompt: list[int], completion: list[int], temperature: float) -> torch.Tensor:
-    from monorl.model.attention import VarlenContext
-    from monorl.model.logprobs import token_logprobs
-
-    ids = torch.tensor(prompt + completion, device="cuda")
-    ctx = VarlenContext.from_lengths([len(ids)], "cuda")
-    with torch.no_grad(), torch.compiler.set_stance("force_eager"):
-        logits = model.compute_logits(model(ids, ctx.positions, ctx))[len(prompt) - 1:-1]
-    return token_logprobs(logits, torch.tensor(completion, device="cuda"), temperature).cpu()
-
-
 @pytest.mark.parametrize("compile", [False, True])
 def test_cuda_graph_decode_equals_eager(compile):
     model = tiny_cuda_model()
@@ -75,7 +65,7 @@ def test_cuda_graph_decode_equals_eager(compile):
             T = sp.temperature if not sp.greedy else 1.0
             for p, comps in zip(ps, a, strict=True):
                 for c in comps:
-                    ref = _full_forward_logprobs(model, p, c.token_ids, T)
+                    ref = full_forward_logprobs(model, p, c.token_ids, T)
                     torch.testing.assert_close(torch.tensor(c.logprobs), ref, atol=0.1, rtol=0)
             continue
         eager = Generator(model, GeneratorConfig(cuda_graphs=False, **cfg))

@@ -10,45 +10,11 @@ from monorl.generate.engine import Generator, GeneratorConfig
 from monorl.generate.sampling import SamplingParams
 from monorl.model.checkpoint import load_checkpoint
 from monorl.rl.loop import GRPORun
-from monorl.tasks.base import Prompt, Task
-
-
-class DigitsTask(Task):
-    """Rewards the share of digits in the completion: a random model already gets varied rewards, so the
-    loop has a learning signal from step 0 without a warm start. Loaded by the loop as a user task."""
-
-    name = "digits"
-    reward_components = ("digits",)
-
-    def train_prompts(self, seed: int = 0, start: int = 0):
-        i = start
-        while True:
-            yield Prompt(text=f"Say numbers {i % 7}", answer=None, meta={"index": i})
-            i += 1
-
-    def val_prompts(self, n: int) -> list[Prompt]:
-        return [Prompt(text=f"Say numbers {i}", answer=None, meta={"index": i}) for i in range(n)]
-
-    def reward(self, prompt: Prompt, completion: str) -> dict[str, float]:
-        if "!" in completion:
-            raise RuntimeError("a reward function that raises: logged, scored 0, the run goes on")
-        return {"digits": sum(c.isdigit() for c in completion) / max(1, len(completion))}
-
-
-def _cfg(tmp_path, steps: int = 3):
-    cfg = preset("tiny")
-    cfg.run_dir = str(tmp_path / "run")
-    cfg.steps = steps
-    cfg.task.name, cfg.task.args = "tests.test_loop:DigitsTask", {}
-    cfg.warm_start.steps = 0
-    cfg.validation.num_prompts = 4
-    cfg.rollout.prompts_per_step, cfg.rollout.group_size, cfg.rollout.max_new_tokens = 4, 6, 12
-    cfg.trainer.lr = 1e-3
-    return cfg
+from tests.conftest import digits_cfg
 
 
 def test_short_loop_end_to_end(tmp_path, capsys):
-    cfg = _cfg(tmp_path)
+    cfg = digits_cfg(tmp_path)
     run = GRPORun(cfg, progress=False)
     before = [p.detach().clone() for p in run.policy.parameters()]
     result = run.run()
@@ -66,7 +32,7 @@ def test_short_loop_end_to_end(tmp_path, capsys):
     assert [m["step"] for m in metrics if "step" in m] == [0, 1, 2]
     samples = [json.loads(line) for line in (rd / "samples.jsonl").read_text().splitlines()]
     assert samples and {"prompt", "completion", "rewards", "advantage"} <= set(samples[0])
-    assert json.loads((rd / "config.json").read_text())["task"]["name"] == "tests.test_loop:DigitsTask"
+    assert json.loads((rd / "config.json").read_text())["task"]["name"] == "tests.conftest:DigitsTask"
     final = load_checkpoint(rd / "checkpoints" / "final")  # the trained policy, in HF format
     for (name, p), q in zip(run.policy.named_parameters(), final.parameters(), strict=True):
         assert torch.equal(p.detach(), q), name
@@ -74,7 +40,7 @@ def test_short_loop_end_to_end(tmp_path, capsys):
 
 def test_generator_samples_from_the_updated_weights(tmp_path):
     """After a trainer step and the in-place sync, the generator's outputs are those of the new policy."""
-    cfg = _cfg(tmp_path)
+    cfg = digits_cfg(tmp_path)
     run = GRPORun(cfg, progress=False)
     prompt = [run.tokenizer.encode("Say numbers 3")]
     sp = SamplingParams(max_new_tokens=8, temperature=1.0, seed=7)
@@ -91,3 +57,30 @@ def test_generator_samples_from_the_updated_weights(tmp_path):
     assert [c.token_ids for c in new[0]] == [c.token_ids for c in ref[0]]
     torch.testing.assert_close([c.logprobs for c in new[0]], [c.logprobs for c in ref[0]], atol=1e-6, rtol=0)
     assert [c.logprobs for c in new[0]] != [c.logprobs for c in old[0]]
+
+
+def test_kl_reference_is_the_policy_after_the_warm_start(tmp_path):
+    """kl_coef > 0 with a warm start: the KL penalty holds the policy near where RL starts (after the warm
+    start), not near the weights the run loaded before it."""
+    cfg = preset("tiny")  # sum_digits: a task with reference solutions, for the warm start
+    cfg.run_dir, cfg.steps, cfg.checkpoint.final = str(tmp_path / "run"), 1, False
+    cfg.warm_start.steps, cfg.warm_start.batch_size = 2, 4
+    cfg.validation.num_prompts = 2
+    cfg.rollout.prompts_per_step, cfg.rollout.group_size, cfg.rollout.max_new_tokens = 2, 2, 4
+    cfg.trainer.loss.kl_coef = 0.1
+    run = GRPORun(cfg, progress=False)
+    initial = {k: v.clone() for k, v in run.policy.state_dict().items()}
+    after_warm_start = {}
+    warm_start = run.warm_start
+
+    def recording_warm_start():
+        warm_start()
+        after_warm_start.update({k: v.clone() for k, v in run.policy.state_dict().items()})
+
+    run.warm_start = recording_warm_start
+    result = run.run()
+    assert "kl" in result.steps[0]
+    assert any(not torch.equal(after_warm_start[k], initial[k]) for k in initial)  # the warm start trained
+    ref = run.trainer.ref_model.state_dict()
+    for k, v in after_warm_start.items():
+        assert torch.equal(ref[k], v), k

@@ -7,7 +7,7 @@ import torch
 
 from monorl.compile import CompileConfig, compile_counters
 from monorl.rl.loop import GRPORun
-from tests.test_loop import _cfg
+from tests.conftest import digits_cfg
 
 pytestmark = pytest.mark.gpu
 
@@ -16,7 +16,7 @@ pytestmark = pytest.mark.gpu
 def test_loop_on_gpu(tmp_path, backend):
     if not torch.cuda.is_available():
         pytest.skip("needs CUDA")
-    cfg = _cfg(tmp_path)  # the digits user task: reward signal from a random model
+    cfg = digits_cfg(tmp_path)  # the digits user task: reward signal from a random model
     cfg.device = "cuda"
     cfg.compile = CompileConfig(backend=backend, cache_dir=str(tmp_path / "cache"))
     run = GRPORun(cfg, progress=False)
@@ -46,7 +46,7 @@ def test_loop_batch_invariant_with_trainer_graphs(tmp_path):
         pytest.skip("needs CUDA")
     from monorl.ops import batch_invariant as bi
 
-    cfg = _cfg(tmp_path)
+    cfg = digits_cfg(tmp_path)
     cfg.device, cfg.batch_invariant = "cuda", True
     cfg.compile = CompileConfig(backend="inductor", trainer_cuda_graphs=True, cache_dir=str(tmp_path / "cache"))
     try:

@@ -18,7 +18,7 @@ import pytest
 import torch
 
 from monorl.cli import main
-from monorl.config import apply_overrides, config_from_dict, preset
+from monorl.config import apply_overrides, config_diff, config_from_dict, preset
 from monorl.model.checkpoint import CheckpointError
 from monorl.model.config import model_shape
 from monorl.model.qwen3 import build_model
@@ -26,16 +26,15 @@ from monorl.rl.checkpointing import (
     LATEST_FILE,
     SLOW_WRITE_ENV,
     STATE_FILE,
-    PromptStream,
-    config_diff,
     find_checkpoint,
     load_training_checkpoint,
     read_meta,
     rng_state,
     set_rng_state,
-    truncate_jsonl,
 )
 from monorl.rl.loop import GRPORun
+from monorl.rl.run_dir import truncate_jsonl
+from monorl.tasks.stream import PromptStream
 from monorl.tasks.sum_digits import SumDigitsTask
 from monorl.train.trainer import Trainer, TrainerConfig
 
@@ -163,6 +162,23 @@ def test_sigkill_during_checkpoint_write_then_resume(uninterrupted: Path, tmp_pa
     assert jsonl(run_dir / "samples.jsonl") == jsonl(uninterrupted / "samples.jsonl")
     assert not list(ckpts.glob(".*"))  # the killed write's temp dir was cleaned by the next save
 
+
+
+def test_resume_keeps_the_kl_reference(tmp_path: Path) -> None:
+    """kl_coef > 0: each checkpoint stores the KL reference (the policy after the warm start), so a resumed run
+    anchors where the uninterrupted one did, rather than to the weights it loads before the warm start."""
+    kl = {"trainer.loss.kl_coef": "0.1", "steps": "2"}
+    full = GRPORun(small_cfg(tmp_path / "full", **kl), progress=False)
+    full.run()
+    shutil.copytree(tmp_path / "full", tmp_path / "resumed")
+    resumed = GRPORun(small_cfg(tmp_path / "resumed", **kl), progress=False,
+                      resume=tmp_path / "resumed" / "checkpoints" / "step_000001")
+    resumed.run()
+    assert "kl" in step_rows(tmp_path / "full")[1]
+    assert step_rows(tmp_path / "resumed") == step_rows(tmp_path / "full")
+    ref = resumed.trainer.ref_model.state_dict()
+    for k, v in full.trainer.ref_model.state_dict().items():
+        assert torch.equal(ref[k], v), k
 
 # ---- bad files --------------------------------------------------------------------------------------------
 

@@ -219,7 +219,7 @@ def test_missing_files_and_bad_config(tmp_path, tok_dir):
     with pytest.raises(TokenizerError, match="tokenizer.json not found"):
         load_tokenizer(tmp_path / "empty")
     (tok_dir / "tokenizer_config.json").write_text("{not json")
-    with pytest.raises(TokenizerError, match="cannot read .*tokenizer_config.json"):
+    with pytest.raises(TokenizerError, match="cannot parse .*tokenizer_config.json"):
         load_tokenizer(tok_dir)
     (tok_dir / "tokenizer_config.json").write_text(json.dumps({"eos_token": "<|nope|>"}))
     with pytest.raises(TokenizerError, match=r"eos_token '<\|nope\|>'.*not in the vocabulary"):

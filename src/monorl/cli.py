@@ -30,8 +30,8 @@ def _resolve(argv: list[str]):
 def _resume_config(resume: str, rest: list[str], allow_change: bool):
     """The config to resume with: the run's config.json + `rest` overrides (or, with --preset, `rest` alone,
     as for a fresh run), checked against config.json: differing keys are an error unless allowed."""
-    from monorl.config import config_from_dict
-    from monorl.rl.checkpointing import config_diff, find_checkpoint, format_config_diff
+    from monorl.config import config_diff, config_from_dict, format_config_diff
+    from monorl.rl.checkpointing import find_checkpoint
 
     ckpt = find_checkpoint(resume)  # CheckpointError (a ValueError) names what is missing
     run_dir = ckpt.parent.parent

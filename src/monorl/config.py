@@ -1,4 +1,5 @@
-"""Run configuration: nested dataclasses, named presets, and `--a.b value` overrides."""
+"""Run configuration: nested dataclasses, named presets, `--a.b value` overrides, and what differs between two
+configs (checked when a run is resumed)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from monorl.compile import CompileConfig
+from monorl.fsutil import json_safe
 from monorl.generate.engine import GeneratorConfig
 from monorl.train.losses import LossConfig
 from monorl.train.trainer import TrainerConfig
@@ -326,3 +328,36 @@ def parse_override_args(args: list[str]) -> dict[str, str]:
             i += 2
         out[k] = v
     return out
+
+
+# ---- config changes on resume ---------------------------------------------------------------------
+
+def _flatten(d: Any, prefix: str = "") -> dict[str, Any]:
+    if isinstance(d, dict) and d:
+        out: dict[str, Any] = {}
+        for k, v in d.items():
+            out.update(_flatten(v, f"{prefix}{k}."))
+        return out
+    return {prefix[:-1]: d}
+
+
+# Keys that do not change what a run computes: where it lives.
+IGNORED_CONFIG_KEYS = ("run_dir",)
+
+
+def config_diff(old: dict[str, Any], new: dict[str, Any],
+                ignore: tuple[str, ...] = IGNORED_CONFIG_KEYS) -> list[tuple[str, Any, Any]]:
+    """(dotted key, old value, new value) for every key that differs between two `to_dict()` configs,
+    compared in their JSON form (tuples and lists alike)."""
+    a = _flatten(json.loads(json.dumps(json_safe(old), default=str)))
+    b = _flatten(json.loads(json.dumps(json_safe(new), default=str)))
+    missing = object()
+    return [(k, a.get(k, missing), b.get(k, missing)) for k in sorted(set(a) | set(b))
+            if k not in ignore and a.get(k, missing) != b.get(k, missing)]
+
+
+def format_config_diff(diff: list[tuple[str, Any, Any]]) -> str:
+    def show(v: Any) -> str:
+        return "(absent)" if not isinstance(v, str | int | float | bool | list | dict | None) else json.dumps(v)
+
+    return "\n".join(f"  {k}: {show(a)} -> {show(b)}" for k, a, b in diff)

@@ -2,15 +2,14 @@
 
 Loading builds the model on the meta device and reads each tensor straight to its target device and
 dtype, so the weights exist once. Saving writes a directory that `transformers` loads as
-`Qwen3ForCausalLM`, atomically: everything goes to a temp dir beside the target, then one rename.
+`Qwen3ForCausalLM`, atomically (`monorl.fsutil.write_dir_atomic`: a temp dir beside the target, then one
+rename).
 """
 
 from __future__ import annotations
 
 import json
 import os
-import shutil
-import uuid
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +18,7 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 from torch import Tensor
 
+from monorl.fsutil import read_json, write_dir_atomic
 from monorl.model.config import ModelConfig
 from monorl.model.qwen3 import Qwen3ForCausalLM
 from monorl.model.tokenizer import Tokenizer, load_tokenizer
@@ -48,22 +48,10 @@ def _check_dir(path: str | os.PathLike) -> Path:
     return p
 
 
-def _read_json(file: Path, what: str) -> dict[str, Any]:
-    if not file.is_file():
-        raise CheckpointError(f"{what} not found: {file}")
-    try:
-        data = json.loads(file.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise CheckpointError(f"cannot parse {file}: {e}") from None
-    if not isinstance(data, dict):
-        raise CheckpointError(f"cannot parse {file}: expected a JSON object, got {type(data).__name__}")
-    return data
-
-
 def load_config(path: str | os.PathLike) -> ModelConfig:
     """The `ModelConfig` of an HF checkpoint directory (its `config.json`)."""
     p = _check_dir(path)
-    hf = _read_json(p / CONFIG_FILE, "config.json")
+    hf = read_json(p / CONFIG_FILE, CheckpointError)
     try:
         return ModelConfig.from_hf(hf)
     except (ValueError, TypeError) as e:
@@ -75,7 +63,7 @@ def weight_files(path: str | os.PathLike) -> dict[Path, list[str] | None]:
     p = _check_dir(path)
     index = p / INDEX_FILE
     if index.is_file():
-        weight_map = _read_json(index, INDEX_FILE).get("weight_map")
+        weight_map = read_json(index, CheckpointError).get("weight_map")
         if not isinstance(weight_map, dict) or not weight_map:
             raise CheckpointError(f"{index} has no 'weight_map'")
         files: dict[Path, list[str] | None] = {}
@@ -203,52 +191,35 @@ def save_checkpoint(model: Qwen3ForCausalLM, path: str | os.PathLike, dtype: tor
     path = Path(path)
     if path.exists() and not path.is_dir():
         raise CheckpointError(f"cannot save checkpoint to {path}: it exists and is not a directory")
+    return write_dir_atomic(path, lambda d: write_checkpoint_files(model, d, dtype, tokenizer, max_shard_bytes))
+
+
+def write_checkpoint_files(model: Qwen3ForCausalLM, directory: Path, dtype: torch.dtype | None = None,
+                           tokenizer: Tokenizer | None = None, max_shard_bytes: int | None = None) -> None:
+    """The files of `save_checkpoint`, into an existing directory and not atomically: for a writer that adds
+    files of its own beside them and publishes the directory once (a training checkpoint)."""
     if any(t.is_meta for t in model.state_dict().values()):
         raise CheckpointError("cannot save a model that still has meta (unmaterialised) tensors")
     state = {name: t.detach().to("cpu", dtype=dtype or t.dtype).contiguous() for name, t in model.state_dict().items()}
     saved_dtype = dtype or next(iter(state.values())).dtype
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.parent / f".{path.name}.tmp-{uuid.uuid4().hex[:8]}"
-    tmp.mkdir()
-    try:
-        _write_json(tmp / CONFIG_FILE, model.config.to_hf(_DTYPE_NAMES.get(saved_dtype, str(saved_dtype))))
-        shards = _shards(state, max_shard_bytes)
-        if len(shards) == 1:
-            save_file(shards[0], tmp / SINGLE_FILE, metadata={"format": "pt"})
-        else:
-            weight_map = {}
-            for i, shard in enumerate(shards):
-                fname = f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors"
-                save_file(shard, tmp / fname, metadata={"format": "pt"})
-                weight_map.update(dict.fromkeys(shard, fname))
-            total = sum(t.numel() * t.element_size() for t in state.values())
-            _write_json(tmp / INDEX_FILE, {"metadata": {"total_size": total}, "weight_map": weight_map})
-        if tokenizer is not None:
-            tokenizer.save(tmp)
-            gen = {"bos_token_id": tokenizer.bos_token_id, "eos_token_id": tokenizer.eos_token_ids,
-                   "pad_token_id": tokenizer.pad_token_id}
-            _write_json(tmp / GENERATION_CONFIG_FILE, {k: v for k, v in gen.items() if v is not None})
-        _replace_dir(tmp, path)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    return path
+    _write_json(directory / CONFIG_FILE, model.config.to_hf(_DTYPE_NAMES.get(saved_dtype, str(saved_dtype))))
+    shards = _shards(state, max_shard_bytes)
+    if len(shards) == 1:
+        save_file(shards[0], directory / SINGLE_FILE, metadata={"format": "pt"})
+    else:
+        weight_map = {}
+        for i, shard in enumerate(shards):
+            fname = f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors"
+            save_file(shard, directory / fname, metadata={"format": "pt"})
+            weight_map.update(dict.fromkeys(shard, fname))
+        total = sum(t.numel() * t.element_size() for t in state.values())
+        _write_json(directory / INDEX_FILE, {"metadata": {"total_size": total}, "weight_map": weight_map})
+    if tokenizer is not None:
+        tokenizer.save(directory)
+        gen = {"bos_token_id": tokenizer.bos_token_id, "eos_token_id": tokenizer.eos_token_ids,
+               "pad_token_id": tokenizer.pad_token_id}
+        _write_json(directory / GENERATION_CONFIG_FILE, {k: v for k, v in gen.items() if v is not None})
 
 
 def _write_json(file: Path, data: dict[str, Any]) -> None:
     file.write_text(json.dumps(data, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
-
-
-def _replace_dir(new: Path, dst: Path) -> None:
-    """Move the finished `new` to `dst`. An old `dst` is first renamed aside (a directory cannot be
-    atomically renamed over a non-empty one), so at no point does `dst` hold a partial checkpoint."""
-    for f in new.iterdir():  # flush file data before the rename makes it visible
-        with open(f, "rb") as fh:
-            os.fsync(fh.fileno())
-    old = None
-    if dst.exists():
-        old = dst.parent / f".{dst.name}.old-{uuid.uuid4().hex[:8]}"
-        dst.rename(old)
-    new.rename(dst)
-    if old is not None:
-        shutil.rmtree(old, ignore_errors=True)

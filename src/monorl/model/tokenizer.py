@@ -18,6 +18,8 @@ from jinja2.sandbox import ImmutableSandboxedEnvironment
 from tokenizers import AddedToken, decoders, models, processors
 from tokenizers import Tokenizer as _HFTok
 
+from monorl.fsutil import read_json
+
 TOKENIZER_FILE = "tokenizer.json"
 TOKENIZER_CONFIG_FILE = "tokenizer_config.json"
 CHAT_TEMPLATE_FILE = "chat_template.jinja"
@@ -105,13 +107,6 @@ class Tokenizer:
 
 # ---- HF tokenizer.json -----------------------------------------------------------------------------
 
-def _read_json(file: Path) -> dict[str, Any]:
-    try:
-        return json.loads(file.read_text(encoding="utf-8"))
-    except (OSError, json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise TokenizerError(f"cannot read {file}: {e}") from None
-
-
 def _token_content(value: Any) -> str | None:
     """Special tokens appear as "<s>" or as {"content": "<s>", ...} (AddedToken dict form)."""
     if isinstance(value, dict):
@@ -178,15 +173,15 @@ class HFTokenizer(Tokenizer):
             tok = _HFTok.from_file(str(p / TOKENIZER_FILE))
         except Exception as e:
             raise TokenizerError(f"cannot read {p / TOKENIZER_FILE}: {e}") from None
-        config = _read_json(p / TOKENIZER_CONFIG_FILE) if (p / TOKENIZER_CONFIG_FILE).is_file() else {}
+        config = read_json(p / TOKENIZER_CONFIG_FILE, TokenizerError) if (p / TOKENIZER_CONFIG_FILE).is_file() else {}
         if (p / SPECIAL_TOKENS_MAP_FILE).is_file():  # legacy file; tokenizer_config.json wins
-            config = {**_read_json(p / SPECIAL_TOKENS_MAP_FILE), **config}
+            config = {**read_json(p / SPECIAL_TOKENS_MAP_FILE, TokenizerError), **config}
         template = None
         if (p / CHAT_TEMPLATE_FILE).is_file():  # newer checkpoints keep the template beside the config
             template = (p / CHAT_TEMPLATE_FILE).read_text(encoding="utf-8")
         gen_eos: list[int] = []
         if (p / GENERATION_CONFIG_FILE).is_file():
-            eos = _read_json(p / GENERATION_CONFIG_FILE).get("eos_token_id")
+            eos = read_json(p / GENERATION_CONFIG_FILE, TokenizerError).get("eos_token_id")
             gen_eos = [eos] if isinstance(eos, int) else list(eos or [])
         return cls(tok, config, chat_template=template, template_file=CHAT_TEMPLATE_FILE if template else None,
                    generation_eos=gen_eos)

@@ -4,14 +4,15 @@ Layout under `<run_dir>/checkpoints/`:
 
     step_000010/            one checkpoint, taken after 10 completed RL steps
         config.json, model.safetensors, tokenizer files   the fp32 policy in HF format (loads in transformers)
-        trainer_state.pt    optimizer, LR schedule, trainer step count, python/numpy/torch RNG states,
-                            RL step, data position (index of the next training prompt)
+        trainer_state.pt    `Trainer.state_dict()` (optimizer, LR schedule, trainer step count; with kl_coef > 0
+                            the KL reference's weights), python/numpy/torch RNG states, RL step, data position
+                            (index of the next training prompt)
         meta.json           step, data position, file sizes, and what the run wants back on resume
                             (e.g. the pre-training validation, which a resume does not repeat)
     latest                  the name of the newest complete checkpoint (one line)
 
-Writes are atomic: a checkpoint is built in `.step_000010.tmp-<id>/` beside its final place, every file
-is fsynced, and one rename publishes it; `latest` is replaced by rename too. A process killed at any
+Writes are atomic (`monorl.fsutil`): a checkpoint is built in `.step_000010.tmp-<id>/` beside its final place,
+every file is fsynced, and one rename publishes it; `latest` is replaced by rename too. A process killed at any
 point leaves the previous checkpoint and `latest` intact; the half-written temp dir is ignored, and removed
 by the next save. Only the newest `keep_last` step checkpoints are kept.
 
@@ -22,22 +23,19 @@ before trainer_state.pt, so a test can SIGKILL a process mid-write deterministic
 from __future__ import annotations
 
 import json
-import math
 import os
 import random
 import shutil
 import time
-import uuid
-from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from monorl.model.checkpoint import CheckpointError, load_config, load_state_dict, save_checkpoint
+from monorl.fsutil import json_safe, remove_leftovers, write_dir_atomic, write_text_atomic
+from monorl.model.checkpoint import CheckpointError, load_config, load_state_dict, write_checkpoint_files
 from monorl.model.qwen3 import Qwen3ForCausalLM
-from monorl.tasks.base import Prompt, Task
 from monorl.train.trainer import Trainer
 
 STATE_FILE = "trainer_state.pt"
@@ -51,33 +49,6 @@ SLOW_WRITE_ENV = "MONORL_TEST_SLOW_CHECKPOINT_WRITE"
 
 def checkpoint_name(step: int) -> str:
     return f"{PREFIX}{step:06d}"
-
-
-# ---- the data stream ------------------------------------------------------------------------------------
-
-class PromptStream:
-    """`task.train_prompts(seed, start)` that knows its position (the index of the next prompt it yields),
-    which is what a checkpoint stores so that a resumed run draws the same prompts."""
-
-    def __init__(self, task: Task, seed: int, start: int = 0) -> None:
-        self.task_name = getattr(task, "name", type(task).__name__)
-        self.position = start
-        self._it = task.train_prompts(seed=seed, start=start)
-
-    def __iter__(self) -> Iterator[Prompt]:
-        return self
-
-    def __next__(self) -> Prompt:
-        p = next(self._it)
-        index = p.meta.get("index")
-        if index is None:  # a task without stream indices: count what was drawn
-            self.position += 1
-        else:
-            if index < self.position:  # the task replayed from 0: a resume would silently repeat data
-                raise ValueError(f"task {self.task_name!r}: train_prompts yielded index {index} after position "
-                                 f"{self.position}; it must honour `start` (see monorl.tasks.base.Task)")
-            self.position = int(index) + 1
-        return p
 
 
 # ---- RNG ------------------------------------------------------------------------------------------------
@@ -118,38 +89,6 @@ def set_rng_state(state: dict[str, Any]) -> None:
 
 # ---- writing --------------------------------------------------------------------------------------------
 
-def _fsync_dir(path: Path) -> None:
-    """Make a rename inside `path` durable (POSIX; a no-op where directories cannot be opened)."""
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
-
-
-def _fsync_tree(path: Path) -> None:
-    for f in path.iterdir():
-        if f.is_file():
-            with open(f, "rb") as fh:
-                os.fsync(fh.fileno())
-    _fsync_dir(path)
-
-
-def _write_text_atomic(file: Path, text: str) -> None:
-    tmp = file.parent / f".{file.name}.tmp-{uuid.uuid4().hex[:8]}"
-    with open(tmp, "w", encoding="utf-8") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, file)
-    _fsync_dir(file.parent)
-
-
 def _test_hook_sleep() -> None:
     secs = os.environ.get(SLOW_WRITE_ENV)
     if secs:
@@ -166,16 +105,6 @@ def step_checkpoints(root: Path) -> list[tuple[int, Path]]:
     return sorted(out)
 
 
-def _remove_stale(root: Path) -> None:
-    """Temp dirs of writes that were killed before their rename."""
-    for p in root.glob(".*"):  # ours: .step_N.tmp-*, .step_N.old-*, save_checkpoint's ..step_N.tmp-*.tmp-*
-        if p.name.lstrip(".").startswith(PREFIX) and (".tmp-" in p.name or ".old-" in p.name):
-            if p.is_dir():
-                shutil.rmtree(p, ignore_errors=True)
-            else:
-                p.unlink(missing_ok=True)
-
-
 def save_training_checkpoint(root: str | os.PathLike, step: int, policy: Qwen3ForCausalLM, trainer: Trainer, *,
                              data_position: int, tokenizer: Any = None, meta: dict[str, Any] | None = None,
                              keep_last: int = 2) -> Path:
@@ -183,51 +112,28 @@ def save_training_checkpoint(root: str | os.PathLike, step: int, policy: Qwen3Fo
     the newest `keep_last`. `step` counts completed RL steps (the resumed run starts at step index `step`)."""
     root = Path(root)
     root.mkdir(parents=True, exist_ok=True)
-    _remove_stale(root)
+    remove_leftovers(root, PREFIX)  # temp dirs of writes that were killed before their rename
     name = checkpoint_name(step)
-    final = root / name
-    tmp = root / f".{name}.tmp-{uuid.uuid4().hex[:8]}"
-    try:
+
+    def fill(tmp: Path) -> None:
         # fp32 master weights, not a bf16 copy: a resume must continue from exactly these values
-        save_checkpoint(policy, tmp, dtype=torch.float32, tokenizer=tokenizer)
+        write_checkpoint_files(policy, tmp, dtype=torch.float32, tokenizer=tokenizer)
         _test_hook_sleep()
-        state = {
-            "format": FORMAT, "version": VERSION, "step": step, "data_position": data_position,
-            "optimizer": trainer.optimizer.state_dict(), "scheduler": trainer.scheduler.state_dict(),
-            "trainer_step_count": trainer.step_count, "rng": rng_state(),
-        }
+        state = {"format": FORMAT, "version": VERSION, "step": step, "data_position": data_position,
+                 **trainer.state_dict(), "rng": rng_state()}
         torch.save(state, tmp / STATE_FILE)
         files = {f.name: f.stat().st_size for f in sorted(tmp.iterdir()) if f.is_file()}
         info = {"format": FORMAT, "version": VERSION, "step": step, "data_position": data_position,
                 "saved_at": time.strftime("%Y-%m-%dT%H:%M:%S"), "files": files, **(meta or {})}
-        (tmp / META_FILE).write_text(json.dumps(_finite(info), indent=2) + "\n", encoding="utf-8")
-        _fsync_tree(tmp)
-        old = None
-        if final.exists():  # re-saving a step (a resume from an older checkpoint): move the old one aside
-            old = root / f".{name}.old-{uuid.uuid4().hex[:8]}"
-            final.rename(old)
-        tmp.rename(final)
-        _fsync_dir(root)
-        if old is not None:
-            shutil.rmtree(old, ignore_errors=True)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    _write_text_atomic(root / LATEST_FILE, name + "\n")
+        (tmp / META_FILE).write_text(json.dumps(json_safe(info), indent=2) + "\n", encoding="utf-8")
+
+    # re-saving a step (a resume from an older checkpoint) replaces the old one once the new one is complete
+    final = write_dir_atomic(root / name, fill)
+    write_text_atomic(root / LATEST_FILE, name + "\n")
     for _, p in step_checkpoints(root)[:-keep_last]:
         if p != final:
             shutil.rmtree(p, ignore_errors=True)
     return final
-
-
-def _finite(v: Any) -> Any:
-    if isinstance(v, float) and not math.isfinite(v):
-        return None
-    if isinstance(v, dict):
-        return {k: _finite(x) for k, x in v.items()}
-    if isinstance(v, list | tuple):
-        return [_finite(x) for x in v]
-    return v
 
 
 # ---- reading --------------------------------------------------------------------------------------------
@@ -330,64 +236,10 @@ def load_training_checkpoint(path: str | os.PathLike, policy: Qwen3ForCausalLM, 
     with torch.no_grad():
         policy.load_state_dict(weights, strict=True)
     try:
-        trainer.optimizer.load_state_dict(state["optimizer"])  # moves the moments to the parameters' device
-        trainer.scheduler.load_state_dict(state["scheduler"])
+        trainer.load_state_dict(state)
     except (ValueError, KeyError, RuntimeError) as e:
-        raise CheckpointError(f"{state_file}: optimizer/scheduler state does not fit this run: {e}") from None
-    trainer.step_count = int(state["trainer_step_count"])
+        raise CheckpointError(f"{state_file}: trainer state (optimizer, schedule, KL reference) does not fit this "
+                              f"run: {e}") from None
     if restore_rng:
         set_rng_state(state["rng"])
     return TrainingCheckpoint(p, int(state["step"]), int(state["data_position"]), meta)
-
-
-# ---- run-dir logs on resume -----------------------------------------------------------------------------
-
-def truncate_jsonl(path: str | os.PathLike, keep: Callable[[dict[str, Any]], bool]) -> list[dict[str, Any]]:
-    """Rewrite a JSONL log with only the rows `keep` accepts (a resume drops rows logged after the checkpoint
-    it continues from, and a last line cut off by a kill); returns the kept rows. Atomic (temp + rename)."""
-    path = Path(path)
-    if not path.exists():
-        return []
-    rows = []
-    for line in path.read_text(encoding="utf-8").splitlines():
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError:
-            continue  # a partial line from a killed write
-        if isinstance(row, dict) and keep(row):
-            rows.append(row)
-    _write_text_atomic(path, "".join(json.dumps(r) + "\n" for r in rows))
-    return rows
-
-
-# ---- config changes on resume ---------------------------------------------------------------------------
-
-def _flatten(d: Any, prefix: str = "") -> dict[str, Any]:
-    if isinstance(d, dict) and d:
-        out: dict[str, Any] = {}
-        for k, v in d.items():
-            out.update(_flatten(v, f"{prefix}{k}."))
-        return out
-    return {prefix[:-1]: d}
-
-
-# Keys that do not change what a run computes: where it lives.
-IGNORED_CONFIG_KEYS = ("run_dir",)
-
-
-def config_diff(old: dict[str, Any], new: dict[str, Any],
-                ignore: tuple[str, ...] = IGNORED_CONFIG_KEYS) -> list[tuple[str, Any, Any]]:
-    """(dotted key, old value, new value) for every key that differs between two `to_dict()` configs,
-    compared in their JSON form (tuples and lists alike)."""
-    a = _flatten(json.loads(json.dumps(_finite(old), default=str)))
-    b = _flatten(json.loads(json.dumps(_finite(new), default=str)))
-    missing = object()
-    return [(k, a.get(k, missing), b.get(k, missing)) for k in sorted(set(a) | set(b))
-            if k not in ignore and a.get(k, missing) != b.get(k, missing)]
-
-
-def format_config_diff(diff: list[tuple[str, Any, Any]]) -> str:
-    def show(v: Any) -> str:
-        return "(absent)" if not isinstance(v, str | int | float | bool | list | dict | None) else json.dumps(v)
-
-    return "\n".join(f"  {k}: {show(a)} -> {show(b)}" for k, a, b in diff)

@@ -3,20 +3,21 @@ train -> weight sync, with greedy validation before the first and after the last
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import dataclasses
 import itertools
 import logging
 import random
 import time
-from dataclasses import dataclass, field
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import torch
 from tqdm import tqdm
 
-from monorl.compile import compile_blocks, compile_counters, compile_phase_times, setup_compile_cache
+from monorl.compile import compile_blocks, compile_counters, setup_compile_cache
 from monorl.config import RunConfig
 from monorl.generate.engine import Generator
 from monorl.generate.sampling import SamplingParams
@@ -27,17 +28,27 @@ from monorl.model.qwen3 import Qwen3ForCausalLM, build_model
 from monorl.model.tokenizer import TOKENIZER_FILE, CharTokenizer, load_tokenizer
 from monorl.ops.batch_invariant import set_batch_invariant
 from monorl.rl.checkpointing import (
-    PromptStream,
     find_checkpoint,
     load_training_checkpoint,
     save_training_checkpoint,
     step_checkpoints,
-    truncate_jsonl,
 )
 from monorl.rl.rollouts import Rollout, assign_advantages, generate_rollouts
 from monorl.rl.run_dir import RunDir
+from monorl.rl.summary import (
+    RunResult,
+    ValidationResult,
+    compile_roi,
+    sample_rows,
+    step_line,
+    step_metrics,
+    summarize,
+    trainer_graph_stats,
+    write_summary,
+)
 from monorl.tasks import load_task
 from monorl.tasks.base import RewardError, Task
+from monorl.tasks.stream import PromptStream
 from monorl.train.packing import TrainSequence
 from monorl.train.trainer import Trainer, TrainerConfig
 
@@ -85,35 +96,6 @@ def load_policy(cfg: RunConfig, device: torch.device) -> tuple[Qwen3ForCausalLM,
     return model, tok, source
 
 
-@dataclass
-class ValidationResult:
-    mean_reward: float
-    components: dict[str, float]
-    mean_length: float
-
-    def line(self) -> str:
-        comps = ", ".join(f"{k}={v:+.3f}" for k, v in self.components.items())
-        return f"mean_reward={self.mean_reward:+.3f} ({comps})"
-
-
-@dataclass
-class RunResult:
-    run_dir: Path
-    pre: ValidationResult | None
-    post: ValidationResult | None
-    steps: list[dict[str, Any]] = field(default_factory=list)
-    startup: dict[str, float] = field(default_factory=dict)
-
-
-def summarize(groups: list[list[Rollout]], components: tuple[str, ...]) -> ValidationResult:
-    flat = [r for g in groups for r in g]
-    if not flat:
-        return ValidationResult(0.0, {c: 0.0 for c in components}, 0.0)
-    comps = {c: sum(r.rewards.get(c, 0.0) for r in flat) / len(flat) for c in components}
-    return ValidationResult(sum(r.reward for r in flat) / len(flat), comps,
-                            sum(len(r.completion_ids) for r in flat) / len(flat))
-
-
 class GRPORun:
     """Holds the pieces of one run; `run()` executes it."""
 
@@ -156,7 +138,7 @@ class GRPORun:
         if cfg.trainer.loss.kind == "dr_grpo" and cfg.trainer.loss.dr_grpo_norm is None:
             cfg.trainer.loss.dr_grpo_norm = float(cfg.rollout.max_new_tokens)  # Dr.GRPO's constant normaliser
         ref_model = None
-        if cfg.trainer.loss.kl_coef > 0:
+        if cfg.trainer.loss.kl_coef > 0:  # the KL reference; `run` sets it to the policy RL starts from
             ref_model = copy.deepcopy(self.policy).to(gen_dtype).eval().requires_grad_(False)
         self.trainer = Trainer(self.policy, cfg.trainer, total_steps=cfg.steps,
                                attn_backend="flash" if self.attn_backend == "flash" else "sdpa",
@@ -212,8 +194,7 @@ class GRPORun:
         if self.device.type == "cuda":
             torch.cuda.synchronize()
         gen_s = time.perf_counter() - t
-        timings = getattr(self.generator.runner, "timings", {})
-        self.startup["graph_capture_s"] = timings.get("graph_capture_s", 0.0)
+        self.startup["graph_capture_s"] = self.generator.runner.timings["graph_capture_s"]
         self.startup["generator_compile_s"] = gen_s - self.startup["graph_capture_s"]
         t = time.perf_counter()
         if (cc.enabled and cc.trainer) or trainer_graphs:
@@ -261,6 +242,8 @@ class GRPORun:
         self.sync_weights()
 
     def step(self, step: int) -> dict[str, Any]:
+        """One RL step: prompts -> n completions each, scored -> group advantages -> a trainer step -> weight
+        sync. Logs the step's metrics and samples; returns its metrics row."""
         cfg = self.cfg
         t0 = time.perf_counter()
         prompts = list(itertools.islice(self.train_prompts, cfg.rollout.prompts_per_step))
@@ -279,21 +262,10 @@ class GRPORun:
         if self.device.type == "cuda":
             torch.cuda.synchronize()
         t3 = time.perf_counter()
-        summary = summarize(groups, self.task.reward_components)
-        row = {
-            "step": step, "loss": tm["loss"], "reward": summary.mean_reward,
-            **{f"reward/{k}": v for k, v in summary.components.items()},
-            "response_length": summary.mean_length,
-            "truncated_frac": sum(r.finish_reason == "length" for r in rollouts) / len(rollouts),
-            **{k: v for k, v in tm.items() if k != "loss"},
-            "time/generate_s": t1 - t0, "time/train_s": t2 - t1, "time/sync_s": t3 - t2, "time/step_s": t3 - t0,
-        }
+        times = {"generate_s": t1 - t0, "train_s": t2 - t1, "sync_s": t3 - t2, "step_s": t3 - t0}
+        row = step_metrics(step, groups, self.task.reward_components, tm, times)
         self.run_dir.log_metrics(row)
-        self.run_dir.log_samples([
-            {"step": step, "prompt": r.prompt.text, "completion": r.text, "rewards": r.rewards,
-             "advantage": r.advantage, "finish_reason": r.finish_reason}
-            for r in rollouts[: cfg.samples_per_step]
-        ])
+        self.run_dir.log_samples(sample_rows(step, rollouts[: cfg.samples_per_step]))
         return row
 
     def check_rewards(self, rollouts: list[Rollout], patience: int = 3) -> None:
@@ -314,75 +286,28 @@ class GRPORun:
 
     def restore(self, path: Path) -> tuple[int, ValidationResult, list[dict[str, Any]]]:
         """Continue from a training checkpoint: policy weights (in place, then synced to the generator),
-        optimizer, schedule, RNG and data position; log rows written after it are dropped, so a run killed
-        between a checkpoint and its death has no duplicate steps. Returns (first step, pre, earlier rows)."""
+        optimizer, schedule, KL reference, RNG and data position; log rows written after it are dropped, so a
+        run killed between a checkpoint and its death has no duplicate steps. Returns (first step, pre, earlier
+        rows). A checkpoint without KL reference weights (saved with kl_coef 0) leaves the reference at the
+        run's initial weights: the RL starting policy when there was no warm start."""
         ckpt = load_training_checkpoint(path, self.policy, self.trainer)
         self.sync_weights()
         self.train_prompts = PromptStream(self.task, self.cfg.seed, start=ckpt.data_position)
-        rows = truncate_jsonl(self.run_dir.metrics_path,
-                              lambda r: r.get("step", -1) < ckpt.step and "validation/post" not in r)
-        truncate_jsonl(self.run_dir.samples_path, lambda r: r.get("step", -1) < ckpt.step)
+        earlier = self.run_dir.rewind(ckpt.step)
         pre = ckpt.meta.get("pre_validation")
         if not isinstance(pre, dict):
             raise ValueError(f"{path / 'meta.json'} has no pre_validation entry")
-        return ckpt.step, ValidationResult(**pre), [r for r in rows if "step" in r]
+        return ckpt.step, ValidationResult(**pre), earlier
 
-    def timed_validate(self) -> ValidationResult:
+    @contextlib.contextmanager
+    def timed(self, phase: str) -> Iterator[None]:
+        """Add the block's seconds to `phase_s[phase]` (time outside the RL steps, reported in summary.json)."""
         t = time.perf_counter()
-        out = self.validate()
-        self.phase_s["validation_s"] += time.perf_counter() - t
-        return out
-
-    def write_summary(self, result: RunResult) -> None:
-        """summary.json: the time split the benchmarks read. total_s = startup + the RL steps (generate,
-        train, sync); warm start, validation and checkpoint writes are reported beside it."""
-        rows = [r for r in result.steps if "time/step_s" in r]
-        steps = sorted(r["time/step_s"] for r in rows)
-        startup = sum(self.startup.values())
-        split = {k: sum(r[f"time/{k}"] for r in rows) for k in ("generate_s", "train_s", "sync_s")}
-        summary = {
-            "startup": self.startup, "startup_s": startup, **split,
-            "steps": len(rows), "total_s": startup + sum(split.values()),
-            "steady_step_s": steps[len(steps) // 2] if steps else None,
-            "first_step_s": rows[0]["time/step_s"] if rows else None,
-            **self.phase_s, "wall_s": time.perf_counter() - self.t_start,
-            "compile_s": self.compile_s, "compile_counters": compile_counters(),
-            "trainer_graphs": self.trainer_graph_stats(), "compile_phases": compile_phase_times(),
-            "logprob_diff_max": max((r["logprob_diff_max"] for r in rows), default=None),
-            "pre": result.pre.__dict__ if result.pre else None, "post": result.post.__dict__ if result.post else None,
-            "device": torch.cuda.get_device_name() if self.device.type == "cuda" else "cpu",
-        }
-        import json
-
-        (self.run_dir.path / "summary.json").write_text(json.dumps(summary, indent=2, default=str) + "\n")
+        yield
+        self.phase_s[phase] += time.perf_counter() - t
 
     def trainer_graph_stats(self) -> dict[str, float] | None:
-        """Trainer CUDA graphs: how many shapes were captured (in warm-up and lazily in steps), in how
-        long, and how many micro-batches replayed one."""
-        g = self.trainer.graphs
-        return None if g is None else {"captured": len(g.graphs), "capture_s": g.capture_s, "replays": g.replays}
-
-    def compile_roi(self, rows: list[dict[str, Any]]) -> str | None:
-        """Compile time spent, and with a measured eager step time, the per-step saving and break-even."""
-        if not self.compile_s:
-            return None
-        times = sorted(r["time/step_s"] for r in rows[1:] if "time/step_s" in r) or [float("nan")]
-        step_s = times[len(times) // 2]
-        line = f"compile: {self.compile_s:.1f}s spent; steady-state step {step_s:.3f}s"
-        eager = self.cfg.compile.eager_step_s
-        if eager:
-            saved = eager - step_s
-            even = f"break-even after {self.compile_s / saved:.1f} steps" if saved > 0 else "never breaks even"
-            line += f"; eager step {eager:.3f}s -> saves {saved:.3f}s/step, {even}"
-        return line
-
-    @staticmethod
-    def step_line(row: dict[str, Any], steps: int) -> str:
-        comps = ", ".join(f"{k.split('/', 1)[1]}={v:+.3f}" for k, v in row.items() if k.startswith("reward/"))
-        return (f"step {row['step'] + 1}/{steps} | loss {row['loss']:+.4f} | reward {row['reward']:+.3f} ({comps}) | "
-                f"len {row['response_length']:.1f} | logprob_diff {row['logprob_diff_mean']:.2e}/"
-                f"{row['logprob_diff_max']:.2e} | gen {row['time/generate_s']:.2f}s train {row['time/train_s']:.2f}s "
-                f"sync {row['time/sync_s']:.3f}s")
+        return trainer_graph_stats(self.trainer)
 
     def run(self) -> RunResult:
         """The run; Ctrl-C ends it with one line saying where it stands and how to continue."""
@@ -414,15 +339,16 @@ class GRPORun:
             warm = ", ".join(f"{k}={self.startup[k]:.2f}" for k in
                              ("generator_compile_s", "graph_capture_s", "trainer_compile_s", "trainer_graph_capture_s"))
             print(f"startup (compile): {warm} | compile counters {compile_counters()}", flush=True)
-        start, earlier = 0, []
         if self.resume_from is not None:
             start, pre, earlier = self.restore(self.resume_from)
             print(f"resumed from {self.resume_from} at step {start}/{cfg.steps}", flush=True)
         else:
-            t = time.perf_counter()
-            self.warm_start()
-            self.phase_s["warm_start_s"] = time.perf_counter() - t
-            pre = self.timed_validate()
+            start, earlier = 0, []
+            with self.timed("warm_start_s"):
+                self.warm_start()
+            self.trainer.anchor_reference()  # KL reference: the policy RL starts from, after the warm start
+            with self.timed("validation_s"):
+                pre = self.validate()
         print(f"validation (pre): {pre.line()}", flush=True)
         result = RunResult(self.run_dir.path, pre, None, steps=earlier, startup=dict(self.startup))
         every = cfg.checkpoint.every
@@ -431,22 +357,21 @@ class GRPORun:
             row = self.step(step)
             self.steps_done = step + 1
             result.steps.append(row)
-            print(self.step_line(row, cfg.steps), flush=True)
+            print(step_line(row, cfg.steps), flush=True)
             if (step + 1 == cfg.steps and cfg.checkpoint.final) or (every > 0 and (step + 1) % every == 0):
-                t = time.perf_counter()
-                self.save_training_checkpoint(step + 1, pre)
-                self.phase_s["checkpoint_s"] += time.perf_counter() - t
-        post = self.timed_validate()
-        result.post = post
+                with self.timed("checkpoint_s"):
+                    self.save_training_checkpoint(step + 1, pre)
+        with self.timed("validation_s"):
+            post = result.post = self.validate()
         if cfg.checkpoint.final:
-            t = time.perf_counter()
-            save_checkpoint(self.policy, self.run_dir.checkpoints / "final", dtype=torch.float32,
-                            tokenizer=self.tokenizer)
-            self.phase_s["checkpoint_s"] += time.perf_counter() - t
-        self.write_summary(result)
+            with self.timed("checkpoint_s"):
+                save_checkpoint(self.policy, self.run_dir.checkpoints / "final", dtype=torch.float32,
+                                tokenizer=self.tokenizer)
+        write_summary(self.run_dir.path / "summary.json", result, phases=self.phase_s,
+                      wall_s=time.perf_counter() - self.t_start, compile_s=self.compile_s, trainer=self.trainer,
+                      device=self.device)
         self.run_dir.log_metrics({"validation/pre": pre.__dict__, "validation/post": post.__dict__})
-        roi = self.compile_roi(result.steps)
-        if roi:
+        if roi := compile_roi(self.compile_s, cfg.compile.eager_step_s, result.steps):
             print(roi, flush=True)
         print("Summary:")
         print(f"  Pre:  {pre.line()}")

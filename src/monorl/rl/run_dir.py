@@ -3,20 +3,13 @@
 from __future__ import annotations
 
 import json
-import math
+import os
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-
-def _clean(v: Any) -> Any:
-    if isinstance(v, float) and not math.isfinite(v):
-        return None  # JSON has no NaN/inf
-    if isinstance(v, dict):
-        return {k: _clean(x) for k, x in v.items()}
-    if isinstance(v, list | tuple):
-        return [_clean(x) for x in v]
-    return v
+from monorl.fsutil import json_safe, write_text_atomic
 
 
 class RunDir:
@@ -32,12 +25,12 @@ class RunDir:
         return Path("runs") / f"{preset}-{time.strftime('%Y%m%d-%H%M%S')}"
 
     def write_config(self, cfg: dict[str, Any]) -> None:
-        (self.path / "config.json").write_text(json.dumps(_clean(cfg), indent=2, sort_keys=True, default=str) + "\n")
+        (self.path / "config.json").write_text(json.dumps(json_safe(cfg), indent=2, sort_keys=True, default=str) + "\n")
 
     def _append(self, path: Path, rows: list[dict[str, Any]]) -> None:
         with path.open("a") as f:
             for r in rows:
-                f.write(json.dumps(_clean(r)) + "\n")
+                f.write(json.dumps(json_safe(r)) + "\n")
             f.flush()
 
     def log_metrics(self, row: dict[str, Any]) -> None:
@@ -45,3 +38,28 @@ class RunDir:
 
     def log_samples(self, rows: list[dict[str, Any]]) -> None:
         self._append(self.samples_path, rows)
+
+    def rewind(self, step: int) -> list[dict[str, Any]]:
+        """Drop the log rows of steps >= `step` and the post-validation row (a run resumed at step index `step`
+        logs them again); returns the metrics rows of the steps kept."""
+        rows = truncate_jsonl(self.metrics_path, lambda r: r.get("step", -1) < step and "validation/post" not in r)
+        truncate_jsonl(self.samples_path, lambda r: r.get("step", -1) < step)
+        return [r for r in rows if "step" in r]
+
+
+def truncate_jsonl(path: str | os.PathLike, keep: Callable[[dict[str, Any]], bool]) -> list[dict[str, Any]]:
+    """Rewrite a JSONL log with only the rows `keep` accepts (a resume drops rows logged after the checkpoint
+    it continues from, and a last line cut off by a kill); returns the kept rows. Atomic (temp + rename)."""
+    path = Path(path)
+    if not path.exists():
+        return []
+    rows = []
+    for line in path.read_text(encoding="utf-8").splitlines():
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError:
+            continue  # a partial line from a killed write
+        if isinstance(row, dict) and keep(row):
+            rows.append(row)
+    write_text_atomic(path, "".join(json.dumps(r) + "\n" for r in rows))
+    return rows

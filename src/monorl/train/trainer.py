@@ -15,6 +15,7 @@ import logging
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -249,3 +250,31 @@ class Trainer:
         }
         out.update({k: v for k, v in sums.items() if k != "loss"} if mbs else {})
         return out
+
+    def anchor_reference(self) -> None:
+        """Make the KL reference (if any) a copy of the policy as it is now: call it where RL starts (after a
+        warm start), so the penalty holds the policy near its RL starting point."""
+        if self.ref_model is not None:
+            self.ref_model.load_state_dict(self.model.state_dict())  # in place, cast to the reference's dtype
+
+    def state_dict(self) -> dict[str, Any]:
+        """What a resumed trainer needs besides the policy's weights: optimizer moments, the schedule's position,
+        the step count, and the KL reference's weights (when there is one)."""
+        state: dict[str, Any] = {"optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict(),
+                                 "trainer_step_count": self.step_count}
+        if self.ref_model is not None:
+            state["ref_model"] = self.ref_model.state_dict()
+        return state
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore `state_dict()`'s state (optimizer moments move to the parameters' device). A state without a
+        KL reference (saved with kl_coef 0, or by a monorl that did not store it) keeps the current one."""
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.scheduler.load_state_dict(state["scheduler"])
+        self.step_count = int(state["trainer_step_count"])
+        if self.ref_model is not None:
+            if "ref_model" in state:
+                self.ref_model.load_state_dict(state["ref_model"])
+            else:
+                log.warning("the checkpoint has no KL reference weights (saved with kl_coef 0, or by an older "
+                            "monorl): the KL reference stays the model this trainer was given")

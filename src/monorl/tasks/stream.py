@@ -1,0 +1,32 @@
+"""The training prompt stream of a run: `task.train_prompts(seed, start)` that knows its position."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from monorl.tasks.base import Prompt, Task
+
+
+class PromptStream:
+    """`task.train_prompts(seed, start)` that knows its position (the index of the next prompt it yields),
+    which is what a checkpoint stores so that a resumed run draws the same prompts."""
+
+    def __init__(self, task: Task, seed: int, start: int = 0) -> None:
+        self.task_name = task.name
+        self.position = start
+        self._it = task.train_prompts(seed=seed, start=start)
+
+    def __iter__(self) -> Iterator[Prompt]:
+        return self
+
+    def __next__(self) -> Prompt:
+        p = next(self._it)
+        index = p.meta.get("index")
+        if index is None:  # a task without stream indices: count what was drawn
+            self.position += 1
+        else:
+            if index < self.position:  # the task replayed from 0: a resume would silently repeat data
+                raise ValueError(f"task {self.task_name!r}: train_prompts yielded index {index} after position "
+                                 f"{self.position}; it must honour `start` (see monorl.tasks.base.Task)")
+            self.position = int(index) + 1
+        return p

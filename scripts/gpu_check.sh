@@ -4,7 +4,11 @@
 #   trainer: the trainer-graph GPU tests, then benchmarks/profile_train_step.py (eager / graphs / compiled)
 #   profile: benchmarks/profile_train_step.py only
 #   loop:    the RL-loop table (benchmarks/bench_rl_loop.py, one fresh process per column)
-# Usage on the device: bash scripts/gpu_check.sh [tests|trainer|profile|loop|all]   (logs and JSON under $OUT)
+#   compare: this tree against an older one in BASE (a copy of its src/ and benchmarks/, e.g. from
+#            `git archive REV src benchmarks`, carried in an ignored folder): the reference generator batch
+#            and the RL loop's trainer-graph columns, cold and warm, both on this device in this call
+#   bi:      `monorl train` of the Qwen3-0.6B preset (random weights) with --batch_invariant true (trainer graphs on)
+# Usage on the device: bash scripts/gpu_check.sh [tests|trainer|profile|loop|compare|bi|all]   (logs, JSON under $OUT)
 set -uo pipefail
 OUT=${OUT:-/tmp/monorl_out}; mkdir -p "$OUT"
 export PYTHONPATH=$PWD/src PYTHONUNBUFFERED=1
@@ -25,4 +29,31 @@ if [[ $what == trainer || $what == profile || $what == all ]]; then
 fi
 if [[ $what == loop || $what == all ]]; then
   python3 benchmarks/bench_rl_loop.py --out "$OUT/rl_loop.json" 2>&1 | tee "$OUT/rl_loop.log"
+fi
+if [[ $what == bi ]]; then
+  python3 -m monorl.cli train --preset qwen3_0_6b_sum_digits --model.shape qwen3-0.6b --rollout.ignore_eos true \
+    --batch_invariant true --steps 3 --checkpoint.final false --run_dir /tmp/bi_run 2>&1 | tee "$OUT/bi_run.log" \
+    | grep -v -e DEBUG -e Warning | tail -8
+fi
+if [[ $what == compare ]]; then
+  BASE=${BASE:?set BASE to the older tree}
+  for side in new base; do
+    src=$PWD; [[ $side == base ]] && src=$PWD/$BASE
+    PYTHONPATH=$src/src python3 "$src/benchmarks/bench_generate.py" --out "$OUT/generate_$side.json" 2>&1 \
+      | grep -E "batch, median|decode step|floor" | sed "s/^/$side: /"
+    PYTHONPATH=$src/src python3 "$src/benchmarks/bench_rl_loop.py" --columns graphs,graphs_warm \
+      --out "$OUT/rl_loop_$side.json" 2>&1 | grep -E "^graphs" | sed "s/^/$side: /"
+  done
+  python3 - "$OUT" <<'PY'
+import json, sys
+out = sys.argv[1]
+print("\n| | new | base |\n|---|---|---|")
+g = {s: json.load(open(f"{out}/generate_{s}.json")) for s in ("new", "base")}
+print(f"| generator batch 5x8x100 (ms) | {g['new']['batch_s_median']*1e3:.1f} | {g['base']['batch_s_median']*1e3:.1f} |")
+print(f"| decode step (ms) | {g['new']['decode_step_ms']:.3f} | {g['base']['decode_step_ms']:.3f} |")
+r = {s: json.load(open(f"{out}/rl_loop_{s}.json"))["results"] for s in ("new", "base")}
+for col in ("graphs", "graphs_warm"):
+    for key in ("process_wall_s", "total_s", "startup_s", "generate_s", "train_s", "steady_step_s"):
+        print(f"| {col} {key} | {r['new'][col][key]:.2f} | {r['base'][col][key]:.2f} |")
+PY
 fi

@@ -39,7 +39,7 @@ def run_mode(mode: bool, runs: int, shape: str, tiles: str = "auto") -> dict:
     prompts = [[rng.randrange(1, 32000) for _ in range(rng.randint(100, 120))] for _ in range(5)]
     sp = SamplingParams(max_new_tokens=100, temperature=0.8, top_p=0.95, ignore_eos=True, seed=1)
     with bi.batch_invariant_mode(mode, torch.bfloat16):
-        gen = Generator(model, GeneratorConfig(max_num_seqs=64, max_model_len=512))
+        gen = Generator(model, GeneratorConfig(max_num_seqs=64, max_model_len=512), fused=not mode)  # as the loop
         gen.generate(prompts, sp, n=8)  # graph capture / Triton compile
         gen_s = cuda_time(lambda: gen.generate(prompts, sp, n=8), runs)
         out = gen.generate(prompts, sp, n=8)

@@ -12,6 +12,7 @@ import time
 
 import torch
 
+from monorl.compile import CompileConfig
 from monorl.generate import Generator, GeneratorConfig, SamplingParams
 from monorl.generate.kv_cache import bytes_per_block
 from monorl.model import build_model, model_shape
@@ -57,8 +58,9 @@ def main() -> None:
 
     model = build_model(cfg, device="cuda", dtype=torch.bfloat16, seed=0)
     t0 = time.perf_counter()
-    gen = Generator(model, GeneratorConfig(max_num_seqs=len(prompts) * n, max_model_len=512,
-                                           compile=not args.no_compile, cuda_graphs=True))
+    gen = Generator(model, GeneratorConfig(max_num_seqs=len(prompts) * n, max_model_len=512),
+                    compile=CompileConfig(backend="none" if args.no_compile else "inductor"))
+    del model  # the generator runs its own copy
     gen.generate(prompts, sp, n=n)  # compile + graph capture + first batch
     torch.cuda.synchronize()
     startup = time.perf_counter() - t0

@@ -10,6 +10,7 @@ import time
 
 import torch
 
+from monorl.compile import CompileConfig
 from monorl.generate import Generator, GeneratorConfig, SamplingParams
 from monorl.model import build_model, model_shape
 
@@ -35,7 +36,9 @@ def main() -> None:
     free, _ = torch.cuda.mem_get_info()
     t0 = time.perf_counter()
     gen = Generator(model, GeneratorConfig(max_num_seqs=args.max_num_seqs, max_model_len=2048,
-                                           kv_cache_bytes=int(free * 0.6), compile=not args.no_compile))
+                                           kv_cache_bytes=int(free * 0.6)),
+                    compile=CompileConfig(backend="none" if args.no_compile else "inductor"))
+    del model  # the generator runs its own copy
     gen.generate([prompts[0][:100]] * 2, SamplingParams(max_new_tokens=32, temperature=0.6, ignore_eos=True))
     torch.cuda.synchronize()
     startup = time.perf_counter() - t0

@@ -25,7 +25,7 @@ def _prompts(n: int, seed: int, vocab: int) -> list[list[int]]:
 
 
 def _rollouts(model, prompts, max_num_seqs: int, n: int = 2, new: int = 10) -> list[TrainSequence]:
-    gen = Generator(model, GeneratorConfig(max_num_seqs=max_num_seqs, max_model_len=128, block_size=8))
+    gen = Generator(model, GeneratorConfig(max_num_seqs=max_num_seqs, max_model_len=128, block_size=8), fused=False)
     sp = SamplingParams(max_new_tokens=new, temperature=TEMPERATURE, ignore_eos=True, seed=1)
     out = gen.generate(prompts, sp, n=n)
     return [TrainSequence(p, c.token_ids, c.logprobs, 0.0) for p, cs in zip(prompts, out, strict=True) for c in cs]

@@ -38,10 +38,9 @@ def _mismatch(backend: str | None, max_num_seqs: int, budgets: tuple[int, ...], 
                for _ in range(n_prompts)]
     with bi.batch_invariant_mode(mode, torch.bfloat16):
         gcfg = GeneratorConfig(max_num_seqs=max_num_seqs, max_model_len=512, kv_cache_bytes=1 << 30)
-        if backend:
-            setup_compile_cache(CompileConfig(backend=backend))
-            gcfg = dataclasses.replace(gcfg, compile=True, compile_backend=backend)
-        gen = Generator(model, gcfg)
+        cc = CompileConfig(backend=backend or "none")
+        setup_compile_cache(cc)
+        gen = Generator(model, gcfg, compile=cc, fused=False)  # as the RL loop builds it in this mode
         sp = SamplingParams(max_new_tokens=new, temperature=TEMPERATURE, ignore_eos=True, seed=7)
         out = gen.generate(prompts, sp, n=n)
         seqs = [TrainSequence(p, c.token_ids, c.logprobs, 0.0) for p, cs in zip(prompts, out, strict=True) for c in cs]

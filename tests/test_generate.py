@@ -11,6 +11,8 @@ from monorl.generate.sampling import gumbel_noise, sample, sequence_key
 from monorl.model.attention import VarlenContext
 from monorl.model.checkpoint import load_checkpoint
 from monorl.model.logprobs import token_logprobs
+from monorl.model.tokenizer import eos_ids
+from monorl.rl.weight_sync import weight_pairs
 
 PROMPT_LENS = [3, 17, 9, 33, 1]
 
@@ -230,10 +232,21 @@ def test_load_weights_in_place(model):
             p.mul_(1.5)
     g.load_weights_(model)
     assert [p.data_ptr() for p in g.model.parameters()] == ptrs
-    for (n, a), (_, b) in zip(g.model.named_parameters(), model.named_parameters(), strict=True):
-        assert torch.equal(a, b.to(torch.bfloat16)), n
+    for name, view, src in weight_pairs(g.model, model):
+        assert torch.equal(view, src.to(torch.bfloat16)), name
     same = Generator(model, GeneratorConfig(max_num_seqs=2, max_model_len=64))
-    assert same.model is model  # already fp32 on CPU: used as is
+    assert same.model is not model and same.dtype == torch.float32  # its own copy, even in the model's dtype
+
+
+def test_eos_ids_from_tokenizer_or_model_config(model):
+    assert eos_ids(LetterTokenizer()) == ()
+    assert eos_ids(None, model.config) == (1,) == gen(model, eos=None).eos_token_ids  # the checkpoint's config
+    assert gen(model, eos=()).eos_token_ids == ()  # given explicitly: no eos at all
+    tok = LetterTokenizer()
+    tok.eos_token_ids, tok.eos_token_id = [], 5
+    assert eos_ids(tok, model.config) == (5,)
+    tok.eos_token_ids = [7, 5]
+    assert eos_ids(tok, model.config) == (7, 5) == gen(model, eos=None, tokenizer=tok).eos_token_ids
 
 
 def test_sampler_distribution_and_truncation():

@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from monorl.compile import CompileConfig
 from monorl.generate import Generator, GeneratorConfig, SamplingParams
 from monorl.generate.attention import paged_decode_torch, paged_decode_triton, triton_decode_supported
 from monorl.model import build_model, model_shape
@@ -48,8 +49,9 @@ def test_triton_paged_decode_matches_torch(heads, kv_heads, D):
 def test_cuda_graph_decode_equals_eager(compile):
     model = tiny_cuda_model()
     ps = prompts([5, 40, 17, 3, 29], model.config.vocab_size)
-    cfg = dict(max_num_seqs=6, max_model_len=256, compile=compile)
-    graph = Generator(model, GeneratorConfig(cuda_graphs=True, **cfg))
+    cfg = GeneratorConfig(max_num_seqs=6, max_model_len=256)
+    backend = "inductor" if compile else "none"
+    graph = Generator(model, cfg, compile=CompileConfig(backend=backend))
     assert graph.runner.use_graphs and graph.runner.decode_backend == "triton"
     for sp in (SamplingParams(max_new_tokens=40, temperature=0.0, ignore_eos=True),
                SamplingParams(max_new_tokens=40, temperature=0.8, top_p=0.95, seed=3, ignore_eos=True)):
@@ -68,7 +70,7 @@ def test_cuda_graph_decode_equals_eager(compile):
                     ref = full_forward_logprobs(model, p, c.token_ids, T)
                     torch.testing.assert_close(torch.tensor(c.logprobs), ref, atol=0.1, rtol=0)
             continue
-        eager = Generator(model, GeneratorConfig(cuda_graphs=False, **cfg))
+        eager = Generator(model, cfg, compile=CompileConfig(backend=backend, decode_cuda_graphs=False))
         assert not eager.runner.use_graphs
         b = eager.generate(ps, sp, n=3)
         assert [[c.token_ids for c in x] for x in a] == [[c.token_ids for c in x] for x in b]

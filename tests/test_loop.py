@@ -49,10 +49,7 @@ def test_generator_samples_from_the_updated_weights(tmp_path):
     run.step(0)  # trains and syncs
     assert [p.data_ptr() for p in run.generator.model.parameters()] == ptrs  # in place: graphs stay valid
     new = run.generator.generate(prompt, sp, n=4)
-    import copy
-
-    fresh = Generator(copy.deepcopy(run.policy).eval(), GeneratorConfig(max_model_len=128),
-                      eos_token_ids=run.generator.eos_token_ids)
+    fresh = Generator(run.policy, GeneratorConfig(max_model_len=128), eos_token_ids=run.generator.eos_token_ids)
     ref = fresh.generate(prompt, sp, n=4)
     assert [c.token_ids for c in new[0]] == [c.token_ids for c in ref[0]]
     torch.testing.assert_close([c.logprobs for c in new[0]], [c.logprobs for c in ref[0]], atol=1e-6, rtol=0)

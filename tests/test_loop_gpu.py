@@ -7,6 +7,7 @@ import torch
 
 from monorl.compile import CompileConfig, compile_counters
 from monorl.rl.loop import GRPORun
+from monorl.rl.weight_sync import weight_pairs
 from tests.conftest import digits_cfg
 
 pytestmark = pytest.mark.gpu
@@ -32,10 +33,9 @@ def test_loop_on_gpu(tmp_path, backend):
         assert math.isfinite(r["loss"]) and math.isfinite(r["grad_norm"])
         # bf16 generator vs bf16-autocast trainer on the same weights: close, not bitwise
         assert r["logprob_diff_mean"] < 0.05
-    # the generator's bf16 weights are the trainer's fp32 masters, rounded
-    gen = dict(run.generator.model.named_parameters())
-    for name, p in run.policy.named_parameters():
-        assert torch.equal(gen[name.replace("_orig_mod.", "")], p.detach().to(torch.bfloat16))
+    # the generator's bf16 weights (fused projections) are the trainer's fp32 masters, rounded
+    for name, view, p in weight_pairs(run.generator.model, run.policy):
+        assert torch.equal(view, p.detach().to(torch.bfloat16)), name
 
 
 def test_loop_batch_invariant_with_trainer_graphs(tmp_path):

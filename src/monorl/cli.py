@@ -88,10 +88,10 @@ def cmd_report(argv: list[str]) -> int:
 
 
 def cmd_generate(argv: list[str]) -> int:
-    import torch
-
+    from monorl.compile import CompileConfig
     from monorl.generate.engine import Generator
     from monorl.generate.sampling import SamplingParams
+    from monorl.model.tokenizer import eos_ids
     from monorl.rl.loop import load_policy, resolve_device
 
     p = argparse.ArgumentParser(prog="monorl generate", add_help=False)
@@ -103,10 +103,10 @@ def cmd_generate(argv: list[str]) -> int:
     device = resolve_device(cfg.device)
     model, tok, source = load_policy(cfg, device)
     print(f"model: {source}", file=sys.stderr)
-    if device.type == "cuda":
-        model = model.to(torch.bfloat16)
-    gen = Generator(model.eval().requires_grad_(False), cfg.generator, tokenizer=tok,
-                    eos_token_ids=tuple(getattr(tok, "eos_token_ids", None) or [tok.eos_token_id]))
+    # the generator builds its own copy (bf16 on CUDA); one call is not worth a compile: eager, decode graphs as set
+    gen = Generator(model, cfg.generator, tokenizer=tok, eos_token_ids=eos_ids(tok, model.config),
+                    compile=CompileConfig(decode_cuda_graphs=cfg.compile.decode_cuda_graphs))
+    del model
     prompts = known.prompt or ["What is the total digit sum of [3, 4]?"]
     texts = [tok.apply_chat_template([{"role": "user", "content": t}]) if known.chat else t for t in prompts]
     r = cfg.rollout

@@ -1,5 +1,5 @@
 """The one compile policy for trainer and generator: backend, mode, regional per-block compile,
-CUDA graphs, and the persistent compile cache.
+CUDA graphs, and the persistent compile cache. The only caller of `torch.compile` in monorl.
 
 Regional compile: each `TransformerBlock` is compiled on its own. All blocks share one code object
 and their parameters are graph inputs, so Dynamo traces one block once and every layer reuses it:
@@ -10,11 +10,13 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
+from torch import Tensor
 
 COMPILE_BACKENDS = ("none", "eager", "aot_eager", "inductor")
 
@@ -79,6 +81,67 @@ def compile_blocks(model: torch.nn.Module, cfg: CompileConfig) -> float:
     else:
         model.compile(**kw)
     return time.perf_counter() - t
+
+
+def compile_generator(model: torch.nn.Module, sample: Callable, cfg: CompileConfig, device: torch.device,
+                      decode_backend: str) -> tuple[Callable, bool]:
+    """Every compile decision for a generator's model, in one place. Returns (the sampler to call, whether
+    decode steps replay CUDA graphs).
+    - `compile.generator`: its blocks are compiled as `compile_blocks` says (the trainer's are, separately, under
+      `compile.trainer`); so is the sampler, on CUDA with Inductor only: compiled it is a few fused kernels
+      instead of ~30 passes over [B, vocab], while elsewhere the eager sampler costs little next to the model.
+    - `compile.decode_cuda_graphs`: on CUDA with the triton decode kernel only. A graph reads its block tables'
+      full width every step, and only that kernel's cost does not grow with the width."""
+    sampler = sample
+    if cfg.enabled and cfg.generator:
+        compile_blocks(model, cfg)
+        if device.type == "cuda" and cfg.backend == "inductor":
+            sampler = torch.compile(sample, dynamic=True)
+    graphs = cfg.decode_cuda_graphs and device.type == "cuda" and decode_backend == "triton"
+    return sampler, graphs
+
+
+# ---- dynamic sizes --------------------------------------------------------------------------------------
+# Token counts, sequence counts, prompt lengths and decode batch sizes change every call. Marking those
+# dimensions dynamic up front makes Dynamo compile one graph for any size, instead of a static graph first and
+# a dynamic one at the first other size. What marking cannot do: Dynamo still specialises a dimension that is
+# 0 or 1 when first seen (and one compiled for sizes >= 2 recompiles at size 1). So nothing compiled should see
+# a size-1 dimension, and each place that could avoids it:
+# - decode batch buckets start at 2 (`generate.runner.graph_buckets`); one live sequence runs in the bucket of 2;
+# - the first-token sampler gets at least 2 rows (`Generator._admit_round` repeats a lone row, then drops it);
+# - the RL loop's warm-up prefills two prompts of different lengths (`GRPORun.warm_up`), so the first real
+#   prefill of several prompts is not a new shape class;
+# - the trainer's warm-up runs two packs that differ in every size (`Trainer.warm_up`).
+
+def mark_dynamic(*tensors: Tensor, dims: tuple[int, ...] | None = None) -> None:
+    """Mark `dims` (default: every dimension) of each tensor dynamic for torch.compile (Dynamo's
+    `maybe_mark_dynamic`: a hint, never an error; a no-op in eager code). See the notes above."""
+    for t in tensors:
+        for d in range(t.dim()) if dims is None else dims:
+            torch._dynamo.maybe_mark_dynamic(t, d)
+
+
+# ---- CUDA graphs ------------------------------------------------------------------------------------------
+
+def capture_cuda_graph(fn: Callable[[], Any], device: torch.device, pool: Any,
+                       warmup: int = 2) -> tuple[torch.cuda.CUDAGraph, float, float]:
+    """Run `fn()` `warmup` times on a side stream (compile, autotune and the allocator settle outside the
+    capture), then capture one call into a graph drawing on the memory `pool`. The caller resets whatever
+    the warm-up calls changed. Returns (graph, warm-up seconds, capture seconds)."""
+    t0 = time.perf_counter()
+    stream = torch.cuda.Stream(device)
+    stream.wait_stream(torch.cuda.current_stream(device))
+    with torch.cuda.stream(stream):
+        for _ in range(warmup):
+            fn()
+    torch.cuda.current_stream(device).wait_stream(stream)
+    torch.cuda.synchronize(device)
+    t1 = time.perf_counter()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, pool=pool):
+        fn()
+    torch.cuda.synchronize(device)
+    return graph, t1 - t0, time.perf_counter() - t1
 
 
 def compile_counters() -> dict[str, int]:

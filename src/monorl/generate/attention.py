@@ -21,6 +21,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from monorl.compile import mark_dynamic
 from monorl.model.attention import VarlenContext
 from monorl.ops import batch_invariant as bi
 
@@ -73,7 +74,7 @@ class PrefillContext:
     slot_mapping: Tensor  # int64 [T]
 
     def __post_init__(self) -> None:
-        torch._dynamo.maybe_mark_dynamic(self.slot_mapping, 0)  # prompt tokens vary: one dynamic compile
+        mark_dynamic(self.slot_mapping)  # prompt tokens vary: one dynamic compile
 
     def attend(self, q: Tensor, k: Tensor, v: Tensor, cache: Tensor) -> Tensor:
         c = self.varlen
@@ -92,9 +93,7 @@ class DecodeContext:
 
     def __post_init__(self) -> None:
         # batch buckets (and, eager, table widths) vary: compile once for any, not once static then dynamic
-        for t in (self.block_tables, self.seq_lens, self.slot_mapping):
-            for d in range(t.dim()):
-                torch._dynamo.maybe_mark_dynamic(t, d)
+        mark_dynamic(self.block_tables, self.seq_lens, self.slot_mapping)
 
     def attend(self, q: Tensor, k: Tensor, v: Tensor, cache: Tensor) -> Tensor:
         return decode_attention(q, k, v, cache, self.slot_mapping, self.block_tables, self.seq_lens, self.backend)

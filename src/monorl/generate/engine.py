@@ -17,12 +17,15 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from monorl.compile import CompileConfig, compile_generator
 from monorl.generate.attention import triton_decode_supported
-from monorl.generate.kv_cache import BlockManager, KVCache, blocks_for, bytes_per_block, slot_mapping
+from monorl.generate.kv_cache import BlockManager, KVCache, blocks_for, bytes_per_block, slot_mapping, table_tensor
 from monorl.generate.runner import ModelRunner
-from monorl.generate.sampling import SamplingParams, sequence_key
+from monorl.generate.sampling import SamplingParams, sample, sequence_key
 from monorl.generate.scheduler import Group, Scheduler, Sequence
-from monorl.model.qwen3 import Qwen3ForCausalLM, build_model, fuse_projections_
+from monorl.model.qwen3 import Qwen3ForCausalLM, build_model
+from monorl.model.tokenizer import eos_ids
+from monorl.rl.weight_sync import sync_weights_
 
 _CPU_DEFAULT_KV_BYTES = 256 << 20
 
@@ -34,14 +37,9 @@ class GeneratorConfig:
     #                                    half the free GPU memory (256 MiB on CPU)
     block_size: int = 16
     max_model_len: int | None = None  # None: the model's max_position_embeddings
-    cuda_graphs: bool = True  # only on CUDA (and with the triton decode kernel)
-    compile: bool = False  # regional torch.compile of each TransformerBlock (and, on CUDA, of the sampler)
-    compile_backend: str = "inductor"  # with compile: the torch.compile backend (the run's CompileConfig sets it)
-    compile_mode: str | None = None
     stop_check_interval: int = 1  # decode steps between host-side stop checks (results do not depend on it)
     max_prefill_tokens: int = 8192  # tokens per packed prefill forward (a longer prompt runs alone)
     dtype: torch.dtype | None = None  # None: bf16 on CUDA, the model's dtype elsewhere
-    fuse_projections: bool = True  # one q/k/v and one gate/up GEMM per layer (inference-only models; see __init__)
 
 
 @dataclass
@@ -52,13 +50,15 @@ class Completion:
     text: str | None = None
 
 
-def _strip_compile_prefix(name: str) -> str:
-    return name.replace("_orig_mod.", "")
-
-
 class Generator:
     def __init__(self, model: Qwen3ForCausalLM, config: GeneratorConfig | None = None, tokenizer=None,
-                 eos_token_ids: tuple[int, ...] | list[int] = ()) -> None:
+                 eos_token_ids: tuple[int, ...] | list[int] | None = None, compile: CompileConfig | None = None,
+                 fused: bool = True) -> None:
+        """Builds the generator's own copy of `model` (on its device, in `config.dtype`), which `load_weights_`
+        refreshes in place. eos_token_ids: None takes them from the tokenizer, else the model config
+        (`monorl.model.tokenizer.eos_ids`). compile: the run's compile policy (default: eager, decode CUDA graphs on
+        CUDA). fused: one q/k/v and one gate/up GEMM per layer; a batch-invariant run passes False, as its
+        bitwise guarantee holds for the trainer's unfused GEMM shapes."""
         config = config or GeneratorConfig()
         if config.max_num_seqs < 1 or config.stop_check_interval < 1 or config.block_size < 1:
             raise ValueError(f"invalid GeneratorConfig: {config}")
@@ -67,26 +67,10 @@ class Generator:
         p = next(model.parameters())
         device = p.device
         dtype = config.dtype or (torch.bfloat16 if device.type == "cuda" else p.dtype)
-        if p.dtype == dtype:
-            self.model = model  # already what we run: use it as is (no second copy)
-        else:  # the generator keeps its own cast copy; refresh it with load_weights_
-            self.model = build_model(cfg, device=device, dtype=dtype, seed=None).requires_grad_(False)
-            self.load_weights_(model)
-        self.model.eval()
-        # Fuse only a model nobody trains (our own copy, or one handed over with requires_grad False everywhere);
-        # before graph capture, since fusing allocates. load_weights_ then writes the fused matrices in place.
-        if config.fuse_projections and not any(q.requires_grad for q in self.model.parameters()):
-            fuse_projections_(self.model)
+        self.model = build_model(cfg, device=device, dtype=dtype, seed=None, fused=fused).requires_grad_(False).eval()
+        self.load_weights_(model)  # before any graph capture: later syncs write the same memory
         self.device, self.dtype = device, dtype
-
-        if eos_token_ids:
-            eos = tuple(eos_token_ids)
-        elif tokenizer is not None and getattr(tokenizer, "eos_token_ids", None):
-            eos = tuple(tokenizer.eos_token_ids)
-        else:
-            e = cfg.eos_token_id
-            eos = () if e is None else tuple(e) if isinstance(e, list | tuple) else (e,)
-        self.eos_token_ids = tuple(int(t) for t in eos)
+        self.eos_token_ids = eos_ids(tokenizer, cfg) if eos_token_ids is None else tuple(int(t) for t in eos_token_ids)
 
         self.max_model_len = config.max_model_len or cfg.max_position_embeddings
         bs = config.block_size
@@ -106,31 +90,16 @@ class Generator:
         self.blocks = BlockManager(num_blocks)
 
         backend = "triton" if triton_decode_supported(device, dtype, cfg.head_dim) else "torch"
-        # The graph path reads the full table width each step; only the triton kernel's cost does not grow with it.
-        graphs = config.cuda_graphs and device.type == "cuda" and backend == "triton"
+        sampler, graphs = compile_generator(self.model, sample, compile or CompileConfig(), device, backend)
         self.runner = ModelRunner(self.model, self.kv, config.max_num_seqs, blocks_for(self.max_model_len, bs),
                                   ring_size=max(256, config.stop_check_interval), decode_backend=backend,
-                                  cuda_graphs=graphs, compile_sampler=config.compile and device.type == "cuda"
-                                  and config.compile_backend == "inductor")
-        if config.compile:
-            kw = {"mode": config.compile_mode} if config.compile_mode else {}
-            for layer in self.model.model.layers:
-                layer.compile(backend=config.compile_backend, **kw)
+                                  cuda_graphs=graphs, sample_fn=sampler)
 
     # ---- weights -----------------------------------------------------------------------------------
-    @torch.no_grad()
     def load_weights_(self, src: nn.Module) -> None:
-        """Copy src's parameters into the generator's model in place (cast to its dtype). No
-        reallocation, so captured CUDA graphs stay valid. Names follow HF / `Qwen3ForCausalLM`."""
-        src_params = {_strip_compile_prefix(n): t for n, t in src.named_parameters()}
-        for name, dst in self.model.named_parameters():
-            name = _strip_compile_prefix(name)
-            if name not in src_params:
-                raise KeyError(f"load_weights_: source has no parameter {name!r}")
-            s = src_params[name]
-            if s.shape != dst.shape:
-                raise ValueError(f"load_weights_: {name} has shape {tuple(s.shape)}, expected {tuple(dst.shape)}")
-            dst.copy_(s.detach())
+        """Copy src's parameters (HF names, e.g. the trainer's fp32 masters) into the generator's copy, in
+        place: captured CUDA graphs stay valid (`monorl.rl.weight_sync`)."""
+        sync_weights_(self.model, src)
 
     # ---- generate ----------------------------------------------------------------------------------
     def _validate(self, prompts: list[list[int]], params: list[SamplingParams], n: int, sched: Scheduler) -> None:
@@ -178,7 +147,7 @@ class Generator:
         for i, (p, sp) in enumerate(zip(prompts, params, strict=True)):
             stop_ids = frozenset(sp.stop_token_ids) | (frozenset() if sp.ignore_eos else frozenset(self.eos_token_ids))
             stops_possible |= bool(stop_ids or sp.stop_strings)
-            g = Group(index=i, prompt=list(p), sampling=sp, pending=n, stop_ids=stop_ids)
+            g = Group(prompt=list(p), sampling=sp, pending=n, stop_ids=stop_ids)
             seed = sp.seed if sp.seed is not None else default_seed
             seqs = [Sequence(group=g, sample_index=j, key=sequence_key(seed, i, j)) for j in range(n)]
             results.append(seqs)
@@ -263,11 +232,8 @@ class Generator:
         new = [seqs[i] for i in keep]
         sched.running.extend(new)
         idx = torch.tensor(keep, device=self.device)
-        tables = torch.zeros(len(new), runner.width, dtype=torch.int32)
-        for r, s in enumerate(new):
-            tables[r, :len(s.table)] = torch.tensor(s.table, dtype=torch.int32)
         runner.set_slots(list(range(start, start + len(new))), first[idx], [s.prompt_len for s in new],
-                         [s.key for s in new], tables.to(self.device))
+                         [s.key for s in new], table_tensor([s.table for s in new], runner.width, self.device))
         return True
 
     def _append(self, seq: Sequence, tok: int, lp: float) -> None:

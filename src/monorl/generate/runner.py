@@ -10,12 +10,13 @@ need no host involvement and the host reads the ring only when it checks for sto
 
 from __future__ import annotations
 
-import time
+from collections.abc import Callable
 from typing import Any
 
 import torch
 from torch import Tensor
 
+from monorl.compile import capture_cuda_graph
 from monorl.generate.attention import DecodeContext, PrefillContext
 from monorl.generate.kv_cache import KVCache
 from monorl.generate.sampling import SamplingParams, sample
@@ -26,7 +27,8 @@ from monorl.model.qwen3 import Qwen3ForCausalLM
 def graph_buckets(max_num_seqs: int) -> list[int]:
     """Decode batch sizes on CUDA (graph and eager). The smallest is 2, even for max_num_seqs 1: Dynamo
     specialises a dimension of size 1, so a bucket of 1 would compile every block and the sampler once more.
-    A single live sequence runs in the bucket of 2; its padded row writes to the scratch block."""
+    A single live sequence runs in the bucket of 2; its padded row writes to the scratch block (see
+    `monorl.compile`'s notes on size-1 dimensions)."""
     top = max(2, max_num_seqs)
     small = [b for b in (2, 4, 8, 16, 24, 32) if b < top]
     return small + list(range(48, top, 16)) + [top]
@@ -34,7 +36,8 @@ def graph_buckets(max_num_seqs: int) -> list[int]:
 
 class ModelRunner:
     def __init__(self, model: Qwen3ForCausalLM, kv: KVCache, max_num_seqs: int, max_blocks_per_seq: int,
-                 ring_size: int, decode_backend: str, cuda_graphs: bool, compile_sampler: bool = False) -> None:
+                 ring_size: int, decode_backend: str, cuda_graphs: bool, sample_fn: Callable = sample) -> None:
+        """sample_fn: `sampling.sample`, or its compiled form (`monorl.compile.compile_generator` decides)."""
         self.model, self.kv = model, kv
         self.cfg = model.config
         self.device = kv.kv.device
@@ -60,9 +63,7 @@ class ModelRunner:
         self.graph_key: tuple | None = None
         self.graph_pool: Any = None
         self.timings = {"compile_warmup_s": 0.0, "graph_capture_s": 0.0}
-        # Compiled, the sampler (hash noise, softmax, top-k/p, log-prob) is a few fused kernels instead of
-        # ~30 passes over [B, vocab]; eager it is correct but slow at large vocabularies.
-        self.sample_fn = torch.compile(sample, dynamic=True) if compile_sampler else sample
+        self.sample_fn = sample_fn
 
     # ---- prefill -----------------------------------------------------------------------------------
     @torch.inference_mode()
@@ -129,24 +130,12 @@ class ModelRunner:
         self.reset_slots(0)
         # Largest first, so smaller graphs reuse the pool's memory.
         for B in reversed(self.buckets):
-            stream = torch.cuda.Stream(self.device)
-            stream.wait_stream(torch.cuda.current_stream(self.device))
-            t0 = time.perf_counter()
-            with torch.cuda.stream(stream):
-                for _ in range(2):  # compile / autotune / allocator warm-up outside the capture
-                    self._decode_step(B, self.width, params)
-            torch.cuda.current_stream(self.device).wait_stream(stream)
-            torch.cuda.synchronize(self.device)
-            t1 = time.perf_counter()
-            self.reset_slots(0)
-            g = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(g, pool=self.graph_pool):
-                self._decode_step(B, self.width, params)
-            torch.cuda.synchronize(self.device)
-            self.timings["compile_warmup_s"] += t1 - t0
-            self.timings["graph_capture_s"] += time.perf_counter() - t1
+            g, warm_s, capture_s = capture_cuda_graph(lambda B=B: self._decode_step(B, self.width, params),
+                                                      self.device, self.graph_pool)
+            self.reset_slots(0)  # the warm-up steps advanced the slot state
+            self.timings["compile_warmup_s"] += warm_s
+            self.timings["graph_capture_s"] += capture_s
             self.graphs[B] = g
-        self.reset_slots(0)
         self.graph_key = key
         self.graph_sets[key] = self.graphs
 

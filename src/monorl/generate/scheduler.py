@@ -22,7 +22,6 @@ from monorl.generate.sampling import SamplingParams
 
 @dataclass
 class Group:
-    index: int
     prompt: list[int]
     sampling: SamplingParams
     pending: int  # samples not admitted yet
@@ -40,7 +39,6 @@ class Sequence:
     tokens: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
     finish_reason: str | None = None
-    stop_string_at: int | None = None  # char index of a matched stop string in the decoded text
 
     @property
     def prompt_len(self) -> int:

@@ -22,6 +22,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from monorl.compile import mark_dynamic
+
 BACKENDS = ("auto", "sdpa", "flash")
 
 
@@ -137,9 +139,7 @@ class VarlenContext:
             pad_index=pad_index.to(device), valid=valid.to(device), backend=backend,
         )
         # the number and lengths of packed sequences vary every call: compile for any from the start
-        for t in (ctx.cu_seqlens, ctx.positions, ctx.pad_index, ctx.valid):
-            for d in range(t.dim()):
-                torch._dynamo.maybe_mark_dynamic(t, d)
+        mark_dynamic(ctx.cu_seqlens, ctx.positions, ctx.pad_index, ctx.valid)
         return ctx
 
     def attend(self, q: Tensor, k: Tensor, v: Tensor, cache: Any = None) -> Tensor:

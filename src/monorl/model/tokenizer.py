@@ -10,7 +10,7 @@ import os
 from datetime import datetime
 from functools import cache
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import jinja2
 import jinja2.ext
@@ -19,6 +19,9 @@ from tokenizers import AddedToken, decoders, models, processors
 from tokenizers import Tokenizer as _HFTok
 
 from monorl.fsutil import read_json
+
+if TYPE_CHECKING:
+    from monorl.model.config import ModelConfig
 
 TOKENIZER_FILE = "tokenizer.json"
 TOKENIZER_CONFIG_FILE = "tokenizer_config.json"
@@ -103,6 +106,18 @@ class Tokenizer:
         variables = {**self.special_tokens, "tools": None, "documents": None, **kw}
         return compile_chat_template(self.chat_template).render(
             messages=messages, add_generation_prompt=add_generation_prompt, **variables)
+
+
+def eos_ids(tokenizer: Any, model_config: ModelConfig | None = None) -> tuple[int, ...]:
+    """The token ids that end a generation (the generator's default stop ids): the tokenizer's `eos_token_ids`,
+    else its `eos_token_id`, else the model config's `eos_token_id` (an id or a list), else none."""
+    ids = list(getattr(tokenizer, "eos_token_ids", None) or [])
+    if not ids and getattr(tokenizer, "eos_token_id", None) is not None:
+        ids = [tokenizer.eos_token_id]
+    if not ids and model_config is not None and model_config.eos_token_id is not None:
+        e = model_config.eos_token_id
+        ids = list(e) if isinstance(e, list | tuple) else [e]
+    return tuple(int(t) for t in ids)
 
 
 # ---- HF tokenizer.json -----------------------------------------------------------------------------

@@ -25,7 +25,7 @@ from monorl.model.attention import resolve_backend
 from monorl.model.checkpoint import load_checkpoint, load_config, save_checkpoint
 from monorl.model.config import MODEL_SHAPES, model_shape
 from monorl.model.qwen3 import Qwen3ForCausalLM, build_model
-from monorl.model.tokenizer import TOKENIZER_FILE, CharTokenizer, load_tokenizer
+from monorl.model.tokenizer import TOKENIZER_FILE, CharTokenizer, eos_ids, load_tokenizer
 from monorl.ops.batch_invariant import set_batch_invariant
 from monorl.rl.checkpointing import (
     find_checkpoint,
@@ -46,6 +46,7 @@ from monorl.rl.summary import (
     trainer_graph_stats,
     write_summary,
 )
+from monorl.rl.weight_sync import sync_weights_
 from monorl.tasks import load_task
 from monorl.tasks.base import RewardError, Task
 from monorl.tasks.stream import PromptStream
@@ -126,13 +127,11 @@ class GRPORun:
         set_batch_invariant(cfg.batch_invariant, gen_dtype)
         self.attn_backend = resolve_backend(cfg.model.attn_backend, self.device, gen_dtype)
         t = time.perf_counter()
-        gen_model = copy.deepcopy(self.policy).to(gen_dtype).eval().requires_grad_(False)
-        eos = tuple(getattr(self.tokenizer, "eos_token_ids", None) or [self.tokenizer.eos_token_id])
-        gen_cfg = cfg.generator
-        if cc.enabled and cc.generator:  # the run's compile policy drives the generator's
-            gen_cfg = dataclasses.replace(gen_cfg, compile=True, compile_backend=cc.backend, compile_mode=cc.mode)
-        gen_cfg = dataclasses.replace(gen_cfg, cuda_graphs=gen_cfg.cuda_graphs and cc.decode_cuda_graphs)
-        self.generator = Generator(gen_model, gen_cfg, tokenizer=self.tokenizer, eos_token_ids=eos)
+        # the generator builds its own copy of the policy (in gen_dtype, fused projections) under the run's compile
+        # policy; batch-invariant runs keep the trainer's unfused GEMM shapes, which the bitwise guarantee is for
+        self.generator = Generator(self.policy, cfg.generator, tokenizer=self.tokenizer,
+                                   eos_token_ids=eos_ids(self.tokenizer, self.policy.config), compile=cc,
+                                   fused=not cfg.batch_invariant)
         self.startup["generator_init_s"] = time.perf_counter() - t
 
         if cfg.trainer.loss.kind == "dr_grpo" and cfg.trainer.loss.dr_grpo_norm is None:
@@ -218,7 +217,7 @@ class GRPORun:
         return summarize(groups, self.task.reward_components)
 
     def sync_weights(self) -> None:
-        self.generator.load_weights_(self.policy)
+        sync_weights_(self.generator.model, self.policy)  # in place: the generator's CUDA graphs stay valid
 
     def warm_start(self) -> None:
         """Supervised steps on the task's reference solutions, so RL starts with some signal."""

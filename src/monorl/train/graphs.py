@@ -21,6 +21,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from monorl.compile import capture_cuda_graph
+
 log = logging.getLogger(__name__)
 
 
@@ -75,17 +77,7 @@ class TrainGraphs:
         t = time.perf_counter()
         self.install_grads()
         static = _clone(inputs)
-        stream = torch.cuda.Stream(self.device)
-        stream.wait_stream(torch.cuda.current_stream(self.device))
-        with torch.cuda.stream(stream):
-            for _ in range(2):
-                fn(*static)
-        torch.cuda.current_stream(self.device).wait_stream(stream)
-        torch.cuda.synchronize(self.device)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=self.pool):
-            fn(*static)
-        torch.cuda.synchronize(self.device)
+        graph, _, _ = capture_cuda_graph(lambda: fn(*static), self.device, self.pool)
         reset()
         self.graphs[key] = (graph, static)
         self.capture_s += time.perf_counter() - t

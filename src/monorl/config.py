@@ -291,10 +291,18 @@ def validate(obj: Any) -> None:
         post()
 
 
+# Keys older config.json files hold that no longer exist (the run's compile policy now drives the generator
+# through `compile.*`): dropped when a run dir is read back, so its checkpoints still resume.
+RETIRED_CONFIG_KEYS = ("generator.compile", "generator.compile_backend", "generator.compile_mode",
+                       "generator.cuda_graphs", "generator.fuse_projections")
+
+
 def config_from_dict(data: dict[str, Any], cls: type = RunConfig, where: str = "") -> Any:
     """Rebuild a config from its `to_dict()` form (a run's config.json). Keys it lacks keep their defaults
-    (a run dir from before a section existed); keys the dataclass lacks raise ValueError naming them."""
+    (a run dir from before a section existed); retired keys are dropped; other keys the dataclass lacks raise
+    ValueError naming them."""
     hints = typing.get_type_hints(cls)
+    data = {k: v for k, v in data.items() if where + k not in RETIRED_CONFIG_KEYS}
     if unknown := sorted(set(data) - set(hints)):
         raise ValueError(f"unknown config keys: {', '.join(where + k for k in unknown)}")
     kw: dict[str, Any] = {}
@@ -353,7 +361,7 @@ def config_diff(old: dict[str, Any], new: dict[str, Any],
     b = _flatten(json.loads(json.dumps(json_safe(new), default=str)))
     missing = object()
     return [(k, a.get(k, missing), b.get(k, missing)) for k in sorted(set(a) | set(b))
-            if k not in ignore and a.get(k, missing) != b.get(k, missing)]
+            if k not in ignore and k not in RETIRED_CONFIG_KEYS and a.get(k, missing) != b.get(k, missing)]
 
 
 def format_config_diff(diff: list[tuple[str, Any, Any]]) -> str:

@@ -14,7 +14,8 @@ import torch
 
 from monorl.generate import Generator, GeneratorConfig, SamplingParams
 from monorl.model import build_model, model_shape
-from monorl.ops import batch_invariant as bi
+from monorl.model.batch_invariant import make_batch_invariant_
+from monorl.ops import matmul_invariant
 from monorl.train.packing import TrainSequence
 from monorl.train.trainer import Trainer, TrainerConfig
 
@@ -32,23 +33,25 @@ def cuda_time(fn, runs: int) -> list[float]:
 
 
 def run_mode(mode: bool, runs: int, shape: str, tiles: str = "auto") -> dict:
-    bi.MM_TILES = tiles
+    matmul_invariant.MM_TILES = tiles
     torch.manual_seed(0)
     model = build_model(model_shape(shape), "cuda", torch.float32, seed=0)
     rng = random.Random(0)
     prompts = [[rng.randrange(1, 32000) for _ in range(rng.randint(100, 120))] for _ in range(5)]
     sp = SamplingParams(max_new_tokens=100, temperature=0.8, top_p=0.95, ignore_eos=True, seed=1)
-    with bi.batch_invariant_mode(mode, torch.bfloat16):
-        gen = Generator(model, GeneratorConfig(max_num_seqs=64, max_model_len=512), fused=not mode)  # as the loop
-        gen.generate(prompts, sp, n=8)  # graph capture / Triton compile
-        gen_s = cuda_time(lambda: gen.generate(prompts, sp, n=8), runs)
-        out = gen.generate(prompts, sp, n=8)
-        seqs = [TrainSequence(p, c.token_ids, c.logprobs, 1.0 if j % 2 else -1.0)
-                for p, cs in zip(prompts, out, strict=True) for j, c in enumerate(cs)]
-        tr = Trainer(model, TrainerConfig(lr=1e-7, micro_batch_tokens=8192), total_steps=runs + 2)
-        # also the warm-up; the weights are still the generator's, so its diff is meaningful
-        first = tr.step(seqs, temperature=sp.temperature)
-        train_s = cuda_time(lambda: tr.step(seqs, temperature=sp.temperature), runs)
+    gen = Generator(model, GeneratorConfig(max_num_seqs=64, max_model_len=512), fused=not mode)  # as the loop
+    if mode:  # both sides, as the RL loop converts them
+        make_batch_invariant_(model)
+        make_batch_invariant_(gen.model)
+    gen.generate(prompts, sp, n=8)  # graph capture / Triton compile
+    gen_s = cuda_time(lambda: gen.generate(prompts, sp, n=8), runs)
+    out = gen.generate(prompts, sp, n=8)
+    seqs = [TrainSequence(p, c.token_ids, c.logprobs, 1.0 if j % 2 else -1.0)
+            for p, cs in zip(prompts, out, strict=True) for j, c in enumerate(cs)]
+    tr = Trainer(model, TrainerConfig(lr=1e-7, micro_batch_tokens=8192), total_steps=runs + 2)
+    # also the warm-up; the weights are still the generator's, so its diff is meaningful
+    first = tr.step(seqs, temperature=sp.temperature)
+    train_s = cuda_time(lambda: tr.step(seqs, temperature=sp.temperature), runs)
     name = ("batch_invariant" + ("" if tiles == "auto" else f"/{tiles}")) if mode else "default"
     return {"mode": name, "generate_s": statistics.median(gen_s),
             "train_step_s": statistics.median(train_s), "logprob_diff_max_step1": first["logprob_diff_max"],

@@ -1,7 +1,9 @@
-"""Batch-invariant mode on CPU (the ops' CPU path): generator log-probs == trainer log-probs, bitwise."""
+"""Batch-invariant mode on CPU (the ops' CPU path): with the model and the generator's copy converted
+(`make_batch_invariant_`), generator log-probs == trainer log-probs, bitwise; a model not converted is untouched."""
 
 from __future__ import annotations
 
+import copy
 import random
 
 import pytest
@@ -10,9 +12,11 @@ import torch
 from monorl.generate.engine import Generator, GeneratorConfig
 from monorl.generate.sampling import SamplingParams
 from monorl.model.attention import VarlenContext
+from monorl.model.batch_invariant import is_batch_invariant, make_batch_invariant_
 from monorl.model.config import model_shape
+from monorl.model.logprobs import token_logprobs
 from monorl.model.qwen3 import build_model
-from monorl.ops import batch_invariant as bi
+from monorl.ops import attention_invariant, logprob_invariant, matmul_invariant, rmsnorm_invariant
 from monorl.train.packing import TrainSequence, make_micro_batches
 from monorl.train.trainer import Trainer, TrainerConfig
 
@@ -26,6 +30,8 @@ def _prompts(n: int, seed: int, vocab: int) -> list[list[int]]:
 
 def _rollouts(model, prompts, max_num_seqs: int, n: int = 2, new: int = 10) -> list[TrainSequence]:
     gen = Generator(model, GeneratorConfig(max_num_seqs=max_num_seqs, max_model_len=128, block_size=8), fused=False)
+    if is_batch_invariant(model):  # the generator's copy converted too, as the RL loop does
+        make_batch_invariant_(gen.model)
     sp = SamplingParams(max_new_tokens=new, temperature=TEMPERATURE, ignore_eos=True, seed=1)
     out = gen.generate(prompts, sp, n=n)
     return [TrainSequence(p, c.token_ids, c.logprobs, 0.0) for p, cs in zip(prompts, out, strict=True) for c in cs]
@@ -48,17 +54,24 @@ def model():
     return build_model(model_shape("tiny"), seed=3)
 
 
+@pytest.fixture(scope="module")
+def invariant_model(model):
+    return make_batch_invariant_(copy.deepcopy(model))
+
+
 def test_ops_rows_do_not_depend_on_batch() -> None:
     g = torch.Generator().manual_seed(0)
     x, w = torch.randn(37, 96, generator=g), torch.randn(50, 96, generator=g)
-    with bi.batch_invariant_mode():
-        full = bi.linear(x, w)
-        assert all(torch.equal(bi.linear(x[i:i + 1], w)[0], full[i]) for i in range(37))
-        assert torch.equal(bi.linear(x[5:20], w), full[5:20])
-        nw = torch.rand(96, generator=g)
-        assert torch.equal(bi.rms_norm(x[3:4], nw, 1e-6), bi.rms_norm(x, nw, 1e-6)[3:4])
-        tok = torch.randint(0, 96, (37,), generator=g)
-        assert torch.equal(bi.token_logprobs(x[7:9], tok[7:9], 0.7), bi.token_logprobs(x, tok, 0.7)[7:9])
+    linear = matmul_invariant.linear
+    full = linear(x, w)
+    assert all(torch.equal(linear(x[i:i + 1], w)[0], full[i]) for i in range(37))
+    assert torch.equal(linear(x[5:20], w), full[5:20])
+    nw = torch.rand(96, generator=g)
+    rms_norm = rmsnorm_invariant.rms_norm
+    assert torch.equal(rms_norm(x[3:4], nw, 1e-6), rms_norm(x, nw, 1e-6)[3:4])
+    tok = torch.randint(0, 96, (37,), generator=g)
+    lp = logprob_invariant.token_logprobs
+    assert torch.equal(lp(x[7:9], tok[7:9], 0.7), lp(x, tok, 0.7)[7:9])
     # close to the ordinary math, too
     torch.testing.assert_close(full, x @ w.t(), rtol=1e-5, atol=1e-4)
 
@@ -69,23 +82,23 @@ def test_attention_varlen_equals_decode() -> None:
     g = torch.Generator().manual_seed(1)
     L, Hq, Hkv, D, bs = 21, 4, 2, 16, 4
     q, k, v = (torch.randn(L, h, D, generator=g) for h in (Hq, Hkv, Hkv))
-    with bi.batch_invariant_mode():
-        c = VarlenContext.from_lengths([L], "cpu")
-        full = bi.varlen_attention(q, k, v, c.positions, c.cu_seqlens, c.pad_index, c.valid)
-        blocks = torch.randperm(16, generator=g)[:6]  # a non-contiguous block table
-        kc, vc = torch.full((16, bs, Hkv, D), float("nan")), torch.full((16, bs, Hkv, D), float("nan"))
-        slots = blocks.repeat_interleave(bs)[:L] * bs + torch.arange(L) % bs
-        kc.view(-1, Hkv, D)[slots], vc.view(-1, Hkv, D)[slots] = k, v
-        for t in (0, 3, 4, 20):
-            dec = bi.paged_decode(q[t:t + 1], kc, vc, blocks[None].int(), torch.tensor([t + 1], dtype=torch.int32))
-            assert torch.equal(dec[0], full[t]), t
+    c = VarlenContext.from_lengths([L], "cpu")
+    full = attention_invariant.varlen_attention(q, k, v, c.positions, c.cu_seqlens, c.pad_index, c.valid)
+    blocks = torch.randperm(16, generator=g)[:6]  # a non-contiguous block table
+    kc, vc = torch.full((16, bs, Hkv, D), float("nan")), torch.full((16, bs, Hkv, D), float("nan"))
+    slots = blocks.repeat_interleave(bs)[:L] * bs + torch.arange(L) % bs
+    kc.view(-1, Hkv, D)[slots], vc.view(-1, Hkv, D)[slots] = k, v
+    for t in (0, 3, 4, 20):
+        dec = attention_invariant.paged_decode(q[t:t + 1], kc, vc, blocks[None].int(),
+                                               torch.tensor([t + 1], dtype=torch.int32))
+        assert torch.equal(dec[0], full[t]), t
     ref = torch.nn.functional.scaled_dot_product_attention(
         q.transpose(0, 1)[None], k.transpose(0, 1)[None], v.transpose(0, 1)[None], is_causal=True, enable_gqa=True)
     torch.testing.assert_close(full, ref[0].transpose(0, 1), rtol=1e-5, atol=1e-5)
 
 
 def test_attention_backward_static_pack_layout() -> None:
-    """The mode's attention backward reads only device tensors of the context (no host sync: it runs inside
+    """The invariant attention's backward reads only device tensors of the context (no host sync: it runs inside
     trainer CUDA graphs); with a static pack's layout (zero-length entries, a larger max_seqlen) its gradients
     equal the exact layout's and the portable backend's."""
     g = torch.Generator().manual_seed(2)
@@ -95,8 +108,7 @@ def test_attention_backward_static_pack_layout() -> None:
     w = torch.randn(T, Hq, D, generator=g)
 
     def grads(ctx, invariant):
-        with bi.batch_invariant_mode(invariant):
-            out = ctx.attend(q, k, v)
+        out = (ctx.batch_invariant() if invariant else ctx).attend(q, k, v)
         return torch.autograd.grad((out * w).sum(), (q, k, v))
 
     exact = VarlenContext.from_lengths(lengths, "cpu")
@@ -109,26 +121,24 @@ def test_attention_backward_static_pack_layout() -> None:
 
 
 @pytest.mark.parametrize("max_num_seqs", [1, 5, 16])
-def test_generator_equals_trainer_bitwise(model, max_num_seqs: int) -> None:
+def test_generator_equals_trainer_bitwise(invariant_model, max_num_seqs: int) -> None:
+    model = invariant_model
     prompts = _prompts(8, seed=max_num_seqs, vocab=model.config.vocab_size)
-    with bi.batch_invariant_mode():
-        seqs = _rollouts(model, prompts, max_num_seqs)
-        for budget in (64, 160, 4096):  # different pack layouts: one sequence per pack up to all in one
-            got = _trainer_logprobs(model, seqs, budget)
-            for s, lp in zip(seqs, got, strict=True):
-                assert torch.equal(lp, torch.tensor(s.old_logprobs, dtype=torch.float32)), (budget, s)
+    seqs = _rollouts(model, prompts, max_num_seqs)
+    for budget in (64, 160, 4096):  # different pack layouts: one sequence per pack up to all in one
+        got = _trainer_logprobs(model, seqs, budget)
+        for s, lp in zip(seqs, got, strict=True):
+            assert torch.equal(lp, torch.tensor(s.old_logprobs, dtype=torch.float32)), (budget, s)
 
 
-def test_trainer_backward_runs_in_mode(model) -> None:
+def test_trainer_backward_runs_in_mode() -> None:
     m = build_model(model_shape("tiny"), seed=3)
+    mi = make_batch_invariant_(copy.deepcopy(m))
     seqs = [TrainSequence([1, 2, 3], [4, 5], [-1.0, -1.0], 1.0), TrainSequence([7] * 9, [3, 2, 1], [-1.0] * 3, -1.0)]
-    tr = Trainer(m, TrainerConfig(micro_batch_tokens=64), total_steps=1)
-    with bi.batch_invariant_mode():
-        (mb,) = make_micro_batches(seqs, 64, "cpu")
-        lp = tr.response_logprobs(m, mb, 1.0)
-        lp.sum().backward()
-    grads_bi = {n: p.grad.clone() for n, p in m.named_parameters()}
-    m.zero_grad()
+    (mb,) = make_micro_batches(seqs, 64, "cpu")
+    tr = Trainer(mi, TrainerConfig(micro_batch_tokens=64), total_steps=1)
+    tr.response_logprobs(mi, mb, 1.0).sum().backward()
+    grads_bi = {n: p.grad.clone() for n, p in mi.named_parameters()}
     tr.response_logprobs(m, mb, 1.0).sum().backward()
     for n, p in m.named_parameters():  # backward is ordinary math: close to the default mode's gradient
         torch.testing.assert_close(grads_bi[n], p.grad, rtol=1e-3, atol=1e-5, msg=n)
@@ -154,10 +164,34 @@ def test_loop_reports_zero_logprob_diff(tmp_path) -> None:
     cfg.warm_start.steps, cfg.validation.num_prompts = 0, 2
     cfg.rollout.prompts_per_step, cfg.rollout.group_size, cfg.rollout.max_new_tokens = 3, 4, 8
     cfg.trainer.lr = 1e-3  # weights change between steps: the generator must follow them exactly
-    try:
-        result = GRPORun(cfg, progress=False).run()
-    finally:
-        bi.set_batch_invariant(False)
+    result = GRPORun(cfg, progress=False).run()
     assert len(result.steps) == 2
     for s in result.steps:
         assert s["logprob_diff_max"] == 0.0 and s["logprob_diff_mean"] == 0.0, s
+
+
+def test_conversion_leaves_other_models_alone() -> None:
+    """No global state: after converting one model, another model's forward and its generator's tokens and
+    log-probs are bit for bit what they were before (the default mode's); the converted one's differ."""
+    plain = build_model(model_shape("tiny"), seed=4)
+    other = copy.deepcopy(plain)
+    vocab = plain.config.vocab_size
+    prompts = _prompts(5, seed=11, vocab=vocab)
+    ids = torch.tensor([t for p in prompts for t in p])
+    ctx = VarlenContext.from_lengths([len(p) for p in prompts], "cpu")
+
+    def logits(m):
+        with torch.no_grad():
+            return m.compute_logits(m(ids, ctx.positions, ctx))
+
+    def rollouts(m):
+        return [(s.completion_ids, s.old_logprobs) for s in _rollouts(m, prompts, max_num_seqs=3)]
+
+    before_logits, before_gen = logits(plain), rollouts(plain)
+    make_batch_invariant_(other)
+    assert is_batch_invariant(other) and not is_batch_invariant(plain)
+    assert plain.token_logprobs is token_logprobs
+    assert torch.equal(logits(plain), before_logits)
+    assert rollouts(plain) == before_gen
+    assert ctx.backend == "sdpa"  # the converted model rebinds a copy of the context, never the context itself
+    assert not torch.equal(logits(other), before_logits)

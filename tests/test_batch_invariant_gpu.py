@@ -1,5 +1,6 @@
-"""Batch-invariant mode on CUDA (Triton kernels): the generator's bf16 log-probs of its sampled tokens
-equal the trainer's recomputation from fp32 masters, bitwise, for batch sizes 1..64, mixed prompt
+"""Batch-invariant mode on CUDA (Triton kernels): with the trainer's model and the generator's copy converted
+(`make_batch_invariant_`), the generator's bf16 log-probs of its sampled tokens equal the trainer's
+recomputation from fp32 masters under its bf16 autocast, bitwise, for batch sizes 1..64, mixed prompt
 lengths, different pack layouts, eager and compiled."""
 
 from __future__ import annotations
@@ -13,9 +14,10 @@ import torch
 from monorl.compile import CompileConfig, compile_blocks, setup_compile_cache
 from monorl.generate.engine import Generator, GeneratorConfig
 from monorl.generate.sampling import SamplingParams
+from monorl.model.batch_invariant import make_batch_invariant_
 from monorl.model.config import model_shape
 from monorl.model.qwen3 import build_model
-from monorl.ops import batch_invariant as bi
+from monorl.ops import matmul_invariant
 from monorl.train.packing import TrainSequence, make_micro_batches
 from monorl.train.trainer import Trainer, TrainerConfig
 
@@ -36,27 +38,29 @@ def _mismatch(backend: str | None, max_num_seqs: int, budgets: tuple[int, ...], 
     rng = random.Random(max_num_seqs)
     prompts = [[rng.randrange(1, model.config.vocab_size) for _ in range(rng.randint(5, 150))]
                for _ in range(n_prompts)]
-    with bi.batch_invariant_mode(mode, torch.bfloat16):
-        gcfg = GeneratorConfig(max_num_seqs=max_num_seqs, max_model_len=512, kv_cache_bytes=1 << 30)
-        cc = CompileConfig(backend=backend or "none")
-        setup_compile_cache(cc)
-        gen = Generator(model, gcfg, compile=cc, fused=False)  # as the RL loop builds it in this mode
-        sp = SamplingParams(max_new_tokens=new, temperature=TEMPERATURE, ignore_eos=True, seed=7)
-        out = gen.generate(prompts, sp, n=n)
-        seqs = [TrainSequence(p, c.token_ids, c.logprobs, 0.0) for p, cs in zip(prompts, out, strict=True) for c in cs]
-        if backend:
-            compile_blocks(model, CompileConfig(backend=backend))
-        bad = total = 0
-        worst = 0.0
-        for budget in budgets:
-            tr = Trainer(model, TrainerConfig(micro_batch_tokens=budget), total_steps=1)
-            for mb in make_micro_batches(seqs, budget, "cuda", "flash"):
-                lp = tr.response_logprobs(model, mb, TEMPERATURE)
-                lp.sum().backward()  # the trainer's real path: forward with grad
-                d = (lp.detach() - mb.old_logprobs).abs()
-                bad += int((d != 0).sum())
-                total += d.numel()
-                worst = max(worst, float(d.max()))
+    gcfg = GeneratorConfig(max_num_seqs=max_num_seqs, max_model_len=512, kv_cache_bytes=1 << 30)
+    cc = CompileConfig(backend=backend or "none")
+    setup_compile_cache(cc)
+    gen = Generator(model, gcfg, compile=cc, fused=False)  # as the RL loop builds it in this mode
+    if mode:  # both sides, as the RL loop converts them
+        make_batch_invariant_(model)
+        make_batch_invariant_(gen.model)
+    sp = SamplingParams(max_new_tokens=new, temperature=TEMPERATURE, ignore_eos=True, seed=7)
+    out = gen.generate(prompts, sp, n=n)
+    seqs = [TrainSequence(p, c.token_ids, c.logprobs, 0.0) for p, cs in zip(prompts, out, strict=True) for c in cs]
+    if backend:
+        compile_blocks(model, CompileConfig(backend=backend))
+    bad = total = 0
+    worst = 0.0
+    for budget in budgets:
+        tr = Trainer(model, TrainerConfig(micro_batch_tokens=budget), total_steps=1)
+        for mb in make_micro_batches(seqs, budget, "cuda", "flash"):
+            lp = tr.response_logprobs(model, mb, TEMPERATURE)
+            lp.sum().backward()  # the trainer's real path: forward with grad
+            d = (lp.detach() - mb.old_logprobs).abs()
+            bad += int((d != 0).sum())
+            total += d.numel()
+            worst = max(worst, float(d.max()))
     return bad, total, worst
 
 
@@ -84,8 +88,7 @@ def test_matmul_rows_invariant_across_m() -> None:
     g = torch.Generator(device="cuda").manual_seed(0)
     x = torch.randn(300, 1024, device="cuda", generator=g).bfloat16()
     w = torch.randn(3072, 1024, device="cuda", generator=g).bfloat16()
-    with bi.batch_invariant_mode(True, torch.bfloat16):
-        full = bi.linear(x, w)
-        for m in (1, 2, 17, 64, 65, 128):
-            assert torch.equal(bi.linear(x[:m], w), full[:m]), m
+    full = matmul_invariant.linear(x, w)
+    for m in (1, 2, 17, 64, 65, 128):
+        assert torch.equal(matmul_invariant.linear(x[:m], w), full[:m]), m
     torch.testing.assert_close(full.float(), (x.float() @ w.float().t()), rtol=2e-2, atol=2e-2)

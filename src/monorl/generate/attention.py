@@ -7,6 +7,8 @@ Decode backends:
   Reads `width * block_size` keys per sequence, so callers pass tables cut to the longest live one.
 - "triton": a paged flash-decode kernel (CUDA, bf16/fp16, power-of-two head_dim), reads only
   `seq_len` keys per sequence; the CUDA-graph path needs it (its cost does not depend on table width).
+- "invariant": a batch-invariant model's (`batch_invariant()`, `monorl.ops.attention_invariant`): the same
+  key-block order as its varlen prefill / training path.
 
 `attend` is one custom op per context (`monorl::prefill_attention`, `monorl::decode_attention`): the
 compiler sees an opaque call that mutates this layer's cache in place, so a compiled TransformerBlock is
@@ -15,6 +17,7 @@ one graph (no graph break) that fuses everything around it, and the cache is nev
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import torch
@@ -23,7 +26,8 @@ from torch import Tensor
 
 from monorl.compile import mark_dynamic
 from monorl.model.attention import VarlenContext
-from monorl.ops import batch_invariant as bi
+from monorl.ops import HAS_TRITON, attention_invariant
+from monorl.ops.attention_triton import attention_triton
 
 
 def _write_kv(k: Tensor, v: Tensor, cache: Tensor, slots: Tensor) -> None:
@@ -52,8 +56,8 @@ def decode_attention(q: Tensor, k: Tensor, v: Tensor, cache: Tensor, slot_mappin
                      seq_lens: Tensor, backend: str) -> Tensor:
     """Write each sequence's new k/v, then attend over its paged cache (seq_lens include the new token)."""
     _write_kv(k, v, cache, slot_mapping)
-    if bi.is_enabled():  # same kernel and key-block order as the varlen (prefill / trainer) path
-        out = bi.paged_decode(q, cache[0], cache[1], block_tables, seq_lens)
+    if backend == "invariant":  # same kernel and key-block order as the varlen (prefill / trainer) path
+        out = attention_invariant.paged_decode(q, cache[0], cache[1], block_tables, seq_lens)
     elif backend == "triton":
         out = paged_decode_triton(q, cache[0], cache[1], block_tables, seq_lens)
     else:
@@ -81,6 +85,9 @@ class PrefillContext:
         return prefill_attention(q, k, v, cache, self.slot_mapping, c.cu_seqlens, c.positions, c.pad_index, c.valid,
                                  c.backend)
 
+    def batch_invariant(self) -> PrefillContext:
+        return dataclasses.replace(self, varlen=self.varlen.batch_invariant())
+
 
 @dataclass
 class DecodeContext:
@@ -89,7 +96,7 @@ class DecodeContext:
     block_tables: Tensor  # int32 [B, W]
     seq_lens: Tensor  # int32 [B]
     slot_mapping: Tensor  # int64 [B]
-    backend: str = "torch"
+    backend: str = "torch"  # torch | triton | invariant (see the module docstring)
 
     def __post_init__(self) -> None:
         # batch buckets (and, eager, table widths) vary: compile once for any, not once static then dynamic
@@ -97,6 +104,9 @@ class DecodeContext:
 
     def attend(self, q: Tensor, k: Tensor, v: Tensor, cache: Tensor) -> Tensor:
         return decode_attention(q, k, v, cache, self.slot_mapping, self.block_tables, self.seq_lens, self.backend)
+
+    def batch_invariant(self) -> DecodeContext:
+        return dataclasses.replace(self, backend="invariant")
 
 
 def paged_decode_torch(q: Tensor, k_cache: Tensor, v_cache: Tensor, block_tables: Tensor, seq_lens: Tensor) -> Tensor:
@@ -113,13 +123,13 @@ def paged_decode_torch(q: Tensor, k_cache: Tensor, v_cache: Tensor, block_tables
 
 
 def triton_decode_supported(device: torch.device, dtype: torch.dtype, head_dim: int) -> bool:
-    return (bi.HAS_TRITON and device.type == "cuda" and dtype in (torch.bfloat16, torch.float16)
+    return (HAS_TRITON and device.type == "cuda" and dtype in (torch.bfloat16, torch.float16)
             and head_dim >= 16 and head_dim & (head_dim - 1) == 0)
 
 
 def paged_decode_triton(q: Tensor, k_cache: Tensor, v_cache: Tensor, block_tables: Tensor,
                         seq_lens: Tensor) -> Tensor:
-    """Paged flash-decode: the one Triton attention kernel of monorl (`ops.batch_invariant`), which the
-    batch-invariant mode also uses for varlen prefill/training. One program per (sequence, kv head), keys
+    """Paged flash-decode: the one Triton attention kernel of monorl (`monorl.ops.attention_triton`), which the
+    batch-invariant ops also run for varlen prefill/training. One program per (sequence, kv head), keys
     in blocks of 64 read through the block table; only seq_len keys are read."""
-    return bi.attention_triton(q, k_cache, v_cache, None, seq_lens, block_tables)
+    return attention_triton(q, k_cache, v_cache, None, seq_lens, block_tables)

@@ -214,7 +214,7 @@ class Generator:
         rows = torch.stack([s.group.last_logits for s in seqs + pad])
         keys = torch.tensor([s.key for s in seqs + pad], dtype=torch.int64, device=self.device)
         positions = torch.tensor([s.prompt_len for s in seqs + pad], dtype=torch.int64, device=self.device)
-        first, first_lp = runner.sample_fn(rows, keys, positions, sampling)
+        first, first_lp = runner.sample_fn(rows, keys, positions, sampling, self.model.token_logprobs)
         first, first_lp = first[:len(seqs)], first_lp[:len(seqs)]
         for s in seqs:
             sched.release_group_if_done(s.group)

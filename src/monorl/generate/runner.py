@@ -89,7 +89,7 @@ class ModelRunner:
                             backend=self.decode_backend)
         hidden = self.model(tok, pos, ctx, self.kv.layers)
         logits = self.model.compute_logits(hidden)
-        nxt, lp = self.sample_fn(logits, self.keys[:B], pos + 1, params)
+        nxt, lp = self.sample_fn(logits, self.keys[:B], pos + 1, params, self.model.token_logprobs)
         self.ring_tok[:, :B].index_copy_(0, self.ring_idx, nxt[None])
         self.ring_lp[:, :B].index_copy_(0, self.ring_idx, lp[None])
         self.ring_idx.add_(1).clamp_(max=self.ring_size)  # never past the overflow row

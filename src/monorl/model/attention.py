@@ -11,18 +11,24 @@ The model never sees padding or caches. Each attention layer hands its q, k, v (
 Two backends compute varlen causal attention: "sdpa" (portable, CPU and GPU: the pack gathered
 into a padded batch, one causal scaled_dot_product_attention) and "flash"
 (`torch.nn.attention.varlen.varlen_attn`, CUDA, bf16/fp16). "auto" picks flash where it can.
+A third, "invariant" (`monorl.ops.attention_invariant`), is no user's choice: a batch-invariant model
+(`monorl.model.batch_invariant`) rebinds every context it is given to it (`batch_invariant()`).
 """
 
 from __future__ import annotations
 
+import dataclasses
+import inspect
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
+from torch.nn.attention.varlen import varlen_attn
 
 from monorl.compile import mark_dynamic
+from monorl.ops import attention_invariant
 
 BACKENDS = ("auto", "sdpa", "flash")
 
@@ -33,15 +39,13 @@ class AttentionContext(Protocol):
         layer's KV-cache entry (None when the context keeps no cache)."""
         ...
 
+    def batch_invariant(self) -> AttentionContext:
+        """The same layout, attended by the batch-invariant kernel (`monorl.ops.attention_invariant`)."""
+        ...
+
 
 def flash_available(device: torch.device, dtype: torch.dtype) -> bool:
-    if device.type != "cuda" or dtype not in (torch.bfloat16, torch.float16):
-        return False
-    try:
-        from torch.nn.attention.varlen import varlen_attn  # noqa: F401
-    except ImportError:
-        return False
-    return True
+    return device.type == "cuda" and dtype in (torch.bfloat16, torch.float16)
 
 
 def resolve_backend(backend: str, device: torch.device, dtype: torch.dtype) -> str:
@@ -73,34 +77,20 @@ def sdpa_varlen(q: Tensor, k: Tensor, v: Tensor, pad_index: Tensor, valid: Tenso
     return out.transpose(1, 2)[valid]  # sequences are laid out in order, so this is the flat order
 
 
-def _varlen_api() -> tuple[bool, bool]:
-    """(has window_size, has enable_gqa): varlen_attn's signature changed between torch releases."""
-    import inspect
-
-    from torch.nn.attention.varlen import varlen_attn
-
-    params = inspect.signature(varlen_attn).parameters
-    return "window_size" in params, "enable_gqa" in params
+# varlen_attn gained enable_gqa in torch 2.12; torch 2.11 (the oldest we support) has window_size only, and
+# there the kv heads are expanded. Read once at import, so traced code sees a constant.
+_VARLEN_GQA = "enable_gqa" in inspect.signature(varlen_attn).parameters
 
 
 def flash_varlen(q: Tensor, k: Tensor, v: Tensor, cu_seqlens: Tensor, max_seqlen: int | torch.SymInt) -> Tensor:
-    from torch.nn.attention.varlen import varlen_attn
-
-    has_window, has_gqa = _VARLEN_API if _VARLEN_API is not None else _varlen_api()
-    kw: dict[str, Any] = {"window_size": (-1, 0)} if has_window else {"is_causal": True}
+    kw: dict[str, Any] = {}
     if k.shape[1] != q.shape[1]:
-        if has_gqa:
+        if _VARLEN_GQA:
             kw["enable_gqa"] = True
-        else:  # older varlen_attn: expand the kv heads
+        else:
             rep = q.shape[1] // k.shape[1]
             k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
-    return varlen_attn(q, k, v, cu_seqlens, cu_seqlens, max_seqlen, max_seqlen, **kw)
-
-
-try:  # resolved once at import, so traced code has no try/except around the call
-    _VARLEN_API: tuple[bool, bool] | None = _varlen_api()
-except ImportError:
-    _VARLEN_API = None
+    return varlen_attn(q, k, v, cu_seqlens, cu_seqlens, max_seqlen, max_seqlen, window_size=(-1, 0), **kw)
 
 
 @dataclass
@@ -112,7 +102,7 @@ class VarlenContext:
     positions: Tensor  # int64 [T], position within its sequence
     pad_index: Tensor  # int64 [B, max_seqlen] flat index of each (sequence, position); T where padding (sdpa)
     valid: Tensor  # bool [B, max_seqlen]
-    backend: str = "sdpa"
+    backend: str = "sdpa"  # sdpa | flash | invariant (see `batch_invariant`)
 
     @staticmethod
     def from_lengths(lengths: list[int] | Tensor, device: torch.device | str, backend: str = "sdpa",
@@ -143,11 +133,13 @@ class VarlenContext:
         return ctx
 
     def attend(self, q: Tensor, k: Tensor, v: Tensor, cache: Any = None) -> Tensor:
-        from monorl.ops import batch_invariant as bi
-
-        if bi.is_enabled():  # the same kernel (and key-block order) as the generator's invariant decode
-            return bi.varlen_attention(q, k, v, self.positions, self.cu_seqlens, self.pad_index, self.valid)
+        if self.backend == "invariant":  # the same kernel (and key-block order) as the invariant decode
+            return attention_invariant.varlen_attention(q, k, v, self.positions, self.cu_seqlens, self.pad_index,
+                                                        self.valid)
         if self.backend == "flash":
             # max_seqlen as a tensor size, not the Python int: compiled code then never specialises on it
             return flash_varlen(q, k, v, self.cu_seqlens, self.valid.shape[1])
         return sdpa_varlen(q, k, v, self.pad_index, self.valid)
+
+    def batch_invariant(self) -> VarlenContext:
+        return dataclasses.replace(self, backend="invariant")

@@ -1,4 +1,6 @@
-"""Log-probabilities of chosen tokens: the one function the generator and the trainer share.
+"""Log-probabilities of chosen tokens: the one function the generator and the trainer share. Both call it
+through the model (`Qwen3ForCausalLM.token_logprobs`), so a batch-invariant model
+(`monorl.model.batch_invariant`) gives both its invariant form.
 
 Log-probs are of the temperature-scaled distribution, `log_softmax(logits / temperature)`, i.e. the
 distribution the generator actually sampled from (before top-p / top-k truncation). The trainer
@@ -13,10 +15,6 @@ from torch import Tensor
 
 def token_logprobs(logits: Tensor, tokens: Tensor, temperature: float = 1.0) -> Tensor:
     """logits [N, V] (any dtype), tokens [N] -> fp32 log p(token) [N]."""
-    from monorl.ops import batch_invariant as bi
-
-    if bi.is_enabled():  # one fixed reduction order per row (generator and trainer alike)
-        return bi.token_logprobs(logits, tokens, temperature)
     logits = logits.float()
     if temperature != 1.0:
         logits = logits / temperature
@@ -31,7 +29,7 @@ def chunked_token_logprobs(model: torch.nn.Module, hidden: Tensor, tokens: Tenso
     from torch.utils.checkpoint import checkpoint
 
     def chunk_fn(h: Tensor, t: Tensor) -> Tensor:
-        return token_logprobs(model.compute_logits(h), t, temperature)
+        return model.token_logprobs(model.compute_logits(h), t, temperature)
 
     outs = []
     for s in range(0, hidden.shape[0], chunk_size):

@@ -16,9 +16,9 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from monorl.compile import mark_dynamic
+from monorl.model import logprobs
 from monorl.model.attention import AttentionContext
 from monorl.model.config import ModelConfig
-from monorl.ops import batch_invariant as bi
 
 
 class RMSNorm(nn.Module):
@@ -28,8 +28,6 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: Tensor) -> Tensor:
-        if bi.is_enabled():  # batch-invariant mode: fixed per-row reduction order, weight in x's dtype
-            return bi.rms_norm(x, self.weight, self.eps)
         # Normalise in fp32, scale in the input dtype: the same rounding as HF's Qwen3RMSNorm.
         dtype = x.dtype
         x = x.float()
@@ -38,12 +36,7 @@ class RMSNorm(nn.Module):
 
 
 class Linear(nn.Linear):
-    """nn.Linear (same parameters) that switches to the batch-invariant matmul when the mode is on."""
-
-    def forward(self, x: Tensor) -> Tensor:
-        if bi.is_enabled():
-            return bi.linear(x, self.weight)
-        return super().forward(x)
+    """The model's projections: nn.Linear (`monorl.model.batch_invariant` converts exactly this class)."""
 
 
 def rope_cos_sin(positions: Tensor, head_dim: int, theta: float, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
@@ -164,8 +157,6 @@ class Qwen3ForCausalLM(nn.Module):
                 kv_cache: Sequence[Any] | None = None) -> Tensor:
         """input_ids, positions: [T]. kv_cache: one entry per layer (or None), handed to `ctx.attend`."""
         x = self.model.embed_tokens(input_ids)
-        if bi.is_enabled() and bi.compute_dtype() is not None:  # the trainer's fp32 masters -> generator's dtype
-            x = x.to(bi.compute_dtype())
         cos, sin = rope_cos_sin(positions, self.config.head_dim, self.config.rope_theta, x.dtype)
         mark_dynamic(x, cos, sin, dims=(0,))  # token counts vary (packs, prefills, decode buckets)
         for i, layer in enumerate(self.model.layers):
@@ -173,9 +164,11 @@ class Qwen3ForCausalLM(nn.Module):
         return self.model.norm(x)
 
     def compute_logits(self, hidden: Tensor) -> Tensor:
-        if bi.is_enabled():
-            return bi.linear(hidden, self.lm_head_weight)
         return F.linear(hidden, self.lm_head_weight)
+
+    # log p(token) of logits [N, V] at temperature -> [N] fp32: the one function the trainer and the sampler
+    # call (through the model, so a converted model's is the batch-invariant one)
+    token_logprobs = staticmethod(logprobs.token_logprobs)
 
     @torch.no_grad()
     def logits_for(self, sequences: Sequence[Sequence[int]], backend: str = "auto") -> list[Tensor]:
@@ -214,4 +207,3 @@ def build_model(cfg: ModelConfig, device: torch.device | str = "cpu", dtype: tor
     if seed is not None:
         model.init_weights(seed)
     return model
-

@@ -22,11 +22,11 @@ from monorl.config import RunConfig
 from monorl.generate.engine import Generator
 from monorl.generate.sampling import SamplingParams
 from monorl.model.attention import resolve_backend
+from monorl.model.batch_invariant import make_batch_invariant_
 from monorl.model.checkpoint import load_checkpoint, load_config, save_checkpoint
 from monorl.model.config import MODEL_SHAPES, model_shape
 from monorl.model.qwen3 import Qwen3ForCausalLM, build_model
 from monorl.model.tokenizer import TOKENIZER_FILE, CharTokenizer, eos_ids, load_tokenizer
-from monorl.ops.batch_invariant import set_batch_invariant
 from monorl.rl.checkpointing import (
     find_checkpoint,
     load_training_checkpoint,
@@ -123,8 +123,6 @@ class GRPORun:
         cc = cfg.compile
         self.compile_cache = setup_compile_cache(cc)
         gen_dtype = torch.bfloat16 if self.device.type == "cuda" else torch.float32
-        # one process-wide switch for trainer and generator; the trainer then computes in gen_dtype
-        set_batch_invariant(cfg.batch_invariant, gen_dtype)
         self.attn_backend = resolve_backend(cfg.model.attn_backend, self.device, gen_dtype)
         t = time.perf_counter()
         # the generator builds its own copy of the policy (in gen_dtype, fused projections) under the run's compile
@@ -132,6 +130,9 @@ class GRPORun:
         self.generator = Generator(self.policy, cfg.generator, tokenizer=self.tokenizer,
                                    eos_token_ids=eos_ids(self.tokenizer, self.policy.config), compile=cc,
                                    fused=not cfg.batch_invariant)
+        if cfg.batch_invariant:  # both sides converted once, here (the reference copy below inherits the policy's)
+            make_batch_invariant_(self.policy)
+            make_batch_invariant_(self.generator.model)
         self.startup["generator_init_s"] = time.perf_counter() - t
 
         if cfg.trainer.loss.kind == "dr_grpo" and cfg.trainer.loss.dr_grpo_norm is None:
@@ -139,7 +140,10 @@ class GRPORun:
         ref_model = None
         if cfg.trainer.loss.kl_coef > 0:  # the KL reference; `run` sets it to the policy RL starts from
             ref_model = copy.deepcopy(self.policy).to(gen_dtype).eval().requires_grad_(False)
-        self.trainer = Trainer(self.policy, cfg.trainer, total_steps=cfg.steps,
+        trainer_cfg = cfg.trainer
+        if cfg.batch_invariant:  # the trainer computes in the generator's dtype (its autocast dtype: see Trainer)
+            trainer_cfg = dataclasses.replace(trainer_cfg, compute_dtype=str(gen_dtype).removeprefix("torch."))
+        self.trainer = Trainer(self.policy, trainer_cfg, total_steps=cfg.steps,
                                attn_backend="flash" if self.attn_backend == "flash" else "sdpa",
                                ref_model=ref_model, cuda_graphs=cc.trainer_cuda_graphs)
         if cc.enabled and cc.trainer:

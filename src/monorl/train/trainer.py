@@ -2,7 +2,9 @@
 backward (accumulated over micro-batches to one step) -> clip -> AdamW -> lr schedule.
 
 The trainer owns the fp32 master weights and optimizer state; on CUDA the forward runs under bf16
-autocast, so its matmuls see the same bf16-rounded weights the generator holds.
+autocast, so its matmuls see the same bf16-rounded weights the generator holds. The compute dtype is this one
+setting in both modes: a batch-invariant model (`monorl.model.batch_invariant`) casts its embedding output to
+autocast's dtype and its weights to their inputs' dtype, so it computes in exactly the generator's dtype.
 
 With `cuda_graphs`, packs are static (`packing.pack(static=True)`) and each micro-batch is one replay
 of a graph captured per pack shape (`train.graphs`); without, the same `_accumulate` runs directly.
@@ -20,9 +22,9 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from monorl.model.batch_invariant import is_batch_invariant
 from monorl.model.logprobs import chunked_token_logprobs
 from monorl.model.qwen3 import Qwen3ForCausalLM
-from monorl.ops import batch_invariant as bi
 from monorl.train.graphs import TrainGraphs
 from monorl.train.losses import LossConfig, LossNorm, loss_metric_names, policy_loss
 from monorl.train.optim import SCHEDULES, lr_factor, make_optimizer
@@ -68,14 +70,16 @@ class Trainer:
                  ref_model: Qwen3ForCausalLM | None = None, cuda_graphs: bool = False,
                  static_shapes: bool | None = None) -> None:
         """cuda_graphs: replay each micro-batch from a graph captured per pack shape (CUDA with the flash
-        backend, whose attention reads no host values; ignored elsewhere). static_shapes: pad packs to
-        bucketed shapes (default: when graphs are used; set on CPU, it runs the graphs' exact computation)."""
+        backend or a batch-invariant model, whose attention reads no host values; ignored elsewhere).
+        static_shapes: pad packs to bucketed shapes (default: when graphs are used; set on CPU, it runs the
+        graphs' exact computation)."""
         self.model, self.cfg, self.total_steps = model, cfg, total_steps
         self.attn_backend = attn_backend
         self.ref_model = ref_model
         self.device = next(model.parameters()).device
         params = [p for p in model.parameters() if p.requires_grad]
-        use_graphs = cuda_graphs and self.device.type == "cuda" and (attn_backend == "flash" or bi.is_enabled())
+        no_host_reads = attn_backend == "flash" or is_batch_invariant(model)
+        use_graphs = cuda_graphs and self.device.type == "cuda" and no_host_reads
         if cuda_graphs and self.device.type == "cuda" and not use_graphs:
             log.warning("trainer CUDA graphs need attention backend 'flash' (got %r): running without", attn_backend)
         self.static_shapes = use_graphs if static_shapes is None else static_shapes
@@ -96,8 +100,7 @@ class Trainer:
         self.step_count = 0
 
     def _autocast(self) -> contextlib.AbstractContextManager:
-        if self.autocast_dtype is None or bi.is_enabled():
-            # batch-invariant mode: no autocast; the model casts weights/activations to the generator's dtype
+        if self.autocast_dtype is None:
             return contextlib.nullcontext()
         return torch.autocast(self.device.type, dtype=self.autocast_dtype)
 

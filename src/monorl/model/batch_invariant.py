@@ -1,0 +1,94 @@
+"""Batch-invariant mode, as a conversion of the model: afterwards a token's log-prob depends neither on what
+else is in the batch nor on the layout (a decode step, a prefill, a packed training forward). Convert the
+trainer's model and the generator's copy, and the generator's log-probs equal the trainer's recomputed ones
+bit for bit.
+
+Why the defaults are not invariant: cuBLAS / MKL pick GEMM tilings and split-K by the number of rows, CUDA
+reductions split a row across more threads when there are few rows, and flash attention's key-block order
+differs between a prefill and a decode step. The kernels that fix their reduction order up front are in
+`monorl.ops` (one file per family); backward stays ordinary math, since only forward values must match.
+
+`make_batch_invariant_(model)` converts once, in place, by giving each piece its batch-invariant subclass
+(`module.__class__ = ...`, as `torch.nn.utils.parametrize` does: parameters, buffers and hooks stay; only
+forward's kernels change). Nothing inside the model branches on a mode, and a model not converted is
+untouched:
+
+- `Linear` -> `BatchInvariantLinear`, `RMSNorm` -> `BatchInvariantRMSNorm`: the invariant matmul / norm,
+  the weight cast to the input's dtype (outside the op, so an fp32 master still gets its gradient);
+- the embedding -> `BatchInvariantEmbedding`: its output, and so the whole forward, in the compute dtype.
+  That is autocast's dtype when autocast is on, the trainer's one setting in both modes (its fp32 masters
+  then enter every op as exactly the generator's bf16 weights), else the weights' own (the generator);
+- the model -> `BatchInvariantQwen3ForCausalLM`: the LM head and `token_logprobs` (the trainer and the
+  sampler both call it through the model) use the invariant ops, and `forward` rebinds the attention
+  context it is given to the invariant kernel (`ctx.batch_invariant()`): the context still says how the
+  tokens are laid out, the model says which kernel attends them, whoever built the context.
+
+Also for the process, since they are process-wide flags: TF32 and reduced-precision reductions off, which
+would let cuBLAS (still used by backward) round differently.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from monorl.model.attention import AttentionContext
+from monorl.model.qwen3 import Linear, Qwen3ForCausalLM, RMSNorm
+from monorl.ops import logprob_invariant, matmul_invariant, rmsnorm_invariant
+
+
+class BatchInvariantLinear(Linear):
+    def forward(self, x: Tensor) -> Tensor:
+        return matmul_invariant.linear(x, self.weight)
+
+
+class BatchInvariantRMSNorm(RMSNorm):
+    def forward(self, x: Tensor) -> Tensor:
+        return rmsnorm_invariant.rms_norm(x, self.weight, self.eps)
+
+
+class BatchInvariantEmbedding(nn.Embedding):
+    def forward(self, input_ids: Tensor) -> Tensor:
+        x = super().forward(input_ids)
+        device = x.device.type
+        return x.to(torch.get_autocast_dtype(device)) if torch.is_autocast_enabled(device) else x
+
+
+class BatchInvariantQwen3ForCausalLM(Qwen3ForCausalLM):
+    token_logprobs = staticmethod(logprob_invariant.token_logprobs)
+
+    def forward(self, input_ids: Tensor, positions: Tensor, ctx: AttentionContext,
+                kv_cache: Sequence[Any] | None = None) -> Tensor:
+        return super().forward(input_ids, positions, ctx.batch_invariant(), kv_cache)
+
+    def compute_logits(self, hidden: Tensor) -> Tensor:
+        return matmul_invariant.linear(hidden, self.lm_head_weight)
+
+
+_CONVERTED = {Linear: BatchInvariantLinear, RMSNorm: BatchInvariantRMSNorm, nn.Embedding: BatchInvariantEmbedding,
+              Qwen3ForCausalLM: BatchInvariantQwen3ForCausalLM}
+
+
+def make_batch_invariant_(model: Qwen3ForCausalLM) -> Qwen3ForCausalLM:
+    """Convert `model` in place (see the module docstring); idempotent. Returns it."""
+    if not isinstance(model, Qwen3ForCausalLM):
+        raise TypeError(f"make_batch_invariant_ converts a Qwen3ForCausalLM, got {type(model).__name__}")
+    for m in model.modules():
+        if type(m) in _CONVERTED:
+            m.__class__ = _CONVERTED[type(m)]
+        elif isinstance(m, nn.Linear | nn.Embedding) and type(m) not in _CONVERTED.values():
+            raise TypeError(f"make_batch_invariant_: no batch-invariant form of {type(m).__name__}")
+        if isinstance(m, nn.Linear) and m.bias is not None:
+            raise TypeError("make_batch_invariant_: the invariant matmul has no bias")
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction = False
+    torch.backends.cuda.matmul.allow_fp16_reduced_precision_reduction = False
+    return model
+
+
+def is_batch_invariant(model: nn.Module) -> bool:
+    return isinstance(model, BatchInvariantQwen3ForCausalLM)

@@ -1,0 +1,155 @@
+"""Batch-invariant attention: causal varlen (trainer, prefill) and paged decode, as `torch.library` custom ops.
+
+On CUDA both run `attention_triton`'s one kernel, so a token's output is the same in a packed forward and
+in a decode step. The CPU path uses an exact max and pairwise-tree sums padded with zeros, which do not
+change with the number of keys. Backward is ordinary math in a padded layout (`bi_varlen_attn_backward`):
+only forward values have to match the generator.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from monorl.ops import use_triton
+from monorl.ops.attention_triton import attention_triton
+from monorl.ops.tree_sum import tree_sum
+
+
+def _attn_cpu_rows(q: Tensor, k: Tensor, v: Tensor, valid: Tensor) -> Tensor:
+    """q [R, H, D], k/v [R, L, H, D] (each row's keys, GQA-expanded), valid [R, L] -> [R, H, D] (fp32 math)."""
+    D = q.shape[-1]
+    qf, kf, vf = q.float(), k.float(), v.float()
+    s = tree_sum(qf[:, None] * kf) * D ** -0.5  # [R, L, H]
+    s = s.masked_fill(~valid[:, :, None], float("-inf"))
+    m = s.max(1, keepdim=True).values
+    p = torch.exp(s - m)  # masked keys: exactly 0
+    l_ = tree_sum(p.transpose(1, 2))  # [R, H]
+    pv = torch.where(valid[:, :, None, None], p[..., None] * vf, 0.0)  # cache garbage never reaches the sum
+    o = tree_sum(pv.permute(0, 2, 3, 1))  # [R, H, D]
+    return (o / l_[..., None]).to(q.dtype)
+
+
+def _expand_kv(x: Tensor, g: int) -> Tensor:
+    return x if g == 1 else x.repeat_interleave(g, dim=-2)
+
+
+@torch.library.custom_op("monorl::bi_varlen_attn", mutates_args=())
+def bi_varlen_attn(q: Tensor, k: Tensor, v: Tensor, positions: Tensor, cu_seqlens: Tensor, pad_index: Tensor,
+                   valid: Tensor) -> Tensor:
+    """Causal attention of packed sequences: token t attends keys t - positions[t] .. t. `pad_index` / `valid`
+    (the `VarlenContext`'s padded layout) are for backward, which must not read lengths on the host (it runs
+    inside trainer CUDA graphs)."""
+    if use_triton(q):
+        pos = positions.to(torch.int32)
+        kbase = torch.arange(q.shape[0], device=q.device, dtype=torch.int32) - pos
+        return attention_triton(q, k, v, kbase, pos + 1, None)
+    g = q.shape[1] // k.shape[1]
+    out = torch.empty_like(q)
+    cu = cu_seqlens.tolist()
+    for a, b in zip(cu[:-1], cu[1:], strict=True):  # one sequence at a time: each query row sees its keys
+        L = b - a
+        if L == 0:  # a static pack's zero-length entry
+            continue
+        kk, vv = _expand_kv(k[a:b], g), _expand_kv(v[a:b], g)
+        valid = torch.ones(L, L, dtype=torch.bool).tril()
+        rows = max(1, (1 << 22) // max(1, L * kk[0].numel()))
+        for s in range(0, L, rows):
+            e = min(L, s + rows)
+            out[a + s:a + e] = _attn_cpu_rows(q[a + s:a + e], kk[None].expand(e - s, *kk.shape),
+                                              vv[None].expand(e - s, *vv.shape), valid[s:e])
+    return out
+
+
+@bi_varlen_attn.register_fake
+def _(q: Tensor, k: Tensor, v: Tensor, positions: Tensor, cu_seqlens: Tensor, pad_index: Tensor,
+      valid: Tensor) -> Tensor:
+    return torch.empty_like(q)
+
+
+@torch.library.custom_op("monorl::bi_varlen_attn_backward", mutates_args=())
+def bi_varlen_attn_backward(grad: Tensor, q: Tensor, k: Tensor, v: Tensor, pad_index: Tensor,
+                            valid: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """Gradients of causal varlen attention by the textbook formulas in the padded [B, H, L, L] layout (fp32):
+    backward values need not be invariant. Device tensors only (no host sync), so it can be graph-captured."""
+    T, Hq, D = q.shape
+    Hkv = k.shape[1]
+    g = Hq // Hkv
+    B, L = valid.shape
+
+    def padded(x: Tensor) -> Tensor:  # [T, H, D] -> [B, H, L, D] fp32, zero rows as padding
+        x = torch.cat([x.float(), x.new_zeros(1, *x.shape[1:], dtype=torch.float32)])
+        return x[pad_index].transpose(1, 2)
+
+    qp, gp = padded(q), padded(grad)
+    kp, vp = padded(_expand_kv(k, g)), padded(_expand_kv(v, g))
+    scale = D ** -0.5
+    # key 0 stays visible to every row, so a zero-length entry (static packs pad with them) softmaxes to
+    # finite values instead of NaN; its rows are dropped below
+    keys = valid | (torch.arange(L, device=q.device) == 0)
+    mask = torch.ones(L, L, dtype=torch.bool, device=q.device).tril()[None, None] & keys[:, None, None, :]
+    p = torch.softmax((qp @ kp.transpose(-1, -2) * scale).masked_fill(~mask, float("-inf")), dim=-1)
+    o = p @ vp
+    dv = p.transpose(-1, -2) @ gp
+    ds = p * (gp @ vp.transpose(-1, -2) - (gp * o).sum(-1, keepdim=True))
+    dq = ds @ kp * scale
+    dk = ds.transpose(-1, -2) @ qp * scale
+
+    def unpadded(x: Tensor, heads: int) -> Tensor:  # [B, Hq, L, D] -> [T, heads, D], summing GQA groups
+        x = x.view(B, heads, Hq // heads, L, D).sum(2).transpose(1, 2)  # [B, L, heads, D]
+        # scatter by pad_index rather than boolean-mask indexing (data-dependent size: a host sync);
+        # padding slots all point at the extra row T, which is dropped
+        out = x.new_zeros(T + 1, heads, D)
+        out[pad_index.reshape(-1)] = x.reshape(B * L, heads, D)
+        return out[:T]
+
+    return unpadded(dq, Hq).to(q.dtype), unpadded(dk, Hkv).to(k.dtype), unpadded(dv, Hkv).to(v.dtype)
+
+
+@bi_varlen_attn_backward.register_fake
+def _(grad: Tensor, q: Tensor, k: Tensor, v: Tensor, pad_index: Tensor,
+      valid: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+
+
+def _attn_setup(ctx, inputs, output) -> None:
+    q, k, v, positions, cu_seqlens, pad_index, valid = inputs
+    ctx.save_for_backward(q, k, v, pad_index, valid)
+
+
+def _attn_backward(ctx, grad: Tensor) -> tuple[Tensor | None, ...]:
+    q, k, v, pad_index, valid = ctx.saved_tensors
+    dq, dk, dv = bi_varlen_attn_backward(grad.contiguous(), q, k, v, pad_index, valid)
+    return dq, dk, dv, None, None, None, None
+
+
+bi_varlen_attn.register_autograd(_attn_backward, setup_context=_attn_setup)
+
+
+@torch.library.custom_op("monorl::bi_paged_decode", mutates_args=())
+def bi_paged_decode(q: Tensor, k_cache: Tensor, v_cache: Tensor, block_tables: Tensor, seq_lens: Tensor) -> Tensor:
+    """q [B, Hq, D] attends the first seq_lens[b] keys of its block table (caches [N, bs, Hkv, D])."""
+    if use_triton(q):
+        return attention_triton(q, k_cache, v_cache, None, seq_lens.to(torch.int32), block_tables)
+    B, W = block_tables.shape
+    bs, Hkv, D = k_cache.shape[1:]
+    g = q.shape[1] // Hkv
+    idx = block_tables.long()
+    k = _expand_kv(k_cache[idx].view(B, W * bs, Hkv, D), g)
+    v = _expand_kv(v_cache[idx].view(B, W * bs, Hkv, D), g)
+    valid = torch.arange(W * bs, device=q.device)[None, :] < seq_lens[:, None]
+    return _attn_cpu_rows(q, k.to(q.dtype), v.to(q.dtype), valid)
+
+
+@bi_paged_decode.register_fake
+def _(q: Tensor, k_cache: Tensor, v_cache: Tensor, block_tables: Tensor, seq_lens: Tensor) -> Tensor:
+    return torch.empty_like(q)
+
+
+def varlen_attention(q: Tensor, k: Tensor, v: Tensor, positions: Tensor, cu_seqlens: Tensor, pad_index: Tensor,
+                     valid: Tensor) -> Tensor:
+    return bi_varlen_attn(q, k, v, positions, cu_seqlens, pad_index, valid)
+
+
+def paged_decode(q: Tensor, k_cache: Tensor, v_cache: Tensor, block_tables: Tensor, seq_lens: Tensor) -> Tensor:
+    return bi_paged_decode(q, k_cache, v_cache, block_tables, seq_lens)

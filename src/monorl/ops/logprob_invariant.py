@@ -1,0 +1,79 @@
+"""Batch-invariant token log-probs: log_softmax(logits / temperature) at the chosen token, with one fixed
+reduction order over the vocabulary per row (a Triton program on CUDA, a tree sum on CPU). Backward is
+ordinary math."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from monorl.ops import HAS_TRITON, use_triton
+from monorl.ops.tree_sum import tree_sum
+
+if HAS_TRITON:
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def _logprob_kernel(x_ptr, t_ptr, o_ptr, V, stride_x, temperature, BLOCK_V: tl.constexpr):
+        row = tl.program_id(0).to(tl.int64)
+        base = x_ptr + row * stride_x
+        offs = tl.arange(0, BLOCK_V)
+        m_vec = tl.full([BLOCK_V], float("-inf"), dtype=tl.float32)
+        for s in range(0, V, BLOCK_V):
+            z = tl.load(base + s + offs, mask=s + offs < V, other=float("-inf")).to(tl.float32) / temperature
+            m_vec = tl.maximum(m_vec, z)
+        m = tl.max(m_vec, axis=0)
+        s_vec = tl.zeros([BLOCK_V], dtype=tl.float32)
+        for s in range(0, V, BLOCK_V):  # vocab blocks in order, one lane per offset: a fixed sum order
+            z = tl.load(base + s + offs, mask=s + offs < V, other=float("-inf")).to(tl.float32) / temperature
+            s_vec += tl.exp(z - m)
+        tok = tl.load(t_ptr + row)
+        zt = tl.load(base + tok).to(tl.float32) / temperature
+        tl.store(o_ptr + row, zt - m - tl.log(tl.sum(s_vec, axis=0)))
+
+
+@torch.library.custom_op("monorl::bi_token_logprobs", mutates_args=())
+def bi_token_logprobs(logits: Tensor, tokens: Tensor, temperature: float) -> Tensor:
+    """log_softmax(logits / temperature)[row, tokens[row]] in fp32 -> [N]."""
+    N, V = logits.shape
+    if use_triton(logits):
+        logits, tokens = logits.contiguous(), tokens.contiguous().long()
+        out = torch.empty(N, dtype=torch.float32, device=logits.device)
+        if N:
+            _logprob_kernel[(N,)](logits, tokens, out, V, logits.stride(0), float(temperature), BLOCK_V=2048,
+                                  num_warps=8)
+        return out
+    z = logits.float()
+    if temperature != 1.0:
+        z = z / temperature
+    m = z.max(-1, keepdim=True).values  # max is exact in any order
+    lse = torch.log(tree_sum(torch.exp(z - m)))
+    return z.gather(-1, tokens[:, None].long())[:, 0] - m[:, 0] - lse
+
+
+@bi_token_logprobs.register_fake
+def _(logits: Tensor, tokens: Tensor, temperature: float) -> Tensor:
+    return logits.new_empty(logits.shape[0], dtype=torch.float32)
+
+
+def _lp_setup(ctx, inputs, output) -> None:
+    logits, tokens, temperature = inputs
+    ctx.save_for_backward(logits, tokens)
+    ctx.temperature = temperature
+
+
+def _lp_backward(ctx, grad: Tensor) -> tuple[Tensor, None, None]:
+    logits, tokens = ctx.saved_tensors
+    T = ctx.temperature
+    p = torch.softmax(logits.float() / T, dim=-1)
+    onehot = F.one_hot(tokens.long(), logits.shape[-1]).to(p.dtype)
+    return (grad[:, None] * (onehot - p) / T).to(logits.dtype), None, None
+
+
+bi_token_logprobs.register_autograd(_lp_backward, setup_context=_lp_setup)
+
+
+def token_logprobs(logits: Tensor, tokens: Tensor, temperature: float = 1.0) -> Tensor:
+    return bi_token_logprobs(logits, tokens, float(temperature))

@@ -1,0 +1,104 @@
+"""Batch-invariant matmul: x [.., K] @ w [N, K]^T, where row i of the result depends only on x[i] and w.
+
+Why the default is not: cuBLAS / MKL pick GEMM tilings and split-K by M, the number of rows. Here,
+on CUDA, a Triton GEMM whose tiles and K loop depend only on the weight's shape (N, K), never on M; on
+CPU, fp32 products summed by a fixed pairwise tree over K. A `torch.library` custom op (opaque to
+torch.compile); backward is ordinary math: only forward values have to match the generator.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from monorl.ops import HAS_TRITON, use_triton
+from monorl.ops.tree_sum import tree_sum
+
+if HAS_TRITON:
+    import triton
+    import triton.language as tl
+
+    @triton.jit(do_not_specialize=["M"])  # M must not change the compiled kernel (Triton specialises 1, %16)
+    def _mm_kernel(a_ptr, b_ptr, c_ptr, M, N, K, stride_am, stride_bn, stride_cm,
+                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+        pid_m = tl.program_id(0)
+        pid_n = tl.program_id(1)
+        offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+        offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+        offs_k = tl.arange(0, BLOCK_K)
+        acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+        for k0 in range(0, K, BLOCK_K):  # one fixed K order: no split-K
+            kk = k0 + offs_k
+            a = tl.load(a_ptr + offs_m[:, None] * stride_am + kk[None, :],
+                        mask=(offs_m[:, None] < M) & (kk[None, :] < K), other=0.0)
+            b = tl.load(b_ptr + offs_n[:, None] * stride_bn + kk[None, :],
+                        mask=(offs_n[:, None] < N) & (kk[None, :] < K), other=0.0)
+            acc = tl.dot(a, tl.trans(b), acc, input_precision="ieee")
+        tl.store(c_ptr + offs_m[:, None] * stride_cm + offs_n[None, :], acc.to(c_ptr.dtype.element_ty),
+                 mask=(offs_m[:, None] < M) & (offs_n[None, :] < N))
+
+
+MM_TILES = "auto"  # "auto" | "large" (128x128 tiles everywhere; benchmarks/bench_batch_invariant.py --mm-tiles)
+
+
+def _mm_config(N: int, K: int) -> tuple[int, int, int, int, int]:
+    """(BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages): a function of the weight's shape only."""
+    if MM_TILES == "large":
+        return 128, 128, 64, 8, 3
+    if N <= 4096:  # narrow outputs: smaller N tiles, so a decode step still spreads over the SMs
+        return 64, 64, 64, 4, 4
+    return 64, 128, 64, 4, 4
+
+
+def _mm_triton(x: Tensor, w: Tensor) -> Tensor:
+    M, K = x.shape
+    N = w.shape[0]
+    out = torch.empty(M, N, dtype=x.dtype, device=x.device)
+    if M == 0:
+        return out
+    bm, bn, bk, nw, ns = _mm_config(N, K)
+    _mm_kernel[(triton.cdiv(M, bm), triton.cdiv(N, bn))](
+        x, w, out, M, N, K, x.stride(0), w.stride(0), out.stride(0),
+        BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, num_warps=nw, num_stages=ns)
+    return out
+
+
+def _mm_cpu(x: Tensor, w: Tensor) -> Tensor:
+    M, K = x.shape
+    N = w.shape[0]
+    xf, wf = x.float(), w.float()
+    rows = max(1, (1 << 22) // max(1, N * K))  # bound the [rows, N, K] product buffer (~16 MB)
+    outs = [tree_sum(xf[s:s + rows, None, :] * wf[None]) for s in range(0, M, rows)]
+    return (torch.cat(outs) if outs else xf.new_zeros(0, N)).to(x.dtype)
+
+
+@torch.library.custom_op("monorl::bi_mm", mutates_args=())
+def bi_mm(x: Tensor, w: Tensor) -> Tensor:
+    """x [M, K] @ w [N, K]^T -> [M, N] in x's dtype; row i depends only on x[i] and w."""
+    x, w = x.contiguous(), w.contiguous()
+    return _mm_triton(x, w) if use_triton(x) else _mm_cpu(x, w)
+
+
+@bi_mm.register_fake
+def _(x: Tensor, w: Tensor) -> Tensor:
+    return x.new_empty(x.shape[0], w.shape[0])
+
+
+def _mm_setup(ctx, inputs, output) -> None:
+    ctx.save_for_backward(*inputs)
+
+
+def _mm_backward(ctx, grad: Tensor) -> tuple[Tensor, Tensor]:
+    x, w = ctx.saved_tensors
+    return grad @ w, grad.t() @ x
+
+
+bi_mm.register_autograd(_mm_backward, setup_context=_mm_setup)
+
+
+def linear(x: Tensor, weight: Tensor) -> Tensor:
+    """F.linear(x, weight) without bias, batch-invariant. The weight is cast to x's dtype (outside the op,
+    so the trainer's fp32 master gets the gradient) -- exactly the generator's bf16 copy."""
+    shape = x.shape
+    out = bi_mm(x.reshape(-1, shape[-1]), weight.to(x.dtype))
+    return out.view(*shape[:-1], weight.shape[0])

@@ -60,9 +60,8 @@ def setup_compile_cache(cfg: CompileConfig) -> Path | None:
     # copies: more variants than Dynamo's default limit of 8, past which it silently runs eager.
     import torch._dynamo.config as dynamo_config
 
-    dynamo_config.recompile_limit = max(getattr(dynamo_config, "recompile_limit", 8), 64)
-    if hasattr(inductor_config, "autograd_cache"):
-        inductor_config.autograd_cache = True
+    dynamo_config.recompile_limit = max(dynamo_config.recompile_limit, 64)
+    inductor_config.autograd_cache = True
     return path
 
 

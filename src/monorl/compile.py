@@ -61,7 +61,7 @@ def setup_compile_cache(cfg: CompileConfig) -> Path | None:
     import torch._dynamo.config as dynamo_config
 
     dynamo_config.recompile_limit = max(dynamo_config.recompile_limit, 64)
-    inductor_config.autograd_cache = True
+    # AOTAutograd's cache (torch._functorch.config.enable_autograd_cache) is on by default and shares the dir
     return path
 
 

@@ -14,6 +14,7 @@ from typing import Any
 from monorl.compile import CompileConfig
 from monorl.fsutil import json_safe
 from monorl.generate.engine import GeneratorConfig
+from monorl.rl.advantages import ADVANTAGE_KINDS, GROUPLESS_ADVANTAGE_KINDS
 from monorl.train.losses import LossConfig
 from monorl.train.trainer import TrainerConfig
 
@@ -42,9 +43,15 @@ class RolloutSection:
     top_p: float = 0.95
     top_k: int = 0
     ignore_eos: bool = False  # benchmarks: always generate max_new_tokens
-    advantage_std_norm: bool = True  # divide by the group std (GRPO paper, TRL); the reference uses mean only
+    # grpo | rloo | reinforce_pp | reinforce_pp_baseline (monorl.rl.advantages; README "Config")
+    advantage: str = "grpo"
+    # advantage "grpo" only: divide by the group std (GRPO paper, TRL); the reference uses mean only, and the
+    # dr_grpo loss turns it off (Dr. GRPO)
+    advantage_std_norm: bool = True
 
     def __post_init__(self) -> None:
+        if self.advantage not in ADVANTAGE_KINDS:
+            raise ValueError(f"rollout.advantage must be one of {', '.join(ADVANTAGE_KINDS)}, got {self.advantage!r}")
         for k in ("prompts_per_step", "group_size", "max_new_tokens"):
             if getattr(self, k) < 1:
                 raise ValueError(f"rollout.{k} must be >= 1, got {getattr(self, k)}")
@@ -114,11 +121,13 @@ class RunConfig:
     def __post_init__(self) -> None:
         if self.steps < 0:
             raise ValueError(f"steps must be >= 0, got {self.steps}")
-        # every loss here scores a completion against its group (advantage = reward - group mean): with one
-        # completion per prompt every advantage is 0 and nothing is learned (TRL refuses it too)
-        if self.rollout.group_size < 2:
-            raise ValueError(f"rollout.group_size must be >= 2: loss {self.trainer.loss.kind!r} uses the group "
-                             f"mean as baseline, so a group of {self.rollout.group_size} has zero advantage")
+        # the group advantages score a completion against its group (advantage = reward - group mean): with one
+        # completion per prompt every advantage is 0 and nothing is learned (TRL refuses it too); REINFORCE++
+        # without baseline normalises over the batch and needs no group
+        if self.rollout.group_size < 2 and self.rollout.advantage not in GROUPLESS_ADVANTAGE_KINDS:
+            raise ValueError(f"rollout.group_size must be >= 2: advantage {self.rollout.advantage!r} uses the group "
+                             f"as baseline, so a group of {self.rollout.group_size} has zero advantage "
+                             f"(rollout.advantage {' / '.join(GROUPLESS_ADVANTAGE_KINDS)} needs no group)")
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

@@ -1,4 +1,4 @@
-"""Group-relative advantages: each completion's reward against the other completions of the same prompt.
+"""Advantages: each completion's reward against a baseline (its group's, or the batch's).
 
 GRPO (DeepSeekMath; TRL, verl): ``A = (r - mean_group(r)) / (std_group(r) + eps)`` with the *sample* standard
 deviation (Bessel-corrected, ``torch.std``'s default, as TRL and verl use).
@@ -7,8 +7,23 @@ Dr. GRPO (Liu et al. 2025) and the TorchTitan RL reference drop the std division
 (``normalize_std=False``). The reference's `rl_grpo_qwen3_0_6b` loop computes exactly that mean-only
 advantage, so reference parity means ``normalize_std=False``.
 
-A group whose rewards are all equal carries no signal: its advantages are exactly 0 either way (the centred
-rewards are set to exactly 0, never 0/0).
+RLOO (Ahmadian et al. 2024, "Back to Basics: Revisiting REINFORCE Style Optimization for Learning from Human
+Feedback in LLMs", arXiv:2402.14740): the leave-one-out baseline, ``A_i = r_i - mean_{j != i} r_j`` within the
+group, which equals ``G / (G - 1) * (r_i - mean_group(r))``; no std division. Peers: verl
+`compute_rloo_outcome_advantage` (verl/trainer/ppo/core_algos.py), TRL's RLOOTrainer (trl/trainer/rloo_trainer.py).
+
+REINFORCE++ (Hu 2025, "REINFORCE++: A Simple and Efficient Approach for Aligning Large Language Models",
+arXiv:2501.03262): the advantage is normalised over the whole batch, ``A = (x - mean_batch(x)) /
+(std_batch(x) + eps)``, with ``x = r`` (REINFORCE++, needs no group: group_size 1 is fine) or ``x = r -
+mean_group(r)`` (REINFORCE++-baseline). Peers: verl `compute_reinforce_plus_plus_outcome_advantage` and
+`compute_reinforce_plus_plus_baseline_outcome_advantage` (verl/trainer/ppo/core_algos.py), OpenRLHF's
+`advantage_estimator` "reinforce" / "reinforce_baseline". Two differences from those, both deliberate: the batch
+statistics here are over sequences (one advantage each), while verl / OpenRLHF whiten per-token returns, which
+weights each sequence by its length; and the KL is not folded into the reward per token as REINFORCE++ does (use
+the loss's KL penalty). The std is the sample std, as for GRPO.
+
+A group (for the batch kinds: a batch) whose values are all equal carries no signal: its advantages are exactly
+0 (the centred values are set to exactly 0, never 0/0).
 """
 
 from __future__ import annotations
@@ -16,14 +31,12 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+ADVANTAGE_KINDS = ("grpo", "rloo", "reinforce_pp", "reinforce_pp_baseline")
+GROUPLESS_ADVANTAGE_KINDS = ("reinforce_pp",)  # need no group: valid with group_size 1
 
-def group_advantages(rewards: Tensor | list[float], group_size: int, normalize_std: bool = True,
-                     eps: float = 1e-6) -> Tensor:
-    """rewards ``[P * group_size]`` (consecutive completions of a prompt adjacent) or ``[P, group_size]`` ->
-    fp32 advantages of the same shape.
 
-    With ``group_size == 1`` every advantage is 0 (a lone completion has nothing to be compared with).
-    """
+def _as_groups(rewards: Tensor | list[float], group_size: int) -> Tensor:
+    """Validated fp32 rewards (shape kept)."""
     r = torch.as_tensor(rewards, dtype=torch.float32)
     if group_size < 1:
         raise ValueError(f"group_size must be >= 1, got {group_size}")
@@ -33,10 +46,21 @@ def group_advantages(rewards: Tensor | list[float], group_size: int, normalize_s
     elif r.dim() != 1 or r.numel() % group_size:
         raise ValueError(f"rewards of shape {tuple(r.shape)} do not split into groups of {group_size}: "
                          f"expected [P*{group_size}] or [P, {group_size}]")
-    if eps < 0:
-        raise ValueError(f"eps must be >= 0, got {eps}")
     if not torch.isfinite(r).all():
         raise ValueError("rewards contain NaN or inf")
+    return r
+
+
+def group_advantages(rewards: Tensor | list[float], group_size: int, normalize_std: bool = True,
+                     eps: float = 1e-6) -> Tensor:
+    """rewards ``[P * group_size]`` (consecutive completions of a prompt adjacent) or ``[P, group_size]`` ->
+    fp32 advantages of the same shape.
+
+    With ``group_size == 1`` every advantage is 0 (a lone completion has nothing to be compared with).
+    """
+    r = _as_groups(rewards, group_size)
+    if eps < 0:
+        raise ValueError(f"eps must be >= 0, got {eps}")
     g = r.reshape(-1, group_size)
     adv = g - g.mean(dim=1, keepdim=True)
     if normalize_std and group_size > 1:
@@ -46,3 +70,44 @@ def group_advantages(rewards: Tensor | list[float], group_size: int, normalize_s
     same = (g == g[:, :1]).all(dim=1, keepdim=True)
     adv = adv.masked_fill(same, 0.0)
     return adv.reshape(r.shape)
+
+
+def rloo_advantages(rewards: Tensor | list[float], group_size: int) -> Tensor:
+    """RLOO: ``A_i = r_i - mean_{j != i} r_j`` within each group (group_size >= 2); same shapes as
+    `group_advantages`."""
+    r = _as_groups(rewards, group_size)
+    if group_size < 2:
+        raise ValueError(f"RLOO needs group_size >= 2 (a leave-one-out baseline of others), got {group_size}")
+    g = r.reshape(-1, group_size)
+    adv = g - (g.sum(dim=1, keepdim=True) - g) / (group_size - 1)
+    adv = adv.masked_fill((g == g[:, :1]).all(dim=1, keepdim=True), 0.0)  # exactly 0, as in group_advantages
+    return adv.reshape(r.shape)
+
+
+def reinforce_pp_advantages(rewards: Tensor | list[float], group_size: int, baseline: bool,
+                            eps: float = 1e-6) -> Tensor:
+    """REINFORCE++ (``baseline=False``: raw rewards) or REINFORCE++-baseline (``baseline=True``: group mean
+    subtracted first), then normalised over the whole batch: ``(x - mean(x)) / (std(x) + eps)``, sample std.
+    Same shapes as `group_advantages`; group_size 1 is valid without the baseline (and gives zeros with it)."""
+    r = _as_groups(rewards, group_size)
+    if eps < 0:
+        raise ValueError(f"eps must be >= 0, got {eps}")
+    x = group_advantages(r, group_size, normalize_std=False) if baseline else r
+    flat = x.reshape(-1)
+    if (flat == flat[:1]).all():  # no signal in the batch (also a batch of one): exactly 0, never 0/0
+        return torch.zeros_like(x)
+    flat = flat - flat.mean()
+    return (flat / (flat.std() + eps)).reshape(r.shape)
+
+
+def compute_advantages(rewards: Tensor | list[float], group_size: int, kind: str = "grpo",
+                       normalize_std: bool = True, eps: float = 1e-6) -> Tensor:
+    """The advantage of `kind` (one of ADVANTAGE_KINDS); `normalize_std` applies to "grpo" only (the group
+    std: False is Dr. GRPO's mean-only advantage)."""
+    if kind == "grpo":
+        return group_advantages(rewards, group_size, normalize_std=normalize_std, eps=eps)
+    if kind == "rloo":
+        return rloo_advantages(rewards, group_size)
+    if kind in ("reinforce_pp", "reinforce_pp_baseline"):
+        return reinforce_pp_advantages(rewards, group_size, baseline=kind == "reinforce_pp_baseline", eps=eps)
+    raise ValueError(f"advantage kind must be one of {ADVANTAGE_KINDS}, got {kind!r}")

@@ -252,7 +252,8 @@ class GRPORun:
         prompts = list(itertools.islice(self.train_prompts, cfg.rollout.prompts_per_step))
         groups = generate_rollouts(self.generator, self.tokenizer, self.task, prompts, self.sampling(step),
                                    cfg.rollout.group_size, self.max_len)
-        assign_advantages(groups, normalize_std=cfg.rollout.advantage_std_norm and cfg.trainer.loss.kind != "dr_grpo")
+        assign_advantages(groups, normalize_std=cfg.rollout.advantage_std_norm and cfg.trainer.loss.kind != "dr_grpo",
+                          kind=cfg.rollout.advantage)
         t1 = time.perf_counter()
         rollouts = [r for g in groups for r in g]
         if not rollouts:

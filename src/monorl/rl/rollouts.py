@@ -10,7 +10,7 @@ import torch
 
 from monorl.generate.engine import Generator
 from monorl.generate.sampling import SamplingParams
-from monorl.rl.advantages import group_advantages
+from monorl.rl.advantages import compute_advantages
 from monorl.tasks.base import Prompt, Task, safe_reward
 from monorl.train.packing import TrainSequence
 
@@ -74,11 +74,13 @@ def generate_rollouts(generator: Generator, tokenizer, task: Task, prompts: Sequ
     return groups
 
 
-def assign_advantages(groups: list[list[Rollout]], normalize_std: bool) -> None:
+def assign_advantages(groups: list[list[Rollout]], normalize_std: bool, kind: str = "grpo") -> None:
+    """Set each rollout's advantage (`kind`: one of monorl.rl.advantages.ADVANTAGE_KINDS; `normalize_std`
+    applies to "grpo")."""
     if not groups:
         return
     rewards = torch.tensor([[r.reward for r in g] for g in groups], dtype=torch.float32)
-    adv = group_advantages(rewards, group_size=rewards.shape[1], normalize_std=normalize_std)
+    adv = compute_advantages(rewards, group_size=rewards.shape[1], kind=kind, normalize_std=normalize_std)
     for g, a in zip(groups, adv.tolist(), strict=True):
         for r, v in zip(g, a, strict=True):
             r.advantage = v

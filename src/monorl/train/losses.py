@@ -1,4 +1,5 @@
-"""Policy losses on flat response tokens of packed micro-batches: GRPO, token-level GRPO, DAPO, Dr. GRPO.
+"""Policy losses on flat response tokens of packed micro-batches: GRPO, GSPO, token-level GRPO, DAPO, Dr. GRPO,
+CISPO.
 
 Inputs (one micro-batch):
     logprobs      [N]  trainer log-probs of the response tokens (with grad)
@@ -20,10 +21,44 @@ The kinds:
     dapo        token_grpo with the DAPO defaults: asymmetric clip (clip_high 0.28), token-mean.
     dr_grpo     per-token clipped surrogate, summed and divided by the constant num_seqs * dr_grpo_norm
                 (Liu et al. 2025; pair it with `group_advantages(normalize_std=False)`).
+    gspo        GSPO (Zheng et al. 2025, "Group Sequence Policy Optimization", arXiv:2507.18071): sequence-level
+                ratio s_i = (pi(y_i) / pi_old(y_i))^(1/|y_i|) = exp(mean_t(logp - old)), clipped per sequence,
+                loss_i = -min(s_i A_i, clip(s_i) A_i), mean over sequences. That objective (its eq. 5) is
+                *mathematically identical* to the `grpo` kind above, which already takes TorchTitan's
+                sequence-mean ratio: `gspo` is the same code path under GSPO's name and with GSPO's defaults,
+                clip_low 3e-4 and clip_high 4e-4 (the paper's section 5.1; both configurable). Peers: verl
+                `compute_policy_loss_gspo` in verl/trainer/ppo/core_algos.py (loss_agg_mode
+                "seq-mean-token-mean"); TRL `importance_sampling_level="sequence"` in trl/trainer/grpo_trainer.py.
+                GSPO-token (the paper's eq. 13, s_it = sg(s_i) * pi(y_it) / sg(pi(y_it)) with per-token
+                advantages) is not a separate kind: with one advantage per sequence, as here, the paper notes it
+                equals GSPO in value and gradient. Note the tiny clip range: ratios are taken against the
+                generator's log-probs, so generator/trainer numerical mismatch alone can clip sequences (those
+                get no gradient); watch clip_frac, or use batch_invariant.
+    cispo       CISPO (MiniMax-M1, arXiv:2506.13585, section 3.1): loss_t = -sg(clip(r_t, 1 - clip_low,
+                1 + clip_high)) * A * logp_t, summed over tokens and divided by the step's response tokens
+                (token-mean). The clipped IS weight is a detached coefficient on REINFORCE, so every token keeps a
+                gradient (no min, nothing switched off). Defaults: no lower bound (clip_low None: the paper
+                "did not impose a lower bound on the IS weight"), clip_high 0.28 (the paper tunes only the upper
+                bound without stating it; 0.28 is Trinity-RFT's CISPOPolicyLossFn default). Note the loss *value*
+                is -w A logp, not a surrogate near -A: compare its gradient, not its value, with the other kinds.
+                Peers: verl `compute_policy_loss_cispo` (verl/trainer/ppo/core_algos.py); TRL
+                `loss_type="cispo"` (trl/trainer/grpo_trainer.py, which clamps at an absolute `epsilon_high`).
+                dual_clip does not apply (there is no clipped branch to bound).
 
-KL penalty: k3 = exp(ref - logp) - (ref - logp) - 1 per token, reduced exactly like the policy term (per
-sequence mean then over sequences for grpo; over step tokens for token_grpo / dapo; / (S * dr_grpo_norm) for
-dr_grpo), times kl_coef.
+Clip metrics count units (sequences for grpo/gspo, tokens otherwise) whose ratio fell outside
+[1 - clip_low, 1 + clip_high]; for cispo those are the tokens whose IS weight was truncated.
+
+KL to the reference policy, per token with d = ref - logp (the estimators of Schulman, "Approximating KL
+divergence", 2020, http://joschu.net/blog/kl-approx.html; samples are from the policy, so each estimates
+KL(pi || ref)):
+    k1 = -d                        unbiased, high variance, can be negative
+    k2 = d^2 / 2                   biased, low variance, >= 0
+    k3 = exp(d) - d - 1            unbiased, low variance, >= 0 (the default; TRL's and TorchTitan's)
+selected by `kl_estimator`, reduced exactly like the policy term (per sequence mean then over sequences for
+grpo / gspo; over step tokens for token_grpo / dapo / cispo; / (S * dr_grpo_norm) for dr_grpo). With
+`kl_in_loss` (the default) kl_coef * KL is added to the loss; without it the KL is only reported as the `kl`
+metric (verl's "use_kl_loss: False" monitoring); the reference policy is built when kl_coef > 0, so a
+metric-only KL still needs kl_coef > 0 (its value then weights nothing).
 
 Gradient accumulation: every reduction divides by a *step-level* count held in `LossNorm` (built once per
 step from the response lengths of all its sequences), never by a micro-batch count, so the sum of the
@@ -39,15 +74,19 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-LOSS_KINDS = ("grpo", "token_grpo", "dapo", "dr_grpo")
+LOSS_KINDS = ("grpo", "token_grpo", "dapo", "dr_grpo", "gspo", "cispo")
+SEQ_KINDS = ("grpo", "gspo")  # one ratio per sequence: units are sequences, loss and KL are means over sequences
+KL_ESTIMATORS = ("k1", "k2", "k3")
 
 
 @dataclass
 class LossConfig:
     kind: str = "grpo"
-    clip_low: float = 0.2  # ratio floor 1 - clip_low
-    clip_high: float | None = None  # ratio ceiling 1 + clip_high; None: 0.28 for dapo, else 0.2
-    kl_coef: float = 0.0  # weight of the k3 KL to the reference policy (needs ref_logprobs when > 0)
+    clip_low: float | None = None  # ratio floor 1 - clip_low; None: 3e-4 for gspo, no floor for cispo, else 0.2
+    clip_high: float | None = None  # ratio ceiling 1 + clip_high; None: 0.28 for dapo / cispo, 4e-4 gspo, else 0.2
+    kl_coef: float = 0.0  # weight of the KL to the reference policy (needs ref_logprobs when > 0)
+    kl_estimator: str = "k3"  # k1 | k2 | k3 (Schulman's estimators, see the module docstring)
+    kl_in_loss: bool = True  # False: the KL is computed and reported as a metric, not added to the loss
     dr_grpo_norm: float | None = None  # dr_grpo's constant per-sequence normaliser, e.g. max_new_tokens
     dual_clip: float | None = None  # cap the loss of negative-advantage units at -dual_clip * A (c > 1)
     # Per-token log-ratios are clamped to +-this before exp, so one -inf generator log-prob cannot make NaN
@@ -55,17 +94,24 @@ class LossConfig:
     log_ratio_clamp: float = 20.0
 
     @property
+    def floor(self) -> float:
+        """The lower clip offset: clip_low, or its default (3e-4 for gspo, 1.0 = no floor for cispo, else 0.2)."""
+        if self.clip_low is not None:
+            return self.clip_low
+        return {"gspo": 3e-4, "cispo": 1.0}.get(self.kind, 0.2)
+
+    @property
     def ceiling(self) -> float:
-        """The upper clip offset: clip_high, or its default (0.28 for dapo, else 0.2)."""
+        """The upper clip offset: clip_high, or its default (0.28 for dapo and cispo, 4e-4 for gspo, else 0.2)."""
         if self.clip_high is not None:
             return self.clip_high
-        return 0.28 if self.kind == "dapo" else 0.2
+        return {"dapo": 0.28, "cispo": 0.28, "gspo": 4e-4}.get(self.kind, 0.2)
 
     def __post_init__(self) -> None:
         if self.kind not in LOSS_KINDS:
             raise ValueError(f"LossConfig.kind must be one of {LOSS_KINDS}, got {self.kind!r}")
-        if not 0.0 <= self.clip_low < 1.0:
-            raise ValueError(f"clip_low must be in [0, 1), got {self.clip_low}")
+        if self.clip_low is not None and not 0.0 <= self.clip_low < 1.0:
+            raise ValueError(f"clip_low must be in [0, 1) (or None: the kind's default), got {self.clip_low}")
         if self.clip_high is not None and self.clip_high < 0.0:
             raise ValueError(f"clip_high must be >= 0, got {self.clip_high}")
         if self.kl_coef < 0.0:
@@ -76,6 +122,13 @@ class LossConfig:
             raise ValueError(f"dual_clip must be > 1 (or None), got {self.dual_clip}")
         if not self.log_ratio_clamp > 0:
             raise ValueError(f"log_ratio_clamp must be > 0, got {self.log_ratio_clamp}")
+        if self.kl_estimator not in KL_ESTIMATORS:
+            raise ValueError(f"kl_estimator must be one of {KL_ESTIMATORS}, got {self.kl_estimator!r}")
+        if not self.kl_in_loss and self.kl_coef == 0:
+            raise ValueError("kl_in_loss=False reports the KL to the reference policy as a metric only, and the "
+                             "reference is built only when kl_coef > 0: set kl_coef > 0 (it then weights nothing)")
+        if self.kind == "cispo" and self.dual_clip is not None:
+            raise ValueError("dual_clip does not apply to kind='cispo' (its clipped IS weight has no branch to cap)")
 
 
 @dataclass(frozen=True)
@@ -87,7 +140,7 @@ class LossNorm:
     num_tokens: int  # response tokens in the step
     num_seqs: int  # sequences with at least one response token
     denom: Tensor  # 0-d fp32: the policy (and KL) sum is divided by this
-    unit_count: Tensor  # 0-d fp32: units (sequences for grpo, else tokens) the metrics average over (>= 1)
+    unit_count: Tensor  # 0-d fp32: units (sequences for grpo/gspo, else tokens) the metrics average over (>= 1)
 
     @classmethod
     def for_step(cls, cfg: LossConfig, response_lengths: Sequence[int] | Tensor,
@@ -97,7 +150,7 @@ class LossNorm:
             raise ValueError("response lengths must be >= 0")
         num_tokens = int(lengths.sum().item())
         num_seqs = int((lengths > 0).sum().item())
-        if cfg.kind == "grpo":
+        if cfg.kind in SEQ_KINDS:
             denom = num_seqs
         elif cfg.kind == "dr_grpo":
             if cfg.dr_grpo_norm is None:
@@ -105,7 +158,7 @@ class LossNorm:
             denom = lengths.numel() * cfg.dr_grpo_norm
         else:
             denom = num_tokens
-        units = num_seqs if cfg.kind == "grpo" else num_tokens
+        units = num_seqs if cfg.kind in SEQ_KINDS else num_tokens
         # an all-empty step has a zero loss; max() keeps it 0 rather than 0/0
         scalars = torch.tensor([max(denom, 1), max(units, 1)], dtype=torch.float32).to(device)
         return cls(lengths.to(device), num_tokens, num_seqs, scalars[0], scalars[1])
@@ -119,7 +172,7 @@ def loss_metric_names(has_ref: bool) -> tuple[str, ...]:
 
 def _surrogate_loss(ratio: Tensor, adv: Tensor, cfg: LossConfig) -> Tensor:
     """-min(r A, clip(r) A), optionally dual-clipped: per unit (token or sequence)."""
-    clipped = ratio.clamp(1.0 - cfg.clip_low, 1.0 + cfg.ceiling)
+    clipped = ratio.clamp(1.0 - cfg.floor, 1.0 + cfg.ceiling)
     loss = -torch.minimum(ratio * adv, clipped * adv)
     if cfg.dual_clip is not None:
         loss = torch.where(adv < 0, torch.minimum(loss, -cfg.dual_clip * adv), loss)
@@ -132,9 +185,9 @@ def policy_loss(logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, seq_
     """This micro-batch's share of the step loss, and its share of each metric (all detached):
     ``loss``, ``pg_loss``, ``kl`` (when ref_logprobs is given), ``ratio_mean``, ``clip_frac`` (=
     ``clip_frac_low + clip_frac_high``: units whose ratio fell outside the clip range). Units are sequences for
-    grpo, tokens otherwise. `token_mask` [N] (1 real, 0 padding) drops padded rows of a static pack.
+    grpo / gspo, tokens otherwise. `token_mask` [N] (1 real, 0 padding) drops padded rows of a static pack.
 
-    For grpo every sequence's tokens must all be in one micro-batch (packing keeps sequences whole).
+    For grpo / gspo every sequence's tokens must all be in one micro-batch (packing keeps sequences whole).
     No host sync and no data-dependent control flow: it runs inside the trainer's CUDA graph.
     """
     n = logprobs.shape
@@ -160,9 +213,14 @@ def policy_loss(logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, seq_
     kl_tok = None
     if ref_logprobs is not None:
         d = (ref_logprobs.detach().float() - lp).clamp(-cfg.log_ratio_clamp, cfg.log_ratio_clamp)
-        kl_tok = (torch.exp(d) - d - 1.0) * mask
+        if cfg.kl_estimator == "k1":
+            kl_tok = -d * mask
+        elif cfg.kl_estimator == "k2":
+            kl_tok = 0.5 * d.square() * mask
+        else:
+            kl_tok = (torch.exp(d) - d - 1.0) * mask
 
-    if cfg.kind == "grpo":
+    if cfg.kind in SEQ_KINDS:
         lengths = norm.response_lengths.to(lp.device)
         present = torch.zeros(num_seqs_step, device=lp.device).index_add_(0, seq_ids, mask) > 0
         per_len = 1.0 / lengths.clamp(min=1.0)
@@ -175,6 +233,13 @@ def policy_loss(logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, seq_
             kl = (torch.zeros(num_seqs_step, device=lp.device).index_add(0, seq_ids, kl_tok) * per_len).sum()
             kl = kl / norm.denom
         units, unit_mask = ratio, present
+    elif cfg.kind == "cispo":
+        ratio = torch.exp(log_ratio)
+        weight = ratio.detach().clamp(1.0 - cfg.floor, 1.0 + cfg.ceiling)
+        # where, not a product: a padded row's log-prob need not be finite, and 0 * inf is NaN
+        pg = -(weight * adv[seq_ids] * torch.where(mask > 0, lp, 0.0)).sum() / norm.denom
+        kl = kl_tok.sum() / norm.denom if kl_tok is not None else None
+        units, unit_mask = ratio, None if token_mask is None else mask > 0
     else:
         ratio = torch.exp(log_ratio)
         pg = (_surrogate_loss(ratio, adv[seq_ids], cfg) * mask).sum() / norm.denom
@@ -182,10 +247,10 @@ def policy_loss(logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, seq_
         units, unit_mask = ratio, None if token_mask is None else mask > 0
     unit_count = norm.unit_count.to(lp.device)
 
-    loss = pg if kl is None or cfg.kl_coef == 0 else pg + cfg.kl_coef * kl
+    loss = pg if kl is None or cfg.kl_coef == 0 or not cfg.kl_in_loss else pg + cfg.kl_coef * kl
     with torch.no_grad():
         u = units.detach()
-        low = u < 1.0 - cfg.clip_low
+        low = u < 1.0 - cfg.floor
         high = u > 1.0 + cfg.ceiling
         if unit_mask is not None:
             u, low, high = u * unit_mask, low & unit_mask, high & unit_mask

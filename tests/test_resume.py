@@ -256,6 +256,19 @@ def test_resume_with_changed_config_lists_keys(uninterrupted: Path, tmp_path: Pa
     assert json.loads((run_dir / "config.json").read_text())["steps"] == 5
 
 
+def test_resume_config_from_an_older_monorl(uninterrupted: Path, tmp_path: Path) -> None:
+    """A config.json without keys added since (they take their defaults) resumes with no config change."""
+    from monorl.cli import _resume_config
+
+    run_dir = tmp_path / "older"
+    shutil.copytree(uninterrupted, run_dir)
+    stored = json.loads((run_dir / "config.json").read_text())
+    del stored["trainer"]["loss"]["kl_estimator"], stored["rollout"]["advantage"]
+    (run_dir / "config.json").write_text(json.dumps(stored))
+    cfg = _resume_config(str(run_dir), [], allow_change=False)
+    assert cfg.trainer.loss.kl_estimator == "k3" and cfg.rollout.advantage == "grpo"
+
+
 def test_config_diff_and_roundtrip() -> None:
     a = preset("tiny")
     b = apply_overrides(preset("tiny"), {"trainer.loss.kind": "dapo", "run_dir": "/elsewhere"})

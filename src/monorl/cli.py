@@ -40,6 +40,8 @@ def _resume_config(resume: str, rest: list[str], allow_change: bool):
         stored = json.loads(stored_file.read_text(encoding="utf-8"))
     except (OSError, json.JSONDecodeError) as e:
         raise ValueError(f"cannot read the resumed run's config {stored_file}: {e}") from None
+    # compared as read back (a key the run's monorl did not have yet takes its default: no change)
+    stored = config_from_dict(stored).to_dict()
     if any(a == "--preset" or a.startswith("--preset=") for a in rest):
         cfg = _resolve(rest)
     else:

@@ -11,7 +11,7 @@ import torch
 from monorl.generate.engine import Generator
 from monorl.generate.sampling import SamplingParams
 from monorl.rl.advantages import compute_advantages
-from monorl.tasks.base import Prompt, Task, safe_reward
+from monorl.tasks.base import Prompt, Task, safe_score_batch
 from monorl.train.packing import TrainSequence
 
 log = logging.getLogger(__name__)
@@ -59,12 +59,16 @@ def generate_rollouts(generator: Generator, tokenizer, task: Task, prompts: Sequ
     if not prompts:
         return []
     outs = generator.generate(prompt_ids, sampling, n=n)
+    texts = [[c.text if c.text is not None else tokenizer.decode(c.token_ids, skip_special_tokens=True) for c in comps]
+             for comps in outs]
+    # One reward call for the whole batch (`Task.score_batch`; its default scores each with `safe_reward`).
+    scores = iter(safe_score_batch(task, [p for p, comps in zip(prompts, outs, strict=True) for _ in comps],
+                                   [t for ts in texts for t in ts], [list(c.token_ids) for cs in outs for c in cs]))
     groups = []
-    for p, ids, comps in zip(prompts, prompt_ids, outs, strict=True):
+    for p, ids, comps, ts in zip(prompts, prompt_ids, outs, texts, strict=True):
         group = []
-        for c in comps:
-            text = c.text if c.text is not None else tokenizer.decode(c.token_ids, skip_special_tokens=True)
-            rewards, error = safe_reward(task, p, text)
+        for c, text in zip(comps, ts, strict=True):
+            rewards, error = next(scores)
             group.append(Rollout(p, ids, list(c.token_ids), list(c.logprobs), c.finish_reason, text, rewards, error))
         groups.append(group)
     failed = [r.reward_error for g in groups for r in g if r.reward_error is not None]

@@ -1,5 +1,6 @@
 """Tasks: prompt sources + reward functions. `load_task("sum_digits")`, `load_task("gsm8k", data_dir=...)`,
-or a user task as `load_task("my_pkg.my_mod:MyTask")` / `load_task("path/to/file.py:make_task", size=3)`."""
+or a user task as `load_task("my_pkg.my_mod:MyTask")` / `load_task("path/to/file.py:make_task", size=3)`; your own
+data with plain reward functions: `load_task("dataset", path="data.jsonl", reward="accuracy,my_rewards.py:fn")`."""
 
 from __future__ import annotations
 
@@ -11,12 +12,14 @@ from pathlib import Path
 from typing import Any
 
 from monorl.tasks.base import Prompt, Task, safe_reward
+from monorl.tasks.dataset import DatasetTask
 from monorl.tasks.gsm8k import Gsm8kTask
 from monorl.tasks.sum_digits import SumDigitsTask
 
-BUILTIN_TASKS: dict[str, type[Task]] = {"sum_digits": SumDigitsTask, "gsm8k": Gsm8kTask}
+BUILTIN_TASKS: dict[str, type[Task]] = {"sum_digits": SumDigitsTask, "gsm8k": Gsm8kTask, "dataset": DatasetTask}
 
-__all__ = ["BUILTIN_TASKS", "Gsm8kTask", "Prompt", "SumDigitsTask", "Task", "TaskError", "load_task", "safe_reward"]
+__all__ = ["BUILTIN_TASKS", "DatasetTask", "Gsm8kTask", "Prompt", "SumDigitsTask", "Task", "TaskError", "load_task",
+           "safe_reward"]
 
 
 class TaskError(ValueError):
@@ -78,24 +81,24 @@ def _construct(factory: Any, kwargs: dict[str, Any], spec: str) -> Any:
         raise TaskError(f"task {spec!r}: {e}") from e
 
 
-def _import(module_name: str, spec: str) -> Any:
+def _import(module_name: str, spec: str, what: str = "task spec") -> Any:
     if module_name.endswith(".py"):
         path = Path(module_name)
         if not path.is_file():
-            raise TaskError(f"task spec {spec!r}: no such file {path}")
+            raise TaskError(f"{what} {spec!r}: no such file {path}")
         name = f"_monorl_user_task_{path.stem}"
         mod_spec = importlib.util.spec_from_file_location(name, path)
         if mod_spec is None or mod_spec.loader is None:
-            raise TaskError(f"task spec {spec!r}: cannot load {path}")
+            raise TaskError(f"{what} {spec!r}: cannot load {path}")
         module = importlib.util.module_from_spec(mod_spec)
         sys.modules[name] = module  # dataclasses and pickling look modules up by name
         try:
             mod_spec.loader.exec_module(module)
         except Exception as e:
             del sys.modules[name]
-            raise TaskError(f"task spec {spec!r}: importing {path} failed: {type(e).__name__}: {e}") from e
+            raise TaskError(f"{what} {spec!r}: importing {path} failed: {type(e).__name__}: {e}") from e
         return module
     try:
         return importlib.import_module(module_name)
     except Exception as e:
-        raise TaskError(f"task spec {spec!r}: cannot import module {module_name!r}: {type(e).__name__}: {e}") from e
+        raise TaskError(f"{what} {spec!r}: cannot import module {module_name!r}: {type(e).__name__}: {e}") from e

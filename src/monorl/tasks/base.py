@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 from abc import ABC, abstractmethod
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -17,7 +17,9 @@ from typing import Any, Protocol
 class Prompt:
     """One problem. `text` is the user message; `answer` the ground truth in whatever form the task's reward
     uses; `meta` carries the rest (for training prompts, `meta["index"]` is the position in the stream,
-    which is what a resume passes back as `train_prompts(seed, start=index + 1)`)."""
+    which is what a resume passes back as `train_prompts(seed, start=index + 1)`). A chat prompt carries its
+    whole conversation as `meta["messages"]` (a list of ``{"role", "content"}`` dicts; `text` is then its last
+    user message, for logs): `Task.render` sends that list through the chat template."""
 
     text: str
     answer: Any
@@ -55,18 +57,36 @@ class Task(ABC):
         """Reward components for one completion, keyed by `reward_components`; the run's reward is their sum."""
 
     def plain_prompt(self, prompt: Prompt) -> str:
-        """The prompt string for tokenizers without a chat template (tiny char-level models)."""
-        return f"User: {prompt.text}\nAssistant: "
+        """The prompt string for tokenizers without a chat template (tiny char-level models): one
+        ``Role: content`` line per message, then ``Assistant: ``."""
+        turns = "".join(f"{m['role'].capitalize()}: {m['content']}\n" for m in messages_of(prompt))
+        return f"{turns}Assistant: "
 
     def render(self, prompt: Prompt, tokenizer: ChatTokenizer) -> str:
-        """The text the generator continues: the chat template's user turn + generation prompt when the
-        tokenizer has one, else `plain_prompt`."""
+        """The text the generator continues: the chat template over the prompt's messages (`meta["messages"]`,
+        else one user turn of `text`) + generation prompt when the tokenizer has one, else `plain_prompt`."""
         if getattr(tokenizer, "has_chat_template", False):
-            out = tokenizer.apply_chat_template([{"role": "user", "content": prompt.text}], add_generation_prompt=True)
+            out = tokenizer.apply_chat_template(messages_of(prompt), add_generation_prompt=True)
             if not isinstance(out, str):
                 raise TypeError(f"tokenizer.apply_chat_template returned {type(out).__name__}, expected str")
             return out
         return self.plain_prompt(prompt)
+
+
+    def score_batch(self, prompts: Sequence[Prompt], completions: Sequence[str],
+                    completion_ids: Sequence[Sequence[int]]) -> list[tuple[dict[str, float], str | None]]:
+        """Rewards of a whole batch of completions (`prompts[i]` is the prompt of `completions[i]`), called once
+        per rollout batch: `(components, error)` per completion, as `safe_reward` returns them. The default
+        scores each completion with `safe_reward`; a task whose reward is cheaper batched (one call to a
+        verifier, a reward model, TRL-style reward functions) overrides it, keeping those semantics: a failed
+        completion scores 0.0 on every component and its error string says why."""
+        return [safe_reward(self, p, c) for p, c in zip(prompts, completions, strict=True)]
+
+
+def messages_of(prompt: Prompt) -> list[dict[str, str]]:
+    """The conversation of a prompt: `meta["messages"]` when it has one, else one user turn of `text`."""
+    messages = prompt.meta.get("messages")
+    return list(messages) if messages else [{"role": "user", "content": prompt.text}]
 
 
 class RewardError(ValueError):
@@ -91,3 +111,27 @@ def safe_reward(task: Task, prompt: Prompt, completion: str) -> tuple[dict[str, 
         return vals, None
     except Exception as e:  # noqa: BLE001 -- a user reward can fail in any way; the run goes on
         return {k: 0.0 for k in task.reward_components}, f"{type(e).__name__}: {e}"
+
+
+def safe_score_batch(task: Task, prompts: Sequence[Prompt], completions: Sequence[str],
+                     completion_ids: Sequence[Sequence[int]]) -> list[tuple[dict[str, float], str | None]]:
+    """`task.score_batch`, guarded like `safe_reward`: if the call itself raises or returns something other
+    than one ``(components, error)`` pair per completion with exactly the task's components as finite numbers,
+    every completion scores 0.0 on every component with that error."""
+    zeros = {k: 0.0 for k in task.reward_components}
+    try:
+        out = list(task.score_batch(prompts, completions, completion_ids))
+        if len(out) != len(completions):
+            raise ValueError(f"score_batch returned {len(out)} results for {len(completions)} completions")
+        checked = []
+        for vals, err in out:
+            if set(vals) != set(task.reward_components):
+                raise KeyError(f"score_batch returned components {sorted(vals)}, expected "
+                               f"{sorted(task.reward_components)}")
+            vals = {k: float(vals[k]) for k in task.reward_components}
+            if err is None and not all(math.isfinite(v) for v in vals.values()):
+                raise ValueError(f"score_batch returned a non-finite reward: {vals}")
+            checked.append((zeros.copy(), str(err)) if err is not None else (vals, None))
+        return checked
+    except Exception as e:  # noqa: BLE001 -- as safe_reward: a user reward can fail in any way; the run goes on
+        return [(zeros.copy(), f"{type(e).__name__}: {e}") for _ in completions]

@@ -1,0 +1,120 @@
+"""Built-in reward functions for `DatasetTask` (``--task.args.reward accuracy,format``), in TRL's calling
+convention: ``fn(prompts, completions, completion_ids, **columns) -> list[float | None]``, one value per
+completion (None: not applicable to that completion). A completion is a string, or for a chat prompt TRL's
+``[{"role": "assistant", "content": ...}]``; `completion_text` reads either.
+
+- ``accuracy``: 1.0 when the completion's answer equals the gold answer (the ``solution`` column, else
+  ``answer``) by math-verify (``pip install monorl[math]``), which TRL's ``accuracy_reward`` uses: ``\\boxed{2}``
+  matches ``2``, ``0.5`` matches ``1/2``. None when the gold answer does not parse.
+- ``format``: 1.0 when the completion matches a regex (``re.search``, DOTALL), ``--task.args.format_pattern``;
+  by default a ``\\boxed{...}`` answer.
+- ``length``: TRL's soft overlong punishment over completion tokens: 0 up to ``length_max - length_soft``,
+  then linear down to -1 at ``length_max`` and beyond (``--task.args.length_max N``, typically
+  ``rollout.max_new_tokens``; ``length_soft`` defaults to a quarter of it).
+"""
+
+from __future__ import annotations
+
+import re
+import threading
+from collections.abc import Callable
+from typing import Any
+
+DEFAULT_FORMAT_PATTERN = r"\\boxed\{.+?\}"
+
+
+def completion_text(completion: Any) -> str:
+    """The text of a completion: a string, or TRL's conversational form (a list of messages, the content of
+    the last one)."""
+    if isinstance(completion, str):
+        return completion
+    if isinstance(completion, list) and completion and isinstance(completion[-1], dict):
+        return str(completion[-1].get("content", ""))
+    raise TypeError(f"expected a completion string or a list of messages, got {type(completion).__name__}")
+
+
+def _task_error(msg: str) -> ValueError:
+    from monorl.tasks import TaskError  # here: monorl.tasks imports this module's users at its own import
+
+    return TaskError(msg)
+
+
+def _math_verify() -> tuple[Callable, Callable]:
+    try:
+        from math_verify import parse, verify
+    except ImportError:
+        raise _task_error("the 'accuracy' reward needs math-verify: pip install monorl[math]") from None
+    return parse, verify
+
+
+def accuracy(prompts: list, completions: list, completion_ids: list, solution: list | None = None,
+             answer: list | None = None, **columns: Any) -> list[float | None]:
+    """1.0 / 0.0: does the completion's answer equal the gold answer (math-verify)? None where the gold answer
+    does not parse."""
+    gold = solution if solution is not None else answer
+    if gold is None:
+        raise KeyError("the accuracy reward reads the gold answer from a 'solution' or 'answer' column; the "
+                       f"dataset has {sorted(columns) or 'no other columns'}")
+    parse, verify = _math_verify()
+    # math-verify times out with signal.alarm, which only the main thread may set.
+    timeout = 5 if threading.current_thread() is threading.main_thread() else None
+    golds: dict[str, Any] = {}  # a group's completions share one gold answer: parse it once
+    out: list[float | None] = []
+    for completion, g in zip(completions, gold, strict=True):
+        if str(g) not in golds:
+            golds[str(g)] = parse(str(g), parsing_timeout=timeout)
+        gold_parsed = golds[str(g)]
+        if not gold_parsed:
+            out.append(None)
+            continue
+        pred = parse(completion_text(completion), parsing_timeout=timeout)
+        out.append(float(verify(gold_parsed, pred, timeout_seconds=timeout)))
+    return out
+
+
+def format_reward(pattern: str = DEFAULT_FORMAT_PATTERN) -> Callable[..., list[float | None]]:
+    """A reward of 1.0 for completions that match `pattern` (``re.search``, DOTALL), else 0.0."""
+    try:
+        regex = re.compile(pattern, re.DOTALL)
+    except re.error as e:
+        raise _task_error(f"format_pattern {pattern!r} is not a valid regex: {e}") from None
+
+    def format(prompts: list, completions: list, completion_ids: list, **columns: Any) -> list[float | None]:
+        return [1.0 if regex.search(completion_text(c)) else 0.0 for c in completions]
+
+    return format
+
+
+def length_penalty(length_max: int | None, length_soft: int | None = None) -> Callable[..., list[float | None]]:
+    """TRL's soft overlong punishment: 0 up to ``length_max - length_soft`` completion tokens, then linear
+    down to -1 at ``length_max``, -1 beyond."""
+    if length_max is None:
+        raise _task_error("the 'length' reward needs --task.args.length_max N (completion tokens, typically "
+                          "rollout.max_new_tokens)")
+    length_max = int(length_max)
+    soft = max(1, length_max // 4) if length_soft is None else int(length_soft)
+    if not 0 < soft <= length_max:
+        raise _task_error(f"need 0 < length_soft <= length_max, got length_soft={soft}, length_max={length_max}")
+
+    def length(prompts: list, completions: list, completion_ids: list, **columns: Any) -> list[float | None]:
+        free = length_max - soft
+        return [max(-1.0, min(0.0, (free - len(ids)) / soft)) for ids in completion_ids]
+
+    return length
+
+
+BUILTIN_REWARDS = ("accuracy", "format", "length")
+
+
+def builtin_reward(name: str, format_pattern: str | None = None, length_max: int | None = None,
+                   length_soft: int | None = None) -> Callable[..., list[float | None]]:
+    """The built-in reward `name` (one of `BUILTIN_REWARDS`), configured by the task's arguments."""
+    if name == "accuracy":
+        _math_verify()  # a missing extra is reported when the task is built, not at the first reward
+        return accuracy
+    if name == "format":
+        return format_reward(DEFAULT_FORMAT_PATTERN if format_pattern is None else format_pattern)
+    if name == "length":
+        return length_penalty(length_max, length_soft)
+    raise _task_error(f"unknown reward {name!r}: use one of {list(BUILTIN_REWARDS)} or 'module:function' "
+                      "(a module name or a path to a .py file)")

@@ -1,0 +1,322 @@
+"""--task.name dataset: your own data (JSONL / CSV / Parquet / save_to_disk) and plain TRL-style reward functions."""
+
+import json
+import math
+from itertools import islice
+
+import pytest
+
+from monorl.model.tokenizer import CharTokenizer
+from monorl.rl.loop import GRPORun
+from monorl.tasks import DatasetTask, Prompt, Task, TaskError, load_task
+from monorl.tasks.base import safe_score_batch
+from monorl.tasks.rewards import accuracy
+from tests.conftest import digits_cfg
+
+datasets = pytest.importorskip("datasets")
+
+ROWS = [{"prompt": f"What is {i} + {i}?", "solution": str(2 * i), "level": i % 3} for i in range(12)]
+
+
+def _jsonl(path, rows):
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+def _task(tmp_path, rows=ROWS, **kw):
+    kw.setdefault("reward", "format")
+    return DatasetTask(path=_jsonl(tmp_path / "data.jsonl", rows), **kw)
+
+
+# -- loading ----------------------------------------------------------------------------------------------------
+
+def _rows_of(task):
+    return sorted((p.text, p.meta["columns"]["solution"]) for p in islice(task.train_prompts(0), len(task._train)))
+
+
+def test_formats_load_the_same_rows(tmp_path):
+    expected = sorted((r["prompt"], r["solution"]) for r in ROWS)
+    ds = datasets.Dataset.from_list(ROWS)
+    ds.to_csv(str(tmp_path / "data.csv"), index=False)
+    ds.to_parquet(str(tmp_path / "data.parquet"))
+    ds.save_to_disk(str(tmp_path / "saved"))
+    _jsonl(tmp_path / "data.jsonl", ROWS)
+    for name in ("data.jsonl", "data.csv", "data.parquet", "saved"):
+        task = load_task("dataset", path=str(tmp_path / name), reward="format")
+        got = _rows_of(task)
+        if name == "data.csv":  # CSV infers types: "2" is read back as the number 2
+            got = [(t, str(s)) for t, s in got]
+        assert got == expected, name
+        assert task.columns == ["solution", "level"]
+
+
+def test_saved_dataset_dict_uses_its_test_split(tmp_path):
+    dd = datasets.DatasetDict({"train": datasets.Dataset.from_list(ROWS[:8]),
+                               "test": datasets.Dataset.from_list(ROWS[8:])})
+    dd.save_to_disk(str(tmp_path / "dd"))
+    task = DatasetTask(path=tmp_path / "dd", reward="format")
+    assert len(task._train) == 8 and [p.text for p in task.val_prompts(4)] == [r["prompt"] for r in ROWS[8:]]
+
+
+def test_chat_messages_render_through_the_chat_template(tmp_path):
+    rows = [{"prompt": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": f"Add {i} and 1"}],
+             "solution": str(i + 1)} for i in range(4)]
+    task = _task(tmp_path, rows)
+    p = next(task.train_prompts(0))
+    assert p.meta["messages"][0] == {"role": "system", "content": "Be brief."} and p.text.startswith("Add ")
+    tok = CharTokenizer()
+    assert task.render(p, tok) == f"System: Be brief.\nUser: {p.text}\nAssistant: "  # no template: plain turns
+    tok.chat_template = ("{% for m in messages %}<|{{ m.role }}|>{{ m.content }}\n{% endfor %}"
+                         "{% if add_generation_prompt %}<|assistant|>{% endif %}")
+    assert task.render(p, tok) == f"<|system|>Be brief.\n<|user|>{p.text}\n<|assistant|>"
+    # a string prompt is one user turn, as before
+    q = next(_task(tmp_path).train_prompts(0))
+    assert task.render(q, tok) == f"<|user|>{q.text}\n<|assistant|>"
+
+
+def test_held_out_split_by_path_and_by_fraction(tmp_path):
+    test_file = _jsonl(tmp_path / "test.jsonl", [{"prompt": "held out", "solution": "0", "level": 0}])
+    task = _task(tmp_path, test_path=str(test_file))
+    assert [p.text for p in task.val_prompts(1)] == ["held out"]
+    assert task.val_prompts(0) == []
+    with pytest.raises(TaskError, match="has 1 rows"):
+        task.val_prompts(2)
+
+    a, b = _task(tmp_path, test_fraction=0.25), _task(tmp_path, test_fraction=0.25)
+    val = [p.text for p in a.val_prompts(3)]
+    assert val == [p.text for p in b.val_prompts(3)]  # the same rows every time
+    train = {p.text for p in islice(a.train_prompts(5), 27)}
+    assert len(train) == 9 and not train & set(val) and len(train | set(val)) == 12
+    with pytest.raises(TaskError, match="held-out split"):
+        _task(tmp_path).val_prompts(1)
+
+
+def test_order_deterministic_per_seed_and_resumable(tmp_path):
+    task = _task(tmp_path)
+    stream = list(islice(task.train_prompts(seed=1), 30))  # 2.5 epochs
+    assert [p.meta["index"] for p in stream] == list(range(30))
+    assert [p.text for p in stream] == [p.text for p in islice(task.train_prompts(seed=1), 30)]
+    assert [p.text for p in stream] != [p.text for p in islice(task.train_prompts(seed=2), 30)]
+    assert sorted(p.text for p in stream[:12]) == sorted(r["prompt"] for r in ROWS)  # an epoch is a permutation
+    for k in (0, 5, 12, 17):
+        tail = list(islice(task.train_prompts(seed=1, start=k), 30 - k))
+        assert [(p.text, p.meta["index"]) for p in tail] == [(p.text, p.meta["index"]) for p in stream[k:]]
+
+
+# -- rewards ----------------------------------------------------------------------------------------------------
+
+SEEN = {}
+
+
+def sees_columns(prompts, completions, completion_ids, solution, level, **kwargs):
+    SEEN.update(prompts=prompts, completions=completions, completion_ids=completion_ids, solution=solution,
+                level=level, kwargs=kwargs)
+    return [1.0 if c == s else 0.0 for c, s in zip(completions, solution, strict=True)]
+
+
+def only_level_zero(completions, level):  # no **kwargs: gets only the arguments it names
+    return [0.5 if lv == 0 else None for lv in level]
+
+
+async def async_len(completions, **kwargs):
+    return [float(len(c)) for c in completions]
+
+
+def raises(completions, **kwargs):
+    raise RuntimeError("boom")
+
+
+def _batch(task, completions):
+    prompts = list(islice(task.train_prompts(0), len(completions)))
+    return prompts, task.score_batch(prompts, completions, [[7] * len(c) for c in completions])
+
+
+def test_columns_reach_reward_functions_once_per_batch(tmp_path):
+    task = _task(tmp_path, reward=[sees_columns])
+    prompts, out = _batch(task, ["2", "x", "y"])
+    assert SEEN["prompts"] == [p.text for p in prompts]
+    assert SEEN["completions"] == ["2", "x", "y"] and SEEN["completion_ids"] == [[7], [7], [7]]
+    assert SEEN["solution"] == [p.meta["columns"]["solution"] for p in prompts]
+    assert SEEN["level"] == [p.meta["columns"]["level"] for p in prompts] and SEEN["kwargs"] == {}
+    assert [vals for vals, _ in out] == [{"sees_columns": float(p.meta["columns"]["solution"] == c)}
+                                        for p, c in zip(prompts, ["2", "x", "y"], strict=True)]
+
+
+def test_chat_prompts_give_trl_conversational_completions(tmp_path):
+    rows = [{"prompt": [{"role": "user", "content": "Say 3"}], "solution": "3", "level": 0}]
+    task = _task(tmp_path, rows, reward=[sees_columns, "accuracy"])
+    prompts, out = _batch(task, ["\\boxed{3}"])
+    assert SEEN["prompts"] == [[{"role": "user", "content": "Say 3"}]]
+    assert SEEN["completions"] == [[{"role": "assistant", "content": "\\boxed{3}"}]]
+    assert out == [({"sees_columns": 0.0, "accuracy": 1.0}, None)]  # built-ins read either form
+
+
+def test_weights_none_and_async(tmp_path):
+    task = _task(tmp_path, reward=[only_level_zero, async_len], reward_weights="2.0,0.5")
+    assert task.reward_components == ("only_level_zero", "async_len")
+    prompts, out = _batch(task, ["abcd", "ab", "a"])
+    for p, c, (vals, err) in zip(prompts, ["abcd", "ab", "a"], out, strict=True):
+        assert err is None
+        lz = 2.0 * 0.5 if p.meta["columns"]["level"] == 0 else 0.0  # None: not applicable, counts 0
+        assert vals == {"only_level_zero": lz, "async_len": 0.5 * len(c)}
+    assert {p.meta["columns"]["level"] for p in prompts} != {0}  # the None case was exercised
+
+
+def test_reward_specs_by_name_module_and_file(tmp_path):
+    (tmp_path / "my_rewards.py").write_text("def shout(completions, **kw):\n    return [1.0 for _ in completions]\n")
+    task = _task(tmp_path, reward=f"format,tests.test_dataset_task:only_level_zero,{tmp_path / 'my_rewards.py'}:shout",
+                 reward_weights=[1, 1, 3])
+    assert task.reward_components == ("format", "only_level_zero", "shout")
+    _, out = _batch(task, ["\\boxed{2}", "2"])
+    assert out[0][0]["format"] == 1.0 and out[1][0]["format"] == 0.0 and out[0][0]["shout"] == 3.0
+    assert _task(tmp_path, reward="format,format").reward_components == ("format", "format_2")
+    pat = _task(tmp_path, reward="format", format_pattern=r"^ANSWER: \d+$")
+    assert [v["format"] for v, _ in _batch(pat, ["ANSWER: 4", "answer 4"])[1]] == [1.0, 0.0]
+
+
+def test_length_penalty(tmp_path):
+    task = _task(tmp_path, reward="length", length_max=8, length_soft=4)
+    prompts = list(islice(task.train_prompts(0), 4))
+    out = task.score_batch(prompts, ["a"] * 4, [[1] * 2, [1] * 4, [1] * 6, [1] * 20])
+    assert [v["length"] for v, _ in out] == [0.0, 0.0, -0.5, -1.0]
+    with pytest.raises(TaskError, match="length_max"):
+        _task(tmp_path, reward="length")
+
+
+def test_failing_reward_names_itself_and_scores_zero(tmp_path):
+    task = _task(tmp_path, reward=[async_len, raises])
+    _, out = _batch(task, ["ab", "c"])
+    for vals, err in out:
+        assert vals == {"async_len": 0.0, "raises": 0.0}
+        assert err == "reward 'raises' raised RuntimeError: boom"
+    bad = _task(tmp_path, reward=[lambda completions, **kw: [1.0, float("nan")]])
+    (ok, e0), (zero, e1) = _batch(bad, ["a", "b"])[1]
+    assert e0 is None and ok == {"<lambda>": 1.0} and zero == {"<lambda>": 0.0} and "not a finite number" in e1
+    short = _task(tmp_path, reward=[lambda completions, **kw: [1.0]])
+    assert all("1 values for 2 completions" in e for _, e in _batch(short, ["a", "b"])[1])
+
+
+def test_default_score_batch_is_safe_reward_per_completion():
+    class Half(Task):
+        name, reward_components = "half", ("x",)
+
+        def train_prompts(self, seed=0, start=0):
+            yield from ()
+
+        def val_prompts(self, n):
+            return []
+
+        def reward(self, prompt, completion):
+            if completion == "bad":
+                raise ValueError("no")
+            return {"x": 0.5}
+
+    p = Prompt("q", None)
+    assert safe_score_batch(Half(), [p, p], ["ok", "bad"], [[1], [2]]) == [({"x": 0.5}, None),
+                                                                         ({"x": 0.0}, "ValueError: no")]
+
+    class Broken(Half):
+        def score_batch(self, prompts, completions, completion_ids):
+            return [({"x": 1.0}, None)]  # one result for two completions
+
+    assert all(e and "1 results for 2" in e for _, e in safe_score_batch(Broken(), [p, p], ["a", "b"], [[], []]))
+
+
+@pytest.mark.parametrize("gold,completion,expected", [
+    ("2", "\\boxed{2}", 1.0),
+    ("\\boxed{2}", "so it is 2", 1.0),
+    ("1/2", "0.5", 1.0),
+    ("1/2", "The answer is $\\frac{1}{2}$", 1.0),
+    ("2", "\\boxed{3}", 0.0),
+    ("no number here", "2", None),  # the gold answer does not parse: not applicable
+])
+def test_accuracy_math_verify(gold, completion, expected):
+    assert accuracy([None], [completion], [[]], solution=[gold]) == [expected]
+
+
+def test_accuracy_by_name_reads_solution_or_answer(tmp_path):
+    task = _task(tmp_path, reward="accuracy,format", reward_weights="1,0.1")
+    prompts = list(islice(task.train_prompts(0), 2))
+    completions = [f"\\boxed{{{prompts[0].meta['columns']['solution']}}}", "999"]
+    out = task.score_batch(prompts, completions, [[1], [1]])
+    assert out == [({"accuracy": 1.0, "format": 0.1}, None), ({"accuracy": 0.0, "format": 0.0}, None)]
+    rows = [{"prompt": "1+1?", "answer": 2}]
+    task = _task(tmp_path, rows, reward="accuracy")
+    _, out = _batch(task, ["\\boxed{2}"])
+    assert out == [({"accuracy": 1.0}, None)]
+    with pytest.raises(TaskError, match="'solution' or 'answer' column"):
+        _task(tmp_path, [{"prompt": "x", "gold": "1"}], reward="accuracy")
+
+
+# -- one-line errors --------------------------------------------------------------------------------------------
+
+def _one_line(excinfo):
+    assert "\n" not in str(excinfo.value)
+    return str(excinfo.value)
+
+
+def test_errors_are_one_line(tmp_path):
+    cases = [
+        (dict(path=tmp_path / "missing.jsonl", reward="format"), "dataset not found"),
+        (dict(path=tmp_path / "data.txt", reward="format"), "unknown dataset format"),
+        (dict(path=tmp_path / "bad.jsonl", reward="format"), "cannot read"),
+        (dict(path=tmp_path / "empty.jsonl", reward="format"), "holds no rows"),
+        (dict(path=tmp_path / "data.jsonl", reward="format", prompt_column="question"), "no column 'question'"),
+        (dict(path=tmp_path / "data.jsonl"), "needs --task.args.reward"),
+        (dict(path=tmp_path / "data.jsonl", reward="nope"), "unknown reward 'nope'"),
+        (dict(path=tmp_path / "data.jsonl", reward="nomod_xyz:f"), "cannot import module 'nomod_xyz'"),
+        (dict(path=tmp_path / "data.jsonl", reward="tests.test_dataset_task:nofn"), "has no attribute 'nofn'"),
+        (dict(path=tmp_path / "data.jsonl", reward="format,format", reward_weights="1"), "2 reward functions but 1"),
+        (dict(path=tmp_path / "data.jsonl", reward=[sees_columns], prompt_column="prompt2"), "no column"),
+        (dict(path=tmp_path / "data.jsonl", reward="format", test_fraction=0.01), "empty test split"),
+        (dict(path=tmp_path / "data.jsonl", reward="format", test_path=tmp_path / "empty.jsonl"), "holds no rows"),
+        (dict(path=tmp_path / "data.jsonl", reward="format", format_pattern="("), "not a valid regex"),
+        (dict(path=tmp_path / "badprompt.jsonl", reward="format"), "row 1: column 'prompt' must hold"),
+        (dict(path=tmp_path / "data.jsonl", reward="tests.test_dataset_task:needs_gold"), "takes gold, which is not"),
+    ]
+    _jsonl(tmp_path / "data.jsonl", ROWS)
+    (tmp_path / "data.txt").write_text("x")
+    (tmp_path / "bad.jsonl").write_text('{"prompt": "a"}\nnot json\n')
+    (tmp_path / "empty.jsonl").write_text("")
+    _jsonl(tmp_path / "badprompt.jsonl", [{"prompt": [{"role": "user", "content": "a"}]}, {"prompt": None}])
+    for kwargs, msg in cases:
+        with pytest.raises(TaskError) as e:
+            load_task("dataset", **kwargs)
+        assert msg in _one_line(e), (kwargs, str(e.value))
+
+
+def needs_gold(completions, gold):
+    return [0.0 for _ in completions]
+
+
+# -- end to end -------------------------------------------------------------------------------------------------
+
+REWARDS_PY = '''
+def digits(completions, **kwargs):
+    return [sum(ch.isdigit() for ch in c) / max(1, len(c)) for c in completions]
+
+
+async def says_target(completions, target, **kwargs):
+    return [1.0 if t in c else 0.0 for c, t in zip(completions, target)]
+'''
+
+
+def test_short_run_on_a_jsonl_dataset_with_two_reward_functions(tmp_path):
+    rows = [{"prompt": f"Say numbers {i}", "target": str(i % 10)} for i in range(16)]
+    data = _jsonl(tmp_path / "data.jsonl", rows)
+    (tmp_path / "rewards.py").write_text(REWARDS_PY)
+    cfg = digits_cfg(tmp_path)
+    cfg.task.name = "dataset"
+    cfg.task.args = {"path": str(data), "test_fraction": 0.25, "reward_weights": "1.0,0.5",
+                     "reward": f"{tmp_path / 'rewards.py'}:digits,{tmp_path / 'rewards.py'}:says_target"}
+    run = GRPORun(cfg, progress=False)
+    assert run.task.reward_components == ("digits", "says_target")
+    result = run.run()
+    assert len(result.steps) == 3
+    for row in result.steps:
+        assert math.isfinite(row["loss"]) and {"reward/digits", "reward/says_target"} <= set(row)
+        assert row["reward"] == pytest.approx(row["reward/digits"] + row["reward/says_target"])
+        assert 0.0 <= row["reward/says_target"] <= 0.5
+    samples = [json.loads(line) for line in (tmp_path / "run" / "samples.jsonl").read_text().splitlines()]
+    assert samples and set(samples[0]["rewards"]) == {"digits", "says_target"}
+    assert {s["prompt"] for s in samples} <= {r["prompt"] for r in rows}

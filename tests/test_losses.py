@@ -134,18 +134,26 @@ def test_zero_advantage_gives_zero_loss_and_grad(kind):
 
 # -- gradient accumulation --------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("kind", ["grpo", "token_grpo", "dapo", "dr_grpo"])
-def test_micro_batches_sum_to_full_batch(kind):
+@pytest.mark.parametrize("kind, cfg_kw, scale", [
+    ("grpo", {}, 1.0), ("token_grpo", {}, 1.0), ("dapo", {}, 1.0), ("dr_grpo", {}, 1.0),
+    ("gspo", {}, 1e-3),  # log-ratios of the size GSPO's tiny clip range sees
+    ("gspo", {"kl_estimator": "k1"}, 1e-3),
+    ("cispo", {}, 1.0),
+    ("cispo", {"clip_low": 0.2, "kl_estimator": "k2"}, 1.0),
+    ("grpo", {"kl_estimator": "k2"}, 1.0),
+    ("token_grpo", {"kl_estimator": "k1", "kl_in_loss": False}, 1.0),
+])
+def test_micro_batches_sum_to_full_batch(kind, cfg_kw, scale):
     g = torch.Generator().manual_seed(0)
     lengths = [3, 1, 5, 2, 4, 0, 6]  # one empty response
     S, N = len(lengths), sum(lengths)
     seq_ids = torch.repeat_interleave(torch.arange(S), torch.tensor(lengths))
     base = -torch.rand(N, generator=g) * 3
     # ratios well outside [0.8, 1.2] for some tokens, and (per-sequence offsets) for some sequences
-    old = base + 0.3 * torch.randn(N, generator=g) + 0.4 * torch.randn(S, generator=g)[seq_ids]
+    old = base + scale * 0.3 * torch.randn(N, generator=g) + scale * 0.4 * torch.randn(S, generator=g)[seq_ids]
     ref = base + 0.2 * torch.randn(N, generator=g)
     adv = torch.randn(S, generator=g)
-    cfg = LossConfig(kind=kind, kl_coef=0.05, dr_grpo_norm=8.0 if kind == "dr_grpo" else None)
+    cfg = LossConfig(kind=kind, kl_coef=0.05, dr_grpo_norm=8.0 if kind == "dr_grpo" else None, **cfg_kw)
     norm = LossNorm.for_step(cfg, lengths)
 
     full_lp = base.clone().requires_grad_(True)

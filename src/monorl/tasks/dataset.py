@@ -33,6 +33,7 @@ from typing import Any
 
 from monorl.tasks.base import Prompt, Task
 from monorl.tasks.rewards import BUILTIN_REWARDS, accuracy, builtin_reward
+from monorl.tasks.stream import shuffled_rows
 
 _BUILDERS = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".csv": "csv"}
 _RESERVED = ("prompts", "completions", "completion_ids")  # the reward functions' own arguments
@@ -261,19 +262,8 @@ class DatasetTask(Task):
         return Prompt(text=text, answer=answer, meta={**meta, "columns": columns, "messages": messages})
 
     def train_prompts(self, seed: int = 0, start: int = 0) -> Iterator[Prompt]:
-        if start < 0:
-            raise ValueError(f"start must be >= 0, got {start}")
-        n = len(self._train)
-        index = start
-        while True:
-            epoch = index // n
-            # A permutation per (seed, epoch) makes any position reachable without replaying the stream.
-            order = list(range(n))
-            random.Random(seed * 1_000_003 + epoch).shuffle(order)
-            for pos in range(index % n, n):
-                row = order[pos]
-                yield self._prompt(self._train[row], index=index, epoch=epoch, row=row, split="train")
-                index += 1
+        for index, epoch, row in shuffled_rows(len(self._train), seed, start):
+            yield self._prompt(self._train[row], index=index, epoch=epoch, row=row, split="train")
 
     def val_prompts(self, n: int) -> list[Prompt]:
         if n == 0:

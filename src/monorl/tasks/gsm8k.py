@@ -22,7 +22,6 @@ Decisions:
 from __future__ import annotations
 
 import json
-import random
 import re
 from collections.abc import Iterator
 from decimal import Decimal
@@ -31,6 +30,7 @@ from typing import Any
 
 from monorl.tasks.answers import extract_after_hash, extract_boxed, extract_number, numbers_equal, parse_number
 from monorl.tasks.base import Prompt, Task
+from monorl.tasks.stream import shuffled_rows
 
 INSTRUCTIONS = {
     "boxed": "Please reason step by step, and put your final answer within \\boxed{}.",
@@ -120,19 +120,9 @@ class Gsm8kTask(Task):
                                                     "question": record["question"]})
 
     def train_prompts(self, seed: int = 0, start: int = 0) -> Iterator[Prompt]:
-        if start < 0:
-            raise ValueError(f"start must be >= 0, got {start}")
-        n = len(self._train)
-        index = start
-        while True:
-            epoch = index // n
-            # A permutation per (seed, epoch) makes any position reachable without replaying the stream.
-            order = list(range(n))
-            random.Random(seed * 1_000_003 + epoch).shuffle(order)
-            for pos in range(index % n, n):
-                p = self._train[order[pos]]
-                yield Prompt(p.text, p.answer, {**p.meta, "index": index, "epoch": epoch})
-                index += 1
+        for index, epoch, row in shuffled_rows(len(self._train), seed, start):
+            p = self._train[row]
+            yield Prompt(p.text, p.answer, {**p.meta, "index": index, "epoch": epoch})
 
     def val_prompts(self, n: int) -> list[Prompt]:
         if self._test is None:

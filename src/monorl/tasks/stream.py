@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import random
 from collections.abc import Iterator
 
 from monorl.tasks.base import Prompt, Task
@@ -30,3 +31,19 @@ class PromptStream:
                                  f"{self.position}; it must honour `start` (see monorl.tasks.base.Task)")
             self.position = int(index) + 1
         return p
+
+
+def shuffled_rows(n: int, seed: int, start: int = 0) -> Iterator[tuple[int, int, int]]:
+    """An endless stream over `n` rows, reshuffled every epoch: (stream index, epoch, row) from position `start`
+    on. A permutation per (seed, epoch) makes any position reachable without replaying the stream, which is
+    what `Task.train_prompts(seed, start)` needs to resume."""
+    if start < 0:
+        raise ValueError(f"start must be >= 0, got {start}")
+    index = start
+    while True:
+        epoch = index // n
+        order = list(range(n))
+        random.Random(seed * 1_000_003 + epoch).shuffle(order)
+        for pos in range(index % n, n):
+            yield index, epoch, order[pos]
+            index += 1

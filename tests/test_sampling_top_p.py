@@ -189,3 +189,9 @@ def test_large_vocabulary_draws_only_nucleus_tokens(dtype: torch.dtype, temperat
             tokens, lp = sample(logits, keys, torch.full((4,), 100 + step), params)
             assert inside.gather(-1, tokens[:, None]).all()
             assert torch.isfinite(lp).all()
+
+
+def test_sampling_params_refuse_non_finite_temperature():
+    for t in (float("nan"), float("inf")):
+        with pytest.raises(ValueError, match="finite number"):
+            SamplingParams(temperature=t)

@@ -15,6 +15,9 @@ monorl train --resume RUN_DIR [--allow-config-change] [--key.sub value ...]
                                                         checkpoint dir); overrides apply to its config.json
 monorl report RUN_DIR [--out FILE.png]                  plot curves (default RUN_DIR/report.png) + summary
 monorl generate [--preset NAME] [--prompt TEXT] [--n N] [--key.sub value ...]
+monorl plan [--preset NAME] [--key.sub value ...] [--gpu_memory_gb N]
+                                                        memory plan of a run on one GPU of N GB (default:
+                                                        this machine's GPU); exit 1 if it does not fit
 monorl presets                                          list presets
 monorl config [--preset NAME] [--key.sub value ...]     print the resolved config"""
 
@@ -123,6 +126,28 @@ def cmd_generate(argv: list[str]) -> int:
     return 0
 
 
+def cmd_plan(argv: list[str]) -> int:
+    import torch
+
+    from monorl.plan import GiB, plan_report
+
+    p = argparse.ArgumentParser(prog="monorl plan", add_help=False, allow_abbrev=False)
+    p.add_argument("--gpu_memory_gb", type=float, default=None)
+    known, rest = p.parse_known_args(argv)
+    if known.gpu_memory_gb is not None:
+        if not known.gpu_memory_gb > 0:
+            raise ValueError(f"--gpu_memory_gb must be > 0, got {known.gpu_memory_gb}")
+        device_bytes = int(known.gpu_memory_gb * GiB)
+    elif torch.cuda.is_available():
+        device_bytes = torch.cuda.get_device_properties(0).total_memory
+    else:
+        raise ValueError("no GPU here: give the GPU's memory with --gpu_memory_gb N, in GiB as nvidia-smi's MiB / 1024 "
+                         "(79.6 for an H100 80GB, 140.4 for an H200)")
+    text, fits = plan_report(_resolve(rest), device_bytes)
+    print(text)
+    return 0 if fits else 1
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
@@ -134,6 +159,8 @@ def main(argv: list[str] | None = None) -> int:
             return cmd_generate(rest)
         if verb == "report":
             return cmd_report(rest)
+        if verb == "plan":
+            return cmd_plan(rest)
         if verb == "presets":
             print("\n".join(PRESETS))
             return 0

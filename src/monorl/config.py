@@ -14,6 +14,7 @@ from typing import Any
 from monorl.compile import CompileConfig
 from monorl.fsutil import json_safe
 from monorl.generate.engine import GeneratorConfig
+from monorl.model.lora import LoRAConfig
 from monorl.rl.advantages import ADVANTAGE_KINDS, GROUPLESS_ADVANTAGE_KINDS
 from monorl.train.losses import LossConfig
 from monorl.train.trainer import TrainerConfig
@@ -91,6 +92,7 @@ class CheckpointSection:
     every: int = 0  # steps between checkpoints; 0: only the one at the end
     keep_last: int = 2  # step checkpoints kept (older ones are deleted once a newer one is complete)
     final: bool = True  # write checkpoints at the end (benchmarks turn this off)
+    merged: bool = False  # LoRA runs: also write checkpoints/final_merged, base + adapters as one HF checkpoint
 
     def __post_init__(self) -> None:
         if self.every < 0:
@@ -114,6 +116,7 @@ class RunConfig:
     generator: GeneratorConfig = field(default_factory=GeneratorConfig)
     compile: CompileConfig = field(default_factory=CompileConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    lora: LoRAConfig = field(default_factory=LoRAConfig)  # rank > 0: train adapters on a frozen base (README "LoRA")
     validation: ValidationSection = field(default_factory=ValidationSection)
     warm_start: WarmStartSection = field(default_factory=WarmStartSection)
     checkpoint: CheckpointSection = field(default_factory=CheckpointSection)

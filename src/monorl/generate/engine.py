@@ -23,6 +23,7 @@ from monorl.generate.kv_cache import BlockManager, KVCache, blocks_for, bytes_pe
 from monorl.generate.runner import ModelRunner
 from monorl.generate.sampling import SamplingParams, sample, sequence_key
 from monorl.generate.scheduler import Group, Scheduler, Sequence
+from monorl.model.lora import LoRAConfig, apply_lora_
 from monorl.model.qwen3 import Qwen3ForCausalLM, build_model
 from monorl.model.tokenizer import eos_ids
 from monorl.rl.weight_sync import sync_weights_
@@ -53,12 +54,15 @@ class Completion:
 class Generator:
     def __init__(self, model: Qwen3ForCausalLM, config: GeneratorConfig | None = None, tokenizer=None,
                  eos_token_ids: tuple[int, ...] | list[int] | None = None, compile: CompileConfig | None = None,
-                 fused: bool = True) -> None:
+                 fused: bool = True, allocate_kv: bool = True, lora: LoRAConfig | None = None) -> None:
         """Builds the generator's own copy of `model` (on its device, in `config.dtype`), which `load_weights_`
         refreshes in place. eos_token_ids: None takes them from the tokenizer, else the model config
         (`monorl.model.tokenizer.eos_ids`). compile: the run's compile policy (default: eager, decode CUDA graphs on
         CUDA). fused: one q/k/v and one gate/up GEMM per layer; a batch-invariant run passes False, as its
-        bitwise guarantee holds for the trainer's unfused GEMM shapes."""
+        bitwise guarantee holds for the trainer's unfused GEMM shapes. allocate_kv=False defers the KV cache to
+        `allocate_kv_cache` (the RL loop sizes it once training's memory is measured). lora: give the copy the
+        policy's LoRA adapters, run as separate matmuls (batch-invariant runs); without, a LoRA policy's adapters
+        are merged into the copy's weights at every sync."""
         config = config or GeneratorConfig()
         if config.max_num_seqs < 1 or config.stop_check_interval < 1 or config.block_size < 1:
             raise ValueError(f"invalid GeneratorConfig: {config}")
@@ -66,34 +70,53 @@ class Generator:
         cfg = model.config
         p = next(model.parameters())
         device = p.device
-        dtype = config.dtype or (torch.bfloat16 if device.type == "cuda" else p.dtype)
-        self.model = build_model(cfg, device=device, dtype=dtype, seed=None, fused=fused).requires_grad_(False).eval()
+        dtype = config.dtype or (torch.bfloat16 if device.type == "cuda" else torch.float32)
+        self.model = build_model(cfg, device=device, dtype=dtype, seed=None, fused=fused and lora is None)
+        if lora is not None:
+            apply_lora_(self.model, lora)  # adapters are overwritten by load_weights_
+            self.model.to(dtype)
+        self.model.requires_grad_(False).eval()
         self.load_weights_(model)  # before any graph capture: later syncs write the same memory
         self.device, self.dtype = device, dtype
         self.eos_token_ids = eos_ids(tokenizer, cfg) if eos_token_ids is None else tuple(int(t) for t in eos_token_ids)
-
         self.max_model_len = config.max_model_len or cfg.max_position_embeddings
-        bs = config.block_size
-        per_block = bytes_per_block(cfg, bs, dtype)
-        need = (config.max_num_seqs * blocks_for(self.max_model_len, bs) + 1) * per_block
-        if config.kv_cache_bytes is not None:
+        self.decode_backend = "triton" if triton_decode_supported(device, dtype, cfg.head_dim) else "torch"
+        self.sampler, self.use_graphs = compile_generator(self.model, sample, compile or CompileConfig(), device,
+                                                          self.decode_backend)
+        self.kv: KVCache | None = None
+        if allocate_kv:
+            self.allocate_kv_cache()
+
+    def kv_bytes_needed(self) -> int:
+        """What `max_num_seqs` sequences of `max_model_len` tokens need."""
+        bs = self.config.block_size
+        return (self.config.max_num_seqs * blocks_for(self.max_model_len, bs) + 1) * self.kv_bytes_per_block()
+
+    def kv_bytes_per_block(self) -> int:
+        return bytes_per_block(self.model.config, self.config.block_size, self.dtype)
+
+    def allocate_kv_cache(self, budget: int | None = None) -> None:
+        """Allocate the KV cache and the model runner. budget: bytes (None: `config.kv_cache_bytes`, else what
+        `kv_bytes_needed` says, capped by half the free GPU memory, or 256 MiB on CPU)."""
+        if self.kv is not None:
+            raise RuntimeError("the generator's KV cache is already allocated")
+        config, bs = self.config, self.config.block_size
+        per_block, need = self.kv_bytes_per_block(), self.kv_bytes_needed()
+        if budget is None and config.kv_cache_bytes is not None:
             budget = config.kv_cache_bytes
-        elif device.type == "cuda":
-            free, _ = torch.cuda.mem_get_info(device)
+        elif budget is None and self.device.type == "cuda":
+            free, _ = torch.cuda.mem_get_info(self.device)
             budget = min(need, free // 2)
-        else:
+        elif budget is None:
             budget = min(need, _CPU_DEFAULT_KV_BYTES)
         num_blocks = budget // per_block
         if num_blocks < 2:
             raise ValueError(f"kv_cache_bytes={budget} holds {num_blocks} blocks of {per_block} bytes; need >= 2")
-        self.kv = KVCache(cfg, num_blocks, bs, device, dtype)
+        self.kv = KVCache(self.model.config, num_blocks, bs, self.device, self.dtype)
         self.blocks = BlockManager(num_blocks)
-
-        backend = "triton" if triton_decode_supported(device, dtype, cfg.head_dim) else "torch"
-        sampler, graphs = compile_generator(self.model, sample, compile or CompileConfig(), device, backend)
         self.runner = ModelRunner(self.model, self.kv, config.max_num_seqs, blocks_for(self.max_model_len, bs),
-                                  ring_size=max(256, config.stop_check_interval), decode_backend=backend,
-                                  cuda_graphs=graphs, sample_fn=sampler)
+                                  ring_size=max(256, config.stop_check_interval), decode_backend=self.decode_backend,
+                                  cuda_graphs=self.use_graphs, sample_fn=self.sampler)
 
     # ---- weights -----------------------------------------------------------------------------------
     def load_weights_(self, src: nn.Module) -> None:
@@ -135,6 +158,8 @@ class Generator:
         """For each prompt, n completions (results[prompt][sample]). `sampling` is one SamplingParams for
         all prompts, or one per prompt (those may differ in lengths, stops and seed, not in the sampler)."""
         cfg = self.config
+        if self.kv is None:
+            self.allocate_kv_cache()
         params = [sampling] * len(prompts) if isinstance(sampling, SamplingParams) else list(sampling)
         sched = Scheduler(self.blocks, self.kv.block_size, cfg.max_num_seqs, cfg.max_prefill_tokens)
         self._validate(prompts, params, n, sched)

@@ -195,11 +195,17 @@ def save_checkpoint(model: Qwen3ForCausalLM, path: str | os.PathLike, dtype: tor
 
 
 def write_checkpoint_files(model: Qwen3ForCausalLM, directory: Path, dtype: torch.dtype | None = None,
-                           tokenizer: Tokenizer | None = None, max_shard_bytes: int | None = None) -> None:
+                           tokenizer: Tokenizer | None = None, max_shard_bytes: int | None = None,
+                           weights: bool = True) -> None:
     """The files of `save_checkpoint`, into an existing directory and not atomically: for a writer that adds
-    files of its own beside them and publishes the directory once (a training checkpoint)."""
+    files of its own beside them and publishes the directory once (a training checkpoint). weights=False writes
+    config.json and the tokenizer only (a LoRA run's checkpoint, whose weights are its adapter)."""
     if any(t.is_meta for t in model.state_dict().values()):
         raise CheckpointError("cannot save a model that still has meta (unmaterialised) tensors")
+    if not weights:
+        _write_json(directory / CONFIG_FILE, model.config.to_hf(_DTYPE_NAMES.get(dtype, "float32")))
+        _write_tokenizer(tokenizer, directory)
+        return
     state = {name: t.detach().to("cpu", dtype=dtype or t.dtype).contiguous() for name, t in model.state_dict().items()}
     saved_dtype = dtype or next(iter(state.values())).dtype
     _write_json(directory / CONFIG_FILE, model.config.to_hf(_DTYPE_NAMES.get(saved_dtype, str(saved_dtype))))
@@ -214,6 +220,10 @@ def write_checkpoint_files(model: Qwen3ForCausalLM, directory: Path, dtype: torc
             weight_map.update(dict.fromkeys(shard, fname))
         total = sum(t.numel() * t.element_size() for t in state.values())
         _write_json(directory / INDEX_FILE, {"metadata": {"total_size": total}, "weight_map": weight_map})
+    _write_tokenizer(tokenizer, directory)
+
+
+def _write_tokenizer(tokenizer: Tokenizer | None, directory: Path) -> None:
     if tokenizer is not None:
         tokenizer.save(directory)
         gen = {"bos_token_id": tokenizer.bos_token_id, "eos_token_id": tokenizer.eos_token_ids,

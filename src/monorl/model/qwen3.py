@@ -14,6 +14,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+from torch.utils.checkpoint import checkpoint
 
 from monorl.compile import mark_dynamic
 from monorl.model import logprobs
@@ -143,6 +144,9 @@ class Qwen3ForCausalLM(nn.Module):
     fused: q/k/v and gate/up as one projection each (`PACKED_MODULES`), for an inference copy whose weights
     come from an unfused model through `monorl.rl.weight_sync`; unfused (the default), names equal HF's."""
 
+    # recompute each block in backward instead of keeping its activations (set by the trainer's memory plan)
+    activation_checkpointing: bool = False
+
     def __init__(self, cfg: ModelConfig, fused: bool = False) -> None:
         super().__init__()
         self.config = cfg
@@ -159,8 +163,13 @@ class Qwen3ForCausalLM(nn.Module):
         x = self.model.embed_tokens(input_ids)
         cos, sin = rope_cos_sin(positions, self.config.head_dim, self.config.rope_theta, x.dtype)
         mark_dynamic(x, cos, sin, dims=(0,))  # token counts vary (packs, prefills, decode buckets)
+        checkpointed = self.activation_checkpointing and torch.is_grad_enabled()
         for i, layer in enumerate(self.model.layers):
-            x = layer(x, cos, sin, ctx, None if kv_cache is None else kv_cache[i])
+            cache = None if kv_cache is None else kv_cache[i]
+            if checkpointed:  # keeps only x; no RNG inside, so no RNG save/restore (CUDA-graph capturable)
+                x = checkpoint(layer, x, cos, sin, ctx, cache, use_reentrant=False, preserve_rng_state=False)
+            else:
+                x = layer(x, cos, sin, ctx, cache)
         return self.model.norm(x)
 
     def compute_logits(self, hidden: Tensor) -> Tensor:

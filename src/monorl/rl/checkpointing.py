@@ -4,6 +4,8 @@ Layout under `<run_dir>/checkpoints/`:
 
     step_000010/            one checkpoint, taken after 10 completed RL steps
         config.json, model.safetensors, tokenizer files   the fp32 policy in HF format (loads in transformers)
+        adapter/            LoRA runs, instead of model.safetensors: the adapters in PEFT's format (the frozen
+                            base is the run's model.path, or its seeded random init)
         trainer_state.pt    `Trainer.state_dict()` (optimizer, LR schedule, trainer step count; with kl_coef > 0
                             the KL reference's weights), python/numpy/torch RNG states, RL step, data position
                             (index of the next training prompt)
@@ -35,10 +37,12 @@ import torch
 
 from monorl.fsutil import json_safe, remove_leftovers, write_dir_atomic, write_text_atomic
 from monorl.model.checkpoint import CheckpointError, load_config, load_state_dict, write_checkpoint_files
+from monorl.model.lora import is_lora, load_adapter_, save_adapter
 from monorl.model.qwen3 import Qwen3ForCausalLM
 from monorl.train.trainer import Trainer
 
 STATE_FILE = "trainer_state.pt"
+ADAPTER_DIR = "adapter"  # a LoRA run's adapters, in PEFT's format
 META_FILE = "meta.json"
 LATEST_FILE = "latest"
 PREFIX = "step_"
@@ -116,8 +120,13 @@ def save_training_checkpoint(root: str | os.PathLike, step: int, policy: Qwen3Fo
     name = checkpoint_name(step)
 
     def fill(tmp: Path) -> None:
-        # fp32 master weights, not a bf16 copy: a resume must continue from exactly these values
-        write_checkpoint_files(policy, tmp, dtype=torch.float32, tokenizer=tokenizer)
+        # fp32 master weights, not a bf16 copy: a resume must continue from exactly these values. A LoRA policy's
+        # trained weights are its adapters (PEFT format, under adapter/); its frozen base comes from the run's
+        # model.path (or seed) on resume
+        lora = is_lora(policy)
+        write_checkpoint_files(policy, tmp, dtype=torch.float32, tokenizer=tokenizer, weights=not lora)
+        if lora:
+            save_adapter(policy, tmp / ADAPTER_DIR)
         _test_hook_sleep()
         state = {"format": FORMAT, "version": VERSION, "step": step, "data_position": data_position,
                  **trainer.state_dict(), "rng": rng_state()}
@@ -228,13 +237,18 @@ def load_training_checkpoint(path: str | os.PathLike, policy: Qwen3ForCausalLM, 
     if diff := [f"{k}={getattr(stored, k)} (run: {getattr(policy.config, k)})" for k in arch
                 if getattr(stored, k) != getattr(policy.config, k)]:
         raise CheckpointError(f"{p / 'config.json'} is another model than the run's policy: {', '.join(diff)}")
-    expected = policy.state_dict()
-    ignore = ("lm_head.weight",) if policy.config.tie_word_embeddings else ()
-    device = next(policy.parameters()).device
-    weights = load_state_dict(p, expected, device=device, dtype=torch.float32, ignore=ignore)
-
-    with torch.no_grad():
-        policy.load_state_dict(weights, strict=True)
+    if is_lora(policy):
+        try:
+            load_adapter_(policy, p / ADAPTER_DIR)  # checks everything before writing the first tensor
+        except ValueError as e:
+            raise CheckpointError(f"{p}: {e}" + _others(p.parent, p)) from None
+    else:
+        expected = policy.state_dict()
+        ignore = ("lm_head.weight",) if policy.config.tie_word_embeddings else ()
+        device = next(policy.parameters()).device
+        weights = load_state_dict(p, expected, device=device, dtype=torch.float32, ignore=ignore)
+        with torch.no_grad():
+            policy.load_state_dict(weights, strict=True)
     try:
         trainer.load_state_dict(state)
     except (ValueError, KeyError, RuntimeError) as e:

@@ -24,9 +24,11 @@ from monorl.generate.sampling import SamplingParams
 from monorl.model.attention import resolve_backend
 from monorl.model.batch_invariant import make_batch_invariant_
 from monorl.model.checkpoint import load_checkpoint, load_config, save_checkpoint
-from monorl.model.config import MODEL_SHAPES, model_shape
+from monorl.model.config import MODEL_SHAPES, ModelConfig, model_shape
+from monorl.model.lora import apply_lora_, is_lora, save_adapter, save_merged_checkpoint
 from monorl.model.qwen3 import Qwen3ForCausalLM, build_model
 from monorl.model.tokenizer import TOKENIZER_FILE, CharTokenizer, eos_ids, load_tokenizer
+from monorl.plan import GiB, kv_cache_bytes_needed, run_memory_plan
 from monorl.rl.checkpointing import (
     find_checkpoint,
     load_training_checkpoint,
@@ -65,11 +67,12 @@ def resolve_device(name: str) -> torch.device:
     return dev
 
 
-def load_policy(cfg: RunConfig, device: torch.device) -> tuple[Qwen3ForCausalLM, Any, str]:
-    """The trainer's fp32 policy, its tokenizer, and a line saying where the weights came from: a checkpoint's
-    weights (`model.path`), random weights of its config.json (`model.path` + `model.random_init`), or random
-    weights of a named shape (`model.shape`, no path). A path always means "load these weights" unless
-    random_init is set: a preset's shape never overrides it."""
+def resolve_model(cfg: RunConfig) -> tuple[ModelConfig, Any, str]:
+    """The policy's architecture, its tokenizer, and a line saying where its weights will come from -- without
+    reading any weights (the memory plan runs on this): a checkpoint's weights (`model.path`), random weights of
+    its config.json (`model.path` + `model.random_init`), or random weights of a named shape (`model.shape`, no
+    path). A path always means "load these weights" unless random_init is set: a preset's shape never overrides
+    it."""
     m = cfg.model
     if m.path:
         path = Path(m.path)
@@ -77,23 +80,33 @@ def load_policy(cfg: RunConfig, device: torch.device) -> tuple[Qwen3ForCausalLM,
         if not (path / TOKENIZER_FILE).is_file():  # the char tokenizer would silently mis-tokenize a real vocab
             raise FileNotFoundError(f"model.path {path} has no {TOKENIZER_FILE}: copy the model's tokenizer files "
                                     "there (tokenizer.json, tokenizer_config.json)")
+        tok = load_tokenizer(path)
         if m.random_init:
-            model = build_model(mcfg, device, torch.float32, seed=m.init_seed)
             source = f"random init (seed {m.init_seed}) of {path / 'config.json'} (model.random_init=true)"
         else:
-            model = load_checkpoint(path, device=device, dtype=torch.float32)
             source = f"weights of {path}"
-        tok = load_tokenizer(path)
     else:
         if m.shape is None:
             raise ValueError("model.path is not set: give --model.path <HF checkpoint dir>, or --model.shape NAME for "
                              f"random weights of a named shape ({', '.join(MODEL_SHAPES)})")
-        model = build_model(model_shape(m.shape), device, torch.float32, seed=m.init_seed)
+        mcfg = model_shape(m.shape)
         tok = CharTokenizer()
         source = f"random init (seed {m.init_seed}) of shape {m.shape!r}"
-    if tok.vocab_size > model.config.vocab_size:
-        raise ValueError(f"tokenizer has {tok.vocab_size} tokens but the model's vocab_size is "
-                         f"{model.config.vocab_size}")
+    if tok.vocab_size > mcfg.vocab_size:
+        raise ValueError(f"tokenizer has {tok.vocab_size} tokens but the model's vocab_size is {mcfg.vocab_size}")
+    return mcfg, tok, source
+
+
+def load_policy(cfg: RunConfig, device: torch.device,
+                dtype: torch.dtype = torch.float32) -> tuple[Qwen3ForCausalLM, Any, str]:
+    """The policy (in `dtype`: the trainer's fp32 masters, or a LoRA run's frozen base), its tokenizer, and the
+    line `resolve_model` gives."""
+    mcfg, tok, source = resolve_model(cfg)
+    m = cfg.model
+    if m.path and not m.random_init:
+        model = load_checkpoint(Path(m.path), device=device, dtype=dtype)
+    else:
+        model = build_model(mcfg, device, dtype, seed=m.init_seed)
     return model, tok, source
 
 
@@ -113,23 +126,42 @@ class GRPORun:
         self.compile_s = 0.0
 
         t = time.perf_counter()
-        self.policy, self.tokenizer, self.model_source = load_policy(cfg, self.device)
+        # architecture, tokenizer, task and prompts first: the memory plan needs them, and refuses a run that cannot
+        # fit before any weights are read
+        self.model_config, self.tokenizer, self.model_source = resolve_model(cfg)
         self.task: Task = load_task(cfg.task.name, **cfg.task.args)
         if cfg.warm_start.steps > 0 and not hasattr(self.task, "solution"):
             raise ValueError(f"warm_start.steps={cfg.warm_start.steps} needs a task with solution(); "
                              f"{self.task.name} has none")
+        # prompt + completion must fit the generator's context
+        self.max_len = cfg.generator.max_model_len or self.model_config.max_position_embeddings
+        self.train_prompts = PromptStream(self.task, cfg.seed)  # knows its position, for checkpoints
+        self.val_prompts = self.task.val_prompts(cfg.validation.num_prompts)
+        self.max_prompt_tokens = self.check_prompts_fit()
+        on_gpu = self.device.type == "cuda"
+        self.plan = run_memory_plan(cfg, self.model_config, self.max_prompt_tokens, self.device)
+
+        gen_dtype = torch.bfloat16 if on_gpu else torch.float32
+        lora = cfg.lora
+        # LoRA: the frozen base is held once, in the compute dtype (it needs no fp32 master)
+        self.policy, _, _ = load_policy(cfg, self.device, dtype=gen_dtype if lora.enabled else torch.float32)
+        if lora.enabled:
+            apply_lora_(self.policy, lora, seed=cfg.model.init_seed, base_dtype=gen_dtype)
+        self.policy.activation_checkpointing = self.plan.activation_checkpointing
         self.startup["model_load_s"] = time.perf_counter() - t
 
         cc = cfg.compile
         self.compile_cache = setup_compile_cache(cc)
-        gen_dtype = torch.bfloat16 if self.device.type == "cuda" else torch.float32
         self.attn_backend = resolve_backend(cfg.model.attn_backend, self.device, gen_dtype)
         t = time.perf_counter()
-        # the generator builds its own copy of the policy (in gen_dtype, fused projections) under the run's compile
-        # policy; batch-invariant runs keep the trainer's unfused GEMM shapes, which the bitwise guarantee is for
+        # the generator builds its own copy of the policy (in gen_dtype, fused projections, LoRA merged in) under
+        # the run's compile policy; batch-invariant runs keep the trainer's unfused GEMM shapes (and LoRA's
+        # separate adapter matmuls), which the bitwise guarantee is for. On CUDA its KV cache is sized after the
+        # trainer's warm-up has measured what training needs (`size_kv_cache`).
         self.generator = Generator(self.policy, cfg.generator, tokenizer=self.tokenizer,
-                                   eos_token_ids=eos_ids(self.tokenizer, self.policy.config), compile=cc,
-                                   fused=not cfg.batch_invariant)
+                                   eos_token_ids=eos_ids(self.tokenizer, self.model_config), compile=cc,
+                                   fused=not cfg.batch_invariant, allocate_kv=not on_gpu,
+                                   lora=lora if cfg.batch_invariant and lora.enabled else None)
         if cfg.batch_invariant:  # both sides converted once, here (the reference copy below inherits the policy's)
             make_batch_invariant_(self.policy)
             make_batch_invariant_(self.generator.model)
@@ -145,24 +177,24 @@ class GRPORun:
             trainer_cfg = dataclasses.replace(trainer_cfg, compute_dtype=str(gen_dtype).removeprefix("torch."))
         self.trainer = Trainer(self.policy, trainer_cfg, total_steps=cfg.steps,
                                attn_backend="flash" if self.attn_backend == "flash" else "sdpa",
-                               ref_model=ref_model, cuda_graphs=cc.trainer_cuda_graphs)
+                               ref_model=ref_model, cuda_graphs=cc.trainer_cuda_graphs,
+                               max_graph_tokens=self.plan.micro_batch_tokens)
         if cc.enabled and cc.trainer:
             compile_blocks(self.policy, cc)
-        self.max_len = self.generator.max_model_len  # prompt + completion must fit the generator's context
-        self.train_prompts = PromptStream(self.task, cfg.seed)  # knows its position, for checkpoints
-        self.val_prompts = self.task.val_prompts(cfg.validation.num_prompts)
-        self.check_prompts_fit()
+        self.trainer_transient_bytes: int | None = None  # measured by the trainer's warm-up (CUDA)
         self.reward_failed_steps = 0  # consecutive steps whose reward failed on every completion
         # created last, so a bad config, checkpoint or data file leaves no empty run directory behind
         self.run_dir = RunDir(cfg.run_dir or RunDir.default_path(cfg.preset))
         self.run_dir.write_config(cfg.to_dict())
 
-    def check_prompts_fit(self, sample: int = 32) -> None:
+    def check_prompts_fit(self, sample: int = 32) -> int:
         """Refuse, before any work, a context that fits none of the prompts with room for max_new_tokens
         (every step would skip everything); warn when only some fit. Reads the first `sample` training prompts
-        of the seed's stream (which also surfaces a task's refusal of the seed) and the validation prompts."""
+        of the seed's stream (which also surfaces a task's refusal of the seed) and the validation prompts.
+        Returns the longest training prompt that fits, in tokens (what the memory plan sizes packs with)."""
         r, v = self.cfg.rollout, self.cfg.validation
         train = list(itertools.islice(self.task.train_prompts(seed=self.cfg.seed), sample))
+        longest = 1
         for what, prompts, new_tokens in (("training", train, r.max_new_tokens),
                                           ("validation", self.val_prompts, v.max_new_tokens or r.max_new_tokens)):
             if not prompts:
@@ -177,36 +209,93 @@ class GRPORun:
             if fit < len(prompts):
                 log.warning("%d of the first %d %s prompts do not fit generator.max_model_len=%d with %d new tokens;"
                             " they will be skipped", len(prompts) - fit, len(prompts), what, self.max_len, new_tokens)
+            if what == "training":
+                longest = max(n for n in lengths if n + new_tokens <= self.max_len)
+        return longest
 
     def warm_up(self) -> None:
         """Compile and capture before the first step, so the startup split says what they cost and steady
-        state compiles nothing: a short generation with each sampler the run uses (rollouts, greedy
-        validation), and a trainer forward+backward on two pack sizes (no optimizer step: weights untouched)."""
+        state compiles nothing: a trainer forward+backward on two pack sizes (no optimizer step: weights
+        untouched), whose peak memory sizes the generator's KV cache (`size_kv_cache`), then a short generation
+        with each sampler the run uses (rollouts, greedy validation)."""
         cc = self.cfg.compile
+        cuda = self.device.type == "cuda"
         trainer_graphs = self.trainer.graphs is not None
-        if not (cc.enabled or self.generator.runner.use_graphs or trainer_graphs):
-            return
-        t = time.perf_counter()
         text = self.task.render(self.val_prompts[0], self.tokenizer) if self.val_prompts else "warm up"
         prompt = self.tokenizer.encode(text)
+        t = time.perf_counter()
+        if (cc.enabled and cc.trainer) or trainer_graphs:
+            if cuda:
+                torch.cuda.synchronize(self.device)
+                torch.cuda.reset_peak_memory_stats(self.device)
+            r = self.cfg.rollout
+            self.trainer.warm_up(prompt, r.prompts_per_step * r.group_size, r.max_new_tokens, r.temperature)
+            if cuda:  # what a step allocates beyond what stays allocated (activations, gradients)
+                torch.cuda.synchronize(self.device)
+                self.trainer_transient_bytes = (torch.cuda.max_memory_allocated(self.device)
+                                                - torch.cuda.memory_allocated(self.device))
+        capture = self.trainer.graphs.capture_s if trainer_graphs else 0.0
+        self.startup["trainer_graph_capture_s"] = capture
+        self.startup["trainer_compile_s"] = time.perf_counter() - t - capture
+        self.size_kv_cache()
+        if not (cc.enabled or self.generator.use_graphs):
+            self.compile_s = self.startup["trainer_compile_s"]
+            return
+        t = time.perf_counter()
         # two prompts of different lengths: Dynamo specialises a dimension of size 1 (one prompt), which
         # would cost a recompile at the first real prefill
         prompts = [prompt, prompt[: max(2, len(prompt) - 3)]]
         for sp in (self.sampling(0), SamplingParams(max_new_tokens=4, temperature=0.0)):
             self.generator.generate(prompts, dataclasses.replace(sp, max_new_tokens=4), n=2)
-        if self.device.type == "cuda":
+        if cuda:
             torch.cuda.synchronize()
         gen_s = time.perf_counter() - t
         self.startup["graph_capture_s"] = self.generator.runner.timings["graph_capture_s"]
         self.startup["generator_compile_s"] = gen_s - self.startup["graph_capture_s"]
-        t = time.perf_counter()
-        if (cc.enabled and cc.trainer) or trainer_graphs:
-            r = self.cfg.rollout
-            self.trainer.warm_up(prompt, r.prompts_per_step * r.group_size, r.max_new_tokens, r.temperature)
-        capture = self.trainer.graphs.capture_s if trainer_graphs else 0.0
-        self.startup["trainer_graph_capture_s"] = capture
-        self.startup["trainer_compile_s"] = time.perf_counter() - t - capture
         self.compile_s = self.startup["generator_compile_s"] + self.startup["trainer_compile_s"]
+
+    def size_kv_cache(self) -> None:
+        """Allocate the generator's KV cache (CUDA): what `max_num_seqs x max_model_len` needs, capped by what is
+        free once training's needs are set aside -- the transient bytes the trainer's warm-up measured (the plan's
+        estimate if it did not run), AdamW's state if not yet allocated, the generator's own transients, and
+        slack. Less than a step's rollouts need is an error; less than the full need, a warning."""
+        gen, plan = self.generator, self.plan
+        if gen.kv is not None:
+            return
+        if self.cfg.generator.kv_cache_bytes is not None or self.device.type != "cuda":
+            gen.allocate_kv_cache()
+            return
+        torch.cuda.synchronize(self.device)
+        torch.cuda.empty_cache()  # the warm-up's freed blocks back to the driver: `free` then counts them
+        free, total = torch.cuda.mem_get_info(self.device)
+        trainer = self.trainer_transient_bytes
+        if trainer is None:
+            trainer = 0 if self.trainer.graphs is not None else plan.row("trainer activations").bytes
+        optimizer = 0 if self.trainer.optimizer.state else plan.row("optimizer state").bytes
+        generator = sum(r.bytes for r in plan.rows if r.name in ("generator prefill", "decode graph pool"))
+        slack = int(0.03 * total) + GiB // 4
+        room = free - trainer - optimizer - generator - slack
+        need = gen.kv_bytes_needed()
+        r = self.cfg.rollout
+        seqs = min(self.cfg.generator.max_num_seqs, r.prompts_per_step * r.group_size)
+        step_need = kv_cache_bytes_needed(self.model_config, seqs, self.max_prompt_tokens + r.max_new_tokens,
+                                          self.cfg.generator.block_size)
+        if room < step_need:
+            raise MemoryError(f"after training's measured needs ({trainer / GiB:.1f} GiB transient, "
+                              f"{optimizer / GiB:.1f} GiB optimizer state not yet allocated) {room / GiB:.1f} GiB are "
+                              f"left for the KV cache, less than one step's {seqs} rollouts need "
+                              f"({step_need / GiB:.1f} GiB): lower trainer.micro_batch_tokens or turn on "
+                              "trainer.activation_checkpointing")
+        if room < need:
+            log.warning("KV cache: %.1f GiB fit, less than the %.1f GiB that generator.max_num_seqs=%d x max_model_len="
+                        "%d need; sequences beyond it wait for a free block", room / GiB, need / GiB,
+                        self.cfg.generator.max_num_seqs, self.max_len)
+        budget = min(need, room)
+        gen.allocate_kv_cache(budget)
+        kv_row = plan.row("KV cache")
+        if gen.kv.kv.numel() * gen.kv.kv.element_size() < kv_row.bytes:  # the plan then shows what was allocated
+            kv_row.bytes = gen.kv.kv.numel() * gen.kv.kv.element_size()
+            kv_row.note += " (capped by free memory)"
 
     def sampling(self, step: int) -> SamplingParams:
         r = self.cfg.rollout
@@ -288,6 +377,19 @@ class GRPORun:
                                         meta={"pre_validation": pre.__dict__, "total_steps": self.cfg.steps},
                                         keep_last=self.cfg.checkpoint.keep_last)
 
+    def save_final(self) -> None:
+        """checkpoints/final: the policy as an HF checkpoint (fp32); a LoRA run's adapter in PEFT's format (loads with
+        `PeftModel.from_pretrained(base, dir)`), plus checkpoints/final_merged (base + adapters, the base's dtype)
+        with checkpoint.merged."""
+        final = self.run_dir.checkpoints / "final"
+        if not is_lora(self.policy):
+            save_checkpoint(self.policy, final, dtype=torch.float32, tokenizer=self.tokenizer)
+            return
+        save_adapter(self.policy, final, base_model_name_or_path=self.cfg.model.path)
+        self.tokenizer.save(final)
+        if self.cfg.checkpoint.merged:
+            save_merged_checkpoint(self.policy, self.run_dir.checkpoints / "final_merged", tokenizer=self.tokenizer)
+
     def restore(self, path: Path) -> tuple[int, ValidationResult, list[dict[str, Any]]]:
         """Continue from a training checkpoint: policy weights (in place, then synced to the generator),
         optimizer, schedule, KL reference, RNG and data position; log rows written after it are dropped, so a
@@ -309,6 +411,16 @@ class GRPORun:
         t = time.perf_counter()
         yield
         self.phase_s[phase] += time.perf_counter() - t
+
+    def memory_report(self) -> dict[str, Any]:
+        """The plan beside what the run measured (CUDA): peak allocated and reserved bytes, and the trainer's
+        transient bytes from its warm-up."""
+        out: dict[str, Any] = {"plan": self.plan.as_dict()}
+        if self.device.type == "cuda":
+            out.update(peak_allocated_bytes=torch.cuda.max_memory_allocated(self.device),
+                       peak_reserved_bytes=torch.cuda.max_memory_reserved(self.device),
+                       trainer_transient_bytes=self.trainer_transient_bytes)
+        return out
 
     def trainer_graph_stats(self) -> dict[str, float] | None:
         return trainer_graph_stats(self.trainer)
@@ -338,10 +450,13 @@ class GRPORun:
         print(f"model: {self.model_source}", flush=True)
         print(f"startup: {split} | device={self.device} attn={self.attn_backend} run_dir={self.run_dir.path}",
               flush=True)
+        ac = " (activation checkpointing: on)" if self.plan.activation_checkpointing else ""
+        print(f"memory plan ({self.device}){ac}:\n{self.plan.table()}", flush=True)
         self.warm_up()
         if self.compile_s:
             warm = ", ".join(f"{k}={self.startup[k]:.2f}" for k in
-                             ("generator_compile_s", "graph_capture_s", "trainer_compile_s", "trainer_graph_capture_s"))
+                             ("generator_compile_s", "graph_capture_s", "trainer_compile_s", "trainer_graph_capture_s")
+                             if k in self.startup)
             print(f"startup (compile): {warm} | compile counters {compile_counters()}", flush=True)
         if self.resume_from is not None:
             start, pre, earlier = self.restore(self.resume_from)
@@ -369,12 +484,15 @@ class GRPORun:
             post = result.post = self.validate()
         if cfg.checkpoint.final:
             with self.timed("checkpoint_s"):
-                save_checkpoint(self.policy, self.run_dir.checkpoints / "final", dtype=torch.float32,
-                                tokenizer=self.tokenizer)
+                self.save_final()
         write_summary(self.run_dir.path / "summary.json", result, phases=self.phase_s,
                       wall_s=time.perf_counter() - self.t_start, compile_s=self.compile_s, trainer=self.trainer,
-                      device=self.device)
+                      device=self.device, memory=self.memory_report())
         self.run_dir.log_metrics({"validation/pre": pre.__dict__, "validation/post": post.__dict__})
+        if self.device.type == "cuda":
+            print(f"memory: peak {torch.cuda.max_memory_allocated(self.device) / GiB:.1f} GiB allocated "
+                  f"({torch.cuda.max_memory_reserved(self.device) / GiB:.1f} GiB reserved); planned "
+                  f"{self.plan.peak_bytes / GiB:.1f} GiB", flush=True)
         if roi := compile_roi(self.compile_s, cfg.compile.eager_step_s, result.steps):
             print(roi, flush=True)
         print("Summary:")

@@ -103,7 +103,7 @@ def compile_roi(compile_s: float, eager_step_s: float | None, rows: list[dict[st
 
 
 def write_summary(file: Path, result: RunResult, *, phases: dict[str, float], wall_s: float, compile_s: float,
-                  trainer: Trainer, device: torch.device) -> None:
+                  trainer: Trainer, device: torch.device, memory: dict[str, Any] | None = None) -> None:
     """summary.json: the time split the benchmarks read. total_s = startup + the RL steps (generate, train,
     sync); `phases` (warm start, validation, checkpoint writes) are reported beside it."""
     rows = [r for r in result.steps if "time/step_s" in r]
@@ -121,5 +121,6 @@ def write_summary(file: Path, result: RunResult, *, phases: dict[str, float], wa
         "logprob_diff_max": max((r["logprob_diff_max"] for r in rows), default=None),
         "pre": result.pre.__dict__ if result.pre else None, "post": result.post.__dict__ if result.post else None,
         "device": torch.cuda.get_device_name() if device.type == "cuda" else "cpu",
+        "memory": memory,
     }
     file.write_text(json.dumps(summary, indent=2, default=str) + "\n")

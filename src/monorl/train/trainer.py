@@ -47,6 +47,9 @@ class TrainerConfig:
     micro_batch_tokens: int = 8192  # token budget of one packed micro-batch
     logprob_chunk: int = 1024  # rows of LM head + log-softmax at a time
     compute_dtype: str = "auto"  # auto (bf16 on CUDA, fp32 on CPU) | bfloat16 | float32
+    # recompute each block's activations in backward (keeps only block inputs); None: on when the memory plan
+    # says the run does not fit without it (monorl.plan)
+    activation_checkpointing: bool | None = None
     loss: LossConfig = field(default_factory=LossConfig)
 
     def __post_init__(self) -> None:
@@ -68,9 +71,11 @@ _METRIC_SLOTS = 16  # device accumulator: the loss's metrics, then logprob-diff 
 class Trainer:
     def __init__(self, model: Qwen3ForCausalLM, cfg: TrainerConfig, total_steps: int, attn_backend: str = "sdpa",
                  ref_model: Qwen3ForCausalLM | None = None, cuda_graphs: bool = False,
-                 static_shapes: bool | None = None) -> None:
+                 static_shapes: bool | None = None, max_graph_tokens: int | None = None) -> None:
         """cuda_graphs: replay each micro-batch from a graph captured per pack shape (CUDA with the flash
-        backend or a batch-invariant model, whose attention reads no host values; ignored elsewhere).
+        backend or a batch-invariant model, whose attention reads no host values; ignored elsewhere). All graphs
+        share one memory pool, sized by the largest captured pack: max_graph_tokens (the memory plan's largest
+        micro-batch) bounds it, and a larger pack runs without a graph (logged once).
         static_shapes: pad packs to bucketed shapes (default: when graphs are used; set on CPU, it runs the
         graphs' exact computation)."""
         self.model, self.cfg, self.total_steps = model, cfg, total_steps
@@ -84,6 +89,8 @@ class Trainer:
             log.warning("trainer CUDA graphs need attention backend 'flash' (got %r): running without", attn_backend)
         self.static_shapes = use_graphs if static_shapes is None else static_shapes
         self.graphs = TrainGraphs(params, self.device) if use_graphs else None
+        self.max_graph_tokens = max_graph_tokens
+        self._warned_graph_size = False
         # metric sums stay on the device and cross to the host once per step (a sync per micro-batch would
         # stall the CPU that queues the next one); fixed buffers, so captured graphs can accumulate into them
         self._acc = torch.zeros(_METRIC_SLOTS, dtype=torch.float64, device=self.device)
@@ -194,6 +201,12 @@ class Trainer:
         if self.graphs.has(key):
             return key
         if self.graphs.full():
+            return None
+        if self.max_graph_tokens is not None and mb.shape.tokens > self.max_graph_tokens:
+            if not self._warned_graph_size:
+                log.warning("trainer: a %d-token pack is larger than the %d tokens the memory plan sized the CUDA-graph "
+                            "pool for; such packs run without a graph", mb.shape.tokens, self.max_graph_tokens)
+                self._warned_graph_size = True
             return None
         self.graphs.capture(key, lambda m, n, a: self._accumulate(m, n, a, temperature), (mb, norm, advantages),
                             reset=self._reset_accumulators)

@@ -1,0 +1,352 @@
+"""The memory plan: what one run holds on its GPU, computed from the config alone before anything is allocated,
+so that a run that cannot fit is refused at startup with the cheapest change that makes it fit (never a CUDA
+OOM at step 1), and `monorl plan --gpu_memory_gb N` answers "does this fit?" on a machine without a GPU.
+
+What the run holds (bytes are exact where the run's own code decides them, estimated where kernels do):
+- persistent: the policy's weights (fp32 masters; with LoRA the frozen base once in the compute dtype and fp32
+  adapters), its gradients and AdamW's two moments (trainable parameters only), the KL reference copy, the
+  generator's bf16 copy, the KV cache (`max_num_seqs x max_model_len` tokens), the generator's decode-graph pool;
+- transient, one phase at a time: the trainer's largest micro-batch (saved activations, the compute-dtype weight
+  copies autocast keeps for backward, the chunked LM head), and the generator's largest prefill. With trainer
+  CUDA graphs the trainer's activations live in the graphs' private pool, which nothing else can use: they turn
+  persistent (all captured shapes share that one pool, so it is the largest shape's, not their sum).
+
+Activations per token and layer are a linear model in the layer's widths whose coefficients were measured
+(`benchmarks/memory.py`; `ACTIVATION_COEFFS` says where each set comes from). The plan's peak is what
+`torch.cuda.max_memory_allocated` should report; the fit check adds the CUDA context and allocator slack
+(`reserve_bytes`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from monorl.generate.kv_cache import blocks_for
+from monorl.model.config import ModelConfig
+from monorl.train.packing import bucket_size
+
+if TYPE_CHECKING:
+    from monorl.config import RunConfig
+    from monorl.model.lora import LoRAConfig
+
+GiB = 1 << 30
+_LOGPROB_BYTES_PER_ROW_VOCAB = 16  # a chunk's fp32 logits, log-softmax and (backward) their gradient
+_GEN_PREFILL_BYTES_PER_TOKEN_LAYER_WIDTH = 2 * 4  # a prefill's transient: ~4 bf16 [tokens, width] per layer
+
+
+@dataclass(frozen=True)
+class ActivationCoeffs:
+    """Saved bytes per token per layer = h*hidden + i*intermediate + q*(heads*head_dim) + kv*(kv_heads*head_dim)
+    + c; `checkpointed`: bytes per token per layer kept by a checkpointed block (its fp32 input)."""
+
+    h: float
+    i: float
+    q: float
+    kv: float
+    c: float
+    checkpointed: float
+
+    def per_token_layer(self, m: ModelConfig) -> float:
+        return (self.h * m.hidden_size + self.i * m.intermediate_size + self.q * m.num_heads * m.head_dim
+                + self.kv * m.num_kv_heads * m.head_dim + self.c)
+
+
+# Measured with torch.autograd.graph.saved_tensors_hooks on this model's forward (unique storages, excluding
+# parameters; slope over two pack sizes), at bf16 autocast over fp32 masters ("bfloat16") and in fp32 ("float32")
+# on CPU, then scaled by the ratio measured on an H100 (benchmarks/memory.py: peak allocated during the
+# trainer's warm-up minus what was held before it).
+ACTIVATION_COEFFS: dict[str, ActivationCoeffs] = {
+    "bfloat16": ActivationCoeffs(h=30, i=8, q=12, kv=10, c=1300, checkpointed=4),
+    "float32": ActivationCoeffs(h=28, i=16, q=20, kv=16, c=2400, checkpointed=4),
+}
+
+
+def param_counts(m: ModelConfig) -> dict[str, int]:
+    """Parameters by kind: `linear` (the layers' projections), `lm_head` (0 when tied), `embed`, `norm`."""
+    q, kv = m.num_heads * m.head_dim, m.num_kv_heads * m.head_dim
+    per_layer_linear = m.hidden_size * (2 * q + 2 * kv) + 3 * m.hidden_size * m.intermediate_size
+    per_layer_norm = 2 * m.hidden_size + 2 * m.head_dim
+    return {
+        "linear": m.num_layers * per_layer_linear,
+        "lm_head": 0 if m.tie_word_embeddings else m.vocab_size * m.hidden_size,
+        "embed": m.vocab_size * m.hidden_size,
+        "norm": m.num_layers * per_layer_norm + m.hidden_size,
+    }
+
+
+def projection_shapes(m: ModelConfig) -> dict[str, tuple[int, int]]:
+    """(in, out) features of each projection of a layer, by HF name."""
+    h, i, q, kv = m.hidden_size, m.intermediate_size, m.num_heads * m.head_dim, m.num_kv_heads * m.head_dim
+    return {"q_proj": (h, q), "k_proj": (h, kv), "v_proj": (h, kv), "o_proj": (q, h),
+            "gate_proj": (h, i), "up_proj": (h, i), "down_proj": (i, h)}
+
+
+def lora_param_count(m: ModelConfig, lora: LoRAConfig) -> int:
+    if not lora.enabled:
+        return 0
+    shapes = projection_shapes(m)
+    names = {t if t.endswith("_proj") else f"{t}_proj" for t in lora.targets}
+    return m.num_layers * sum(lora.rank * sum(shapes[n]) for n in names)
+
+
+def kv_cache_bytes_needed(m: ModelConfig, max_num_seqs: int, max_model_len: int, block_size: int,
+                          dtype_bytes: int = 2) -> int:
+    """What `max_num_seqs` sequences of `max_model_len` tokens need (the generator's default budget)."""
+    per_block = m.num_layers * 2 * block_size * m.num_kv_heads * m.head_dim * dtype_bytes
+    return (max_num_seqs * blocks_for(max_model_len, block_size) + 1) * per_block
+
+
+def trainer_activation_bytes(m: ModelConfig, tokens: int, compute_dtype: str, checkpointing: bool,
+                             logprob_chunk: int, weight_copy_params: int) -> int:
+    """Peak transient bytes of one micro-batch's forward + backward of `tokens` packed tokens."""
+    co = ACTIVATION_COEFFS[compute_dtype]
+    layer = co.per_token_layer(m) * tokens
+    if checkpointing:  # each block keeps its input; one block's activations exist at a time (twice: recompute)
+        acts = co.checkpointed * m.hidden_size * tokens * m.num_layers + 2 * layer
+    else:
+        acts = layer * m.num_layers
+    lm_head = _LOGPROB_BYTES_PER_ROW_VOCAB * min(logprob_chunk, tokens) * m.vocab_size
+    # final hidden states (fp32) and their gradient
+    hidden = 2 * 4 * m.hidden_size * tokens
+    # autocast keeps a compute-dtype copy of every fp32 matmul weight until backward has used it
+    copies = 2 * weight_copy_params if compute_dtype == "bfloat16" else 0
+    return int(acts + lm_head + hidden + copies)
+
+
+@dataclass
+class MemoryRow:
+    name: str
+    bytes: int
+    note: str = ""
+    persistent: bool = True
+
+
+@dataclass
+class MemoryPlan:
+    rows: list[MemoryRow]
+    device_bytes: int | None  # the GPU's memory; None: not known (CPU runs, or `plan` without --gpu_memory_gb)
+    micro_batch_tokens: int  # the largest micro-batch the plan sized activations for
+    activation_checkpointing: bool
+    reserve_bytes: int = 0  # CUDA context, cuBLAS workspaces and allocator slack, outside `peak_bytes`
+    advice: list[str] = field(default_factory=list)
+
+    @property
+    def peak_bytes(self) -> int:
+        """Persistent rows plus the largest transient one (trainer and generator run one at a time)."""
+        transient = [r.bytes for r in self.rows if not r.persistent]
+        return sum(r.bytes for r in self.rows if r.persistent) + max(transient, default=0)
+
+    def row(self, name: str) -> MemoryRow:
+        return next(r for r in self.rows if r.name == name)
+
+    @property
+    def fits(self) -> bool | None:
+        if self.device_bytes is None:
+            return None
+        return self.peak_bytes + self.reserve_bytes <= self.device_bytes
+
+    def table(self) -> str:
+        lines = [f"  {'':<28}{'GiB':>8}"]
+        for r in self.rows:
+            kind = "" if r.persistent else " (transient)"
+            lines.append(f"  {r.name:<28}{r.bytes / GiB:8.2f}  {r.note}{kind}".rstrip())
+        lines.append(f"  {'peak (planned)':<28}{self.peak_bytes / GiB:8.2f}")
+        if self.device_bytes is not None:
+            lines.append(f"  {'+ context and slack':<28}{self.reserve_bytes / GiB:8.2f}")
+            lines.append(f"  {'GPU memory':<28}{self.device_bytes / GiB:8.2f}  "
+                         f"{'fits' if self.fits else 'does not fit'}")
+        return "\n".join(lines)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"rows": {r.name: r.bytes for r in self.rows}, "peak_bytes": self.peak_bytes,
+                "device_bytes": self.device_bytes, "reserve_bytes": self.reserve_bytes, "fits": self.fits,
+                "micro_batch_tokens": self.micro_batch_tokens,
+                "activation_checkpointing": self.activation_checkpointing, "advice": self.advice}
+
+
+def reserve_for(device_bytes: int) -> int:
+    """Memory outside PyTorch's allocated bytes: the CUDA context and libraries (~0.6 GiB), and slack for
+    fragmentation of the caching allocator (3%)."""
+    return int(0.75 * GiB + 0.03 * device_bytes)
+
+
+def largest_micro_batch(cfg: RunConfig, max_prompt_tokens: int) -> int:
+    """Tokens of the step's largest packed micro-batch: all rollouts of a step, at most micro_batch_tokens,
+    rounded up to the packer's bucket."""
+    r = cfg.rollout
+    step_tokens = r.prompts_per_step * r.group_size * (max_prompt_tokens + r.max_new_tokens)
+    return min(cfg.trainer.micro_batch_tokens, bucket_size(min(step_tokens, cfg.trainer.micro_batch_tokens)))
+
+
+def plan_memory(cfg: RunConfig, m: ModelConfig, max_prompt_tokens: int, device_bytes: int | None,
+                on_gpu: bool = True, activation_checkpointing: bool | None = None,
+                max_model_len: int | None = None) -> MemoryPlan:
+    """The plan for `cfg` on one GPU of `device_bytes` (see the module docstring). on_gpu=False plans a CPU run
+    (fp32 everywhere, no graphs); activation_checkpointing overrides `trainer.activation_checkpointing`."""
+    t, g, cc, lora = cfg.trainer, cfg.generator, cfg.compile, cfg.lora
+    counts = param_counts(m)
+    total = sum(counts.values())
+    compute = ("bfloat16" if on_gpu else "float32") if t.compute_dtype == "auto" else t.compute_dtype
+    gen_bytes = 2 if on_gpu else 4
+    ac = t.activation_checkpointing if activation_checkpointing is None else activation_checkpointing
+    ac = bool(ac)
+    rows: list[MemoryRow] = []
+    if lora.enabled:
+        n_lora = lora_param_count(m, lora)
+        base_bytes = 2 if compute == "bfloat16" else 4
+        rows.append(MemoryRow("policy weights", total * base_bytes + n_lora * 4,
+                              f"frozen {compute} base + {n_lora / 1e6:.1f}M fp32 LoRA parameters"))
+        trainable, copy_params = n_lora, n_lora
+    else:
+        size = f"{total / 1e9:.2f}B" if total >= 1e8 else f"{total / 1e6:.2f}M"
+        rows.append(MemoryRow("policy weights", total * 4, f"{size} fp32 masters"))
+        trainable, copy_params = total, counts["linear"] + (counts["lm_head"] or counts["embed"])
+    rows.append(MemoryRow("gradients", trainable * 4, "fp32"))
+    rows.append(MemoryRow("optimizer state", trainable * 8, "AdamW moments, fp32"))
+    if t.loss.kl_coef > 0:
+        rows.append(MemoryRow("KL reference", total * gen_bytes, "frozen copy of the starting policy"))
+    rows.append(MemoryRow("generator weights", total * gen_bytes, "bf16 inference copy" if on_gpu else ""))
+    model_len = max_model_len or g.max_model_len or m.max_position_embeddings
+    kv = g.kv_cache_bytes or kv_cache_bytes_needed(m, g.max_num_seqs, model_len, g.block_size, gen_bytes)
+    rows.append(MemoryRow("KV cache", kv, f"{g.max_num_seqs} seqs x {model_len} tokens"))
+    mb = largest_micro_batch(cfg, max_prompt_tokens)
+    graphs = on_gpu and cc.trainer_cuda_graphs
+    acts = trainer_activation_bytes(m, mb, compute, ac, t.logprob_chunk, copy_params)
+    rows.append(MemoryRow("trainer activations", acts,
+                          f"{mb} tokens{', checkpointed' if ac else ''}{', CUDA-graph pool' if graphs else ''}",
+                          persistent=graphs))
+    width = m.hidden_size + m.intermediate_size
+    prefill = min(g.max_prefill_tokens, max(max_prompt_tokens, 1) * cfg.rollout.prompts_per_step)
+    gen_transient = _GEN_PREFILL_BYTES_PER_TOKEN_LAYER_WIDTH * prefill * width + 4 * prefill * m.vocab_size
+    rows.append(MemoryRow("generator prefill", int(gen_transient), f"{prefill} tokens", persistent=False))
+    if on_gpu and cc.decode_cuda_graphs:
+        # sampler over [max_num_seqs, vocab]: fp32 logits, sort keys and indices, nucleus arrays
+        rows.append(MemoryRow("decode graph pool", 32 * max(2, g.max_num_seqs) * m.vocab_size, "sampler buffers"))
+    plan = MemoryPlan(rows, device_bytes, mb, ac, reserve_for(device_bytes) if device_bytes else 0)
+    return plan
+
+
+def auto_checkpointing(cfg: RunConfig, m: ModelConfig, max_prompt_tokens: int, device_bytes: int | None,
+                       on_gpu: bool = True) -> bool:
+    """`trainer.activation_checkpointing` auto (None): on only when the run does not fit without it."""
+    if cfg.trainer.activation_checkpointing is not None:
+        return cfg.trainer.activation_checkpointing
+    if not on_gpu or device_bytes is None:
+        return False
+    return not plan_memory(cfg, m, max_prompt_tokens, device_bytes, on_gpu, activation_checkpointing=False).fits
+
+
+def _changes(cfg: RunConfig, max_prompt_tokens: int) -> list[tuple[str, str, dict[str, Any]]]:
+    """Candidate changes, cheapest first: (what to pass, what it costs, overrides)."""
+    out: list[tuple[str, str, dict[str, Any]]] = []
+    t, r, g = cfg.trainer, cfg.rollout, cfg.generator
+    if not t.activation_checkpointing:
+        out.append(("--trainer.activation_checkpointing true", "one more forward per micro-batch in training",
+                    {"trainer.activation_checkpointing": True}))
+    if cfg.compile.trainer_cuda_graphs:
+        out.append(("--compile.trainer_cuda_graphs false", "a few % of the trainer step; its activations then share "
+                    "memory with generation", {"compile.trainer_cuda_graphs": False}))
+    need_len = max_prompt_tokens + r.max_new_tokens
+    seqs = r.prompts_per_step * r.group_size
+    if (g.max_model_len or 0) > need_len or g.max_num_seqs > seqs:
+        ml = -(-need_len // 256) * 256
+        out.append((f"--generator.max_model_len {ml} --generator.max_num_seqs {min(g.max_num_seqs, seqs)}",
+                    "a smaller KV cache sized to this run's sequences",
+                    {"generator.max_model_len": ml, "generator.max_num_seqs": min(g.max_num_seqs, seqs)}))
+    mbt = t.micro_batch_tokens
+    while mbt // 2 >= max(1024, need_len):
+        mbt //= 2
+        out.append((f"--trainer.micro_batch_tokens {mbt}", "more, smaller trainer micro-batches",
+                    {"trainer.micro_batch_tokens": mbt}))
+    if not cfg.lora.enabled:
+        out.append(("--lora.rank 16", "LoRA: trains adapters only (a different method than full fine-tuning)",
+                    {"lora.rank": 16}))
+    return out
+
+
+def _with(cfg: RunConfig, overrides: dict[str, Any]) -> RunConfig:
+    new = dataclasses.replace(cfg, trainer=dataclasses.replace(cfg.trainer), generator=dataclasses.replace(cfg.generator),
+                              compile=dataclasses.replace(cfg.compile), lora=dataclasses.replace(cfg.lora))
+    for key, v in overrides.items():
+        section, name = key.split(".")
+        setattr(getattr(new, section), name, v)
+    return new
+
+
+def _auto_plan(cfg: RunConfig, m: ModelConfig, max_prompt_tokens: int, device_bytes: int) -> MemoryPlan:
+    ac = auto_checkpointing(cfg, m, max_prompt_tokens, device_bytes)
+    return plan_memory(cfg, m, max_prompt_tokens, device_bytes, activation_checkpointing=ac)
+
+
+def advise(cfg: RunConfig, m: ModelConfig, max_prompt_tokens: int, device_bytes: int) -> list[str]:
+    """For a plan that does not fit: the cheapest single change that makes it fit, else the cheapest pair, else
+    a line saying nothing here does. Changes are ordered cheapest first; activation checkpointing left on auto
+    is resolved for each candidate, as the run would."""
+    changes = _changes(cfg, max_prompt_tokens)
+    candidates = [[c] for c in changes] + [[a, b] for i, a in enumerate(changes) for b in changes[i + 1:]
+                                           if not set(a[2]) & set(b[2])]
+    for combo in candidates:
+        overrides = {k: v for _, _, ov in combo for k, v in ov.items()}
+        p = _auto_plan(_with(cfg, overrides), m, max_prompt_tokens, device_bytes)
+        if p.fits:
+            flags = " ".join(flag for flag, _, _ in combo)
+            ac = (" (activation checkpointing then on, auto)" if p.activation_checkpointing
+                  and "trainer.activation_checkpointing" not in overrides and not cfg.trainer.activation_checkpointing
+                  else "")
+            return [f"{flags}  (peak {p.peak_bytes / GiB:.1f} GiB{ac}; costs {'; '.join(c for _, c, _ in combo)})"]
+    return ["nothing fits one GPU of this size: use a GPU with more memory or a smaller model "
+            "(multi-GPU sharding is not available yet)"]
+
+
+class MemoryPlanError(ValueError):
+    """The run does not fit its GPU (raised at startup, before any weights are loaded)."""
+
+
+def run_memory_plan(cfg: RunConfig, m: ModelConfig, max_prompt_tokens: int, device: torch.device) -> MemoryPlan:
+    """The plan for a run on `device` (its whole memory), with `trainer.activation_checkpointing` auto resolved.
+    A run that does not fit raises MemoryPlanError naming the cheapest change that does, after printing the table."""
+    on_gpu = device.type == "cuda"
+    device_bytes = torch.cuda.get_device_properties(device).total_memory if on_gpu else None
+    ac = auto_checkpointing(cfg, m, max_prompt_tokens, device_bytes, on_gpu)
+    plan = plan_memory(cfg, m, max_prompt_tokens, device_bytes, on_gpu, activation_checkpointing=ac)
+    if plan.fits is False:
+        plan.advice = advise(cfg, m, max_prompt_tokens, device_bytes)
+        print(f"memory plan (does not fit {device}):\n{plan.table()}", file=sys.stderr, flush=True)
+        raise MemoryPlanError(f"the run does not fit {device}: planned peak {plan.peak_bytes / GiB:.1f} GiB + "
+                              f"{plan.reserve_bytes / GiB:.1f} GiB context and slack > {device_bytes / GiB:.1f} GiB; "
+                              f"cheapest change that fits: {plan.advice[0]}")
+    return plan
+
+
+def plan_report(cfg: RunConfig, device_bytes: int, sample: int = 32) -> tuple[str, bool]:
+    """`monorl plan`: the table, the verdict and (when it does not fit) the cheapest change, for `cfg` on one GPU
+    of `device_bytes`; reads the model's config.json and tokenizer (never its weights) and the task's prompts.
+    Returns (text, fits)."""
+    import itertools
+
+    from monorl.rl.loop import resolve_model
+    from monorl.tasks import load_task
+
+    m, tok, source = resolve_model(cfg)
+    task = load_task(cfg.task.name, **cfg.task.args)
+    limit = (cfg.generator.max_model_len or m.max_position_embeddings) - cfg.rollout.max_new_tokens
+    lengths = [len(tok.encode(task.render(p, tok))) for p in itertools.islice(task.train_prompts(seed=cfg.seed), sample)]
+    fitting = [n for n in lengths if n <= limit]
+    if not fitting:
+        raise ValueError(f"none of the first {len(lengths)} training prompts fits generator.max_model_len with "
+                         f"{cfg.rollout.max_new_tokens} new tokens")
+    longest = max(fitting)
+    ac = auto_checkpointing(cfg, m, longest, device_bytes)
+    plan = plan_memory(cfg, m, longest, device_bytes, activation_checkpointing=ac)
+    lines = [f"model: {source}", f"longest of the first {len(lengths)} training prompts: {longest} tokens"]
+    if ac and cfg.trainer.activation_checkpointing is None:
+        lines.append("trainer.activation_checkpointing: on (auto: the run does not fit without it)")
+    lines.append(plan.table())
+    if not plan.fits:
+        lines.append("cheapest change that fits: " + advise(cfg, m, longest, device_bytes)[0])
+    return "\n".join(lines), bool(plan.fits)

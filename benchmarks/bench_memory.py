@@ -130,7 +130,11 @@ def main() -> None:
     a = ap.parse_args()
     models = Path(a.models).resolve()
     os.environ.setdefault("PYTHONUNBUFFERED", "1")
-    results = [run_row(r, models, a.steps) for r in a.rows.split(",") if r]
+    results = []
+    for r in (r for r in a.rows.split(",") if r):
+        results.append(run_row(r, models, a.steps))
+        if a.out:  # after every row: a call cut off by its time limit keeps what it measured
+            Path(a.out).write_text(json.dumps({"rows": results}, indent=2) + "\n")
     decode = decode_lora(a.decode_lora, models) if a.decode_lora else None
     print("\n| row | AC | planned peak GiB | measured peak GiB | err | reserved GiB | trainer transient GiB "
           "(planned) | steady step s | wall s |")

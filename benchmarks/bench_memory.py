@@ -14,8 +14,8 @@ steady-state step, process wall time.
 fused bf16 copy vs run as separate matmuls on an unfused copy (what batch-invariant mode needs), and the
 merge-sync time.
 
-Model directories: `.models/qwen3-<size>/` (config.json + tokenizer files copied from ../shared/models; an ignored
-folder carried to the GPU machine).
+Model directories: `.models/qwen3-<size>/config.json` and `.models/qwen3-tokenizer/` (copied from ../shared/models;
+an ignored folder carried to the GPU machine); each run gets a directory holding both (`model_dir`).
 
   python benchmarks/bench_memory.py --rows 0.6b,1.7b,4b,8b-lora --out results.json [--decode-lora 8b]
 """
@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -42,11 +43,20 @@ ROWS: dict[str, tuple[str, list[str]]] = {
 }
 
 
+def model_dir(models: Path, model: str) -> Path:
+    """A checkpoint directory without weights: the model's config.json beside the Qwen3 tokenizer files."""
+    d = Path(tempfile.gettempdir()) / "monorl_models" / model
+    d.mkdir(parents=True, exist_ok=True)
+    for f in [models / model / "config.json", *sorted((models / "qwen3-tokenizer").iterdir())]:
+        shutil.copy(f, d / f.name)
+    return d
+
+
 def run_row(name: str, models: Path, steps: int) -> dict:
     model, extra = ROWS[name]
     run_dir = Path(tempfile.mkdtemp(prefix=f"mem_{name}_"))
     cmd = [sys.executable, "-m", "monorl.cli", "train", "--preset", "qwen3_0_6b_sum_digits",
-           "--model.path", str(models / model), "--model.random_init", "true", "--rollout.ignore_eos", "true",
+           "--model.path", str(model_dir(models, model)), "--model.random_init", "true", "--rollout.ignore_eos", "true",
            "--checkpoint.final", "false", "--steps", str(steps), "--run_dir", str(run_dir), *extra]
     t = time.perf_counter()
     proc = subprocess.run(cmd, capture_output=True, text=True)
@@ -85,7 +95,7 @@ def decode_lora(model: str, models: Path) -> dict:
     from monorl.model.qwen3 import build_model
     from monorl.model.tokenizer import load_tokenizer
 
-    path = models / f"qwen3-{model}"
+    path = model_dir(models, f"qwen3-{model}")
     cfg, tok = load_config(path), load_tokenizer(path)
     policy = build_model(cfg, "cuda", torch.bfloat16, seed=0)
     lora = LoRAConfig(rank=16)

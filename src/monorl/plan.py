@@ -270,8 +270,9 @@ def _changes(cfg: RunConfig, max_prompt_tokens: int) -> list[tuple[str, str, dic
 
 
 def _with(cfg: RunConfig, overrides: dict[str, Any]) -> RunConfig:
-    new = dataclasses.replace(cfg, trainer=dataclasses.replace(cfg.trainer), generator=dataclasses.replace(cfg.generator),
-                              compile=dataclasses.replace(cfg.compile), lora=dataclasses.replace(cfg.lora))
+    new = dataclasses.replace(cfg, trainer=dataclasses.replace(cfg.trainer),
+                              generator=dataclasses.replace(cfg.generator), compile=dataclasses.replace(cfg.compile),
+                              lora=dataclasses.replace(cfg.lora))
     for key, v in overrides.items():
         section, name = key.split(".")
         setattr(getattr(new, section), name, v)
@@ -335,7 +336,8 @@ def plan_report(cfg: RunConfig, device_bytes: int, sample: int = 32) -> tuple[st
     m, tok, source = resolve_model(cfg)
     task = load_task(cfg.task.name, **cfg.task.args)
     limit = (cfg.generator.max_model_len or m.max_position_embeddings) - cfg.rollout.max_new_tokens
-    lengths = [len(tok.encode(task.render(p, tok))) for p in itertools.islice(task.train_prompts(seed=cfg.seed), sample)]
+    prompts = itertools.islice(task.train_prompts(seed=cfg.seed), sample)
+    lengths = [len(tok.encode(task.render(p, tok))) for p in prompts]
     fitting = [n for n in lengths if n <= limit]
     if not fitting:
         raise ValueError(f"none of the first {len(lengths)} training prompts fits generator.max_model_len with "

@@ -15,6 +15,10 @@ untouched:
 
 - `Linear` -> `BatchInvariantLinear`, `RMSNorm` -> `BatchInvariantRMSNorm`: the invariant matmul / norm,
   the weight cast to the input's dtype (outside the op, so an fp32 master still gets its gradient);
+- a LoRA projection (`monorl.model.lora.LoRALinear`) -> `BatchInvariantLoRALinear`: the base matmul and both
+  adapter matmuls invariant (its `lora_A` / `lora_B` convert as ordinary `Linear`s). Bitwise trainer ==
+  generator then needs the generator's copy to compute the same unmerged sum (LoRA applied to its unfused
+  copy too, synced adapter by adapter): a merged weight W + scale * B @ A rounds differently;
 - the embedding -> `BatchInvariantEmbedding`: its output, and so the whole forward, in the compute dtype.
   That is autocast's dtype when autocast is on, the trainer's one setting in both modes (its fp32 masters
   then enter every op as exactly the generator's bf16 weights), else the weights' own (the generator);
@@ -36,6 +40,7 @@ import torch
 from torch import Tensor, nn
 
 from monorl.model.attention import AttentionContext
+from monorl.model.lora import LoRALinear
 from monorl.model.qwen3 import Linear, Qwen3ForCausalLM, RMSNorm
 from monorl.ops import logprob_invariant, matmul_invariant, rmsnorm_invariant
 
@@ -43,6 +48,12 @@ from monorl.ops import logprob_invariant, matmul_invariant, rmsnorm_invariant
 class BatchInvariantLinear(Linear):
     def forward(self, x: Tensor) -> Tensor:
         return matmul_invariant.linear(x, self.weight)
+
+
+class BatchInvariantLoRALinear(LoRALinear):
+    def forward(self, x: Tensor) -> Tensor:
+        a = matmul_invariant.linear(x, self.lora_A.weight)
+        return matmul_invariant.linear(x, self.weight) + matmul_invariant.linear(a, self.lora_B.weight) * self.scale
 
 
 class BatchInvariantRMSNorm(RMSNorm):
@@ -68,8 +79,8 @@ class BatchInvariantQwen3ForCausalLM(Qwen3ForCausalLM):
         return matmul_invariant.linear(hidden, self.lm_head_weight)
 
 
-_CONVERTED = {Linear: BatchInvariantLinear, RMSNorm: BatchInvariantRMSNorm, nn.Embedding: BatchInvariantEmbedding,
-              Qwen3ForCausalLM: BatchInvariantQwen3ForCausalLM}
+_CONVERTED = {Linear: BatchInvariantLinear, LoRALinear: BatchInvariantLoRALinear, RMSNorm: BatchInvariantRMSNorm,
+              nn.Embedding: BatchInvariantEmbedding, Qwen3ForCausalLM: BatchInvariantQwen3ForCausalLM}
 
 
 def make_batch_invariant_(model: Qwen3ForCausalLM) -> Qwen3ForCausalLM:

@@ -7,6 +7,11 @@ copies (and casts) every source parameter into its place: a whole destination pa
 fused one. Nothing is reallocated, so CUDA graphs captured over the destination stay valid. Names may carry
 the `_orig_mod.` prefix of a `torch.compile`d module. A name without a place, a destination left partly
 unwritten, or a shape that does not fit is a `ValueError` of one line.
+
+LoRA (`monorl.model.lora`): a source projection with adapters whose destination has none (the generator's
+fused copy) sends its merged weight W + scale * B @ A there, computed in fp32 at sync time one projection at a
+time and cast once; its `lora_A` / `lora_B` have no place of their own. Where the destination has the same
+adapters (an unmerged copy), base and adapters are copied as ordinary same-name parameters.
 """
 
 from __future__ import annotations
@@ -16,25 +21,45 @@ from collections.abc import Mapping
 import torch
 from torch import Tensor, nn
 
+from monorl.model.lora import LoRALinear, lora_modules
 from monorl.model.qwen3 import PACKED_MODULES
+
+Source = Tensor | LoRALinear  # a source parameter, or a LoRA projection whose merged weight is the source
 
 
 def strip_compile_prefix(name: str) -> str:
     return name.replace("_orig_mod.", "")
 
 
-def weight_pairs(dst: nn.Module, src: nn.Module,
-                 packed: Mapping[str, tuple[str, int]] = PACKED_MODULES) -> list[tuple[str, Tensor, Tensor]]:
-    """(source name, destination view, source parameter) for every parameter of `src`: the view is the whole
-    destination parameter of the same name, or, for a packed projection (`packed[proj] = (fused, shard)`),
-    its row block of the destination's `fused` parameter. Every destination row is covered exactly once."""
+def _shape(s: Source) -> torch.Size:
+    return s.weight.shape if isinstance(s, LoRALinear) else s.shape
+
+
+def _plan(dst: nn.Module, src: nn.Module,
+          packed: Mapping[str, tuple[str, int]] = PACKED_MODULES) -> list[tuple[str, Tensor, Source]]:
+    """`weight_pairs`, with a LoRA projection to merge standing for its merged weight (computed at copy time)."""
     dst_params = {strip_compile_prefix(n): p for n, p in dst.named_parameters()}
-    parts: dict[str, dict[int | None, tuple[str, Tensor]]] = {}  # destination name -> shard -> source
-    for raw, s in src.named_parameters():
+    merge: dict[str, LoRALinear] = {}  # source LoRA projections whose destination has no adapters
+    if src_lora := lora_modules(src):
+        dst_lora = None
+        for mname, m in src_lora.items():
+            if f"{mname}.lora_A.weight" not in dst_params:
+                merge[mname] = m
+                continue
+            dst_lora = lora_modules(dst) if dst_lora is None else dst_lora
+            dm = dst_lora.get(mname)
+            if dm is None or dm.scale != m.scale:
+                raise ValueError(f"weight sync: {mname} has LoRA scale {m.scale:g}, the destination's "
+                                 + ("is no LoRA projection" if dm is None else f"{dm.scale:g}"))
+    parts: dict[str, dict[int | None, tuple[str, Source]]] = {}  # destination name -> shard -> source
+    for raw, p in src.named_parameters():
         name = strip_compile_prefix(raw)
         target, shard = name, None
         module, _, leaf = name.rpartition(".")  # "model.layers.0.self_attn.q_proj", "weight"
         parent, _, proj = module.rpartition(".")
+        if merge and proj in ("lora_A", "lora_B") and parent in merge:
+            continue  # merged into its projection's weight
+        s: Source = merge[module] if merge and leaf == "weight" and module in merge else p
         if name not in dst_params and proj in packed:
             fused, shard = packed[proj]
             target = f"{parent}.{fused}.{leaf}" if parent else f"{fused}.{leaf}"
@@ -52,8 +77,8 @@ def weight_pairs(dst: nn.Module, src: nn.Module,
             raise ValueError(f"weight sync: no source parameter for the destination's {target}")
         if None in got:  # same name on both sides
             name, s = got[None]
-            if s.shape != d.shape:
-                raise ValueError(f"weight sync: {name} has shape {tuple(s.shape)}, the destination's {tuple(d.shape)}")
+            if (shape := _shape(s)) != d.shape:
+                raise ValueError(f"weight sync: {name} has shape {tuple(shape)}, the destination's {tuple(d.shape)}")
             out.append((name, d, s))
             continue
         row = 0
@@ -62,20 +87,33 @@ def weight_pairs(dst: nn.Module, src: nn.Module,
             if shard not in got:
                 raise ValueError(f"weight sync: no source parameter for {proj} (row block {shard} of {target})")
             name, s = got[shard]
-            view = d[row:row + s.shape[0]]
-            if view.shape != s.shape:
-                raise ValueError(f"weight sync: {name} has shape {tuple(s.shape)}, but rows {row}: of {target} "
+            rows = _shape(s)
+            view = d[row:row + rows[0]]
+            if view.shape != rows:
+                raise ValueError(f"weight sync: {name} has shape {tuple(rows)}, but rows {row}: of {target} "
                                  f"{tuple(d.shape)} leave {tuple(view.shape)}")
             out.append((name, view, s))
-            row += s.shape[0]
+            row += rows[0]
         if row != d.shape[0]:
-            srcs = ", ".join(f"{got[i][0]} {tuple(got[i][1].shape)}" for i in sorted(got))
+            srcs = ", ".join(f"{got[i][0]} {tuple(_shape(got[i][1]))}" for i in sorted(got))
             raise ValueError(f"weight sync: {srcs} fill {row} of the {d.shape[0]} rows of {target} {tuple(d.shape)}")
     return out
+
+
+def weight_pairs(dst: nn.Module, src: nn.Module,
+                 packed: Mapping[str, tuple[str, int]] = PACKED_MODULES) -> list[tuple[str, Tensor, Tensor]]:
+    """(source name, destination view, source tensor) for every parameter of `src`: the view is the whole
+    destination parameter of the same name, or, for a packed projection (`packed[proj] = (fused, shard)`),
+    its row block of the destination's `fused` parameter. Every destination row is covered exactly once.
+    The source tensor is the source parameter, or for a LoRA projection merged into a destination without
+    adapters its merged weight (fp32, computed here: all of them at once, so for checks; `sync_weights_`
+    merges one at a time)."""
+    with torch.no_grad():
+        return [(n, v, s.merged_weight() if isinstance(s, LoRALinear) else s) for n, v, s in _plan(dst, src, packed)]
 
 
 @torch.no_grad()
 def sync_weights_(dst: nn.Module, src: nn.Module, packed: Mapping[str, tuple[str, int]] = PACKED_MODULES) -> None:
     """Copy `src`'s parameters into `dst`'s in place, cast to their dtype (see the module docstring)."""
-    for _, view, s in weight_pairs(dst, src, packed):
-        view.copy_(s.detach())
+    for _, view, s in _plan(dst, src, packed):
+        view.copy_(s.merged_weight() if isinstance(s, LoRALinear) else s.detach())

@@ -80,6 +80,7 @@ def run_row(name: str, models: Path, steps: int) -> dict:
         "planned_trainer_gib": planned_trainer / GiB, "activation_checkpointing": plan["activation_checkpointing"],
         "micro_batch_tokens": plan["micro_batch_tokens"], "plan_rows_gib": {k: v / GiB for k, v in rows.items()},
         "device_gib": (plan["device_bytes"] or 0) / GiB, "trainer_graphs": s.get("trainer_graphs"),
+        "marks_gib": {k: {kk: vv / GiB for kk, vv in v.items()} for k, v in (mem.get("marks") or {}).items()},
     }
 
 
@@ -158,6 +159,9 @@ def main() -> None:
               f"{r['measured_peak_gib']:.1f} | {err:+.1%} | {r['reserved_peak_gib']:.1f} | "
               f"{r['trainer_transient_gib']:.1f} ({r['planned_trainer_gib']:.1f}) | {r['steady_step_s']:.3f} | "
               f"{r['wall_s']:.1f} |")
+    for r in results:
+        marks = "; ".join(f"{k}: {v['allocated']:.1f}/{v['reserved']:.1f}" for k, v in r.get("marks_gib", {}).items())
+        print(f"{r['name']} (allocated/reserved GiB) {marks}")
     if decode:
         print(f"\nLoRA generator ({decode['model']}, 5 prompts x 8 x 100 tokens, eager + decode graphs):")
         for v in ("merged_fused", "adapters_unfused"):

@@ -56,12 +56,13 @@ class ActivationCoeffs:
                 + self.kv * m.num_kv_heads * m.head_dim + self.c)
 
 
-# Measured with torch.autograd.graph.saved_tensors_hooks on this model's forward (unique storages, excluding
-# parameters; slope over two pack sizes), at bf16 autocast over fp32 masters ("bfloat16") and in fp32 ("float32")
-# on CPU, then scaled by the ratio measured on an H100 (benchmarks/memory.py: peak allocated during the
-# trainer's warm-up minus what was held before it).
+# bfloat16 (CUDA, bf16 autocast over fp32 masters, Inductor-compiled blocks): fitted to the trainer's warm-up peak
+# on an H200 (benchmarks/bench_memory.py, 2026-11-23: Qwen3-0.6B 54.5 KB and 1.7B 91.3 KB per token and layer at
+# 11264 tokens, after the LM-head chunk and final hidden states). float32 (CPU): measured with
+# torch.autograd.graph.saved_tensors_hooks on this model's eager forward (unique storages, parameters excluded,
+# slope over two pack sizes).
 ACTIVATION_COEFFS: dict[str, ActivationCoeffs] = {
-    "bfloat16": ActivationCoeffs(h=30, i=8, q=12, kv=10, c=1300, checkpointed=4),
+    "bfloat16": ActivationCoeffs(h=20, i=5.3, q=6, kv=5, c=0, checkpointed=4),
     "float32": ActivationCoeffs(h=28, i=16, q=20, kv=16, c=2400, checkpointed=4),
 }
 
@@ -102,20 +103,21 @@ def kv_cache_bytes_needed(m: ModelConfig, max_num_seqs: int, max_model_len: int,
 
 
 def trainer_activation_bytes(m: ModelConfig, tokens: int, compute_dtype: str, checkpointing: bool,
-                             logprob_chunk: int, weight_copy_params: int) -> int:
-    """Peak transient bytes of one micro-batch's forward + backward of `tokens` packed tokens."""
+                             logprob_chunk: int, weight_copy_params: int, residual_bytes: int = 4) -> int:
+    """Peak transient bytes of one micro-batch's forward + backward of `tokens` packed tokens (gradients apart).
+    residual_bytes: the residual stream's element size (fp32 over fp32 masters; a LoRA run's bf16 base: 2)."""
     co = ACTIVATION_COEFFS[compute_dtype]
     layer = co.per_token_layer(m) * tokens
-    if checkpointing:  # each block keeps its input; one block's activations exist at a time (twice: recompute)
-        acts = co.checkpointed * m.hidden_size * tokens * m.num_layers + 2 * layer
+    if checkpointing:
+        # each block keeps its input; one block's activations exist at a time (twice: recompute + backward); and
+        # (measured) the compiled blocks' compute-dtype casts of the fp32 weights are then held across the step
+        acts = residual_bytes * m.hidden_size * tokens * m.num_layers + 2 * layer
+        acts += 2 * weight_copy_params if compute_dtype == "bfloat16" else 0
     else:
         acts = layer * m.num_layers
     lm_head = _LOGPROB_BYTES_PER_ROW_VOCAB * min(logprob_chunk, tokens) * m.vocab_size
-    # final hidden states (fp32) and their gradient
-    hidden = 2 * 4 * m.hidden_size * tokens
-    # autocast keeps a compute-dtype copy of every fp32 matmul weight until backward has used it
-    copies = 2 * weight_copy_params if compute_dtype == "bfloat16" else 0
-    return int(acts + lm_head + hidden + copies)
+    hidden = 2 * 4 * m.hidden_size * tokens  # final hidden states (fp32) and their gradient
+    return int(acts + lm_head + hidden)
 
 
 @dataclass
@@ -201,11 +203,11 @@ def plan_memory(cfg: RunConfig, m: ModelConfig, max_prompt_tokens: int, device_b
         base_bytes = 2 if compute == "bfloat16" else 4
         rows.append(MemoryRow("policy weights", total * base_bytes + n_lora * 4,
                               f"frozen {compute} base + {n_lora / 1e6:.1f}M fp32 LoRA parameters"))
-        trainable, copy_params = n_lora, n_lora
+        trainable, copy_params, residual = n_lora, 0, base_bytes
     else:
         size = f"{total / 1e9:.2f}B" if total >= 1e8 else f"{total / 1e6:.2f}M"
         rows.append(MemoryRow("policy weights", total * 4, f"{size} fp32 masters"))
-        trainable, copy_params = total, counts["linear"] + (counts["lm_head"] or counts["embed"])
+        trainable, copy_params, residual = total, counts["linear"] + (counts["lm_head"] or counts["embed"]), 4
     rows.append(MemoryRow("gradients", trainable * 4, "fp32"))
     rows.append(MemoryRow("optimizer state", trainable * 8, "AdamW moments, fp32"))
     if t.loss.kl_coef > 0:
@@ -216,7 +218,7 @@ def plan_memory(cfg: RunConfig, m: ModelConfig, max_prompt_tokens: int, device_b
     rows.append(MemoryRow("KV cache", kv, f"{g.max_num_seqs} seqs x {model_len} tokens"))
     mb = largest_micro_batch(cfg, max_prompt_tokens)
     graphs = on_gpu and cc.trainer_cuda_graphs
-    acts = trainer_activation_bytes(m, mb, compute, ac, t.logprob_chunk, copy_params)
+    acts = trainer_activation_bytes(m, mb, compute, ac, t.logprob_chunk, copy_params, residual)
     rows.append(MemoryRow("trainer activations", acts,
                           f"{mb} tokens{', checkpointed' if ac else ''}{', CUDA-graph pool' if graphs else ''}",
                           persistent=graphs))

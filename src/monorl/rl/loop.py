@@ -182,6 +182,7 @@ class GRPORun:
         if cc.enabled and cc.trainer:
             compile_blocks(self.policy, cc)
         self.trainer_transient_bytes: int | None = None  # measured by the trainer's warm-up (CUDA)
+        self.memory_marks: dict[str, tuple[int, int]] = {}  # (allocated, reserved) bytes at points of the run (CUDA)
         self.reward_failed_steps = 0  # consecutive steps whose reward failed on every completion
         # created last, so a bad config, checkpoint or data file leaves no empty run directory behind
         self.run_dir = RunDir(cfg.run_dir or RunDir.default_path(cfg.preset))
@@ -234,10 +235,12 @@ class GRPORun:
                 torch.cuda.synchronize(self.device)
                 self.trainer_transient_bytes = (torch.cuda.max_memory_allocated(self.device)
                                                 - torch.cuda.memory_allocated(self.device))
+        self.mark_memory("after trainer warm-up")
         capture = self.trainer.graphs.capture_s if trainer_graphs else 0.0
         self.startup["trainer_graph_capture_s"] = capture
         self.startup["trainer_compile_s"] = time.perf_counter() - t - capture
         self.size_kv_cache()
+        self.mark_memory("after KV cache")
         if not (cc.enabled or self.generator.use_graphs):
             self.compile_s = self.startup["trainer_compile_s"]
             return
@@ -252,6 +255,7 @@ class GRPORun:
         gen_s = time.perf_counter() - t
         self.startup["graph_capture_s"] = self.generator.runner.timings["graph_capture_s"]
         self.startup["generator_compile_s"] = gen_s - self.startup["graph_capture_s"]
+        self.mark_memory("after generator warm-up")
         self.compile_s = self.startup["generator_compile_s"] + self.startup["trainer_compile_s"]
 
     def size_kv_cache(self) -> None:
@@ -412,6 +416,11 @@ class GRPORun:
         yield
         self.phase_s[phase] += time.perf_counter() - t
 
+    def mark_memory(self, where: str) -> None:
+        if self.device.type == "cuda":
+            self.memory_marks[where] = (torch.cuda.memory_allocated(self.device),
+                                        torch.cuda.memory_reserved(self.device))
+
     def memory_report(self) -> dict[str, Any]:
         """The plan beside what the run measured (CUDA): peak allocated and reserved bytes, and the trainer's
         transient bytes from its warm-up."""
@@ -419,7 +428,8 @@ class GRPORun:
         if self.device.type == "cuda":
             out.update(peak_allocated_bytes=torch.cuda.max_memory_allocated(self.device),
                        peak_reserved_bytes=torch.cuda.max_memory_reserved(self.device),
-                       trainer_transient_bytes=self.trainer_transient_bytes)
+                       trainer_transient_bytes=self.trainer_transient_bytes,
+                       marks={k: {"allocated": a, "reserved": r} for k, (a, r) in self.memory_marks.items()})
         return out
 
     def trainer_graph_stats(self) -> dict[str, float] | None:
@@ -474,6 +484,8 @@ class GRPORun:
         self.steps_done = start
         for step in range(start, cfg.steps):
             row = self.step(step)
+            if step == start:
+                self.mark_memory("after the first step")
             self.steps_done = step + 1
             result.steps.append(row)
             print(step_line(row, cfg.steps), flush=True)

@@ -204,8 +204,9 @@ class Trainer:
             return None
         if self.max_graph_tokens is not None and mb.shape.tokens > self.max_graph_tokens:
             if not self._warned_graph_size:
-                log.warning("trainer: a %d-token pack is larger than the %d tokens the memory plan sized the CUDA-graph "
-                            "pool for; such packs run without a graph", mb.shape.tokens, self.max_graph_tokens)
+                log.warning("trainer: a %d-token pack is larger than the %d tokens the memory plan sized the "
+                            "CUDA-graph pool for; such packs run without a graph",
+                            mb.shape.tokens, self.max_graph_tokens)
                 self._warned_graph_size = True
             return None
         self.graphs.capture(key, lambda m, n, a: self._accumulate(m, n, a, temperature), (mb, norm, advantages),

@@ -272,9 +272,12 @@ class GRPORun:
         torch.cuda.synchronize(self.device)
         torch.cuda.empty_cache()  # the warm-up's freed blocks back to the driver: `free` then counts them
         free, total = torch.cuda.mem_get_info(self.device)
+        # with trainer graphs the activations live in the graphs' pool, already taken from `free`
         trainer = self.trainer_transient_bytes
-        if trainer is None:
-            trainer = 0 if self.trainer.graphs is not None else plan.row("trainer activations").bytes
+        if self.trainer.graphs is not None:
+            trainer = 0
+        elif trainer is None:
+            trainer = plan.row("trainer activations").bytes
         optimizer = 0 if self.trainer.optimizer.state else plan.row("optimizer state").bytes
         generator = sum(r.bytes for r in plan.rows if r.name in ("generator prefill", "decode graph pool"))
         slack = int(0.03 * total) + GiB // 4

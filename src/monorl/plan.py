@@ -318,11 +318,16 @@ class MemoryPlanError(ValueError):
     """The run does not fit its GPU (raised at startup, before any weights are loaded)."""
 
 
+def device_memory_bytes(device: torch.device) -> int | None:
+    """The GPU's total memory (None for a CPU run, which the plan only reports)."""
+    return torch.cuda.get_device_properties(device).total_memory if device.type == "cuda" else None
+
+
 def run_memory_plan(cfg: RunConfig, m: ModelConfig, max_prompt_tokens: int, device: torch.device) -> MemoryPlan:
     """The plan for a run on `device` (its whole memory), with `trainer.activation_checkpointing` auto resolved.
     A run that does not fit raises MemoryPlanError naming the cheapest change that does, after printing the table."""
     on_gpu = device.type == "cuda"
-    device_bytes = torch.cuda.get_device_properties(device).total_memory if on_gpu else None
+    device_bytes = device_memory_bytes(device)
     ac = auto_checkpointing(cfg, m, max_prompt_tokens, device_bytes, on_gpu)
     plan = plan_memory(cfg, m, max_prompt_tokens, device_bytes, on_gpu, activation_checkpointing=ac)
     if plan.fits is False:

@@ -1,0 +1,69 @@
+"""LoRA through the RL loop on the tiny model: the reward rises, checkpoints hold PEFT adapters, and a resumed run
+equals an uninterrupted one bit for bit."""
+
+from __future__ import annotations
+
+import random
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+
+from monorl.model.lora import is_lora, lora_parameters
+from monorl.rl.loop import GRPORun
+from tests.test_resume import small_cfg, step_rows
+
+LORA = {"lora.rank": "8", "lora.alpha": "16", "trainer.lr": "3e-2", "warm_start.steps": "0"}
+
+
+@pytest.fixture(scope="module")
+def lora_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    run_dir = tmp_path_factory.mktemp("lora") / "full"
+    GRPORun(small_cfg(run_dir, **LORA, **{"checkpoint.merged": "true"}), progress=False).run()
+    return run_dir
+
+
+def test_lora_run_learns_and_trains_only_adapters(tmp_path: Path) -> None:
+    cfg = small_cfg(tmp_path / "learn", **LORA, **{"steps": "10", "rollout.prompts_per_step": "4",
+                                                   "rollout.group_size": "8", "rollout.max_new_tokens": "8",
+                                                   "checkpoint.every": "0", "checkpoint.final": "false"})
+    run = GRPORun(cfg, progress=False)
+    assert is_lora(run.policy)
+    trainable = [p for p in run.policy.parameters() if p.requires_grad]
+    assert {id(p) for p in trainable} == {id(p) for p in lora_parameters(run.policy)}
+    base = {n: p.detach().clone() for n, p in run.policy.named_parameters() if not p.requires_grad}
+    result = run.run()
+    rewards = [r["reward"] for r in result.steps]
+    # the untrained tiny model's digit share rises under LoRA alone (seeded: 0.24 over the first three steps,
+    # 0.36 over the last three on torch 2.13 CPU)
+    assert sum(rewards[-3:]) / 3 > sum(rewards[:3]) / 3 + 0.05
+    assert result.post.mean_reward > result.pre.mean_reward
+    for n, p in run.policy.named_parameters():  # the frozen base never moved
+        if n in base:
+            assert torch.equal(p, base[n]), n
+
+
+def test_lora_checkpoints_are_peft_adapters(lora_run: Path) -> None:
+    ckpts = lora_run / "checkpoints"
+    step = ckpts / "step_000004"
+    assert (step / "adapter" / "adapter_config.json").is_file()
+    assert (step / "adapter" / "adapter_model.safetensors").is_file()
+    assert not (step / "model.safetensors").exists()  # the frozen base is not copied into every checkpoint
+    assert (ckpts / "final" / "adapter_model.safetensors").read_bytes() == \
+        (step / "adapter" / "adapter_model.safetensors").read_bytes()
+    assert (ckpts / "final_merged" / "model.safetensors").is_file()  # checkpoint.merged
+
+
+def test_lora_resume_equals_uninterrupted(lora_run: Path, tmp_path: Path) -> None:
+    run_dir = tmp_path / "resumed"
+    shutil.copytree(lora_run, run_dir)
+    torch.manual_seed(12345)
+    random.seed(12345)
+    GRPORun(small_cfg(run_dir, **LORA, **{"checkpoint.merged": "true"}), progress=False,
+            resume=run_dir / "checkpoints" / "step_000002").run()
+    assert step_rows(run_dir) == step_rows(lora_run)
+    assert any(r["loss"] != 0.0 for r in step_rows(run_dir))
+    for f in ("final/adapter_model.safetensors", "step_000004/adapter/adapter_model.safetensors",
+              "final_merged/model.safetensors"):
+        assert (run_dir / "checkpoints" / f).read_bytes() == (lora_run / "checkpoints" / f).read_bytes(), f

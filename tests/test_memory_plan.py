@@ -1,0 +1,123 @@
+"""The memory plan: its rows equal what a run allocates (weights, gradients, optimizer state, generator copy, KV
+cache), its activation model is within a stated tolerance of what autograd saves, a run that cannot fit is refused
+before any work, and `monorl plan` answers without a GPU."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+import monorl.plan as plan_mod
+from monorl.cli import main
+from monorl.config import apply_overrides, preset
+from monorl.model.attention import VarlenContext
+from monorl.model.config import ModelConfig, model_shape
+from monorl.model.lora import LoRAConfig, apply_lora_
+from monorl.model.qwen3 import build_model
+from monorl.plan import ACTIVATION_COEFFS, GiB, advise, plan_memory
+from monorl.rl.loop import GRPORun
+from tests.test_resume import small_cfg
+
+
+def _nbytes(tensors) -> int:
+    return sum(t.numel() * t.element_size() for t in tensors)
+
+
+@pytest.mark.parametrize("lora", [False, True])
+def test_plan_rows_equal_what_the_run_allocates(tmp_path: Path, lora: bool) -> None:
+    extra = {"lora.rank": "4"} if lora else {}
+    run = GRPORun(small_cfg(tmp_path / "run", **extra), progress=False)
+    plan = run.plan
+    assert plan.row("policy weights").bytes == _nbytes(run.policy.parameters())
+    trainable = [p for p in run.policy.parameters() if p.requires_grad]
+    assert plan.row("gradients").bytes == _nbytes(trainable)
+    assert plan.row("generator weights").bytes == _nbytes(run.generator.model.parameters())
+    run.warm_up()
+    run.size_kv_cache()
+    assert plan.row("KV cache").bytes == _nbytes([run.generator.kv.kv])
+    run.step(0)  # one optimizer step: AdamW's moments exist now
+    moments = [v for st in run.trainer.optimizer.state.values() for k, v in st.items() if k != "step"]
+    assert plan.row("optimizer state").bytes == _nbytes(moments)
+
+
+def _saved_activation_bytes(m: ModelConfig, tokens: int) -> int:
+    """Bytes autograd saves for one packed forward of `tokens` tokens through the layers (unique storages,
+    parameters excluded): what the activation rows model."""
+    model = build_model(m, "cpu", torch.float32, seed=0)
+    params = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    seen: dict[int, int] = {}
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        seen[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+        return t
+
+    ctx = VarlenContext.from_lengths([tokens // 2, tokens - tokens // 2], torch.device("cpu"), "sdpa")
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        model(torch.randint(0, m.vocab_size, (tokens,)), ctx.positions, ctx)
+    return sum(v for k, v in seen.items() if k not in params)
+
+
+def test_activation_model_against_saved_tensors() -> None:
+    """A shape other than the ones the float32 coefficients were measured on: within 20% (CPU, fp32)."""
+    m = ModelConfig(vocab_size=512, hidden_size=192, intermediate_size=640, num_layers=3, num_heads=6,
+                    num_kv_heads=2, head_dim=32)
+    small, large = (_saved_activation_bytes(m, t) for t in (128, 512))
+    measured = (large - small) / (512 - 128) / m.num_layers  # per token and layer
+    planned = ACTIVATION_COEFFS["float32"].per_token_layer(m)
+    assert abs(planned - measured) / measured < 0.2, (planned, measured)
+
+
+def test_checkpointing_and_lora_shrink_the_plan() -> None:
+    cfg = preset("qwen3_0_6b_sum_digits")
+    m = model_shape("qwen3-4b")
+    full = plan_memory(cfg, m, 160, 140 * GiB, activation_checkpointing=False)
+    ac = plan_memory(cfg, m, 160, 140 * GiB, activation_checkpointing=True)
+    assert ac.row("trainer activations").bytes < full.row("trainer activations").bytes / 2
+    cfg.lora = LoRAConfig(rank=16)
+    lora = plan_memory(cfg, m, 160, 140 * GiB, activation_checkpointing=True)
+    assert lora.row("optimizer state").bytes < full.row("optimizer state").bytes / 50
+    # the frozen base once, in bf16, not as fp32 masters
+    assert lora.row("policy weights").bytes < full.row("policy weights").bytes * 0.52
+
+
+def test_advice_is_the_cheapest_change_that_fits() -> None:
+    cfg = preset("qwen3_0_6b_sum_digits")
+    m = model_shape("qwen3-8b")
+    assert not plan_memory(cfg, m, 160, int(140 * GiB)).fits  # 8B full fine-tuning: 122 GiB before anything else
+    advice = advise(cfg, m, 160, int(140 * GiB))
+    assert advice[0].startswith("--lora.rank 16 ")
+    m = model_shape("qwen3-4b")
+    advice = advise(cfg, m, 160, int(130 * GiB))  # checkpointing alone fits 4B in 130 GiB
+    assert advice[0].startswith("--trainer.activation_checkpointing true ")
+
+
+def test_a_run_that_cannot_fit_is_refused_before_work(tmp_path: Path, monkeypatch, capsys) -> None:
+    monkeypatch.setattr(plan_mod, "device_memory_bytes", lambda device: 64 << 20)  # a 64 MiB "GPU"
+    run_dir = tmp_path / "run"
+    args = ["train", "--steps", "1", "--device", "cpu", "--warm_start.steps", "0", "--run_dir", str(run_dir)]
+    assert main(args) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    errors = [line for line in err if line.startswith("monorl: error:")]
+    assert len(errors) == 1 and "does not fit" in errors[0] and "cheapest change that fits" in errors[0]
+    assert not run_dir.exists()
+
+
+def test_plan_verb(capsys) -> None:
+    assert main(["plan", "--preset", "qwen3_0_6b_sum_digits", "--model.shape", "qwen3-8b",
+                 "--gpu_memory_gb", "140"]) == 1
+    out = capsys.readouterr().out
+    assert "does not fit" in out and "cheapest change that fits: --lora.rank 16" in out
+    assert main(["plan", "--preset", "qwen3_0_6b_sum_digits", "--model.shape", "qwen3-8b", "--lora.rank", "16",
+                 "--gpu_memory_gb", "140"]) == 0
+    assert "fits" in capsys.readouterr().out
+    assert main(["plan", "--preset", "tiny", "--gpu_memory_gb", "0"]) == 2  # one-line error
+
+
+def test_lora_target_names() -> None:
+    m = build_model(model_shape("tiny"), "cpu", torch.float32, seed=0)
+    apply_lora_(m, LoRAConfig(rank=2, targets=("q", "v")))
+    cfg = apply_overrides(preset("tiny"), {"lora.rank": "2", "lora.targets": "q,v"})
+    planned = plan_mod.lora_param_count(model_shape("tiny"), cfg.lora)
+    assert planned == sum(p.numel() for p in m.parameters() if p.requires_grad)

@@ -59,7 +59,7 @@ class RolloutSection:
     mask_truncated: bool = False
     # DAPO's soft overlong punishment for any task: a reward component "overlong", 0 up to
     # max_new_tokens - overlong_buffer completion tokens, then linear down to -1 at max_new_tokens, weighted by
-    # overlong_penalty (0 = off)
+    # overlong_penalty (overlong_buffer 0: off)
     overlong_buffer: int = 0
     overlong_penalty: float = 1.0
 
@@ -217,10 +217,48 @@ def _qwen3_0_6b_gsm8k() -> RunConfig:
     return cfg
 
 
+GSM8K_INSTRUCTION = "Please reason step by step, and put your final answer within \\boxed{}."
+
+
+def _qwen3_0_6b_gsm8k_dataset() -> RunConfig:
+    """GSM8K through the generic dataset task, graded as TRL users grade it: the `question` column through the
+    chat template with the boxed-answer instruction, math-verify `accuracy` against the `answer` column (the
+    number after its `####`) plus a 0.1 `format` reward for a \\boxed{} answer; pass@1 on accuracy."""
+    cfg = _qwen3_0_6b_gsm8k()
+    cfg.preset = "qwen3_0_6b_gsm8k_dataset"
+    cfg.task = TaskSection(name="dataset", args={
+        "path": "../shared/data/gsm8k/train.jsonl", "test_path": "../shared/data/gsm8k/test.jsonl",
+        "prompt_column": "question", "instruction": GSM8K_INSTRUCTION,
+        "reward": "accuracy,format", "reward_weights": "1.0,0.1"})
+    cfg.validation = ValidationSection(num_prompts=100, pass_component="accuracy")
+    return cfg
+
+
+def _qwen3_0_6b_gsm8k_dapo() -> RunConfig:
+    """DAPO's recipe (Yu et al. 2025, arXiv:2503.14476) on GSM8K at 0.6B scale: clip-higher (0.2 / 0.28),
+    token-mean loss (the `dapo` kind), no KL, dynamic sampling (groups with signal only, up to 4 generation
+    rounds), the soft overlong punishment over the last quarter of the 512-token budget, accuracy as the only
+    reward, 16 completions per prompt; validated every 20 steps with 4 samples per prompt (pass@4, mean@4)."""
+    cfg = _qwen3_0_6b_gsm8k_dataset()
+    cfg.preset = "qwen3_0_6b_gsm8k_dapo"
+    cfg.steps = 100
+    cfg.task.args.update(reward="accuracy", reward_weights="1.0")
+    cfg.rollout = RolloutSection(prompts_per_step=8, group_size=16, max_new_tokens=512, temperature=1.0, top_p=1.0,
+                                 dynamic_sampling=True, max_sampling_rounds=4, overlong_buffer=128,
+                                 overlong_penalty=1.0)
+    cfg.trainer = TrainerConfig(lr=1e-6, warmup_steps=5, schedule="constant", micro_batch_tokens=16384,
+                                loss=LossConfig(kind="dapo", clip_low=0.2, clip_high=0.28, kl_coef=0.0))
+    cfg.generator = GeneratorConfig(max_num_seqs=128, max_model_len=4096)
+    cfg.validation = ValidationSection(num_prompts=100, every=20, k=4, pass_component="accuracy")
+    return cfg
+
+
 PRESETS: dict[str, typing.Callable[[], RunConfig]] = {
     "tiny": _tiny,
     "qwen3_0_6b_sum_digits": _qwen3_0_6b_sum_digits,
     "qwen3_0_6b_gsm8k": _qwen3_0_6b_gsm8k,
+    "qwen3_0_6b_gsm8k_dataset": _qwen3_0_6b_gsm8k_dataset,
+    "qwen3_0_6b_gsm8k_dapo": _qwen3_0_6b_gsm8k_dapo,
 }
 
 

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from monorl.model.config import model_shape
-from monorl.model.logprobs import chunked_token_logprobs, chunked_token_logprobs_entropy
+from monorl.model.logprobs import chunked_token_logprobs, chunked_token_logprobs_entropy, token_entropy
 from monorl.model.qwen3 import build_model
 from monorl.rl.rollouts import Rollout
 from monorl.rl.summary import completion_metrics, reward_metrics, step_line, step_metrics, summarize
@@ -85,6 +85,7 @@ def test_entropy_from_the_logprob_chunks():
     lp, ent = chunked_token_logprobs_entropy(model, hidden, tokens, temperature=0.7, chunk_size=3)
     logp = torch.log_softmax(model.compute_logits(hidden).float() / 0.7, dim=-1)
     torch.testing.assert_close(ent, -(logp.exp() * logp).sum(-1))
+    torch.testing.assert_close(token_entropy(model.compute_logits(hidden), 0.7, block=2), ent)  # blocks of rows
     assert not ent.requires_grad
     lp2 = chunked_token_logprobs(model, hidden, tokens, temperature=0.7, chunk_size=3)
     torch.testing.assert_close(lp, lp2, rtol=0, atol=0)

@@ -21,16 +21,20 @@ def token_logprobs(logits: Tensor, tokens: Tensor, temperature: float = 1.0) -> 
     return torch.log_softmax(logits, dim=-1).gather(-1, tokens[:, None].long()).squeeze(-1)
 
 
-def token_entropy(logits: Tensor, temperature: float = 1.0) -> Tensor:
+def token_entropy(logits: Tensor, temperature: float = 1.0, block: int = 256) -> Tensor:
     """Entropy (nats) of each row's temperature-scaled distribution, softmax(logits / temperature):
-    logits [N, V] -> [N] fp32. A metric: detached, no gradient."""
+    logits [N, V] -> [N] fp32. A metric: detached, no gradient. Computed `block` rows at a time, so its fp32
+    temporaries stay a fraction of one logprob chunk."""
+    out = []
     with torch.no_grad():
-        z = logits.detach().float()
-        if temperature != 1.0:
-            z = z / temperature
-        logp = torch.log_softmax(z, dim=-1)
-        del z  # one [N, V] fp32 temporary less at the peak
-        return -torch.exp(logp).mul_(logp).sum(-1)
+        for s in range(0, logits.shape[0], block):
+            z = logits[s:s + block].detach().float()
+            if temperature != 1.0:
+                z = z / temperature
+            logp = torch.log_softmax(z, dim=-1)
+            del z
+            out.append(-torch.exp(logp).mul_(logp).sum(-1))
+    return torch.cat(out) if out else logits.new_zeros(0, dtype=torch.float32)
 
 
 def chunked_token_logprobs(model: torch.nn.Module, hidden: Tensor, tokens: Tensor, temperature: float = 1.0,

@@ -157,6 +157,7 @@ class GRPORun:
         self.pass_component = cfg.validation.pass_component or (self.task.reward_components or (None,))[0]
         self.reward_failed_steps = 0  # consecutive steps whose reward failed on every completion
         self.num_tokens = 0  # prompt + completion tokens trained on so far (TRL's num_tokens)
+        self.warned_short_batch = False
         # created last, so a bad config, checkpoint or data file leaves no empty run directory behind
         self.run_dir = RunDir(cfg.run_dir or RunDir.default_path(cfg.preset))
         self.run_dir.write_config(cfg.to_dict())
@@ -278,6 +279,11 @@ class GRPORun:
         batch = fill_batch(lambda n, round_: self.rollouts(step, n, round_), ro.prompts_per_step,
                            ro.dynamic_sampling, ro.max_sampling_rounds)
         groups = batch.groups
+        if ro.dynamic_sampling and len(groups) < ro.prompts_per_step and not self.warned_short_batch:
+            self.warned_short_batch = True  # once: the step line says it every step
+            log.warning("step %d: dynamic sampling found %d of %d groups with reward variance in %d rounds "
+                        "(rollout.max_sampling_rounds); training on those", step + 1, len(groups), ro.prompts_per_step,
+                        batch.rounds)
         assign_advantages(groups, normalize_std=ro.advantage_std_norm and cfg.trainer.loss.kind != "dr_grpo",
                           kind=ro.advantage)
         t1 = time.perf_counter()

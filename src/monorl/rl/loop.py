@@ -1,5 +1,6 @@
-"""The GRPO loop: sample prompts -> n completions each -> rewards -> group-normalised advantages ->
-train -> weight sync, with greedy validation before the first and after the last step."""
+"""The GRPO loop: sample prompts -> n completions each -> rewards (-> DAPO's dynamic sampling) -> advantages ->
+train -> weight sync, with validation (greedy, or pass@k) before the first step, every validation.every steps,
+and after the last."""
 
 from __future__ import annotations
 

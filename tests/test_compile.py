@@ -40,7 +40,7 @@ def test_no_recompiles_in_steady_state(tmp_path):
     try:
         for step in range(2, 6):
             row = run.step(step)
-            lengths.add(round(row["response_length"], 3))
+            lengths.add(round(row["completions/mean_length"], 3))
         run.validate()
     finally:
         torch._dynamo.config.error_on_recompile = False

@@ -8,6 +8,7 @@ import pytest
 
 from monorl.model.tokenizer import CharTokenizer
 from monorl.rl.loop import GRPORun
+from monorl.rl.rollouts import Rollout
 from monorl.tasks import DatasetTask, Prompt, Task, TaskError, load_task
 from monorl.tasks.base import safe_score_batch
 from monorl.tasks.rewards import accuracy
@@ -154,11 +155,15 @@ def test_chat_prompts_give_trl_conversational_completions(tmp_path):
 def test_weights_none_and_async(tmp_path):
     task = _task(tmp_path, reward=[only_level_zero, async_len], reward_weights="2.0,0.5")
     assert task.reward_components == ("only_level_zero", "async_len")
+    assert task.reward_weights == {"only_level_zero": 2.0, "async_len": 0.5}
     prompts, out = _batch(task, ["abcd", "ab", "a"])
     for p, c, (vals, err) in zip(prompts, ["abcd", "ab", "a"], out, strict=True):
         assert err is None
-        lz = 2.0 * 0.5 if p.meta["columns"]["level"] == 0 else 0.0  # None: not applicable, counts 0
-        assert vals == {"only_level_zero": lz, "async_len": 0.5 * len(c)}
+        lz = 0.5 if p.meta["columns"]["level"] == 0 else None  # None: not applicable
+        assert vals == {"only_level_zero": lz, "async_len": float(len(c))}  # as returned: unweighted
+        # the reward: the weighted sum of the values that apply
+        r = Rollout(p, [1], [2], [0.0], "stop", c, vals, weights=task.reward_weights)
+        assert r.reward == (2.0 * lz if lz is not None else 0.0) + 0.5 * len(c)
     assert {p.meta["columns"]["level"] for p in prompts} != {0}  # the None case was exercised
 
 
@@ -168,7 +173,7 @@ def test_reward_specs_by_name_module_and_file(tmp_path):
                  reward_weights=[1, 1, 3])
     assert task.reward_components == ("format", "only_level_zero", "shout")
     _, out = _batch(task, ["\\boxed{2}", "2"])
-    assert out[0][0]["format"] == 1.0 and out[1][0]["format"] == 0.0 and out[0][0]["shout"] == 3.0
+    assert out[0][0]["format"] == 1.0 and out[1][0]["format"] == 0.0 and out[0][0]["shout"] == 1.0
     assert _task(tmp_path, reward="format,format").reward_components == ("format", "format_2")
     pat = _task(tmp_path, reward="format", format_pattern=r"^ANSWER: \d+$")
     assert [v["format"] for v, _ in _batch(pat, ["ANSWER: 4", "answer 4"])[1]] == [1.0, 0.0]
@@ -239,7 +244,7 @@ def test_accuracy_by_name_reads_solution_or_answer(tmp_path):
     prompts = list(islice(task.train_prompts(0), 2))
     completions = [f"\\boxed{{{prompts[0].meta['columns']['solution']}}}", "999"]
     out = task.score_batch(prompts, completions, [[1], [1]])
-    assert out == [({"accuracy": 1.0, "format": 0.1}, None), ({"accuracy": 0.0, "format": 0.0}, None)]
+    assert out == [({"accuracy": 1.0, "format": 1.0}, None), ({"accuracy": 0.0, "format": 0.0}, None)]
     rows = [{"prompt": "1+1?", "answer": 2}]
     task = _task(tmp_path, rows, reward="accuracy")
     _, out = _batch(task, ["\\boxed{2}"])
@@ -296,27 +301,56 @@ def digits(completions, **kwargs):
     return [sum(ch.isdigit() for ch in c) / max(1, len(c)) for c in completions]
 
 
-async def says_target(completions, target, **kwargs):
-    return [1.0 if t in c else 0.0 for c, t in zip(completions, target)]
+async def says_target(completions, target, **kwargs):  # None (not applicable) where the row has no target
+    return [None if t is None else 1.0 if t in c else 0.0 for c, t in zip(completions, target)]
 '''
+
+# what every step row holds, named as TRL's GRPOTrainer names it (kl: with kl_coef > 0)
+TRL_METRICS = ("reward", "reward_std", "frac_reward_zero_std", "rewards/digits/mean", "rewards/digits/std",
+               "rewards/says_target/mean", "rewards/says_target/std", "entropy", "kl", "clip_ratio/low_mean",
+               "clip_ratio/high_mean", "clip_ratio/region_mean", "completions/mean_length",
+               "completions/min_length", "completions/max_length", "completions/mean_terminated_length",
+               "completions/min_terminated_length", "completions/max_terminated_length", "completions/clipped_ratio",
+               "num_tokens", "learning_rate", "grad_norm", "loss")
 
 
 def test_short_run_on_a_jsonl_dataset_with_two_reward_functions(tmp_path):
-    rows = [{"prompt": f"Say numbers {i}", "target": str(i % 10)} for i in range(16)]
+    rows = [{"prompt": f"Say numbers {i}", "target": str(i % 10) if i % 3 else None} for i in range(16)]
     data = _jsonl(tmp_path / "data.jsonl", rows)
     (tmp_path / "rewards.py").write_text(REWARDS_PY)
     cfg = digits_cfg(tmp_path)
     cfg.task.name = "dataset"
     cfg.task.args = {"path": str(data), "test_fraction": 0.25, "reward_weights": "1.0,0.5",
                      "reward": f"{tmp_path / 'rewards.py'}:digits,{tmp_path / 'rewards.py'}:says_target"}
+    cfg.samples_per_step = 4 * 6  # every rollout, to recompute the step's metrics from them
+    cfg.trainer.loss.kl_coef = 0.01
+    cfg.validation.every, cfg.validation.k = 2, 2  # after step 2 of 3, 2 samples per prompt
     run = GRPORun(cfg, progress=False)
-    assert run.task.reward_components == ("digits", "says_target")
+    assert run.task.reward_components == ("digits", "says_target") and run.pass_component == "digits"
     result = run.run()
     assert len(result.steps) == 3
-    for row in result.steps:
-        assert math.isfinite(row["loss"]) and {"reward/digits", "reward/says_target"} <= set(row)
-        assert row["reward"] == pytest.approx(row["reward/digits"] + row["reward/says_target"])
-        assert 0.0 <= row["reward/says_target"] <= 0.5
     samples = [json.loads(line) for line in (tmp_path / "run" / "samples.jsonl").read_text().splitlines()]
-    assert samples and set(samples[0]["rewards"]) == {"digits", "says_target"}
     assert {s["prompt"] for s in samples} <= {r["prompt"] for r in rows}
+    tokens = 0
+    for row in result.steps:
+        assert set(TRL_METRICS) <= set(row), set(TRL_METRICS) - set(row)
+        assert math.isfinite(row["loss"]) and row["entropy"] > 0 and row["kl"] >= 0
+        mine = [s for s in samples if s["step"] == row["step"]]
+        assert len(mine) == 24 and all(set(s["rewards"]) == {"digits", "says_target"} for s in mine)
+        # each function's raw mean over the completions it applies to (None left out), as TRL logs it
+        for name in ("digits", "says_target"):
+            vals = [s["rewards"][name] for s in mine if s["rewards"][name] is not None]
+            assert row[f"rewards/{name}/mean"] == (pytest.approx(sum(vals) / len(vals)) if vals else None)
+        # the reward: the weighted sum of the values that apply
+        reward = [s["rewards"]["digits"] + 0.5 * (s["rewards"]["says_target"] or 0.0) for s in mine]
+        assert row["reward"] == pytest.approx(sum(reward) / len(reward))
+        tokens += row["train_tokens"]  # no masking here: every prompt + completion token is trained on
+        assert row["num_tokens"] == tokens and row["learning_rate"] > 0
+        assert row["throughput/tokens_per_s"] > 0 and row["throughput/generate_tokens_per_s"] > 0
+    assert any(s["rewards"]["says_target"] is None for s in samples)  # the None case was exercised
+    # validation.every 2: after step 2 (index 1) only; the last step's is the post-validation
+    assert [("val/pass@2" in r, "val/mean@2" in r) for r in result.steps] == [(False,) * 2, (True,) * 2, (False,) * 2]
+    assert 0 <= result.steps[1]["val/mean@2"] <= result.steps[1]["val/pass@2"] <= 1
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert [v["step"] for v in summary["validations"]] == [2] and summary["post"]["k"] == 2
+    assert summary["post"]["pass_at_k"] is not None and summary["post"]["pass_component"] == "digits"

@@ -24,7 +24,7 @@ def test_short_loop_end_to_end(tmp_path, capsys):
     assert len(result.steps) == 3
     for row in result.steps:
         assert math.isfinite(row["loss"]) and math.isfinite(row["grad_norm"]) and row["skipped"] == 0.0
-        assert 0.0 <= row["reward"] <= 1.0 and 1 <= row["response_length"] <= 12
+        assert 0.0 <= row["reward"] <= 1.0 and 1 <= row["completions/mean_length"] <= 12
         assert row["logprob_diff_max"] < 1e-4  # fp32 generator vs trainer on the same weights
         assert row["time/generate_s"] > 0 and row["time/train_s"] > 0 and row["time/sync_s"] >= 0
     rd = tmp_path / "run"

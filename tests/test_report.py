@@ -15,15 +15,17 @@ from monorl.rl.report import load_metrics, plot, report, summary_table
 def write_metrics(run_dir: Path) -> None:
     rows = []
     for s in range(5):
-        rows.append({"step": s, "loss": 0.1 * s, "reward": 0.2 * s, "reward/correctness": 0.1 * s,
-                     "reward/format": 0.1 * s, "response_length": 10.0 + s, "grad_norm": 1.0,
+        rows.append({"step": s, "loss": 0.1 * s, "reward": 0.2 * s, "rewards/correctness/mean": 0.1 * s,
+                     "rewards/format/mean": 0.1 * s, "completions/mean_length": 10.0 + s, "grad_norm": 1.0,
                      "time/generate_s": 1.0, "time/train_s": 3.0, "time/sync_s": 0.0, "time/step_s": 4.0})
+    rows[4]["val/mean_reward"], rows[4]["val/pass@4"] = 0.5, 0.75  # validation.every
     rows.insert(3, {**rows[2], "reward": -9.0})  # step 2 logged twice: the later row wins
     lines = [json.dumps(r) for r in rows]
     lines.append(json.dumps({"validation/pre": {"mean_reward": 0.25, "components": {"correctness": 0.25},
                                                 "mean_length": 7.0},
                              "validation/post": {"mean_reward": 0.75, "components": {"correctness": 0.75},
-                                                 "mean_length": 6.0}}))
+                                                 "mean_length": 6.0, "k": 4, "pass_at_k": 0.5,
+                                                 "mean_at_k": 0.25}}))
     lines.append('{"step": 5, "loss": ')  # a line cut off by a kill
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "metrics.jsonl").write_text("\n".join(lines) + "\n")
@@ -42,11 +44,22 @@ def test_summary_table(tmp_path: Path) -> None:
     table = summary_table(*load_metrics(tmp_path))
     lines = {ln.split()[0]: ln.split()[1:] for ln in table.splitlines() if ln.strip()}
     # first, last, min, max, mean
-    assert [float(x) for x in lines["response_length"]] == [10, 14, 10, 14, 12]
+    assert [float(x) for x in lines["completions/mean_length"]] == [10, 14, 10, 14, 12]
     assert [float(x) for x in lines["reward"]] == [0, 0.8, -9, 0.8, pytest.approx((0 + 0.2 - 9 + 0.6 + 0.8) / 5)]
-    assert "reward/format" in lines
+    assert "rewards/format/mean" in lines and [float(x) for x in lines["val/pass@4"]] == [0.75] * 5
     assert "time: 20.0s in steps: generate 5.0s (25%), train 15.0s (75%), sync 0.0s (0%)" in table
-    assert "validation (post): mean_reward=+0.750 (correctness=+0.750), mean_length=6.0" in table
+    assert ("validation (post): mean_reward=+0.750 (correctness=+0.750), mean_length=6.0, pass@4=0.500, "
+            "mean@4=0.250") in table
+
+
+def test_summary_table_reads_older_metric_names(tmp_path: Path) -> None:
+    """metrics.jsonl of a run from before the TRL names (reward/<c>, response_length, truncated_frac)."""
+    rows = [{"step": s, "loss": 0.0, "reward": 0.5, "reward/correctness": 0.5, "response_length": 10.0 + s,
+             "truncated_frac": 0.25} for s in range(2)]
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    lines = {ln.split()[0]: ln.split()[1:] for ln in summary_table(*load_metrics(tmp_path)).splitlines() if ln.strip()}
+    assert [float(x) for x in lines["completions/mean_length"]] == [10, 11, 10, 11, 10.5]
+    assert "completions/clipped_ratio" in lines and "reward/correctness" in lines
 
 
 def test_report_writes_png(tmp_path: Path, capsys) -> None:
@@ -58,7 +71,7 @@ def test_report_writes_png(tmp_path: Path, capsys) -> None:
     out = tmp_path / "elsewhere" / "r.png"
     assert main(["report", str(tmp_path / "run"), "--out", str(out)]) == 0
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    assert "response_length" in capsys.readouterr().out
+    assert "completions/mean_length" in capsys.readouterr().out
 
 
 def test_report_errors(tmp_path: Path, capsys, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -70,9 +70,9 @@ def cli_args(run_dir: Path) -> list[str]:
 
 
 def step_rows(run_dir: Path) -> list[dict[str, Any]]:
-    """metrics.jsonl step rows without timings (the only part allowed to differ between runs)."""
+    """metrics.jsonl step rows without timings and throughputs (the only part allowed to differ between runs)."""
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    return [{k: v for k, v in r.items() if not k.startswith("time/")} for r in rows if "step" in r]
+    return [{k: v for k, v in r.items() if not k.startswith(("time/", "throughput/"))} for r in rows if "step" in r]
 
 
 def jsonl(path: Path) -> list[dict[str, Any]]:

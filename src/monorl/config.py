@@ -49,13 +49,35 @@ class RolloutSection:
     # advantage "grpo" only: divide by the group std (GRPO paper, TRL); the reference uses mean only, and the
     # dr_grpo loss turns it off (Dr. GRPO)
     advantage_std_norm: bool = True
+    # DAPO's dynamic sampling (Yu et al. 2025, arXiv:2503.14476): groups whose rewards are all equal (zero
+    # advantage, no signal) are dropped and further prompts sampled until prompts_per_step groups carry signal,
+    # in at most max_sampling_rounds generation rounds (the first included); short of that, the step trains on
+    # the groups it has (all of the first round's when none had signal)
+    dynamic_sampling: bool = False
+    max_sampling_rounds: int = 4
+    # DAPO's overlong filtering: completions cut by max_new_tokens (no EOS) get zero loss weight; they still
+    # count in their group's reward statistics
+    mask_truncated: bool = False
+    # DAPO's soft overlong punishment for any task: a reward component "overlong", 0 up to
+    # max_new_tokens - overlong_buffer completion tokens, then linear down to -1 at max_new_tokens, weighted by
+    # overlong_penalty (overlong_buffer 0: off)
+    overlong_buffer: int = 0
+    overlong_penalty: float = 1.0
 
     def __post_init__(self) -> None:
         if self.advantage not in ADVANTAGE_KINDS:
             raise ValueError(f"rollout.advantage must be one of {', '.join(ADVANTAGE_KINDS)}, got {self.advantage!r}")
-        for k in ("prompts_per_step", "group_size", "max_new_tokens"):
+        for k in ("prompts_per_step", "group_size", "max_new_tokens", "max_sampling_rounds"):
             if getattr(self, k) < 1:
                 raise ValueError(f"rollout.{k} must be >= 1, got {getattr(self, k)}")
+        if self.dynamic_sampling and self.group_size < 2:
+            raise ValueError("rollout.dynamic_sampling drops groups whose rewards are all equal: it needs "
+                             f"rollout.group_size >= 2, got {self.group_size}")
+        if not 0 <= self.overlong_buffer <= self.max_new_tokens:
+            raise ValueError(f"rollout.overlong_buffer must be in [0, max_new_tokens={self.max_new_tokens}] "
+                             f"(0 = off), got {self.overlong_buffer}")
+        if self.overlong_penalty < 0:
+            raise ValueError(f"rollout.overlong_penalty must be >= 0, got {self.overlong_penalty}")
         if not (self.temperature > 0 and math.isfinite(self.temperature)):
             raise ValueError(f"rollout.temperature must be a finite number > 0 for RL sampling, got {self.temperature}")
         if not 0 < self.top_p <= 1:
@@ -66,14 +88,25 @@ class RolloutSection:
 
 @dataclass
 class ValidationSection:
-    num_prompts: int = 20  # greedy, held-out prompts, before the first and after the last step
+    num_prompts: int = 20  # held-out prompts, validated before the first and after the last step
     max_new_tokens: int | None = None  # default: rollout.max_new_tokens
+    every: int = 0  # also validate after every N-th step (0: only before and after)
+    # completions per prompt: 1 is greedy; k > 1 samples at the rollout's temperature / top_p / top_k, giving
+    # pass@k and mean@k
+    k: int = 1
+    # a completion passes when this reward component (default: the task's first) is >= pass_threshold
+    pass_component: str | None = None
+    pass_threshold: float = 1.0
 
     def __post_init__(self) -> None:
         if self.num_prompts < 0:
             raise ValueError(f"validation.num_prompts must be >= 0, got {self.num_prompts}")
         if self.max_new_tokens is not None and self.max_new_tokens < 1:
             raise ValueError(f"validation.max_new_tokens must be >= 1 (or none), got {self.max_new_tokens}")
+        if self.every < 0:
+            raise ValueError(f"validation.every must be >= 0 (0 = only before and after), got {self.every}")
+        if self.k < 1:
+            raise ValueError(f"validation.k must be >= 1, got {self.k}")
 
 
 @dataclass
@@ -187,10 +220,48 @@ def _qwen3_0_6b_gsm8k() -> RunConfig:
     return cfg
 
 
+GSM8K_INSTRUCTION = "Please reason step by step, and put your final answer within \\boxed{}."
+
+
+def _qwen3_0_6b_gsm8k_dataset() -> RunConfig:
+    """GSM8K through the generic dataset task, graded as TRL users grade it: the `question` column through the
+    chat template with the boxed-answer instruction, math-verify `accuracy` against the `answer` column (the
+    number after its `####`) plus a 0.1 `format` reward for a \\boxed{} answer; pass@1 on accuracy."""
+    cfg = _qwen3_0_6b_gsm8k()
+    cfg.preset = "qwen3_0_6b_gsm8k_dataset"
+    cfg.task = TaskSection(name="dataset", args={
+        "path": "../shared/data/gsm8k/train.jsonl", "test_path": "../shared/data/gsm8k/test.jsonl",
+        "prompt_column": "question", "instruction": GSM8K_INSTRUCTION,
+        "reward": "accuracy,format", "reward_weights": "1.0,0.1"})
+    cfg.validation = ValidationSection(num_prompts=100, pass_component="accuracy")
+    return cfg
+
+
+def _qwen3_0_6b_gsm8k_dapo() -> RunConfig:
+    """DAPO's recipe (Yu et al. 2025, arXiv:2503.14476) on GSM8K at 0.6B scale: clip-higher (0.2 / 0.28),
+    token-mean loss (the `dapo` kind), no KL, dynamic sampling (groups with signal only, up to 4 generation
+    rounds), the soft overlong punishment over the last quarter of the 512-token budget, accuracy as the only
+    reward, 16 completions per prompt; validated every 20 steps with 4 samples per prompt (pass@4, mean@4)."""
+    cfg = _qwen3_0_6b_gsm8k_dataset()
+    cfg.preset = "qwen3_0_6b_gsm8k_dapo"
+    cfg.steps = 100
+    cfg.task.args.update(reward="accuracy", reward_weights="1.0")
+    cfg.rollout = RolloutSection(prompts_per_step=8, group_size=16, max_new_tokens=512, temperature=1.0, top_p=1.0,
+                                 dynamic_sampling=True, max_sampling_rounds=4, overlong_buffer=128,
+                                 overlong_penalty=1.0)
+    cfg.trainer = TrainerConfig(lr=1e-6, warmup_steps=5, schedule="constant", micro_batch_tokens=16384,
+                                loss=LossConfig(kind="dapo", clip_low=0.2, clip_high=0.28, kl_coef=0.0))
+    cfg.generator = GeneratorConfig(max_num_seqs=128, max_model_len=4096)
+    cfg.validation = ValidationSection(num_prompts=100, every=20, k=4, pass_component="accuracy")
+    return cfg
+
+
 PRESETS: dict[str, typing.Callable[[], RunConfig]] = {
     "tiny": _tiny,
     "qwen3_0_6b_sum_digits": _qwen3_0_6b_sum_digits,
     "qwen3_0_6b_gsm8k": _qwen3_0_6b_gsm8k,
+    "qwen3_0_6b_gsm8k_dataset": _qwen3_0_6b_gsm8k_dataset,
+    "qwen3_0_6b_gsm8k_dapo": _qwen3_0_6b_gsm8k_dapo,
 }
 
 

@@ -1,5 +1,6 @@
-"""The GRPO loop: sample prompts -> n completions each -> rewards -> group-normalised advantages ->
-train -> weight sync, with greedy validation before the first and after the last step."""
+"""The GRPO loop: sample prompts -> n completions each -> rewards (-> DAPO's dynamic sampling) -> advantages ->
+train -> weight sync, with validation (greedy, or pass@k) before the first step, every validation.every steps,
+and after the last."""
 
 from __future__ import annotations
 
@@ -35,7 +36,8 @@ from monorl.rl.checkpointing import (
     save_training_checkpoint,
     step_checkpoints,
 )
-from monorl.rl.rollouts import Rollout, assign_advantages, generate_rollouts
+from monorl.rl.dynamic_sampling import fill_batch
+from monorl.rl.rollouts import OVERLONG, Rollout, add_overlong_penalty, assign_advantages, generate_rollouts
 from monorl.rl.run_dir import RunDir
 from monorl.rl.summary import (
     RunResult,
@@ -138,6 +140,8 @@ class GRPORun:
         self.train_prompts = PromptStream(self.task, cfg.seed)  # knows its position, for checkpoints
         self.val_prompts = self.task.val_prompts(cfg.validation.num_prompts)
         self.max_prompt_tokens = self.check_prompts_fit()
+        self.components = self.check_components()
+        self.pass_component = cfg.validation.pass_component or (self.task.reward_components or (None,))[0]
         on_gpu = self.device.type == "cuda"
         self.plan = run_memory_plan(cfg, self.model_config, self.max_prompt_tokens, self.device)
 
@@ -184,6 +188,8 @@ class GRPORun:
         self.trainer_transient_bytes: int | None = None  # measured by the trainer's warm-up (CUDA)
         self.memory_marks: dict[str, tuple[int, int]] = {}  # (allocated, reserved) bytes at points of the run (CUDA)
         self.reward_failed_steps = 0  # consecutive steps whose reward failed on every completion
+        self.num_tokens = 0  # prompt + completion tokens trained on so far (TRL's num_tokens)
+        self.warned_short_batch = False
         # created last, so a bad config, checkpoint or data file leaves no empty run directory behind
         self.run_dir = RunDir(cfg.run_dir or RunDir.default_path(cfg.preset))
         self.run_dir.write_config(cfg.to_dict())
@@ -213,6 +219,20 @@ class GRPORun:
             if what == "training":
                 longest = max(n for n in lengths if n + new_tokens <= self.max_len)
         return longest
+
+    def check_components(self) -> tuple[str, ...]:
+        """The training reward's components: the task's, and `OVERLONG` with rollout.overlong_buffer. Refuses a
+        validation.pass_component the task does not have, and a task component named `OVERLONG`."""
+        comps, v = self.task.reward_components, self.cfg.validation
+        if v.pass_component is not None and v.pass_component not in comps:
+            raise ValueError(f"validation.pass_component {v.pass_component!r} is not a reward component of task "
+                             f"{self.task.name!r} ({', '.join(comps) or 'none'})")
+        if self.cfg.rollout.overlong_buffer > 0:
+            if OVERLONG in comps:
+                raise ValueError(f"rollout.overlong_buffer adds a reward component {OVERLONG!r}, which task "
+                                 f"{self.task.name!r} already has")
+            comps = (*comps, OVERLONG)
+        return comps
 
     def warm_up(self) -> None:
         """Compile and capture before the first step, so the startup split says what they cost and steady
@@ -304,17 +324,25 @@ class GRPORun:
             kv_row.bytes = gen.kv.kv.numel() * gen.kv.kv.element_size()
             kv_row.note += " (capped by free memory)"
 
-    def sampling(self, step: int) -> SamplingParams:
+    def sampling(self, step: int, round_: int = 0) -> SamplingParams:
+        """The rollout sampler of a step's generation round (dynamic sampling's later rounds get seeds of their
+        own, far from any step's)."""
         r = self.cfg.rollout
         return SamplingParams(max_new_tokens=r.max_new_tokens, temperature=r.temperature, top_p=r.top_p,
-                              top_k=r.top_k, ignore_eos=r.ignore_eos, seed=self.cfg.seed * 1_000_003 + step)
+                              top_k=r.top_k, ignore_eos=r.ignore_eos,
+                              seed=self.cfg.seed * 1_000_003 + step + round_ * 1_000_000_007)
 
     def validate(self) -> ValidationResult:
-        v = self.cfg.validation
-        sp = SamplingParams(max_new_tokens=v.max_new_tokens or self.cfg.rollout.max_new_tokens, temperature=0.0,
-                            ignore_eos=self.cfg.rollout.ignore_eos)
-        groups = generate_rollouts(self.generator, self.tokenizer, self.task, self.val_prompts, sp, 1, self.max_len)
-        return summarize(groups, self.task.reward_components)
+        """The held-out prompts, validation.k completions each: greedy for k = 1, else sampled as the rollouts
+        are, with one fixed seed, so every validation of the run draws the same noise."""
+        v, r = self.cfg.validation, self.cfg.rollout
+        max_new = v.max_new_tokens or r.max_new_tokens
+        if v.k == 1:
+            sp = SamplingParams(max_new_tokens=max_new, temperature=0.0, ignore_eos=r.ignore_eos)
+        else:
+            sp = dataclasses.replace(self.sampling(0), max_new_tokens=max_new, seed=self.cfg.seed * 1_000_003 - 1)
+        groups = generate_rollouts(self.generator, self.tokenizer, self.task, self.val_prompts, sp, v.k, self.max_len)
+        return summarize(groups, self.task.reward_components, self.pass_component, v.pass_threshold)
 
     def sync_weights(self) -> None:
         sync_weights_(self.generator.model, self.policy)  # in place: the generator's CUDA graphs stay valid
@@ -343,30 +371,52 @@ class GRPORun:
     def step(self, step: int) -> dict[str, Any]:
         """One RL step: prompts -> n completions each, scored -> group advantages -> a trainer step -> weight
         sync. Logs the step's metrics and samples; returns its metrics row."""
-        cfg = self.cfg
+        cfg, ro = self.cfg, self.cfg.rollout
         t0 = time.perf_counter()
-        prompts = list(itertools.islice(self.train_prompts, cfg.rollout.prompts_per_step))
-        groups = generate_rollouts(self.generator, self.tokenizer, self.task, prompts, self.sampling(step),
-                                   cfg.rollout.group_size, self.max_len)
-        assign_advantages(groups, normalize_std=cfg.rollout.advantage_std_norm and cfg.trainer.loss.kind != "dr_grpo",
-                          kind=cfg.rollout.advantage)
+        batch = fill_batch(lambda n, round_: self.rollouts(step, n, round_), ro.prompts_per_step,
+                           ro.dynamic_sampling, ro.max_sampling_rounds)
+        groups = batch.groups
+        if ro.dynamic_sampling and len(groups) < ro.prompts_per_step and not self.warned_short_batch:
+            self.warned_short_batch = True  # once: the step line says it every step
+            log.warning("step %d: dynamic sampling found %d of %d groups with reward variance in %d rounds "
+                        "(rollout.max_sampling_rounds); training on those", step + 1, len(groups), ro.prompts_per_step,
+                        batch.rounds)
+        assign_advantages(groups, normalize_std=ro.advantage_std_norm and cfg.trainer.loss.kind != "dr_grpo",
+                          kind=ro.advantage)
         t1 = time.perf_counter()
         rollouts = [r for g in groups for r in g]
         if not rollouts:
             raise ValueError(f"step {step + 1}: every prompt was skipped: none fits generator.max_model_len="
-                             f"{self.max_len} with {cfg.rollout.max_new_tokens} new tokens")
+                             f"{self.max_len} with {ro.max_new_tokens} new tokens")
         self.check_rewards(rollouts)
-        tm = self.trainer.step([r.train_sequence() for r in rollouts], temperature=cfg.rollout.temperature)
+        tm = self.trainer.step([r.train_sequence(ro.mask_truncated) for r in rollouts], temperature=ro.temperature)
         t2 = time.perf_counter()
         self.sync_weights()
         if self.device.type == "cuda":
             torch.cuda.synchronize()
         t3 = time.perf_counter()
         times = {"generate_s": t1 - t0, "train_s": t2 - t1, "sync_s": t3 - t2, "step_s": t3 - t0}
-        row = step_metrics(step, groups, self.task.reward_components, tm, times)
+        self.num_tokens += sum(len(r.prompt_ids) + len(r.completion_ids) for r in rollouts if not
+                               (ro.mask_truncated and r.truncated))
+        row = step_metrics(step, groups, self.components, tm, times,
+                           extra={"num_tokens": self.num_tokens, **batch.metrics(ro.dynamic_sampling)})
+        every = cfg.validation.every
+        if every > 0 and (step + 1) % every == 0 and step + 1 < cfg.steps:  # the last step's is the post-validation
+            with self.timed("validation_s"):
+                row.update(self.validate().metrics("val/"))
         self.run_dir.log_metrics(row)
         self.run_dir.log_samples(sample_rows(step, rollouts[: cfg.samples_per_step]))
         return row
+
+    def rollouts(self, step: int, n: int, round_: int = 0) -> list[list[Rollout]]:
+        """The next `n` training prompts' groups, scored (with the overlong penalty when configured)."""
+        ro = self.cfg.rollout
+        prompts = list(itertools.islice(self.train_prompts, n))
+        groups = generate_rollouts(self.generator, self.tokenizer, self.task, prompts, self.sampling(step, round_),
+                                   ro.group_size, self.max_len)
+        if ro.overlong_buffer > 0:
+            add_overlong_penalty(groups, ro.max_new_tokens, ro.overlong_buffer, ro.overlong_penalty)
+        return groups
 
     def check_rewards(self, rollouts: list[Rollout], patience: int = 3) -> None:
         """Stop the run when the reward failed on every completion of `patience` consecutive steps: a reward
@@ -381,7 +431,8 @@ class GRPORun:
         """Checkpoint after `step` completed steps; pre-validation goes in its meta, as a resume skips it."""
         return save_training_checkpoint(self.run_dir.checkpoints, step, self.policy, self.trainer,
                                         data_position=self.train_prompts.position, tokenizer=self.tokenizer,
-                                        meta={"pre_validation": pre.__dict__, "total_steps": self.cfg.steps},
+                                        meta={"pre_validation": pre.__dict__, "total_steps": self.cfg.steps,
+                                              "num_tokens": self.num_tokens},
                                         keep_last=self.cfg.checkpoint.keep_last)
 
     def save_final(self) -> None:
@@ -407,6 +458,7 @@ class GRPORun:
         self.sync_weights()
         self.train_prompts = PromptStream(self.task, self.cfg.seed, start=ckpt.data_position)
         earlier = self.run_dir.rewind(ckpt.step)
+        self.num_tokens = int(ckpt.meta.get("num_tokens", 0))
         pre = ckpt.meta.get("pre_validation")
         if not isinstance(pre, dict):
             raise ValueError(f"{path / 'meta.json'} has no pre_validation entry")

@@ -10,8 +10,18 @@ from pathlib import Path
 from typing import Any
 
 TIME_KEYS = ("time/generate_s", "time/train_s", "time/sync_s")
-TABLE_KEYS = ("reward", "response_length", "truncated_frac", "loss", "grad_norm", "logprob_diff_mean",
-              "time/generate_s", "time/train_s", "time/sync_s", "time/step_s")
+TABLE_KEYS = ("reward", "reward_std", "frac_reward_zero_std", "completions/mean_length", "completions/clipped_ratio",
+              "entropy", "loss", "kl", "clip_ratio/region_mean", "grad_norm", "logprob_diff_mean",
+              "throughput/tokens_per_s", "time/generate_s", "time/train_s", "time/sync_s", "time/step_s")
+# metrics.jsonl of runs from before the TRL names: new key -> the key those rows hold
+LEGACY_KEYS = {"completions/mean_length": "response_length", "completions/clipped_ratio": "truncated_frac",
+               "learning_rate": "lr"}
+
+
+def component_keys(rows: list[dict[str, Any]]) -> list[str]:
+    """The per-reward-component keys of the rows: rewards/<c>/mean (and reward/<c> of older runs)."""
+    return sorted({k for r in rows for k in r
+                   if (k.startswith("rewards/") and k.endswith("/mean")) or k.startswith("reward/")})
 
 
 def load_metrics(run_dir: str | os.PathLike) -> tuple[list[dict[str, Any]], dict[str, Any]]:
@@ -43,13 +53,15 @@ def _num(v: Any) -> float:
 
 
 def _series(rows: list[dict[str, Any]], key: str) -> list[float]:
-    return [_num(r.get(key)) for r in rows]
+    return [_num(r.get(key, r.get(LEGACY_KEYS.get(key, key)))) for r in rows]
 
 
 def summary_table(rows: list[dict[str, Any]], validation: dict[str, Any] | None = None) -> str:
     """A plain-text table: first / last / min / max / mean of the main metrics, time split, validation."""
-    comps = sorted({k for r in rows for k in r if k.startswith("reward/")})
-    keys = [k for k in (TABLE_KEYS[0], *comps, *TABLE_KEYS[1:]) if any(k in r for r in rows)]
+    comps = component_keys(rows)
+    val = sorted({k for r in rows for k in r if k.startswith("val/") and ("@" in k or k == "val/mean_reward")})
+    keys = [k for k in (TABLE_KEYS[0], *comps, *TABLE_KEYS[1:], *val)
+            if any(k in r or LEGACY_KEYS.get(k) in r for r in rows)]
     width = max(len(k) for k in keys)
     lines = [f"{len(rows)} steps (step {rows[0]['step']} .. {rows[-1]['step']})", "",
              f"{'metric':<{width}}  {'first':>10} {'last':>10} {'min':>10} {'max':>10} {'mean':>10}"]
@@ -69,8 +81,11 @@ def summary_table(rows: list[dict[str, Any]], validation: dict[str, Any] | None 
         v = (validation or {}).get(f"validation/{name}")
         if isinstance(v, dict):
             comp = ", ".join(f"{c}={_num(x):+.3f}" for c, x in (v.get("components") or {}).items())
+            k = v.get("k", 1)
+            passes = (f", pass@{k}={_num(v['pass_at_k']):.3f}, mean@{k}={_num(v.get('mean_at_k')):.3f}"
+                      if v.get("pass_at_k") is not None else "")
             lines.append(f"validation ({name}): mean_reward={_num(v.get('mean_reward')):+.3f} ({comp}), "
-                         f"mean_length={_num(v.get('mean_length')):.1f}")
+                         f"mean_length={_num(v.get('mean_length')):.1f}{passes}")
     return "\n".join(lines)
 
 
@@ -88,12 +103,14 @@ def plot(rows: list[dict[str, Any]], out: str | os.PathLike, title: str = "") ->
     fig, axes = plt.subplots(2, 2, figsize=(12, 8), constrained_layout=True)
     ax = axes[0][0]
     ax.plot(x, _series(rows, "reward"), label="reward", linewidth=2)
-    for k in sorted({k for r in rows for k in r if k.startswith("reward/")}):
-        ax.plot(x, _series(rows, k), label=k.split("/", 1)[1], linewidth=1, alpha=0.8)
+    for k in component_keys(rows):
+        ax.plot(x, _series(rows, k), label=k.split("/")[1], linewidth=1, alpha=0.8)
+    if any("val/mean_reward" in r for r in rows):  # validation.every: the held-out reward, where measured
+        ax.plot(x, _series(rows, "val/mean_reward"), "o", label="validation", color="black")
     ax.set_title("reward (mean over rollouts)")
     ax.legend(fontsize=8)
     ax = axes[0][1]
-    ax.plot(x, _series(rows, "response_length"), color="tab:green")
+    ax.plot(x, _series(rows, "completions/mean_length"), color="tab:green")
     ax.set_title("response length (tokens)")
     ax = axes[1][0]
     ax.plot(x, _series(rows, "loss"), color="tab:red")

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 
 import torch
 
@@ -12,6 +12,7 @@ from monorl.generate.engine import Generator
 from monorl.generate.sampling import SamplingParams
 from monorl.rl.advantages import compute_advantages
 from monorl.tasks.base import Prompt, Task, safe_score_batch
+from monorl.tasks.rewards import soft_overlong_penalty
 from monorl.train.packing import TrainSequence
 
 log = logging.getLogger(__name__)
@@ -25,16 +26,25 @@ class Rollout:
     logprobs: list[float]
     finish_reason: str
     text: str
-    rewards: dict[str, float]
+    rewards: dict[str, float | None]  # each component as scored (None: not applicable to this completion)
     reward_error: str | None = None  # why the reward failed (then every component is 0.0)
     advantage: float = 0.0
+    weights: Mapping[str, float] = field(default_factory=dict)  # of the components in `reward`; absent: 1.0
 
     @property
     def reward(self) -> float:
-        return sum(self.rewards.values())
+        """The weighted sum of the components that apply (TRL's rule: None adds nothing)."""
+        return sum(self.weights.get(k, 1.0) * v for k, v in self.rewards.items() if v is not None)
 
-    def train_sequence(self) -> TrainSequence:
-        return TrainSequence(self.prompt_ids, self.completion_ids, self.logprobs, self.advantage)
+    @property
+    def truncated(self) -> bool:
+        """Stopped by max_new_tokens, before an EOS or stop string."""
+        return self.finish_reason == "length"
+
+    def train_sequence(self, mask_truncated: bool = False) -> TrainSequence:
+        """The trainer's view; `mask_truncated` gives a truncated completion zero loss weight."""
+        return TrainSequence(self.prompt_ids, self.completion_ids, self.logprobs, self.advantage,
+                             masked=mask_truncated and self.truncated)
 
 
 def encode_prompts(task: Task, tokenizer, prompts: Sequence[Prompt], max_len: int,
@@ -64,12 +74,14 @@ def generate_rollouts(generator: Generator, tokenizer, task: Task, prompts: Sequ
     # One reward call for the whole batch (`Task.score_batch`; its default scores each with `safe_reward`).
     scores = iter(safe_score_batch(task, [p for p, comps in zip(prompts, outs, strict=True) for _ in comps],
                                    [t for ts in texts for t in ts], [list(c.token_ids) for cs in outs for c in cs]))
+    weights = dict(task.reward_weights)  # one dict, shared by the batch's rollouts
     groups = []
     for p, ids, comps, ts in zip(prompts, prompt_ids, outs, texts, strict=True):
         group = []
         for c, text in zip(comps, ts, strict=True):
             rewards, error = next(scores)
-            group.append(Rollout(p, ids, list(c.token_ids), list(c.logprobs), c.finish_reason, text, rewards, error))
+            group.append(Rollout(p, ids, list(c.token_ids), list(c.logprobs), c.finish_reason, text, rewards, error,
+                                 weights=weights))
         groups.append(group)
     failed = [r.reward_error for g in groups for r in g if r.reward_error is not None]
     if failed:  # one line per call, not one per completion
@@ -88,3 +100,19 @@ def assign_advantages(groups: list[list[Rollout]], normalize_std: bool, kind: st
     for g, a in zip(groups, adv.tolist(), strict=True):
         for r, v in zip(g, a, strict=True):
             r.advantage = v
+
+
+OVERLONG = "overlong"  # the reward component rollout.overlong_buffer adds
+
+
+def add_overlong_penalty(groups: list[list[Rollout]], max_new_tokens: int, buffer: int, factor: float) -> None:
+    """DAPO's soft overlong punishment (Yu et al. 2025, arXiv:2503.14476, eq. 13) as reward component
+    `OVERLONG`, weighted by `factor`: 0 up to max_new_tokens - buffer completion tokens, then linear down to -1
+    at max_new_tokens (`monorl.tasks.rewards.soft_overlong_penalty`). Any task's rollouts take it."""
+    if not groups:
+        return
+    weights = {**groups[0][0].weights, OVERLONG: factor}
+    for g in groups:
+        for r in g:
+            r.rewards[OVERLONG] = soft_overlong_penalty(len(r.completion_ids), max_new_tokens, buffer)
+            r.weights = weights

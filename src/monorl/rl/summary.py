@@ -5,6 +5,7 @@ reads these back afterwards."""
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -20,13 +21,38 @@ if TYPE_CHECKING:
 
 @dataclass
 class ValidationResult:
+    """Validation on the held-out prompts: `k` completions each (greedy when k is 1). `components` are each
+    reward component's mean over the completions it applies to (None: it applied to none). A completion
+    *passes* when its `pass_component` is >= the run's validation.pass_threshold: `pass_at_k` is the share of
+    prompts with a passing completion among their k, `mean_at_k` the share of passing completions."""
+
     mean_reward: float
-    components: dict[str, float]
+    components: dict[str, float | None]
     mean_length: float
+    k: int = 1
+    pass_at_k: float | None = None
+    mean_at_k: float | None = None
+    pass_component: str | None = None
 
     def line(self) -> str:
-        comps = ", ".join(f"{k}={v:+.3f}" for k, v in self.components.items())
-        return f"mean_reward={self.mean_reward:+.3f} ({comps})"
+        comps = ", ".join(f"{k}={_fmt(v)}" for k, v in self.components.items())
+        line = f"mean_reward={self.mean_reward:+.3f} ({comps})"
+        if self.pass_at_k is not None and self.mean_at_k is not None:
+            line += f" pass@{self.k}={self.pass_at_k:.3f} mean@{self.k}={self.mean_at_k:.3f}"
+        return line
+
+    def metrics(self, prefix: str = "val/") -> dict[str, Any]:
+        """Flat keys for a metrics row: mean_reward, mean_length, pass@k, mean@k, rewards/<c>/mean."""
+        out: dict[str, Any] = {f"{prefix}mean_reward": self.mean_reward, f"{prefix}mean_length": self.mean_length}
+        if self.pass_at_k is not None:
+            out[f"{prefix}pass@{self.k}"] = self.pass_at_k
+            out[f"{prefix}mean@{self.k}"] = self.mean_at_k
+        out.update({f"{prefix}rewards/{c}/mean": v for c, v in self.components.items()})
+        return out
+
+
+def _fmt(v: float | None) -> str:
+    return "n/a" if v is None or not math.isfinite(v) else f"{v:+.3f}"
 
 
 @dataclass
@@ -38,30 +64,103 @@ class RunResult:
     startup: dict[str, float] = field(default_factory=dict)
 
 
-def summarize(groups: list[list[Rollout]], components: tuple[str, ...]) -> ValidationResult:
+def _mean(xs: list[float]) -> float | None:
+    return sum(xs) / len(xs) if xs else None
+
+
+def _std(xs: list[float]) -> float | None:
+    """Sample standard deviation (Bessel-corrected, as torch.std and TRL's nanstd); None below 2 values."""
+    if len(xs) < 2:
+        return None
+    m = sum(xs) / len(xs)
+    return math.sqrt(sum((x - m) ** 2 for x in xs) / (len(xs) - 1))
+
+
+def component_values(rollouts: list[Rollout], component: str) -> list[float]:
+    """The values of one reward component over the rollouts it applies to (None values left out)."""
+    return [v for r in rollouts if (v := r.rewards.get(component)) is not None]
+
+
+def summarize(groups: list[list[Rollout]], components: tuple[str, ...], pass_component: str | None = None,
+              pass_threshold: float = 1.0) -> ValidationResult:
+    """Mean reward, each component's mean over the completions it applies to, mean length; with a
+    `pass_component`, pass@k and mean@k with k the group size (see `ValidationResult`)."""
     flat = [r for g in groups for r in g]
     if not flat:
-        return ValidationResult(0.0, {c: 0.0 for c in components}, 0.0)
-    comps = {c: sum(r.rewards.get(c, 0.0) for r in flat) / len(flat) for c in components}
-    return ValidationResult(sum(r.reward for r in flat) / len(flat), comps,
-                            sum(len(r.completion_ids) for r in flat) / len(flat))
+        return ValidationResult(0.0, {c: None for c in components}, 0.0)
+    comps = {c: _mean(component_values(flat, c)) for c in components}
+    k = len(groups[0])
+    result = ValidationResult(sum(r.reward for r in flat) / len(flat), comps,
+                              sum(len(r.completion_ids) for r in flat) / len(flat), k=k)
+    if pass_component is not None:
+        def passed(r: Rollout) -> bool:
+            v = r.rewards.get(pass_component)
+            return v is not None and v >= pass_threshold
+
+        result.pass_component = pass_component
+        result.pass_at_k = sum(any(passed(r) for r in g) for g in groups) / len(groups)
+        result.mean_at_k = sum(passed(r) for r in flat) / len(flat)
+    return result
+
+
+def zero_std(group: list[Rollout]) -> bool:
+    """All of the group's rewards are equal: its advantages are 0 and it carries no learning signal."""
+    return all(r.reward == group[0].reward for r in group)
 
 
 # ---- one step ------------------------------------------------------------------------------------------
 
-def step_metrics(step: int, groups: list[list[Rollout]], components: tuple[str, ...], train: dict[str, float],
-                 times: dict[str, float]) -> dict[str, Any]:
-    """The step's metrics.jsonl row: reward and length of its rollouts, the trainer's metrics, and `times`
-    (seconds per stage) as `time/<stage>`."""
-    rollouts = [r for g in groups for r in g]
-    s = summarize(groups, components)
+def reward_metrics(groups: list[list[Rollout]], components: tuple[str, ...]) -> dict[str, Any]:
+    """TRL's reward metrics: reward (mean), reward_std (the mean over groups of each group's sample std),
+    frac_reward_zero_std (share of groups whose rewards are all equal), and per component
+    rewards/<c>/mean and /std over the completions it applies to (None where it applies to none)."""
+    flat = [r for g in groups for r in g]
+    out: dict[str, Any] = {
+        "reward": sum(r.reward for r in flat) / len(flat),
+        "reward_std": sum(_std([r.reward for r in g]) or 0.0 for g in groups) / len(groups),
+        "frac_reward_zero_std": sum(zero_std(g) for g in groups) / len(groups),
+    }
+    for c in components:
+        vals = component_values(flat, c)
+        out[f"rewards/{c}/mean"], out[f"rewards/{c}/std"] = _mean(vals), _std(vals)
+    return out
+
+
+def completion_metrics(rollouts: list[Rollout]) -> dict[str, float]:
+    """TRL's completion-length metrics (tokens): all completions, and those that ended with EOS or a stop
+    string ("terminated"; 0 when none did), and clipped_ratio, the share stopped by max_new_tokens."""
+    lengths = [len(r.completion_ids) for r in rollouts]
+    done = [len(r.completion_ids) for r in rollouts if not r.truncated]
     return {
-        "step": step, "loss": train["loss"], "reward": s.mean_reward,
-        **{f"reward/{k}": v for k, v in s.components.items()},
-        "response_length": s.mean_length,
-        "truncated_frac": sum(r.finish_reason == "length" for r in rollouts) / len(rollouts),
+        "completions/mean_length": sum(lengths) / len(lengths),
+        "completions/min_length": float(min(lengths)),
+        "completions/max_length": float(max(lengths)),
+        "completions/mean_terminated_length": sum(done) / len(done) if done else 0.0,
+        "completions/min_terminated_length": float(min(done, default=0)),
+        "completions/max_terminated_length": float(max(done, default=0)),
+        "completions/clipped_ratio": 1.0 - len(done) / len(lengths),
+    }
+
+
+def step_metrics(step: int, groups: list[list[Rollout]], components: tuple[str, ...], train: dict[str, float],
+                 times: dict[str, float], extra: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The step's metrics.jsonl row, named as TRL's GRPOTrainer names them where it has the metric: reward and
+    completion metrics of the rollouts trained on, the trainer's metrics (loss, entropy, kl, clip_ratio/*,
+    grad_norm, learning_rate, ...), `extra` (the loop's: num_tokens, dynamic_sampling/*, ...; it overrides),
+    `times` (seconds per stage) as `time/<stage>`, and tokens per second."""
+    rollouts = [r for g in groups for r in g]
+    completion_tokens = sum(len(r.completion_ids) for r in rollouts)
+    tokens = completion_tokens + sum(len(r.prompt_ids) for r in rollouts)
+    return {
+        "step": step, "loss": train["loss"],
+        **reward_metrics(groups, components),
+        **completion_metrics(rollouts),
         **{k: v for k, v in train.items() if k != "loss"},
+        **(extra or {}),
         **{f"time/{k}": v for k, v in times.items()},
+        # throughput: the step's prompt + completion tokens over its wall time; generated tokens over generation
+        "throughput/tokens_per_s": tokens / times["step_s"] if times.get("step_s") else 0.0,
+        "throughput/generate_tokens_per_s": completion_tokens / times["generate_s"] if times.get("generate_s") else 0.0,
     }
 
 
@@ -72,11 +171,16 @@ def sample_rows(step: int, rollouts: list[Rollout]) -> list[dict[str, Any]]:
 
 
 def step_line(row: dict[str, Any], steps: int) -> str:
-    comps = ", ".join(f"{k.split('/', 1)[1]}={v:+.3f}" for k, v in row.items() if k.startswith("reward/"))
+    comps = ", ".join(f"{k.split('/')[1]}={_fmt(v)}" for k, v in row.items()
+                      if k.startswith("rewards/") and k.endswith("/mean"))
+    sampling = (f" | groups {row['dynamic_sampling/groups']} ({row['dynamic_sampling/dropped_groups']} dropped, "
+                f"{row['dynamic_sampling/rounds']} rounds)" if "dynamic_sampling/rounds" in row else "")
+    val = "".join(f" | {k} {v:.3f}" for k, v in row.items()
+                  if k.startswith("val/") and ("pass@" in k or k == "val/mean_reward"))
     return (f"step {row['step'] + 1}/{steps} | loss {row['loss']:+.4f} | reward {row['reward']:+.3f} ({comps}) | "
-            f"len {row['response_length']:.1f} | logprob_diff {row['logprob_diff_mean']:.2e}/"
-            f"{row['logprob_diff_max']:.2e} | gen {row['time/generate_s']:.2f}s train {row['time/train_s']:.2f}s "
-            f"sync {row['time/sync_s']:.3f}s")
+            f"len {row['completions/mean_length']:.1f} | entropy {row.get('entropy', 0.0):.3f} | logprob_diff "
+            f"{row['logprob_diff_mean']:.2e}/{row['logprob_diff_max']:.2e} | gen {row['time/generate_s']:.2f}s "
+            f"train {row['time/train_s']:.2f}s sync {row['time/sync_s']:.3f}s{sampling}{val}")
 
 
 # ---- the end of a run ----------------------------------------------------------------------------------
@@ -120,6 +224,10 @@ def write_summary(file: Path, result: RunResult, *, phases: dict[str, float], wa
         "trainer_graphs": trainer_graph_stats(trainer), "compile_phases": compile_phase_times(),
         "logprob_diff_max": max((r["logprob_diff_max"] for r in rows), default=None),
         "pre": result.pre.__dict__ if result.pre else None, "post": result.post.__dict__ if result.post else None,
+        # validation.every: the step (1-based: after it) and the val/ metrics of each validation between pre and post
+        "validations": [{"step": r["step"] + 1, **{k.removeprefix("val/"): v for k, v in r.items()
+                                                   if k.startswith("val/")}}
+                        for r in result.steps if any(k.startswith("val/") for k in r)],
         "device": torch.cuda.get_device_name() if device.type == "cuda" else "cpu",
         "memory": memory,
     }

@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import math
 from abc import ABC, abstractmethod
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import Any, Protocol
 
 
@@ -40,6 +41,8 @@ class Task(ABC):
 
     name: str = "task"
     reward_components: tuple[str, ...] = ()
+    # weight of each component in the reward (absent: 1.0); components are logged unweighted
+    reward_weights: Mapping[str, float] = MappingProxyType({})
 
     @abstractmethod
     def train_prompts(self, seed: int = 0, start: int = 0) -> Iterator[Prompt]:
@@ -53,8 +56,9 @@ class Task(ABC):
         """The first `n` held-out prompts: fixed (independent of any seed), never produced by `train_prompts`."""
 
     @abstractmethod
-    def reward(self, prompt: Prompt, completion: str) -> dict[str, float]:
-        """Reward components for one completion, keyed by `reward_components`; the run's reward is their sum."""
+    def reward(self, prompt: Prompt, completion: str) -> dict[str, float | None]:
+        """Reward components for one completion, keyed by `reward_components` (None: the component does not
+        apply to it); the run's reward is the sum of the components that apply, weighted by `reward_weights`."""
 
     def plain_prompt(self, prompt: Prompt) -> str:
         """The prompt string for tokenizers without a chat template (tiny char-level models): one
@@ -74,7 +78,7 @@ class Task(ABC):
 
 
     def score_batch(self, prompts: Sequence[Prompt], completions: Sequence[str],
-                    completion_ids: Sequence[Sequence[int]]) -> list[tuple[dict[str, float], str | None]]:
+                    completion_ids: Sequence[Sequence[int]]) -> list[tuple[dict[str, float | None], str | None]]:
         """Rewards of a whole batch of completions (`prompts[i]` is the prompt of `completions[i]`), called once
         per rollout batch: `(components, error)` per completion, as `safe_reward` returns them. The default
         scores each completion with `safe_reward`; a task whose reward is cheaper batched (one call to a
@@ -93,45 +97,49 @@ class RewardError(ValueError):
     """A task's reward failed on every completion for several steps: the run stops (a user error, one line)."""
 
 
-def safe_reward(task: Task, prompt: Prompt, completion: str) -> tuple[dict[str, float], str | None]:
+def _components(task: Task, out: Any, who: str) -> dict[str, float | None]:
+    """`out` checked as one completion's components: exactly the task's, each a finite number or None."""
+    if not isinstance(out, dict):
+        raise TypeError(f"{who} returned {type(out).__name__}, expected dict[str, float]")
+    if set(out) != set(task.reward_components):
+        raise KeyError(f"{who} returned components {sorted(out)}, expected {sorted(task.reward_components)}")
+    vals = {k: None if out[k] is None else float(out[k]) for k in task.reward_components}
+    bad = [k for k, v in vals.items() if v is not None and not math.isfinite(v)]
+    if bad:
+        raise ValueError(f"{who} returned a non-finite reward for {bad}: {[vals[k] for k in bad]}")
+    return vals
+
+
+def safe_reward(task: Task, prompt: Prompt, completion: str) -> tuple[dict[str, float | None], str | None]:
     """`task.reward`, but one broken completion never stops the run: if it raises, returns something that is
-    not a dict of finite numbers, or misses / adds components, the completion scores 0.0 on every component
+    not a dict of finite numbers (or None), or misses / adds components, the completion scores 0.0 on every component
     and the second element says why (None when the reward worked). The caller logs and counts failures, so a
     reward that fails on everything stops the run (`RewardError`) instead of scoring 0 forever."""
     try:
-        out = task.reward(prompt, completion)
-        if not isinstance(out, dict):
-            raise TypeError(f"reward returned {type(out).__name__}, expected dict[str, float]")
-        if set(out) != set(task.reward_components):
-            raise KeyError(f"reward returned components {sorted(out)}, expected {sorted(task.reward_components)}")
-        vals = {k: float(out[k]) for k in task.reward_components}
-        bad = [k for k, v in vals.items() if not math.isfinite(v)]
-        if bad:
-            raise ValueError(f"non-finite reward for {bad}: {[vals[k] for k in bad]}")
-        return vals, None
+        return _components(task, task.reward(prompt, completion), "reward"), None
     except Exception as e:  # noqa: BLE001 -- a user reward can fail in any way; the run goes on
         return {k: 0.0 for k in task.reward_components}, f"{type(e).__name__}: {e}"
 
 
 def safe_score_batch(task: Task, prompts: Sequence[Prompt], completions: Sequence[str],
-                     completion_ids: Sequence[Sequence[int]]) -> list[tuple[dict[str, float], str | None]]:
+                     completion_ids: Sequence[Sequence[int]]) -> list[tuple[dict[str, float | None], str | None]]:
     """`task.score_batch`, guarded like `safe_reward`: if the call itself raises or returns something other
-    than one ``(components, error)`` pair per completion with exactly the task's components as finite numbers,
-    every completion scores 0.0 on every component with that error."""
-    zeros = {k: 0.0 for k in task.reward_components}
+    than one ``(components, error)`` pair per completion with exactly the task's components as finite numbers
+    (or None), every completion scores 0.0 on every component with that error."""
+    zeros: dict[str, float | None] = {k: 0.0 for k in task.reward_components}
     try:
         out = list(task.score_batch(prompts, completions, completion_ids))
         if len(out) != len(completions):
             raise ValueError(f"score_batch returned {len(out)} results for {len(completions)} completions")
-        checked = []
+        checked: list[tuple[dict[str, float | None], str | None]] = []
         for vals, err in out:
-            if set(vals) != set(task.reward_components):
-                raise KeyError(f"score_batch returned components {sorted(vals)}, expected "
-                               f"{sorted(task.reward_components)}")
-            vals = {k: float(vals[k]) for k in task.reward_components}
-            if err is None and not all(math.isfinite(v) for v in vals.values()):
-                raise ValueError(f"score_batch returned a non-finite reward: {vals}")
-            checked.append((zeros.copy(), str(err)) if err is not None else (vals, None))
+            if err is not None:
+                if not isinstance(vals, dict) or set(vals) != set(task.reward_components):
+                    raise KeyError(f"score_batch returned components {sorted(vals)}, expected "
+                                   f"{sorted(task.reward_components)}")
+                checked.append((zeros.copy(), str(err)))
+            else:
+                checked.append((_components(task, vals, "score_batch"), None))
         return checked
     except Exception as e:  # noqa: BLE001 -- as safe_reward: a user reward can fail in any way; the run goes on
         return [(zeros.copy(), f"{type(e).__name__}: {e}") for _ in completions]

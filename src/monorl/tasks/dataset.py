@@ -14,8 +14,9 @@
   ``accuracy``, ``format``, ``length``) or ``module:function`` (a module name or a path to a ``.py`` file).
   ``prompts`` are the dataset's prompt values; ``completions`` are strings, or for chat prompts TRL's
   ``[{"role": "assistant", "content": ...}]``. None means "does not apply to this completion". Each function
-  is a reward component named after it, logged as its weighted value (None counts 0.0); the reward is their
-  sum, the weighted sum of the non-None values (``reward_weights``, default 1.0 each). A function that raises
+  is a reward component named after it, kept and logged as it returned it (``rewards/<name>/mean``: the mean
+  of its non-None values, as TRL logs it); the reward is the weighted sum of the non-None values
+  (``reward_weights``, default 1.0 each: `Task.reward_weights`). A function that raises
   or returns something unusable fails the completions it scored: 0.0 on every component, with an error
   naming the function (a reward that fails on everything for 3 steps stops the run).
 """
@@ -159,20 +160,23 @@ class DatasetTask(Task):
     """Prompts from a local dataset file, rewards from plain (TRL-style) reward functions; see the module
     docstring. Arguments (``--task.args.NAME``): ``path``, ``reward`` (comma-separated names / ``mod:fn``, or
     a list; callables from Python), ``reward_weights``, ``prompt_column``, ``test_path`` or ``test_fraction``,
-    and the built-ins' settings ``format_pattern``, ``length_max``, ``length_soft``."""
+    ``instruction`` (appended to each prompt's last user message after a blank line, e.g. "put your final
+    answer within \\boxed{}") and the built-ins' settings ``format_pattern``, ``length_max``, ``length_soft``."""
 
     name = "dataset"
 
     def __init__(self, path: str | Path, reward: Any = None, reward_weights: Any = None,
                  prompt_column: str = "prompt", test_path: str | Path | None = None,
                  test_fraction: float | None = None, format_pattern: str | None = None,
-                 length_max: int | None = None, length_soft: int | None = None) -> None:
+                 length_max: int | None = None, length_soft: int | None = None,
+                 instruction: str | None = None) -> None:
         if reward is None:
             raise _task_error("the dataset task needs --task.args.reward: built-ins "
                               f"{', '.join(BUILTIN_REWARDS)} or 'module:function', comma-separated")
         if test_path is not None and test_fraction is not None:
             raise _task_error("give test_path or test_fraction, not both")
         self.path, self.prompt_column = Path(path), str(prompt_column)
+        self.instruction = None if instruction is None else str(instruction)
         train, test = load_dataset_file(self.path)
         self._check(train, self.path)
         if test_path is not None:
@@ -205,6 +209,7 @@ class DatasetTask(Task):
             self._fns.append(_RewardFn(fn, name, weight))
         self._check_arguments()
         self.reward_components = tuple(f.name for f in self._fns)
+        self.reward_weights = {f.name: f.weight for f in self._fns}
 
     # -- data -----------------------------------------------------------------------------------------------
     def _check(self, ds: Any, where: Path) -> None:
@@ -255,11 +260,16 @@ class DatasetTask(Task):
         columns = {k: v for k, v in record.items() if k != self.prompt_column}
         answer = columns.get("solution", columns.get("answer"))
         if isinstance(value, str):
-            return Prompt(text=value, answer=answer, meta={**meta, "columns": columns})
+            return Prompt(text=self._instructed(value), answer=answer, meta={**meta, "columns": columns})
         messages = [{"role": m["role"], "content": m["content"]} for m in value]
+        last_user = max((i for i, m in enumerate(messages) if m["role"] == "user"), default=len(messages) - 1)
+        messages[last_user]["content"] = self._instructed(messages[last_user]["content"])
         users = [m["content"] for m in messages if m["role"] == "user"]
         text = users[-1] if users else messages[-1]["content"]
         return Prompt(text=text, answer=answer, meta={**meta, "columns": columns, "messages": messages})
+
+    def _instructed(self, text: str) -> str:
+        return text if not self.instruction else f"{text}\n\n{self.instruction}"
 
     def train_prompts(self, seed: int = 0, start: int = 0) -> Iterator[Prompt]:
         for index, epoch, row in shuffled_rows(len(self._train), seed, start):
@@ -278,7 +288,7 @@ class DatasetTask(Task):
 
     # -- rewards --------------------------------------------------------------------------------------------
     def score_batch(self, prompts: Sequence[Prompt], completions: Sequence[str],
-                    completion_ids: Sequence[Sequence[int]]) -> list[tuple[dict[str, float], str | None]]:
+                    completion_ids: Sequence[Sequence[int]]) -> list[tuple[dict[str, float | None], str | None]]:
         """Each reward function called once on the whole batch (TRL's convention); see the module docstring."""
         size = len(completions)
         chat = ["messages" in p.meta for p in prompts]
@@ -336,11 +346,10 @@ class DatasetTask(Task):
             if errs:
                 scored.append(({f.name: 0.0 for f in self._fns}, "; ".join(errs)))
             else:
-                weighted = zip(self._fns, vals, strict=True)
-                scored.append(({f.name: 0.0 if v is None else f.weight * v for f, v in weighted}, None))
+                scored.append(({f.name: v for f, v in zip(self._fns, vals, strict=True)}, None))
         return scored
 
-    def reward(self, prompt: Prompt, completion: str) -> dict[str, float]:
+    def reward(self, prompt: Prompt, completion: str) -> dict[str, float | None]:
         """One completion through `score_batch` (without token ids: the ``length`` reward then sees 0 tokens)."""
         vals, error = self.score_batch([prompt], [completion], [[]])[0]
         if error is not None:

@@ -5,12 +5,15 @@ completion (None: not applicable to that completion). A completion is a string, 
 
 - ``accuracy``: 1.0 when the completion's answer equals the gold answer (the ``solution`` column, else
   ``answer``) by math-verify (``pip install monorl[math]``), which TRL's ``accuracy_reward`` uses: ``\\boxed{2}``
-  matches ``2``, ``0.5`` matches ``1/2``. None when the gold answer does not parse.
+  matches ``2``, ``0.5`` matches ``1/2``. A gold solution with a ``####`` line (GSM8K's format) is graded by
+  what follows the last ``####``. None when the gold answer does not parse.
 - ``format``: 1.0 when the completion matches a regex (``re.search``, DOTALL), ``--task.args.format_pattern``;
   by default a ``\\boxed{...}`` answer.
-- ``length``: TRL's soft overlong punishment over completion tokens: 0 up to ``length_max - length_soft``,
-  then linear down to -1 at ``length_max`` and beyond (``--task.args.length_max N``, typically
-  ``rollout.max_new_tokens``; ``length_soft`` defaults to a quarter of it).
+- ``length``: DAPO's soft overlong punishment (Yu et al. 2025, arXiv:2503.14476, eq. 13; TRL's
+  ``get_soft_overlong_punishment``) over completion tokens: 0 up to ``length_max - length_soft``, then linear
+  down to -1 at ``length_max`` and beyond (``--task.args.length_max N``, typically ``rollout.max_new_tokens``;
+  ``length_soft`` defaults to a quarter of it). For any task, ``--rollout.overlong_buffer`` adds the same
+  penalty as a reward component of its own (`monorl.rl.rollouts.add_overlong_penalty`).
 """
 
 from __future__ import annotations
@@ -62,7 +65,10 @@ def accuracy(prompts: list, completions: list, completion_ids: list, solution: l
     out: list[float | None] = []
     for completion, g in zip(completions, gold, strict=True):
         if str(g) not in golds:
-            golds[str(g)] = parse(str(g), parsing_timeout=timeout)
+            text = str(g)
+            if "####" in text:  # a GSM8K reference solution: its answer is what follows the last marker
+                text = text.rsplit("####", 1)[1].strip().replace(",", "")
+            golds[str(g)] = parse(text, parsing_timeout=timeout)
         gold_parsed = golds[str(g)]
         if not gold_parsed:
             out.append(None)
@@ -85,6 +91,12 @@ def format_reward(pattern: str = DEFAULT_FORMAT_PATTERN) -> Callable[..., list[f
     return format
 
 
+def soft_overlong_penalty(length: int, length_max: int, soft: int) -> float:
+    """DAPO's R_length: 0 for length <= length_max - soft, (length_max - soft - length) / soft up to
+    length_max, -1 beyond."""
+    return max(-1.0, min(0.0, (length_max - soft - length) / soft))
+
+
 def length_penalty(length_max: int | None, length_soft: int | None = None) -> Callable[..., list[float | None]]:
     """TRL's soft overlong punishment: 0 up to ``length_max - length_soft`` completion tokens, then linear
     down to -1 at ``length_max``, -1 beyond."""
@@ -97,8 +109,7 @@ def length_penalty(length_max: int | None, length_soft: int | None = None) -> Ca
         raise _task_error(f"need 0 < length_soft <= length_max, got length_soft={soft}, length_max={length_max}")
 
     def length(prompts: list, completions: list, completion_ids: list, **columns: Any) -> list[float | None]:
-        free = length_max - soft
-        return [max(-1.0, min(0.0, (free - len(ids)) / soft)) for ids in completion_ids]
+        return [soft_overlong_penalty(len(ids), length_max, soft) for ids in completion_ids]
 
     return length
 

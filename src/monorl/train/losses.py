@@ -46,7 +46,11 @@ The kinds:
                 dual_clip does not apply (there is no clipped branch to bound).
 
 Clip metrics count units (sequences for grpo/gspo, tokens otherwise) whose ratio fell outside
-[1 - clip_low, 1 + clip_high]; for cispo those are the tokens whose IS weight was truncated.
+[1 - clip_low, 1 + clip_high] (``clip_frac_low`` / ``clip_frac_high`` / ``clip_frac``, whatever the advantage's
+sign; for cispo those are the tokens whose IS weight was truncated), and, as TRL's GRPOTrainer counts them,
+the units whose clip is *active*: below the floor with a negative advantage (``clip_ratio/low_mean``), above
+the ceiling with a positive one (``clip_ratio/high_mean``), either (``clip_ratio/region_mean``). Those are the
+units the clip takes the gradient from (for cispo: whose IS weight was truncated where it weighs the update).
 
 KL to the reference policy, per token with d = ref - logp (the estimators of Schulman, "Approximating KL
 divergence", 2020, http://joschu.net/blog/kl-approx.html; samples are from the policy, so each estimates
@@ -166,7 +170,8 @@ class LossNorm:
 
 def loss_metric_names(has_ref: bool) -> tuple[str, ...]:
     """The keys of `policy_loss`'s metrics, in order (`kl` only with ref_logprobs)."""
-    names = ("loss", "pg_loss", "ratio_mean", "clip_frac_low", "clip_frac_high", "clip_frac")
+    names = ("loss", "pg_loss", "ratio_mean", "clip_frac_low", "clip_frac_high", "clip_frac",
+             "clip_ratio/low_mean", "clip_ratio/high_mean", "clip_ratio/region_mean")
     return (*names, "kl") if has_ref else names
 
 
@@ -184,7 +189,8 @@ def policy_loss(logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, seq_
                 token_mask: Tensor | None = None) -> tuple[Tensor, dict[str, Tensor]]:
     """This micro-batch's share of the step loss, and its share of each metric (all detached):
     ``loss``, ``pg_loss``, ``kl`` (when ref_logprobs is given), ``ratio_mean``, ``clip_frac`` (=
-    ``clip_frac_low + clip_frac_high``: units whose ratio fell outside the clip range). Units are sequences for
+    ``clip_frac_low + clip_frac_high``: units whose ratio fell outside the clip range) and
+    ``clip_ratio/{low,high,region}_mean`` (TRL's: units whose clip is active). Units are sequences for
     grpo / gspo, tokens otherwise. `token_mask` [N] (1 real, 0 padding) drops padded rows of a static pack.
 
     For grpo / gspo every sequence's tokens must all be in one micro-batch (packing keeps sequences whole).
@@ -232,19 +238,19 @@ def policy_loss(logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, seq_
         if kl_tok is not None:
             kl = (torch.zeros(num_seqs_step, device=lp.device).index_add(0, seq_ids, kl_tok) * per_len).sum()
             kl = kl / norm.denom
-        units, unit_mask = ratio, present
+        units, unit_mask, unit_adv = ratio, present, adv
     elif cfg.kind == "cispo":
         ratio = torch.exp(log_ratio)
         weight = ratio.detach().clamp(1.0 - cfg.floor, 1.0 + cfg.ceiling)
         # where, not a product: a padded row's log-prob need not be finite, and 0 * inf is NaN
         pg = -(weight * adv[seq_ids] * torch.where(mask > 0, lp, 0.0)).sum() / norm.denom
         kl = kl_tok.sum() / norm.denom if kl_tok is not None else None
-        units, unit_mask = ratio, None if token_mask is None else mask > 0
+        units, unit_mask, unit_adv = ratio, None if token_mask is None else mask > 0, adv[seq_ids]
     else:
         ratio = torch.exp(log_ratio)
         pg = (_surrogate_loss(ratio, adv[seq_ids], cfg) * mask).sum() / norm.denom
         kl = kl_tok.sum() / norm.denom if kl_tok is not None else None
-        units, unit_mask = ratio, None if token_mask is None else mask > 0
+        units, unit_mask, unit_adv = ratio, None if token_mask is None else mask > 0, adv[seq_ids]
     unit_count = norm.unit_count.to(lp.device)
 
     loss = pg if kl is None or cfg.kl_coef == 0 or not cfg.kl_in_loss else pg + cfg.kl_coef * kl
@@ -254,6 +260,7 @@ def policy_loss(logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, seq_
         high = u > 1.0 + cfg.ceiling
         if unit_mask is not None:
             u, low, high = u * unit_mask, low & unit_mask, high & unit_mask
+        low_active, high_active = low & (unit_adv < 0), high & (unit_adv > 0)  # TRL's clip_ratio
         metrics = {
             "loss": loss.detach(),
             "pg_loss": pg.detach(),
@@ -262,6 +269,9 @@ def policy_loss(logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, seq_
             "clip_frac_high": high.sum().float() / unit_count,
         }
         metrics["clip_frac"] = metrics["clip_frac_low"] + metrics["clip_frac_high"]
+        metrics["clip_ratio/low_mean"] = low_active.sum().float() / unit_count
+        metrics["clip_ratio/high_mean"] = high_active.sum().float() / unit_count
+        metrics["clip_ratio/region_mean"] = metrics["clip_ratio/low_mean"] + metrics["clip_ratio/high_mean"]
         if kl is not None:
             metrics["kl"] = kl.detach()
     return loss, metrics

@@ -29,6 +29,9 @@ class TrainSequence:
     old_logprobs: list[float]  # generator log-probs of completion_ids
     advantage: float
     ref_logprobs: list[float] | None = None
+    # zero loss weight (rollout.mask_truncated: DAPO's overlong filtering): never packed, and 0 response tokens
+    # in the step's normalisers, so it neither adds to the loss nor dilutes a token mean
+    masked: bool = False
 
     def __post_init__(self) -> None:
         if len(self.old_logprobs) != len(self.completion_ids):
@@ -173,6 +176,9 @@ def pack(seqs: Sequence[TrainSequence], indices: Sequence[int], buckets: Sequenc
 def make_micro_batches(seqs: Sequence[TrainSequence], max_tokens: int, device: torch.device | str,
                        attn_backend: str = "sdpa", buckets: Sequence[int] | None = None,
                        static: bool = False) -> list[MicroBatch]:
+    """The packed micro-batches of `seqs`, masked sequences left out (their indices stay the step's: seq_ids
+    index the step's advantages)."""
     buckets = tuple(buckets) if buckets else token_buckets(max_tokens)
-    plan = plan_micro_batches([len(s) for s in seqs], max_tokens)
-    return [pack(seqs, idx, buckets, device, attn_backend, static=static) for idx in plan]
+    keep = [i for i, s in enumerate(seqs) if not s.masked]
+    plan = plan_micro_batches([len(seqs[i]) for i in keep], max_tokens)
+    return [pack(seqs, [keep[j] for j in idx], buckets, device, attn_backend, static=static) for idx in plan]

@@ -23,7 +23,7 @@ import torch
 from torch import Tensor
 
 from monorl.model.batch_invariant import is_batch_invariant
-from monorl.model.logprobs import chunked_token_logprobs
+from monorl.model.logprobs import chunked_token_logprobs, chunked_token_logprobs_entropy
 from monorl.model.qwen3 import Qwen3ForCausalLM
 from monorl.train.graphs import TrainGraphs
 from monorl.train.losses import LossConfig, LossNorm, loss_metric_names, policy_loss
@@ -65,7 +65,7 @@ class TrainerConfig:
             raise ValueError(f"trainer.max_grad_norm must be > 0, got {self.max_grad_norm}")
 
 
-_METRIC_SLOTS = 16  # device accumulator: the loss's metrics, then logprob-diff sum and count
+_METRIC_SLOTS = 16  # device accumulator: the loss's metrics, then logprob-diff sum, token count, entropy sum
 
 
 class Trainer:
@@ -117,6 +117,14 @@ class Trainer:
             hidden = model(mb.input_ids, mb.ctx.positions, mb.ctx)
             return chunked_token_logprobs(model, hidden[mb.logit_index], mb.targets, temperature,
                                           self.cfg.logprob_chunk)
+
+    def logprobs_entropy(self, mb: MicroBatch, temperature: float) -> tuple[Tensor, Tensor]:
+        """The policy's log-probs of one micro-batch's completion tokens ([N] fp32, with grad) and the entropy of
+        its distribution at each ([N] fp32, detached), from the same chunks of logits."""
+        with self._autocast():
+            hidden = self.model(mb.input_ids, mb.ctx.positions, mb.ctx)
+            return chunked_token_logprobs_entropy(self.model, hidden[mb.logit_index], mb.targets, temperature,
+                                                  self.cfg.logprob_chunk)
 
     @torch.no_grad()
     def ref_logprobs(self, seqs: Sequence[TrainSequence], temperature: float) -> None:
@@ -181,13 +189,14 @@ class Trainer:
     def _accumulate(self, mb: MicroBatch, norm: LossNorm, advantages: Tensor, temperature: float) -> None:
         """One micro-batch: forward, loss, backward (into .grad), metric sums (into the device buffers).
         No host sync: this is the body a trainer CUDA graph captures."""
-        logprobs = self.response_logprobs(self.model, mb, temperature)
+        logprobs, entropy = self.logprobs_entropy(mb, temperature)
         loss, metrics = policy_loss(logprobs, mb.old_logprobs, advantages, mb.seq_ids, self.cfg.loss, norm,
                                     ref_logprobs=mb.ref_logprobs, token_mask=mb.token_mask)
         loss.backward()
         diff = (logprobs.detach() - mb.old_logprobs).abs() * mb.token_mask
         names = loss_metric_names(mb.ref_logprobs is not None)
-        vals = torch.stack([*(metrics[k] for k in names), diff.sum(), mb.token_mask.sum()]).double()
+        vals = torch.stack([*(metrics[k] for k in names), diff.sum(), mb.token_mask.sum(),
+                            (entropy * mb.token_mask).sum()]).double()
         self._acc[: vals.numel()] += vals  # each micro-batch returns its share of the step value
         torch.maximum(self._acc_max, diff.max().reshape(1), out=self._acc_max)
 
@@ -224,7 +233,7 @@ class Trainer:
             loss.backward()
             total += loss.detach().double()  # summed on the device: one sync per step, not per micro-batch
         grad_norm, lr, skipped = self._apply_gradients()
-        return {"loss": total.item(), "grad_norm": grad_norm, "lr": lr, "skipped": float(skipped)}
+        return {"loss": total.item(), "grad_norm": grad_norm, "learning_rate": lr, "skipped": float(skipped)}
 
     def step(self, seqs: Sequence[TrainSequence], temperature: float = 1.0) -> dict[str, float]:
         """One optimizer step over all `seqs` (accumulated over packed micro-batches)."""
@@ -234,7 +243,7 @@ class Trainer:
         if self.ref_model is not None and cfg.loss.kl_coef > 0:
             self.ref_logprobs(seqs, temperature)
         self.model.train()
-        norm = LossNorm.for_step(cfg.loss, [len(s.completion_ids) for s in seqs], self.device)
+        norm = LossNorm.for_step(cfg.loss, [0 if s.masked else len(s.completion_ids) for s in seqs], self.device)
         advantages = torch.tensor([s.advantage for s in seqs], dtype=torch.float32, device=self.device)
         mbs = [mb for mb in self._micro_batches(seqs) if mb.num_targets > 0]
         keys: list[tuple | None] = [None] * len(mbs)
@@ -254,11 +263,12 @@ class Trainer:
         grad_norm, lr, skipped = self._apply_gradients()
         sums = dict(zip(names, host, strict=False))
         k = len(names)
-        d_sum, d_count, d_max = host[k], host[k + 1], host[-1]
+        d_sum, d_count, ent_sum, d_max = host[k], host[k + 1], host[k + 2], host[-1]
         out = {
             "loss": sums.get("loss", 0.0) if mbs else 0.0,
             "grad_norm": float(grad_norm),
-            "lr": lr,
+            "learning_rate": lr,
+            "entropy": ent_sum / d_count if d_count else 0.0,  # token mean over the step's trained tokens
             "logprob_diff_mean": d_sum / d_count if d_count else 0.0,
             "logprob_diff_max": d_max,
             "skipped": float(skipped),

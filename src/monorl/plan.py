@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from monorl.generate.kv_cache import blocks_for
+from monorl.generate.kv_cache import kv_cache_bytes_needed
 from monorl.model.config import ModelConfig
 from monorl.train.packing import bucket_size
 
@@ -93,13 +93,6 @@ def lora_param_count(m: ModelConfig, lora: LoRAConfig) -> int:
     shapes = projection_shapes(m)
     names = {t if t.endswith("_proj") else f"{t}_proj" for t in lora.targets}
     return m.num_layers * sum(lora.rank * sum(shapes[n]) for n in names)
-
-
-def kv_cache_bytes_needed(m: ModelConfig, max_num_seqs: int, max_model_len: int, block_size: int,
-                          dtype_bytes: int = 2) -> int:
-    """What `max_num_seqs` sequences of `max_model_len` tokens need (the generator's default budget)."""
-    per_block = m.num_layers * 2 * block_size * m.num_kv_heads * m.head_dim * dtype_bytes
-    return (max_num_seqs * blocks_for(max_model_len, block_size) + 1) * per_block
 
 
 def trainer_activation_bytes(m: ModelConfig, tokens: int, compute_dtype: str, checkpointing: bool,
@@ -194,7 +187,8 @@ def plan_memory(cfg: RunConfig, m: ModelConfig, max_prompt_tokens: int, device_b
     counts = param_counts(m)
     total = sum(counts.values())
     compute = ("bfloat16" if on_gpu else "float32") if t.compute_dtype == "auto" else t.compute_dtype
-    gen_bytes = 2 if on_gpu else 4
+    gen_dtype = torch.bfloat16 if on_gpu else torch.float32
+    gen_bytes = gen_dtype.itemsize
     ac = t.activation_checkpointing if activation_checkpointing is None else activation_checkpointing
     ac = bool(ac)
     rows: list[MemoryRow] = []
@@ -218,7 +212,7 @@ def plan_memory(cfg: RunConfig, m: ModelConfig, max_prompt_tokens: int, device_b
         rows.append(MemoryRow("KL reference", total * gen_bytes, "frozen copy of the starting policy"))
     rows.append(MemoryRow("generator weights", total * gen_bytes, "bf16 inference copy" if on_gpu else ""))
     model_len = max_model_len or g.max_model_len or m.max_position_embeddings
-    kv = g.kv_cache_bytes or kv_cache_bytes_needed(m, g.max_num_seqs, model_len, g.block_size, gen_bytes)
+    kv = g.kv_cache_bytes or kv_cache_bytes_needed(m, g.max_num_seqs, model_len, g.block_size, gen_dtype)
     rows.append(MemoryRow("KV cache", kv, f"{g.max_num_seqs} seqs x {model_len} tokens"))
     mb = largest_micro_batch(cfg, max_prompt_tokens)
     acts = trainer_activation_bytes(m, mb, compute, ac, t.logprob_chunk, copy_params, residual)

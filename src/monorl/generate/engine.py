@@ -19,7 +19,15 @@ from torch import nn
 
 from monorl.compile import CompileConfig, compile_generator
 from monorl.generate.attention import triton_decode_supported
-from monorl.generate.kv_cache import BlockManager, KVCache, blocks_for, bytes_per_block, slot_mapping, table_tensor
+from monorl.generate.kv_cache import (
+    BlockManager,
+    KVCache,
+    blocks_for,
+    bytes_per_block,
+    kv_cache_bytes_needed,
+    slot_mapping,
+    table_tensor,
+)
 from monorl.generate.runner import ModelRunner
 from monorl.generate.sampling import SamplingParams, sample, sequence_key
 from monorl.generate.scheduler import Group, Scheduler, Sequence
@@ -89,11 +97,8 @@ class Generator:
 
     def kv_bytes_needed(self) -> int:
         """What `max_num_seqs` sequences of `max_model_len` tokens need."""
-        bs = self.config.block_size
-        return (self.config.max_num_seqs * blocks_for(self.max_model_len, bs) + 1) * self.kv_bytes_per_block()
-
-    def kv_bytes_per_block(self) -> int:
-        return bytes_per_block(self.model.config, self.config.block_size, self.dtype)
+        c = self.config
+        return kv_cache_bytes_needed(self.model.config, c.max_num_seqs, self.max_model_len, c.block_size, self.dtype)
 
     def allocate_kv_cache(self, budget: int | None = None) -> None:
         """Allocate the KV cache and the model runner. budget: bytes (None: `config.kv_cache_bytes`, else what
@@ -101,7 +106,7 @@ class Generator:
         if self.kv is not None:
             raise RuntimeError("the generator's KV cache is already allocated")
         config, bs = self.config, self.config.block_size
-        per_block, need = self.kv_bytes_per_block(), self.kv_bytes_needed()
+        per_block, need = bytes_per_block(self.model.config, bs, self.dtype), self.kv_bytes_needed()
         if budget is None and config.kv_cache_bytes is not None:
             budget = config.kv_cache_bytes
         elif budget is None and self.device.type == "cuda":

@@ -86,6 +86,13 @@ def blocks_for(num_tokens: int, block_size: int) -> int:
     return -(-num_tokens // block_size)
 
 
+def kv_cache_bytes_needed(cfg: ModelConfig, max_num_seqs: int, max_model_len: int, block_size: int,
+                          dtype: torch.dtype) -> int:
+    """What `max_num_seqs` sequences of `max_model_len` tokens need, plus the scratch block (the generator's
+    default budget, and the memory plan's KV row)."""
+    return (max_num_seqs * blocks_for(max_model_len, block_size) + 1) * bytes_per_block(cfg, block_size, dtype)
+
+
 def slot_mapping(table: list[int], start: int, end: int, block_size: int) -> list[int]:
     """Flat cache slots (block * block_size + offset) of positions start..end-1."""
     return [table[p // block_size] * block_size + p % block_size for p in range(start, end)]

@@ -21,6 +21,7 @@ from tqdm import tqdm
 from monorl.compile import compile_blocks, compile_counters, setup_compile_cache
 from monorl.config import RunConfig
 from monorl.generate.engine import Generator
+from monorl.generate.kv_cache import kv_cache_bytes_needed
 from monorl.generate.sampling import SamplingParams
 from monorl.model.attention import resolve_backend
 from monorl.model.batch_invariant import make_batch_invariant_
@@ -29,7 +30,7 @@ from monorl.model.config import MODEL_SHAPES, ModelConfig, model_shape
 from monorl.model.lora import apply_lora_, is_lora, save_adapter, save_merged_checkpoint
 from monorl.model.qwen3 import Qwen3ForCausalLM, build_model
 from monorl.model.tokenizer import TOKENIZER_FILE, CharTokenizer, eos_ids, load_tokenizer
-from monorl.plan import GiB, kv_cache_bytes_needed, run_memory_plan
+from monorl.plan import GiB, run_memory_plan
 from monorl.rl.checkpointing import (
     find_checkpoint,
     load_training_checkpoint,
@@ -306,7 +307,7 @@ class GRPORun:
         r = self.cfg.rollout
         seqs = min(self.cfg.generator.max_num_seqs, r.prompts_per_step * r.group_size)
         step_need = kv_cache_bytes_needed(self.model_config, seqs, self.max_prompt_tokens + r.max_new_tokens,
-                                          self.cfg.generator.block_size)
+                                          self.cfg.generator.block_size, gen.dtype)
         if room < step_need:
             raise MemoryError(f"after training's measured needs ({trainer / GiB:.1f} GiB transient, "
                               f"{optimizer / GiB:.1f} GiB optimizer state not yet allocated) {room / GiB:.1f} GiB are "

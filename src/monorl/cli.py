@@ -10,6 +10,8 @@ import sys
 from monorl.config import PRESETS, apply_overrides, parse_override_args, preset
 
 USAGE = """monorl train [--preset NAME] [--key.sub value ...]    run GRPO (default preset: tiny)
+monorl train --nproc N [...]                            the same, as N ranks on this machine (torchrun; README
+                                                        "Several GPUs")
 monorl train --resume RUN_DIR [--allow-config-change] [--key.sub value ...]
                                                         continue from RUN_DIR's latest checkpoint (or a
                                                         checkpoint dir); overrides apply to its config.json
@@ -66,6 +68,7 @@ def cmd_train(argv: list[str]) -> int:
     p = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
     p.add_argument("--resume", default=None)
     p.add_argument("--allow-config-change", action="store_true")
+    p.add_argument("--nproc", type=int, default=None)
     known, rest = p.parse_known_args(argv)
     if known.resume is None:
         if known.allow_config_change:
@@ -73,6 +76,13 @@ def cmd_train(argv: list[str]) -> int:
         cfg = _resolve(rest)
     else:
         cfg = _resume_config(known.resume, rest, known.allow_config_change)
+    if known.nproc is not None:  # this command again, as N ranks under torchrun (monorl.distributed.launch)
+        from monorl.distributed.launch import relaunch_with_torchrun
+        from monorl.distributed.world import World, check_world
+
+        check_world(cfg, World(size=known.nproc))  # before starting N processes that would each say it
+        i = next(j for j, a in enumerate(argv) if a == "--nproc" or a.startswith("--nproc="))
+        return relaunch_with_torchrun(known.nproc, ["train", *argv[:i], *argv[i + 1 + ("=" not in argv[i]):]])
     train(cfg, progress=sys.stderr.isatty(), resume=known.resume)
     return 0
 

@@ -135,6 +135,20 @@ class CheckpointSection:
 
 
 @dataclass
+class DistributedSection:
+    """Runs on several GPUs or nodes, launched by torchrun or `monorl train --nproc N` (README "Several GPUs")."""
+
+    timeout_s: float = 600.0  # collective timeout: a dead or stuck rank fails the others after this, never a hang
+    backend: str = "auto"  # process group backend: auto (nccl on CUDA, gloo on CPU) | nccl | gloo
+
+    def __post_init__(self) -> None:
+        if not self.timeout_s > 0:
+            raise ValueError(f"distributed.timeout_s must be > 0, got {self.timeout_s}")
+        if self.backend not in ("auto", "nccl", "gloo"):
+            raise ValueError(f"distributed.backend must be auto | nccl | gloo, got {self.backend!r}")
+
+
+@dataclass
 class RunConfig:
     preset: str = "tiny"
     seed: int = 0
@@ -153,6 +167,7 @@ class RunConfig:
     validation: ValidationSection = field(default_factory=ValidationSection)
     warm_start: WarmStartSection = field(default_factory=WarmStartSection)
     checkpoint: CheckpointSection = field(default_factory=CheckpointSection)
+    distributed: DistributedSection = field(default_factory=DistributedSection)
 
     def __post_init__(self) -> None:
         if self.steps < 0:

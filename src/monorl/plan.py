@@ -170,19 +170,21 @@ def reserve_for(device_bytes: int) -> int:
     return int(0.75 * GiB + 0.03 * device_bytes)
 
 
-def largest_micro_batch(cfg: RunConfig, max_prompt_tokens: int) -> int:
-    """Tokens of the step's largest packed micro-batch: all rollouts of a step, at most micro_batch_tokens,
-    rounded up to the packer's bucket."""
+def largest_micro_batch(cfg: RunConfig, max_prompt_tokens: int, ranks: int = 1) -> int:
+    """Tokens of the step's largest packed micro-batch: all rollouts of a step (of a rank's share of them), at
+    most micro_batch_tokens, rounded up to the packer's bucket."""
     r = cfg.rollout
-    step_tokens = r.prompts_per_step * r.group_size * (max_prompt_tokens + r.max_new_tokens)
+    step_tokens = -(-r.prompts_per_step // ranks) * r.group_size * (max_prompt_tokens + r.max_new_tokens)
     return min(cfg.trainer.micro_batch_tokens, bucket_size(min(step_tokens, cfg.trainer.micro_batch_tokens)))
 
 
 def plan_memory(cfg: RunConfig, m: ModelConfig, max_prompt_tokens: int, device_bytes: int | None,
                 on_gpu: bool = True, activation_checkpointing: bool | None = None,
-                max_model_len: int | None = None) -> MemoryPlan:
+                max_model_len: int | None = None, ranks: int = 1) -> MemoryPlan:
     """The plan for `cfg` on one GPU of `device_bytes` (see the module docstring). on_gpu=False plans a CPU run
-    (fp32 everywhere, no graphs); activation_checkpointing overrides `trainer.activation_checkpointing`."""
+    (fp32 everywhere, no graphs); activation_checkpointing overrides `trainer.activation_checkpointing`.
+    ranks > 1: one GPU of an FSDP run (`monorl.distributed`): the policy, its gradients and AdamW's state are
+    sharded over the ranks, a rank trains its share of the step, and holds a gathered block or two at a time."""
     t, g, cc, lora = cfg.trainer, cfg.generator, cfg.compile, cfg.lora
     counts = param_counts(m)
     total = sum(counts.values())
@@ -195,26 +197,34 @@ def plan_memory(cfg: RunConfig, m: ModelConfig, max_prompt_tokens: int, device_b
     if lora.enabled:
         n_lora = lora_param_count(m, lora)
         base_bytes = 2 if compute == "bfloat16" else 4
-        rows.append(MemoryRow("policy weights", total * base_bytes + n_lora * 4,
+        rows.append(MemoryRow("policy weights", (total * base_bytes + n_lora * 4) // ranks,
                               f"frozen {compute} base + {n_lora / 1e6:.1f}M fp32 LoRA parameters"))
         trainable, copy_params, residual = n_lora, 0, base_bytes
     else:
         size = f"{total / 1e9:.2f}B" if total >= 1e8 else f"{total / 1e6:.2f}M"
-        rows.append(MemoryRow("policy weights", total * 4, f"{size} fp32 masters"))
+        rows.append(MemoryRow("policy weights", total * 4 // ranks, f"{size} fp32 masters"))
         trainable, copy_params, residual = total, counts["linear"] + (counts["lm_head"] or counts["embed"]), 4
     graphs = on_gpu and cc.trainer_cuda_graphs
     # trainer graphs write fixed gradient buffers; without them gradients exist only from backward to the
     # optimizer step, while activations are being freed: they count as a transient of the trainer phase
-    rows.append(MemoryRow("gradients", trainable * 4, "fp32" + ("" if graphs else ", freed after each step"),
+    graphs = graphs and ranks == 1  # the trainer runs FSDP without graphs (train/trainer.py)
+    rows.append(MemoryRow("gradients", trainable * 4 // ranks, "fp32" + ("" if graphs else ", freed after each step"),
                           persistent=graphs))
-    rows.append(MemoryRow("optimizer state", trainable * 8, "AdamW moments, fp32"))
+    rows.append(MemoryRow("optimizer state", trainable * 8 // ranks, "AdamW moments, fp32"))
+    if ranks > 1:
+        for row in rows:
+            row.note += f" (1/{ranks}: sharded)"
+        # FSDP's all-gather of the next block (prefetch) beside the one computing, in the compute dtype
+        block = (total - counts["embed"] - (counts["lm_head"] or 0)) // m.num_layers
+        rows.append(MemoryRow("FSDP gathered blocks", 2 * block * (2 if compute == "bfloat16" else 4),
+                              "two blocks unsharded at a time", persistent=False))
     if t.loss.kl_coef > 0:
         rows.append(MemoryRow("KL reference", total * gen_bytes, "frozen copy of the starting policy"))
     rows.append(MemoryRow("generator weights", total * gen_bytes, "bf16 inference copy" if on_gpu else ""))
     model_len = max_model_len or g.max_model_len or m.max_position_embeddings
     kv = g.kv_cache_bytes or kv_cache_bytes_needed(m, g.max_num_seqs, model_len, g.block_size, gen_dtype)
     rows.append(MemoryRow("KV cache", kv, f"{g.max_num_seqs} seqs x {model_len} tokens"))
-    mb = largest_micro_batch(cfg, max_prompt_tokens)
+    mb = largest_micro_batch(cfg, max_prompt_tokens, ranks)
     acts = trainer_activation_bytes(m, mb, compute, ac, t.logprob_chunk, copy_params, residual)
     rows.append(MemoryRow("trainer activations", acts,
                           f"{mb} tokens{', checkpointed' if ac else ''}{', CUDA-graph pool' if graphs else ''}",
@@ -236,13 +246,14 @@ def plan_memory(cfg: RunConfig, m: ModelConfig, max_prompt_tokens: int, device_b
 
 
 def auto_checkpointing(cfg: RunConfig, m: ModelConfig, max_prompt_tokens: int, device_bytes: int | None,
-                       on_gpu: bool = True) -> bool:
+                       on_gpu: bool = True, ranks: int = 1) -> bool:
     """`trainer.activation_checkpointing` auto (None): on only when the run does not fit without it."""
     if cfg.trainer.activation_checkpointing is not None:
         return cfg.trainer.activation_checkpointing
     if not on_gpu or device_bytes is None:
         return False
-    return not plan_memory(cfg, m, max_prompt_tokens, device_bytes, on_gpu, activation_checkpointing=False).fits
+    return not plan_memory(cfg, m, max_prompt_tokens, device_bytes, on_gpu, activation_checkpointing=False,
+                           ranks=ranks).fits
 
 
 def _changes(cfg: RunConfig, max_prompt_tokens: int) -> list[tuple[str, str, dict[str, Any]]]:
@@ -317,13 +328,15 @@ def device_memory_bytes(device: torch.device) -> int | None:
     return torch.cuda.get_device_properties(device).total_memory if device.type == "cuda" else None
 
 
-def run_memory_plan(cfg: RunConfig, m: ModelConfig, max_prompt_tokens: int, device: torch.device) -> MemoryPlan:
+def run_memory_plan(cfg: RunConfig, m: ModelConfig, max_prompt_tokens: int, device: torch.device,
+                    ranks: int = 1) -> MemoryPlan:
     """The plan for a run on `device` (its whole memory), with `trainer.activation_checkpointing` auto resolved.
-    A run that does not fit raises MemoryPlanError naming the cheapest change that does, after printing the table."""
+    A run that does not fit raises MemoryPlanError naming the cheapest change that does, after printing the table.
+    ranks: the run's rank count (one GPU of an FSDP run; the advice is still for one rank)."""
     on_gpu = device.type == "cuda"
     device_bytes = device_memory_bytes(device)
-    ac = auto_checkpointing(cfg, m, max_prompt_tokens, device_bytes, on_gpu)
-    plan = plan_memory(cfg, m, max_prompt_tokens, device_bytes, on_gpu, activation_checkpointing=ac)
+    ac = auto_checkpointing(cfg, m, max_prompt_tokens, device_bytes, on_gpu, ranks)
+    plan = plan_memory(cfg, m, max_prompt_tokens, device_bytes, on_gpu, activation_checkpointing=ac, ranks=ranks)
     if plan.fits is False:
         plan.advice = advise(cfg, m, max_prompt_tokens, device_bytes)
         print(f"memory plan (does not fit {device}):\n{plan.table()}", file=sys.stderr, flush=True)

@@ -159,9 +159,11 @@ class Generator:
 
     @torch.inference_mode()
     def generate(self, prompts: list[list[int]], sampling: SamplingParams | list[SamplingParams],
-                 n: int = 1) -> list[list[Completion]]:
+                 n: int = 1, first_prompt_index: int = 0) -> list[list[Completion]]:
         """For each prompt, n completions (results[prompt][sample]). `sampling` is one SamplingParams for
-        all prompts, or one per prompt (those may differ in lengths, stops and seed, not in the sampler)."""
+        all prompts, or one per prompt (those may differ in lengths, stops and seed, not in the sampler).
+        first_prompt_index: the index of prompts[0] in the sampling keys (`sequence_key`): a rank generating
+        prompts [k, m) of a batch passes k, so each prompt draws the noise it would draw in the whole batch."""
         cfg = self.config
         if self.kv is None:
             self.allocate_kv_cache()
@@ -179,7 +181,8 @@ class Generator:
             stops_possible |= bool(stop_ids or sp.stop_strings)
             g = Group(prompt=list(p), sampling=sp, pending=n, stop_ids=stop_ids)
             seed = sp.seed if sp.seed is not None else default_seed
-            seqs = [Sequence(group=g, sample_index=j, key=sequence_key(seed, i, j)) for j in range(n)]
+            seqs = [Sequence(group=g, sample_index=j, key=sequence_key(seed, first_prompt_index + i, j))
+                    for j in range(n)]
             results.append(seqs)
             for s in seqs:
                 sched.add(s)

@@ -199,6 +199,16 @@ def read_meta(path: str | os.PathLike) -> dict[str, Any]:
     return meta
 
 
+def check_architecture(path: Path, config: Any) -> None:
+    """Refuse a checkpoint whose config.json is another architecture than the run's policy (`config`)."""
+    stored = load_config(path)
+    arch = ("vocab_size", "hidden_size", "intermediate_size", "num_layers", "num_heads", "num_kv_heads", "head_dim",
+            "rope_theta", "rms_norm_eps", "tie_word_embeddings")  # not token ids: those may be rewritten on save
+    if diff := [f"{k}={getattr(stored, k)} (run: {getattr(config, k)})" for k in arch
+                if getattr(stored, k) != getattr(config, k)]:
+        raise CheckpointError(f"{path / 'config.json'} is another model than the run's policy: {', '.join(diff)}")
+
+
 @dataclass
 class TrainingCheckpoint:
     path: Path
@@ -231,12 +241,7 @@ def load_training_checkpoint(path: str | os.PathLike, policy: Qwen3ForCausalLM, 
     if (state["step"], state["data_position"]) != (meta["step"], meta["data_position"]):
         raise CheckpointError(f"{state_file} (step {state['step']}) and {p / META_FILE} (step {meta['step']}) "
                               "disagree: files from different checkpoints")
-    stored = load_config(p)
-    arch = ("vocab_size", "hidden_size", "intermediate_size", "num_layers", "num_heads", "num_kv_heads", "head_dim",
-            "rope_theta", "rms_norm_eps", "tie_word_embeddings")  # not token ids: those may be rewritten on save
-    if diff := [f"{k}={getattr(stored, k)} (run: {getattr(policy.config, k)})" for k in arch
-                if getattr(stored, k) != getattr(policy.config, k)]:
-        raise CheckpointError(f"{p / 'config.json'} is another model than the run's policy: {', '.join(diff)}")
+    check_architecture(p, policy.config)
     if is_lora(policy):
         try:
             load_adapter_(policy, p / ADAPTER_DIR)  # checks everything before writing the first tensor

@@ -20,6 +20,15 @@ from tqdm import tqdm
 
 from monorl.compile import compile_blocks, compile_counters, setup_compile_cache
 from monorl.config import RunConfig
+from monorl.distributed.checkpoint import (
+    full_policy_on_main,
+    is_sharded_checkpoint,
+    load_sharded_checkpoint,
+    save_sharded_checkpoint,
+)
+from monorl.distributed.elastic import die_for_test, restart_resume_path
+from monorl.distributed.fsdp import shard_model_
+from monorl.distributed.world import SINGLE, World, check_world, close_world, init_world, quiet_unless_main
 from monorl.generate.engine import Generator
 from monorl.generate.kv_cache import kv_cache_bytes_needed
 from monorl.generate.sampling import SamplingParams
@@ -61,7 +70,10 @@ from monorl.train.trainer import Trainer, TrainerConfig
 log = logging.getLogger("monorl")
 
 
-def resolve_device(name: str) -> torch.device:
+def resolve_device(name: str, world: World = SINGLE) -> torch.device:
+    """The run's device; on several ranks each takes its node's GPU LOCAL_RANK (`init_world` selected it)."""
+    if world.size > 1 and (name.startswith("cuda") or (name == "auto" and torch.cuda.is_available())):
+        return torch.device("cuda", world.local_rank)
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     dev = torch.device(name)
@@ -116,15 +128,21 @@ def load_policy(cfg: RunConfig, device: torch.device,
 class GRPORun:
     """Holds the pieces of one run; `run()` executes it."""
 
-    def __init__(self, cfg: RunConfig, progress: bool = True, resume: str | Path | None = None) -> None:
+    def __init__(self, cfg: RunConfig, progress: bool = True, resume: str | Path | None = None,
+                 world: World | None = None) -> None:
+        """world: this process among the run's ranks (default: torchrun's, joined here; one process outside
+        torchrun). Several ranks shard the trainer (FSDP2) and split each step's prompt groups."""
         self.cfg, self.progress = cfg, progress
+        self.world = world = init_world(cfg.device, cfg.distributed.timeout_s,
+                                        cfg.distributed.backend) if world is None else world
+        check_world(cfg, world)
         self.t_start = time.perf_counter()
         self.phase_s = {"warm_start_s": 0.0, "validation_s": 0.0, "checkpoint_s": 0.0}
         # a run dir or checkpoint dir to continue from; resolved first so a bad path fails before any work
         self.resume_from = find_checkpoint(resume) if resume is not None else None
         random.seed(cfg.seed)
         torch.manual_seed(cfg.seed)
-        self.device = resolve_device(cfg.device)
+        self.device = resolve_device(cfg.device, world)
         self.startup: dict[str, float] = {}
         self.compile_s = 0.0
 
@@ -144,7 +162,7 @@ class GRPORun:
         self.components = self.check_components()
         self.pass_component = cfg.validation.pass_component or (self.task.reward_components or (None,))[0]
         on_gpu = self.device.type == "cuda"
-        self.plan = run_memory_plan(cfg, self.model_config, self.max_prompt_tokens, self.device)
+        self.plan = run_memory_plan(cfg, self.model_config, self.max_prompt_tokens, self.device, world.size)
 
         gen_dtype = torch.bfloat16 if on_gpu else torch.float32
         lora = cfg.lora
@@ -180,19 +198,23 @@ class GRPORun:
         trainer_cfg = cfg.trainer
         if cfg.batch_invariant:  # the trainer computes in the generator's dtype (its autocast dtype: see Trainer)
             trainer_cfg = dataclasses.replace(trainer_cfg, compute_dtype=str(gen_dtype).removeprefix("torch."))
+        if cc.enabled and cc.trainer:  # before sharding: FSDP's hooks then stay outside the compiled blocks
+            compile_blocks(self.policy, cc)
+        if world.size > 1:  # after the generator and the KL reference copied the full weights
+            shard_model_(self.policy, self.device)
         self.trainer = Trainer(self.policy, trainer_cfg, total_steps=cfg.steps,
                                attn_backend="flash" if self.attn_backend == "flash" else "sdpa",
                                ref_model=ref_model, cuda_graphs=cc.trainer_cuda_graphs,
-                               max_graph_tokens=self.plan.micro_batch_tokens)
-        if cc.enabled and cc.trainer:
-            compile_blocks(self.policy, cc)
+                               max_graph_tokens=self.plan.micro_batch_tokens, world=world)
         self.trainer_transient_bytes: int | None = None  # measured by the trainer's warm-up (CUDA)
         self.memory_marks: dict[str, tuple[int, int]] = {}  # (allocated, reserved) bytes at points of the run (CUDA)
         self.reward_failed_steps = 0  # consecutive steps whose reward failed on every completion
         self.num_tokens = 0  # prompt + completion tokens trained on so far (TRL's num_tokens)
         self.warned_short_batch = False
-        # created last, so a bad config, checkpoint or data file leaves no empty run directory behind
-        self.run_dir = RunDir(cfg.run_dir or RunDir.default_path(cfg.preset))
+        # created last, so a bad config, checkpoint or data file leaves no empty run directory behind; rank 0
+        # names it (a default path holds the time) and alone writes it
+        self.run_dir = RunDir(world.broadcast(cfg.run_dir or str(RunDir.default_path(cfg.preset))),
+                              writer=world.is_main)
         self.run_dir.write_config(cfg.to_dict())
 
     def check_prompts_fit(self, sample: int = 32) -> int:
@@ -269,8 +291,9 @@ class GRPORun:
         # two prompts of different lengths: Dynamo specialises a dimension of size 1 (one prompt), which
         # would cost a recompile at the first real prefill
         prompts = [prompt, prompt[: max(2, len(prompt) - 3)]]
-        for sp in (self.sampling(0), SamplingParams(max_new_tokens=4, temperature=0.0)):
-            self.generator.generate(prompts, dataclasses.replace(sp, max_new_tokens=4), n=2)
+        with self.world.main_first():  # the other ranks load what rank 0 compiled (compile.cache_dir)
+            for sp in (self.sampling(0), SamplingParams(max_new_tokens=4, temperature=0.0)):
+                self.generator.generate(prompts, dataclasses.replace(sp, max_new_tokens=4), n=2)
         if cuda:
             torch.cuda.synchronize()
         gen_s = time.perf_counter() - t
@@ -342,7 +365,8 @@ class GRPORun:
             sp = SamplingParams(max_new_tokens=max_new, temperature=0.0, ignore_eos=r.ignore_eos)
         else:
             sp = dataclasses.replace(self.sampling(0), max_new_tokens=max_new, seed=self.cfg.seed * 1_000_003 - 1)
-        groups = generate_rollouts(self.generator, self.tokenizer, self.task, self.val_prompts, sp, v.k, self.max_len)
+        groups = generate_rollouts(self.generator, self.tokenizer, self.task, self.val_prompts, sp, v.k, self.max_len,
+                                   self.world)
         return summarize(groups, self.task.reward_components, self.pass_component, v.pass_threshold)
 
     def sync_weights(self) -> None:
@@ -356,7 +380,7 @@ class GRPORun:
         sft = Trainer(self.policy, TrainerConfig(lr=ws.lr, warmup_steps=max(1, ws.steps // 10), schedule="cosine",
                                                  micro_batch_tokens=self.cfg.trainer.micro_batch_tokens,
                                                  max_grad_norm=1.0),
-                      total_steps=ws.steps, attn_backend=self.trainer.attn_backend)
+                      total_steps=ws.steps, attn_backend=self.trainer.attn_backend, world=self.world)
         eos = self.tokenizer.eos_token_id
         bar = tqdm(range(ws.steps), desc="warm start", disable=not self.progress, leave=False)
         for _ in bar:
@@ -414,7 +438,7 @@ class GRPORun:
         ro = self.cfg.rollout
         prompts = list(itertools.islice(self.train_prompts, n))
         groups = generate_rollouts(self.generator, self.tokenizer, self.task, prompts, self.sampling(step, round_),
-                                   ro.group_size, self.max_len)
+                                   ro.group_size, self.max_len, self.world)
         if ro.overlong_buffer > 0:
             add_overlong_penalty(groups, ro.max_new_tokens, ro.overlong_buffer, ro.overlong_penalty)
         return groups
@@ -429,25 +453,40 @@ class GRPORun:
                               f"steps in a row; stopping (last error: {errors[-1]})")
 
     def save_training_checkpoint(self, step: int, pre: ValidationResult) -> Path:
-        """Checkpoint after `step` completed steps; pre-validation goes in its meta, as a resume skips it."""
-        return save_training_checkpoint(self.run_dir.checkpoints, step, self.policy, self.trainer,
-                                        data_position=self.train_prompts.position, tokenizer=self.tokenizer,
-                                        meta={"pre_validation": pre.__dict__, "total_steps": self.cfg.steps,
-                                              "num_tokens": self.num_tokens},
-                                        keep_last=self.cfg.checkpoint.keep_last)
+        """Checkpoint after `step` completed steps; pre-validation goes in its meta, as a resume skips it. Several
+        ranks write one sharded (DCP) checkpoint together."""
+        meta = {"pre_validation": pre.__dict__, "total_steps": self.cfg.steps, "num_tokens": self.num_tokens}
+        kw = {"data_position": self.train_prompts.position, "tokenizer": self.tokenizer, "meta": meta,
+              "keep_last": self.cfg.checkpoint.keep_last}
+        if self.world.size > 1:
+            return save_sharded_checkpoint(self.run_dir.checkpoints, step, self.policy, self.trainer, self.world,
+                                           config_source=self.generator.model, **kw)
+        return save_training_checkpoint(self.run_dir.checkpoints, step, self.policy, self.trainer, **kw)
 
     def save_final(self) -> None:
         """checkpoints/final: the policy as an HF checkpoint (fp32); a LoRA run's adapter in PEFT's format (loads with
         `PeftModel.from_pretrained(base, dir)`), plus checkpoints/final_merged (base + adapters, the base's dtype)
         with checkpoint.merged."""
         final = self.run_dir.checkpoints / "final"
-        if not is_lora(self.policy):
-            save_checkpoint(self.policy, final, dtype=torch.float32, tokenizer=self.tokenizer)
+        policy = self.policy
+        if self.world.size > 1:  # gathered into one plain CPU copy on rank 0, which alone writes
+            policy = full_policy_on_main(policy, self.world, self.plain_policy)
+            if policy is None:
+                return
+        if not is_lora(policy):
+            save_checkpoint(policy, final, dtype=torch.float32, tokenizer=self.tokenizer)
             return
-        save_adapter(self.policy, final, base_model_name_or_path=self.cfg.model.path)
+        save_adapter(policy, final, base_model_name_or_path=self.cfg.model.path)
         self.tokenizer.save(final)
         if self.cfg.checkpoint.merged:
-            save_merged_checkpoint(self.policy, self.run_dir.checkpoints / "final_merged", tokenizer=self.tokenizer)
+            save_merged_checkpoint(policy, self.run_dir.checkpoints / "final_merged", tokenizer=self.tokenizer)
+
+    def plain_policy(self) -> Qwen3ForCausalLM:
+        """An unsharded CPU policy of the run's shape (LoRA adapters included), values unset."""
+        model = build_model(self.model_config, torch.device("cpu"), torch.float32, seed=None)
+        if self.cfg.lora.enabled:
+            apply_lora_(model, self.cfg.lora, base_dtype=next(self.generator.model.parameters()).dtype)
+        return model
 
     def restore(self, path: Path) -> tuple[int, ValidationResult, list[dict[str, Any]]]:
         """Continue from a training checkpoint: policy weights (in place, then synced to the generator),
@@ -455,7 +494,13 @@ class GRPORun:
         run killed between a checkpoint and its death has no duplicate steps. Returns (first step, pre, earlier
         rows). A checkpoint without KL reference weights (saved with kl_coef 0) leaves the reference at the
         run's initial weights: the RL starting policy when there was no warm start."""
-        ckpt = load_training_checkpoint(path, self.policy, self.trainer)
+        if is_sharded_checkpoint(path):  # written by several ranks; loads on any number
+            ckpt = load_sharded_checkpoint(path, self.policy, self.trainer)
+        elif self.world.size > 1:
+            raise ValueError(f"{path} is a single-process checkpoint, which resumes on one process only (runs on "
+                             "several ranks write sharded checkpoints, which resume on any number)")
+        else:
+            ckpt = load_training_checkpoint(path, self.policy, self.trainer)
         self.sync_weights()
         self.train_prompts = PromptStream(self.task, self.cfg.seed, start=ckpt.data_position)
         earlier = self.run_dir.rewind(ckpt.step)
@@ -548,14 +593,16 @@ class GRPORun:
             if (step + 1 == cfg.steps and cfg.checkpoint.final) or (every > 0 and (step + 1) % every == 0):
                 with self.timed("checkpoint_s"):
                     self.save_training_checkpoint(step + 1, pre)
+                die_for_test(self.world.rank, step + 1)
         with self.timed("validation_s"):
             post = result.post = self.validate()
         if cfg.checkpoint.final:
             with self.timed("checkpoint_s"):
                 self.save_final()
-        write_summary(self.run_dir.path / "summary.json", result, phases=self.phase_s,
-                      wall_s=time.perf_counter() - self.t_start, compile_s=self.compile_s, trainer=self.trainer,
-                      device=self.device, memory=self.memory_report())
+        if self.world.is_main:
+            write_summary(self.run_dir.path / "summary.json", result, phases=self.phase_s,
+                          wall_s=time.perf_counter() - self.t_start, compile_s=self.compile_s, trainer=self.trainer,
+                          device=self.device, memory=self.memory_report())
         self.run_dir.log_metrics({"validation/pre": pre.__dict__, "validation/post": post.__dict__})
         if self.device.type == "cuda":
             print(f"memory: peak {torch.cuda.max_memory_allocated(self.device) / GiB:.1f} GiB allocated "
@@ -570,5 +617,14 @@ class GRPORun:
 
 
 def train(cfg: RunConfig, progress: bool = True, resume: str | Path | None = None) -> RunResult:
-    """Run GRPO; `resume` (a run dir or one of its checkpoints) continues a stopped run."""
-    return GRPORun(cfg, progress, resume=resume).run()
+    """Run GRPO; `resume` (a run dir or one of its checkpoints) continues a stopped run. Under torchrun, one
+    rank of the run: rank 0 alone prints and writes the run directory, and a job torchrun restarted
+    (--max-restarts) continues from the run directory's last complete checkpoint."""
+    world = init_world(cfg.device, cfg.distributed.timeout_s, cfg.distributed.backend)
+    quiet_unless_main(world)
+    if resume is None:
+        resume = restart_resume_path(cfg, world.is_main)
+    try:
+        return GRPORun(cfg, progress and world.is_main, resume=resume, world=world).run()
+    finally:
+        close_world(world)

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from monorl.distributed.world import SINGLE, World
 from monorl.generate.engine import Generator
 from monorl.generate.sampling import SamplingParams
 from monorl.rl.advantages import compute_advantages
@@ -63,12 +64,16 @@ def encode_prompts(task: Task, tokenizer, prompts: Sequence[Prompt], max_len: in
 
 
 def generate_rollouts(generator: Generator, tokenizer, task: Task, prompts: Sequence[Prompt],
-                      sampling: SamplingParams, n: int, max_len: int) -> list[list[Rollout]]:
-    """[prompt][sample] rollouts with rewards (no advantages yet)."""
+                      sampling: SamplingParams, n: int, max_len: int, world: World = SINGLE) -> list[list[Rollout]]:
+    """[prompt][sample] rollouts with rewards (no advantages yet). On several ranks (`world`) each generates and
+    scores its contiguous share of the prompt groups (a group never spans ranks), keyed by the group's index in
+    the whole batch, so a group's completions do not depend on the rank count; every rank gets all groups back."""
     prompts, prompt_ids = encode_prompts(task, tokenizer, prompts, max_len, sampling.max_new_tokens)
+    lo, hi = world.share(len(prompts))
+    prompts, prompt_ids = prompts[lo:hi], prompt_ids[lo:hi]
     if not prompts:
-        return []
-    outs = generator.generate(prompt_ids, sampling, n=n)
+        return world.gather_lists([])
+    outs = generator.generate(prompt_ids, sampling, n=n, first_prompt_index=lo)
     texts = [[c.text if c.text is not None else tokenizer.decode(c.token_ids, skip_special_tokens=True) for c in comps]
              for comps in outs]
     # One reward call for the whole batch (`Task.score_batch`; its default scores each with `safe_reward`).
@@ -87,7 +92,7 @@ def generate_rollouts(generator: Generator, tokenizer, task: Task, prompts: Sequ
     if failed:  # one line per call, not one per completion
         log.warning("task %r: reward failed on %d of %d completions, scored 0.0 (first: %s)", task.name,
                     len(failed), sum(map(len, groups)), failed[0])
-    return groups
+    return world.gather_lists(groups)
 
 
 def assign_advantages(groups: list[list[Rollout]], normalize_std: bool, kind: str = "grpo") -> None:

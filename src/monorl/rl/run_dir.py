@@ -13,9 +13,13 @@ from monorl.fsutil import json_safe, write_text_atomic
 
 
 class RunDir:
-    def __init__(self, path: str | Path) -> None:
+    def __init__(self, path: str | Path, writer: bool = True) -> None:
+        """writer=False: the run's other ranks, which know the paths (they write checkpoint shards there) but
+        write no logs (rank 0 alone writes the run directory)."""
         self.path = Path(path)
-        self.path.mkdir(parents=True, exist_ok=True)
+        self.writer = writer
+        if writer:
+            self.path.mkdir(parents=True, exist_ok=True)
         self.metrics_path = self.path / "metrics.jsonl"
         self.samples_path = self.path / "samples.jsonl"
         self.checkpoints = self.path / "checkpoints"
@@ -25,9 +29,13 @@ class RunDir:
         return Path("runs") / f"{preset}-{time.strftime('%Y%m%d-%H%M%S')}"
 
     def write_config(self, cfg: dict[str, Any]) -> None:
+        if not self.writer:
+            return
         (self.path / "config.json").write_text(json.dumps(json_safe(cfg), indent=2, sort_keys=True, default=str) + "\n")
 
     def _append(self, path: Path, rows: list[dict[str, Any]]) -> None:
+        if not self.writer:
+            return
         with path.open("a") as f:
             for r in rows:
                 f.write(json.dumps(json_safe(r)) + "\n")
@@ -42,6 +50,8 @@ class RunDir:
     def rewind(self, step: int) -> list[dict[str, Any]]:
         """Drop the log rows of steps >= `step` and the post-validation row (a run resumed at step index `step`
         logs them again); returns the metrics rows of the steps kept."""
+        if not self.writer:
+            return []
         rows = truncate_jsonl(self.metrics_path, lambda r: r.get("step", -1) < step and "validation/post" not in r)
         truncate_jsonl(self.samples_path, lambda r: r.get("step", -1) < step)
         return [r for r in rows if "step" in r]

@@ -12,6 +12,11 @@ LoRA (`monorl.model.lora`): a source projection with adapters whose destination 
 fused copy) sends its merged weight W + scale * B @ A there, computed in fp32 at sync time one projection at a
 time and cast once; its `lora_A` / `lora_B` have no place of their own. Where the destination has the same
 adapters (an unmerged copy), base and adapters are copied as ordinary same-name parameters.
+
+An FSDP2-sharded source (`monorl.distributed.fsdp`, several ranks) is gathered one unit at a time: a block's
+full parameters exist only while its slice of the plan is copied, so the extra memory is one block's (plus the
+root's embeddings and LM head, last). Every rank runs the same gathers, so every rank's copy gets the full
+weights.
 """
 
 from __future__ import annotations
@@ -20,7 +25,9 @@ from collections.abc import Mapping
 
 import torch
 from torch import Tensor, nn
+from torch.distributed.tensor import DTensor
 
+from monorl.distributed.fsdp import fsdp_units, unsharded
 from monorl.model.lora import LoRALinear, lora_modules
 from monorl.model.qwen3 import PACKED_MODULES
 
@@ -115,5 +122,27 @@ def weight_pairs(dst: nn.Module, src: nn.Module,
 @torch.no_grad()
 def sync_weights_(dst: nn.Module, src: nn.Module, packed: Mapping[str, tuple[str, int]] = PACKED_MODULES) -> None:
     """Copy `src`'s parameters into `dst`'s in place, cast to their dtype (see the module docstring)."""
-    for _, view, s in _plan(dst, src, packed):
+    plan = _plan(dst, src, packed)
+    if units := fsdp_units(src):
+        _sync_sharded_(plan, src, units)
+        return
+    for _, view, s in plan:
         view.copy_(s.merged_weight() if isinstance(s, LoRALinear) else s.detach())
+
+
+def _sync_sharded_(plan: list[tuple[str, Tensor, Source]], src: nn.Module, units: list) -> None:
+    """`plan`'s copies, one FSDP unit gathered at a time (blocks, then the root). A gathered unit's parameters
+    are other tensors than the sharded ones `plan` holds, so they are looked up again by name (a LoRA
+    projection reads its gathered weights itself)."""
+    todo = {name: (view, s) for name, view, s in plan}
+    prefix_of = {id(m): n for n, m in src.named_modules()}
+    for unit in units:
+        prefix = prefix_of[id(unit)]
+        with unsharded(unit):
+            full = {strip_compile_prefix(f"{prefix}.{n}" if prefix else n): p
+                    for n, p in unit.named_parameters()}
+            for name in [n for n in todo if n in full and not isinstance(full[n], DTensor)]:
+                view, s = todo.pop(name)
+                view.copy_(s.merged_weight() if isinstance(s, LoRALinear) else full[name].detach())
+    if todo:
+        raise ValueError(f"weight sync: no FSDP unit gathered {', '.join(sorted(todo)[:3])}")

@@ -175,10 +175,10 @@ def pack(seqs: Sequence[TrainSequence], indices: Sequence[int], buckets: Sequenc
 
 def make_micro_batches(seqs: Sequence[TrainSequence], max_tokens: int, device: torch.device | str,
                        attn_backend: str = "sdpa", buckets: Sequence[int] | None = None,
-                       static: bool = False) -> list[MicroBatch]:
-    """The packed micro-batches of `seqs`, masked sequences left out (their indices stay the step's: seq_ids
-    index the step's advantages)."""
+                       static: bool = False, indices: Sequence[int] | None = None) -> list[MicroBatch]:
+    """The packed micro-batches of `seqs` (of `seqs[indices]`: one rank's share of the step), masked sequences
+    left out (their indices stay the step's: seq_ids index the step's advantages)."""
     buckets = tuple(buckets) if buckets else token_buckets(max_tokens)
-    keep = [i for i, s in enumerate(seqs) if not s.masked]
+    keep = [i for i in (range(len(seqs)) if indices is None else indices) if not seqs[i].masked]
     plan = plan_micro_batches([len(seqs[i]) for i in keep], max_tokens)
     return [pack(seqs, [keep[j] for j in idx], buckets, device, attn_backend, static=static) for idx in plan]

@@ -8,11 +8,18 @@ autocast's dtype and its weights to their inputs' dtype, so it computes in exact
 
 With `cuda_graphs`, packs are static (`packing.pack(static=True)`) and each micro-batch is one replay
 of a graph captured per pack shape (`train.graphs`); without, the same `_accumulate` runs directly.
+
+Several ranks (`world`, an FSDP2-sharded model: `monorl.distributed`): every rank is given the whole step's
+sequences and trains its contiguous share of them. The loss normalisers come from the whole step, so each rank's
+loss is its share of the one-rank loss and the summed gradients equal the one-rank gradient; the metric sums
+are added over ranks. FSDP's collectives need every rank to run as many micro-batches as the busiest one: the
+others run copies with every token masked (loss and gradient exactly zero).
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import math
 from collections.abc import Sequence
@@ -22,6 +29,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from monorl.distributed.fsdp import is_sharded
+from monorl.distributed.world import SINGLE, World
 from monorl.model.batch_invariant import is_batch_invariant
 from monorl.model.logprobs import chunked_token_logprobs, chunked_token_logprobs_entropy
 from monorl.model.qwen3 import Qwen3ForCausalLM
@@ -71,20 +80,24 @@ _METRIC_SLOTS = 16  # device accumulator: the loss's metrics, then logprob-diff 
 class Trainer:
     def __init__(self, model: Qwen3ForCausalLM, cfg: TrainerConfig, total_steps: int, attn_backend: str = "sdpa",
                  ref_model: Qwen3ForCausalLM | None = None, cuda_graphs: bool = False,
-                 static_shapes: bool | None = None, max_graph_tokens: int | None = None) -> None:
+                 static_shapes: bool | None = None, max_graph_tokens: int | None = None,
+                 world: World = SINGLE) -> None:
         """cuda_graphs: replay each micro-batch from a graph captured per pack shape (CUDA with the flash
         backend or a batch-invariant model, whose attention reads no host values; ignored elsewhere). All graphs
         share one memory pool, sized by the largest captured pack: max_graph_tokens (the memory plan's largest
         micro-batch) bounds it, and a larger pack runs without a graph (logged once).
         static_shapes: pad packs to bucketed shapes (default: when graphs are used; set on CPU, it runs the
-        graphs' exact computation)."""
+        graphs' exact computation).
+        world: the ranks this trainer is one of (see the module docstring; the model is then FSDP-sharded)."""
         self.model, self.cfg, self.total_steps = model, cfg, total_steps
+        self.world = world
         self.attn_backend = attn_backend
         self.ref_model = ref_model
         self.device = next(model.parameters()).device
         params = [p for p in model.parameters() if p.requires_grad]
         no_host_reads = attn_backend == "flash" or is_batch_invariant(model)
-        use_graphs = cuda_graphs and self.device.type == "cuda" and no_host_reads
+        # FSDP's hooks and collectives run between the kernels a graph would capture
+        use_graphs = cuda_graphs and self.device.type == "cuda" and no_host_reads and world.size == 1
         if cuda_graphs and self.device.type == "cuda" and not use_graphs:
             log.warning("trainer CUDA graphs need attention backend 'flash' (got %r): running without", attn_backend)
         self.static_shapes = use_graphs if static_shapes is None else static_shapes
@@ -127,10 +140,13 @@ class Trainer:
                                                   self.cfg.logprob_chunk)
 
     @torch.no_grad()
-    def ref_logprobs(self, seqs: Sequence[TrainSequence], temperature: float) -> None:
-        """Fill `ref_logprobs` of each sequence from the frozen reference policy (KL penalty)."""
+    def ref_logprobs(self, seqs: Sequence[TrainSequence], temperature: float,
+                     indices: Sequence[int] | None = None) -> None:
+        """Fill `ref_logprobs` of each sequence (of `seqs[indices]`) from the frozen reference policy (KL
+        penalty). The reference is a full copy on every rank: no collectives."""
         assert self.ref_model is not None
-        for mb in make_micro_batches(seqs, self.cfg.micro_batch_tokens, self.device, self.attn_backend):
+        for mb in make_micro_batches(seqs, self.cfg.micro_batch_tokens, self.device, self.attn_backend,
+                                     indices=indices):
             lp = self.response_logprobs(self.ref_model, mb, temperature).tolist()
             # tokens are laid out sequence by sequence in index order within the micro-batch
             pos = 0
@@ -176,9 +192,32 @@ class Trainer:
                 self._ensure_graph(mb, norm, adv, temperature)
         self._reset_accumulators()
 
-    def _micro_batches(self, seqs: Sequence[TrainSequence]) -> list[MicroBatch]:
+    def _micro_batches(self, seqs: Sequence[TrainSequence], indices: Sequence[int] | None = None) -> list[MicroBatch]:
         return make_micro_batches(seqs, self.cfg.micro_batch_tokens, self.device, self.attn_backend,
-                                  static=self.static_shapes)
+                                  static=self.static_shapes, indices=indices)
+
+    def _my_micro_batches(self, seqs: Sequence[TrainSequence]) -> tuple[list[MicroBatch], int]:
+        """This rank's packed micro-batches of its share of `seqs` (all of them on one rank), padded with fully
+        masked copies to the most any rank has (FSDP runs one all-gather per block per pass on every rank);
+        and how many of them are real."""
+        lo, hi = self.world.share(len(seqs))
+        mbs = [mb for mb in self._micro_batches(seqs, range(lo, hi)) if mb.num_targets > 0]
+        real = len(mbs)
+        if (most := self.world.max_int(real)) > real:
+            template = mbs[0] if mbs else self._micro_batches(
+                [dataclasses.replace(seqs[0], masked=False)], [0])[0]
+            mbs += [masked_copy(template)] * (most - real)
+        return mbs, real
+
+    def _reduce_metrics(self, extra: list[float]) -> list[float]:
+        """The step's metric sums (and `extra` host counts) added over ranks, then the max of the maxima: one
+        host sync (two collectives on several ranks)."""
+        if self.world.size == 1:
+            return self._acc.tolist() + extra + self._acc_max.tolist()
+        sums = torch.cat([self._acc, torch.tensor(extra, dtype=torch.float64, device=self.device)])
+        self.world.all_reduce_(sums)
+        self.world.all_reduce_(self._acc_max, "max")
+        return sums.tolist() + self._acc_max.tolist()
 
     def _reset_accumulators(self) -> None:
         """Zero the gradients (keeping the fixed buffers while graphs exist) and the metric sums."""
@@ -225,13 +264,15 @@ class Trainer:
     def sft_step(self, seqs: Sequence[TrainSequence]) -> dict[str, float]:
         """One supervised step: mean negative log-likelihood of the completion tokens (warm start)."""
         self.model.train()
-        mbs = make_micro_batches(seqs, self.cfg.micro_batch_tokens, self.device, self.attn_backend)
-        ntok = sum(mb.targets.numel() for mb in mbs)
-        total = torch.zeros((), dtype=torch.float64, device=self.device)
+        mbs, _ = self._my_micro_batches(seqs)
+        ntok = sum(len(s.completion_ids) for s in seqs if not s.masked)  # the whole step's, on every rank
+        total = torch.zeros(1, dtype=torch.float64, device=self.device)
         for mb in mbs:
-            loss = -self.response_logprobs(self.model, mb, 1.0).sum() / ntok
+            lp = self.response_logprobs(self.model, mb, 1.0)
+            loss = -(lp * mb.token_mask).sum() / ntok
             loss.backward()
             total += loss.detach().double()  # summed on the device: one sync per step, not per micro-batch
+        self.world.all_reduce_(total)
         grad_norm, lr, skipped = self._apply_gradients()
         return {"loss": total.item(), "grad_norm": grad_norm, "learning_rate": lr, "skipped": float(skipped)}
 
@@ -241,11 +282,11 @@ class Trainer:
             raise ValueError("trainer.step needs at least one sequence")
         cfg = self.cfg
         if self.ref_model is not None and cfg.loss.kl_coef > 0:
-            self.ref_logprobs(seqs, temperature)
+            self.ref_logprobs(seqs, temperature, range(*self.world.share(len(seqs))))
         self.model.train()
         norm = LossNorm.for_step(cfg.loss, [0 if s.masked else len(s.completion_ids) for s in seqs], self.device)
         advantages = torch.tensor([s.advantage for s in seqs], dtype=torch.float32, device=self.device)
-        mbs = [mb for mb in self._micro_batches(seqs) if mb.num_targets > 0]
+        mbs, real = self._my_micro_batches(seqs)
         keys: list[tuple | None] = [None] * len(mbs)
         if self.graphs is not None:
             # capture every new shape first: a capture's warm-up runs accumulate, and are then cleared
@@ -259,11 +300,12 @@ class Trainer:
             else:
                 self._accumulate(mb, norm, advantages, temperature)
         names = loss_metric_names(bool(mbs) and mbs[0].ref_logprobs is not None)
-        host = self._acc.tolist() + self._acc_max.tolist()  # the step's one metrics sync
+        host = self._reduce_metrics([real, sum(mb.num_real_tokens for mb in mbs)])  # the step's one metrics sync
         grad_norm, lr, skipped = self._apply_gradients()
         sums = dict(zip(names, host, strict=False))
         k = len(names)
         d_sum, d_count, ent_sum, d_max = host[k], host[k + 1], host[k + 2], host[-1]
+        num_mbs, train_tokens = host[_METRIC_SLOTS], host[_METRIC_SLOTS + 1]
         out = {
             "loss": sums.get("loss", 0.0) if mbs else 0.0,
             "grad_norm": float(grad_norm),
@@ -272,8 +314,8 @@ class Trainer:
             "logprob_diff_mean": d_sum / d_count if d_count else 0.0,
             "logprob_diff_max": d_max,
             "skipped": float(skipped),
-            "micro_batches": len(mbs),
-            "train_tokens": sum(mb.num_real_tokens for mb in mbs),
+            "micro_batches": int(num_mbs),  # over all ranks, real ones only
+            "train_tokens": int(train_tokens),
         }
         out.update({k: v for k, v in sums.items() if k != "loss"} if mbs else {})
         return out
@@ -281,7 +323,13 @@ class Trainer:
     def anchor_reference(self) -> None:
         """Make the KL reference (if any) a copy of the policy as it is now: call it where RL starts (after a
         warm start), so the penalty holds the policy near its RL starting point."""
-        if self.ref_model is not None:
+        if self.ref_model is None:
+            return
+        if is_sharded(self.model):  # the reference is a full copy on every rank: gather into it
+            from monorl.rl.weight_sync import sync_weights_
+
+            sync_weights_(self.ref_model, self.model)
+        else:
             self.ref_model.load_state_dict(self.model.state_dict())  # in place, cast to the reference's dtype
 
     def state_dict(self) -> dict[str, Any]:
@@ -305,3 +353,9 @@ class Trainer:
             else:
                 log.warning("the checkpoint has no KL reference weights (saved with kl_coef 0, or by an older "
                             "monorl): the KL reference stays the model this trainer was given")
+
+
+def masked_copy(mb: MicroBatch) -> MicroBatch:
+    """`mb` with every completion token masked: it runs the same passes (and FSDP collectives) and adds exactly
+    zero to the loss, the gradients and the metric sums."""
+    return dataclasses.replace(mb, token_mask=torch.zeros_like(mb.token_mask), num_real_tokens=0, num_targets=0)

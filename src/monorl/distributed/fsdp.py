@@ -1,0 +1,52 @@
+"""FSDP2 on the trainer's policy: each transformer block is one unit and the root (embeddings, final norm,
+LM head) another, so a forward or backward holds at most one block's full parameters beyond the root's.
+
+fp32 masters, gradients and AdamW state stay sharded across ranks. On CUDA the blocks compute in bf16 and
+gradients are reduced in fp32 (`MixedPrecisionPolicy`); on CPU (gloo, the tests) everything is fp32.
+Gradients are *summed* over ranks, not averaged: each rank's loss is already its share of the global step
+loss (the trainer divides by step-wide counts), so the sum is the one-rank gradient.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+
+import torch
+from torch import nn
+from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
+
+
+def shard_model_(model: nn.Module, device: torch.device) -> None:
+    """Apply FSDP2 in place: every block of `model.model.layers`, then the root. Call before building the
+    optimizer (it must see the sharded parameters)."""
+    mp = None
+    if device.type == "cuda":
+        mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+    kw = {"mp_policy": mp} if mp is not None else {}
+    for block in model.model.layers:
+        fully_shard(block, **kw)
+    fully_shard(model, **kw)
+    for unit in fsdp_units(model):  # a plain sum (see the module docstring); gloo has no pre-scaled sum
+        unit.set_gradient_divide_factor(1.0)
+        unit.set_force_sum_reduction_for_comms(True)
+
+
+def is_sharded(model: nn.Module) -> bool:
+    return isinstance(model, FSDPModule)
+
+
+def fsdp_units(model: nn.Module) -> list[FSDPModule]:
+    """The FSDP units of `model`, blocks first (in layer order), the root last; [] for a plain model."""
+    return [m for m in model.modules() if isinstance(m, FSDPModule) and m is not model] + (
+        [model] if isinstance(model, FSDPModule) else [])
+
+
+@contextlib.contextmanager
+def unsharded(unit: FSDPModule) -> Iterator[None]:
+    """The unit's own parameters gathered in full for the block (its children stay sharded)."""
+    unit.unshard()
+    try:
+        yield
+    finally:
+        unit.reshard()

@@ -1,0 +1,156 @@
+"""Which process this is among the job's ranks, and the few collectives the RL loop needs between them.
+
+torchrun (or `monorl train --nproc N`) sets RANK / WORLD_SIZE / LOCAL_RANK; `init_world` reads them and joins
+the process group (NCCL on CUDA, gloo on CPU) with a collective timeout, so a dead rank ends the others with an
+error instead of a hang. Without those variables it returns `SINGLE`: one process, no process group, and every
+method below is the identity, so a single-process run computes exactly what it did before scale-out existed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+import torch
+import torch.distributed as dist
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class World:
+    rank: int = 0
+    size: int = 1
+    local_rank: int = 0  # the rank's GPU on its node
+
+    @property
+    def is_main(self) -> bool:
+        """Rank 0: the one that prints, logs and writes the run directory."""
+        return self.rank == 0
+
+    def share(self, n: int, rank: int | None = None) -> tuple[int, int]:
+        """The contiguous slice [lo, hi) of n items (prompt groups, sequences) that `rank` (default: this one)
+        owns; slices differ in length by at most one."""
+        r = self.rank if rank is None else rank
+        return n * r // self.size, n * (r + 1) // self.size
+
+    def gather_lists(self, items: list[T]) -> list[T]:
+        """Every rank's `items`, concatenated in rank order, on every rank (picklable objects)."""
+        if self.size == 1:
+            return items
+        parts: list[Any] = [None] * self.size
+        dist.all_gather_object(parts, items)
+        return [x for p in parts for x in p]
+
+    def broadcast(self, obj: T) -> T:
+        """Rank 0's `obj` on every rank (picklable)."""
+        if self.size == 1:
+            return obj
+        box = [obj]
+        dist.broadcast_object_list(box, src=0)
+        return box[0]
+
+    def all_reduce_(self, t: torch.Tensor, op: str = "sum") -> torch.Tensor:
+        """In place: the sum (or max) of `t` over ranks."""
+        if self.size > 1:
+            dist.all_reduce(t, op=dist.ReduceOp.MAX if op == "max" else dist.ReduceOp.SUM)
+        return t
+
+    def max_int(self, n: int) -> int:
+        if self.size == 1:
+            return n
+        t = torch.tensor([n], dtype=torch.int64, device=collective_device())
+        return int(self.all_reduce_(t, "max").item())
+
+    def barrier(self) -> None:
+        if self.size > 1:
+            dist.barrier()
+
+    @contextlib.contextmanager
+    def main_first(self) -> Iterator[None]:
+        """Rank 0 runs the block, then the other ranks do (all at once): rank 0 compiles into the shared compile
+        cache, the others then load from it instead of each paying the cold compile. For rank-local work only
+        (a collective inside would wait for ranks still outside)."""
+        if not self.is_main:
+            self.barrier()
+        yield
+        if self.is_main:
+            self.barrier()
+
+
+SINGLE = World()
+
+
+def collective_device() -> torch.device:
+    """Where tensors of this process's collectives live: its GPU under NCCL, the CPU under gloo."""
+    if dist.is_initialized() and dist.get_backend() == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
+def launched_by_torchrun() -> bool:
+    return "WORLD_SIZE" in os.environ and "RANK" in os.environ
+
+
+def init_world(device: str = "auto", timeout_s: float = 600.0, backend: str = "auto") -> World:
+    """Join torchrun's process group (or return SINGLE outside torchrun). `device` is the run's device setting:
+    on CUDA each rank takes GPU LOCAL_RANK. timeout_s bounds every collective: a rank that died or hangs makes
+    the others fail after it, naming the collective, rather than wait forever."""
+    if not launched_by_torchrun():
+        return SINGLE
+    world = World(rank=int(os.environ["RANK"]), size=int(os.environ["WORLD_SIZE"]),
+                  local_rank=int(os.environ.get("LOCAL_RANK", "0")))
+    if world.size == 1:  # torchrun --nproc_per_node 1: the single-process run
+        return SINGLE
+    cuda = device.startswith("cuda") or (device == "auto" and torch.cuda.is_available())
+    if backend == "auto":
+        backend = "nccl" if cuda else "gloo"
+    if cuda:
+        torch.cuda.set_device(world.local_rank)
+    if not dist.is_initialized():
+        timeout = datetime.timedelta(seconds=timeout_s)
+        restart = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+        if restart != "0" and os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True":
+            # a restarted job meets in the store of torchrun's agent, which still holds the failed attempt's
+            # addresses under the same keys (seen as gloo's "connectFullMesh ... Connection refused"; cf.
+            # pytorch#167288): this attempt's keys get a prefix of their own
+            store = dist.PrefixStore(f"monorl/attempt_{restart}", dist.TCPStore(
+                os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False, timeout=timeout))
+            dist.init_process_group(backend, store=store, rank=world.rank, world_size=world.size, timeout=timeout)
+        else:
+            dist.init_process_group(backend, timeout=timeout)
+    if (dist.get_rank(), dist.get_world_size()) != (world.rank, world.size):
+        raise RuntimeError("the process group disagrees with RANK / WORLD_SIZE")
+    return world
+
+
+def close_world(world: World) -> None:
+    if world.size > 1 and dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def check_world(cfg: Any, world: World) -> None:
+    """Refuse at startup, in one line, a rank count that does not divide the step's work: each rank generates
+    and trains prompts_per_step / N prompt groups."""
+    if world.size == 1:
+        return
+    n = cfg.rollout.prompts_per_step
+    if n % world.size:
+        raise ValueError(f"rollout.prompts_per_step={n} does not divide over {world.size} ranks: use a multiple "
+                         f"of {world.size} (each rank generates and trains an equal share of the prompt groups)")
+
+
+def quiet_unless_main(world: World) -> None:
+    """Rank 0 alone prints and logs: the other ranks' stdout goes nowhere and their log records below ERROR are
+    dropped (errors still reach stderr, tagged by torchrun with the rank)."""
+    if world.is_main:
+        return
+    import logging
+    import sys
+
+    sys.stdout = open(os.devnull, "w")  # noqa: SIM115 -- for the life of the process
+    logging.getLogger("monorl").setLevel(logging.ERROR)

@@ -1,0 +1,118 @@
+"""Scale-out on one node: N ranks (torchrun through `monorl train --nproc N`), one process per GPU, three
+workloads (all random weights from the released Qwen3 config.json, the real Qwen3 tokenizer, EOS ignored so
+every step generates the same tokens):
+
+  8b       Qwen3-8B full fine-tuning, 8 prompts x 8 completions x 100 tokens per step (the global batch is fixed:
+           strong scaling; 8 divides over 1, 2 and 4 ranks). Full 8B does not fit one GPU (the plan says so): at
+           --nproc 1 the row reports the plan's refusal
+  weak     Qwen3-1.7B, 5 prompts x 8 per GPU (prompts_per_step = 5 N: weak scaling)
+  ref      the reference workload, preset qwen3_0_6b_sum_digits (5 prompts x 8, 100 tokens) with random init of
+           .models/qwen3-0.6b/config.json; 5 groups do not divide over 2 or 4 ranks, so there the row runs 8
+           prompts (`ref8`, also run at N = 1 for the comparison)
+
+Per row: steady-state step (median of the steps after the first), prompt+completion tokens per second of step
+time, generate / train / weight-sync seconds per step (weight sync: the FSDP block-by-block gather into every
+rank's bf16 generator copy), startup, wall time. Prints a table and writes JSON (--out).
+
+Model directories: `.models/qwen3-<size>/config.json` and `.models/qwen3-tokenizer/` (see bench_memory.py).
+
+  python benchmarks/bench_scale.py --nproc 2 --rows 8b,weak,ref --out results/scale_2.json
+  python benchmarks/bench_scale.py --nproc 2 --rows ref8 --shape tiny --device cpu --steps 2 \
+      --compile.backend none --compile.trainer_cuda_graphs false --rollout.max_new_tokens 8   # CPU smoke run
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_memory import model_dir  # noqa: E402 -- the benchmarks' shared model-directory helper
+
+
+def row_args(name: str, nproc: int) -> tuple[str, list[str]] | None:
+    """(model, extra flags) of a row at `nproc` ranks; None when the row does not apply there."""
+    if name == "8b":
+        return "qwen3-8b", ["--rollout.prompts_per_step", "8"]
+    if name == "weak":
+        return "qwen3-1.7b", ["--rollout.prompts_per_step", str(5 * nproc)]
+    if name == "ref":
+        return ("qwen3-0.6b", []) if 5 % nproc == 0 else None
+    if name == "ref8":
+        return "qwen3-0.6b", ["--rollout.prompts_per_step", "8"]
+    raise ValueError(f"unknown row {name!r}")
+
+
+def run_row(name: str, nproc: int, models: Path, steps: int, shape: str | None, device: str,
+            passthrough: list[str]) -> dict:
+    spec = row_args(name, nproc)
+    if spec is None:
+        return {"name": name, "nproc": nproc, "skipped": f"5 prompt groups do not divide over {nproc} ranks"}
+    model, extra = spec
+    run_dir = Path(tempfile.mkdtemp(prefix=f"scale_{name}_{nproc}_"))
+    # --shape: a named shape (e.g. tiny) instead of the row's model, for a smoke run without .models or a GPU
+    where = (["--model.shape", shape] if shape else
+             ["--model.path", str(model_dir(models, model)), "--model.random_init", "true"])
+    cmd = [sys.executable, "-m", "monorl.cli", "train", "--nproc", str(nproc), "--preset", "qwen3_0_6b_sum_digits",
+           *where, "--rollout.ignore_eos", "true", "--checkpoint.final", "false", "--steps", str(steps),
+           "--device", device, "--run_dir", str(run_dir), *extra, *passthrough]
+    t = time.perf_counter()
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    wall = time.perf_counter() - t
+    log = proc.stdout + proc.stderr
+    if proc.returncode != 0:
+        print(f"--- {name} x{nproc} failed (exit {proc.returncode}):\n{log[-3000:]}", flush=True)
+        return {"name": name, "nproc": nproc, "error": log[-2000:], "returncode": proc.returncode, "wall_s": wall}
+    print(f"--- {name} x{nproc}\n{proc.stdout[-2000:]}", flush=True)
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    steady = [r for r in rows if "step" in r][1:] or [r for r in rows if "step" in r]
+    summary = json.loads((run_dir / "summary.json").read_text())
+
+    def med(key: str) -> float:
+        return statistics.median(r[key] for r in steady)
+
+    prompts = int(extra[extra.index("--rollout.prompts_per_step") + 1]) if extra else 5
+    return {"name": name, "nproc": nproc, "model": shape or model, "prompts_per_step": prompts,
+            "steady_step_s": med("time/step_s"), "tokens_per_s": med("throughput/tokens_per_s"),
+            "generate_s": med("time/generate_s"), "train_s": med("time/train_s"), "sync_s": med("time/sync_s"),
+            "startup_s": summary.get("startup_s"), "wall_s": wall}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--nproc", type=int, choices=(1, 2, 4), required=True)
+    ap.add_argument("--rows", default="8b,weak,ref,ref8")
+    ap.add_argument("--steps", type=int, default=10)
+    ap.add_argument("--models", default=".models")
+    ap.add_argument("--shape", default=None, help="run every row on this named shape (smoke test)")
+    ap.add_argument("--device", default="auto")
+    ap.add_argument("--out", default=None)
+    a, passthrough = ap.parse_known_args()  # the rest goes to every `monorl train` (e.g. --compile.backend none)
+    os.environ.setdefault("PYTHONUNBUFFERED", "1")
+    models = Path(a.models).resolve()
+    results = []
+    for name in (r for r in a.rows.split(",") if r):
+        results.append(run_row(name, a.nproc, models, a.steps, a.shape, a.device, passthrough))
+        if a.out:  # after every row: a call cut off by its time limit keeps what it measured
+            Path(a.out).write_text(json.dumps({"nproc": a.nproc, "rows": results}, indent=2) + "\n")
+    print("\n| row | ranks | steady step s | tokens/s | generate s | train s | weight sync s | startup s | wall s |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for r in results:
+        if "skipped" in r or "error" in r:
+            why = r.get("skipped") or f"failed (exit {r['returncode']})"
+            print(f"| {r['name']} | {r['nproc']} | {why} | | | | | | |")
+            continue
+        print(f"| {r['name']} | {r['nproc']} | {r['steady_step_s']:.3f} | {r['tokens_per_s']:.0f} | "
+              f"{r['generate_s']:.3f} | {r['train_s']:.3f} | {r['sync_s']:.4f} | {r['startup_s'] or 0:.1f} | "
+              f"{r['wall_s']:.1f} |")
+
+
+if __name__ == "__main__":
+    main()

@@ -18,7 +18,8 @@ Model directories: `.models/qwen3-<size>/config.json` and `.models/qwen3-tokeniz
 
   python benchmarks/bench_scale.py --nproc 2 --rows 8b,weak,ref --out results/scale_2.json
   python benchmarks/bench_scale.py --nproc 2 --rows ref8 --shape tiny --device cpu --steps 2 \
-      --compile.backend none --compile.trainer_cuda_graphs false --rollout.max_new_tokens 8   # CPU smoke run
+      --compile.backend none --compile.trainer_cuda_graphs false --compile.decode_cuda_graphs false \
+      --rollout.max_new_tokens 8 --generator.max_model_len 512 --validation.num_prompts 2    # a CPU smoke run
 """
 
 from __future__ import annotations

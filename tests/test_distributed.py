@@ -150,18 +150,24 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def test_two_nodes_over_localhost_rendezvous(one_rank: Path, tmp_path: Path) -> None:
-    d = tmp_path / "run"
+@pytest.fixture(scope="module")
+def two_nodes(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The 2-rank run as two "nodes": two torchrun launchers of one rank each, over a localhost rendezvous."""
+    d = tmp_path_factory.mktemp("nodes") / "run"
     port = free_port()
     launchers = [subprocess.Popen(
         [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc_per_node", "1",
          "--node_rank", str(i), "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}",
-         "--rdzv-id", f"monorl-test-{port}", "-m", "monorl.cli", "train",
-         *cli_args(d, steps="1", **{"checkpoint.every": "0", "checkpoint.final": "false"})],
+         "--rdzv-id", f"monorl-test-{port}", "-m", "monorl.cli", "train", *cli_args(d)],
         cwd=ROOT, env=env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for i in range(2)]
     outs = [p.communicate(timeout=120) for p in launchers]
     assert [p.returncode for p in launchers] == [0, 0], [o[1][-3000:] for o in outs]
-    assert_rows_close(step_rows(d), step_rows(one_rank)[:1])
+    return d
+
+
+def test_two_nodes_over_localhost_rendezvous(one_rank: Path, two_nodes: Path) -> None:
+    assert_rows_close(step_rows(two_nodes), step_rows(one_rank))
+    assert_weights_close(weights(two_nodes), weights(one_rank))
 
 
 def test_restarted_job_resumes_from_last_checkpoint(
@@ -172,6 +178,15 @@ def test_restarted_job_resumes_from_last_checkpoint(
     # rank 0 alone prints; step 1 ran once (first attempt), step 2 once (after the restart)
     assert r.stdout.count("step 1/2 |") == 1 and r.stdout.count("step 2/2 |") == 1, r.stdout
     assert [row["step"] for row in step_rows(d)] == [0, 1]  # the metrics log has each step once
+
+
+
+def test_restarted_job_equals_uninterrupted_one(two_ranks: Path, two_nodes: Path) -> None:
+    """Deterministic resume: the restarted job's metrics and weights equal, bit for bit, those of the same two
+    ranks run without interruption (the two "nodes" run)."""
+    assert step_rows(two_ranks) == step_rows(two_nodes)
+    a, b = weights(two_ranks), weights(two_nodes)
+    assert all(torch.equal(a[k], b[k]) for k in a)
 
 
 def test_dead_rank_ends_the_job_naming_it(tmp_path: Path) -> None:

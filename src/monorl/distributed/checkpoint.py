@@ -22,6 +22,7 @@ from __future__ import annotations
 import json
 import shutil
 import time
+import warnings
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -126,7 +127,9 @@ def load_sharded_checkpoint(path: Path, policy: nn.Module, trainer: Trainer,
                               "checkpoints")
     ck.check_architecture(p, policy.config)
     state = _state(policy, trainer, with_ref=bool(small.get("has_ref_model")))
-    dcp.load(state, checkpoint_id=p / DCP_DIR, no_dist=not dist.is_initialized())  # one process: no group
+    with warnings.catch_warnings():  # one process, no group: DCP warns that it assumes just that
+        warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+        dcp.load(state, checkpoint_id=p / DCP_DIR, no_dist=not dist.is_initialized())
     set_state_dict(policy, trainer.optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
     if "ref_model" in state:
         trainer.ref_model.load_state_dict(state["ref_model"])

@@ -14,7 +14,8 @@ from typing import Any
 from monorl.compile import CompileConfig
 from monorl.fsutil import json_safe
 from monorl.generate.engine import GeneratorConfig
-from monorl.rl.advantages import ADVANTAGE_KINDS, GROUPLESS_ADVANTAGE_KINDS
+from monorl.model.attention import AttnBackend
+from monorl.rl.advantages import ADVANTAGE_KINDS, GROUPLESS_ADVANTAGE_KINDS, AdvantageKind
 from monorl.train.losses import LossConfig
 from monorl.train.trainer import TrainerConfig
 
@@ -24,8 +25,8 @@ class ModelSection:
     path: str | None = None  # HF checkpoint directory (config.json + safetensors + tokenizer.json): its weights
     shape: str | None = None  # without a path: random weights of this named shape (monorl.model.config.MODEL_SHAPES)
     random_init: bool = False  # with a path: random weights of its config.json instead of its weights
-    init_seed: int = 0
-    attn_backend: str = "auto"  # auto | sdpa | flash
+    init_seed: int = 0  # seed of the random weights (model.shape or model.random_init)
+    attn_backend: AttnBackend = "auto"  # auto: flash on CUDA in bf16, else sdpa
 
 
 @dataclass
@@ -36,15 +37,15 @@ class TaskSection:
 
 @dataclass
 class RolloutSection:
-    prompts_per_step: int = 5
+    prompts_per_step: int = 5  # prompts sampled per RL step
     group_size: int = 8  # completions per prompt
-    max_new_tokens: int = 100
-    temperature: float = 0.8
-    top_p: float = 0.95
-    top_k: int = 0
+    max_new_tokens: int = 100  # completion length limit (tokens)
+    temperature: float = 0.8  # sampling temperature (> 0); the trainer's log-probs use the same one
+    top_p: float = 0.95  # nucleus sampling: smallest token set with this probability mass (1: off)
+    top_k: int = 0  # sample among the k most likely tokens (0: off)
     ignore_eos: bool = False  # benchmarks: always generate max_new_tokens
-    # grpo | rloo | reinforce_pp | reinforce_pp_baseline (monorl.rl.advantages; README "Config")
-    advantage: str = "grpo"
+    # reward -> advantage: group mean (/ std) | leave-one-out | batch-normalised (monorl.rl.advantages)
+    advantage: AdvantageKind = "grpo"
     # advantage "grpo" only: divide by the group std (GRPO paper, TRL); the reference uses mean only, and the
     # dr_grpo loss turns it off (Dr. GRPO)
     advantage_std_norm: bool = True
@@ -79,9 +80,9 @@ class ValidationSection:
 class WarmStartSection:
     """Supervised warm start on the task's reference solutions (the tiny default needs it for signal)."""
 
-    steps: int = 0
-    batch_size: int = 32
-    lr: float = 1e-3
+    steps: int = 0  # supervised steps before RL (0: none)
+    batch_size: int = 32  # solved prompts per supervised step
+    lr: float = 1e-3  # peak lr (10% warmup, then cosine decay)
 
 
 @dataclass
@@ -101,20 +102,20 @@ class CheckpointSection:
 
 @dataclass
 class RunConfig:
-    preset: str = "tiny"
-    seed: int = 0
-    steps: int = 10
-    device: str = "auto"  # auto | cpu | cuda | cuda:N
+    preset: str = "tiny"  # the named preset this config started from (monorl presets)
+    seed: int = 0  # seeds prompts, sampling, and the random weights' init
+    steps: int = 10  # RL steps
+    device: str = "auto"  # auto (cuda if available) | cpu | cuda | cuda:N
     run_dir: str | None = None  # default: runs/<preset>-<time>
     samples_per_step: int = 4  # rollouts written to samples.jsonl each step
     batch_invariant: bool = False  # generator and trainer log-probs equal bit for bit (slower kernels)
-    model: ModelSection = field(default_factory=ModelSection)
-    task: TaskSection = field(default_factory=TaskSection)
-    rollout: RolloutSection = field(default_factory=RolloutSection)
-    generator: GeneratorConfig = field(default_factory=GeneratorConfig)
-    compile: CompileConfig = field(default_factory=CompileConfig)
-    trainer: TrainerConfig = field(default_factory=TrainerConfig)
-    validation: ValidationSection = field(default_factory=ValidationSection)
+    model: ModelSection = field(default_factory=ModelSection)  # the policy: a checkpoint or random weights
+    task: TaskSection = field(default_factory=TaskSection)  # prompts and rewards
+    rollout: RolloutSection = field(default_factory=RolloutSection)  # sampling and advantages of each step
+    generator: GeneratorConfig = field(default_factory=GeneratorConfig)  # the generation engine (KV cache, slots)
+    compile: CompileConfig = field(default_factory=CompileConfig)  # torch.compile and CUDA graphs, both sides
+    trainer: TrainerConfig = field(default_factory=TrainerConfig)  # optimizer, lr schedule, packing, loss
+    validation: ValidationSection = field(default_factory=ValidationSection)  # greedy held-out evaluation
     warm_start: WarmStartSection = field(default_factory=WarmStartSection)
     checkpoint: CheckpointSection = field(default_factory=CheckpointSection)
 

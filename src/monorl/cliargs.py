@@ -11,7 +11,6 @@ import difflib
 import json
 import math
 import re
-import typing
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any

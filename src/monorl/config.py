@@ -16,6 +16,7 @@ from monorl.fsutil import json_safe
 from monorl.generate.engine import GeneratorConfig
 from monorl.model.attention import AttnBackend
 from monorl.rl.advantages import ADVANTAGE_KINDS, GROUPLESS_ADVANTAGE_KINDS, AdvantageKind
+from monorl.rl.loggers import LoggingSection
 from monorl.train.losses import LossConfig
 from monorl.train.trainer import TrainerConfig
 
@@ -118,6 +119,7 @@ class RunConfig:
     validation: ValidationSection = field(default_factory=ValidationSection)  # greedy held-out evaluation
     warm_start: WarmStartSection = field(default_factory=WarmStartSection)
     checkpoint: CheckpointSection = field(default_factory=CheckpointSection)
+    logging: LoggingSection = field(default_factory=LoggingSection)
 
     def __post_init__(self) -> None:
         if self.steps < 0:
@@ -365,8 +367,8 @@ def _flatten(d: Any, prefix: str = "") -> dict[str, Any]:
     return {prefix[:-1]: d}
 
 
-# Keys that do not change what a run computes: where it lives.
-IGNORED_CONFIG_KEYS = ("run_dir",)
+# Keys (and sections) that do not change what a run computes: where it lives and where it reports to.
+IGNORED_CONFIG_KEYS = ("run_dir", "logging")
 
 
 def config_diff(old: dict[str, Any], new: dict[str, Any],
@@ -377,7 +379,8 @@ def config_diff(old: dict[str, Any], new: dict[str, Any],
     b = _flatten(json.loads(json.dumps(json_safe(new), default=str)))
     missing = object()
     return [(k, a.get(k, missing), b.get(k, missing)) for k in sorted(set(a) | set(b))
-            if k not in ignore and k not in RETIRED_CONFIG_KEYS and a.get(k, missing) != b.get(k, missing)]
+            if not any(k == i or k.startswith(f"{i}.") for i in ignore) and k not in RETIRED_CONFIG_KEYS
+            and a.get(k, missing) != b.get(k, missing)]
 
 
 def format_config_diff(diff: list[tuple[str, Any, Any]]) -> str:

@@ -19,6 +19,7 @@ from tqdm import tqdm
 
 from monorl.compile import compile_blocks, compile_counters, setup_compile_cache
 from monorl.config import RunConfig
+from monorl.fsutil import json_safe
 from monorl.generate.engine import Generator
 from monorl.generate.sampling import SamplingParams
 from monorl.model.attention import resolve_backend
@@ -33,6 +34,7 @@ from monorl.rl.checkpointing import (
     save_training_checkpoint,
     step_checkpoints,
 )
+from monorl.rl.loggers import check_loggers, open_loggers
 from monorl.rl.rollouts import Rollout, assign_advantages, generate_rollouts
 from monorl.rl.run_dir import RunDir
 from monorl.rl.summary import (
@@ -109,6 +111,7 @@ class GRPORun:
         random.seed(cfg.seed)
         torch.manual_seed(cfg.seed)
         self.device = resolve_device(cfg.device)
+        check_loggers(cfg.logging)  # a missing optional extra fails before any work
         self.startup: dict[str, float] = {}
         self.compile_s = 0.0
 
@@ -156,6 +159,7 @@ class GRPORun:
         # created last, so a bad config, checkpoint or data file leaves no empty run directory behind
         self.run_dir = RunDir(cfg.run_dir or RunDir.default_path(cfg.preset))
         self.run_dir.write_config(cfg.to_dict())
+        self.run_dir.loggers = open_loggers(cfg.logging, self.run_dir.path, json_safe(cfg.to_dict()))
 
     def check_prompts_fit(self, sample: int = 32) -> None:
         """Refuse, before any work, a context that fits none of the prompts with room for max_new_tokens
@@ -320,6 +324,8 @@ class GRPORun:
             return self._run()
         except KeyboardInterrupt:
             raise KeyboardInterrupt(self.interrupted_line()) from None
+        finally:
+            self.run_dir.close_loggers()
 
     def interrupted_line(self) -> str:
         found = step_checkpoints(self.run_dir.checkpoints)
@@ -353,6 +359,7 @@ class GRPORun:
             self.trainer.anchor_reference()  # KL reference: the policy RL starts from, after the warm start
             with self.timed("validation_s"):
                 pre = self.validate()
+            self.run_dir.log_metrics({"validation/pre": pre.__dict__}, step=0)
         print(f"validation (pre): {pre.line()}", flush=True)
         result = RunResult(self.run_dir.path, pre, None, steps=earlier, startup=dict(self.startup))
         every = cfg.checkpoint.every
@@ -374,7 +381,7 @@ class GRPORun:
         write_summary(self.run_dir.path / "summary.json", result, phases=self.phase_s,
                       wall_s=time.perf_counter() - self.t_start, compile_s=self.compile_s, trainer=self.trainer,
                       device=self.device)
-        self.run_dir.log_metrics({"validation/pre": pre.__dict__, "validation/post": post.__dict__})
+        self.run_dir.log_metrics({"validation/pre": pre.__dict__, "validation/post": post.__dict__}, step=cfg.steps)
         if roi := compile_roi(self.compile_s, cfg.compile.eager_step_s, result.steps):
             print(roi, flush=True)
         print("Summary:")

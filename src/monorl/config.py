@@ -90,13 +90,18 @@ class WarmStartSection:
 class CheckpointSection:
     """Training checkpoints (policy + optimizer + schedule + RNG + data position) under run_dir/checkpoints."""
 
-    every: int = 0  # steps between checkpoints; 0: only the one at the end
+    every: int = 0  # steps between checkpoints (0: by time only)
+    # minutes between checkpoints (0: by steps only): a run killed at hour 5 loses at most this much; SIGTERM or
+    # Ctrl-C also write one after the step under way
+    every_minutes: float = 30.0
     keep_last: int = 2  # step checkpoints kept (older ones are deleted once a newer one is complete)
     final: bool = True  # write checkpoints at the end (benchmarks turn this off)
 
     def __post_init__(self) -> None:
         if self.every < 0:
             raise ValueError(f"checkpoint.every must be >= 0, got {self.every}")
+        if self.every_minutes < 0:
+            raise ValueError(f"checkpoint.every_minutes must be >= 0, got {self.every_minutes}")
         if self.keep_last < 1:
             raise ValueError(f"checkpoint.keep_last must be >= 1, got {self.keep_last}")
 

@@ -37,10 +37,12 @@ from monorl.rl.checkpointing import (
 from monorl.rl.loggers import check_loggers, open_loggers
 from monorl.rl.rollouts import Rollout, assign_advantages, generate_rollouts
 from monorl.rl.run_dir import RunDir
+from monorl.rl.stopping import GracefulStop
 from monorl.rl.summary import (
     RunResult,
     ValidationResult,
     compile_roi,
+    format_duration,
     sample_rows,
     step_line,
     step_metrics,
@@ -219,6 +221,7 @@ class GRPORun:
 
     def validate(self) -> ValidationResult:
         v = self.cfg.validation
+        print(f"validating: {len(self.val_prompts)} held-out prompts, greedy", flush=True)
         sp = SamplingParams(max_new_tokens=v.max_new_tokens or self.cfg.rollout.max_new_tokens, temperature=0.0,
                             ignore_eos=self.cfg.rollout.ignore_eos)
         groups = generate_rollouts(self.generator, self.tokenizer, self.task, self.val_prompts, sp, 1, self.max_len)
@@ -238,7 +241,8 @@ class GRPORun:
                       total_steps=ws.steps, attn_backend=self.trainer.attn_backend)
         eos = self.tokenizer.eos_token_id
         bar = tqdm(range(ws.steps), desc="warm start", disable=not self.progress, leave=False)
-        for _ in bar:
+        every, t0 = max(1, ws.steps // 10), time.perf_counter()  # piped output: a line per tenth instead of a bar
+        for i in bar:
             seqs = []
             for p in itertools.islice(self.train_prompts, ws.batch_size):
                 ids = self.tokenizer.encode(self.task.render(p, self.tokenizer))
@@ -246,6 +250,9 @@ class GRPORun:
                 seqs.append(TrainSequence(ids, sol, [0.0] * len(sol), 0.0))
             m = sft.sft_step(seqs)
             bar.set_postfix(loss=f"{m['loss']:.3f}")
+            if not self.progress and ((i + 1) % every == 0 or i + 1 == ws.steps):
+                eta = (time.perf_counter() - t0) / (i + 1) * (ws.steps - i - 1)
+                print(f"warm start {i + 1}/{ws.steps} | loss {m['loss']:.4f} | eta {format_duration(eta)}", flush=True)
         self.sync_weights()
 
     def step(self, step: int) -> dict[str, Any]:
@@ -318,8 +325,10 @@ class GRPORun:
         return trainer_graph_stats(self.trainer)
 
     def run(self) -> RunResult:
-        """The run; Ctrl-C ends it with one line saying where it stands and how to continue."""
+        """The run; Ctrl-C ends it with one line saying where it stands and how to continue. During the RL steps,
+        SIGTERM or a first Ctrl-C finish the step under way and write a checkpoint first (rl/stopping.py)."""
         self.steps_done = None  # RL steps finished, once the loop has started
+        self.stop_signal = ""  # the signal that stopped the run between steps
         try:
             return self._run()
         except KeyboardInterrupt:
@@ -331,12 +340,37 @@ class GRPORun:
         found = step_checkpoints(self.run_dir.checkpoints)
         where = ("before the first RL step" if self.steps_done is None
                  else f"after {self.steps_done}/{self.cfg.steps} steps")
+        what = f"stopped by {self.stop_signal}" if self.stop_signal else "interrupted"
         if not found:
-            return (f"interrupted {where}; {self.run_dir.path} has no training checkpoint to resume from "
-                    "(--checkpoint.every N writes one every N steps)")
+            return (f"{what} {where}; {self.run_dir.path} has no training checkpoint to resume from "
+                    "(--checkpoint.every N / --checkpoint.every_minutes M write them during the run)")
         step, path = found[-1]
-        return (f"interrupted {where}; the last checkpoint is {path} (step {step}); continue with: "
+        return (f"{what} {where}; the last checkpoint is {path} (step {step}); continue with: "
                 f"monorl train --resume {self.run_dir.path}")
+
+    def rl_steps(self, start: int, pre: ValidationResult, result: RunResult) -> None:
+        """Steps start..cfg.steps, each with its console line (ETA from this session's mean step time); a checkpoint
+        every checkpoint.every steps, every checkpoint.every_minutes, at the end (checkpoint.final), and when
+        SIGTERM / Ctrl-C asked to stop with steps not yet saved."""
+        cfg, ck = self.cfg, self.cfg.checkpoint
+        t0 = last_saved_t = time.perf_counter()
+        last_saved = start
+        with GracefulStop() as stop:
+            for step in range(start, cfg.steps):
+                row = self.step(step)
+                self.steps_done = done = step + 1
+                result.steps.append(row)
+                now = time.perf_counter()
+                print(step_line(row, cfg.steps, eta_s=(now - t0) / (done - start) * (cfg.steps - done)), flush=True)
+                if ((done == cfg.steps and ck.final) or (ck.every > 0 and done % ck.every == 0)
+                        or (ck.every_minutes > 0 and now - last_saved_t >= 60 * ck.every_minutes)
+                        or (stop.requested and done > last_saved)):
+                    with self.timed("checkpoint_s"):
+                        self.save_training_checkpoint(done, pre)
+                    last_saved, last_saved_t = done, time.perf_counter()
+                if stop.requested:
+                    self.stop_signal = stop.requested
+                    raise KeyboardInterrupt
 
     def _run(self) -> RunResult:
         cfg = self.cfg
@@ -362,16 +396,8 @@ class GRPORun:
             self.run_dir.log_metrics({"validation/pre": pre.__dict__}, step=0)
         print(f"validation (pre): {pre.line()}", flush=True)
         result = RunResult(self.run_dir.path, pre, None, steps=earlier, startup=dict(self.startup))
-        every = cfg.checkpoint.every
         self.steps_done = start
-        for step in range(start, cfg.steps):
-            row = self.step(step)
-            self.steps_done = step + 1
-            result.steps.append(row)
-            print(step_line(row, cfg.steps), flush=True)
-            if (step + 1 == cfg.steps and cfg.checkpoint.final) or (every > 0 and (step + 1) % every == 0):
-                with self.timed("checkpoint_s"):
-                    self.save_training_checkpoint(step + 1, pre)
+        self.rl_steps(start, pre, result)
         with self.timed("validation_s"):
             post = result.post = self.validate()
         if cfg.checkpoint.final:

@@ -71,12 +71,24 @@ def sample_rows(step: int, rollouts: list[Rollout]) -> list[dict[str, Any]]:
              "advantage": r.advantage, "finish_reason": r.finish_reason} for r in rollouts]
 
 
-def step_line(row: dict[str, Any], steps: int) -> str:
+def step_line(row: dict[str, Any], steps: int, eta_s: float | None = None) -> str:
+    """The console line of a step (1-based, as the run's other output counts), with the time left when known."""
     comps = ", ".join(f"{k.split('/', 1)[1]}={v:+.3f}" for k, v in row.items() if k.startswith("reward/"))
-    return (f"step {row['step'] + 1}/{steps} | loss {row['loss']:+.4f} | reward {row['reward']:+.3f} ({comps}) | "
+    line = (f"step {row['step'] + 1}/{steps} | loss {row['loss']:+.4f} | reward {row['reward']:+.3f} ({comps}) | "
             f"len {row['response_length']:.1f} | logprob_diff {row['logprob_diff_mean']:.2e}/"
             f"{row['logprob_diff_max']:.2e} | gen {row['time/generate_s']:.2f}s train {row['time/train_s']:.2f}s "
             f"sync {row['time/sync_s']:.3f}s")
+    return line if eta_s is None else f"{line} | eta {format_duration(eta_s)}"
+
+
+def format_duration(seconds: float) -> str:
+    """12s, 3m05s, 2h04m."""
+    s = int(round(max(0.0, seconds)))
+    if s < 60:
+        return f"{s}s"
+    if s < 3600:
+        return f"{s // 60}m{s % 60:02d}s"
+    return f"{s // 3600}h{s % 3600 // 60:02d}m"
 
 
 # ---- the end of a run ----------------------------------------------------------------------------------

@@ -15,6 +15,7 @@ from jsonargparse import ArgumentError, ArgumentParser, Namespace
 
 from monorl.cliargs import base_config, condense_error, config_file_text, config_parser, parse_config
 from monorl.config import PRESETS, RunConfig, config_diff, config_from_dict, format_config_diff
+from monorl.eval.run import checkpoint_base, eval_args, generate_args
 
 
 @dataclass(frozen=True)
@@ -142,26 +143,25 @@ def cmd_report(cfg: RunConfig | None, args: Namespace) -> int:
     return 0
 
 
-def _generate(cfg: RunConfig | None, args: Namespace) -> int:
-    from monorl.evaluate import cmd_generate
+def _eval_verb(name: str) -> Callable[[RunConfig | None, Namespace], int]:
+    def run(cfg: RunConfig | None, args: Namespace) -> int:
+        from monorl.eval import run as ev
 
-    assert cfg is not None
-    return cmd_generate(cfg, args)
-
-
-def _generate_args(p: ArgumentParser) -> None:
-    from monorl.evaluate import generate_args
-
-    generate_args(p)
+        assert cfg is not None
+        return getattr(ev, f"cmd_{name}")(cfg, args)
+    return run
 
 
 VERBS: dict[str, Verb] = {
     "train": Verb(cmd_train, "run GRPO (default preset: tiny)",
                   "monorl train --preset qwen3_0_6b_gsm8k --model.path Qwen/Qwen3-0.6B --trainer.lr 1e-6",
                   add_args=_train_args, base=_train_base),
-    "generate": Verb(_generate, "sample completions of prompts from a model (greedy with --temperature 0)",
-                     "monorl generate --model.path runs/RUN/checkpoints/final --prompt 'What is 2+3?' "
-                     "--temperature 0", add_args=_generate_args),
+    "eval": Verb(_eval_verb("eval"), "evaluate a model on a task's held-out prompts: greedy, pass@k, mean@k",
+                 "monorl eval --model.path runs/RUN/checkpoints/final --k 8 --validation.num_prompts 100",
+                 add_args=eval_args, base=checkpoint_base),
+    "generate": Verb(_eval_verb("generate"), "complete prompts with a model, rendered as its task does "
+                     "(--temperature 0: greedy)", "monorl generate --model.path Qwen/Qwen3-0.6B --task.name gsm8k "
+                     "--prompt 'What is 2+3?' --temperature 0", add_args=generate_args, base=checkpoint_base),
     "report": Verb(cmd_report, "plot a run's curves to a PNG and print a summary table",
                    "monorl report runs/tiny-20261121-120000", config=False, add_args=_report_args),
     "config": Verb(cmd_config, "print (or --out FILE: write) the resolved config as YAML or JSON",

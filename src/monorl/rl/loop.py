@@ -26,6 +26,7 @@ from monorl.model.attention import resolve_backend
 from monorl.model.batch_invariant import make_batch_invariant_
 from monorl.model.checkpoint import load_checkpoint, load_config, save_checkpoint
 from monorl.model.config import MODEL_SHAPES, model_shape
+from monorl.model.hub import resolve_model_path
 from monorl.model.qwen3 import Qwen3ForCausalLM, build_model
 from monorl.model.tokenizer import TOKENIZER_FILE, CharTokenizer, eos_ids, load_tokenizer
 from monorl.rl.checkpointing import (
@@ -76,7 +77,7 @@ def load_policy(cfg: RunConfig, device: torch.device) -> tuple[Qwen3ForCausalLM,
     random_init is set: a preset's shape never overrides it."""
     m = cfg.model
     if m.path:
-        path = Path(m.path)
+        path, origin = resolve_model_path(m.path)  # a local directory, or a Hub name through its cache
         mcfg = load_config(path)  # names a missing directory or config.json first
         if not (path / TOKENIZER_FILE).is_file():  # the char tokenizer would silently mis-tokenize a real vocab
             raise FileNotFoundError(f"model.path {path} has no {TOKENIZER_FILE}: copy the model's tokenizer files "
@@ -86,7 +87,7 @@ def load_policy(cfg: RunConfig, device: torch.device) -> tuple[Qwen3ForCausalLM,
             source = f"random init (seed {m.init_seed}) of {path / 'config.json'} (model.random_init=true)"
         else:
             model = load_checkpoint(path, device=device, dtype=torch.float32)
-            source = f"weights of {path}"
+            source = f"weights of {path}{origin}"
         tok = load_tokenizer(path)
     else:
         if m.shape is None:

@@ -54,7 +54,8 @@ def summary_table(rows: list[dict[str, Any]], validation: dict[str, Any] | None 
     comps = sorted({k for r in rows for k in r if k.startswith("reward/")})
     keys = [k for k in (TABLE_KEYS[0], *comps, *TABLE_KEYS[1:]) if any(k in r for r in rows)]
     width = max(len(k) for k in keys)
-    lines = [f"{len(rows)} steps (step {rows[0]['step']} .. {rows[-1]['step']})", "",
+    lines = [f"{len(rows)} steps (step {rows[0]['step'] + 1} .. {rows[-1]['step'] + 1}, counted from 1 as the log "
+             "prints them)", "",
              f"{'metric':<{width}}  {'first':>10} {'last':>10} {'min':>10} {'max':>10} {'mean':>10}"]
     for k in keys:
         vals = [v for v in _series(rows, k) if math.isfinite(v)]

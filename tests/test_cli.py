@@ -119,6 +119,12 @@ def test_partial_config_file_fills_in_from_its_preset(tmp_path, capsys):
     assert "lrr" in err and len(err.strip().splitlines()) == 1
 
 
+def test_list_keys_take_commas_or_brackets(capsys):
+    for value in ("a,b", "[a,b]", "[a, b]"):
+        assert _config(capsys, "--logging.wandb_tags", value)["logging"]["wandb_tags"] == ["a", "b"]
+    assert _config(capsys, "--logging.wandb_tags=solo")["logging"]["wandb_tags"] == ["solo"]
+
+
 def test_task_name_switch_drops_preset_task_args(capsys):
     got = _config(capsys, "--task.name", "gsm8k", "--task.args.train_path", "x.jsonl")
     assert got["task"] == {"name": "gsm8k", "args": {"train_path": "x.jsonl"}}

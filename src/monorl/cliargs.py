@@ -11,6 +11,7 @@ import difflib
 import json
 import math
 import re
+import typing
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -93,9 +94,33 @@ def config_parser(prog: str, description: str, defaults: RunConfig,
     return p
 
 
+def _is_list(tp: Any) -> bool:
+    return tp in (list, tuple) or typing.get_origin(tp) in (list, tuple)
+
+
+LIST_KEYS = {k for k, tp in CONFIG_KEYS.items() if _is_list(tp)}
+
+
+def _lists_as_yaml(argv: list[str]) -> list[str]:
+    """`--key a,b` for a list-valued key means the list [a,b] (as `apply_overrides` reads it); YAML wants brackets."""
+    out, i = list(argv), 0
+    while i < len(out):
+        key, eq, value = out[i].partition("=")
+        if key.startswith("--") and key[2:] in LIST_KEYS:
+            j = i if eq else i + 1
+            raw = value if eq else (out[j] if j < len(out) else None)
+            if raw is not None and not raw.lstrip().startswith("["):
+                raw = f"[{raw}]" if raw.strip() else "[]"
+                out[j] = f"{key}={raw}" if eq else raw
+            i = j
+        i += 1
+    return out
+
+
 def parse_config(p: ArgumentParser, argv: list[str], base: RunConfig) -> tuple[RunConfig, Namespace]:
     """(the config: `base` + the file + the command line, validated; the verb's own arguments). A `task.name`
     other than the base's drops the base's task args (they belong to the other task) before `task.args.*` apply."""
+    argv = _lists_as_yaml(argv)
     try:
         ns = p.parse_args(argv)
         if ns.task.name != base.task.name and base.task.args:

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from jsonargparse import ArgumentError, ArgumentParser, Namespace
 
-from monorl.cliargs import base_config, condense_error, config_file_text, config_parser, parse_config
+from monorl.cliargs import base_config, condense_error, config_file_text, config_parser, flag_value, parse_config
 from monorl.config import PRESETS, RunConfig, config_diff, config_from_dict, format_config_diff
 from monorl.eval.run import checkpoint_base, eval_args, generate_args
 
@@ -38,15 +38,6 @@ def _train_args(p: ArgumentParser) -> None:
                    action="store_true", help="with --resume: accept keys that differ from the stored config")
 
 
-def _resume_flag(argv: list[str]) -> str | None:
-    for i, a in enumerate(argv):
-        if a == "--resume" and i + 1 < len(argv):
-            return argv[i + 1]
-        if a.startswith("--resume="):
-            return a.split("=", 1)[1]
-    return None
-
-
 def _stored_config(resume: str) -> tuple[Path, RunConfig]:
     """(the run dir, its config.json as read back: keys a newer monorl added take their defaults)."""
     from monorl.rl.checkpointing import find_checkpoint
@@ -61,7 +52,7 @@ def _stored_config(resume: str) -> tuple[Path, RunConfig]:
 
 
 def _train_base(argv: list[str]) -> RunConfig:
-    resume = _resume_flag(argv)
+    resume = flag_value(argv, "--resume")
     if resume is None or any(a == "--preset" or a.startswith("--preset=") for a in argv):
         return base_config(argv)
     return _stored_config(resume)[1]

@@ -39,6 +39,17 @@ CONFIG_KEYS = {k: tp for k, tp, _, _ in config_fields(RunConfig)}
 SKIPPED_KEYS = {k for k, tp in CONFIG_KEYS.items() if not cli_type(tp)}
 
 
+def flag_value(argv: list[str], flag: str) -> str | None:
+    """The value of `--flag value` / `--flag=value` in argv (the last one), before the parser runs."""
+    found = None
+    for i, a in enumerate(argv):
+        if a == flag and i + 1 < len(argv):
+            found = argv[i + 1]
+        elif a.startswith(f"{flag}="):
+            found = a.split("=", 1)[1]
+    return found
+
+
 def base_config(argv: list[str]) -> RunConfig:
     """The preset a command line starts from: `--preset NAME`, else the `preset` key of its (last) `--config`
     file, else tiny. Unknown names raise ValueError listing the presets."""

@@ -11,24 +11,15 @@ from typing import Any
 
 from jsonargparse import ArgumentParser, Namespace
 
-from monorl.cliargs import base_config
+from monorl.cliargs import base_config, flag_value
 from monorl.config import RunConfig, config_from_dict
 from monorl.eval.passk import mean_at_k, mean_pass_at_k
-
-
-def model_path_arg(argv: list[str]) -> str | None:
-    for i, a in enumerate(argv):
-        if a == "--model.path" and i + 1 < len(argv):
-            return argv[i + 1]
-        if a.startswith("--model.path="):
-            return a.split("=", 1)[1]
-    return None
 
 
 def checkpoint_base(argv: list[str]) -> RunConfig:
     """The base config of eval / generate: the training run's config when --model.path is one of its checkpoints
     (RUN/checkpoints/NAME, RUN/config.json beside) and no --preset / --config is given, else the preset's."""
-    path = model_path_arg(argv)
+    path = flag_value(argv, "--model.path")
     explicit = any(a.split("=", 1)[0] in ("--preset", "--config") for a in argv)
     if path is None or explicit:
         return base_config(argv)

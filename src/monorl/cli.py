@@ -152,7 +152,8 @@ VERBS: dict[str, Verb] = {
                  add_args=eval_args, base=checkpoint_base),
     "generate": Verb(_eval_verb("generate"), "complete prompts with a model, rendered as its task does "
                      "(--temperature 0: greedy)", "monorl generate --preset qwen3_0_6b_sum_digits "
-                     "--model.path Qwen/Qwen3-0.6B --prompt 'What is 2+3?' --temperature 0", add_args=generate_args, base=checkpoint_base),
+                     "--model.path Qwen/Qwen3-0.6B --prompt 'What is 2+3?' --temperature 0", add_args=generate_args,
+                     base=checkpoint_base),
     "report": Verb(cmd_report, "plot a run's curves to a PNG and print a summary table",
                    "monorl report runs/tiny-20261121-120000", config=False, add_args=_report_args),
     "config": Verb(cmd_config, "print (or --out FILE: write) the resolved config as YAML or JSON",

@@ -125,15 +125,16 @@ def plot(rows: list[dict[str, Any]], out: str | os.PathLike, title: str = "",
     smooth, w = _smooth(reward)
     ax.plot(x, smooth, color="tab:blue", linewidth=2.5, label=f"reward, mean of {w} steps")
     for k in sorted({k for r in rows for k in r if k.startswith("reward/")}):
-        ax.plot(x, _smooth(_series(rows, k))[0], linewidth=1, alpha=0.9, linestyle="--", label=k.split("/", 1)[1])
+        ax.plot(x, _smooth(_series(rows, k))[0], linewidth=1, alpha=0.9, linestyle="--",
+                label=f"{k.split('/', 1)[1]} (mean of {w})")
     marks = [(0, "pre"), (x[-1], "post")]
     for at, name in marks:  # greedy validation on held-out prompts, before RL and after the last step
         v = (validation or {}).get(f"validation/{name}")
         if isinstance(v, dict) and math.isfinite(_num(v.get("mean_reward"))):
             y = _num(v.get("mean_reward"))
             ax.plot([at], [y], marker="*", markersize=15, color="black", linestyle="none")
-            ax.annotate(f"validation {name}\n{y:+.3f}", (at, y), textcoords="offset points", xytext=(6, 6),
-                        fontsize=9)
+            ax.annotate(f"validation {name}\n{y:+.3f}", (at, y), textcoords="offset points", fontsize=9,
+                        xytext=(8, 6) if name == "pre" else (-8, 6), ha="left" if name == "pre" else "right")
     ax.set_title("reward (mean over rollouts); \u2605 greedy validation")
     ax.legend(fontsize=8, loc="lower right")
 
@@ -165,6 +166,9 @@ def plot(rows: list[dict[str, Any]], out: str | os.PathLike, title: str = "",
     ax.set_title("clipped fraction (ratio outside the clip range)")
     if ax.lines:
         ax.legend(fontsize=8)
+    if has("clip_frac") and not any(v for v in _series(rows, "clip_frac") if math.isfinite(v)):
+        ax.text(0.5, 0.6, "0 at every step: one optimizer step per batch of rollouts,\nso the ratio only measures "
+                "the generator-trainer gap", transform=ax.transAxes, ha="center", fontsize=9, color="dimgray")
 
     ax = axes[1][2]
     if has("kl"):

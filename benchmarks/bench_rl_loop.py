@@ -28,7 +28,7 @@ import time
 from pathlib import Path
 
 BASE = ["--preset", "qwen3_0_6b_sum_digits", "--model.shape", "qwen3-0.6b", "--rollout.ignore_eos", "true",
-        "--checkpoint.final", "false"]
+        "--checkpoint.final", "false", "--checkpoint.every_minutes", "0"]
 
 NO_TRAINER_GRAPHS = ["--compile.trainer_cuda_graphs", "false"]
 COLUMNS = {

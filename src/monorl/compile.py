@@ -13,17 +13,18 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal, get_args
 
 import torch
 from torch import Tensor
 
-COMPILE_BACKENDS = ("none", "eager", "aot_eager", "inductor")
+CompileBackend = Literal["none", "eager", "aot_eager", "inductor"]
+COMPILE_BACKENDS: tuple[str, ...] = get_args(CompileBackend)
 
 
 @dataclass
 class CompileConfig:
-    backend: str = "none"  # none | eager | aot_eager | inductor
+    backend: CompileBackend = "none"  # torch.compile backend; none: eager PyTorch, no compile
     mode: str | None = None  # torch.compile mode for inductor (e.g. "max-autotune-no-cudagraphs")
     regional: bool = True  # compile each TransformerBlock, not the whole model
     decode_cuda_graphs: bool = True  # capture the generator's decode step (CUDA only)

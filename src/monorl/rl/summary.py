@@ -170,17 +170,29 @@ def sample_rows(step: int, rollouts: list[Rollout]) -> list[dict[str, Any]]:
              "advantage": r.advantage, "finish_reason": r.finish_reason} for r in rollouts]
 
 
-def step_line(row: dict[str, Any], steps: int) -> str:
+def step_line(row: dict[str, Any], steps: int, eta_s: float | None = None) -> str:
+    """The console line of a step (1-based, as the run's other output counts), with the time left when known."""
     comps = ", ".join(f"{k.split('/')[1]}={_fmt(v)}" for k, v in row.items()
                       if k.startswith("rewards/") and k.endswith("/mean"))
     sampling = (f" | groups {row['dynamic_sampling/groups']} ({row['dynamic_sampling/dropped_groups']} dropped, "
                 f"{row['dynamic_sampling/rounds']} rounds)" if "dynamic_sampling/rounds" in row else "")
     val = "".join(f" | {k} {v:.3f}" for k, v in row.items()
                   if k.startswith("val/") and ("pass@" in k or k == "val/mean_reward"))
-    return (f"step {row['step'] + 1}/{steps} | loss {row['loss']:+.4f} | reward {row['reward']:+.3f} ({comps}) | "
+    line = (f"step {row['step'] + 1}/{steps} | loss {row['loss']:+.4f} | reward {row['reward']:+.3f} ({comps}) | "
             f"len {row['completions/mean_length']:.1f} | entropy {row.get('entropy', 0.0):.3f} | logprob_diff "
             f"{row['logprob_diff_mean']:.2e}/{row['logprob_diff_max']:.2e} | gen {row['time/generate_s']:.2f}s "
             f"train {row['time/train_s']:.2f}s sync {row['time/sync_s']:.3f}s{sampling}{val}")
+    return line if eta_s is None else f"{line} | eta {format_duration(eta_s)}"
+
+
+def format_duration(seconds: float) -> str:
+    """12s, 3m05s, 2h04m."""
+    s = int(round(max(0.0, seconds)))
+    if s < 60:
+        return f"{s}s"
+    if s < 3600:
+        return f"{s // 60}m{s % 60:02d}s"
+    return f"{s // 3600}h{s % 3600 // 60:02d}m"
 
 
 # ---- the end of a run ----------------------------------------------------------------------------------

@@ -68,10 +68,11 @@ def test_eval_reports_greedy_and_pass_at_k(ckpt, tmp_path, capsys):
     s = res["sampled"]
     assert s["pass@1"] == pytest.approx(sum(r["sampled_passed"] for r in rows) / 12)
     assert s["pass@4"] == pytest.approx(sum(r["sampled_passed"] > 0 for r in rows) / 3)
-    assert s["mean@4"] == pytest.approx(sum(sum(r["sampled_rewards"]) / 4 for r in rows) / 3)
+    assert s["mean@4"] == pytest.approx(s["pass@1"])  # equal group sizes: the share of passing completions
     assert 0 < s["pass@1"] < 1  # the test task separates passes from failures here
     assert res["config"]["model"]["path"] == str(ckpt)
-    assert main(["eval", *SMALL, "--model.path", str(ckpt), "--pass_component", "nope", "--out", str(out)]) == 2
+    bad = ["--validation.pass_component", "nope"]
+    assert main(["eval", *SMALL, "--model.path", str(ckpt), *bad, "--out", str(out)]) == 2
 
 
 def _generated(capsys, *args: str) -> list[dict]:

@@ -1,9 +1,29 @@
-"""pass@k and mean@k from n sampled completions per prompt (kept apart so the RL loop's validation can share it)."""
+"""pass@k and mean@k from n sampled completions per prompt: the one definition behind `monorl eval` and the RL
+loop's validation. A completion *passes* when its pass component is >= the threshold (validation.pass_component /
+validation.pass_threshold); mean@k is the share of passing completions, averaged over prompts."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from math import comb
+
+
+def passes(rewards: Mapping[str, float | None], component: str, threshold: float) -> bool:
+    """Whether a completion with these reward components passes (a component that does not apply: no)."""
+    v = rewards.get(component)
+    return v is not None and v >= threshold
+
+
+def pass_component_of(components: Sequence[str], name: str | None) -> str:
+    """The component that decides a pass: `name`, default the task's first; a name the task lacks is an error."""
+    if name is None:
+        if not components:
+            raise ValueError("the task has no reward components to decide a pass with")
+        return components[0]
+    if name not in components:
+        raise ValueError(f"validation.pass_component {name!r} is not one of the task's reward components "
+                         f"({', '.join(components)})")
+    return name
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:
@@ -24,7 +44,7 @@ def mean_pass_at_k(passed: Sequence[Sequence[bool]], k: int) -> float:
 
 
 def mean_at_k(rewards: Sequence[Sequence[float]]) -> float:
-    """mean@k: the reward averaged over each prompt's k samples, then over prompts."""
+    """The value averaged over each prompt's samples, then over prompts: mean@k of pass indicators (0/1)."""
     if not rewards:
         return 0.0
     return sum(sum(r) / len(r) for r in rewards) / len(rewards)

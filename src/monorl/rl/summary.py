@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from monorl.compile import compile_counters, compile_phase_times
+from monorl.eval.passk import mean_at_k, mean_pass_at_k, passes
 from monorl.rl.rollouts import Rollout
 
 if TYPE_CHECKING:
@@ -93,13 +94,10 @@ def summarize(groups: list[list[Rollout]], components: tuple[str, ...], pass_com
     result = ValidationResult(sum(r.reward for r in flat) / len(flat), comps,
                               sum(len(r.completion_ids) for r in flat) / len(flat), k=k)
     if pass_component is not None:
-        def passed(r: Rollout) -> bool:
-            v = r.rewards.get(pass_component)
-            return v is not None and v >= pass_threshold
-
+        passed = [[passes(r.rewards, pass_component, pass_threshold) for r in g] for g in groups]
         result.pass_component = pass_component
-        result.pass_at_k = sum(any(passed(r) for r in g) for g in groups) / len(groups)
-        result.mean_at_k = sum(passed(r) for r in flat) / len(flat)
+        result.pass_at_k = mean_pass_at_k(passed, k)
+        result.mean_at_k = mean_at_k([[float(p) for p in g] for g in passed])
     return result
 
 

@@ -135,6 +135,10 @@ class GRPORun:
         self.compile_s = 0.0
 
         t = time.perf_counter()
+        if self.device.type == "cuda":  # the CUDA context, timed apart from the work that would trigger it
+            torch.empty(1, device=self.device)
+            self.startup["cuda_init_s"] = time.perf_counter() - t
+            t = time.perf_counter()
         # architecture, tokenizer, task and prompts first: the memory plan needs them, and refuses a run that cannot
         # fit before any weights are read
         self.model_config, self.tokenizer, self.model_source = resolve_model(cfg)
@@ -151,6 +155,8 @@ class GRPORun:
         self.pass_component = cfg.validation.pass_component or (self.task.reward_components or (None,))[0]
         on_gpu = self.device.type == "cuda"
         self.plan = run_memory_plan(cfg, self.model_config, self.max_prompt_tokens, self.device)
+        self.startup["prepare_s"] = time.perf_counter() - t  # tokenizer, task, prompt checks, memory plan
+        t = time.perf_counter()
 
         gen_dtype = torch.bfloat16 if on_gpu else torch.float32
         lora = cfg.lora
@@ -267,7 +273,9 @@ class GRPORun:
         capture = self.trainer.graphs.capture_s if trainer_graphs else 0.0
         self.startup["trainer_graph_capture_s"] = capture
         self.startup["trainer_compile_s"] = time.perf_counter() - t - capture
+        t = time.perf_counter()
         self.size_kv_cache()
+        self.startup["kv_alloc_s"] = time.perf_counter() - t  # the cache and the model runner's buffers
         self.mark_memory("after KV cache")
         if not (cc.enabled or self.generator.use_graphs):
             self.compile_s = self.startup["trainer_compile_s"]

@@ -57,7 +57,8 @@ def run_row(name: str, models: Path, steps: int) -> dict:
     run_dir = Path(tempfile.mkdtemp(prefix=f"mem_{name}_"))
     cmd = [sys.executable, "-m", "monorl.cli", "train", "--preset", "qwen3_0_6b_sum_digits",
            "--model.path", str(model_dir(models, model)), "--model.random_init", "true", "--rollout.ignore_eos", "true",
-           "--checkpoint.final", "false", "--steps", str(steps), "--run_dir", str(run_dir), *extra]
+           "--checkpoint.final", "false", "--steps", str(steps), "--run_dir", str(run_dir),
+           "--compile.backend", "inductor", *extra]  # the preset's auto would not compile a short run
     t = time.perf_counter()
     proc = subprocess.run(cmd, capture_output=True, text=True)
     wall = time.perf_counter() - t

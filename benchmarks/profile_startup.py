@@ -60,6 +60,7 @@ def main() -> None:
     print("startup split: " + ", ".join(f"{k}={v:.2f}" for k, v in run.startup.items()))
     stats = pstats.Stats(prof)
     stats.sort_stats("cumulative").print_stats(args.top)
+    stats.sort_stats("cumulative").print_stats("monorl", args.top)  # monorl's own calls, by cumulative time
     stats.sort_stats("tottime").print_stats(15)
 
 

@@ -205,9 +205,9 @@ def _qwen3_0_6b_sum_digits() -> RunConfig:
         rollout=RolloutSection(prompts_per_step=5, group_size=8, max_new_tokens=100, temperature=0.8, top_p=0.95,
                                advantage_std_norm=False),
         generator=GeneratorConfig(max_num_seqs=64, max_model_len=2048),
-        # on GPU; --compile.backend none --compile.decode_cuda_graphs false --compile.trainer_cuda_graphs false
-        # is the eager baseline
-        compile=CompileConfig(backend="inductor", trainer_cuda_graphs=True),
+        # on GPU: inductor only when the run's steps pay for it (compile_auto.py: at 10 steps, CUDA graphs alone);
+        # --compile.backend none --compile.decode_cuda_graphs false --compile.trainer_cuda_graphs false is eager
+        compile=CompileConfig(backend="auto", trainer_cuda_graphs=True),
         trainer=TrainerConfig(lr=2e-6, warmup_steps=2, schedule="linear", micro_batch_tokens=16384,
                               loss=LossConfig(kind="grpo")),
         validation=ValidationSection(num_prompts=20),

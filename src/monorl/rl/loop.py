@@ -19,6 +19,7 @@ import torch
 from tqdm import tqdm
 
 from monorl.compile import compile_blocks, compile_counters, setup_compile_cache
+from monorl.compile_auto import auto_backend, compile_key, mark_compiled
 from monorl.config import RunConfig
 from monorl.fsutil import json_safe
 from monorl.generate.engine import Generator
@@ -105,11 +106,12 @@ def resolve_model(cfg: RunConfig) -> tuple[ModelConfig, Any, str]:
     return mcfg, tok, source
 
 
-def load_policy(cfg: RunConfig, device: torch.device,
-                dtype: torch.dtype = torch.float32) -> tuple[Qwen3ForCausalLM, Any, str]:
+def load_policy(cfg: RunConfig, device: torch.device, dtype: torch.dtype = torch.float32,
+                resolved: tuple[ModelConfig, Any, str] | None = None) -> tuple[Qwen3ForCausalLM, Any, str]:
     """The policy (in `dtype`: the trainer's fp32 masters, or a LoRA run's frozen base), its tokenizer, and the
-    line `resolve_model` gives."""
-    mcfg, tok, source = resolve_model(cfg)
+    line `resolve_model` gives (pass its result as `resolved` when already at hand: a real tokenizer takes ~1 s
+    to read)."""
+    mcfg, tok, source = resolved or resolve_model(cfg)
     m = cfg.model
     if m.path and not m.random_init:
         model = load_checkpoint(resolve_model_path(m.path)[0], device=device, dtype=dtype)
@@ -161,13 +163,22 @@ class GRPORun:
         gen_dtype = torch.bfloat16 if on_gpu else torch.float32
         lora = cfg.lora
         # LoRA: the frozen base is held once, in the compute dtype (it needs no fp32 master)
-        self.policy, _, _ = load_policy(cfg, self.device, dtype=gen_dtype if lora.enabled else torch.float32)
+        self.policy, _, _ = load_policy(cfg, self.device, dtype=gen_dtype if lora.enabled else torch.float32,
+                                        resolved=(self.model_config, self.tokenizer, self.model_source))
         if lora.enabled:
             apply_lora_(self.policy, lora, seed=cfg.model.init_seed, base_dtype=gen_dtype)
         self.policy.activation_checkpointing = self.plan.activation_checkpointing
         self.startup["model_load_s"] = time.perf_counter() - t
 
         cc = cfg.compile
+        compiled = {k: v for k, v in cc.__dict__.items() if k not in ("backend", "eager_step_s", "cache_dir")}
+        self.compile_key = compile_key({"model": dataclasses.asdict(self.model_config), "compile": compiled,
+                                        "batch_invariant": cfg.batch_invariant, "lora": cfg.lora.__dict__,
+                                        "dtype": str(cfg.trainer.compute_dtype), "attn": cfg.model.attn_backend,
+                                        "activation_checkpointing": self.plan.activation_checkpointing})
+        if cc.backend == "auto":
+            cc.backend, why = auto_backend(cfg.steps, self.device, cc.cache_path, self.compile_key)
+            print(why, flush=True)
         self.compile_cache = setup_compile_cache(cc)
         self.attn_backend = resolve_backend(cfg.model.attn_backend, self.device, gen_dtype)
         t = time.perf_counter()
@@ -293,6 +304,8 @@ class GRPORun:
         self.startup["generator_compile_s"] = gen_s - self.startup["graph_capture_s"]
         self.mark_memory("after generator warm-up")
         self.compile_s = self.startup["generator_compile_s"] + self.startup["trainer_compile_s"]
+        if cc.enabled and self.compile_cache is not None:  # compile.backend auto: the next run finds a warm cache
+            mark_compiled(self.compile_cache, self.compile_key, self.compile_s)
 
     def size_kv_cache(self) -> None:
         """Allocate the generator's KV cache (CUDA): what `max_num_seqs x max_model_len` needs, capped by what is

@@ -10,6 +10,7 @@ process so startup is real:
                        share one compile cache directory, as in every column)
   graphs_warm        the same again on that warm cache
   nocompile_graphs   no compile; decode and trainer CUDA graphs (what a cold cache makes worth it)
+  preset_auto        the preset's own settings (compile.backend auto), on a fresh cache
 
 With --model-dir DIR (holding qwen3-0.6b/config.json and qwen3-tokenizer/, copied from ../shared/models into the
 ignored .models/), the model is `--model.path` of that config + the real Qwen3 tokenizer with random_init, so
@@ -46,6 +47,7 @@ COLUMNS = {
     "graphs": (["--compile.backend", "inductor", "--compile.trainer_cuda_graphs", "true"], "graphs"),
     "graphs_warm": (["--compile.backend", "inductor", "--compile.trainer_cuda_graphs", "true"], "graphs"),
     "nocompile_graphs": (["--compile.backend", "none", "--compile.trainer_cuda_graphs", "true"], "none"),
+    "preset_auto": ([], "auto"),  # the preset as a user runs it: compile.backend auto decides
 }
 STARTUP_KEYS = ("cuda_init_s", "prepare_s", "model_load_s", "generator_init_s", "trainer_compile_s",
                 "trainer_graph_capture_s", "kv_alloc_s", "generator_compile_s", "graph_capture_s")

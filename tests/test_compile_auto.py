@@ -42,5 +42,5 @@ def test_auto_resolves_before_the_run_and_is_recorded(tmp_path: Path) -> None:
     cfg = apply_overrides(preset("tiny"), {"compile.backend": "auto", "compile.cache_dir": str(tmp_path / "cache"),
                                            "run_dir": str(tmp_path / "run"), "steps": "1"})
     run = GRPORun(cfg, progress=False)
-    assert run.cfg.compile.backend == "none" and not run.cfg.compile.enabled  # on CPU
+    assert run.cfg.compile.backend == "none" and not run.cfg.compile.enabled  # on CPU (resolved before the plan)
     assert '"backend": "none"' in (tmp_path / "run" / "config.json").read_text()

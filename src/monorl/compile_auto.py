@@ -16,12 +16,17 @@ code.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
+
+if TYPE_CHECKING:
+    from monorl.config import RunConfig
+    from monorl.model.config import ModelConfig
 
 COLD_COMPILE_S = 44.0
 WARM_COMPILE_S = 10.0
@@ -66,3 +71,21 @@ def auto_backend(steps: int, device: torch.device, cache_dir: Path, key: str) ->
                      f"({'warm' if warm else 'cold'} compile cache: ~{cost:.0f} s to compile, ~{SAVED_PER_STEP_S} s "
                      "saved per step, as measured for Qwen3-0.6B on an H200; --compile.backend inductor or none "
                      "decides it yourself)")
+
+
+def run_compile_key(cfg: RunConfig, m: ModelConfig) -> str:
+    """`compile_key` of a run: the model's shape and every setting that changes the code compiled for it."""
+    cc = cfg.compile
+    compiled = {k: v for k, v in cc.__dict__.items() if k not in ("backend", "eager_step_s", "cache_dir")}
+    return compile_key({"model": dataclasses.asdict(m), "compile": compiled, "batch_invariant": cfg.batch_invariant,
+                        "lora": cfg.lora.__dict__, "dtype": str(cfg.trainer.compute_dtype),
+                        "attn": cfg.model.attn_backend})
+
+
+def resolve_auto_(cfg: RunConfig, m: ModelConfig, device: torch.device) -> str | None:
+    """Replace compile.backend auto in `cfg` by what `auto_backend` picks (before the memory plan, which depends on
+    it); the line saying why, or None when the backend was not auto."""
+    if cfg.compile.backend != "auto":
+        return None
+    cfg.compile.backend, why = auto_backend(cfg.steps, device, cfg.compile.cache_path, run_compile_key(cfg, m))
+    return why

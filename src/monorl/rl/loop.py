@@ -19,7 +19,7 @@ import torch
 from tqdm import tqdm
 
 from monorl.compile import compile_blocks, compile_counters, setup_compile_cache
-from monorl.compile_auto import auto_backend, compile_key, mark_compiled
+from monorl.compile_auto import mark_compiled, resolve_auto_, run_compile_key
 from monorl.config import RunConfig
 from monorl.fsutil import json_safe
 from monorl.generate.engine import Generator
@@ -156,6 +156,8 @@ class GRPORun:
         self.components = self.check_components()
         self.pass_component = cfg.validation.pass_component or (self.task.reward_components or (None,))[0]
         on_gpu = self.device.type == "cuda"
+        if why := resolve_auto_(cfg, self.model_config, self.device):  # compile.backend auto; the plan depends on it
+            print(why, flush=True)
         self.plan = run_memory_plan(cfg, self.model_config, self.max_prompt_tokens, self.device)
         self.startup["prepare_s"] = time.perf_counter() - t  # tokenizer, task, prompt checks, memory plan
         t = time.perf_counter()
@@ -171,14 +173,6 @@ class GRPORun:
         self.startup["model_load_s"] = time.perf_counter() - t
 
         cc = cfg.compile
-        compiled = {k: v for k, v in cc.__dict__.items() if k not in ("backend", "eager_step_s", "cache_dir")}
-        self.compile_key = compile_key({"model": dataclasses.asdict(self.model_config), "compile": compiled,
-                                        "batch_invariant": cfg.batch_invariant, "lora": cfg.lora.__dict__,
-                                        "dtype": str(cfg.trainer.compute_dtype), "attn": cfg.model.attn_backend,
-                                        "activation_checkpointing": self.plan.activation_checkpointing})
-        if cc.backend == "auto":
-            cc.backend, why = auto_backend(cfg.steps, self.device, cc.cache_path, self.compile_key)
-            print(why, flush=True)
         self.compile_cache = setup_compile_cache(cc)
         self.attn_backend = resolve_backend(cfg.model.attn_backend, self.device, gen_dtype)
         t = time.perf_counter()
@@ -305,7 +299,7 @@ class GRPORun:
         self.mark_memory("after generator warm-up")
         self.compile_s = self.startup["generator_compile_s"] + self.startup["trainer_compile_s"]
         if cc.enabled and self.compile_cache is not None:  # compile.backend auto: the next run finds a warm cache
-            mark_compiled(self.compile_cache, self.compile_key, self.compile_s)
+            mark_compiled(self.compile_cache, run_compile_key(self.cfg, self.model_config), self.compile_s)
 
     def size_kv_cache(self) -> None:
         """Allocate the generator's KV cache (CUDA): what `max_num_seqs x max_model_len` needs, capped by what is

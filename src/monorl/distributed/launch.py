@@ -1,12 +1,34 @@
-"""`monorl train --nproc N`: the same command as N processes on this machine, through torchrun's own entry
-point (`torch.distributed.run`), i.e. `torchrun --standalone --nproc_per_node N -m monorl.cli train ...`.
-Several nodes: run torchrun yourself on each (README "Several GPUs")."""
+"""`monorl train --nproc N`: the run as N processes on this machine, through torchrun's own entry point
+(`torch.distributed.run`), i.e. `torchrun --standalone --nproc_per_node N -m monorl.cli train --config FILE`, FILE
+being the config this process resolved (so every rank runs exactly it). Several nodes: run torchrun yourself on
+each (README "Several GPUs")."""
 
 from __future__ import annotations
 
+import shutil
 import sys
+import tempfile
+from pathlib import Path
+from typing import Any
 
-from monorl.distributed.world import launched_by_torchrun
+from monorl.distributed.world import World, check_world, launched_by_torchrun
+
+
+def relaunch_train(cfg: Any, nproc: int, resume: str | None = None, allow_config_change: bool = False) -> int:
+    """`monorl train` of `cfg` (a resolved RunConfig; `resume` as given) as `nproc` ranks on this machine."""
+    from monorl.cliargs import config_file_text
+
+    check_world(cfg, World(size=nproc))  # before starting N processes that would each say it
+    tmp = Path(tempfile.mkdtemp(prefix="monorl-launch-"))
+    try:
+        file = tmp / "config.json"
+        file.write_text(config_file_text(cfg, "json"), encoding="utf-8")
+        argv = ["train", "--config", str(file)]
+        if resume is not None:
+            argv += ["--resume", resume] + (["--allow-config-change"] if allow_config_change else [])
+        return relaunch_with_torchrun(nproc, argv)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def relaunch_with_torchrun(nproc: int, verb_argv: list[str]) -> int:

@@ -13,12 +13,27 @@ import datetime
 import os
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar
 
 import torch
 import torch.distributed as dist
 
 T = TypeVar("T")
+Backend = Literal["auto", "nccl", "gloo"]
+
+
+@dataclass
+class DistributedSection:
+    """Runs on several GPUs or nodes, launched by torchrun or `monorl train --nproc N` (README "Several GPUs")."""
+
+    timeout_s: float = 600.0  # collective timeout: a dead or stuck rank fails the others after this, never a hang
+    backend: Backend = "auto"  # process group backend: auto is nccl on CUDA, gloo on CPU
+
+    def __post_init__(self) -> None:
+        if not self.timeout_s > 0:
+            raise ValueError(f"distributed.timeout_s must be > 0, got {self.timeout_s}")
+        if self.backend not in ("auto", "nccl", "gloo"):
+            raise ValueError(f"distributed.backend must be auto | nccl | gloo, got {self.backend!r}")
 
 
 @dataclass(frozen=True)
@@ -65,6 +80,13 @@ class World:
             return n
         t = torch.tensor([n], dtype=torch.int64, device=collective_device())
         return int(self.all_reduce_(t, "max").item())
+
+    def any_(self, *flags: bool) -> tuple[bool, ...]:
+        """Each flag, true when it is true on any rank: for decisions every rank must take together."""
+        if self.size == 1:
+            return flags
+        t = torch.tensor([int(f) for f in flags], dtype=torch.int64, device=collective_device())
+        return tuple(bool(x) for x in self.all_reduce_(t, "max").tolist())
 
     def barrier(self) -> None:
         if self.size > 1:

@@ -174,5 +174,5 @@ def quiet_unless_main(world: World) -> None:
     import logging
     import sys
 
-    sys.stdout = open(os.devnull, "w")  # noqa: SIM115 -- for the life of the process
+    sys.stdout = open(os.devnull, "w")  # for the life of the process
     logging.getLogger("monorl").setLevel(logging.ERROR)

@@ -198,6 +198,18 @@ def test_dead_rank_ends_the_job_naming_it(tmp_path: Path) -> None:
     assert time.perf_counter() - t < 100
 
 
+def test_hung_rank_times_out_the_job(tmp_path: Path) -> None:
+    """A rank that hangs (not dead: torchrun sees nothing wrong) makes the others fail at their next collective
+    after distributed.timeout_s, and torchrun then ends the job: never a hang."""
+    t = time.perf_counter()
+    r = run([sys.executable, "-m", "monorl.cli", "train", "--nproc", "2",
+             *cli_args(tmp_path / "run", steps="1", **{"distributed.timeout_s": "3"})],
+            env={**env(), DIE_ENV: "1:1:hang"})
+    assert r.returncode == 1
+    assert "Timed out" in r.stderr and "monorl: error: rank 0 failed first" in r.stderr, r.stderr[-3000:]
+    assert time.perf_counter() - t < 100
+
+
 def test_rank_count_must_divide_the_prompts(tmp_path: Path) -> None:
     cfg = apply_overrides(preset("tiny"), {**OVERRIDES, "run_dir": str(tmp_path)})
     check_world(cfg, World(rank=1, size=2))

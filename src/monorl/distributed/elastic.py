@@ -4,6 +4,7 @@ checkpoint instead of starting over (torchrun restarts every rank with the same 
 from __future__ import annotations
 
 import os
+import time
 from pathlib import Path
 from typing import Any
 
@@ -35,11 +36,14 @@ def restart_resume_path(cfg: Any, is_main: bool) -> Path | None:
 
 
 # Test hook: "RANK:STEP" makes rank RANK exit (code 3) right after step STEP's checkpoint, on the job's first
-# attempt only, so a test can watch torchrun end or restart the job. Not for production use.
+# attempt only, so a test can watch torchrun end or restart the job; "RANK:STEP:hang" makes it hang there instead
+# (the others then time out in their next collective). Not for production use.
 DIE_ENV = "MONORL_TEST_DIE_AFTER_STEP"
 
 
 def die_for_test(rank: int, steps_done: int) -> None:
-    spec = os.environ.get(DIE_ENV)
-    if spec and restart_count() == 0 and tuple(map(int, spec.split(":"))) == (rank, steps_done):
+    spec = os.environ.get(DIE_ENV, "").split(":")
+    if len(spec) >= 2 and restart_count() == 0 and (int(spec[0]), int(spec[1])) == (rank, steps_done):
+        if spec[2:] == ["hang"]:
+            time.sleep(3600)
         os._exit(3)

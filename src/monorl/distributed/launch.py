@@ -18,6 +18,8 @@ def relaunch_train(cfg: Any, nproc: int, resume: str | None = None, allow_config
     """`monorl train` of `cfg` (a resolved RunConfig; `resume` as given) as `nproc` ranks on this machine."""
     from monorl.cliargs import config_file_text
 
+    if nproc < 1:
+        raise ValueError(f"--nproc must be >= 1, got {nproc}")
     check_world(cfg, World(size=nproc))  # before starting N processes that would each say it
     tmp = Path(tempfile.mkdtemp(prefix="monorl-launch-"))
     try:
@@ -37,8 +39,6 @@ def relaunch_with_torchrun(nproc: int, verb_argv: list[str]) -> int:
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.run import main as torchrun_main
 
-    if nproc < 1:
-        raise ValueError(f"--nproc must be >= 1, got {nproc}")
     if launched_by_torchrun():
         raise ValueError("--nproc under torchrun: torchrun already started the ranks (drop --nproc)")
     try:

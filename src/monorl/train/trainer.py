@@ -172,6 +172,10 @@ class Trainer:
                 self._accumulate(mb, norm, adv, temperature)
                 full += [(mb, norm, adv)] if n == num_seqs else []
         if self.graphs is not None:  # after compiling, so capture time is only capture
+            if self.device.type == "cuda":
+                # the eager passes' freed blocks back to the driver before the graphs' pool takes its own: cached,
+                # they doubled the reserved peak (1.7B: 116.9 GiB reserved for 62.3 allocated; traced on an H200)
+                torch.cuda.empty_cache()
             for mb, norm, adv in full:
                 self._ensure_graph(mb, norm, adv, temperature)
         self._reset_accumulators()

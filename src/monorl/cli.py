@@ -18,6 +18,10 @@ monorl generate [--preset NAME] [--prompt TEXT] [--n N] [--key.sub value ...]
 monorl plan [--preset NAME] [--key.sub value ...] [--gpu_memory_gb N]
                                                         memory plan of a run on one GPU of N GB (default:
                                                         this machine's GPU); exit 1 if it does not fit
+monorl parity [--preset NAME] [--prompts N] [--samples N] [--tolerance X] [--key.sub value ...]
+                                                        generator vs trainer log-probs on a few prompts:
+                                                        PASS (exit 0) when max |delta| <= X (default 0:
+                                                        bitwise), else FAIL (exit 1)
 monorl presets                                          list presets
 monorl config [--preset NAME] [--key.sub value ...]     print the resolved config"""
 
@@ -148,6 +152,17 @@ def cmd_plan(argv: list[str]) -> int:
     return 0 if fits else 1
 
 
+def cmd_parity(argv: list[str]) -> int:
+    from monorl.parity import run_parity
+
+    p = argparse.ArgumentParser(prog="monorl parity", add_help=False, allow_abbrev=False)
+    p.add_argument("--prompts", type=int, default=4)
+    p.add_argument("--samples", type=int, default=2)
+    p.add_argument("--tolerance", type=float, default=0.0)
+    known, rest = p.parse_known_args(argv)
+    return run_parity(_resolve(rest), known.prompts, known.samples, known.tolerance)
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
@@ -161,6 +176,8 @@ def main(argv: list[str] | None = None) -> int:
             return cmd_report(rest)
         if verb == "plan":
             return cmd_plan(rest)
+        if verb == "parity":
+            return cmd_parity(rest)
         if verb == "presets":
             print("\n".join(PRESETS))
             return 0

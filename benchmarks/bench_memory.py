@@ -52,12 +52,13 @@ def model_dir(models: Path, model: str) -> Path:
     return d
 
 
-def run_row(name: str, models: Path, steps: int) -> dict:
+def run_row(name: str, models: Path, steps: int, backend: str | None = None) -> dict:
     model, extra = ROWS[name]
     run_dir = Path(tempfile.mkdtemp(prefix=f"mem_{name}_"))
     cmd = [sys.executable, "-m", "monorl.cli", "train", "--preset", "qwen3_0_6b_sum_digits",
            "--model.path", str(model_dir(models, model)), "--model.random_init", "true", "--rollout.ignore_eos", "true",
-           "--checkpoint.final", "false", "--steps", str(steps), "--run_dir", str(run_dir), *extra]
+           "--checkpoint.final", "false", "--steps", str(steps), "--run_dir", str(run_dir),
+           *(["--compile.backend", backend] if backend else []), *extra]
     t = time.perf_counter()
     proc = subprocess.run(cmd, capture_output=True, text=True)
     wall = time.perf_counter() - t
@@ -138,12 +139,13 @@ def main() -> None:
     ap.add_argument("--models", default=".models")
     ap.add_argument("--decode-lora", default=None, help="model size for the merged-vs-unmerged decode timing")
     ap.add_argument("--out", default=None)
+    ap.add_argument("--compile-backend", default=None, help="--compile.backend for every row (default: the preset's)")
     a = ap.parse_args()
     models = Path(a.models).resolve()
     os.environ.setdefault("PYTHONUNBUFFERED", "1")
     results = []
     for r in (r for r in a.rows.split(",") if r):
-        results.append(run_row(r, models, a.steps))
+        results.append(run_row(r, models, a.steps, a.compile_backend))
         if a.out:  # after every row: a call cut off by its time limit keeps what it measured
             Path(a.out).write_text(json.dumps({"rows": results}, indent=2) + "\n")
     decode = decode_lora(a.decode_lora, models) if a.decode_lora else None

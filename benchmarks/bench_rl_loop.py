@@ -9,8 +9,15 @@ process so startup is real:
   graphs             + trainer CUDA graphs (each micro-batch's fwd+bwd one replay; generator and trainer
                        share one compile cache directory, as in every column)
   graphs_warm        the same again on that warm cache
+  nocompile_graphs   no compile; decode and trainer CUDA graphs (what a cold cache makes worth it)
+  preset_auto        the preset's own settings (compile.backend auto), on a fresh cache
 
-Rows: total (startup + steps), startup, generator, trainer, weight sync; plus the steady-state step.
+With --model-dir DIR (holding qwen3-0.6b/config.json and qwen3-tokenizer/, copied from ../shared/models into the
+ignored .models/), the model is `--model.path` of that config + the real Qwen3 tokenizer with random_init, so
+prompts are ~150 tokens as in a real run; without it, `--model.shape qwen3-0.6b` and the char tokenizer.
+
+Rows: whole-process wall time (what the user waits for: interpreter, imports, startup, validation, steps), total
+(startup + steps), startup and its split, generator, trainer, weight sync; plus the steady-state step.
 Prints a markdown table and writes JSON.
 
   python benchmarks/bench_rl_loop.py --out results.json [--steps 10]
@@ -21,14 +28,15 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-BASE = ["--preset", "qwen3_0_6b_sum_digits", "--model.shape", "qwen3-0.6b", "--rollout.ignore_eos", "true",
-        "--checkpoint.final", "false"]
+BASE = ["--preset", "qwen3_0_6b_sum_digits", "--rollout.ignore_eos", "true", "--checkpoint.final", "false",
+        "--checkpoint.every_minutes", "0"]
 
 NO_TRAINER_GRAPHS = ["--compile.trainer_cuda_graphs", "false"]
 COLUMNS = {
@@ -38,15 +46,32 @@ COLUMNS = {
     "compiled_all_warm": (["--compile.backend", "inductor", *NO_TRAINER_GRAPHS], "all"),  # same cache dir: warm
     "graphs": (["--compile.backend", "inductor", "--compile.trainer_cuda_graphs", "true"], "graphs"),
     "graphs_warm": (["--compile.backend", "inductor", "--compile.trainer_cuda_graphs", "true"], "graphs"),
+    "nocompile_graphs": (["--compile.backend", "none", "--compile.trainer_cuda_graphs", "true"], "none"),
+    "preset_auto": ([], "auto"),  # the preset as a user runs it: compile.backend auto decides
 }
+STARTUP_KEYS = ("cuda_init_s", "prepare_s", "model_load_s", "generator_init_s", "trainer_compile_s",
+                "trainer_graph_capture_s", "kv_alloc_s", "generator_compile_s", "graph_capture_s")
 
-ROWS = [("total_s", "total"), ("startup_s", "startup"), ("generate_s", "generator"), ("train_s", "trainer"),
+ROWS = [("process_wall_s", "process wall"), ("total_s", "total"), ("startup_s", "startup"),
+        ("generate_s", "generator"), ("train_s", "trainer"),
         ("sync_s", "weight sync"), ("steady_step_s", "steady-state step"), ("compile_s", "compile (in startup)")]
 
 
-def run_column(name: str, extra: list[str], cache: Path, workdir: Path, steps: int) -> dict:
+def model_args(model_dir: str | None, workdir: Path) -> list[str]:
+    """--model.path of a folder with Qwen3-0.6B's config.json and the real tokenizer (random init), or the shape."""
+    if model_dir is None:
+        return ["--model.shape", "qwen3-0.6b"]
+    path = workdir / "qwen3-0.6b"
+    path.mkdir(exist_ok=True)
+    shutil.copy(Path(model_dir) / "qwen3-0.6b" / "config.json", path)
+    for f in (Path(model_dir) / "qwen3-tokenizer").iterdir():
+        shutil.copy(f, path)
+    return ["--model.path", str(path), "--model.random_init", "true"]
+
+
+def run_column(name: str, extra: list[str], cache: Path, workdir: Path, steps: int, model: list[str]) -> dict:
     run_dir = workdir / name
-    cmd = [sys.executable, "-m", "monorl.cli", "train", *BASE, *extra, "--steps", str(steps),
+    cmd = [sys.executable, "-m", "monorl.cli", "train", *BASE, *model, *extra, "--steps", str(steps),
            "--run_dir", str(run_dir), "--compile.cache_dir", str(cache)]
     env = dict(os.environ, TORCHINDUCTOR_CACHE_DIR=str(cache), TRITON_CACHE_DIR=str(cache / "triton"))
     t = time.perf_counter()
@@ -59,6 +84,7 @@ def run_column(name: str, extra: list[str], cache: Path, workdir: Path, steps: i
         raise SystemExit(f"{name} failed with exit code {proc.returncode}")
     out = json.loads((run_dir / "summary.json").read_text())
     out["process_wall_s"] = wall
+    out.update({f"startup/{k}": v for k, v in out["startup"].items()})
     out["summary_lines"] = [ln for ln in log.splitlines() if ln.startswith(("startup", "compile:", "  Pre", "  Post"))]
     return out
 
@@ -68,12 +94,14 @@ def main() -> None:
     ap.add_argument("--out", default="rl_loop_results.json")
     ap.add_argument("--steps", type=int, default=10)
     ap.add_argument("--columns", default=",".join(COLUMNS))
+    ap.add_argument("--model-dir", default=None, help="qwen3-0.6b/config.json + qwen3-tokenizer/ (e.g. .models)")
     args = ap.parse_args()
     work = Path(tempfile.mkdtemp(prefix="bench_rl_"))
+    model = model_args(args.model_dir, work)
     results = {}
     for name in args.columns.split(","):
         extra, cache_key = COLUMNS[name]
-        results[name] = run_column(name, extra, work / f"cache_{cache_key}", work, args.steps)
+        results[name] = run_column(name, extra, work / f"cache_{cache_key}", work, args.steps, model)
         r = results[name]
         print(f"{name}: total {r['total_s']:.1f}s startup {r['startup_s']:.1f}s gen {r['generate_s']:.2f}s "
               f"train {r['train_s']:.2f}s sync {r['sync_s']:.3f}s steady {r['steady_step_s']:.3f}s", flush=True)
@@ -86,7 +114,8 @@ def main() -> None:
     names = list(results)
     print(f"\n| seconds ({args.steps} steps) | " + " | ".join(names) + " |")
     print("|---|" + "---|" * len(names))
-    for key, label in ROWS + [("break_even_steps", "compile break-even (steps)")]:
+    startup_rows = [(f"startup/{k}", f"  {k[:-2]}") for k in STARTUP_KEYS]
+    for key, label in ROWS[:3] + startup_rows + ROWS[3:] + [("break_even_steps", "compile break-even (steps)")]:
         cells = [f"{results[n][key]:.2f}" if isinstance(results[n].get(key), int | float) else "-" for n in names]
         print(f"| {label} | " + " | ".join(cells) + " |")
 

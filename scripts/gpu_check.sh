@@ -7,11 +7,17 @@
 #   compare: this tree against an older one in BASE (a copy of its src/ and benchmarks/, e.g. from
 #            `git archive REV src benchmarks`, carried in an ignored folder): the reference generator batch
 #            and the RL loop's trainer-graph columns, cold and warm, both on this device in this call
+#   startup: benchmarks/profile_startup.py, then the RL-loop table with the real tokenizer (.models, carried) for the
+#            preset as users run it (compile.backend auto) and CUDA graphs alone
 #   bi:      `monorl train` of the Qwen3-0.6B preset (random weights) with --batch_invariant true (trainer graphs on)
-# Usage on the device: bash scripts/gpu_check.sh [tests|trainer|profile|loop|compare|bi|all]   (logs, JSON under $OUT)
+# Usage on the device: bash scripts/gpu_check.sh [tests|trainer|profile|loop|compare|startup|bi|all]   (logs, JSON under $OUT)
 set -uo pipefail
 OUT=${OUT:-/tmp/monorl_out}; mkdir -p "$OUT"
-export PYTHONPATH=$PWD/src PYTHONUNBUFFERED=1
+# wheels the device lacks (jsonargparse) go first: .whl carried, installed to /tmp/site (device README)
+if compgen -G ".whl/*.whl" >/dev/null; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
+fi
+export PYTHONPATH=$PWD/src:$PWD:/tmp/site PYTHONUNBUFFERED=1
 what=${1:-all}
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
 python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"
@@ -29,6 +35,11 @@ if [[ $what == trainer || $what == profile || $what == all ]]; then
 fi
 if [[ $what == loop || $what == all ]]; then
   python3 benchmarks/bench_rl_loop.py --out "$OUT/rl_loop.json" 2>&1 | tee "$OUT/rl_loop.log"
+fi
+if [[ $what == startup ]]; then
+  python3 benchmarks/profile_startup.py --model-dir .models --top 25 2>&1 | tee "$OUT/profile_startup.log" | head -90
+  python3 benchmarks/bench_rl_loop.py --model-dir .models --columns preset_auto,nocompile_graphs \
+    --out "$OUT/rl_loop_startup.json" 2>&1 | tee "$OUT/rl_loop_startup.log"
 fi
 if [[ $what == bi ]]; then
   python3 -m monorl.cli train --preset qwen3_0_6b_sum_digits --model.shape qwen3-0.6b --rollout.ignore_eos true \

@@ -3,6 +3,7 @@ equals an uninterrupted one bit for bit."""
 
 from __future__ import annotations
 
+import json
 import random
 import shutil
 from pathlib import Path
@@ -10,6 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from monorl.cli import main
 from monorl.model.lora import is_lora, lora_parameters
 from monorl.rl.loop import GRPORun
 from tests.test_resume import small_cfg, step_rows
@@ -67,3 +69,18 @@ def test_lora_resume_equals_uninterrupted(lora_run: Path, tmp_path: Path) -> Non
     for f in ("final/adapter_model.safetensors", "step_000004/adapter/adapter_model.safetensors",
               "final_merged/model.safetensors"):
         assert (run_dir / "checkpoints" / f).read_bytes() == (lora_run / "checkpoints" / f).read_bytes(), f
+
+
+def test_eval_of_the_adapter_equals_eval_of_the_merged_checkpoint(lora_run: Path, tmp_path: Path,
+                                                                  capsys: pytest.CaptureFixture) -> None:
+    """`monorl eval` of a LoRA run's final/ (a PEFT adapter on the run's random-init base) merges it into that
+    base: the same weights as final_merged/, so the same completions and scores."""
+    res = {}
+    for name in ("final", "final_merged"):
+        out = tmp_path / f"{name}.json"
+        args = ["eval", "--model.path", str(lora_run / "checkpoints" / name), "--k", "2", "--out", str(out)]
+        assert main(args) == 0, capsys.readouterr().err
+        res[name] = json.loads(out.read_text())
+    assert "LoRA adapter" in res["final"]["model"]
+    for key in ("greedy", "sampled", "prompts"):
+        assert res["final"][key] == res["final_merged"][key]

@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 
 from monorl.cli import main
-from monorl.rl.report import load_metrics, plot, report, summary_table
+from monorl.config import preset
+from monorl.rl.report import load_metrics, plot, report, run_title, summary_table
 
 
 def write_metrics(run_dir: Path) -> None:
@@ -84,5 +85,18 @@ def test_report_errors(tmp_path: Path, capsys, monkeypatch: pytest.MonkeyPatch) 
     monkeypatch.setitem(sys.modules, "matplotlib", None)  # as if matplotlib were not installed
     with pytest.raises(ImportError, match="pip install matplotlib"):
         plot(load_metrics(tmp_path)[0], tmp_path / "x.png")
-    assert main(["report", str(tmp_path)]) == 2
-    assert "needs matplotlib" in capsys.readouterr().err
+    # the Quick start install has no matplotlib: the table still comes, with one line saying how to get the plot
+    assert main(["report", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "completions/mean_length" in out
+    assert "plot: skipped (the plot needs matplotlib: pip install matplotlib" in out
+    assert not (tmp_path / "report.png").exists()
+
+
+def test_report_title_names_model_task_preset(tmp_path: Path) -> None:
+    write_metrics(tmp_path / "run")
+    cfg = preset("qwen3_0_6b_gsm8k")
+    cfg.model.path = "/models/Qwen3-0.6B"
+    (tmp_path / "run" / "config.json").write_text(json.dumps(cfg.to_dict()))
+    assert run_title(tmp_path / "run") == "Qwen3-0.6B | task gsm8k | preset qwen3_0_6b_gsm8k | loss dapo | run"
+    assert report(tmp_path / "run").startswith("Qwen3-0.6B | task gsm8k")

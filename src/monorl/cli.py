@@ -1,193 +1,266 @@
-"""`monorl <verb>`: train (GRPO), generate, presets."""
+"""`monorl <verb>`: one entry per verb in VERBS (its help line, example, own arguments and what it runs); the
+run config's keys come from the config dataclasses (monorl/cliargs.py), so a new key or section needs no edit
+here. Errors a user can fix end in one line, `monorl: error: ...`, exit 2."""
 
 from __future__ import annotations
 
-import argparse
 import json
 import logging
+import re
 import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
 
-from monorl.config import PRESETS, apply_overrides, parse_override_args, preset
+from jsonargparse import ArgumentError, ArgumentParser, Namespace
 
-USAGE = """monorl train [--preset NAME] [--key.sub value ...]    run GRPO (default preset: tiny)
-monorl train --resume RUN_DIR [--allow-config-change] [--key.sub value ...]
-                                                        continue from RUN_DIR's latest checkpoint (or a
-                                                        checkpoint dir); overrides apply to its config.json
-monorl report RUN_DIR [--out FILE.png]                  plot curves (default RUN_DIR/report.png) + summary
-monorl generate [--preset NAME] [--prompt TEXT] [--n N] [--key.sub value ...]
-monorl plan [--preset NAME] [--key.sub value ...] [--gpu_memory_gb N]
-                                                        memory plan of a run on one GPU of N GB (default:
-                                                        this machine's GPU); exit 1 if it does not fit
-monorl parity [--preset NAME] [--prompts N] [--samples N] [--tolerance X] [--key.sub value ...]
-                                                        generator vs trainer log-probs on a few prompts:
-                                                        PASS (exit 0) when max |delta| <= X (default 0:
-                                                        bitwise), else FAIL (exit 1)
-monorl presets                                          list presets
-monorl config [--preset NAME] [--key.sub value ...]     print the resolved config"""
+from monorl.cliargs import base_config, condense_error, config_file_text, config_parser, flag_value, parse_config
+from monorl.config import PRESETS, RunConfig, config_diff, config_from_dict, format_config_diff
+from monorl.eval.run import checkpoint_base, eval_args, generate_args
+from monorl.parity import cmd_parity, parity_args
 
 
-def _resolve(argv: list[str]):
-    p = argparse.ArgumentParser(add_help=False)
-    p.add_argument("--preset", default="tiny")
-    known, rest = p.parse_known_args(argv)
-    cfg = preset(known.preset)
-    return apply_overrides(cfg, parse_override_args(rest))
+@dataclass(frozen=True)
+class Verb:
+    run: Callable[[RunConfig | None, Namespace], int]  # (the config, or None without one; its own arguments)
+    help: str  # one line in `monorl --help`
+    example: str
+    config: bool = True  # takes the run config: --preset NAME, --config FILE, --a.b value
+    add_args: Callable[[ArgumentParser], None] | None = None
+    base: Callable[[list[str]], RunConfig] = base_config  # the config the command line's keys apply to
 
 
-def _resume_config(resume: str, rest: list[str], allow_change: bool):
-    """The config to resume with: the run's config.json + `rest` overrides (or, with --preset, `rest` alone,
-    as for a fresh run), checked against config.json: differing keys are an error unless allowed."""
-    from monorl.config import config_diff, config_from_dict, format_config_diff
+# ---- train ----------------------------------------------------------------------------------------------------
+
+def _train_args(p: ArgumentParser) -> None:
+    p.add_argument("--resume", default=None, metavar="RUN_DIR",
+                   help="continue RUN_DIR (or one of its checkpoints) where it stopped; keys given apply to its "
+                        "config.json (with --preset: the command line is the whole config)")
+    p.add_argument("--allow-config-change", "--allow_config_change", dest="allow_config_change",
+                   action="store_true", help="with --resume: accept keys that differ from the stored config")
+
+
+def _stored_config(resume: str) -> tuple[Path, RunConfig]:
+    """(the run dir, its config.json as read back: keys a newer monorl added take their defaults)."""
     from monorl.rl.checkpointing import find_checkpoint
 
-    ckpt = find_checkpoint(resume)  # CheckpointError (a ValueError) names what is missing
-    run_dir = ckpt.parent.parent
+    run_dir = find_checkpoint(resume).parent.parent  # CheckpointError (a ValueError) names what is missing
     stored_file = run_dir / "config.json"
     try:
         stored = json.loads(stored_file.read_text(encoding="utf-8"))
     except (OSError, json.JSONDecodeError) as e:
         raise ValueError(f"cannot read the resumed run's config {stored_file}: {e}") from None
-    # compared as read back (a key the run's monorl did not have yet takes its default: no change)
-    stored = config_from_dict(stored).to_dict()
-    if any(a == "--preset" or a.startswith("--preset=") for a in rest):
-        cfg = _resolve(rest)
-    else:
-        cfg = apply_overrides(config_from_dict(stored), parse_override_args(rest))
+    return run_dir, config_from_dict(stored)
+
+
+def _train_base(argv: list[str]) -> RunConfig:
+    resume = flag_value(argv, "--resume")
+    if resume is None or any(a == "--preset" or a.startswith("--preset=") for a in argv):
+        return base_config(argv)
+    return _stored_config(resume)[1]
+
+
+def _resume_config(resume: str, rest: list[str], allow_change: bool) -> RunConfig:
+    """The config to resume with: the run's config.json + `rest` (or, with --preset, `rest` alone, as for a fresh
+    run), checked against config.json: differing keys are an error unless allowed."""
+    argv = [*rest, "--resume", resume]
+    base = _train_base(argv)
+    cfg, _ = parse_config(config_parser("monorl train", "", base, _train_args), argv, base)
+    run_dir, stored = _stored_config(resume)
+    return _check_resume(cfg, run_dir, stored, allow_change)
+
+
+def _check_resume(cfg: RunConfig, run_dir: Path, stored: RunConfig, allow_change: bool) -> RunConfig:
     cfg.run_dir = str(run_dir)
-    if diff := config_diff(stored, cfg.to_dict()):
+    if diff := config_diff(stored.to_dict(), cfg.to_dict()):
         listing = format_config_diff(diff)
         if not allow_change:
-            raise ValueError(f"the config differs from the one {run_dir} was trained with ({stored_file}); "
-                             f"keys that differ (stored -> now):\n{listing}\n"
+            raise ValueError(f"the config differs from the one {run_dir} was trained with "
+                             f"({run_dir / 'config.json'}); keys that differ (stored -> now):\n{listing}\n"
                              "pass --allow-config-change to resume with the new values")
         print(f"resuming with a changed config (--allow-config-change):\n{listing}", file=sys.stderr)
     return cfg
 
 
-def cmd_train(argv: list[str]) -> int:
+def cmd_train(cfg: RunConfig | None, args: Namespace) -> int:
     from monorl.rl.loop import train
 
-    p = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
-    p.add_argument("--resume", default=None)
-    p.add_argument("--allow-config-change", action="store_true")
-    known, rest = p.parse_known_args(argv)
-    if known.resume is None:
-        if known.allow_config_change:
-            raise ValueError("--allow-config-change only applies with --resume RUN_DIR")
-        cfg = _resolve(rest)
-    else:
-        cfg = _resume_config(known.resume, rest, known.allow_config_change)
-    train(cfg, progress=sys.stderr.isatty(), resume=known.resume)
+    assert cfg is not None
+    if args.resume is None and args.allow_config_change:
+        raise ValueError("--allow-config-change only applies with --resume RUN_DIR")
+    if args.resume is not None:
+        run_dir, stored = _stored_config(args.resume)
+        cfg = _check_resume(cfg, run_dir, stored, args.allow_config_change)
+    train(cfg, progress=sys.stderr.isatty(), resume=args.resume)
     return 0
 
 
-def cmd_report(argv: list[str]) -> int:
+# ---- config, presets, report ------------------------------------------------------------------------------------
+
+def _config_args(p: ArgumentParser) -> None:
+    p.add_argument("--out", default=None, metavar="FILE",
+                   help="write the config to FILE (.json: JSON, else YAML) instead of printing it")
+    p.add_argument("--format", default=None, choices=["yaml", "json"], help="printed format (default yaml)")
+
+
+def cmd_config(cfg: RunConfig | None, args: Namespace) -> int:
+    assert cfg is not None
+    fmt = args.format or ("json" if args.out and args.out.endswith(".json") else "yaml")
+    text = config_file_text(cfg, fmt)
+    if args.out:
+        Path(args.out).write_text(text, encoding="utf-8")
+        print(f"wrote {args.out}: monorl train --config {args.out} runs it", file=sys.stderr)
+    else:
+        print(text, end="")
+    return 0
+
+
+def cmd_presets(cfg: RunConfig | None, args: Namespace) -> int:
+    width = max(map(len, PRESETS))
+    for name, make in PRESETS.items():
+        doc = " ".join((make.__doc__ or "").split())
+        doc = re.split(r"\.\s+(?=[A-Z])", doc)[0].removesuffix(".")  # its first sentence ("et al. 2025" is not an end)
+        print(f"{name:<{width}}  {doc}")
+    return 0
+
+
+def _report_args(p: ArgumentParser) -> None:
+    p.add_argument("run_dir", help="a run directory (holds metrics.jsonl)")
+    p.add_argument("--out", default=None, metavar="FILE.png", help="PNG path (default: RUN_DIR/report.png)")
+
+
+def cmd_report(cfg: RunConfig | None, args: Namespace) -> int:
     from monorl.rl.report import report
 
-    p = argparse.ArgumentParser(prog="monorl report")
-    p.add_argument("run_dir")
-    p.add_argument("--out", default=None, help="PNG path (default: RUN_DIR/report.png)")
-    a = p.parse_args(argv)
-    try:
-        print(report(a.run_dir, a.out))
-    except ImportError as e:  # matplotlib is optional
-        print(f"monorl: error: {e}", file=sys.stderr)
-        return 2
+    print(report(args.run_dir, args.out))
     return 0
 
 
-def cmd_generate(argv: list[str]) -> int:
-    from monorl.compile import CompileConfig
-    from monorl.generate.engine import Generator
-    from monorl.generate.sampling import SamplingParams
-    from monorl.model.tokenizer import eos_ids
-    from monorl.rl.loop import load_policy, resolve_device
-
-    p = argparse.ArgumentParser(prog="monorl generate", add_help=False)
-    p.add_argument("--prompt", action="append", default=None)
-    p.add_argument("--n", type=int, default=1)
-    p.add_argument("--chat", action="store_true", help="wrap the prompt in the tokenizer's chat template")
-    known, rest = p.parse_known_args(argv)
-    cfg = _resolve(rest)
-    device = resolve_device(cfg.device)
-    model, tok, source = load_policy(cfg, device)
-    print(f"model: {source}", file=sys.stderr)
-    # the generator builds its own copy (bf16 on CUDA); one call is not worth a compile: eager, decode graphs as set
-    gen = Generator(model, cfg.generator, tokenizer=tok, eos_token_ids=eos_ids(tok, model.config),
-                    compile=CompileConfig(decode_cuda_graphs=cfg.compile.decode_cuda_graphs))
-    del model
-    prompts = known.prompt or ["What is the total digit sum of [3, 4]?"]
-    texts = [tok.apply_chat_template([{"role": "user", "content": t}]) if known.chat else t for t in prompts]
-    r = cfg.rollout
-    sp = SamplingParams(max_new_tokens=r.max_new_tokens, temperature=r.temperature, top_p=r.top_p, top_k=r.top_k,
-                        seed=cfg.seed)
-    outs = gen.generate([tok.encode(t) for t in texts], sp, n=known.n)
-    for t, comps in zip(prompts, outs, strict=True):
-        for c in comps:
-            text = c.text if c.text is not None else tok.decode(c.token_ids, skip_special_tokens=True)
-            print(json.dumps({"prompt": t, "completion": text, "tokens": len(c.token_ids),
-                              "finish_reason": c.finish_reason}))
-    return 0
+def _plan_args(p: ArgumentParser) -> None:
+    p.add_argument("--gpu_memory_gb", type=float, default=None, metavar="N",
+                   help="the GPU's memory in GiB (nvidia-smi's MiB / 1024: 79.6 for an H100 80GB, 140.4 for an "
+                        "H200); default: this machine's GPU")
 
 
-def cmd_plan(argv: list[str]) -> int:
+def cmd_plan(cfg: RunConfig | None, args: Namespace) -> int:
     import torch
 
     from monorl.plan import GiB, plan_report
 
-    p = argparse.ArgumentParser(prog="monorl plan", add_help=False, allow_abbrev=False)
-    p.add_argument("--gpu_memory_gb", type=float, default=None)
-    known, rest = p.parse_known_args(argv)
-    if known.gpu_memory_gb is not None:
-        if not known.gpu_memory_gb > 0:
-            raise ValueError(f"--gpu_memory_gb must be > 0, got {known.gpu_memory_gb}")
-        device_bytes = int(known.gpu_memory_gb * GiB)
+    assert cfg is not None
+    if args.gpu_memory_gb is not None:
+        if not args.gpu_memory_gb > 0:
+            raise ValueError(f"--gpu_memory_gb must be > 0, got {args.gpu_memory_gb}")
+        device_bytes = int(args.gpu_memory_gb * GiB)
     elif torch.cuda.is_available():
         device_bytes = torch.cuda.get_device_properties(0).total_memory
     else:
         raise ValueError("no GPU here: give the GPU's memory with --gpu_memory_gb N, in GiB as nvidia-smi's MiB / 1024 "
                          "(79.6 for an H100 80GB, 140.4 for an H200)")
-    text, fits = plan_report(_resolve(rest), device_bytes)
+    text, fits = plan_report(cfg, device_bytes)
     print(text)
     return 0 if fits else 1
 
 
-def cmd_parity(argv: list[str]) -> int:
-    from monorl.parity import run_parity
+def _eval_verb(name: str) -> Callable[[RunConfig | None, Namespace], int]:
+    def run(cfg: RunConfig | None, args: Namespace) -> int:
+        from monorl.eval import run as ev
 
-    p = argparse.ArgumentParser(prog="monorl parity", add_help=False, allow_abbrev=False)
-    p.add_argument("--prompts", type=int, default=4)
-    p.add_argument("--samples", type=int, default=2)
-    p.add_argument("--tolerance", type=float, default=0.0)
-    known, rest = p.parse_known_args(argv)
-    return run_parity(_resolve(rest), known.prompts, known.samples, known.tolerance)
+        assert cfg is not None
+        return getattr(ev, f"cmd_{name}")(cfg, args)
+    return run
+
+
+VERBS: dict[str, Verb] = {
+    "train": Verb(cmd_train, "run GRPO (default preset: tiny)",
+                  "monorl train --preset qwen3_0_6b_gsm8k --model.path Qwen/Qwen3-0.6B --trainer.lr 1e-6",
+                  add_args=_train_args, base=_train_base),
+    "eval": Verb(_eval_verb("eval"), "evaluate a model on a task's held-out prompts: greedy, pass@k, mean@k",
+                 "monorl eval --model.path runs/RUN/checkpoints/final --k 8 --validation.num_prompts 100",
+                 add_args=eval_args, base=checkpoint_base),
+    "generate": Verb(_eval_verb("generate"), "complete prompts with a model, rendered as its task does "
+                     "(--temperature 0: greedy)", "monorl generate --preset qwen3_0_6b_sum_digits "
+                     "--model.path Qwen/Qwen3-0.6B --prompt 'What is 2+3?' --temperature 0", add_args=generate_args,
+                     base=checkpoint_base),
+    "plan": Verb(cmd_plan, "the memory plan of a run on one GPU, before loading anything; exit 1 if it does not fit",
+                 "monorl plan --preset qwen3_0_6b_gsm8k --model.path Qwen/Qwen3-4B --gpu_memory_gb 79.6",
+                 add_args=_plan_args),
+    "report": Verb(cmd_report, "plot a run's curves to a PNG and print a summary table",
+                   "monorl report runs/tiny-20261121-120000", config=False, add_args=_report_args),
+    "config": Verb(cmd_config, "print (or --out FILE: write) the resolved config as YAML or JSON",
+                   "monorl config --preset qwen3_0_6b_gsm8k --trainer.lr 1e-6 --out run.yaml",
+                   add_args=_config_args),
+    "parity": Verb(cmd_parity, "generator vs trainer log-probs on a few prompts, as a run builds them: PASS (exit 0) "
+                   "or FAIL (exit 1)", "monorl parity --preset qwen3_0_6b_sum_digits --model.path Qwen/Qwen3-0.6B "
+                   "--batch_invariant true", add_args=parity_args),
+    "presets": Verb(cmd_presets, "list the presets", "monorl presets", config=False),
+}
+
+
+def version() -> str:
+    from importlib.metadata import PackageNotFoundError
+    from importlib.metadata import version as dist_version
+
+    try:
+        return dist_version("monorl")
+    except PackageNotFoundError:
+        return "unknown (not installed)"
+
+
+def top_help() -> str:
+    width = max(map(len, VERBS))
+    verbs = "\n".join(f"  {name:<{width}}  {v.help}" for name, v in VERBS.items())
+    examples = "\n".join(f"  {v.example}" for v in VERBS.values())
+    return (f"usage: monorl VERB [options]    (monorl VERB --help: its options, every config key with its type, "
+            f"default and description)\n\nRL post-training for language models in plain PyTorch.\n\n"
+            f"verbs:\n{verbs}\n\nexamples:\n{examples}\n\n"
+            "options:\n  -h, --help  this help\n  --version   print the version")
+
+
+def verb_parser(name: str, argv: list[str]) -> tuple[ArgumentParser, RunConfig | None]:
+    """The verb's parser (config keys defaulting to its base config) and that base config."""
+    verb = VERBS[name]
+    prog = f"monorl {name}"
+    if not verb.config:
+        p = ArgumentParser(prog=prog, description=verb.help, exit_on_error=False)
+        if verb.add_args is not None:
+            verb.add_args(p)
+        return p, None
+    base = verb.base(argv)
+    return config_parser(prog, f"{verb.help}. Example: {verb.example}", base, verb.add_args), base
+
+
+def run_verb(name: str, argv: list[str]) -> int:
+    p, base = verb_parser(name, argv)
+    if base is None:
+        try:
+            args = p.parse_args(argv)
+        except ArgumentError as e:
+            raise ValueError(condense_error(str(e))) from None
+        return VERBS[name].run(None, args)
+    cfg, args = parse_config(p, argv, base)
+    return VERBS[name].run(cfg, args)
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
-    verb, rest = (argv[0], argv[1:]) if argv and not argv[0].startswith("-") else ("train", argv)
+    if not argv or argv[0] in ("-h", "--help", "help"):
+        print(top_help())
+        return 0
+    if argv[0] == "--version":
+        print(f"monorl {version()}")
+        return 0
+    if argv[0] not in VERBS:
+        print(f"monorl: error: unknown command {argv[0]!r}; the commands are {', '.join(VERBS)} "
+              "(monorl --help)", file=sys.stderr)
+        return 2
     try:
-        if verb == "train":
-            return cmd_train(rest)
-        if verb == "generate":
-            return cmd_generate(rest)
-        if verb == "report":
-            return cmd_report(rest)
-        if verb == "plan":
-            return cmd_plan(rest)
-        if verb == "parity":
-            return cmd_parity(rest)
-        if verb == "presets":
-            print("\n".join(PRESETS))
-            return 0
-        if verb == "config":
-            print(json.dumps(_resolve(rest).to_dict(), indent=2))
-            return 0
-        if verb in ("-h", "--help", "help"):
-            print(USAGE)
-            return 0
-        print(f"unknown command {verb!r}\n{USAGE}", file=sys.stderr)
+        return run_verb(argv[0], argv[1:])
+    except SystemExit as e:  # --help printed
+        return e.code if isinstance(e.code, int) else 0
+    except ImportError as e:  # an optional dependency (the message says what to install)
+        print(f"monorl: error: {e}", file=sys.stderr)
         return 2
     except (ValueError, FileNotFoundError) as e:  # configuration / input errors: one clear line, no traceback
         print(f"monorl: error: {e}", file=sys.stderr)

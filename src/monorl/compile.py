@@ -13,17 +13,20 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal, get_args
 
 import torch
 from torch import Tensor
 
-COMPILE_BACKENDS = ("none", "eager", "aot_eager", "inductor")
+CompileBackend = Literal["none", "eager", "aot_eager", "inductor", "auto"]
+COMPILE_BACKENDS: tuple[str, ...] = get_args(CompileBackend)
 
 
 @dataclass
 class CompileConfig:
-    backend: str = "none"  # none | eager | aot_eager | inductor
+    # torch.compile backend; none: eager PyTorch, no compile; auto: inductor when the run's steps pay for the
+    # compile, else none (monorl/compile_auto.py)
+    backend: CompileBackend = "none"
     mode: str | None = None  # torch.compile mode for inductor (e.g. "max-autotune-no-cudagraphs")
     regional: bool = True  # compile each TransformerBlock, not the whole model
     decode_cuda_graphs: bool = True  # capture the generator's decode step (CUDA only)
@@ -36,12 +39,17 @@ class CompileConfig:
     def __post_init__(self) -> None:
         if self.backend not in COMPILE_BACKENDS:
             raise ValueError(f"compile.backend must be one of {COMPILE_BACKENDS}, got {self.backend!r}")
-        if self.mode is not None and self.backend != "inductor":
+        if self.mode is not None and self.backend not in ("inductor", "auto"):
             raise ValueError(f"compile.mode={self.mode!r} needs compile.backend=inductor")
 
     @property
     def enabled(self) -> bool:
-        return self.backend != "none"
+        return self.backend not in ("none", "auto")  # auto is resolved by the RL loop before anything compiles
+
+    @property
+    def cache_path(self) -> Path:
+        """The persistent compile cache directory."""
+        return Path(self.cache_dir or Path.home() / ".cache" / "monorl" / "torch_compile").expanduser()
 
 
 def setup_compile_cache(cfg: CompileConfig) -> Path | None:
@@ -49,7 +57,7 @@ def setup_compile_cache(cfg: CompileConfig) -> Path | None:
     the same preset loads compiled kernels instead of compiling them."""
     if not cfg.enabled:
         return None
-    path = Path(cfg.cache_dir or Path.home() / ".cache" / "monorl" / "torch_compile").expanduser()
+    path = cfg.cache_path
     path.mkdir(parents=True, exist_ok=True)
     os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(path))
     os.environ.setdefault("TRITON_CACHE_DIR", str(path / "triton"))

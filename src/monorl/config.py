@@ -14,8 +14,10 @@ from typing import Any
 from monorl.compile import CompileConfig
 from monorl.fsutil import json_safe
 from monorl.generate.engine import GeneratorConfig
+from monorl.model.attention import AttnBackend
 from monorl.model.lora import LoRAConfig
-from monorl.rl.advantages import ADVANTAGE_KINDS, GROUPLESS_ADVANTAGE_KINDS
+from monorl.rl.advantages import ADVANTAGE_KINDS, GROUPLESS_ADVANTAGE_KINDS, AdvantageKind
+from monorl.rl.loggers import LoggingSection
 from monorl.train.losses import LossConfig
 from monorl.train.trainer import TrainerConfig
 
@@ -25,27 +27,27 @@ class ModelSection:
     path: str | None = None  # HF checkpoint directory (config.json + safetensors + tokenizer.json): its weights
     shape: str | None = None  # without a path: random weights of this named shape (monorl.model.config.MODEL_SHAPES)
     random_init: bool = False  # with a path: random weights of its config.json instead of its weights
-    init_seed: int = 0
-    attn_backend: str = "auto"  # auto | sdpa | flash
+    init_seed: int = 0  # seed of the random weights (model.shape or model.random_init)
+    attn_backend: AttnBackend = "auto"  # auto: flash on CUDA in bf16, else sdpa
 
 
 @dataclass
 class TaskSection:
     name: str = "sum_digits"  # built-in name or "module:object"
-    args: dict[str, Any] = field(default_factory=dict)  # keyword arguments of the task
+    args: dict[str, Any] = field(default_factory=dict)  # keyword arguments of the task: --task.args.NAME value
 
 
 @dataclass
 class RolloutSection:
-    prompts_per_step: int = 5
+    prompts_per_step: int = 5  # prompts sampled per RL step
     group_size: int = 8  # completions per prompt
-    max_new_tokens: int = 100
-    temperature: float = 0.8
-    top_p: float = 0.95
-    top_k: int = 0
+    max_new_tokens: int = 100  # completion length limit (tokens)
+    temperature: float = 0.8  # sampling temperature (> 0); the trainer's log-probs use the same one
+    top_p: float = 0.95  # nucleus sampling: smallest token set with this probability mass (1: off)
+    top_k: int = 0  # sample among the k most likely tokens (0: off)
     ignore_eos: bool = False  # benchmarks: always generate max_new_tokens
-    # grpo | rloo | reinforce_pp | reinforce_pp_baseline (monorl.rl.advantages; README "Config")
-    advantage: str = "grpo"
+    # reward -> advantage: group mean (/ std) | leave-one-out | batch-normalised (monorl.rl.advantages)
+    advantage: AdvantageKind = "grpo"
     # advantage "grpo" only: divide by the group std (GRPO paper, TRL); the reference uses mean only, and the
     # dr_grpo loss turns it off (Dr. GRPO)
     advantage_std_norm: bool = True
@@ -54,7 +56,7 @@ class RolloutSection:
     # in at most max_sampling_rounds generation rounds (the first included); short of that, the step trains on
     # the groups it has (all of the first round's when none had signal)
     dynamic_sampling: bool = False
-    max_sampling_rounds: int = 4
+    max_sampling_rounds: int = 4  # dynamic sampling: generation rounds per step at most (the first included)
     # DAPO's overlong filtering: completions cut by max_new_tokens (no EOS) get zero loss weight; they still
     # count in their group's reward statistics
     mask_truncated: bool = False
@@ -62,7 +64,7 @@ class RolloutSection:
     # max_new_tokens - overlong_buffer completion tokens, then linear down to -1 at max_new_tokens, weighted by
     # overlong_penalty (overlong_buffer 0: off)
     overlong_buffer: int = 0
-    overlong_penalty: float = 1.0
+    overlong_penalty: float = 1.0  # weight of the overlong component (with overlong_buffer > 0)
 
     def __post_init__(self) -> None:
         if self.advantage not in ADVANTAGE_KINDS:
@@ -96,7 +98,7 @@ class ValidationSection:
     k: int = 1
     # a completion passes when this reward component (default: the task's first) is >= pass_threshold
     pass_component: str | None = None
-    pass_threshold: float = 1.0
+    pass_threshold: float = 1.0  # pass_component's value at which a completion passes
 
     def __post_init__(self) -> None:
         if self.num_prompts < 0:
@@ -113,16 +115,19 @@ class ValidationSection:
 class WarmStartSection:
     """Supervised warm start on the task's reference solutions (the tiny default needs it for signal)."""
 
-    steps: int = 0
-    batch_size: int = 32
-    lr: float = 1e-3
+    steps: int = 0  # supervised steps before RL (0: none)
+    batch_size: int = 32  # solved prompts per supervised step
+    lr: float = 1e-3  # peak lr (10% warmup, then cosine decay)
 
 
 @dataclass
 class CheckpointSection:
     """Training checkpoints (policy + optimizer + schedule + RNG + data position) under run_dir/checkpoints."""
 
-    every: int = 0  # steps between checkpoints; 0: only the one at the end
+    every: int = 0  # steps between checkpoints (0: by time only)
+    # minutes between checkpoints (0: by steps only): a run killed at hour 5 loses at most this much; SIGTERM or
+    # Ctrl-C also write one after the step under way
+    every_minutes: float = 30.0
     keep_last: int = 2  # step checkpoints kept (older ones are deleted once a newer one is complete)
     final: bool = True  # write checkpoints at the end (benchmarks turn this off)
     merged: bool = False  # LoRA runs: also write checkpoints/final_merged, base + adapters as one HF checkpoint
@@ -130,29 +135,32 @@ class CheckpointSection:
     def __post_init__(self) -> None:
         if self.every < 0:
             raise ValueError(f"checkpoint.every must be >= 0, got {self.every}")
+        if self.every_minutes < 0:
+            raise ValueError(f"checkpoint.every_minutes must be >= 0, got {self.every_minutes}")
         if self.keep_last < 1:
             raise ValueError(f"checkpoint.keep_last must be >= 1, got {self.keep_last}")
 
 
 @dataclass
 class RunConfig:
-    preset: str = "tiny"
-    seed: int = 0
-    steps: int = 10
-    device: str = "auto"  # auto | cpu | cuda | cuda:N
+    preset: str = "tiny"  # the named preset this config started from (monorl presets)
+    seed: int = 0  # seeds prompts, sampling, and the random weights' init
+    steps: int = 10  # RL steps
+    device: str = "auto"  # auto (cuda if available) | cpu | cuda | cuda:N
     run_dir: str | None = None  # default: runs/<preset>-<time>
     samples_per_step: int = 4  # rollouts written to samples.jsonl each step
     batch_invariant: bool = False  # generator and trainer log-probs equal bit for bit (slower kernels)
-    model: ModelSection = field(default_factory=ModelSection)
-    task: TaskSection = field(default_factory=TaskSection)
-    rollout: RolloutSection = field(default_factory=RolloutSection)
-    generator: GeneratorConfig = field(default_factory=GeneratorConfig)
-    compile: CompileConfig = field(default_factory=CompileConfig)
-    trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    model: ModelSection = field(default_factory=ModelSection)  # the policy: a checkpoint or random weights
+    task: TaskSection = field(default_factory=TaskSection)  # prompts and rewards
+    rollout: RolloutSection = field(default_factory=RolloutSection)  # sampling and advantages of each step
+    generator: GeneratorConfig = field(default_factory=GeneratorConfig)  # the generation engine (KV cache, slots)
+    compile: CompileConfig = field(default_factory=CompileConfig)  # torch.compile and CUDA graphs, both sides
+    trainer: TrainerConfig = field(default_factory=TrainerConfig)  # optimizer, lr schedule, packing, loss
     lora: LoRAConfig = field(default_factory=LoRAConfig)  # rank > 0: train adapters on a frozen base (README "LoRA")
-    validation: ValidationSection = field(default_factory=ValidationSection)
+    validation: ValidationSection = field(default_factory=ValidationSection)  # held-out evaluation: greedy, or pass@k
     warm_start: WarmStartSection = field(default_factory=WarmStartSection)
     checkpoint: CheckpointSection = field(default_factory=CheckpointSection)
+    logging: LoggingSection = field(default_factory=LoggingSection)
 
     def __post_init__(self) -> None:
         if self.steps < 0:
@@ -197,9 +205,9 @@ def _qwen3_0_6b_sum_digits() -> RunConfig:
         rollout=RolloutSection(prompts_per_step=5, group_size=8, max_new_tokens=100, temperature=0.8, top_p=0.95,
                                advantage_std_norm=False),
         generator=GeneratorConfig(max_num_seqs=64, max_model_len=2048),
-        # on GPU; --compile.backend none --compile.decode_cuda_graphs false --compile.trainer_cuda_graphs false
-        # is the eager baseline
-        compile=CompileConfig(backend="inductor", trainer_cuda_graphs=True),
+        # on GPU: inductor only when the run's steps pay for it (compile_auto.py: at 10 steps, CUDA graphs alone);
+        # --compile.backend none --compile.decode_cuda_graphs false --compile.trainer_cuda_graphs false is eager
+        compile=CompileConfig(backend="auto", trainer_cuda_graphs=True),
         trainer=TrainerConfig(lr=2e-6, warmup_steps=2, schedule="linear", micro_batch_tokens=16384,
                               loss=LossConfig(kind="grpo")),
         validation=ValidationSection(num_prompts=20),
@@ -207,6 +215,8 @@ def _qwen3_0_6b_sum_digits() -> RunConfig:
 
 
 def _qwen3_0_6b_gsm8k() -> RunConfig:
+    """Qwen3-0.6B on GSM8K: 100 steps, 8 prompts x 8, 512 tokens, T=1, DAPO loss (clip-higher 0.28), lr 1e-6 with
+    cosine decay, 100 validation prompts; reads ../shared/data/gsm8k/{train,test}.jsonl (--task.args.*_path)."""
     cfg = _qwen3_0_6b_sum_digits()
     cfg.preset = "qwen3_0_6b_gsm8k"
     cfg.steps = 100
@@ -288,6 +298,10 @@ def _parse_value(raw: str, tp: Any, key: str) -> Any:
             except ValueError as e:
                 errors.append(str(e))
         raise ValueError(f"bad value {raw!r} for --{key}: {'; '.join(errors)}")
+    if origin is typing.Literal:
+        if raw in args:
+            return raw
+        raise ValueError(f"{key} must be one of {', '.join(map(str, args))}, got {raw!r}")
     if tp is bool:
         if raw.lower() in ("1", "true", "yes", "on"):
             return True
@@ -432,8 +446,8 @@ def _flatten(d: Any, prefix: str = "") -> dict[str, Any]:
     return {prefix[:-1]: d}
 
 
-# Keys that do not change what a run computes: where it lives.
-IGNORED_CONFIG_KEYS = ("run_dir",)
+# Keys (and sections) that do not change what a run computes: where it lives and where it reports to.
+IGNORED_CONFIG_KEYS = ("run_dir", "logging")
 
 
 def config_diff(old: dict[str, Any], new: dict[str, Any],
@@ -444,7 +458,8 @@ def config_diff(old: dict[str, Any], new: dict[str, Any],
     b = _flatten(json.loads(json.dumps(json_safe(new), default=str)))
     missing = object()
     return [(k, a.get(k, missing), b.get(k, missing)) for k in sorted(set(a) | set(b))
-            if k not in ignore and k not in RETIRED_CONFIG_KEYS and a.get(k, missing) != b.get(k, missing)]
+            if not any(k == i or k.startswith(f"{i}.") for i in ignore) and k not in RETIRED_CONFIG_KEYS
+            and a.get(k, missing) != b.get(k, missing)]
 
 
 def format_config_diff(diff: list[tuple[str, Any, Any]]) -> str:

@@ -12,7 +12,9 @@ from __future__ import annotations
 import copy
 import math
 import tempfile
+from argparse import Namespace
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -83,6 +85,7 @@ def check_parity(cfg: RunConfig, num_prompts: int = 4, samples: int = 2, toleran
     if num_prompts < 1 or samples < 1:
         raise ValueError(f"parity needs >= 1 prompt and >= 1 sample, got {num_prompts} and {samples}")
     cfg = copy.deepcopy(cfg)
+    cfg.logging = type(cfg.logging)()  # a check, not a run: no TensorBoard / W&B run for it
     with tempfile.TemporaryDirectory(prefix="monorl-parity-") as tmp:
         cfg.run_dir = tmp
         run = GRPORun(cfg, progress=False)
@@ -98,10 +101,18 @@ def check_parity(cfg: RunConfig, num_prompts: int = 4, samples: int = 2, toleran
     return compare_logprobs(generator, trainer, tolerance, cfg.batch_invariant)
 
 
-def run_parity(cfg: RunConfig, num_prompts: int, samples: int, tolerance: float) -> int:
+def parity_args(p: Any) -> None:
+    """The `monorl parity` verb's own arguments (an argparse / jsonargparse parser)."""
+    p.add_argument("--prompts", type=int, default=4, help="held-out prompts of the task to sample")
+    p.add_argument("--samples", type=int, default=2, help="completions per prompt")
+    p.add_argument("--tolerance", type=float, default=0.0,
+                   help="PASS when max |delta logprob| <= this (default 0: bit for bit)")
+
+
+def cmd_parity(cfg: RunConfig, args: Namespace) -> int:
     """The `monorl parity` verb: print the report; exit status 0 on PASS, 1 on FAIL."""
-    if tolerance < 0:
-        raise ValueError(f"--tolerance must be >= 0, got {tolerance}")
-    report = check_parity(cfg, num_prompts, samples, tolerance)
+    if args.tolerance < 0:
+        raise ValueError(f"--tolerance must be >= 0, got {args.tolerance}")
+    report = check_parity(cfg, args.prompts, args.samples, args.tolerance)
     print(report.text(), flush=True)
     return 0 if report.passed else 1

@@ -58,11 +58,17 @@ class ActivationCoeffs:
 
 # bfloat16 (CUDA, bf16 autocast over fp32 masters, Inductor-compiled blocks): fitted to the trainer's warm-up peak
 # on an H200 (benchmarks/bench_memory.py, 2026-11-23: Qwen3-0.6B 54.5 KB and 1.7B 91.3 KB per token and layer at
-# 11264 tokens, after the LM-head chunk and final hidden states). float32 (CPU): measured with
-# torch.autograd.graph.saved_tensors_hooks on this model's eager forward (unique storages, parameters excluded,
-# slope over two pack sizes).
+# 11264 tokens, after the LM-head chunk and final hidden states), and checked on the slope between 4000- and
+# 10000-token packs (benchmarks/fit_activations.py, 2026-11-23, H200): 0.6B 53.0, 1.7B 82.8, 4B 130.8 KB per
+# token and layer against 54.2 / 90.9 / 132.5 here. bfloat16-eager (the same without compile): those slopes were
+# 88.7 / 141.6 / 213.8 KB, 1.63-1.71x the compiled ones, so 1.67x the compiled coefficients (within +7%).
+# float32 (CPU): measured with torch.autograd.graph.saved_tensors_hooks on this model's eager forward (unique
+# storages, parameters excluded, slope over two pack sizes).
+_COMPILED_BF16 = ActivationCoeffs(h=20, i=5.3, q=6, kv=5, c=0, checkpointed=4)
 ACTIVATION_COEFFS: dict[str, ActivationCoeffs] = {
-    "bfloat16": ActivationCoeffs(h=20, i=5.3, q=6, kv=5, c=0, checkpointed=4),
+    "bfloat16": _COMPILED_BF16,
+    "bfloat16-eager": ActivationCoeffs(**{k: 1.67 * v for k, v in dataclasses.asdict(_COMPILED_BF16).items()
+                                          if k != "checkpointed"}, checkpointed=4),
     "float32": ActivationCoeffs(h=28, i=16, q=20, kv=16, c=2400, checkpointed=4),
 }
 
@@ -96,21 +102,27 @@ def lora_param_count(m: ModelConfig, lora: LoRAConfig) -> int:
 
 
 def trainer_activation_bytes(m: ModelConfig, tokens: int, compute_dtype: str, checkpointing: bool,
-                             logprob_chunk: int, weight_copy_params: int, residual_bytes: int = 4) -> int:
-    """Peak transient bytes of one micro-batch's forward + backward of `tokens` packed tokens (gradients apart).
-    residual_bytes: the residual stream's element size (fp32 over fp32 masters; a LoRA run's bf16 base: 2)."""
-    co = ACTIVATION_COEFFS[compute_dtype]
-    layer = co.per_token_layer(m) * tokens
-    if checkpointing:
-        # each block keeps its input; one block's activations exist at a time (twice: recompute + backward); and
-        # (measured) the compiled blocks' compute-dtype casts of the fp32 weights are then held across the step
-        acts = residual_bytes * m.hidden_size * tokens * m.num_layers + 2 * layer
-        acts += 2 * weight_copy_params if compute_dtype == "bfloat16" else 0
-    else:
-        acts = layer * m.num_layers
+                             logprob_chunk: int, weight_copy_params: int, residual_bytes: int = 4,
+                             compiled: bool = True) -> int:
+    """Peak transient bytes of one micro-batch's forward + backward of `tokens` packed tokens, gradients apart.
+    residual_bytes: the residual stream's element size (fp32 over fp32 masters; a LoRA run's bf16 base: 2).
+    weight_copy_params: parameters autocast casts to bf16 (the fp32 masters' projections; 0 for a bf16 base).
+    Measured (benchmarks/fit_activations.py, H200): without checkpointing the peak is at the start of backward,
+    every block's activations and the bf16 weight casts alive (the same intercept compiled or not); with it,
+    each block keeps its input and the peak is at the end of backward, where eager autocast still holds the casts
+    (compiled blocks do not) or the LM-head chunk is alive."""
     lm_head = _LOGPROB_BYTES_PER_ROW_VOCAB * min(logprob_chunk, tokens) * m.vocab_size
     hidden = 2 * 4 * m.hidden_size * tokens  # final hidden states (fp32) and their gradient
-    return int(acts + lm_head + hidden)
+    casts = 2 * weight_copy_params if compute_dtype == "bfloat16" else 0
+    if checkpointing:
+        inputs = residual_bytes * m.hidden_size * tokens * m.num_layers
+        if compute_dtype != "bfloat16":  # fp32 (CPU): one block's activations exist at a time, twice
+            co = ACTIVATION_COEFFS[compute_dtype]
+            return int(inputs + 2 * co.per_token_layer(m) * tokens + lm_head + hidden)
+        return int(inputs + max(lm_head, 0 if compiled else casts) + hidden)
+    key = compute_dtype if compute_dtype != "bfloat16" or compiled else "bfloat16-eager"
+    acts = ACTIVATION_COEFFS[key].per_token_layer(m) * tokens * m.num_layers
+    return int(acts + lm_head + hidden + casts)
 
 
 @dataclass
@@ -215,10 +227,16 @@ def plan_memory(cfg: RunConfig, m: ModelConfig, max_prompt_tokens: int, device_b
     kv = g.kv_cache_bytes or kv_cache_bytes_needed(m, g.max_num_seqs, model_len, g.block_size, gen_dtype)
     rows.append(MemoryRow("KV cache", kv, f"{g.max_num_seqs} seqs x {model_len} tokens"))
     mb = largest_micro_batch(cfg, max_prompt_tokens)
-    acts = trainer_activation_bytes(m, mb, compute, ac, t.logprob_chunk, copy_params, residual)
-    rows.append(MemoryRow("trainer activations", acts,
-                          f"{mb} tokens{', checkpointed' if ac else ''}{', CUDA-graph pool' if graphs else ''}",
-                          persistent=graphs))
+    compiled = cc.backend == "inductor" and cc.trainer
+    acts = trainer_activation_bytes(m, mb, compute, ac, t.logprob_chunk, copy_params, residual, compiled)
+    note = f"{mb} tokens{', checkpointed' if ac else ''}{', compiled' if compiled else ''}"
+    if graphs:
+        note += ", CUDA-graph pool"
+    else:  # gradients held in no graph buffers are allocated during backward: those alive at the activation peak
+        at_peak = trainable * 4 if ac else min(trainable, m.vocab_size * m.hidden_size) * 4
+        acts += at_peak
+        note += f", + {at_peak / GiB:.1f} GiB of gradients at its peak"
+    rows.append(MemoryRow("trainer activations", acts, note, persistent=graphs))
     # what the caching allocator reserves beyond the rows above, measured on an H200 (bench_memory.py): the trainer
     # graphs' pool ~10% over the activations it holds, and reserved memory growing after the first step by ~3 bytes
     # per parameter (1.7B: +5 GiB, 8B LoRA: +24 GiB over 9 steps; cause not yet traced)
@@ -339,6 +357,7 @@ def plan_report(cfg: RunConfig, device_bytes: int, sample: int = 32) -> tuple[st
     Returns (text, fits)."""
     import itertools
 
+    from monorl.compile_auto import resolve_auto_
     from monorl.rl.loop import resolve_model
     from monorl.tasks import load_task
 
@@ -352,9 +371,11 @@ def plan_report(cfg: RunConfig, device_bytes: int, sample: int = 32) -> tuple[st
         raise ValueError(f"none of the first {len(lengths)} training prompts fits generator.max_model_len with "
                          f"{cfg.rollout.max_new_tokens} new tokens")
     longest = max(fitting)
+    why = resolve_auto_(cfg, m, torch.device("cuda"))  # compile.backend auto, as a run on a GPU would resolve it
     ac = auto_checkpointing(cfg, m, longest, device_bytes)
     plan = plan_memory(cfg, m, longest, device_bytes, activation_checkpointing=ac)
-    lines = [f"model: {source}", f"longest of the first {len(lengths)} training prompts: {longest} tokens"]
+    lines = [f"model: {source}", f"longest of the first {len(lengths)} training prompts: {longest} tokens",
+             *([why] if why else [])]
     if ac and cfg.trainer.activation_checkpointing is None:
         lines.append("trainer.activation_checkpointing: on (auto: the run does not fit without it)")
     lines.append(plan.table())

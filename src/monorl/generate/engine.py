@@ -44,8 +44,8 @@ class GeneratorConfig:
     max_num_seqs: int = 64  # decode slots
     kv_cache_bytes: int | None = None  # KV budget; None: what max_num_seqs * max_model_len needs, capped by
     #                                    half the free GPU memory (256 MiB on CPU)
-    block_size: int = 16
-    max_model_len: int | None = None  # None: the model's max_position_embeddings
+    block_size: int = 16  # tokens per KV-cache block
+    max_model_len: int | None = None  # context length (prompt + completion); None: the model's max_position_embeddings
     stop_check_interval: int = 1  # decode steps between host-side stop checks (results do not depend on it)
     max_prefill_tokens: int = 8192  # tokens per packed prefill forward (a longer prompt runs alone)
     dtype: torch.dtype | None = None  # None: bf16 on CUDA, the model's dtype elsewhere

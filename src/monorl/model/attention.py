@@ -20,7 +20,7 @@ from __future__ import annotations
 import dataclasses
 import inspect
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Literal, Protocol, get_args
 
 import torch
 import torch.nn.functional as F
@@ -30,7 +30,8 @@ from torch.nn.attention.varlen import varlen_attn
 from monorl.compile import mark_dynamic
 from monorl.ops import attention_invariant
 
-BACKENDS = ("auto", "sdpa", "flash")
+AttnBackend = Literal["auto", "sdpa", "flash"]
+BACKENDS: tuple[str, ...] = get_args(AttnBackend)
 
 
 class AttentionContext(Protocol):

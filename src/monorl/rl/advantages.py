@@ -28,10 +28,13 @@ A group (for the batch kinds: a batch) whose values are all equal carries no sig
 
 from __future__ import annotations
 
+from typing import Literal, get_args
+
 import torch
 from torch import Tensor
 
-ADVANTAGE_KINDS = ("grpo", "rloo", "reinforce_pp", "reinforce_pp_baseline")
+AdvantageKind = Literal["grpo", "rloo", "reinforce_pp", "reinforce_pp_baseline"]
+ADVANTAGE_KINDS: tuple[str, ...] = get_args(AdvantageKind)
 GROUPLESS_ADVANTAGE_KINDS = ("reinforce_pp",)  # need no group: valid with group_size 1
 
 

@@ -19,7 +19,9 @@ import torch
 from tqdm import tqdm
 
 from monorl.compile import compile_blocks, compile_counters, setup_compile_cache
+from monorl.compile_auto import mark_compiled, resolve_auto_, run_compile_key
 from monorl.config import RunConfig
+from monorl.fsutil import json_safe
 from monorl.generate.engine import Generator
 from monorl.generate.kv_cache import kv_cache_bytes_needed
 from monorl.generate.sampling import SamplingParams
@@ -27,6 +29,7 @@ from monorl.model.attention import resolve_backend
 from monorl.model.batch_invariant import make_batch_invariant_
 from monorl.model.checkpoint import load_checkpoint, load_config, save_checkpoint
 from monorl.model.config import MODEL_SHAPES, ModelConfig, model_shape
+from monorl.model.hub import resolve_model_path
 from monorl.model.lora import apply_lora_, is_lora, save_adapter, save_merged_checkpoint
 from monorl.model.qwen3 import Qwen3ForCausalLM, build_model
 from monorl.model.tokenizer import TOKENIZER_FILE, CharTokenizer, eos_ids, load_tokenizer
@@ -38,12 +41,15 @@ from monorl.rl.checkpointing import (
     step_checkpoints,
 )
 from monorl.rl.dynamic_sampling import fill_batch
+from monorl.rl.loggers import check_loggers, open_loggers
 from monorl.rl.rollouts import OVERLONG, Rollout, add_overlong_penalty, assign_advantages, generate_rollouts
 from monorl.rl.run_dir import RunDir
+from monorl.rl.stopping import GracefulStop
 from monorl.rl.summary import (
     RunResult,
     ValidationResult,
     compile_roi,
+    format_duration,
     sample_rows,
     step_line,
     step_metrics,
@@ -78,7 +84,7 @@ def resolve_model(cfg: RunConfig) -> tuple[ModelConfig, Any, str]:
     it."""
     m = cfg.model
     if m.path:
-        path = Path(m.path)
+        path, origin = resolve_model_path(m.path)  # a local directory, or a Hub name through its cache
         mcfg = load_config(path)  # names a missing directory or config.json first
         if not (path / TOKENIZER_FILE).is_file():  # the char tokenizer would silently mis-tokenize a real vocab
             raise FileNotFoundError(f"model.path {path} has no {TOKENIZER_FILE}: copy the model's tokenizer files "
@@ -87,7 +93,7 @@ def resolve_model(cfg: RunConfig) -> tuple[ModelConfig, Any, str]:
         if m.random_init:
             source = f"random init (seed {m.init_seed}) of {path / 'config.json'} (model.random_init=true)"
         else:
-            source = f"weights of {path}"
+            source = f"weights of {path}{origin}"
     else:
         if m.shape is None:
             raise ValueError("model.path is not set: give --model.path <HF checkpoint dir>, or --model.shape NAME for "
@@ -100,14 +106,15 @@ def resolve_model(cfg: RunConfig) -> tuple[ModelConfig, Any, str]:
     return mcfg, tok, source
 
 
-def load_policy(cfg: RunConfig, device: torch.device,
-                dtype: torch.dtype = torch.float32) -> tuple[Qwen3ForCausalLM, Any, str]:
+def load_policy(cfg: RunConfig, device: torch.device, dtype: torch.dtype = torch.float32,
+                resolved: tuple[ModelConfig, Any, str] | None = None) -> tuple[Qwen3ForCausalLM, Any, str]:
     """The policy (in `dtype`: the trainer's fp32 masters, or a LoRA run's frozen base), its tokenizer, and the
-    line `resolve_model` gives."""
-    mcfg, tok, source = resolve_model(cfg)
+    line `resolve_model` gives (pass its result as `resolved` when already at hand: a real tokenizer takes ~1 s
+    to read)."""
+    mcfg, tok, source = resolved or resolve_model(cfg)
     m = cfg.model
     if m.path and not m.random_init:
-        model = load_checkpoint(Path(m.path), device=device, dtype=dtype)
+        model = load_checkpoint(resolve_model_path(m.path)[0], device=device, dtype=dtype)
     else:
         model = build_model(mcfg, device, dtype, seed=m.init_seed)
     return model, tok, source
@@ -125,10 +132,15 @@ class GRPORun:
         random.seed(cfg.seed)
         torch.manual_seed(cfg.seed)
         self.device = resolve_device(cfg.device)
+        check_loggers(cfg.logging)  # a missing optional extra fails before any work
         self.startup: dict[str, float] = {}
         self.compile_s = 0.0
 
         t = time.perf_counter()
+        if self.device.type == "cuda":  # the CUDA context, timed apart from the work that would trigger it
+            torch.empty(1, device=self.device)
+            self.startup["cuda_init_s"] = time.perf_counter() - t
+            t = time.perf_counter()
         # architecture, tokenizer, task and prompts first: the memory plan needs them, and refuses a run that cannot
         # fit before any weights are read
         self.model_config, self.tokenizer, self.model_source = resolve_model(cfg)
@@ -144,12 +156,17 @@ class GRPORun:
         self.components = self.check_components()
         self.pass_component = cfg.validation.pass_component or (self.task.reward_components or (None,))[0]
         on_gpu = self.device.type == "cuda"
+        if why := resolve_auto_(cfg, self.model_config, self.device):  # compile.backend auto; the plan depends on it
+            print(why, flush=True)
         self.plan = run_memory_plan(cfg, self.model_config, self.max_prompt_tokens, self.device)
+        self.startup["prepare_s"] = time.perf_counter() - t  # tokenizer, task, prompt checks, memory plan
+        t = time.perf_counter()
 
         gen_dtype = torch.bfloat16 if on_gpu else torch.float32
         lora = cfg.lora
         # LoRA: the frozen base is held once, in the compute dtype (it needs no fp32 master)
-        self.policy, _, _ = load_policy(cfg, self.device, dtype=gen_dtype if lora.enabled else torch.float32)
+        self.policy, _, _ = load_policy(cfg, self.device, dtype=gen_dtype if lora.enabled else torch.float32,
+                                        resolved=(self.model_config, self.tokenizer, self.model_source))
         if lora.enabled:
             apply_lora_(self.policy, lora, seed=cfg.model.init_seed, base_dtype=gen_dtype)
         self.policy.activation_checkpointing = self.plan.activation_checkpointing
@@ -194,6 +211,7 @@ class GRPORun:
         # created last, so a bad config, checkpoint or data file leaves no empty run directory behind
         self.run_dir = RunDir(cfg.run_dir or RunDir.default_path(cfg.preset))
         self.run_dir.write_config(cfg.to_dict())
+        self.run_dir.loggers = open_loggers(cfg.logging, self.run_dir.path, json_safe(cfg.to_dict()))
 
     def check_prompts_fit(self, sample: int = 32) -> int:
         """Refuse, before any work, a context that fits none of the prompts with room for max_new_tokens
@@ -260,7 +278,9 @@ class GRPORun:
         capture = self.trainer.graphs.capture_s if trainer_graphs else 0.0
         self.startup["trainer_graph_capture_s"] = capture
         self.startup["trainer_compile_s"] = time.perf_counter() - t - capture
+        t = time.perf_counter()
         self.size_kv_cache()
+        self.startup["kv_alloc_s"] = time.perf_counter() - t  # the cache and the model runner's buffers
         self.mark_memory("after KV cache")
         if not (cc.enabled or self.generator.use_graphs):
             self.compile_s = self.startup["trainer_compile_s"]
@@ -278,6 +298,8 @@ class GRPORun:
         self.startup["generator_compile_s"] = gen_s - self.startup["graph_capture_s"]
         self.mark_memory("after generator warm-up")
         self.compile_s = self.startup["generator_compile_s"] + self.startup["trainer_compile_s"]
+        if cc.enabled and self.compile_cache is not None:  # compile.backend auto: the next run finds a warm cache
+            mark_compiled(self.compile_cache, run_compile_key(self.cfg, self.model_config), self.compile_s)
 
     def size_kv_cache(self) -> None:
         """Allocate the generator's KV cache (CUDA): what `max_num_seqs x max_model_len` needs, capped by what is
@@ -338,6 +360,8 @@ class GRPORun:
         are, with one fixed seed, so every validation of the run draws the same noise."""
         v, r = self.cfg.validation, self.cfg.rollout
         max_new = v.max_new_tokens or r.max_new_tokens
+        how = "greedy" if v.k == 1 else f"{v.k} samples each"
+        print(f"validating: {len(self.val_prompts)} held-out prompts, {how}", flush=True)
         if v.k == 1:
             sp = SamplingParams(max_new_tokens=max_new, temperature=0.0, ignore_eos=r.ignore_eos)
         else:
@@ -359,7 +383,8 @@ class GRPORun:
                       total_steps=ws.steps, attn_backend=self.trainer.attn_backend)
         eos = self.tokenizer.eos_token_id
         bar = tqdm(range(ws.steps), desc="warm start", disable=not self.progress, leave=False)
-        for _ in bar:
+        every, t0 = max(1, ws.steps // 10), time.perf_counter()  # piped output: a line per tenth instead of a bar
+        for i in bar:
             seqs = []
             for p in itertools.islice(self.train_prompts, ws.batch_size):
                 ids = self.tokenizer.encode(self.task.render(p, self.tokenizer))
@@ -367,6 +392,9 @@ class GRPORun:
                 seqs.append(TrainSequence(ids, sol, [0.0] * len(sol), 0.0))
             m = sft.sft_step(seqs)
             bar.set_postfix(loss=f"{m['loss']:.3f}")
+            if not self.progress and ((i + 1) % every == 0 or i + 1 == ws.steps):
+                eta = (time.perf_counter() - t0) / (i + 1) * (ws.steps - i - 1)
+                print(f"warm start {i + 1}/{ws.steps} | loss {m['loss']:.4f} | eta {format_duration(eta)}", flush=True)
         self.sync_weights()
 
     def step(self, step: int) -> dict[str, Any]:
@@ -492,23 +520,54 @@ class GRPORun:
         return trainer_graph_stats(self.trainer)
 
     def run(self) -> RunResult:
-        """The run; Ctrl-C ends it with one line saying where it stands and how to continue."""
+        """The run; Ctrl-C ends it with one line saying where it stands and how to continue. During the RL steps,
+        SIGTERM or a first Ctrl-C finish the step under way and write a checkpoint first (rl/stopping.py)."""
         self.steps_done = None  # RL steps finished, once the loop has started
+        self.stop_signal = ""  # the signal that stopped the run between steps
         try:
             return self._run()
         except KeyboardInterrupt:
             raise KeyboardInterrupt(self.interrupted_line()) from None
+        finally:
+            self.run_dir.close_loggers()
 
     def interrupted_line(self) -> str:
         found = step_checkpoints(self.run_dir.checkpoints)
         where = ("before the first RL step" if self.steps_done is None
                  else f"after {self.steps_done}/{self.cfg.steps} steps")
+        what = f"stopped by {self.stop_signal}" if self.stop_signal else "interrupted"
         if not found:
-            return (f"interrupted {where}; {self.run_dir.path} has no training checkpoint to resume from "
-                    "(--checkpoint.every N writes one every N steps)")
+            return (f"{what} {where}; {self.run_dir.path} has no training checkpoint to resume from "
+                    "(--checkpoint.every N / --checkpoint.every_minutes M write them during the run)")
         step, path = found[-1]
-        return (f"interrupted {where}; the last checkpoint is {path} (step {step}); continue with: "
+        return (f"{what} {where}; the last checkpoint is {path} (step {step}); continue with: "
                 f"monorl train --resume {self.run_dir.path}")
+
+    def rl_steps(self, start: int, pre: ValidationResult, result: RunResult) -> None:
+        """Steps start..cfg.steps, each with its console line (ETA from this session's mean step time); a checkpoint
+        every checkpoint.every steps, every checkpoint.every_minutes, at the end (checkpoint.final), and when
+        SIGTERM / Ctrl-C asked to stop with steps not yet saved."""
+        cfg, ck = self.cfg, self.cfg.checkpoint
+        t0 = last_saved_t = time.perf_counter()
+        last_saved = start
+        with GracefulStop() as stop:
+            for step in range(start, cfg.steps):
+                row = self.step(step)
+                if step == start:
+                    self.mark_memory("after the first step")
+                self.steps_done = done = step + 1
+                result.steps.append(row)
+                now = time.perf_counter()
+                print(step_line(row, cfg.steps, eta_s=(now - t0) / (done - start) * (cfg.steps - done)), flush=True)
+                if ((done == cfg.steps and ck.final) or (ck.every > 0 and done % ck.every == 0)
+                        or (ck.every_minutes > 0 and now - last_saved_t >= 60 * ck.every_minutes)
+                        or (stop.requested and done > last_saved)):
+                    with self.timed("checkpoint_s"):
+                        self.save_training_checkpoint(done, pre)
+                    last_saved, last_saved_t = done, time.perf_counter()
+                if stop.requested:
+                    self.stop_signal = stop.requested
+                    raise KeyboardInterrupt
 
     def _run(self) -> RunResult:
         cfg = self.cfg
@@ -534,20 +593,11 @@ class GRPORun:
             self.trainer.anchor_reference()  # KL reference: the policy RL starts from, after the warm start
             with self.timed("validation_s"):
                 pre = self.validate()
+            self.run_dir.log_metrics({"validation/pre": pre.__dict__}, step=0)
         print(f"validation (pre): {pre.line()}", flush=True)
         result = RunResult(self.run_dir.path, pre, None, steps=earlier, startup=dict(self.startup))
-        every = cfg.checkpoint.every
         self.steps_done = start
-        for step in range(start, cfg.steps):
-            row = self.step(step)
-            if step == start:
-                self.mark_memory("after the first step")
-            self.steps_done = step + 1
-            result.steps.append(row)
-            print(step_line(row, cfg.steps), flush=True)
-            if (step + 1 == cfg.steps and cfg.checkpoint.final) or (every > 0 and (step + 1) % every == 0):
-                with self.timed("checkpoint_s"):
-                    self.save_training_checkpoint(step + 1, pre)
+        self.rl_steps(start, pre, result)
         with self.timed("validation_s"):
             post = result.post = self.validate()
         if cfg.checkpoint.final:
@@ -556,7 +606,7 @@ class GRPORun:
         write_summary(self.run_dir.path / "summary.json", result, phases=self.phase_s,
                       wall_s=time.perf_counter() - self.t_start, compile_s=self.compile_s, trainer=self.trainer,
                       device=self.device, memory=self.memory_report())
-        self.run_dir.log_metrics({"validation/pre": pre.__dict__, "validation/post": post.__dict__})
+        self.run_dir.log_metrics({"validation/pre": pre.__dict__, "validation/post": post.__dict__}, step=cfg.steps)
         if self.device.type == "cuda":
             print(f"memory: peak {torch.cuda.max_memory_allocated(self.device) / GiB:.1f} GiB allocated "
                   f"({torch.cuda.max_memory_reserved(self.device) / GiB:.1f} GiB reserved); planned "

@@ -1,5 +1,7 @@
-"""`monorl report <run_dir>`: reward, response length, loss and time-split curves from metrics.jsonl to one
-PNG, and a summary table on stdout. matplotlib is imported only here (an optional dependency)."""
+"""`monorl report <run_dir>`: what a run did, from metrics.jsonl and config.json: one PNG (reward with its
+components, smoothed, and the validation before and after; response length; time split; grad norm, clip
+fraction and KL, the signals that move, where the on-policy loss is ~0 by construction) and a summary table.
+matplotlib is imported only here (an optional dependency: without it the table alone, and a line saying so)."""
 
 from __future__ import annotations
 
@@ -9,6 +11,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+MATPLOTLIB_HINT = "the plot needs matplotlib: pip install matplotlib (or 'monorl[report]')"
 TIME_KEYS = ("time/generate_s", "time/train_s", "time/sync_s")
 TABLE_KEYS = ("reward", "reward_std", "frac_reward_zero_std", "completions/mean_length", "completions/clipped_ratio",
               "entropy", "loss", "kl", "clip_ratio/region_mean", "grad_norm", "logprob_diff_mean",
@@ -63,7 +66,8 @@ def summary_table(rows: list[dict[str, Any]], validation: dict[str, Any] | None 
     keys = [k for k in (TABLE_KEYS[0], *comps, *TABLE_KEYS[1:], *val)
             if any(k in r or LEGACY_KEYS.get(k) in r for r in rows)]
     width = max(len(k) for k in keys)
-    lines = [f"{len(rows)} steps (step {rows[0]['step']} .. {rows[-1]['step']})", "",
+    lines = [f"{len(rows)} steps (step {rows[0]['step'] + 1} .. {rows[-1]['step'] + 1}, counted from 1 as the log "
+             "prints them)", "",
              f"{'metric':<{width}}  {'first':>10} {'last':>10} {'min':>10} {'max':>10} {'mean':>10}"]
     for k in keys:
         vals = [v for v in _series(rows, k) if math.isfinite(v)]
@@ -89,43 +93,121 @@ def summary_table(rows: list[dict[str, Any]], validation: dict[str, Any] | None 
     return "\n".join(lines)
 
 
-def plot(rows: list[dict[str, Any]], out: str | os.PathLike, title: str = "") -> Path:
-    """Four panels (reward + components, response length, loss, stacked time split) to a PNG at `out`."""
+def _smooth(values: list[float]) -> tuple[list[float], int]:
+    """Trailing mean over a window of ~1/10 of the run (at least 2 steps), skipping NaNs; and the window."""
+    w = max(2, len(values) // 10)
+    out = []
+    for i in range(len(values)):
+        win = [v for v in values[max(0, i - w + 1): i + 1] if math.isfinite(v)]
+        out.append(sum(win) / len(win) if win else math.nan)
+    return out, w
+
+
+def run_title(run_dir: str | os.PathLike) -> str:
+    """What ran: model, task, preset (from the run's config.json; the directory alone when it has none)."""
+    try:
+        cfg = json.loads((Path(run_dir) / "config.json").read_text(encoding="utf-8"))
+        model = cfg.get("model") or {}
+        path = model.get("path")
+        what = (f"{Path(path).name or path}" + (" (random init)" if model.get("random_init") else "")
+                if path else f"random {model.get('shape')}")
+        loss = ((cfg.get("trainer") or {}).get("loss") or {}).get("kind", "?")
+        return (f"{what} | task {(cfg.get('task') or {}).get('name')} | preset {cfg.get('preset')} | "
+                f"loss {loss} | {Path(run_dir).name}")
+    except (OSError, ValueError, AttributeError):
+        return str(run_dir)
+
+
+def plot(rows: list[dict[str, Any]], out: str | os.PathLike, title: str = "",
+         validation: dict[str, Any] | None = None) -> Path:
+    """Six panels to a PNG at `out`: reward (components, smoothed, validation pre/post marked), response length
+    and truncation, time split, grad norm, clip fractions, KL (or the generator-trainer log-prob gap)."""
     try:
         import matplotlib
     except ImportError:
-        raise ImportError("monorl report needs matplotlib: pip install matplotlib") from None
+        raise ImportError(MATPLOTLIB_HINT) from None
     matplotlib.use("Agg")  # files only: no display needed (servers, CI)
     import matplotlib.pyplot as plt
     from matplotlib.ticker import MaxNLocator
 
     x = [int(r["step"]) + 1 for r in rows]  # 1-based, as the training log prints steps
-    fig, axes = plt.subplots(2, 2, figsize=(12, 8), constrained_layout=True)
+    has = lambda k: any(math.isfinite(v) for v in _series(rows, k))  # noqa: E731
+    fig, axes = plt.subplots(2, 3, figsize=(17, 9), constrained_layout=True)
+
     ax = axes[0][0]
-    ax.plot(x, _series(rows, "reward"), label="reward", linewidth=2)
+    reward = _series(rows, "reward")
+    ax.plot(x, reward, color="tab:blue", linewidth=1, alpha=0.35, label="reward (per step)")
+    smooth, w = _smooth(reward)
+    ax.plot(x, smooth, color="tab:blue", linewidth=2.5, label=f"reward, mean of {w} steps")
     for k in component_keys(rows):
-        ax.plot(x, _series(rows, k), label=k.split("/")[1], linewidth=1, alpha=0.8)
-    if any("val/mean_reward" in r for r in rows):  # validation.every: the held-out reward, where measured
-        ax.plot(x, _series(rows, "val/mean_reward"), "o", label="validation", color="black")
-    ax.set_title("reward (mean over rollouts)")
-    ax.legend(fontsize=8)
+        ax.plot(x, _smooth(_series(rows, k))[0], linewidth=1, alpha=0.9, linestyle="--",
+                label=f"{k.split('/')[1]} (mean of {w})")
+    if has("val/mean_reward"):  # validation.every: the held-out reward at the steps where it was measured
+        ax.plot(x, _series(rows, "val/mean_reward"), "o", color="black", markersize=5, label="validation (periodic)")
+    marks = [(0, "pre"), (x[-1], "post")]
+    for at, name in marks:  # greedy validation on held-out prompts, before RL and after the last step
+        v = (validation or {}).get(f"validation/{name}")
+        if isinstance(v, dict) and math.isfinite(_num(v.get("mean_reward"))):
+            y = _num(v.get("mean_reward"))
+            ax.plot([at], [y], marker="*", markersize=15, color="black", linestyle="none")
+            ax.annotate(f"validation {name}\n{y:+.3f}", (at, y), textcoords="offset points", fontsize=9,
+                        xytext=(8, 6) if name == "pre" else (-8, 6), ha="left" if name == "pre" else "right")
+    ax.set_title("reward (mean over rollouts); \u2605 greedy validation")
+    ax.legend(fontsize=8, loc="lower right")
+
     ax = axes[0][1]
-    ax.plot(x, _series(rows, "completions/mean_length"), color="tab:green")
+    ax.plot(x, _series(rows, "completions/mean_length"), color="tab:green", label="mean length")
     ax.set_title("response length (tokens)")
-    ax = axes[1][0]
-    ax.plot(x, _series(rows, "loss"), color="tab:red")
-    ax.set_title("loss")
-    ax = axes[1][1]
+    if has("completions/clipped_ratio"):
+        twin = ax.twinx()
+        twin.plot(x, _series(rows, "completions/clipped_ratio"), color="tab:gray", linestyle=":",
+                  label="truncated fraction")
+        twin.set_ylim(0, 1.05)
+        twin.set_ylabel("truncated fraction (at max_new_tokens)", fontsize=8)
+        twin.legend(fontsize=8, loc="upper right")
+    ax.legend(fontsize=8, loc="upper left")
+
+    ax = axes[0][2]
     parts = [[0.0 if not math.isfinite(v) else v for v in _series(rows, k)] for k in TIME_KEYS]
     ax.stackplot(x, *parts, labels=[k.split("/")[1][:-2] for k in TIME_KEYS], alpha=0.8)
     ax.set_title("time per step (s)")
     ax.legend(fontsize=8, loc="upper right")
+
+    ax = axes[1][0]
+    ax.plot(x, _series(rows, "grad_norm"), color="tab:purple")
+    ax.set_title("gradient norm (before clipping)")
+
+    ax = axes[1][1]
+    for k, style in (("clip_frac", "-"), ("clip_frac_low", "--"), ("clip_frac_high", ":")):
+        if has(k):
+            ax.plot(x, _series(rows, k), linestyle=style, label=k)
+    ax.set_title("clipped fraction (ratio outside the clip range)")
+    if ax.lines:
+        ax.legend(fontsize=8)
+    if has("clip_frac") and not any(v for v in _series(rows, "clip_frac") if math.isfinite(v)):
+        ax.text(0.5, 0.6, "0 at every step: one optimizer step per batch of rollouts,\nso the ratio only measures "
+                "the generator-trainer gap", transform=ax.transAxes, ha="center", fontsize=9, color="dimgray")
+
+    ax = axes[1][2]
+    if has("kl"):
+        ax.plot(x, _series(rows, "kl"), color="tab:red", label="KL to reference")
+        ax.set_title("KL to the reference policy")
+    else:
+        for k in ("logprob_diff_mean", "logprob_diff_max"):
+            if has(k):
+                ax.plot(x, [v if v > 0 else math.nan for v in _series(rows, k)], label=k)
+        if ax.lines:
+            ax.set_yscale("log")  # ~1e-7 (fp32 CPU) to ~1e-2 (bf16 GPU): orders of magnitude apart
+        ax.set_title("|generator - trainer| log-prob (no KL term in this run)")
+    if ax.lines:
+        ax.legend(fontsize=8)
+
     for a in axes.flat:
         a.xaxis.set_major_locator(MaxNLocator(integer=True))
         a.set_xlabel("step")
         a.grid(alpha=0.3)
     if title:
-        fig.suptitle(title)
+        fig.suptitle(title, fontsize=12)
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(out, dpi=100)
@@ -134,7 +216,13 @@ def plot(rows: list[dict[str, Any]], out: str | os.PathLike, title: str = "") ->
 
 
 def report(run_dir: str | os.PathLike, out: str | os.PathLike | None = None) -> str:
-    """Write the PNG (default `run_dir/report.png`) and return the summary table (with the PNG's path)."""
+    """Write the PNG (default `run_dir/report.png`) and return the summary table (with the PNG's path). Without
+    matplotlib: the table and a line saying how to get the plot."""
     rows, validation = load_metrics(run_dir)
-    png = plot(rows, out if out is not None else Path(run_dir) / "report.png", title=str(run_dir))
-    return f"{summary_table(rows, validation)}\nplot: {png}"
+    title = run_title(run_dir)
+    table = f"{title}\n{summary_table(rows, validation)}"
+    try:
+        png = plot(rows, out if out is not None else Path(run_dir) / "report.png", title=title, validation=validation)
+    except ImportError as e:
+        return f"{table}\nplot: skipped ({e})"
+    return f"{table}\nplot: {png}"

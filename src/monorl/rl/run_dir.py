@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from monorl.fsutil import json_safe, write_text_atomic
+from monorl.rl.loggers import MetricLogger, scalars
 
 
 class RunDir:
@@ -19,6 +20,7 @@ class RunDir:
         self.metrics_path = self.path / "metrics.jsonl"
         self.samples_path = self.path / "samples.jsonl"
         self.checkpoints = self.path / "checkpoints"
+        self.loggers: list[MetricLogger] = []  # TensorBoard / W&B: every metrics row goes to them too
 
     @staticmethod
     def default_path(preset: str) -> Path:
@@ -33,8 +35,20 @@ class RunDir:
                 f.write(json.dumps(json_safe(r)) + "\n")
             f.flush()
 
-    def log_metrics(self, row: dict[str, Any]) -> None:
+    def log_metrics(self, row: dict[str, Any], step: int | None = None) -> None:
+        """Append a row to metrics.jsonl and send its numbers to the loggers at `step` (default: a step row's
+        1-based step, as the console counts; validation rows need it given)."""
         self._append(self.metrics_path, [row])
+        if self.loggers:
+            flat = scalars(row)
+            at = step if step is not None else int(row["step"]) + 1
+            for lg in self.loggers:
+                lg.log(flat, at)
+
+    def close_loggers(self) -> None:
+        for lg in self.loggers:
+            lg.close()
+        self.loggers = []
 
     def log_samples(self, rows: list[dict[str, Any]]) -> None:
         self._append(self.samples_path, rows)

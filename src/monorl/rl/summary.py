@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from monorl.compile import compile_counters, compile_phase_times
+from monorl.eval.passk import mean_at_k, mean_pass_at_k, passes
 from monorl.rl.rollouts import Rollout
 
 if TYPE_CHECKING:
@@ -93,13 +94,10 @@ def summarize(groups: list[list[Rollout]], components: tuple[str, ...], pass_com
     result = ValidationResult(sum(r.reward for r in flat) / len(flat), comps,
                               sum(len(r.completion_ids) for r in flat) / len(flat), k=k)
     if pass_component is not None:
-        def passed(r: Rollout) -> bool:
-            v = r.rewards.get(pass_component)
-            return v is not None and v >= pass_threshold
-
+        passed = [[passes(r.rewards, pass_component, pass_threshold) for r in g] for g in groups]
         result.pass_component = pass_component
-        result.pass_at_k = sum(any(passed(r) for r in g) for g in groups) / len(groups)
-        result.mean_at_k = sum(passed(r) for r in flat) / len(flat)
+        result.pass_at_k = mean_pass_at_k(passed, k)
+        result.mean_at_k = mean_at_k([[float(p) for p in g] for g in passed])
     return result
 
 
@@ -170,17 +168,29 @@ def sample_rows(step: int, rollouts: list[Rollout]) -> list[dict[str, Any]]:
              "advantage": r.advantage, "finish_reason": r.finish_reason} for r in rollouts]
 
 
-def step_line(row: dict[str, Any], steps: int) -> str:
+def step_line(row: dict[str, Any], steps: int, eta_s: float | None = None) -> str:
+    """The console line of a step (1-based, as the run's other output counts), with the time left when known."""
     comps = ", ".join(f"{k.split('/')[1]}={_fmt(v)}" for k, v in row.items()
                       if k.startswith("rewards/") and k.endswith("/mean"))
     sampling = (f" | groups {row['dynamic_sampling/groups']} ({row['dynamic_sampling/dropped_groups']} dropped, "
                 f"{row['dynamic_sampling/rounds']} rounds)" if "dynamic_sampling/rounds" in row else "")
     val = "".join(f" | {k} {v:.3f}" for k, v in row.items()
                   if k.startswith("val/") and ("pass@" in k or k == "val/mean_reward"))
-    return (f"step {row['step'] + 1}/{steps} | loss {row['loss']:+.4f} | reward {row['reward']:+.3f} ({comps}) | "
+    line = (f"step {row['step'] + 1}/{steps} | loss {row['loss']:+.4f} | reward {row['reward']:+.3f} ({comps}) | "
             f"len {row['completions/mean_length']:.1f} | entropy {row.get('entropy', 0.0):.3f} | logprob_diff "
             f"{row['logprob_diff_mean']:.2e}/{row['logprob_diff_max']:.2e} | gen {row['time/generate_s']:.2f}s "
             f"train {row['time/train_s']:.2f}s sync {row['time/sync_s']:.3f}s{sampling}{val}")
+    return line if eta_s is None else f"{line} | eta {format_duration(eta_s)}"
+
+
+def format_duration(seconds: float) -> str:
+    """12s, 3m05s, 2h04m."""
+    s = int(round(max(0.0, seconds)))
+    if s < 60:
+        return f"{s}s"
+    if s < 3600:
+        return f"{s // 60}m{s % 60:02d}s"
+    return f"{s // 3600}h{s % 3600 // 60:02d}m"
 
 
 # ---- the end of a run ----------------------------------------------------------------------------------

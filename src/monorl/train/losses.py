@@ -81,24 +81,27 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Literal, get_args
 
 import torch
 from torch import Tensor
 
 from monorl.train.rollout_correction import SUM_METRICS, RolloutCorrectionConfig, correction_factors
 
-LOSS_KINDS = ("grpo", "token_grpo", "dapo", "dr_grpo", "gspo", "cispo")
+LossKind = Literal["grpo", "token_grpo", "dapo", "dr_grpo", "gspo", "cispo"]
+LOSS_KINDS: tuple[str, ...] = get_args(LossKind)
 SEQ_KINDS = ("grpo", "gspo")  # one ratio per sequence: units are sequences, loss and KL are means over sequences
-KL_ESTIMATORS = ("k1", "k2", "k3")
+KLEstimator = Literal["k1", "k2", "k3"]
+KL_ESTIMATORS: tuple[str, ...] = get_args(KLEstimator)
 
 
 @dataclass
 class LossConfig:
-    kind: str = "grpo"
+    kind: LossKind = "grpo"  # policy loss (formulas in monorl/train/losses.py)
     clip_low: float | None = None  # ratio floor 1 - clip_low; None: 3e-4 for gspo, no floor for cispo, else 0.2
     clip_high: float | None = None  # ratio ceiling 1 + clip_high; None: 0.28 for dapo / cispo, 4e-4 gspo, else 0.2
     kl_coef: float = 0.0  # weight of the KL to the reference policy (needs ref_logprobs when > 0)
-    kl_estimator: str = "k3"  # k1 | k2 | k3 (Schulman's estimators, see the module docstring)
+    kl_estimator: KLEstimator = "k3"  # k1 | k2 | k3 (Schulman's estimators, see the module docstring)
     kl_in_loss: bool = True  # False: the KL is computed and reported as a metric, not added to the loss
     dr_grpo_norm: float | None = None  # dr_grpo's constant per-sequence normaliser, e.g. max_new_tokens
     dual_clip: float | None = None  # cap the loss of negative-advantage units at -dual_clip * A (c > 1)

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import math
+from typing import Literal, get_args
 
 import torch
 
-SCHEDULES = ("linear", "cosine", "constant")
+Schedule = Literal["linear", "cosine", "constant"]
+SCHEDULES: tuple[str, ...] = get_args(Schedule)
 
 
 def lr_factor(step: int, warmup_steps: int, total_steps: int, schedule: str, min_ratio: float = 0.0) -> float:

@@ -38,11 +38,13 @@ those units truncated (`rollout_is_ratio_fraction_high`), and the share of respo
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal, get_args
 
 import torch
 from torch import Tensor
 
-CORRECTION_LEVELS = ("token", "sequence", "geometric")
+CorrectionLevel = Literal["token", "sequence", "geometric"]
+CORRECTION_LEVELS: tuple[str, ...] = get_args(CorrectionLevel)
 SUM_METRICS = ("rollout_corr/rollout_is_mean", "rollout_corr/rollout_is_ratio_fraction_high",
                "rollout_corr/rollout_rs_masked_fraction")
 MAX_METRIC, MIN_METRIC = "rollout_corr/rollout_is_max", "rollout_corr/rollout_is_min"
@@ -50,13 +52,16 @@ MAX_METRIC, MIN_METRIC = "rollout_corr/rollout_is_max", "rollout_corr/rollout_is
 
 @dataclass
 class RolloutCorrectionConfig:
-    """verl's `algorithm.rollout_correction` keys. TRL's vllm_importance_sampling_mode "token_truncate" with cap C
-    is rollout_is=token, rollout_is_threshold=C; its "sequence_mask" is rollout_is=sequence plus rollout_rs=sequence
-    with rollout_rs_threshold=C and rollout_rs_threshold_lower=0."""
+    """Importance weights for the generator/trainer mismatch when batch_invariant is off: truncated (TIS) and / or
+    masked (MIS, IcePop), per token, sequence or geometric mean (verl's algorithm.rollout_correction keys).
 
-    rollout_is: str | None = None  # truncated IS weights pi_old / pi_rollout: None (off) | token | sequence | geometric
+    TRL's vllm_importance_sampling_mode "token_truncate" with cap C is rollout_is=token, rollout_is_threshold=C; its
+    "sequence_mask" is rollout_is=sequence plus rollout_rs=sequence with rollout_rs_threshold=C and
+    rollout_rs_threshold_lower=0."""
+
+    rollout_is: CorrectionLevel | None = None  # truncated IS weights pi_old / pi_rollout at this level (None: off)
     rollout_is_threshold: float = 2.0  # TIS cap C: weights are min(w, C)
-    rollout_rs: str | None = None  # rejection (masked IS): None (off) | token | sequence | geometric
+    rollout_rs: CorrectionLevel | None = None  # masked IS: drop units whose weight is out of range (None: off)
     rollout_rs_threshold: float = 2.0  # units with weight above this get zero loss weight
     rollout_rs_threshold_lower: float | None = None  # units with weight below this too; None: 1 / rollout_rs_threshold
 

@@ -17,7 +17,7 @@ import logging
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 import torch
 from torch import Tensor
@@ -27,7 +27,7 @@ from monorl.model.logprobs import chunked_token_logprobs, chunked_token_logprobs
 from monorl.model.qwen3 import Qwen3ForCausalLM
 from monorl.train.graphs import TrainGraphs
 from monorl.train.losses import LossConfig, LossNorm, loss_metric_names, policy_loss
-from monorl.train.optim import SCHEDULES, lr_factor, make_optimizer
+from monorl.train.optim import SCHEDULES, Schedule, lr_factor, make_optimizer
 from monorl.train.packing import MicroBatch, TrainSequence, make_micro_batches
 from monorl.train.rollout_correction import MAX_METRIC, MIN_METRIC
 
@@ -36,22 +36,22 @@ log = logging.getLogger(__name__)
 
 @dataclass
 class TrainerConfig:
-    lr: float = 2e-6
-    weight_decay: float = 0.0
-    beta1: float = 0.9
-    beta2: float = 0.999
-    eps: float = 1e-8
-    max_grad_norm: float = 1.0
-    warmup_steps: int = 2
-    schedule: str = "linear"  # linear | cosine | constant (after warmup)
-    min_lr_ratio: float = 0.0
+    lr: float = 2e-6  # peak learning rate (AdamW)
+    weight_decay: float = 0.0  # AdamW decoupled weight decay
+    beta1: float = 0.9  # AdamW beta1
+    beta2: float = 0.999  # AdamW beta2
+    eps: float = 1e-8  # AdamW epsilon
+    max_grad_norm: float = 1.0  # clip the global gradient norm to this
+    warmup_steps: int = 2  # linear lr warmup steps
+    schedule: Schedule = "linear"  # lr after warmup: linear or cosine decay to min_lr_ratio, or constant
+    min_lr_ratio: float = 0.0  # the decay's final lr, as a fraction of lr
     micro_batch_tokens: int = 8192  # token budget of one packed micro-batch
     logprob_chunk: int = 1024  # rows of LM head + log-softmax at a time
-    compute_dtype: str = "auto"  # auto (bf16 on CUDA, fp32 on CPU) | bfloat16 | float32
-    # recompute each block's activations in backward (keeps only block inputs); None: on when the memory plan
+    compute_dtype: Literal["auto", "bfloat16", "float32"] = "auto"  # auto: bf16 autocast on CUDA, fp32 on CPU
+    # recompute each block's activations in backward (keeps only block inputs); none: on when the memory plan
     # says the run does not fit without it (monorl.plan)
     activation_checkpointing: bool | None = None
-    loss: LossConfig = field(default_factory=LossConfig)
+    loss: LossConfig = field(default_factory=LossConfig)  # the policy loss and the KL to the reference
 
     def __post_init__(self) -> None:
         if self.lr <= 0:

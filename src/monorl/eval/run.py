@@ -1,0 +1,229 @@
+"""`monorl eval` and `monorl generate`: a model (exactly `--model.path`: a directory, a run's checkpoint, or a
+Hub name) on a task's held-out prompts or on given ones. When the path is a checkpoint of a monorl run, that
+run's config.json is the base config (its task, prompt format and generator settings), as for `--resume`."""
+
+from __future__ import annotations
+
+import copy
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import torch
+from jsonargparse import ArgumentParser, Namespace
+
+from monorl.cliargs import base_config, flag_value
+from monorl.config import RunConfig, config_from_dict
+from monorl.eval.passk import mean_at_k, mean_pass_at_k, pass_component_of, passes
+
+
+def checkpoint_base(argv: list[str]) -> RunConfig:
+    """The base config of eval / generate: the training run's config when --model.path is one of its checkpoints
+    (RUN/checkpoints/NAME, RUN/config.json beside) and no --preset / --config is given, else the preset's."""
+    path = flag_value(argv, "--model.path")
+    explicit = any(a.split("=", 1)[0] in ("--preset", "--config") for a in argv)
+    if path is None or explicit:
+        return base_config(argv)
+    run_config = Path(path).expanduser().resolve().parent.parent / "config.json"
+    if Path(path).expanduser().parent.name != "checkpoints" or not run_config.is_file():
+        return base_config(argv)
+    try:
+        cfg = config_from_dict(json.loads(run_config.read_text(encoding="utf-8")))
+    except (OSError, ValueError):
+        return base_config(argv)
+    from monorl.model.lora import ADAPTER_CONFIG_FILE
+
+    if not (Path(path) / ADAPTER_CONFIG_FILE).is_file():  # an adapter keeps the run's base (random or not)
+        cfg.model.random_init = False  # the checkpoint's weights, whatever the run started from
+    print(f"config: {run_config} (the run this checkpoint belongs to)", file=sys.stderr)
+    return cfg
+
+
+def load_eval_policy(cfg: RunConfig, device: Any) -> tuple[Any, Any, str]:
+    """(model, tokenizer, where the weights came from): `load_policy`'s, or for a LoRA adapter directory (PEFT's
+    format: a LoRA run's checkpoints/final) its base with the adapter merged in (fp32). The base is the adapter's
+    base_model_name_or_path; a run that started from random weights (no path) gets the same ones from its config."""
+    from monorl.model.lora import (
+        ADAPTER_CONFIG_FILE,
+        apply_lora_,
+        load_adapter_,
+        load_adapter_config,
+        merged_state_dict,
+    )
+    from monorl.model.qwen3 import Qwen3ForCausalLM
+    from monorl.rl.loop import load_policy
+
+    path = cfg.model.path
+    if not path or not (Path(path) / ADAPTER_CONFIG_FILE).is_file():
+        return load_policy(cfg, device)
+    adapter = load_adapter_config(path)  # what monorl cannot run is refused before the base is read
+    base = copy.deepcopy(cfg)
+    base.model.path = json.loads((Path(path) / ADAPTER_CONFIG_FILE).read_text(encoding="utf-8")).get(
+        "base_model_name_or_path")
+    model, tok, source = load_policy(base, device)
+    apply_lora_(model, adapter)
+    load_adapter_(model, path)
+    with torch.device("meta"):
+        plain = Qwen3ForCausalLM(model.config)
+    plain.load_state_dict(merged_state_dict(model, torch.float32), strict=True, assign=True)
+    return plain, tok, f"{source} + the LoRA adapter {path} (merged)"
+
+
+def load_generator(cfg: RunConfig) -> tuple[Any, Any, Any, str]:
+    """(generator, tokenizer, task, where the weights came from) for `cfg`'s model and task."""
+    from monorl.compile import CompileConfig
+    from monorl.generate.engine import Generator
+    from monorl.model.tokenizer import eos_ids
+    from monorl.rl.loop import resolve_device
+    from monorl.tasks import load_task
+
+    task = load_task(cfg.task.name, **cfg.task.args)
+    model, tok, source = load_eval_policy(cfg, resolve_device(cfg.device))
+    print(f"model: {source}", file=sys.stderr)
+    # the generator builds its own copy (bf16 on CUDA); one call is not worth a compile: eager, decode graphs as set
+    gen = Generator(model, cfg.generator, tokenizer=tok, eos_token_ids=eos_ids(tok, model.config),
+                    compile=CompileConfig(decode_cuda_graphs=cfg.compile.decode_cuda_graphs))
+    return gen, tok, task, source
+
+
+def _sampling(cfg: RunConfig, temperature: float, n_tokens: int | None = None):
+    from monorl.generate.sampling import SamplingParams
+
+    r = cfg.rollout
+    return SamplingParams(max_new_tokens=n_tokens or cfg.validation.max_new_tokens or r.max_new_tokens,
+                          temperature=temperature, top_p=r.top_p if temperature > 0 else 1.0,
+                          top_k=r.top_k if temperature > 0 else 0, seed=cfg.seed)
+
+
+# ---- generate ----------------------------------------------------------------------------------------------
+
+def generate_args(p: ArgumentParser) -> None:
+    p.add_argument("--prompt", action="append", default=None,
+                   help="a prompt (repeat for several); default: the task's first --num_prompts held-out prompts")
+    p.add_argument("--num_prompts", type=int, default=1, help="held-out prompts to use when no --prompt is given")
+    p.add_argument("--n", type=int, default=1, help="completions per prompt")
+    p.add_argument("--temperature", type=float, default=None,
+                   help="sampling temperature; 0: greedy (default: rollout.temperature)")
+    p.add_argument("--raw", action="store_true",
+                   help="send the prompt text as is (default: render it as the task does: chat template, or the "
+                        "plain User:/Assistant: format for tokenizers without one)")
+
+
+def cmd_generate(cfg: RunConfig, args: Namespace) -> int:
+    """One JSON line per completion; held-out prompts (no --prompt) are scored by the task's reward too."""
+    from monorl.tasks.base import Prompt, safe_score_batch
+
+    gen, tok, task, _ = load_generator(cfg)
+    temperature = cfg.rollout.temperature if args.temperature is None else args.temperature
+    if temperature < 0:
+        raise ValueError(f"--temperature must be >= 0 (0: greedy), got {temperature}")
+    given = args.prompt is not None
+    prompts = [Prompt(t, None) for t in args.prompt] if given else task.val_prompts(args.num_prompts)
+    texts = [p.text if args.raw else task.render(p, tok) for p in prompts]
+    outs = gen.generate([tok.encode(t) for t in texts], _sampling(cfg, temperature, cfg.rollout.max_new_tokens),
+                        n=args.n)
+    rows = []
+    for p, comps in zip(prompts, outs, strict=True):
+        for c in comps:
+            text = c.text if c.text is not None else tok.decode(c.token_ids, skip_special_tokens=True)
+            rows.append((p, text, c))
+    scores = [] if given else safe_score_batch(task, [p for p, _, _ in rows], [t for _, t, _ in rows],
+                                               [list(c.token_ids) for _, _, c in rows])
+    for i, (p, text, c) in enumerate(rows):
+        row: dict[str, Any] = {"prompt": p.text, "completion": text, "tokens": len(c.token_ids),
+                               "finish_reason": c.finish_reason}
+        if scores:  # a held-out prompt has an answer
+            row |= {"answer": p.answer, "rewards": scores[i][0]}
+        print(json.dumps(row, default=str))
+    return 0
+
+
+# ---- eval --------------------------------------------------------------------------------------------------
+
+def eval_args(p: ArgumentParser) -> None:
+    p.add_argument("--k", type=int, default=4, help="sampled completions per prompt for pass@k and mean@k "
+                                                     "(at rollout.temperature / top_p / top_k; a completion passes "
+                                                     "as validation.pass_component / pass_threshold say); 0: greedy "
+                                                     "only")
+    p.add_argument("--out", default="eval.json", metavar="FILE", help="where the JSON results go")
+
+
+def _stats(groups: list, component: str, threshold: float) -> dict[str, Any]:
+    flat = [r for g in groups for r in g]
+    n = max(1, len(flat))
+    comps = {c: sum(r.rewards.get(c, 0.0) for r in flat) / n for c in (flat[0].rewards if flat else {})}
+    return {"mean_reward": sum(r.reward for r in flat) / n, "components": comps,
+            "mean_length": sum(len(r.completion_ids) for r in flat) / n,
+            "truncated_frac": sum(r.finish_reason == "length" for r in flat) / n,
+            "passed": [[passes(r.rewards, component, threshold) for r in g] for g in groups]}
+
+
+def evaluate(cfg: RunConfig, k: int) -> dict[str, Any]:
+    """Greedy, and with k > 0 also k sampled completions per prompt, on the task's first validation.num_prompts
+    held-out prompts: mean reward and components, pass@1 / pass@k, mean@k (monorl.eval.passk), lengths."""
+    from monorl.rl.rollouts import generate_rollouts
+
+    gen, tok, task, source = load_generator(cfg)
+    component = pass_component_of(task.reward_components, cfg.validation.pass_component)
+    threshold = cfg.validation.pass_threshold
+    prompts = task.val_prompts(cfg.validation.num_prompts)
+    if not prompts:
+        raise ValueError(f"task {task.name!r} has no held-out prompts (validation.num_prompts="
+                         f"{cfg.validation.num_prompts})")
+    out: dict[str, Any] = {"model": source, "model_path": cfg.model.path, "task": task.name,
+                           "num_prompts": len(prompts), "pass_component": component, "pass_threshold": threshold}
+    greedy_groups = generate_rollouts(gen, tok, task, prompts, _sampling(cfg, 0.0), 1, gen.max_model_len)
+    greedy = _stats(greedy_groups, component, threshold)
+    passed = greedy.pop("passed")
+    out["greedy"] = {**greedy, "pass@1": mean_pass_at_k(passed, 1)}
+    per_prompt = [{"prompt": g[0].prompt.text, "answer": g[0].prompt.answer, "greedy": g[0].text,
+                   "greedy_rewards": g[0].rewards} for g in greedy_groups]
+    if k > 0:
+        r = cfg.rollout
+        groups = generate_rollouts(gen, tok, task, prompts, _sampling(cfg, r.temperature), k, gen.max_model_len)
+        sampled = _stats(groups, component, threshold)
+        passed = sampled.pop("passed")
+        out["sampled"] = {"k": k, "temperature": r.temperature, "top_p": r.top_p, "top_k": r.top_k, **sampled,
+                          "pass@1": mean_pass_at_k(passed, 1), f"pass@{k}": mean_pass_at_k(passed, k),
+                          f"mean@{k}": mean_at_k([[float(x) for x in p] for p in passed])}
+        by_text = {g[0].prompt.text: (g, p) for g, p in zip(groups, passed, strict=True)}
+        for row in per_prompt:
+            if row["prompt"] in by_text:
+                g, p = by_text[row["prompt"]]
+                row |= {"sampled_passed": sum(p), "sampled_rewards": [x.reward for x in g]}
+    out["prompts"] = per_prompt
+    return out
+
+
+def eval_table(res: dict[str, Any]) -> str:
+    comps = list(res["greedy"]["components"])
+    head = f"{'':<22}{'mean_reward':>12}{'pass@1':>9}"
+    rows = [("greedy", res["greedy"], None)]
+    if "sampled" in res:
+        s = res["sampled"]
+        k = s["k"]
+        head += f"{f'pass@{k}':>9}{f'mean@{k}':>9}"
+        rows.append((f"sampled k={k} T={s['temperature']:g}", s, k))
+    head += "".join(f"{c:>13}" for c in comps) + f"{'length':>9}{'truncated':>10}"
+    lines = [f"{res['model']} | task {res['task']} | {res['num_prompts']} held-out prompts | pass: "
+             f"{res['pass_component']} >= {res['pass_threshold']:g}", head]
+    for name, s, k in rows:
+        line = f"{name:<22}{s['mean_reward']:>+12.3f}{s['pass@1']:>9.3f}"
+        if "sampled" in res:
+            line += f"{s[f'pass@{k}']:>9.3f}{s[f'mean@{k}']:>9.3f}" if k else f"{'':>9}{'':>9}"
+        line += "".join(f"{s['components'][c]:>+13.3f}" for c in comps)
+        lines.append(line + f"{s['mean_length']:>9.1f}{s['truncated_frac']:>10.2f}")
+    return "\n".join(lines)
+
+
+def cmd_eval(cfg: RunConfig, args: Namespace) -> int:
+    if args.k < 0:
+        raise ValueError(f"--k must be >= 0, got {args.k}")
+    res = evaluate(cfg, args.k)
+    print(eval_table(res))
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps({**res, "config": cfg.to_dict()}, indent=2, default=str) + "\n", encoding="utf-8")
+    print(f"wrote {out}")
+    return 0

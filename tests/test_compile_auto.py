@@ -1,0 +1,46 @@
+"""compile.backend auto: inductor only when the run's steps pay for the compile, judged by whether the compile
+cache already holds this configuration's code (a marker written after a compiled warm-up)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from monorl.compile_auto import (
+    COLD_COMPILE_S,
+    SAVED_PER_STEP_S,
+    WARM_COMPILE_S,
+    auto_backend,
+    compile_key,
+    mark_compiled,
+)
+from monorl.config import apply_overrides, preset
+from monorl.rl.loop import GRPORun
+
+CUDA = torch.device("cuda")  # a device object only: auto_backend reads its type, no GPU needed
+
+
+def test_auto_compiles_when_the_steps_pay_for_it(tmp_path: Path) -> None:
+    key = compile_key({"model": "a"})
+    cold_even, warm_even = COLD_COMPILE_S / SAVED_PER_STEP_S, WARM_COMPILE_S / SAVED_PER_STEP_S
+    assert warm_even < 10 * 3 < cold_even  # 30 steps: compile with a warm cache only
+    assert auto_backend(10, CUDA, tmp_path, key)[0] == "none"  # the reference's 10 steps, cold cache
+    assert auto_backend(30, CUDA, tmp_path, key)[0] == "none"
+    assert auto_backend(int(cold_even) + 1, CUDA, tmp_path, key)[0] == "inductor"
+    mark_compiled(tmp_path, key, 38.9)
+    backend, why = auto_backend(30, CUDA, tmp_path, key)
+    assert backend == "inductor" and "warm compile cache" in why
+    assert auto_backend(10, CUDA, tmp_path, key)[0] == "none"  # even warm, 10 steps do not pay
+    other = compile_key({"model": "b"})  # another shape: its cache is cold
+    assert other != key and auto_backend(30, CUDA, tmp_path, other)[0] == "none"
+    assert compile_key({"model": "a"}) == key
+    assert auto_backend(10_000, torch.device("cpu"), tmp_path, key)[0] == "none"
+
+
+def test_auto_resolves_before_the_run_and_is_recorded(tmp_path: Path) -> None:
+    cfg = apply_overrides(preset("tiny"), {"compile.backend": "auto", "compile.cache_dir": str(tmp_path / "cache"),
+                                           "run_dir": str(tmp_path / "run"), "steps": "1"})
+    run = GRPORun(cfg, progress=False)
+    assert run.cfg.compile.backend == "none" and not run.cfg.compile.enabled  # on CPU (resolved before the plan)
+    assert '"backend": "none"' in (tmp_path / "run" / "config.json").read_text()

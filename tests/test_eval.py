@@ -1,0 +1,141 @@
+"""`monorl eval` (greedy, pass@k, mean@k), `monorl generate` (greedy, the task's rendering, exactly the given
+checkpoint, a run's config as base) and `--model.path ORG/NAME` through the Hugging Face cache."""
+
+from __future__ import annotations
+
+import json
+from math import comb
+from pathlib import Path
+
+import pytest
+
+from monorl.cli import main
+from monorl.config import preset
+from monorl.eval.passk import mean_at_k, mean_pass_at_k, pass_at_k
+from monorl.model.checkpoint import save_checkpoint
+from monorl.model.config import model_shape
+from monorl.model.hub import resolve_model_path
+from monorl.model.qwen3 import build_model
+from monorl.model.tokenizer import CharTokenizer
+from monorl.tasks.base import Prompt, Task
+
+SMALL = ["--device", "cpu", "--validation.num_prompts", "3", "--rollout.max_new_tokens", "6",
+         "--task.name", "tests.test_eval:AnyDigit"]
+
+
+class AnyDigit(Task):
+    """Passes when the completion holds a digit: a random tiny model passes some and fails some."""
+
+    name, reward_components = "any_digit", ("correctness", "length")
+
+    def train_prompts(self, seed=0, start=0):
+        while True:
+            yield Prompt("Say a number", None)
+
+    def val_prompts(self, n):
+        return [Prompt(f"Say a number like {i}", None) for i in range(n)]
+
+    def reward(self, prompt, completion):
+        return {"correctness": float(any(c.isdigit() for c in completion)), "length": -len(completion) / 100}
+
+
+def test_pass_at_k():
+    assert pass_at_k(5, 2, 1) == pytest.approx(0.4)
+    assert pass_at_k(5, 2, 2) == pytest.approx(1 - comb(3, 2) / comb(5, 2))
+    assert (pass_at_k(4, 0, 4), pass_at_k(4, 1, 4), pass_at_k(4, 3, 2)) == (0.0, 1.0, 1.0)
+    assert mean_pass_at_k([[True, False], [False, False]], 2) == 0.5
+    assert mean_at_k([[1.0, 0.0], [0.5, 0.5]]) == 0.5
+    with pytest.raises(ValueError):
+        pass_at_k(2, 0, 3)
+
+
+@pytest.fixture(scope="module")
+def ckpt(tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("model") / "ckpt"
+    save_checkpoint(build_model(model_shape("tiny"), seed=3), path, tokenizer=CharTokenizer())
+    return path
+
+
+def test_eval_reports_greedy_and_pass_at_k(ckpt, tmp_path, capsys):
+    out = tmp_path / "eval.json"
+    assert main(["eval", *SMALL, "--model.path", str(ckpt), "--k", "4", "--out", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert "pass@4" in text and "greedy" in text and "sampled k=4" in text and f"wrote {out}" in text
+    res = json.loads(out.read_text())
+    assert res["model"] == f"weights of {ckpt}" and res["task"] == "any_digit" and res["num_prompts"] == 3
+    rows = res["prompts"]
+    assert res["greedy"]["pass@1"] == pytest.approx(sum(r["greedy_rewards"]["correctness"] for r in rows) / 3)
+    s = res["sampled"]
+    assert s["pass@1"] == pytest.approx(sum(r["sampled_passed"] for r in rows) / 12)
+    assert s["pass@4"] == pytest.approx(sum(r["sampled_passed"] > 0 for r in rows) / 3)
+    assert s["mean@4"] == pytest.approx(s["pass@1"])  # equal group sizes: the share of passing completions
+    assert 0 < s["pass@1"] < 1  # the test task separates passes from failures here
+    assert res["config"]["model"]["path"] == str(ckpt)
+    bad = ["--validation.pass_component", "nope"]
+    assert main(["eval", *SMALL, "--model.path", str(ckpt), *bad, "--out", str(out)]) == 2
+
+
+def _generated(capsys, *args: str) -> list[dict]:
+    assert main(["generate", *args]) == 0
+    out = capsys.readouterr()
+    _generated.err = out.err  # type: ignore[attr-defined]
+    return [json.loads(line) for line in out.out.splitlines()]
+
+
+def test_generate_greedy_uses_the_checkpoint_and_the_task_format(ckpt, tmp_path, capsys):
+    rows = _generated(capsys, *SMALL, "--model.path", str(ckpt), "--temperature", "0", "--n", "2",
+                      "--num_prompts", "3")
+    assert [r["prompt"] for r in rows] == [p for i in range(3) for p in [f"Say a number like {i}"] * 2]
+    assert all(a["completion"] == b["completion"] for a, b in zip(rows[::2], rows[1::2], strict=True))  # greedy
+    assert all("rewards" in r for r in rows)  # held-out prompts are scored
+    # what eval's greedy pass produced for the same prompts: same checkpoint, same rendering
+    assert main(["eval", *SMALL, "--model.path", str(ckpt), "--k", "0", "--out", str(tmp_path / "e.json")]) == 0
+    capsys.readouterr()
+    greedy = [r["greedy"] for r in json.loads((tmp_path / "e.json").read_text())["prompts"]]
+    assert [r["completion"] for r in rows[::2]] == greedy
+    # a given prompt, rendered as the task renders (User: ... / Assistant:) unless --raw
+    given = _generated(capsys, *SMALL, "--model.path", str(ckpt), "--temperature", "0", "--prompt",
+                       "Say a number like 1")
+    assert given[0]["completion"] == greedy[1] and "rewards" not in given[0]
+    raw = _generated(capsys, *SMALL, "--model.path", str(ckpt), "--temperature", "0", "--prompt",
+                     "Say a number like 1", "--raw")
+    assert raw[0]["prompt"] == "Say a number like 1"
+
+
+def test_generate_from_a_run_checkpoint_uses_the_runs_config(ckpt, tmp_path, capsys):
+    run = tmp_path / "run"
+    cfg = preset("tiny")
+    cfg.task.name, cfg.task.args = "tests.test_eval:AnyDigit", {}
+    cfg.rollout.max_new_tokens = 3
+    (run / "checkpoints").mkdir(parents=True)
+    (run / "config.json").write_text(json.dumps(cfg.to_dict()))
+    save_checkpoint(build_model(model_shape("tiny"), seed=3), run / "checkpoints" / "final", tokenizer=CharTokenizer())
+    rows = _generated(capsys, "--device", "cpu", "--model.path", str(run / "checkpoints" / "final"),
+                      "--temperature", "0")
+    assert rows[0]["prompt"] == "Say a number like 0" and rows[0]["tokens"] <= 3
+
+
+def _fake_hub_cache(root: Path, repo: str, ckpt: Path) -> Path:
+    """huggingface_hub's cache layout: models--ORG--NAME/{refs/main, snapshots/<commit>/files}."""
+    commit = "0123456789abcdef0123456789abcdef01234567"
+    repo_dir = root / f"models--{repo.replace('/', '--')}"
+    snap = repo_dir / "snapshots" / commit
+    snap.mkdir(parents=True)
+    for f in ckpt.iterdir():
+        (snap / f.name).write_bytes(f.read_bytes())
+    (repo_dir / "refs").mkdir()
+    (repo_dir / "refs" / "main").write_text(commit)
+    return snap
+
+
+def test_model_path_by_hub_name_from_the_cache(ckpt, tmp_path, monkeypatch, capsys):
+    snap = _fake_hub_cache(tmp_path / "hub", "someorg/tiny-qwen3", ckpt)
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    path, origin = resolve_model_path("someorg/tiny-qwen3")
+    assert path == snap and origin == " (someorg/tiny-qwen3 from the Hugging Face cache)"
+    assert resolve_model_path(str(ckpt)) == (ckpt, "")  # a local directory is itself
+    rows = _generated(capsys, *SMALL, "--model.path", "someorg/tiny-qwen3", "--temperature", "0")
+    assert rows and f"model: weights of {snap} (someorg/tiny-qwen3 from the Hugging Face cache)" in _generated.err
+    assert main(["generate", "--device", "cpu", "--model.path", str(tmp_path / "nowhere")]) == 2
+    assert "nowhere" in capsys.readouterr().err

@@ -17,6 +17,7 @@ from jsonargparse import ArgumentError, ArgumentParser, Namespace
 from monorl.cliargs import base_config, condense_error, config_file_text, config_parser, flag_value, parse_config
 from monorl.config import PRESETS, RunConfig, config_diff, config_from_dict, format_config_diff
 from monorl.eval.run import checkpoint_base, eval_args, generate_args
+from monorl.parity import cmd_parity, parity_args
 
 
 @dataclass(frozen=True)
@@ -196,6 +197,9 @@ VERBS: dict[str, Verb] = {
     "config": Verb(cmd_config, "print (or --out FILE: write) the resolved config as YAML or JSON",
                    "monorl config --preset qwen3_0_6b_gsm8k --trainer.lr 1e-6 --out run.yaml",
                    add_args=_config_args),
+    "parity": Verb(cmd_parity, "generator vs trainer log-probs on a few prompts, as a run builds them: PASS (exit 0) "
+                   "or FAIL (exit 1)", "monorl parity --preset qwen3_0_6b_sum_digits --model.path Qwen/Qwen3-0.6B "
+                   "--batch_invariant true", add_args=parity_args),
     "presets": Verb(cmd_presets, "list the presets", "monorl presets", config=False),
 }
 

@@ -4,6 +4,7 @@ checkpoint instead of starting over (torchrun restarts every rank with the same 
 from __future__ import annotations
 
 import os
+import signal
 import time
 from pathlib import Path
 from typing import Any
@@ -44,6 +45,7 @@ DIE_ENV = "MONORL_TEST_DIE_AFTER_STEP"
 def die_for_test(rank: int, steps_done: int) -> None:
     spec = os.environ.get(DIE_ENV, "").split(":")
     if len(spec) >= 2 and restart_count() == 0 and (int(spec[0]), int(spec[1])) == (rank, steps_done):
-        if spec[2:] == ["hang"]:
+        if spec[2:] == ["hang"]:  # stuck, yet killed by torchrun's SIGTERM (not a graceful stop after the step)
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
             time.sleep(3600)
         os._exit(3)

@@ -3,7 +3,8 @@ CISPO.
 
 Inputs (one micro-batch):
     logprobs      [N]  trainer log-probs of the response tokens (with grad)
-    old_logprobs  [N]  the generator's log-probs of the same tokens: the importance ratio is taken against them
+    old_logprobs  [N]  the generator's log-probs of the same tokens: the importance ratio is taken against them,
+                       unless a rollout correction is on (then they give its IS weight; see below)
     advantages    [S]  one per sequence of the *step*
     seq_ids       [N]  int64, which of the step's S sequences each token belongs to (step-global indices, as
                        `monorl.train.packing` produces them)
@@ -64,6 +65,12 @@ grpo / gspo; over step tokens for token_grpo / dapo / cispo; / (S * dr_grpo_norm
 metric (verl's "use_kl_loss: False" monitoring); the reference policy is built when kl_coef > 0, so a
 metric-only KL still needs kl_coef > 0 (its value then weights nothing).
 
+Rollout correction (`rollout_correction`, off by default; `monorl.train.rollout_correction` has the formulation):
+the ratio is taken against the trainer's own log-probs of this step, detached (pi_old: one optimizer step per
+batch), so it is 1 in value and the clip metrics read 0; the mismatch pi_old / pi_rollout becomes a detached IS
+weight per token, truncated (TIS) and / or with out-of-range units masked (MIS / IcePop), which scales each token's
+surrogate (token kinds, cispo) or each token's log-ratio inside the sequence mean (grpo / gspo).
+
 Gradient accumulation: every reduction divides by a *step-level* count held in `LossNorm` (built once per
 step from the response lengths of all its sequences), never by a micro-batch count, so the sum of the
 micro-batch losses is exactly the loss of the whole step in one batch. The same holds for the metrics: each
@@ -73,11 +80,13 @@ is the micro-batch's share of the step value, so sum them over the step's micro-
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Literal, get_args
 
 import torch
 from torch import Tensor
+
+from monorl.train.rollout_correction import SUM_METRICS, RolloutCorrectionConfig, correction_factors
 
 LossKind = Literal["grpo", "token_grpo", "dapo", "dr_grpo", "gspo", "cispo"]
 LOSS_KINDS: tuple[str, ...] = get_args(LossKind)
@@ -99,6 +108,8 @@ class LossConfig:
     # Per-token log-ratios are clamped to +-this before exp, so one -inf generator log-prob cannot make NaN
     # (as TorchTitan's compute_ratio does); tokens beyond it get no gradient.
     log_ratio_clamp: float = 20.0
+    # importance weights for the generator/trainer mismatch when batch_invariant is off (verl's rollout correction)
+    rollout_correction: RolloutCorrectionConfig = field(default_factory=RolloutCorrectionConfig)
 
     @property
     def floor(self) -> float:
@@ -148,6 +159,8 @@ class LossNorm:
     num_seqs: int  # sequences with at least one response token
     denom: Tensor  # 0-d fp32: the policy (and KL) sum is divided by this
     unit_count: Tensor  # 0-d fp32: units (sequences for grpo/gspo, else tokens) the metrics average over (>= 1)
+    token_count: Tensor  # 0-d fp32: num_tokens (>= 1), as a tensor for the rollout correction's metrics
+    seq_count: Tensor  # 0-d fp32: num_seqs (>= 1), likewise
 
     @classmethod
     def for_step(cls, cfg: LossConfig, response_lengths: Sequence[int] | Tensor,
@@ -167,15 +180,18 @@ class LossNorm:
             denom = num_tokens
         units = num_seqs if cfg.kind in SEQ_KINDS else num_tokens
         # an all-empty step has a zero loss; max() keeps it 0 rather than 0/0
-        scalars = torch.tensor([max(denom, 1), max(units, 1)], dtype=torch.float32).to(device)
-        return cls(lengths.to(device), num_tokens, num_seqs, scalars[0], scalars[1])
+        scalars = torch.tensor([max(denom, 1), max(units, 1), max(num_tokens, 1), max(num_seqs, 1)],
+                               dtype=torch.float32).to(device)
+        return cls(lengths.to(device), num_tokens, num_seqs, *scalars)
 
 
-def loss_metric_names(has_ref: bool) -> tuple[str, ...]:
-    """The keys of `policy_loss`'s metrics, in order (`kl` only with ref_logprobs)."""
+def loss_metric_names(has_ref: bool, correction: bool = False) -> tuple[str, ...]:
+    """The keys of `policy_loss`'s metrics that sum over micro-batches, in order (`kl` only with ref_logprobs, the
+    rollout correction's with it on; its min / max, `rollout_correction.MIN_METRIC` / `MAX_METRIC`, come besides)."""
     names = ("loss", "pg_loss", "ratio_mean", "clip_frac_low", "clip_frac_high", "clip_frac",
              "clip_ratio/low_mean", "clip_ratio/high_mean", "clip_ratio/region_mean")
-    return (*names, "kl") if has_ref else names
+    names = (*names, "kl") if has_ref else names
+    return (*names, *SUM_METRICS) if correction else names
 
 
 def _surrogate_loss(ratio: Tensor, adv: Tensor, cfg: LossConfig) -> Tensor:
@@ -218,7 +234,15 @@ def policy_loss(logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, seq_
     lp = logprobs.float()
     adv = advantages.detach().float()
     mask = torch.ones_like(lp) if token_mask is None else token_mask.float()
-    log_ratio = (lp - old_logprobs.detach().float()).clamp(-cfg.log_ratio_clamp, cfg.log_ratio_clamp) * mask
+    corr = cfg.rollout_correction
+    factor, corr_metrics = mask, {}  # per-token loss weight: the IS weight with a correction on, else 0 / 1
+    if corr.enabled:  # the ratio against pi_old (this forward, detached); the generator's log-probs weight it
+        factor, corr_metrics = correction_factors(
+            lp.detach(), old_logprobs, seq_ids, mask, norm.response_lengths.to(lp.device),
+            norm.token_count.to(lp.device), norm.seq_count.to(lp.device), corr, cfg.log_ratio_clamp)
+        log_ratio = torch.where(mask > 0, lp - lp.detach(), 0.0)
+    else:
+        log_ratio = (lp - old_logprobs.detach().float()).clamp(-cfg.log_ratio_clamp, cfg.log_ratio_clamp) * mask
     kl_tok = None
     if ref_logprobs is not None:
         d = (ref_logprobs.detach().float() - lp).clamp(-cfg.log_ratio_clamp, cfg.log_ratio_clamp)
@@ -233,7 +257,8 @@ def policy_loss(logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, seq_
         lengths = norm.response_lengths.to(lp.device)
         present = torch.zeros(num_seqs_step, device=lp.device).index_add_(0, seq_ids, mask) > 0
         per_len = 1.0 / lengths.clamp(min=1.0)
-        seq_log_ratio = torch.zeros(num_seqs_step, device=lp.device).index_add(0, seq_ids, log_ratio) * per_len
+        weighted = log_ratio * factor if corr.enabled else log_ratio
+        seq_log_ratio = torch.zeros(num_seqs_step, device=lp.device).index_add(0, seq_ids, weighted) * per_len
         ratio = torch.exp(seq_log_ratio)
         # sequences of the step outside this micro-batch would read as ratio 1: mask them out
         pg = (_surrogate_loss(ratio, adv, cfg) * present).sum() / norm.denom
@@ -246,12 +271,12 @@ def policy_loss(logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, seq_
         ratio = torch.exp(log_ratio)
         weight = ratio.detach().clamp(1.0 - cfg.floor, 1.0 + cfg.ceiling)
         # where, not a product: a padded row's log-prob need not be finite, and 0 * inf is NaN
-        pg = -(weight * adv[seq_ids] * torch.where(mask > 0, lp, 0.0)).sum() / norm.denom
+        pg = -(weight * factor * adv[seq_ids] * torch.where(mask > 0, lp, 0.0)).sum() / norm.denom
         kl = kl_tok.sum() / norm.denom if kl_tok is not None else None
         units, unit_mask, unit_adv = ratio, None if token_mask is None else mask > 0, adv[seq_ids]
     else:
         ratio = torch.exp(log_ratio)
-        pg = (_surrogate_loss(ratio, adv[seq_ids], cfg) * mask).sum() / norm.denom
+        pg = (_surrogate_loss(ratio, adv[seq_ids], cfg) * factor).sum() / norm.denom
         kl = kl_tok.sum() / norm.denom if kl_tok is not None else None
         units, unit_mask, unit_adv = ratio, None if token_mask is None else mask > 0, adv[seq_ids]
     unit_count = norm.unit_count.to(lp.device)
@@ -277,4 +302,5 @@ def policy_loss(logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, seq_
         metrics["clip_ratio/region_mean"] = metrics["clip_ratio/low_mean"] + metrics["clip_ratio/high_mean"]
         if kl is not None:
             metrics["kl"] = kl.detach()
+        metrics.update(corr_metrics)
     return loss, metrics

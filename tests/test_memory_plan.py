@@ -25,15 +25,21 @@ def _nbytes(tensors) -> int:
     return sum(t.numel() * t.element_size() for t in tensors)
 
 
-@pytest.mark.parametrize("lora", [False, True])
-def test_plan_rows_equal_what_the_run_allocates(tmp_path: Path, lora: bool) -> None:
+@pytest.mark.parametrize("lora,invariant", [(False, False), (True, False), (True, True)])
+def test_plan_rows_equal_what_the_run_allocates(tmp_path: Path, lora: bool, invariant: bool) -> None:
     extra = {"lora.rank": "4"} if lora else {}
+    if invariant:
+        extra["batch_invariant"] = "true"
     run = GRPORun(small_cfg(tmp_path / "run", **extra), progress=False)
     plan = run.plan
     assert plan.row("policy weights").bytes == _nbytes(run.policy.parameters())
     trainable = [p for p in run.policy.parameters() if p.requires_grad]
     assert plan.row("gradients").bytes == _nbytes(trainable)
-    assert plan.row("generator weights").bytes == _nbytes(run.generator.model.parameters())
+    policy = {p.data_ptr() for p in run.policy.parameters()}
+    own = [p for p in run.generator.model.parameters() if p.data_ptr() not in policy]
+    # a batch-invariant LoRA run's generator runs the policy's own base tensors (share_frozen_): only adapters
+    assert (len(own) < len(list(run.generator.model.parameters()))) == invariant
+    assert plan.row("generator weights").bytes == _nbytes(own)
     run.warm_up()
     run.size_kv_cache()
     assert plan.row("KV cache").bytes == _nbytes([run.generator.kv.kv])

@@ -232,7 +232,11 @@ def plan_memory(cfg: RunConfig, m: ModelConfig, max_prompt_tokens: int, device_b
                               "two blocks unsharded at a time", persistent=False))
     if t.loss.kl_coef > 0:
         rows.append(MemoryRow("KL reference", total * gen_bytes, "frozen copy of the starting policy"))
-    rows.append(MemoryRow("generator weights", total * gen_bytes, "bf16 inference copy" if on_gpu else ""))
+    if lora.enabled and cfg.batch_invariant:  # an unmerged copy: the frozen base is the policy's (share_frozen_)
+        rows.append(MemoryRow("generator weights", lora_param_count(m, lora) * gen_bytes,
+                              "adapters only: the base is shared with the policy"))
+    else:
+        rows.append(MemoryRow("generator weights", total * gen_bytes, "bf16 inference copy" if on_gpu else ""))
     model_len = max_model_len or g.max_model_len or m.max_position_embeddings
     kv = g.kv_cache_bytes or kv_cache_bytes_needed(m, g.max_num_seqs, model_len, g.block_size, gen_dtype)
     rows.append(MemoryRow("KV cache", kv, f"{g.max_num_seqs} seqs x {model_len} tokens"))

@@ -34,7 +34,7 @@ from monorl.generate.scheduler import Group, Scheduler, Sequence
 from monorl.model.lora import LoRAConfig, apply_lora_
 from monorl.model.qwen3 import Qwen3ForCausalLM, build_model
 from monorl.model.tokenizer import eos_ids
-from monorl.rl.weight_sync import sync_weights_
+from monorl.rl.weight_sync import share_frozen_, sync_weights_
 
 _CPU_DEFAULT_KV_BYTES = 256 << 20
 
@@ -83,6 +83,8 @@ class Generator:
         if lora is not None:
             apply_lora_(self.model, lora)  # adapters are overwritten by load_weights_
             self.model.to(dtype)
+            # the frozen base, when held in this dtype (a LoRA run's), is the policy's own tensors: no second copy
+            share_frozen_(self.model, model)
         self.model.requires_grad_(False).eval()
         self.load_weights_(model)  # before any graph capture: later syncs write the same memory
         self.device, self.dtype = device, dtype

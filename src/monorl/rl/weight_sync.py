@@ -11,7 +11,8 @@ unwritten, or a shape that does not fit is a `ValueError` of one line.
 LoRA (`monorl.model.lora`): a source projection with adapters whose destination has none (the generator's
 fused copy) sends its merged weight W + scale * B @ A there, computed in fp32 at sync time one projection at a
 time and cast once; its `lora_A` / `lora_B` have no place of their own. Where the destination has the same
-adapters (an unmerged copy), base and adapters are copied as ordinary same-name parameters.
+adapters (an unmerged copy), the adapters are copied as ordinary same-name parameters, and the frozen base can be
+shared instead of copied (`share_frozen_`): the generator then reads the trainer's own base tensors.
 
 An FSDP2-sharded source (`monorl.distributed.fsdp`, several ranks) is gathered one unit at a time: a block's
 full parameters exist only while its slice of the plan is copied, so the extra memory is one block's (plus the
@@ -121,12 +122,15 @@ def weight_pairs(dst: nn.Module, src: nn.Module,
 
 @torch.no_grad()
 def sync_weights_(dst: nn.Module, src: nn.Module, packed: Mapping[str, tuple[str, int]] = PACKED_MODULES) -> None:
-    """Copy `src`'s parameters into `dst`'s in place, cast to their dtype (see the module docstring)."""
+    """Copy `src`'s parameters into `dst`'s in place, cast to their dtype (see the module docstring); a parameter
+    `share_frozen_` made the source's own is skipped."""
     plan = _plan(dst, src, packed)
     if units := fsdp_units(src):
         _sync_sharded_(plan, src, units)
         return
     for _, view, s in plan:
+        if isinstance(s, Tensor) and view.data_ptr() == s.data_ptr() and view.shape == s.shape:
+            continue
         view.copy_(s.merged_weight() if isinstance(s, LoRALinear) else s.detach())
 
 
@@ -146,3 +150,23 @@ def _sync_sharded_(plan: list[tuple[str, Tensor, Source]], src: nn.Module, units
                 view.copy_(s.merged_weight() if isinstance(s, LoRALinear) else full[name].detach())
     if todo:
         raise ValueError(f"weight sync: no FSDP unit gathered {', '.join(sorted(todo)[:3])}")
+
+
+def share_frozen_(dst: nn.Module, src: nn.Module) -> int:
+    """Make every frozen parameter of `src` (a LoRA policy's base) that `dst` holds under the same name, shape,
+    dtype and device the very same tensor in `dst`, instead of a copy; returns the bytes no longer duplicated.
+    For an unfused, unmerged destination (a batch-invariant LoRA run's generator): a fused or merged copy has
+    other tensors. Frozen means never written, so nothing needs syncing and captured graphs stay valid."""
+    mods = {strip_compile_prefix(n): m for n, m in src.named_modules()}
+    saved = 0
+    for name, m in dst.named_modules():
+        sm = mods.get(strip_compile_prefix(name))
+        if sm is None:
+            continue
+        for pname, p in list(m._parameters.items()):
+            sp = sm._parameters.get(pname)
+            if (p is not None and sp is not None and not sp.requires_grad and sp.shape == p.shape
+                    and sp.dtype == p.dtype and sp.device == p.device):
+                m._parameters[pname] = sp
+                saved += p.numel() * p.element_size()
+    return saved

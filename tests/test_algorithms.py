@@ -373,3 +373,15 @@ def test_loop_reinforce_pp_with_single_completions(tmp_path):
     run = GRPORun(cfg, progress=False)
     row = run.step(0)
     assert math.isfinite(row["loss"]) and row["skipped"] == 0.0 and "kl" in row
+
+
+def test_kl_term_under_compiled_trainer_blocks(tmp_path):
+    """A compiled trainer warms up on packs that carry reference log-probs when the loss has a KL term (its
+    warm-up packs had none: `kl_coef > 0 needs ref_logprobs` before the first step)."""
+    from monorl.rl.loop import GRPORun
+    from tests.test_resume import small_cfg
+
+    cfg = small_cfg(tmp_path / "run", **{"trainer.loss.kl_coef": "0.1", "compile.backend": "eager", "steps": "1",
+                                         "warm_start.steps": "0", "checkpoint.final": "false"})
+    result = GRPORun(cfg, progress=False).run()
+    assert result.steps[0]["kl"] == 0.0  # the policy is its own reference at the first step

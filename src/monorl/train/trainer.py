@@ -184,7 +184,9 @@ class Trainer:
         # them as dynamic once, here, instead of recompiling at the first real step
         full = []
         for n, c in ((num_seqs, comp), (max(1, num_seqs // 4), comp[: max(1, len(comp) // 2)])):
-            seqs = [TrainSequence(list(prompt_ids), c, [0.0] * len(c), 1.0) for _ in range(n)]
+            # with a KL term the step's packs carry reference log-probs: so do these (the same graph key and code)
+            ref = [0.0] * len(c) if self.cfg.loss.kl_coef > 0 else None
+            seqs = [TrainSequence(list(prompt_ids), c, [0.0] * len(c), 1.0, ref_logprobs=ref) for _ in range(n)]
             norm = LossNorm.for_step(self.cfg.loss, [len(c)] * n, self.device)
             adv = torch.ones(n, device=self.device)
             for mb in self._micro_batches(seqs):

@@ -97,6 +97,21 @@ def test_advice_is_the_cheapest_change_that_fits() -> None:
     m = model_shape("qwen3-4b")
     advice = advise(cfg, m, 160, int(130 * GiB))  # checkpointing alone fits 4B in 130 GiB
     assert advice[0].startswith("--trainer.activation_checkpointing true ")
+    # with 8 prompt groups per step the work divides over GPUs: 2 of them (FSDP2) come before changing the method
+    cfg.rollout.prompts_per_step = 8
+    advice = advise(cfg, model_shape("qwen3-8b"), 160, int(140 * GiB))
+    assert advice[0].startswith("--nproc 2 ")
+
+
+def test_plan_verb_plans_one_gpu_of_several(capsys) -> None:
+    base = ["plan", "--preset", "qwen3_0_6b_sum_digits", "--model.shape", "qwen3-8b", "--gpu_memory_gb", "140.4"]
+    assert main([*base, "--rollout.prompts_per_step", "8"]) == 1  # 8B full fine-tuning: not on one H200
+    assert "cheapest change that fits: --nproc 2" in capsys.readouterr().out
+    assert main([*base, "--rollout.prompts_per_step", "8", "--nproc", "2"]) == 0
+    out = capsys.readouterr().out
+    assert "one GPU of 2 (FSDP2)" in out and "(1/2: sharded)" in out and "fits" in out
+    assert main([*base, "--nproc", "2"]) == 2  # 5 prompt groups do not divide over 2 GPUs
+    assert "does not divide over 2 ranks" in capsys.readouterr().err
 
 
 def test_a_run_that_cannot_fit_is_refused_before_work(tmp_path: Path, monkeypatch, capsys) -> None:

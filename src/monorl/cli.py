@@ -147,6 +147,8 @@ def _plan_args(p: ArgumentParser) -> None:
     p.add_argument("--gpu_memory_gb", type=float, default=None, metavar="N",
                    help="the GPU's memory in GiB (nvidia-smi's MiB / 1024: 79.6 for an H100 80GB, 140.4 for an "
                         "H200); default: this machine's GPU")
+    p.add_argument("--nproc", type=int, default=1, metavar="N",
+                   help="plan one GPU of an N-GPU run (FSDP2: monorl train --nproc N)")
 
 
 def cmd_plan(cfg: RunConfig | None, args: Namespace) -> int:
@@ -164,7 +166,9 @@ def cmd_plan(cfg: RunConfig | None, args: Namespace) -> int:
     else:
         raise ValueError("no GPU here: give the GPU's memory with --gpu_memory_gb N, in GiB as nvidia-smi's MiB / 1024 "
                          "(79.6 for an H100 80GB, 140.4 for an H200)")
-    text, fits = plan_report(cfg, device_bytes)
+    if args.nproc < 1:
+        raise ValueError(f"--nproc must be >= 1, got {args.nproc}")
+    text, fits = plan_report(cfg, device_bytes, ranks=args.nproc)
     print(text)
     return 0 if fits else 1
 

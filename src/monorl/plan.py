@@ -280,7 +280,10 @@ def auto_checkpointing(cfg: RunConfig, m: ModelConfig, max_prompt_tokens: int, d
                            ranks=ranks).fits
 
 
-def _changes(cfg: RunConfig, max_prompt_tokens: int) -> list[tuple[str, str, dict[str, Any]]]:
+_RANKS = "nproc"  # the candidate change "more GPUs": not a config key, the rank count `monorl train --nproc` sets
+
+
+def _changes(cfg: RunConfig, max_prompt_tokens: int, ranks: int = 1) -> list[tuple[str, str, dict[str, Any]]]:
     """Candidate changes, cheapest first: (what to pass, what it costs, overrides)."""
     out: list[tuple[str, str, dict[str, Any]]] = []
     t, r, g = cfg.trainer, cfg.rollout, cfg.generator
@@ -302,6 +305,11 @@ def _changes(cfg: RunConfig, max_prompt_tokens: int) -> list[tuple[str, str, dic
         mbt //= 2
         out.append((f"--trainer.micro_batch_tokens {mbt}", "more, smaller trainer micro-batches",
                     {"trainer.micro_batch_tokens": mbt}))
+    # more GPUs of the same kind (FSDP2, monorl.distributed): the same training, sharded; a rank count must divide
+    # the step's prompt groups
+    for n in (2, 4, 8):
+        if n > ranks and r.prompts_per_step % n == 0:
+            out.append((f"--nproc {n}", f"{n} GPUs (FSDP2) instead of {ranks}", {_RANKS: n}))
     if not cfg.lora.enabled:
         out.append(("--lora.rank 16", "LoRA: trains adapters only (a different method than full fine-tuning)",
                     {"lora.rank": 16}))
@@ -313,34 +321,37 @@ def _with(cfg: RunConfig, overrides: dict[str, Any]) -> RunConfig:
                               generator=dataclasses.replace(cfg.generator), compile=dataclasses.replace(cfg.compile),
                               lora=dataclasses.replace(cfg.lora))
     for key, v in overrides.items():
+        if key == _RANKS:
+            continue
         section, name = key.split(".")
         setattr(getattr(new, section), name, v)
     return new
 
 
-def _auto_plan(cfg: RunConfig, m: ModelConfig, max_prompt_tokens: int, device_bytes: int) -> MemoryPlan:
-    ac = auto_checkpointing(cfg, m, max_prompt_tokens, device_bytes)
-    return plan_memory(cfg, m, max_prompt_tokens, device_bytes, activation_checkpointing=ac)
+def _auto_plan(cfg: RunConfig, m: ModelConfig, max_prompt_tokens: int, device_bytes: int,
+               ranks: int = 1) -> MemoryPlan:
+    ac = auto_checkpointing(cfg, m, max_prompt_tokens, device_bytes, ranks=ranks)
+    return plan_memory(cfg, m, max_prompt_tokens, device_bytes, activation_checkpointing=ac, ranks=ranks)
 
 
-def advise(cfg: RunConfig, m: ModelConfig, max_prompt_tokens: int, device_bytes: int) -> list[str]:
+def advise(cfg: RunConfig, m: ModelConfig, max_prompt_tokens: int, device_bytes: int, ranks: int = 1) -> list[str]:
     """For a plan that does not fit: the cheapest single change that makes it fit, else the cheapest pair, else
-    a line saying nothing here does. Changes are ordered cheapest first; activation checkpointing left on auto
-    is resolved for each candidate, as the run would."""
-    changes = _changes(cfg, max_prompt_tokens)
+    a line saying nothing here does. Changes are ordered cheapest first (more GPUs before LoRA, which changes
+    the method); activation checkpointing left on auto is resolved for each candidate, as the run would."""
+    changes = _changes(cfg, max_prompt_tokens, ranks)
     candidates = [[c] for c in changes] + [[a, b] for i, a in enumerate(changes) for b in changes[i + 1:]
                                            if not set(a[2]) & set(b[2])]
     for combo in candidates:
         overrides = {k: v for _, _, ov in combo for k, v in ov.items()}
-        p = _auto_plan(_with(cfg, overrides), m, max_prompt_tokens, device_bytes)
+        p = _auto_plan(_with(cfg, overrides), m, max_prompt_tokens, device_bytes, overrides.get(_RANKS, ranks))
         if p.fits:
             flags = " ".join(flag for flag, _, _ in combo)
             ac = (" (activation checkpointing then on, auto)" if p.activation_checkpointing
                   and "trainer.activation_checkpointing" not in overrides and not cfg.trainer.activation_checkpointing
                   else "")
             return [f"{flags}  (peak {p.peak_bytes / GiB:.1f} GiB{ac}; costs {'; '.join(c for _, c, _ in combo)})"]
-    return ["nothing fits one GPU of this size: use a GPU with more memory or a smaller model "
-            "(multi-GPU sharding is not available yet)"]
+    return ["nothing here fits GPUs of this size: use GPUs with more memory, more of them (--nproc, with "
+            "rollout.prompts_per_step a multiple of it), or a smaller model"]
 
 
 class MemoryPlanError(ValueError):
@@ -356,13 +367,13 @@ def run_memory_plan(cfg: RunConfig, m: ModelConfig, max_prompt_tokens: int, devi
                     ranks: int = 1) -> MemoryPlan:
     """The plan for a run on `device` (its whole memory), with `trainer.activation_checkpointing` auto resolved.
     A run that does not fit raises MemoryPlanError naming the cheapest change that does, after printing the table.
-    ranks: the run's rank count (one GPU of an FSDP run; the advice is still for one rank)."""
+    ranks: the run's rank count (one GPU of an FSDP run)."""
     on_gpu = device.type == "cuda"
     device_bytes = device_memory_bytes(device)
     ac = auto_checkpointing(cfg, m, max_prompt_tokens, device_bytes, on_gpu, ranks)
     plan = plan_memory(cfg, m, max_prompt_tokens, device_bytes, on_gpu, activation_checkpointing=ac, ranks=ranks)
     if plan.fits is False:
-        plan.advice = advise(cfg, m, max_prompt_tokens, device_bytes)
+        plan.advice = advise(cfg, m, max_prompt_tokens, device_bytes, ranks)
         print(f"memory plan (does not fit {device}):\n{plan.table()}", file=sys.stderr, flush=True)
         raise MemoryPlanError(f"the run does not fit {device}: planned peak {plan.peak_bytes / GiB:.1f} GiB + "
                               f"{plan.reserve_bytes / GiB:.1f} GiB context and slack > {device_bytes / GiB:.1f} GiB; "
@@ -370,10 +381,14 @@ def run_memory_plan(cfg: RunConfig, m: ModelConfig, max_prompt_tokens: int, devi
     return plan
 
 
-def plan_report(cfg: RunConfig, device_bytes: int, sample: int = 32) -> tuple[str, bool]:
+def plan_report(cfg: RunConfig, device_bytes: int, sample: int = 32, ranks: int = 1) -> tuple[str, bool]:
     """`monorl plan`: the table, the verdict and (when it does not fit) the cheapest change, for `cfg` on one GPU
-    of `device_bytes`; reads the model's config.json and tokenizer (never its weights) and the task's prompts.
-    Returns (text, fits)."""
+    of `device_bytes` (of `ranks` GPUs: an FSDP run's per-GPU plan); reads the model's config.json and tokenizer
+    (never its weights) and the task's prompts. Returns (text, fits)."""
+    from monorl.distributed.world import World, check_world
+
+    check_world(cfg, World(size=ranks))  # a rank count that does not divide the step: the run's own one-line error
+
     import itertools
 
     from monorl.compile_auto import resolve_auto_
@@ -391,13 +406,13 @@ def plan_report(cfg: RunConfig, device_bytes: int, sample: int = 32) -> tuple[st
                          f"{cfg.rollout.max_new_tokens} new tokens")
     longest = max(fitting)
     why = resolve_auto_(cfg, m, torch.device("cuda"))  # compile.backend auto, as a run on a GPU would resolve it
-    ac = auto_checkpointing(cfg, m, longest, device_bytes)
-    plan = plan_memory(cfg, m, longest, device_bytes, activation_checkpointing=ac)
+    ac = auto_checkpointing(cfg, m, longest, device_bytes, ranks=ranks)
+    plan = plan_memory(cfg, m, longest, device_bytes, activation_checkpointing=ac, ranks=ranks)
     lines = [f"model: {source}", f"longest of the first {len(lengths)} training prompts: {longest} tokens",
-             *([why] if why else [])]
+             *([why] if why else []), *([f"one GPU of {ranks} (FSDP2)"] if ranks > 1 else [])]
     if ac and cfg.trainer.activation_checkpointing is None:
         lines.append("trainer.activation_checkpointing: on (auto: the run does not fit without it)")
     lines.append(plan.table())
     if not plan.fits:
-        lines.append("cheapest change that fits: " + advise(cfg, m, longest, device_bytes)[0])
+        lines.append("cheapest change that fits: " + advise(cfg, m, longest, device_bytes, ranks)[0])
     return "\n".join(lines), bool(plan.fits)

@@ -64,7 +64,13 @@ def main() -> None:
                 trainer = Trainer(model, TrainerConfig(micro_batch_tokens=16384), total_steps=10,
                                   attn_backend="flash", cuda_graphs=False)
                 for n in map(int, args.seqs.split(",")):
-                    transient, tokens = measure(trainer, n, m.vocab_size)
+                    try:
+                        transient, tokens = measure(trainer, n, m.vocab_size)
+                    except torch.OutOfMemoryError:  # 8B without checkpointing at 10k tokens: 139 GiB is not enough
+                        print(f"{shape:11s} {backend:8s} ac={ac!s:5s} {n} rollouts: out of memory", flush=True)
+                        rows.append({"shape": shape, "backend": backend, "ac": ac, "seqs": n, "oom": True})
+                        trainer.model.zero_grad(set_to_none=True)
+                        continue
                     planned = trainer_activation_bytes(m, tokens, "bfloat16", ac, 1024, copy_params) + grads
                     rest = transient - grads - 16 * min(1024, tokens) * m.vocab_size - 8 * m.hidden_size * tokens
                     row = {"shape": shape, "backend": backend, "ac": ac, "tokens": tokens,

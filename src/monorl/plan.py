@@ -254,8 +254,8 @@ def plan_memory(cfg: RunConfig, m: ModelConfig, max_prompt_tokens: int, device_b
     rows.append(MemoryRow("trainer activations", acts, note, persistent=graphs))
     # what the caching allocator reserves beyond the rows above: 12% of the activations put the plan within -7% to
     # +9% of the reserved peak of 0.6B, 1.7B, 4B (AC) and 8B LoRA (AC) runs (bench_memory.py, H200, 2026-11-23; the
-    # rows this was chosen on). (A "3 bytes per parameter" term fitted before
-    # explained reserved memory that was the eager warm-up's cache beside the graph pool, now emptied before capture.)
+    # rows this was chosen on). A "3 bytes per parameter" term fitted before explained reserved memory that was the
+    # eager warm-up's cache beside the graph pool, now emptied before capture (Trainer.warm_up).
     rows.append(MemoryRow("allocator slack", int(0.12 * acts), "measured: 12% of activations"))
     width = m.hidden_size + m.intermediate_size
     prefill_prompts = max(cfg.rollout.prompts_per_step, cfg.validation.num_prompts)

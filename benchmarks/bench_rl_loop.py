@@ -28,12 +28,14 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_memory import model_dir  # noqa: E402 -- the benchmarks' shared model-directory helper
 
 BASE = ["--preset", "qwen3_0_6b_sum_digits", "--rollout.ignore_eos", "true", "--checkpoint.final", "false",
         "--checkpoint.every_minutes", "0"]
@@ -57,16 +59,11 @@ ROWS = [("process_wall_s", "process wall"), ("total_s", "total"), ("startup_s", 
         ("sync_s", "weight sync"), ("steady_step_s", "steady-state step"), ("compile_s", "compile (in startup)")]
 
 
-def model_args(model_dir: str | None, workdir: Path) -> list[str]:
+def model_args(models: str | None) -> list[str]:
     """--model.path of a folder with Qwen3-0.6B's config.json and the real tokenizer (random init), or the shape."""
-    if model_dir is None:
+    if models is None:
         return ["--model.shape", "qwen3-0.6b"]
-    path = workdir / "qwen3-0.6b"
-    path.mkdir(exist_ok=True)
-    shutil.copy(Path(model_dir) / "qwen3-0.6b" / "config.json", path)
-    for f in (Path(model_dir) / "qwen3-tokenizer").iterdir():
-        shutil.copy(f, path)
-    return ["--model.path", str(path), "--model.random_init", "true"]
+    return ["--model.path", str(model_dir(Path(models), "qwen3-0.6b")), "--model.random_init", "true"]
 
 
 def run_column(name: str, extra: list[str], cache: Path, workdir: Path, steps: int, model: list[str]) -> dict:
@@ -97,7 +94,7 @@ def main() -> None:
     ap.add_argument("--model-dir", default=None, help="qwen3-0.6b/config.json + qwen3-tokenizer/ (e.g. .models)")
     args = ap.parse_args()
     work = Path(tempfile.mkdtemp(prefix="bench_rl_"))
-    model = model_args(args.model_dir, work)
+    model = model_args(args.model_dir)
     results = {}
     for name in args.columns.split(","):
         extra, cache_key = COLUMNS[name]

@@ -27,9 +27,12 @@ def main() -> None:
 
     import cProfile
     import pstats
-    import shutil
+    import sys
     import tempfile
     from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from bench_memory import model_dir  # the benchmarks' shared model-directory helper
 
     t = time.perf_counter()
     from monorl.config import apply_overrides, preset
@@ -37,11 +40,7 @@ def main() -> None:
 
     import_monorl_s = time.perf_counter() - t
     work = Path(tempfile.mkdtemp(prefix="profile_startup_"))
-    model = work / "qwen3-0.6b"
-    model.mkdir()
-    shutil.copy(Path(args.model_dir) / "qwen3-0.6b" / "config.json", model)
-    for f in (Path(args.model_dir) / "qwen3-tokenizer").iterdir():
-        shutil.copy(f, model)
+    model = model_dir(Path(args.model_dir), "qwen3-0.6b")
     cfg = apply_overrides(preset("qwen3_0_6b_sum_digits"), {
         "model.path": str(model), "model.random_init": "true", "rollout.ignore_eos": "true",
         "checkpoint.final": "false", "checkpoint.every_minutes": "0", "compile.backend": args.backend,

@@ -9,8 +9,10 @@
 #            and the RL loop's trainer-graph columns, cold and warm, both on this device in this call
 #   startup: benchmarks/profile_startup.py, then the RL-loop table with the real tokenizer (.models, carried) for the
 #            preset as users run it (compile.backend auto) and CUDA graphs alone
+#   scale:   benchmarks/bench_scale.py on every GPU of the machine (2 or 4) and on one of them, the same rows
+#   scale_compile: the reference preset compiled (Inductor) from a cold cache on 1 rank and on all ranks: startup
 #   bi:      `monorl train` of the Qwen3-0.6B preset (random weights) with --batch_invariant true (trainer graphs on)
-# Usage on the device: bash scripts/gpu_check.sh [tests|trainer|profile|loop|compare|startup|bi|all]   (logs, JSON under $OUT)
+# Usage on the device: bash scripts/gpu_check.sh [tests|trainer|profile|loop|compare|startup|scale|scale_compile|bi|all]   (logs, JSON under $OUT)
 set -uo pipefail
 OUT=${OUT:-/tmp/monorl_out}; mkdir -p "$OUT"
 # wheels the device lacks (jsonargparse) go first: .whl carried, installed to /tmp/site (device README)
@@ -40,6 +42,24 @@ if [[ $what == startup ]]; then
   python3 benchmarks/profile_startup.py --model-dir .models --top 25 2>&1 | tee "$OUT/profile_startup.log" | head -90
   python3 benchmarks/bench_rl_loop.py --model-dir .models --columns preset_auto,nocompile_graphs \
     --out "$OUT/rl_loop_startup.json" 2>&1 | tee "$OUT/rl_loop_startup.log"
+fi
+if [[ $what == scale || $what == scale_compile ]]; then
+  nvidia-smi topo -m 2>&1 | head -6; env | grep -E "NVLS|MULTICAST" || true
+  n=$(python3 -c "import torch; print(torch.cuda.device_count())")
+fi
+if [[ $what == scale ]]; then
+  python3 benchmarks/bench_scale.py --nproc "$n" --rows 8b,weak,ref8 --out "$OUT/scale_$n.json" 2>&1 \
+    | tee "$OUT/scale_$n.log" | grep -E "^\||failed|Error|error" | tail -20
+  CUDA_VISIBLE_DEVICES=0 python3 benchmarks/bench_scale.py --nproc 1 --rows weak,ref8,8b --out "$OUT/scale_1.json" 2>&1 \
+    | tee "$OUT/scale_1.log" | grep -E "^\||failed|Error|error" | tail -20
+fi
+if [[ $what == scale_compile ]]; then  # cold caches of their own; startup_s is what item 4 of the issue compares
+  for k in 1 "$n"; do
+    rm -rf "/tmp/cc_$k"
+    CUDA_VISIBLE_DEVICES=$(seq -s, 0 $((k - 1))) python3 benchmarks/bench_scale.py --nproc "$k" --rows ref8 --steps 3 \
+      --compile.backend inductor --compile.cache_dir "/tmp/cc_$k" --out "$OUT/scale_compile_$k.json" 2>&1 \
+      | tee "$OUT/scale_compile_$k.log" | grep -E "^\||failed|Error|error" | tail -8
+  done
 fi
 if [[ $what == bi ]]; then
   python3 -m monorl.cli train --preset qwen3_0_6b_sum_digits --model.shape qwen3-0.6b --rollout.ignore_eos true \

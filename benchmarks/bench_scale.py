@@ -80,10 +80,15 @@ def run_row(name: str, nproc: int, models: Path, steps: int, shape: str | None, 
         return statistics.median(r[key] for r in steady)
 
     prompts = int(extra[extra.index("--rollout.prompts_per_step") + 1]) if extra else 5
+    first = next(r for r in rows if "step" in r)
     return {"name": name, "nproc": nproc, "model": shape or model, "prompts_per_step": prompts,
             "steady_step_s": med("time/step_s"), "tokens_per_s": med("throughput/tokens_per_s"),
             "generate_s": med("time/generate_s"), "train_s": med("time/train_s"), "sync_s": med("time/sync_s"),
-            "startup_s": summary.get("startup_s"), "wall_s": wall}
+            "first_step_s": first["time/step_s"], "first_train_s": first["time/train_s"],
+            # startup ends when every rank is ready (rank_wait_s: rank 0 waiting for the others); the run's own
+            # wall time starts after imports and the process group, the row's wall_s around the whole command
+            "startup_s": summary.get("startup_s"), "startup": summary.get("startup"),
+            "run_wall_s": summary.get("wall_s"), "wall_s": wall}
 
 
 def main() -> None:
@@ -103,16 +108,17 @@ def main() -> None:
         results.append(run_row(name, a.nproc, models, a.steps, a.shape, a.device, passthrough))
         if a.out:  # after every row: a call cut off by its time limit keeps what it measured
             Path(a.out).write_text(json.dumps({"nproc": a.nproc, "rows": results}, indent=2) + "\n")
-    print("\n| row | ranks | steady step s | tokens/s | generate s | train s | weight sync s | startup s | wall s |")
-    print("|---|---|---|---|---|---|---|---|---|")
+    print("\n| row | ranks | steady step s | tokens/s | generate s | train s | weight sync s | first step s | startup s |"
+          " run wall s | wall s |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
     for r in results:
         if "skipped" in r or "error" in r:
             why = r.get("skipped") or f"failed (exit {r['returncode']})"
-            print(f"| {r['name']} | {r['nproc']} | {why} | | | | | | |")
+            print(f"| {r['name']} | {r['nproc']} | {why} | | | | | | | | |")
             continue
         print(f"| {r['name']} | {r['nproc']} | {r['steady_step_s']:.3f} | {r['tokens_per_s']:.0f} | "
-              f"{r['generate_s']:.3f} | {r['train_s']:.3f} | {r['sync_s']:.4f} | {r['startup_s'] or 0:.1f} | "
-              f"{r['wall_s']:.1f} |")
+              f"{r['generate_s']:.3f} | {r['train_s']:.3f} | {r['sync_s']:.4f} | {r['first_step_s']:.2f} | "
+              f"{r['startup_s'] or 0:.1f} | {r['run_wall_s'] or 0:.1f} | {r['wall_s']:.1f} |")
 
 
 if __name__ == "__main__":

@@ -124,6 +124,10 @@ def test_two_ranks_equal_one_rank(one_rank: Path, two_ranks: Path) -> None:
     assert_weights_close(weights(two_ranks), weights(one_rank))
     meta = json.loads((two_ranks / "checkpoints" / "step_000002" / "meta.json").read_text())
     assert (meta["storage"], meta["world_size"]) == ("dcp", 2)
+    # startup ends when the slowest rank is ready: rank 0's wait for the others is part of it
+    startup = json.loads((two_ranks / "summary.json").read_text())["startup"]
+    assert startup["rank_wait_s"] >= 0 and "rank_wait_s" not in json.loads(
+        (one_rank / "summary.json").read_text())["startup"]
 
 
 def test_sharded_checkpoint_resumes_on_one_process(two_ranks: Path, tmp_path: Path) -> None:

@@ -629,6 +629,10 @@ class GRPORun:
         ac = " (activation checkpointing: on)" if self.plan.activation_checkpointing else ""
         print(f"memory plan ({self.device}){ac}:\n{self.plan.table()}", flush=True)
         self.warm_up()
+        if self.world.size > 1:  # startup ends when the slowest rank is ready (the others load rank 0's compile)
+            t = time.perf_counter()
+            self.world.barrier()
+            self.startup["rank_wait_s"] = time.perf_counter() - t
         if self.compile_s:
             warm = ", ".join(f"{k}={self.startup[k]:.2f}" for k in
                              ("generator_compile_s", "graph_capture_s", "trainer_compile_s", "trainer_graph_capture_s")

@@ -50,6 +50,11 @@ COLUMNS = {
     "graphs_warm": (["--compile.backend", "inductor", "--compile.trainer_cuda_graphs", "true"], "graphs"),
     "nocompile_graphs": (["--compile.backend", "none", "--compile.trainer_cuda_graphs", "true"], "none"),
     "preset_auto": ([], "auto"),  # the preset as a user runs it: compile.backend auto decides
+    # batch-invariant mode (issue 14's cost in the loop): the same settings as graphs / nocompile_graphs
+    "bi_graphs": (["--batch_invariant", "true", "--compile.backend", "inductor", "--compile.trainer_cuda_graphs",
+                   "true"], "bi"),
+    "bi_nocompile_graphs": (["--batch_invariant", "true", "--compile.backend", "none",
+                             "--compile.trainer_cuda_graphs", "true"], "none"),
 }
 STARTUP_KEYS = ("cuda_init_s", "prepare_s", "model_load_s", "generator_init_s", "trainer_compile_s",
                 "trainer_graph_capture_s", "kv_alloc_s", "generator_compile_s", "graph_capture_s")
@@ -59,11 +64,12 @@ ROWS = [("process_wall_s", "process wall"), ("total_s", "total"), ("startup_s", 
         ("sync_s", "weight sync"), ("steady_step_s", "steady-state step"), ("compile_s", "compile (in startup)")]
 
 
-def model_args(models: str | None) -> list[str]:
-    """--model.path of a folder with Qwen3-0.6B's config.json and the real tokenizer (random init), or the shape."""
+def model_args(models: str | None, size: str = "0.6b") -> list[str]:
+    """--model.path of a folder with Qwen3-<size>'s config.json and the real tokenizer (random init), or the
+    shape."""
     if models is None:
-        return ["--model.shape", "qwen3-0.6b"]
-    return ["--model.path", str(model_dir(Path(models), "qwen3-0.6b")), "--model.random_init", "true"]
+        return ["--model.shape", f"qwen3-{size}"]
+    return ["--model.path", str(model_dir(Path(models), f"qwen3-{size}")), "--model.random_init", "true"]
 
 
 def run_column(name: str, extra: list[str], cache: Path, workdir: Path, steps: int, model: list[str]) -> dict:
@@ -91,10 +97,11 @@ def main() -> None:
     ap.add_argument("--out", default="rl_loop_results.json")
     ap.add_argument("--steps", type=int, default=10)
     ap.add_argument("--columns", default=",".join(COLUMNS))
-    ap.add_argument("--model-dir", default=None, help="qwen3-0.6b/config.json + qwen3-tokenizer/ (e.g. .models)")
+    ap.add_argument("--model-dir", default=None, help="qwen3-<size>/config.json + qwen3-tokenizer/ (e.g. .models)")
+    ap.add_argument("--size", default="0.6b", help="the preset's workload on Qwen3-<size> (e.g. 1.7b)")
     args = ap.parse_args()
     work = Path(tempfile.mkdtemp(prefix="bench_rl_"))
-    model = model_args(args.model_dir)
+    model = model_args(args.model_dir, args.size)
     results = {}
     for name in args.columns.split(","):
         extra, cache_key = COLUMNS[name]

@@ -108,8 +108,8 @@ def main() -> None:
         results.append(run_row(name, a.nproc, models, a.steps, a.shape, a.device, passthrough))
         if a.out:  # after every row: a call cut off by its time limit keeps what it measured
             Path(a.out).write_text(json.dumps({"nproc": a.nproc, "rows": results}, indent=2) + "\n")
-    print("\n| row | ranks | steady step s | tokens/s | generate s | train s | weight sync s | first step s | startup s |"
-          " run wall s | wall s |")
+    print("\n| row | ranks | steady step s | tokens/s | generate s | train s | weight sync s | first step s |"
+          " startup s | run wall s | wall s |")
     print("|---|---|---|---|---|---|---|---|---|---|---|")
     for r in results:
         if "skipped" in r or "error" in r:

@@ -15,6 +15,7 @@ from pathlib import Path
 import torch
 
 from monorl.compile import CompileConfig, compile_blocks, setup_compile_cache
+from monorl.model.batch_invariant import make_batch_invariant_
 from monorl.model.config import model_shape
 from monorl.model.qwen3 import build_model
 from monorl.train.packing import TrainSequence
@@ -43,13 +44,16 @@ def timed(tr: Trainer, batches: list[list[TrainSequence]]) -> list[float]:
 
 
 VARIANTS = {"eager": ("none", False), "eager_graphs": ("none", True), "compiled": ("inductor", False),
-            "compiled_graphs": ("inductor", True)}
+            "compiled_graphs": ("inductor", True),
+            # batch-invariant mode, as the RL loop runs it (both converted, bf16 compute dtype)
+            "bi_eager": ("none", False), "bi_compiled": ("inductor", False), "bi_compiled_graphs": ("inductor", True)}
 
 
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default="train_step.json")
-    ap.add_argument("--variants", default=",".join(VARIANTS))
+    ap.add_argument("--variants", default="eager,eager_graphs,compiled,compiled_graphs")
+    ap.add_argument("--profile", default="compiled", help="the variants whose one step is profiled (comma list)")
     args = ap.parse_args()
     g = torch.Generator().manual_seed(0)
     batches = [seqs(g) for _ in range(7)]
@@ -57,22 +61,26 @@ def main() -> None:
     for name in args.variants.split(","):
         backend, graphs = VARIANTS[name]
         model = build_model(model_shape("qwen3-0.6b"), "cuda", torch.float32, seed=0)
+        invariant = name.startswith("bi_")
+        if invariant:
+            make_batch_invariant_(model)
         if backend != "none":
             cc = CompileConfig(backend=backend)
             setup_compile_cache(cc)
             compile_blocks(model, cc)
-        tr = Trainer(model, TrainerConfig(lr=1e-6, micro_batch_tokens=16384), total_steps=100, attn_backend="flash",
-                     cuda_graphs=graphs)
+        tcfg = TrainerConfig(lr=1e-6, micro_batch_tokens=16384, compute_dtype="bfloat16" if invariant else "auto")
+        tr = Trainer(model, tcfg, total_steps=100, attn_backend="flash", cuda_graphs=graphs)
         ts = timed(tr, batches)
         res[name] = {"median_s": statistics.median(ts[2:]), "steps_s": ts,
                      "graphs": None if tr.graphs is None else len(tr.graphs.graphs)}
         print(name, "step times", [round(t, 3) for t in ts], flush=True)
-        if name == "compiled":
+        if name in args.profile.split(","):
             from torch.profiler import ProfilerActivity, profile
 
             with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
                 tr.step(batches[0])
                 torch.cuda.synchronize()
+            print(f"profile of one {name} step:")
             print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=18, max_name_column_width=60))
         del tr, model
         torch.cuda.empty_cache()

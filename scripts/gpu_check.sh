@@ -11,8 +11,10 @@
 #            preset as users run it (compile.backend auto) and CUDA graphs alone
 #   scale:   benchmarks/bench_scale.py on every GPU of the machine (2 or 4) and on one of them, the same rows
 #   scale_compile: the reference preset compiled (Inductor) from a cold cache on 1 rank and on all ranks: startup
+#   bi_cost: the batch-invariant mode's cost: trainer step profiled (default vs mode), then the RL loop with and
+#            without the mode (compiled + graphs, and graphs alone) on Qwen3-0.6B; bi_cost_1.7b: the loop on 1.7B
 #   bi:      `monorl train` of the Qwen3-0.6B preset (random weights) with --batch_invariant true (trainer graphs on)
-# Usage on the device: bash scripts/gpu_check.sh [tests|trainer|profile|loop|compare|startup|scale|scale_compile|bi|all]   (logs, JSON under $OUT)
+# Usage on the device: bash scripts/gpu_check.sh [tests|trainer|profile|loop|compare|startup|scale|scale_compile|bi_cost|bi_cost_1.7b|bi|all]   (logs, JSON under $OUT)
 set -uo pipefail
 OUT=${OUT:-/tmp/monorl_out}; mkdir -p "$OUT"
 # wheels the device lacks (jsonargparse) go first: .whl carried, installed to /tmp/site (device README)
@@ -60,6 +62,17 @@ if [[ $what == scale_compile ]]; then  # cold caches of their own; startup_s is 
       --compile.backend inductor --compile.cache_dir "/tmp/cc_$k" --out "$OUT/scale_compile_$k.json" 2>&1 \
       | tee "$OUT/scale_compile_$k.log" | grep -E "^\||failed|Error|error" | tail -8
   done
+fi
+if [[ $what == bi_cost ]]; then
+  python3 benchmarks/profile_train_step.py --variants compiled,bi_eager,bi_compiled --profile bi_compiled,compiled \
+    --out "$OUT/train_step_bi.json" 2>&1 | tee "$OUT/profile_train_bi.log" | grep -v DEBUG | grep -v "^-" \
+    | grep -E "step times|profile of|Name|^\|| [0-9.]+ms|us " | cut -c1-140 | head -60
+  python3 benchmarks/bench_rl_loop.py --model-dir .models --columns graphs,bi_graphs,nocompile_graphs,bi_nocompile_graphs \
+    --out "$OUT/rl_loop_bi.json" 2>&1 | tee "$OUT/rl_loop_bi.log" | grep -v DEBUG | tail -22
+fi
+if [[ $what == bi_cost_1.7b ]]; then
+  python3 benchmarks/bench_rl_loop.py --model-dir .models --size 1.7b --columns graphs,bi_graphs \
+    --out "$OUT/rl_loop_bi_1.7b.json" 2>&1 | tee "$OUT/rl_loop_bi_1.7b.log" | grep -v DEBUG | tail -22
 fi
 if [[ $what == bi ]]; then
   python3 -m monorl.cli train --preset qwen3_0_6b_sum_digits --model.shape qwen3-0.6b --rollout.ignore_eos true \

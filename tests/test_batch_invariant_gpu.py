@@ -92,3 +92,22 @@ def test_matmul_rows_invariant_across_m() -> None:
     for m in (1, 2, 17, 64, 65, 128):
         assert torch.equal(matmul_invariant.linear(x[:m], w), full[:m]), m
     torch.testing.assert_close(full.float(), (x.float() @ w.float().t()), rtol=2e-2, atol=2e-2)
+
+
+def test_attention_backward_flash_matches_textbook() -> None:
+    """The mode's attention backward on CUDA is flash attention's (backward values need not be invariant): its
+    gradients agree with the textbook formulas in fp32, GQA and a static pack's zero-length entries included."""
+    from monorl.model.attention import VarlenContext
+    from monorl.ops.attention_invariant import backward_flash, backward_padded
+
+    g = torch.Generator(device="cuda").manual_seed(0)
+    ctx = VarlenContext.from_lengths([37, 120, 5, 1, 0, 0], "cuda", "invariant", max_seqlen=128)
+    T = int(ctx.cu_seqlens[-1])
+    q, grad = (torch.randn(T, 16, 128, device="cuda", generator=g).bfloat16() for _ in range(2))
+    k, v = (torch.randn(T, 8, 128, device="cuda", generator=g).bfloat16() for _ in range(2))
+    flash = backward_flash(grad, q, k, v, ctx.cu_seqlens, ctx.valid.shape[1])
+    exact = backward_padded(grad, q, k, v, ctx.pad_index, ctx.valid)
+    for name, a, b in zip(("dq", "dk", "dv"), flash, exact, strict=True):
+        assert a.shape == b.shape and a.dtype == b.dtype, name
+        rel = ((a.float() - b.float()).norm() / b.float().norm()).item()
+        assert rel < 1e-2, f"{name}: relative error {rel:.3g}"

@@ -84,10 +84,12 @@ def test_default_mode_differs() -> None:
     assert bad > 0
 
 
-def test_matmul_rows_invariant_across_m() -> None:
+@pytest.mark.parametrize("n_k", [(3072, 1024), (1024, 2048), (6144, 1024), (151936, 1024)])  # each tiling rule
+def test_matmul_rows_invariant_across_m(n_k: tuple[int, int]) -> None:
+    N, K = n_k
     g = torch.Generator(device="cuda").manual_seed(0)
-    x = torch.randn(300, 1024, device="cuda", generator=g).bfloat16()
-    w = torch.randn(3072, 1024, device="cuda", generator=g).bfloat16()
+    x = torch.randn(300, K, device="cuda", generator=g).bfloat16()
+    w = torch.randn(N, K, device="cuda", generator=g).bfloat16()
     full = matmul_invariant.linear(x, w)
     for m in (1, 2, 17, 64, 65, 128):
         assert torch.equal(matmul_invariant.linear(x[:m], w), full[:m]), m

@@ -3,6 +3,7 @@ and -1.7B (unfused and fused projections, LM head), every candidate tiling timed
 reference workload), 1024 (a prefill) and 8192 (a trainer pack), against cuBLAS. A tiling may depend on (N, K)
 only, never on M: that is what keeps rows invariant. Score = 100 x t(40) + t(1024) + t(8192), about what one RL
 step of the reference workload spends in that shape (100 decode steps, a prefill, a forward pass). Timed in CUDA graphs.
+"current" is `_mm_config`'s pick per M (it may change tiles with M: see its docstring).
 
   python benchmarks/tune_bi_matmul.py --out tune_bi_matmul.json
 """
@@ -60,7 +61,7 @@ def main() -> None:
         w = torch.randn(N, K, device="cuda", generator=g).bfloat16()
         xs = {m: torch.randn(m, K, device="cuda", generator=g).bfloat16() for m in MS}
         row = {"N": N, "K": K, "cublas": {m: bench(lambda x=xs[m], w=w: x @ w.t()) for m in MS},
-               "current": mi._mm_config(N, K), "configs": {}}
+               "current": {m: mi._mm_config(m, N, K) for m in MS}, "configs": {}}
         for cfg in CONFIGS:
             try:
                 t = {m: bench(lambda x=xs[m], w=w, c=cfg: run(x, w, c)) for m in MS}
@@ -71,10 +72,11 @@ def main() -> None:
         score = {c: sum(WEIGHT[m] * t[m] for m in MS) for c, t in row["configs"].items()}
         best = min(score, key=score.get)
         row["best"], row["score"] = best, score
-        cur = str(row["current"])
+        cur_score = sum(WEIGHT[m] * row["configs"][str(c)][m] for m, c in row["current"].items()
+                        if str(c) in row["configs"])
         cb, bt = row["cublas"], row["configs"][best]
         print(f"{name:20s} N={N:6d} K={K:5d} | cuBLAS {cb[40]*1e3:6.1f} {cb[1024]*1e3:6.1f} {cb[8192]*1e3:7.1f} us"
-              f" | current {cur} {score.get(cur, float('nan'))*1e3:8.0f} | best {best} {score[best]*1e3:8.0f} "
+              f" | current (by M) {cur_score*1e3:8.0f} | best {best} {score[best]*1e3:8.0f} "
               f"({' '.join(f'{bt[m] * 1e3:.1f}' for m in MS)} us)", flush=True)
         res[name] = row
     with open(a.out, "w") as f:
@@ -89,7 +91,8 @@ def main() -> None:
         common = set.intersection(*(set(r["score"]) for r in rows))
         tot = {c: sum(r["score"][c] for r in rows) for c in common}
         best = min(tot, key=tot.get)
-        cur = sum(r["score"].get(str(r["current"]), float("nan")) for r in rows)
+        cur = sum(WEIGHT[m] * r["configs"][str(c)][m] for r in rows for m, c in r["current"].items()
+                  if str(c) in r["configs"])
         print(f"| {K} | {best} | {tot[best]*1e3:.0f} | {cur*1e3:.0f} |")
 
 

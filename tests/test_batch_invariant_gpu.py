@@ -84,16 +84,38 @@ def test_default_mode_differs() -> None:
     assert bad > 0
 
 
-@pytest.mark.parametrize("n_k", [(3072, 1024), (1024, 2048), (6144, 1024), (151936, 1024)])  # each tiling rule
+MM_SHAPES = [(1024, 1024), (3072, 1024), (1024, 3072), (6144, 2048), (151936, 1024)]  # (N, K)
+
+
+@pytest.mark.parametrize("n_k", MM_SHAPES)
 def test_matmul_rows_invariant_across_m(n_k: tuple[int, int]) -> None:
+    """Rows of a 600-row product equal the same rows computed alone or in smaller batches, on both sides of
+    the decode/pack tiling switch (`matmul_invariant.DECODE_ROWS`)."""
     N, K = n_k
     g = torch.Generator(device="cuda").manual_seed(0)
-    x = torch.randn(300, K, device="cuda", generator=g).bfloat16()
+    x = torch.randn(600, K, device="cuda", generator=g).bfloat16()
     w = torch.randn(N, K, device="cuda", generator=g).bfloat16()
     full = matmul_invariant.linear(x, w)
-    for m in (1, 2, 17, 64, 65, 128):
+    edge = matmul_invariant.DECODE_ROWS
+    for m in (1, 2, 17, 64, 65, edge, edge + 1, 300):
         assert torch.equal(matmul_invariant.linear(x[:m], w), full[:m]), m
     torch.testing.assert_close(full.float(), (x.float() @ w.float().t()), rtol=2e-2, atol=2e-2)
+
+
+def test_matmul_tilings_agree_bitwise() -> None:
+    """Every tiling `_mm_config` can pick computes each element identically: the property that lets the tiling
+    follow M (decode vs pack). Should a Triton or GPU change break it, this fails before any parity test."""
+    mi = matmul_invariant
+    configs = sorted({mi._mm_config(m, n, k) for m in (1, 64, mi.DECODE_ROWS, mi.DECODE_ROWS + 1, 8192)
+                      for n, k in MM_SHAPES})
+    assert len(configs) > 1
+    g = torch.Generator(device="cuda").manual_seed(1)
+    for N, K in MM_SHAPES:
+        x = torch.randn(200, K, device="cuda", generator=g).bfloat16()
+        w = torch.randn(N, K, device="cuda", generator=g).bfloat16()
+        ref = mi._mm_triton(x, w, configs[0])
+        for c in configs[1:]:
+            assert torch.equal(mi._mm_triton(x, w, c), ref), (N, K, c, configs[0])
 
 
 def test_attention_backward_flash_matches_textbook() -> None:

@@ -1,7 +1,8 @@
 """Batch-invariant matmul: x [.., K] @ w [N, K]^T, where row i of the result depends only on x[i] and w.
 
 Why the default is not: cuBLAS / MKL pick GEMM tilings and split-K by M, the number of rows. Here,
-on CUDA, a Triton GEMM whose tiles and K loop depend only on the weight's shape (N, K), never on M; on
+on CUDA, a Triton GEMM whose K loop is one fixed order for every M (no split-K; tilings that change with M
+change only how the output is tiled, see `_mm_config`); on
 CPU, fp32 products summed by a fixed pairwise tree over K. A `torch.library` custom op (opaque to
 torch.compile); backward is ordinary math: only forward values have to match the generator.
 """
@@ -39,29 +40,29 @@ if HAS_TRITON:
 
 
 MM_TILES = "auto"  # "auto" | "large" (128x128 tiles everywhere; benchmarks/bench_batch_invariant.py --mm-tiles)
+DECODE_ROWS = 128  # up to this many rows (decode steps), tiles that spread a GEMV-like product over the SMs
 
 
-def _mm_config(N: int, K: int) -> tuple[int, int, int, int, int]:
-    """(BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages): a function of the weight's shape only. Chosen by
-    `benchmarks/tune_bi_matmul.py` (H200, in CUDA graphs) for the least 100 x decode (M=40) + prefill (M=1024) +
-    trainer pack (M=8192) time; this rule was the best or within 2% of it on every Qwen3-0.6B/1.7B shape."""
+def _mm_config(M: int, N: int, K: int) -> tuple[int, int, int, int, int]:
+    """(BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages). Every tiling here has BLOCK_M = 64 and 4 warps, so
+    Hopper runs it as wgmma accumulating K in 16-wide steps in order into one fp32 accumulator: an element's
+    value does not depend on BLOCK_N, BLOCK_K or stages (`tests/test_batch_invariant_gpu.py` checks every pair
+    bitwise), which is what lets the tiling follow M -- narrow N tiles for decode, wide for packs -- and rows
+    stay invariant. Timed by `benchmarks/tune_bi_matmul.py` (H200, CUDA graphs)."""
     if MM_TILES == "large":
         return 128, 128, 64, 8, 3
-    if N >= 32768:  # LM heads
+    if M > DECODE_ROWS or N >= 32768:  # packs, prefills, LM heads
         return 64, 128, 64, 4, 3
-    if N >= 4096:  # MLP gate/up of wider models, fused projections
-        return 64, 64, 64, 4, 3
-    # narrow outputs: narrow N tiles so a decode step spreads over the SMs, long K steps
-    return 64, 32, 128, 4, 3 if K <= 1024 else 4
+    return 64, 16 if N <= 2048 else 32, 128, 4, 3
 
 
-def _mm_triton(x: Tensor, w: Tensor) -> Tensor:
+def _mm_triton(x: Tensor, w: Tensor, config: tuple[int, int, int, int, int] | None = None) -> Tensor:
     M, K = x.shape
     N = w.shape[0]
     out = torch.empty(M, N, dtype=x.dtype, device=x.device)
     if M == 0:
         return out
-    bm, bn, bk, nw, ns = _mm_config(N, K)
+    bm, bn, bk, nw, ns = config or _mm_config(M, N, K)
     _mm_kernel[(triton.cdiv(M, bm), triton.cdiv(N, bn))](
         x, w, out, M, N, K, x.stride(0), w.stride(0), out.stride(0),
         BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, num_warps=nw, num_stages=ns)

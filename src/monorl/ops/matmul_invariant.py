@@ -9,6 +9,8 @@ torch.compile); backward is ordinary math: only forward values have to match the
 
 from __future__ import annotations
 
+import functools
+
 import torch
 from torch import Tensor
 
@@ -43,15 +45,22 @@ MM_TILES = "auto"  # "auto" | "large" (128x128 tiles everywhere; benchmarks/benc
 DECODE_ROWS = 128  # up to this many rows (decode steps), tiles that spread a GEMV-like product over the SMs
 
 
-def _mm_config(M: int, N: int, K: int) -> tuple[int, int, int, int, int]:
+@functools.cache
+def _tiling_may_follow_m(device_index: int) -> bool:
+    """Hopper (sm_90) only: the property below was checked there; elsewhere one tiling per weight shape."""
+    return torch.cuda.get_device_capability(device_index)[0] == 9
+
+
+def _mm_config(M: int, N: int, K: int, follow_m: bool = True) -> tuple[int, int, int, int, int]:
     """(BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages). Every tiling here has BLOCK_M = 64 and 4 warps, so
     Hopper runs it as wgmma accumulating K in 16-wide steps in order into one fp32 accumulator: an element's
     value does not depend on BLOCK_N, BLOCK_K or stages (`tests/test_batch_invariant_gpu.py` checks every pair
     bitwise), which is what lets the tiling follow M -- narrow N tiles for decode, wide for packs -- and rows
-    stay invariant. Timed by `benchmarks/tune_bi_matmul.py` (H200, CUDA graphs)."""
+    stay invariant. Timed by `benchmarks/tune_bi_matmul.py` (H200, CUDA graphs). follow_m=False (other GPUs):
+    the pack tiling for every M."""
     if MM_TILES == "large":
         return 128, 128, 64, 8, 3
-    if M > DECODE_ROWS or N >= 32768:  # packs, prefills, LM heads
+    if M > DECODE_ROWS or N >= 32768 or not follow_m:  # packs, prefills, LM heads
         return 64, 128, 64, 4, 3
     return 64, 16 if N <= 2048 else 32, 128, 4, 3
 
@@ -62,7 +71,7 @@ def _mm_triton(x: Tensor, w: Tensor, config: tuple[int, int, int, int, int] | No
     out = torch.empty(M, N, dtype=x.dtype, device=x.device)
     if M == 0:
         return out
-    bm, bn, bk, nw, ns = config or _mm_config(M, N, K)
+    bm, bn, bk, nw, ns = config or _mm_config(M, N, K, _tiling_may_follow_m(x.device.index or 0))
     _mm_kernel[(triton.cdiv(M, bm), triton.cdiv(N, bn))](
         x, w, out, M, N, K, x.stride(0), w.stride(0), out.stride(0),
         BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, num_warps=nw, num_stages=ns)

@@ -52,19 +52,26 @@ def model_dir(models: Path, model: str) -> Path:
     return d
 
 
-def run_row(name: str, models: Path, steps: int, backend: str | None = None) -> dict:
-    model, extra = ROWS[name]
-    run_dir = Path(tempfile.mkdtemp(prefix=f"mem_{name}_"))
-    cmd = [sys.executable, "-m", "monorl.cli", "train", "--preset", "qwen3_0_6b_sum_digits",
-           "--model.path", str(model_dir(models, model)), "--model.random_init", "true", "--rollout.ignore_eos", "true",
-           "--checkpoint.final", "false", "--steps", str(steps), "--run_dir", str(run_dir),
-           *(["--compile.backend", backend] if backend else []), *extra]
+def run_train(args: list[str], label: str) -> tuple[subprocess.CompletedProcess, str, float]:
+    """`monorl train ARGS` in a fresh process: (the process, its stdout + stderr, wall seconds); a failure's log
+    tail is printed under `label`."""
     t = time.perf_counter()
-    proc = subprocess.run(cmd, capture_output=True, text=True)
+    proc = subprocess.run([sys.executable, "-m", "monorl.cli", "train", *args], capture_output=True, text=True)
     wall = time.perf_counter() - t
     log = proc.stdout + proc.stderr
     if proc.returncode != 0:
-        print(f"--- {name} failed (exit {proc.returncode}):\n{log[-3000:]}", flush=True)
+        print(f"--- {label} failed (exit {proc.returncode}):\n{log[-3000:]}", flush=True)
+    return proc, log, wall
+
+
+def run_row(name: str, models: Path, steps: int, backend: str | None = None) -> dict:
+    model, extra = ROWS[name]
+    run_dir = Path(tempfile.mkdtemp(prefix=f"mem_{name}_"))
+    proc, log, wall = run_train(
+        ["--preset", "qwen3_0_6b_sum_digits", "--model.path", str(model_dir(models, model)), "--model.random_init",
+         "true", "--rollout.ignore_eos", "true", "--checkpoint.final", "false", "--steps", str(steps), "--run_dir",
+         str(run_dir), *(["--compile.backend", backend] if backend else []), *extra], name)
+    if proc.returncode != 0:
         return {"name": name, "error": log[-2000:], "returncode": proc.returncode, "wall_s": wall}
     print(f"--- {name}\n" + "\n".join(line for line in log.splitlines() if "DEBUG" not in line)[-2500:], flush=True)
     s = json.loads((run_dir / "summary.json").read_text())

@@ -28,14 +28,12 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_memory import model_dir  # noqa: E402 -- the benchmarks' shared model-directory helper
+from bench_memory import model_dir, run_train  # noqa: E402 -- the benchmarks' shared helpers
 
 
 def row_args(name: str, nproc: int) -> tuple[str, list[str]] | None:
@@ -61,15 +59,11 @@ def run_row(name: str, nproc: int, models: Path, steps: int, shape: str | None, 
     # --shape: a named shape (e.g. tiny) instead of the row's model, for a smoke run without .models or a GPU
     where = (["--model.shape", shape] if shape else
              ["--model.path", str(model_dir(models, model)), "--model.random_init", "true"])
-    cmd = [sys.executable, "-m", "monorl.cli", "train", "--nproc", str(nproc), "--preset", "qwen3_0_6b_sum_digits",
-           *where, "--rollout.ignore_eos", "true", "--checkpoint.final", "false", "--steps", str(steps),
-           "--device", device, "--run_dir", str(run_dir), *extra, *passthrough]
-    t = time.perf_counter()
-    proc = subprocess.run(cmd, capture_output=True, text=True)
-    wall = time.perf_counter() - t
-    log = proc.stdout + proc.stderr
+    proc, log, wall = run_train(
+        ["--nproc", str(nproc), "--preset", "qwen3_0_6b_sum_digits", *where, "--rollout.ignore_eos", "true",
+         "--checkpoint.final", "false", "--steps", str(steps), "--device", device, "--run_dir", str(run_dir), *extra,
+         *passthrough], f"{name} x{nproc}")
     if proc.returncode != 0:
-        print(f"--- {name} x{nproc} failed (exit {proc.returncode}):\n{log[-3000:]}", flush=True)
         return {"name": name, "nproc": nproc, "error": log[-2000:], "returncode": proc.returncode, "wall_s": wall}
     print(f"--- {name} x{nproc}\n{proc.stdout[-2000:]}", flush=True)
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]

@@ -1,7 +1,11 @@
 """Reference batch: Qwen3-0.6B shapes (random init, bf16), 5 prompts x 8 samples, prompts ~110 tokens,
 100 new tokens, temperature 0.8, top_p 0.95, EOS ignored. Reports median seconds per batch, ms per decode
 step, the fraction of the bandwidth floor reached, and (with --hf) HF transformers' `generate` with a
-static cache + compile on the same batch. Writes JSON to --out and prints a table."""
+static cache + compile on the same batch. Writes JSON to --out and prints a table.
+
+--variants compares generator configurations in one process: compiled (Inductor) or not ("graphs": CUDA graphs
+alone), each with the fused block kernels (`GeneratorConfig.fused_kernels`, the default) or the model's eager ops
+(`_eager_ops`)."""
 
 from __future__ import annotations
 
@@ -39,15 +43,59 @@ def copy_bandwidth() -> float:
     return 2 * x.numel() / t
 
 
+VARIANTS = {  # name: (compile backend, fused block kernels)
+    "compiled": ("inductor", True),
+    "compiled_eager_ops": ("inductor", False),
+    "graphs": ("none", True),
+    "graphs_eager_ops": ("none", False),
+}
+
+
+def run_variant(name: str, cfg, prompts: list[list[int]], sp: SamplingParams, n: int, runs: int,
+                profile: bool) -> dict:
+    """One generator configuration on the reference batch: startup, median batch time, decode step."""
+    backend, kernels = VARIANTS[name]
+    model = build_model(cfg, device="cuda", dtype=torch.bfloat16, seed=0)
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    gen = Generator(model, GeneratorConfig(max_num_seqs=len(prompts) * n, max_model_len=512, fused_kernels=kernels),
+                    compile=CompileConfig(backend=backend))
+    del model  # the generator runs its own copy
+    gen.generate(prompts, sp, n=n)  # compile + graph capture + first batch
+    torch.cuda.synchronize()
+    startup = time.perf_counter() - t0
+    batch = timed(lambda: gen.generate(prompts, sp, n=n), runs)
+    one = timed(lambda: gen.generate(prompts, SamplingParams(**{**sp.__dict__, "max_new_tokens": 1}), n=n), runs)
+    med, med1 = statistics.median(batch), statistics.median(one)
+    new = sp.max_new_tokens
+    res = dict(variant=name, compile=backend, fused_kernels=kernels, startup_s=startup, batch_s_median=med,
+               batch_s_all=batch, prefill_plus_first_token_s=med1, decode_step_ms=(med - med1) / (new - 1) * 1e3)
+    if profile:  # kernels of a few eager decode steps (same kernels as the graph, plus launch gaps)
+        from torch.profiler import ProfilerActivity
+        from torch.profiler import profile as torch_profile
+
+        gen.runner.use_graphs = False
+        with torch_profile(activities=[ProfilerActivity.CUDA]) as prof:
+            gen.generate(prompts, SamplingParams(**{**sp.__dict__, "max_new_tokens": 6}), n=n)
+        gen.runner.use_graphs = True
+        ev = prof.key_averages()
+        res["eager_6_steps_kernels"] = int(sum(e.count for e in ev if e.device_type.name == "CUDA"))
+        print(f"-- {name}: kernels of a batch with 6 new tokens, eager --")
+        print(ev.table(sort_by="cuda_time_total", row_limit=18, max_name_column_width=70))
+    return res
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--shape", default="qwen3-0.6b")
     ap.add_argument("--runs", type=int, default=10)
     ap.add_argument("--hf", action="store_true", help="also time HF generate (static cache + compile)")
-    ap.add_argument("--no-compile", action="store_true")
+    ap.add_argument("--variants", default="compiled", help=f"comma list of {', '.join(VARIANTS)}")
+    ap.add_argument("--no-compile", action="store_true", help="shorthand for --variants graphs")
     ap.add_argument("--profile", action="store_true", help="print the top kernels of a few eager decode steps")
     ap.add_argument("--out", default="bench_generate.json")
     args = ap.parse_args()
+    variants = ["graphs"] if args.no_compile else args.variants.split(",")
 
     cfg = model_shape(args.shape)
     g = torch.Generator().manual_seed(0)
@@ -55,37 +103,18 @@ def main() -> None:
     prompts = [torch.randint(0, 151643, (n,), generator=g).tolist() for n in lengths]
     n, new = 8, 100
     sp = SamplingParams(max_new_tokens=new, temperature=0.8, top_p=0.95, ignore_eos=True, seed=0)
-
-    model = build_model(cfg, device="cuda", dtype=torch.bfloat16, seed=0)
-    t0 = time.perf_counter()
-    gen = Generator(model, GeneratorConfig(max_num_seqs=len(prompts) * n, max_model_len=512),
-                    compile=CompileConfig(backend="none" if args.no_compile else "inductor"))
-    del model  # the generator runs its own copy
-    gen.generate(prompts, sp, n=n)  # compile + graph capture + first batch
-    torch.cuda.synchronize()
-    startup = time.perf_counter() - t0
-    batch = timed(lambda: gen.generate(prompts, sp, n=n), args.runs)
-    one = timed(lambda: gen.generate(prompts, SamplingParams(**{**sp.__dict__, "max_new_tokens": 1}), n=n), args.runs)
-    med, med1 = statistics.median(batch), statistics.median(one)
-    step_ms = (med - med1) / (new - 1) * 1e3
+    rows = []
+    for v in variants:
+        rows.append(run_variant(v, cfg, prompts, sp, n, args.runs, args.profile))
+        torch.cuda.empty_cache()  # the variant's generator is gone: its KV cache back for the next
 
     bw = copy_bandwidth()
-    weight_bytes = sum(p.numel() * p.element_size() for p in gen.model.parameters())
+    weight_bytes = sum(p.numel() * 2 for p in build_model(cfg, device="meta", seed=None).parameters())  # bf16
     kv_tok = bytes_per_block(cfg, 1, torch.bfloat16)
     floor = sum(weight_bytes + n * sum(L + t for L in lengths) * kv_tok for t in range(new)) / bw
     res = dict(device=torch.cuda.get_device_name(), torch=torch.__version__, shape=args.shape,
-               prompts=len(prompts), n=n, prompt_lens=lengths, new_tokens=new, compile=not args.no_compile,
-               startup_s=startup, batch_s_median=med, batch_s_all=batch, prefill_plus_first_token_s=med1,
-               decode_step_ms=step_ms, copy_bandwidth_TBps=bw / 1e12, floor_s=floor, floor_fraction=floor / med)
-
-    if args.profile:
-        from torch.profiler import ProfilerActivity, profile
-        eager = gen.runner
-        eager.use_graphs = False
-        with profile(activities=[ProfilerActivity.CUDA]) as prof:
-            gen.generate(prompts, SamplingParams(**{**sp.__dict__, "max_new_tokens": 6}), n=n)
-        eager.use_graphs = True
-        print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=18, max_name_column_width=70))
+               prompts=len(prompts), n=n, prompt_lens=lengths, new_tokens=new, copy_bandwidth_TBps=bw / 1e12,
+               floor_s=floor, variants=rows)
 
     if args.hf:
         import transformers
@@ -119,12 +148,14 @@ def main() -> None:
 
     with open(args.out, "w") as f:
         json.dump(res, f, indent=1)
-    print(f"\n== reference batch ({res['device']}, {args.shape}, {len(prompts)}x{n}, {new} new tokens) ==")
-    print(f"startup (compile + capture + 1st batch) {startup:8.2f} s")
-    print(f"monorl batch, median of {args.runs}      {med * 1e3:8.1f} ms")
-    print(f"  prefill + first token           {med1 * 1e3:8.1f} ms")
-    print(f"  decode step                     {step_ms:8.3f} ms")
-    print(f"bandwidth floor ({bw / 1e12:.2f} TB/s copy) {floor * 1e3:8.1f} ms  -> {floor / med:.0%} of floor")
+    print(f"\n== reference batch ({res['device']}, {args.shape}, {len(prompts)}x{n}, {new} new tokens; "
+          f"bandwidth floor {floor * 1e3:.1f} ms at {bw / 1e12:.2f} TB/s copy) ==")
+    print("| variant | startup s | batch ms (median) | prefill + 1st token ms | decode step ms | % of floor |")
+    print("|---|---|---|---|---|---|")
+    for r in rows:
+        print(f"| {r['variant']} | {r['startup_s']:.2f} | {r['batch_s_median'] * 1e3:.1f} | "
+              f"{r['prefill_plus_first_token_s'] * 1e3:.1f} | {r['decode_step_ms']:.3f} | "
+              f"{floor / r['batch_s_median']:.0%} |")
     if "hf_batch_s_median" in res:
         print(f"HF generate static+compile        {res['hf_batch_s_median'] * 1e3:8.1f} ms "
               f"(first call {res['hf_first_call_s']:.1f} s)")

@@ -31,6 +31,7 @@ from monorl.generate.kv_cache import (
 from monorl.generate.runner import ModelRunner
 from monorl.generate.sampling import SamplingParams, sample, sequence_key
 from monorl.generate.scheduler import Group, Scheduler, Sequence
+from monorl.model.fused_kernels import use_fused_kernels_
 from monorl.model.lora import LoRAConfig, apply_lora_
 from monorl.model.qwen3 import Qwen3ForCausalLM, build_model
 from monorl.model.tokenizer import eos_ids
@@ -49,6 +50,9 @@ class GeneratorConfig:
     stop_check_interval: int = 1  # decode steps between host-side stop checks (results do not depend on it)
     max_prefill_tokens: int = 8192  # tokens per packed prefill forward (a longer prompt runs alone)
     dtype: torch.dtype | None = None  # None: bf16 on CUDA, the model's dtype elsewhere
+    # CUDA: each block's norms, RoPE and SiLU in fused Triton kernels (monorl.model.fused_kernels), so the decode
+    # step replayed from a CUDA graph is fast without torch.compile; false: the model's eager ops
+    fused_kernels: bool = True
 
 
 @dataclass
@@ -91,6 +95,8 @@ class Generator:
         self.eos_token_ids = eos_ids(tokenizer, cfg) if eos_token_ids is None else tuple(int(t) for t in eos_token_ids)
         self.max_model_len = config.max_model_len or cfg.max_position_embeddings
         self.decode_backend = "triton" if triton_decode_supported(device, dtype, cfg.head_dim) else "torch"
+        if config.fused_kernels and self.decode_backend == "triton" and fused and lora is None:
+            use_fused_kernels_(self.model)  # before compile: a compiled block traces the converted forward
         self.sampler, self.use_graphs = compile_generator(self.model, sample, compile or CompileConfig(), device,
                                                           self.decode_backend)
         self.kv: KVCache | None = None

@@ -40,6 +40,7 @@ import torch
 from torch import Tensor, nn
 
 from monorl.model.attention import AttentionContext
+from monorl.model.fused_kernels import FUSED_KERNEL_CLASSES
 from monorl.model.lora import LoRALinear
 from monorl.model.qwen3 import Linear, Qwen3ForCausalLM, RMSNorm
 from monorl.ops import logprob_invariant, matmul_invariant, rmsnorm_invariant
@@ -88,6 +89,8 @@ def make_batch_invariant_(model: Qwen3ForCausalLM) -> Qwen3ForCausalLM:
     if not isinstance(model, Qwen3ForCausalLM):
         raise TypeError(f"make_batch_invariant_ converts a Qwen3ForCausalLM, got {type(model).__name__}")
     for m in model.modules():
+        if isinstance(m, FUSED_KERNEL_CLASSES):  # its blocks call kernels the trainer's model does not
+            raise TypeError("make_batch_invariant_: the model runs the generator's fused kernels (use_fused_kernels_)")
         if type(m) in _CONVERTED:
             m.__class__ = _CONVERTED[type(m)]
         elif isinstance(m, nn.Linear | nn.Embedding) and type(m) not in _CONVERTED.values():

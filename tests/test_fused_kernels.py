@@ -1,0 +1,128 @@
+"""The generator's fused block kernels (`monorl.ops.block_kernels`, `monorl.model.fused_kernels`). CPU: the
+converted model's wiring (its ops' PyTorch fallbacks) against the unconverted model, and what refuses to convert.
+GPU: each Triton kernel against its fallback, and a generator on the kernels against an eager forward."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from monorl.compile import CompileConfig
+from monorl.generate import Generator, GeneratorConfig, SamplingParams
+from monorl.model.attention import VarlenContext
+from monorl.model.batch_invariant import make_batch_invariant_
+from monorl.model.config import model_shape
+from monorl.model.fused_kernels import use_fused_kernels_, uses_fused_kernels
+from monorl.model.qwen3 import build_model
+from monorl.ops import block_kernels
+from monorl.rl.weight_sync import sync_weights_
+from tests.conftest import full_forward_logprobs
+
+
+def random_model(fused: bool, device: str = "cpu", dtype: torch.dtype = torch.float32):
+    """`tiny` (GQA 4/2 heads, head_dim 16), non-unit norm weights so a q/k norm mix-up shows."""
+    model = build_model(model_shape("tiny"), device=device, dtype=torch.float32, seed=0)
+    with torch.no_grad():
+        g = torch.Generator(device=device).manual_seed(1)
+        for n, p in model.named_parameters():
+            if n.endswith("norm.weight"):
+                p.copy_(1 + 0.3 * torch.randn(p.shape, generator=g, device=device))
+            else:
+                p.mul_(5.0)
+    if not fused:
+        return model.to(dtype).eval().requires_grad_(False)
+    copy = build_model(model.config, device=device, dtype=dtype, seed=None, fused=True).eval().requires_grad_(False)
+    sync_weights_(copy, model)
+    return copy
+
+
+def packed_logits(model, lengths: list[int]) -> torch.Tensor:
+    dev = model.lm_head_weight.device
+    g = torch.Generator().manual_seed(0)
+    ids = torch.randint(2, model.config.vocab_size, (sum(lengths),), generator=g).to(dev)
+    ctx = VarlenContext.from_lengths(lengths, dev)
+    with torch.no_grad():
+        return model.compute_logits(model(ids, ctx.positions, ctx))
+
+
+def test_converted_forward_equals_the_model():
+    """The converted blocks compute the model (CPU: each op's PyTorch fallback), for packed sequences."""
+    ref = random_model(fused=True)
+    conv = use_fused_kernels_(random_model(fused=True))
+    assert uses_fused_kernels(conv) and not uses_fused_kernels(ref)
+    assert [n for n, _ in conv.named_parameters()] == [n for n, _ in ref.named_parameters()]
+    a, b = packed_logits(conv, [5, 11, 1]), packed_logits(ref, [5, 11, 1])
+    assert a.abs().max() > 1  # O(1) logits: a mis-wired norm or RoPE would show
+    torch.testing.assert_close(a, b, atol=1e-4, rtol=1e-5)
+    assert use_fused_kernels_(conv) is conv  # idempotent
+
+
+def test_conversion_refusals():
+    with pytest.raises(ValueError, match="unfused projections"):
+        use_fused_kernels_(random_model(fused=False))
+    with pytest.raises(TypeError, match="fused kernels"):
+        make_batch_invariant_(use_fused_kernels_(random_model(fused=True)))
+
+
+def test_generator_converts_only_on_cuda():
+    """CPU generators keep the model's eager ops (the kernels are CUDA's); the switch is GeneratorConfig's."""
+    gen = Generator(random_model(fused=False), GeneratorConfig(max_num_seqs=2, max_model_len=64))
+    assert not uses_fused_kernels(gen.model)
+
+
+# ---- GPU ------------------------------------------------------------------------------------------------------
+
+def _ulps_apart(a: torch.Tensor, b: torch.Tensor) -> float:
+    """The fraction of elements that differ."""
+    return (a != b).float().mean().item()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("T, Hq, Hkv, D, hidden, inter", [(48, 16, 8, 128, 1024, 3072), (300, 32, 8, 128, 2560, 9728),
+                                                          (3, 4, 2, 16, 64, 160)])
+def test_kernels_match_fallbacks(T, Hq, Hkv, D, hidden, inter):
+    """Each Triton kernel rounds like the eager ops (its fallback): the residual add exactly, the rest up to the
+    order of the fp32 sum of squares (and exp's last bit in SiLU), so a small fraction of elements differ."""
+    torch.manual_seed(0)
+    dt, cuda = torch.bfloat16, "cuda"
+    qkv = torch.randn(T, (Hq + 2 * Hkv) * D, device=cuda, dtype=dt)
+    qw, kw = (1 + 0.3 * torch.randn(D, device=cuda)).to(dt), (1 + 0.3 * torch.randn(D, device=cuda)).to(dt)
+    from monorl.model.qwen3 import rope_cos_sin
+
+    cos, sin = rope_cos_sin(torch.arange(T, device=cuda) * 13, D, 1e6, dt)
+    x, a = torch.randn(T, hidden, device=cuda, dtype=dt), torch.randn(T, hidden, device=cuda, dtype=dt)
+    w = (1 + 0.3 * torch.randn(hidden, device=cuda)).to(dt)
+    gu = 3 * torch.randn(T, 2 * inter, device=cuda, dtype=dt)
+    got = (*block_kernels.qk_norm_rope(qkv, qw, kw, cos, sin, 1e-6, Hq, Hkv),
+           *block_kernels.add_rms_norm(x, a, w, 1e-6), block_kernels.silu_mul(gu))
+    cpu = [t.cpu() for t in (qkv, qw, kw, cos, sin, x, a, w, gu)]  # the fallbacks run off CUDA
+    ref = (*block_kernels.qk_norm_rope(*cpu[:5], 1e-6, Hq, Hkv), *block_kernels.add_rms_norm(*cpu[5:8], 1e-6),
+           block_kernels.silu_mul(cpu[8]))
+    names = ("q", "k", "h", "normed", "silu_mul")
+    for name, g, r in zip(names, got, ref, strict=True):
+        g = g.cpu()
+        assert g.shape == r.shape and g.dtype == r.dtype, name
+        torch.testing.assert_close(g, r, atol=2e-2, rtol=2e-2, msg=name)
+        assert _ulps_apart(g, r) < (0 if name == "h" else 0.02), (name, _ulps_apart(g, r))
+
+
+@pytest.mark.gpu
+def test_generator_on_fused_kernels_computes_the_model():
+    """Decode (CUDA graphs) and prefill on the fused kernels: the log-probs of the generated tokens equal an eager
+    full-sequence forward of the unconverted model (bf16 tolerance); the graph path equals the eager decode path."""
+    model = random_model(fused=False, device="cuda", dtype=torch.bfloat16)
+    g = torch.Generator().manual_seed(0)
+    ps = [torch.randint(2, model.config.vocab_size, (n,), generator=g).tolist() for n in (5, 40, 17)]
+    cfg = GeneratorConfig(max_num_seqs=6, max_model_len=256)
+    gens = {graphs: Generator(model, cfg, compile=CompileConfig(backend="none", decode_cuda_graphs=graphs))
+            for graphs in (True, False)}
+    assert all(uses_fused_kernels(x.model) for x in gens.values())
+    sp = SamplingParams(max_new_tokens=30, temperature=0.8, top_p=0.95, seed=3, ignore_eos=True)
+    out = {graphs: x.generate(ps, sp, n=2) for graphs, x in gens.items()}
+    assert [[c.token_ids for c in x] for x in out[True]] == [[c.token_ids for c in x] for x in out[False]]
+    for p, comps in zip(ps, out[True], strict=True):
+        for c in comps:
+            torch.testing.assert_close(torch.tensor(c.logprobs), full_forward_logprobs(model, p, c.token_ids, 0.8),
+                                       atol=0.1, rtol=0)
+    off = Generator(model, GeneratorConfig(max_num_seqs=6, max_model_len=256, fused_kernels=False))
+    assert not uses_fused_kernels(off.model)

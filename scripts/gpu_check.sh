@@ -13,7 +13,7 @@
 #   scale_compile: the reference preset compiled (Inductor) from a cold cache on 1 rank and on all ranks: startup
 #   bi_cost: the batch-invariant mode's cost: trainer step profiled (default vs mode), then the RL loop with and
 #            without the mode (compiled + graphs, and graphs alone) on Qwen3-0.6B; bi_cost_1.7b: the loop on 1.7B
-#   kernels: the fused block kernels' GPU tests and the generator GPU tests, then the reference generator batch in
+#   kernels: all GPU tests, then the reference generator batch in
 #            each variant (compiled or CUDA graphs alone, fused kernels or the model's eager ops), profiled
 #   bi:      `monorl train` of the Qwen3-0.6B preset (random weights) with --batch_invariant true (trainer graphs on)
 # Usage on the device: bash scripts/gpu_check.sh [tests|trainer|profile|loop|compare|startup|scale|scale_compile|bi_cost|bi_cost_1.7b|kernels|bi|all]   (logs, JSON under $OUT)
@@ -77,8 +77,8 @@ if [[ $what == bi_cost_1.7b ]]; then
     --out "$OUT/rl_loop_bi_1.7b.json" 2>&1 | tee "$OUT/rl_loop_bi_1.7b.log" | grep -v DEBUG | tail -22
 fi
 if [[ $what == kernels ]]; then
-  python3 -m pytest -q -m gpu tests/test_fused_kernels.py tests/test_generate_gpu.py tests/test_fused_weights.py \
-    -p no:cacheprovider 2>&1 | tee "$OUT/gpu_tests_kernels.log" | tail -15
+  python3 -m pytest -q -m gpu tests/ -p no:cacheprovider 2>&1 | tee "$OUT/gpu_tests_kernels.log" \
+    | grep -E "^(FAILED|ERROR)|passed|failed" | tail -15
   python3 benchmarks/bench_generate.py --variants graphs_eager_ops,graphs,compiled_eager_ops,compiled --profile \
     --out "$OUT/generate_kernels.json" > "$OUT/generate_kernels.log" 2>&1
   grep -E "^-- |Self CUDA time total" "$OUT/generate_kernels.log"; tail -8 "$OUT/generate_kernels.log"

@@ -73,7 +73,7 @@ def test_generator_converts_only_on_cuda():
 # ---- GPU ------------------------------------------------------------------------------------------------------
 
 def _ulps_apart(a: torch.Tensor, b: torch.Tensor) -> float:
-    """The fraction of elements that differ."""
+    """The fraction of elements that differ (H200: none, for every op, at these shapes)."""
     return (a != b).float().mean().item()
 
 
@@ -103,7 +103,7 @@ def test_kernels_match_fallbacks(T, Hq, Hkv, D, hidden, inter):
         g = g.cpu()
         assert g.shape == r.shape and g.dtype == r.dtype, name
         torch.testing.assert_close(g, r, atol=2e-2, rtol=2e-2, msg=name)
-        assert _ulps_apart(g, r) < (0 if name == "h" else 0.02), (name, _ulps_apart(g, r))
+        assert _ulps_apart(g, r) <= (0 if name == "h" else 0.02), (name, _ulps_apart(g, r))
 
 
 @pytest.mark.gpu
@@ -126,3 +126,27 @@ def test_generator_on_fused_kernels_computes_the_model():
                                        atol=0.1, rtol=0)
     off = Generator(model, GeneratorConfig(max_num_seqs=6, max_model_len=256, fused_kernels=False))
     assert not uses_fused_kernels(off.model)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("B", [1, 2, 48, 64])
+def test_sampler_kernels_pick_the_pytorch_samplers_tokens(B):
+    """The Triton sampler against `sampling.sample`'s PyTorch ops on Qwen3-vocabulary bf16 logits: the same tokens
+    (greedy, temperature, top-p; ties go to the lowest id), log-probs to fp32 rounding."""
+    from monorl.generate.sampling import SamplingParams, sample
+
+    g = torch.Generator(device="cuda").manual_seed(B)
+    V = 151936
+    logits = (4 * torch.randn(B, V, device="cuda", generator=g)).to(torch.bfloat16)
+    logits[0, 11] = logits[0, 5] = 60  # a tie for greedy
+    keys = torch.randint(0, 2**32, (B,), device="cuda", generator=g)
+    pos = torch.randint(0, 4096, (B,), device="cuda", generator=g)
+    for sp in (SamplingParams(temperature=0.0), SamplingParams(temperature=1.0), SamplingParams(temperature=0.8),
+               SamplingParams(temperature=0.8, top_p=0.95), SamplingParams(temperature=1.3, top_p=0.3),
+               SamplingParams(temperature=0.6, top_p=0.999)):
+        ref_tok, ref_lp = sample(logits, keys, pos, sp, kernels=False)
+        tok, lp = sample(logits, keys, pos, sp)
+        assert torch.equal(tok, ref_tok), (sp, (tok != ref_tok).sum().item())
+        torch.testing.assert_close(lp, ref_lp, atol=1e-4, rtol=0)
+        if sp.greedy:
+            assert tok[0].item() == 5

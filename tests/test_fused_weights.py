@@ -232,10 +232,11 @@ def test_fused_cuda_graph_decode_matches_unfused(compile):
             msg = (f"step {step} greedy {sp.greedy}: {same}/{total} tokens agree; |fused - full forward| max "
                    f"{ef.max():.4f} mean {ef.mean():.4f} (unfused: {ep.max():.4f} {ep.mean():.4f}); |fused - unfused| "
                    f"on the common prefix max {ex.max() if ex.numel() else 0.0:.4f}")
-            # H200, torch 2.11: tokens all agree; fused-vs-unfused log-probs differ by <= 0.003, and both are within
-            # 0.06 (eager) / 0.12 (compiled) of the full forward, mean 0.001 / 0.02. A wrong row block or a stale
-            # fused matrix after load_weights_ gives O(1) errors on most tokens.
+            # H200, torch 2.11: fused-vs-unfused log-probs differ by <= 0.003 uncompiled, and both are within 0.06
+            # (eager) / 0.12 (compiled) of the full forward, mean 0.001 / 0.02. Compiled, the fused copy's norms, RoPE
+            # and SiLU are its fused kernels (rounding as eager) and the unfused copy's Inductor's (0.10 apart seen).
+            # A wrong row block or a stale fused matrix after load_weights_ gives O(1) errors on most tokens.
             assert same >= total // 2, msg
-            assert ex.numel() == 0 or ex.max() < 0.05, msg
+            assert ex.numel() == 0 or ex.max() < (0.25 if compile else 0.05), msg
             assert ef.max() < 0.25 and ef.mean() < 0.05, msg
     assert seen[0] != seen[2] and seen[1] != seen[3]  # the new weights are what the graphs ran

@@ -12,6 +12,7 @@ top-k / top-p truncation; for greedy decoding (temperature 0) T = 1.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import torch
@@ -50,8 +51,9 @@ class GeneratorConfig:
     stop_check_interval: int = 1  # decode steps between host-side stop checks (results do not depend on it)
     max_prefill_tokens: int = 8192  # tokens per packed prefill forward (a longer prompt runs alone)
     dtype: torch.dtype | None = None  # None: bf16 on CUDA, the model's dtype elsewhere
-    # CUDA: each block's norms, RoPE and SiLU in fused Triton kernels (monorl.model.fused_kernels), so the decode
-    # step replayed from a CUDA graph is fast without torch.compile; false: the model's eager ops
+    # CUDA: each block's norms, RoPE and SiLU, and the sampler, in fused Triton kernels (monorl.model.fused_kernels,
+    # monorl.ops.sample_kernels), so the decode step replayed from a CUDA graph is fast without torch.compile;
+    # false: the model's and the sampler's PyTorch ops
     fused_kernels: bool = True
 
 
@@ -97,7 +99,8 @@ class Generator:
         self.decode_backend = "triton" if triton_decode_supported(device, dtype, cfg.head_dim) else "torch"
         if config.fused_kernels and self.decode_backend == "triton" and fused and lora is None:
             use_fused_kernels_(self.model)  # before compile: a compiled block traces the converted forward
-        self.sampler, self.use_graphs = compile_generator(self.model, sample, compile or CompileConfig(), device,
+        sampler = sample if config.fused_kernels else functools.partial(sample, kernels=False)
+        self.sampler, self.use_graphs = compile_generator(self.model, sampler, compile or CompileConfig(), device,
                                                           self.decode_backend)
         self.kv: KVCache | None = None
         if allocate_kv:

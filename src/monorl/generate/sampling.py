@@ -15,6 +15,9 @@ row's token depends only on that row's logits, key and position, never on the re
 returned log-prob is of the temperature-scaled distribution *before* truncation
 (`monorl.model.logprobs.token_logprobs`, the trainer's function), with temperature 1.0 for greedy
 decoding.
+
+On CUDA, greedy, temperature and top-p sampling run as three Triton kernels (`monorl.ops.sample_kernels`) that
+compute the same tokens; top-k, other devices and a batch-invariant model's log-probs use the code below.
 """
 
 from __future__ import annotations
@@ -26,7 +29,9 @@ import torch
 from torch import Tensor
 
 from monorl.model.logprobs import token_logprobs
+from monorl.ops import HAS_TRITON, sample_kernels
 
+_default_token_logprobs = token_logprobs  # the trainer's; a batch-invariant model brings its own
 _M32 = 0xFFFFFFFF
 # Odd multipliers below 2**31, so that (x < 2**32) * c never overflows int64 on any backend.
 _C1, _C2, _C3 = 0x7FEB352D, 0x2C1B3C6D, 0x297A2D39
@@ -148,11 +153,15 @@ def _nucleus_threshold(srt: Tensor, top_p: float) -> Tensor:
 
 
 def sample(logits: Tensor, keys: Tensor, positions: Tensor, params: SamplingParams,
-           token_logprobs=token_logprobs) -> tuple[Tensor, Tensor]:
+           token_logprobs=token_logprobs, kernels: bool = True) -> tuple[Tensor, Tensor]:
     """logits [B, V] -> (tokens int64 [B], log-probs fp32 [B]). `keys` [B] int64 (see `sequence_key`),
     `positions` [B] int64: the position the sampled token will have. No host sync. Top-k then top-p
-    (HF's order: the nucleus is taken of the distribution renormalised over the top-k)."""
+    (HF's order: the nucleus is taken of the distribution renormalised over the top-k).
+    kernels: on CUDA, the Triton sampler where it applies (module docstring); False: always the PyTorch ops."""
     V = logits.shape[-1]
+    if (kernels and HAS_TRITON and logits.is_cuda and token_logprobs is _default_token_logprobs
+            and not 0 < params.top_k < V):
+        return sample_kernels.sample(logits, keys, positions, params.temperature, params.top_p)
     if params.greedy:
         tokens = torch.argmax(logits, dim=-1)
     else:

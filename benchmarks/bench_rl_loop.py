@@ -10,6 +10,7 @@ process so startup is real:
                        share one compile cache directory, as in every column)
   graphs_warm        the same again on that warm cache
   nocompile_graphs   no compile; decode and trainer CUDA graphs (what a cold cache makes worth it)
+  nocompile_graphs_eager_ops  the same with the generator's fused Triton kernels off (GeneratorConfig.fused_kernels)
   preset_auto        the preset's own settings (compile.backend auto), on a fresh cache
 
 With --model-dir DIR (holding qwen3-0.6b/config.json and qwen3-tokenizer/, copied from ../shared/models into the
@@ -49,6 +50,9 @@ COLUMNS = {
     "graphs": (["--compile.backend", "inductor", "--compile.trainer_cuda_graphs", "true"], "graphs"),
     "graphs_warm": (["--compile.backend", "inductor", "--compile.trainer_cuda_graphs", "true"], "graphs"),
     "nocompile_graphs": (["--compile.backend", "none", "--compile.trainer_cuda_graphs", "true"], "none"),
+    # the generator on the model's eager ops and the PyTorch sampler instead of its fused Triton kernels
+    "nocompile_graphs_eager_ops": (["--compile.backend", "none", "--compile.trainer_cuda_graphs", "true",
+                                    "--generator.fused_kernels", "false"], "none"),
     "preset_auto": ([], "auto"),  # the preset as a user runs it: compile.backend auto decides
     # batch-invariant mode (issue 14's cost in the loop): the same settings as graphs / nocompile_graphs
     "bi_graphs": (["--batch_invariant", "true", "--compile.backend", "inductor", "--compile.trainer_cuda_graphs",

@@ -15,8 +15,10 @@
 #            without the mode (compiled + graphs, and graphs alone) on Qwen3-0.6B; bi_cost_1.7b: the loop on 1.7B
 #   kernels: all GPU tests, then the reference generator batch in
 #            each variant (compiled or CUDA graphs alone, fused kernels or the model's eager ops), profiled
+#   wall:    the preset as users run it, twice (cold then warm Triton cache), output timestamped, imports timed;
+#            then once under cProfile
 #   bi:      `monorl train` of the Qwen3-0.6B preset (random weights) with --batch_invariant true (trainer graphs on)
-# Usage on the device: bash scripts/gpu_check.sh [tests|trainer|profile|loop|compare|startup|scale|scale_compile|bi_cost|bi_cost_1.7b|kernels|bi|all]   (logs, JSON under $OUT)
+# Usage on the device: bash scripts/gpu_check.sh [tests|trainer|profile|loop|compare|startup|scale|scale_compile|bi_cost|bi_cost_1.7b|kernels|wall|bi|all]   (logs, JSON under $OUT)
 set -uo pipefail
 OUT=${OUT:-/tmp/monorl_out}; mkdir -p "$OUT"
 # wheels the device lacks (jsonargparse) go first: .whl carried, installed to /tmp/site (device README)
@@ -82,6 +84,24 @@ if [[ $what == kernels ]]; then
   python3 benchmarks/bench_generate.py --variants graphs_eager_ops,graphs,compiled_eager_ops,compiled --profile \
     --out "$OUT/generate_kernels.json" > "$OUT/generate_kernels.log" 2>&1
   grep -E "^-- |Self CUDA time total" "$OUT/generate_kernels.log"; tail -8 "$OUT/generate_kernels.log"
+fi
+if [[ $what == wall ]]; then  # where the preset's process wall time goes: timestamped output, imports, cProfile
+  d=$(python3 -c "import sys; sys.path.insert(0, 'benchmarks'); from pathlib import Path; from bench_memory import model_dir
+print(model_dir(Path('.models'), 'qwen3-0.6b'))")
+  args="--preset qwen3_0_6b_sum_digits --model.path $d --model.random_init true --rollout.ignore_eos true
+        --checkpoint.final false --checkpoint.every_minutes 0 --compile.cache_dir /tmp/cc_wall"
+  stamp='import sys, time; t0 = float(sys.argv[1])
+for line in sys.stdin: print(f"{time.time() - t0:6.2f} {line.rstrip()[:150]}", flush=True)'
+  for run in 1 2; do
+    t0=$(date +%s.%N)
+    python3 -X importtime -m monorl.cli train $args --run_dir /tmp/wall$run 2> "$OUT/importtime_$run.txt" \
+      | python3 -c "$stamp" "$t0" | grep -v -e DEBUG -e "^ *[0-9.]* *|" | tail -22
+    python3 -c "import time; print(f'{time.time() - $t0:6.2f} process end')"
+  done
+  sort -t'|' -k2 -n -r "$OUT/importtime_2.txt" | head -14
+  python3 -m cProfile -o "$OUT/wall.prof" -m monorl.cli train $args --run_dir /tmp/wall3 > /dev/null 2>&1
+  python3 -c "import pstats; pstats.Stats('$OUT/wall.prof').sort_stats('cumulative').print_stats(50)" | cut -c1-160 \
+    | tail -58
 fi
 if [[ $what == bi ]]; then
   python3 -m monorl.cli train --preset qwen3_0_6b_sum_digits --model.shape qwen3-0.6b --rollout.ignore_eos true \

@@ -28,9 +28,9 @@ if TYPE_CHECKING:
     from monorl.config import RunConfig
     from monorl.model.config import ModelConfig
 
-COLD_COMPILE_S = 44.0
-WARM_COMPILE_S = 10.0
-SAVED_PER_STEP_S = 0.48
+COLD_COMPILE_S = 26.0
+WARM_COMPILE_S = 3.0
+SAVED_PER_STEP_S = 0.14
 _CODE_DIRS = ("model", "generate", "train", "ops")  # the code Inductor compiles
 _MARKERS = "monorl_compiled"
 

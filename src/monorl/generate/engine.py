@@ -97,11 +97,12 @@ class Generator:
         self.eos_token_ids = eos_ids(tokenizer, cfg) if eos_token_ids is None else tuple(int(t) for t in eos_token_ids)
         self.max_model_len = config.max_model_len or cfg.max_position_embeddings
         self.decode_backend = "triton" if triton_decode_supported(device, dtype, cfg.head_dim) else "torch"
-        if config.fused_kernels and self.decode_backend == "triton" and fused and lora is None:
-            use_fused_kernels_(self.model)  # before compile: a compiled block traces the converted forward
+        kernels = config.fused_kernels and self.decode_backend == "triton" and fused and lora is None
+        if kernels:
+            use_fused_kernels_(self.model)
         sampler = sample if config.fused_kernels else functools.partial(sample, kernels=False)
         self.sampler, self.use_graphs = compile_generator(self.model, sampler, compile or CompileConfig(), device,
-                                                          self.decode_backend)
+                                                          self.decode_backend, fused_kernels=kernels)
         self.kv: KVCache | None = None
         if allocate_kv:
             self.allocate_kv_cache()

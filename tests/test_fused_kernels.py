@@ -150,3 +150,17 @@ def test_sampler_kernels_pick_the_pytorch_samplers_tokens(B):
         torch.testing.assert_close(lp, ref_lp, atol=1e-4, rtol=0)
         if sp.greedy:
             assert tok[0].item() == 5
+
+
+def test_a_generator_on_the_kernels_is_not_compiled():
+    """Inductor has nothing left to fuse in a copy on the fused kernels: `compile_generator` leaves its blocks and
+    sampler alone (the trainer's model still compiles), and compiles an eager-ops copy as before."""
+    from monorl.compile import compile_generator
+    from monorl.generate.sampling import sample
+
+    cc = CompileConfig(backend="inductor")
+    for kernels in (True, False):
+        model = random_model(fused=True)
+        sampler, _ = compile_generator(model, sample, cc, torch.device("cpu"), "torch", fused_kernels=kernels)
+        compiled = [layer._compiled_call_impl is not None for layer in model.model.layers]
+        assert compiled == [not kernels] * len(compiled) and sampler is sample  # (the sampler compiles on CUDA only)

@@ -1,12 +1,13 @@
 """`compile.backend auto`: compile only when the run's steps pay for the compile.
 
-On the reference workload (Qwen3-0.6B, 10 steps of 5 x 8 rollouts, one H200; benchmarks/RESULTS.md, 2026-11-23)
-regional Inductor compile costs ~44 s of startup with a cold compile cache (compile 38.9 s + the compiler's
-imports in generator init) and ~10 s with a warm one, and saves ~0.48 s per RL step against CUDA graphs alone
-(steady step 0.40 vs 0.88 s). So compiling pays after ~90 steps cold and ~20 warm; the reference's 10 steps finish
-first without it (26.0 s whole-process wall vs 65.9 s cold, 28.4 s warm). Larger models save more per step for
-about the same compile time (one block is compiled, whatever the depth), so these constants err towards not
-compiling them.
+On the reference workload (Qwen3-0.6B, 10 steps of 5 x 8 rollouts, one H200, real tokenizer; benchmarks/RESULTS.md,
+2026-11-23, after the generator moved to fused Triton kernels) only the trainer is compiled: the generator's decode
+step is as fast without Inductor (`monorl.compile.compile_generator`). Compiling the trainer costs ~19 s of startup
+with a cold compile cache (trainer warm-up 19.5 s vs 0.9 s eager) and ~2.5 s with a warm one (3.0 vs 0.9 s, plus
+the compiler's imports), and saves ~0.13 s per RL step (steady step 0.39 vs 0.52 s). So it pays after ~150 steps
+cold and ~20 warm; the reference's 10 steps finish first without it. Larger models save more per step for about
+the same compile time (one block is compiled, whatever the depth), so these constants err towards not compiling
+them.
 
 Whether the cache is warm is known from a marker monorl writes into the compile cache directory once a compiled
 warm-up has finished, keyed by everything that changes the compiled code: the model's shape, dtypes, the compile
@@ -28,9 +29,9 @@ if TYPE_CHECKING:
     from monorl.config import RunConfig
     from monorl.model.config import ModelConfig
 
-COLD_COMPILE_S = 26.0
-WARM_COMPILE_S = 3.0
-SAVED_PER_STEP_S = 0.14
+COLD_COMPILE_S = 19.0
+WARM_COMPILE_S = 2.5
+SAVED_PER_STEP_S = 0.13
 _CODE_DIRS = ("model", "generate", "train", "ops")  # the code Inductor compiles
 _MARKERS = "monorl_compiled"
 

@@ -17,8 +17,10 @@
 #            each variant (compiled or CUDA graphs alone, fused kernels or the model's eager ops), profiled
 #   wall:    the preset as users run it, twice (cold then warm Triton cache), output timestamped, imports timed;
 #            then once under cProfile
+#   wall_user: the preset's process wall time with Python's bytecode cache and the compile caches kept across runs
+#            (3 runs each of compile.backend auto and inductor): cold first run, then warm
 #   bi:      `monorl train` of the Qwen3-0.6B preset (random weights) with --batch_invariant true (trainer graphs on)
-# Usage on the device: bash scripts/gpu_check.sh [tests|trainer|profile|loop|compare|startup|scale|scale_compile|bi_cost|bi_cost_1.7b|kernels|wall|bi|all]   (logs, JSON under $OUT)
+# Usage on the device: bash scripts/gpu_check.sh [tests|trainer|profile|loop|compare|startup|scale|scale_compile|bi_cost|bi_cost_1.7b|kernels|wall|wall_user|bi|all]   (logs, JSON under $OUT)
 set -uo pipefail
 OUT=${OUT:-/tmp/monorl_out}; mkdir -p "$OUT"
 # wheels the device lacks (jsonargparse) go first: .whl carried, installed to /tmp/site (device README)
@@ -102,6 +104,25 @@ for line in sys.stdin: print(f"{time.time() - t0:6.2f} {line.rstrip()[:150]}", f
   python3 -m cProfile -o "$OUT/wall.prof" -m monorl.cli train $args --run_dir /tmp/wall3 > /dev/null 2>&1
   python3 -c "import pstats; pstats.Stats('$OUT/wall.prof').sort_stats('cumulative').print_stats(50)" | cut -c1-160 \
     | tail -58
+fi
+if [[ $what == wall_user ]]; then  # the preset's process wall time as a user's machine sees it: Python writes its
+  # bytecode cache (the device image sets PYTHONDONTWRITEBYTECODE and ships torch without one), Triton's and
+  # Inductor's caches persist across runs; 3 runs each of the preset (auto) and of it compiled
+  d=$(python3 -c "import sys; sys.path.insert(0, 'benchmarks'); from pathlib import Path; from bench_memory import model_dir
+print(model_dir(Path('.models'), 'qwen3-0.6b'))")
+  args="--preset qwen3_0_6b_sum_digits --model.path $d --model.random_init true --rollout.ignore_eos true
+        --checkpoint.final false --checkpoint.every_minutes 0 --compile.cache_dir /tmp/cc_user"
+  unset PYTHONDONTWRITEBYTECODE; export PYTHONPYCACHEPREFIX=/tmp/pyc
+  for backend in auto inductor; do
+    for run in 1 2 3; do
+      t0=$(date +%s.%N)
+      python3 -m monorl.cli train $args --compile.backend $backend --run_dir "/tmp/wu_${backend}_$run" \
+        > "$OUT/wall_user_${backend}_$run.log" 2>&1
+      t1=$(date +%s.%N)
+      python3 -c "import json; s = json.load(open('/tmp/wu_${backend}_$run/summary.json'))
+print(f'| $backend | $run | {$t1 - $t0:.2f} | {s[\"total_s\"]:.2f} | {s[\"startup_s\"]:.2f} | {s[\"steady_step_s\"]:.3f} |')"
+    done
+  done
 fi
 if [[ $what == bi ]]; then
   python3 -m monorl.cli train --preset qwen3_0_6b_sum_digits --model.shape qwen3-0.6b --rollout.ignore_eos true \

@@ -134,7 +134,7 @@ if [[ $what == compare ]]; then
   for side in new base; do
     src=$PWD; [[ $side == base ]] && src=$PWD/$BASE
     PYTHONPATH=$src/src python3 "$src/benchmarks/bench_generate.py" --out "$OUT/generate_$side.json" 2>&1 \
-      | grep -E "batch, median|decode step|floor" | sed "s/^/$side: /"
+      | grep -E "batch, median|decode step|floor|^\| compiled" | sed "s/^/$side: /"
     PYTHONPATH=$src/src python3 "$src/benchmarks/bench_rl_loop.py" --columns graphs,graphs_warm \
       --out "$OUT/rl_loop_$side.json" 2>&1 | grep -E "^graphs" | sed "s/^/$side: /"
   done
@@ -143,6 +143,7 @@ import json, sys
 out = sys.argv[1]
 print("\n| | new | base |\n|---|---|---|")
 g = {s: json.load(open(f"{out}/generate_{s}.json")) for s in ("new", "base")}
+g = {s: r["variants"][0] if "variants" in r else r for s, r in g.items()}  # bench_generate before --variants: flat
 print(f"| generator batch 5x8x100 (ms) | {g['new']['batch_s_median']*1e3:.1f} | {g['base']['batch_s_median']*1e3:.1f} |")
 print(f"| decode step (ms) | {g['new']['decode_step_ms']:.3f} | {g['base']['decode_step_ms']:.3f} |")
 r = {s: json.load(open(f"{out}/rl_loop_{s}.json"))["results"] for s in ("new", "base")}

@@ -17,6 +17,8 @@ The log-prob, `log_softmax(logits / T)` at the token, sums its exponentials in a
 
 from __future__ import annotations
 
+import struct
+
 import torch
 from torch import Tensor
 
@@ -128,6 +130,10 @@ if HAS_TRITON:
         tl.store(lp_ptr + b, s - lse)
 
 
+def _fp32(x: float) -> float:
+    return struct.unpack("f", struct.pack("f", x))[0]
+
+
 _BLOCK = 2048
 _CHUNK = 8 * _BLOCK  # a row of 151,936 logits: 10 chunks, so 40 rows fill ~400 programs
 
@@ -141,8 +147,9 @@ def sample(logits: Tensor, keys: Tensor, positions: Tensor, temperature: float, 
         logits = logits.contiguous()
     greedy = temperature == 0.0
     # PyTorch divides a CUDA tensor by a Python scalar as a product with the scalar's fp32 reciprocal (ATen's
-    # div_true_kernel_cuda); the same product here gives the same scaled logits
-    inv_t = 1.0 if greedy else float(torch.tensor(1.0) / torch.tensor(float(temperature)))
+    # div_true_kernel_cuda); the same product here gives the same scaled logits. The fp32 quotient is the float64
+    # one rounded to fp32 (float64 carries more than twice fp32's bits), so no tensor is built per call.
+    inv_t = 1.0 if greedy else _fp32(1.0 / _fp32(temperature))
     nucleus = not greedy and top_p < 1.0
     dev = logits.device
     thresh = torch.empty(B, dtype=torch.float32, device=dev)

@@ -19,8 +19,9 @@
 #            then once under cProfile
 #   wall_user: the preset's process wall time with Python's bytecode cache and the compile caches kept across runs
 #            (3 runs each of compile.backend auto and inductor): cold first run, then warm
+#   bi_kernels: all GPU tests, then benchmarks/bench_batch_invariant.py: default, the mode, the mode on PyTorch ops
 #   bi:      `monorl train` of the Qwen3-0.6B preset (random weights) with --batch_invariant true (trainer graphs on)
-# Usage on the device: bash scripts/gpu_check.sh [tests|trainer|profile|loop|compare|startup|scale|scale_compile|bi_cost|bi_cost_1.7b|kernels|wall|wall_user|bi|all]   (logs, JSON under $OUT)
+# Usage on the device: bash scripts/gpu_check.sh [tests|trainer|profile|loop|compare|startup|scale|scale_compile|bi_cost|bi_cost_1.7b|bi_kernels|kernels|wall|wall_user|bi|all]   (logs, JSON under $OUT)
 set -uo pipefail
 OUT=${OUT:-/tmp/monorl_out}; mkdir -p "$OUT"
 # wheels the device lacks (jsonargparse) go first: .whl carried, installed to /tmp/site (device README)
@@ -75,6 +76,13 @@ if [[ $what == bi_cost ]]; then
     | grep -E "step times|profile of|Name|^\|| [0-9.]+ms|us " | cut -c1-140 | head -60
   python3 benchmarks/bench_rl_loop.py --model-dir .models --columns graphs,bi_graphs,nocompile_graphs,bi_nocompile_graphs \
     --out "$OUT/rl_loop_bi.json" 2>&1 | tee "$OUT/rl_loop_bi.log" | grep -v DEBUG | tail -22
+fi
+if [[ $what == bi_kernels ]]; then  # all GPU tests, then the mode's generator and eager train step: default, the mode
+  # on the block kernels, the mode on the PyTorch ops (as before them), each batch's top kernels
+  python3 -m pytest -q -m gpu tests/ -p no:cacheprovider 2>&1 | tee "$OUT/gpu_tests_bi.log" \
+    | grep -E "^(FAILED|ERROR)|passed|failed" | tail -15
+  python3 benchmarks/bench_batch_invariant.py --ops --profile --out "$OUT/bench_bi.json" 2>&1 \
+    | tee "$OUT/bench_bi.log" | grep -v DEBUG | tail -66
 fi
 if [[ $what == bi_cost_1.7b ]]; then
   python3 benchmarks/bench_rl_loop.py --model-dir .models --size 1.7b --columns graphs,bi_graphs \

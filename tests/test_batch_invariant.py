@@ -29,7 +29,7 @@ def _prompts(n: int, seed: int, vocab: int) -> list[list[int]]:
 
 
 def _rollouts(model, prompts, max_num_seqs: int, n: int = 2, new: int = 10) -> list[TrainSequence]:
-    gen = Generator(model, GeneratorConfig(max_num_seqs=max_num_seqs, max_model_len=128, block_size=8), fused=False)
+    gen = Generator(model, GeneratorConfig(max_num_seqs=max_num_seqs, max_model_len=128, block_size=8))
     if is_batch_invariant(model):  # the generator's copy converted too, as the RL loop does
         make_batch_invariant_(gen.model)
     sp = SamplingParams(max_new_tokens=new, temperature=TEMPERATURE, ignore_eos=True, seed=1)

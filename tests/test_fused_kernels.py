@@ -4,6 +4,8 @@ GPU: each Triton kernel against its fallback, and a generator on the kernels aga
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -45,10 +47,12 @@ def packed_logits(model, lengths: list[int]) -> torch.Tensor:
         return model.compute_logits(model(ids, ctx.positions, ctx))
 
 
-def test_converted_forward_equals_the_model():
-    """The converted blocks compute the model (CPU: each op's PyTorch fallback), for packed sequences."""
-    ref = random_model(fused=True)
-    conv = use_fused_kernels_(random_model(fused=True))
+@pytest.mark.parametrize("fused", [True, False])
+def test_converted_forward_equals_the_model(fused):
+    """The converted blocks compute the model (CPU: each op's PyTorch fallback), for packed sequences, from a fused
+    copy's GEMM slices (the generator's) or separate projections (the trainer's)."""
+    ref = random_model(fused=fused)
+    conv = use_fused_kernels_(random_model(fused=fused))
     assert uses_fused_kernels(conv) and not uses_fused_kernels(ref)
     assert [n for n, _ in conv.named_parameters()] == [n for n, _ in ref.named_parameters()]
     a, b = packed_logits(conv, [5, 11, 1]), packed_logits(ref, [5, 11, 1])
@@ -57,11 +61,36 @@ def test_converted_forward_equals_the_model():
     assert use_fused_kernels_(conv) is conv  # idempotent
 
 
+def test_converted_backward_equals_autograd():
+    """The ops' hand-written backward (what a batch-invariant trainer runs): every parameter's gradient equals
+    autograd through the model's own ops, fp32, with the residual stream feeding both the add and the norm."""
+    ref = random_model(fused=False).requires_grad_(True)
+    conv = use_fused_kernels_(random_model(fused=False).requires_grad_(True))
+    lengths = [5, 11, 1]
+    ids = torch.randint(2, ref.config.vocab_size, (sum(lengths),), generator=torch.Generator().manual_seed(0))
+    ctx = VarlenContext.from_lengths(lengths, "cpu")
+    w = torch.randn(sum(lengths), ref.config.vocab_size, generator=torch.Generator().manual_seed(1))
+    grads = []
+    for m in (conv, ref):
+        (m.compute_logits(m(ids, ctx.positions, ctx)) * w).sum().backward()
+        grads.append({n: p.grad for n, p in m.named_parameters()})
+    for n, g in grads[1].items():
+        assert g.abs().max() > 0, n
+        torch.testing.assert_close(grads[0][n], g, atol=1e-4, rtol=1e-4, msg=n)
+
+
 def test_conversion_refusals():
-    with pytest.raises(ValueError, match="unfused projections"):
-        use_fused_kernels_(random_model(fused=False))
-    with pytest.raises(TypeError, match="fused kernels"):
-        make_batch_invariant_(use_fused_kernels_(random_model(fused=True)))
+    model = build_model(dataclasses.replace(model_shape("tiny"), head_dim=24), seed=0, fused=True)
+    with pytest.raises(ValueError, match="power-of-two head_dim"):
+        use_fused_kernels_(model)
+
+
+def test_batch_invariant_conversion_runs_the_kernels():
+    """A batch-invariant model's blocks run the kernels on both sides (trainer unfused, generator fused)."""
+    for fused in (False, True):
+        model = make_batch_invariant_(random_model(fused=fused))
+        assert uses_fused_kernels(model)
+        assert make_batch_invariant_(use_fused_kernels_(random_model(fused=fused))) is not None  # either order
 
 
 def test_generator_converts_only_on_cuda():
@@ -93,11 +122,16 @@ def test_kernels_match_fallbacks(T, Hq, Hkv, D, hidden, inter):
     x, a = torch.randn(T, hidden, device=cuda, dtype=dt), torch.randn(T, hidden, device=cuda, dtype=dt)
     w = (1 + 0.3 * torch.randn(hidden, device=cuda)).to(dt)
     gu = 3 * torch.randn(T, 2 * inter, device=cuda, dtype=dt)
-    got = (*block_kernels.qk_norm_rope(qkv, qw, kw, cos, sin, 1e-6, Hq, Hkv),
-           *block_kernels.add_rms_norm(x, a, w, 1e-6), block_kernels.silu_mul(gu))
-    cpu = [t.cpu() for t in (qkv, qw, kw, cos, sin, x, a, w, gu)]  # the fallbacks run off CUDA
-    ref = (*block_kernels.qk_norm_rope(*cpu[:5], 1e-6, Hq, Hkv), *block_kernels.add_rms_norm(*cpu[5:8], 1e-6),
-           block_kernels.silu_mul(cpu[8]))
+
+    def run(qkv, qw, kw, cos, sin, x, a, w, gu):  # q, k, gate, up: column slices of one GEMM output, as generated
+        q, k, _ = qkv.split([Hq * D, Hkv * D, Hkv * D], dim=-1)
+        return (*block_kernels.qk_norm_rope(q, k, qw, kw, cos, sin, 1e-6), *block_kernels.add_rms_norm(x, a, w, 1e-6),
+                block_kernels.silu_mul(*gu.split([inter, inter], dim=-1)))
+
+    got = run(qkv, qw, kw, cos, sin, x, a, w, gu)
+    ref = run(*(t.cpu() for t in (qkv, qw, kw, cos, sin, x, a, w, gu)))  # the fallbacks run off CUDA
+    unsliced = run(qkv.clone(), qw, kw, cos, sin, x, a, w, gu.clone())
+    assert all(torch.equal(g, u) for g, u in zip(got, unsliced, strict=True))
     names = ("q", "k", "h", "normed", "silu_mul")
     for name, g, r in zip(names, got, ref, strict=True):
         g = g.cpu()

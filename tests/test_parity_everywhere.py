@@ -39,10 +39,11 @@ def _prompts(n: int, seed: int, vocab: int, longest: int = 12) -> list[list[int]
 def _generate(model, prompts, max_new: list[int], n: int = 1, max_num_seqs: int = NUM_SEQS,
               lora: LoRAConfig | None = None, compile: CompileConfig | None = None,
               decode_sizes: list[int] | None = None) -> list[TrainSequence]:
-    """Rollouts from an invariant generator copy (unfused, as a batch-invariant run builds it); prompt i generates
-    exactly max_new[i] tokens. decode_sizes: filled with the live batch size of every decode step."""
+    """Rollouts from an invariant generator copy (as a batch-invariant run builds it: fused projections, unfused
+    with LoRA); prompt i generates exactly max_new[i] tokens. decode_sizes: filled with the live batch size of
+    every decode step."""
     gen = Generator(model, GeneratorConfig(max_num_seqs=max_num_seqs, max_model_len=128, block_size=4),
-                    fused=False, lora=lora, compile=compile)
+                    lora=lora, compile=compile)
     make_batch_invariant_(gen.model)
     if decode_sizes is not None:
         decode = gen.runner.decode

@@ -53,7 +53,8 @@ class GeneratorConfig:
     dtype: torch.dtype | None = None  # None: bf16 on CUDA, the model's dtype elsewhere
     # CUDA: each block's norms, RoPE and SiLU, and the sampler, in fused Triton kernels (monorl.model.fused_kernels,
     # monorl.ops.sample_kernels), so the decode step replayed from a CUDA graph is fast without torch.compile;
-    # false: the model's and the sampler's PyTorch ops
+    # false: the model's and the sampler's PyTorch ops (a batch-invariant run's blocks run the kernels regardless:
+    # its trainer runs them too, monorl.model.batch_invariant)
     fused_kernels: bool = True
 
 
@@ -72,8 +73,8 @@ class Generator:
         """Builds the generator's own copy of `model` (on its device, in `config.dtype`), which `load_weights_`
         refreshes in place. eos_token_ids: None takes them from the tokenizer, else the model config
         (`monorl.model.tokenizer.eos_ids`). compile: the run's compile policy (default: eager, decode CUDA graphs on
-        CUDA). fused: one q/k/v and one gate/up GEMM per layer; a batch-invariant run passes False, as its
-        bitwise guarantee holds for the trainer's unfused GEMM shapes. allocate_kv=False defers the KV cache to
+        CUDA). fused: one q/k/v and one gate/up GEMM per layer (a batch-invariant copy too: its invariant GEMM
+        computes each output column as the trainer's unfused one does). allocate_kv=False defers the KV cache to
         `allocate_kv_cache` (the RL loop sizes it once training's memory is measured). lora: give the copy the
         policy's LoRA adapters, run as separate matmuls (batch-invariant runs); without, a LoRA policy's adapters
         are merged into the copy's weights at every sync."""

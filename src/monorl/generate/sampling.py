@@ -17,7 +17,8 @@ returned log-prob is of the temperature-scaled distribution *before* truncation
 decoding.
 
 On CUDA, greedy, temperature and top-p sampling run as three Triton kernels (`monorl.ops.sample_kernels`) that
-compute the same tokens; top-k, other devices and a batch-invariant model's log-probs use the code below.
+compute the same tokens (a batch-invariant model's log-probs then come from its own kernel); top-k and other devices
+use the code below.
 """
 
 from __future__ import annotations
@@ -159,9 +160,11 @@ def sample(logits: Tensor, keys: Tensor, positions: Tensor, params: SamplingPara
     (HF's order: the nucleus is taken of the distribution renormalised over the top-k).
     kernels: on CUDA, the Triton sampler where it applies (module docstring); False: always the PyTorch ops."""
     V = logits.shape[-1]
-    if (kernels and HAS_TRITON and logits.is_cuda and token_logprobs is _default_token_logprobs
-            and not 0 < params.top_k < V):
-        return sample_kernels.sample(logits, keys, positions, params.temperature, params.top_p)
+    if kernels and HAS_TRITON and logits.is_cuda and not 0 < params.top_k < V:
+        tokens, logprobs = sample_kernels.sample(logits, keys, positions, params.temperature, params.top_p)
+        if token_logprobs is not _default_token_logprobs:  # a batch-invariant model's: its own kernel
+            logprobs = token_logprobs(logits, tokens, params.logprob_temperature)
+        return tokens, logprobs
     if params.greedy:
         tokens = torch.argmax(logits, dim=-1)
     else:

@@ -22,6 +22,9 @@ untouched:
 - the embedding -> `BatchInvariantEmbedding`: its output, and so the whole forward, in the compute dtype.
   That is autocast's dtype when autocast is on, the trainer's one setting in both modes (its fp32 masters
   then enter every op as exactly the generator's bf16 weights), else the weights' own (the generator);
+- each block -> the fused Triton block kernels (`monorl.model.fused_kernels`: norms, q/k norm + RoPE, SiLU * up,
+  row-local, with a backward), where the model's shape allows them (a power-of-two head_dim >= 16): one kernel
+  per piece of elementwise work, shared by both sides, instead of whatever fusion each side's compile picks;
 - the model -> `BatchInvariantQwen3ForCausalLM`: the LM head and `token_logprobs` (the trainer and the
   sampler both call it through the model) use the invariant ops, and `forward` rebinds the attention
   context it is given to the invariant kernel (`ctx.batch_invariant()`): the context still says how the
@@ -40,7 +43,7 @@ import torch
 from torch import Tensor, nn
 
 from monorl.model.attention import AttentionContext
-from monorl.model.fused_kernels import FUSED_KERNEL_CLASSES
+from monorl.model.fused_kernels import fused_kernels_supported, use_fused_kernels_
 from monorl.model.lora import LoRALinear
 from monorl.model.qwen3 import Linear, Qwen3ForCausalLM, RMSNorm
 from monorl.ops import logprob_invariant, matmul_invariant, rmsnorm_invariant
@@ -88,9 +91,9 @@ def make_batch_invariant_(model: Qwen3ForCausalLM) -> Qwen3ForCausalLM:
     """Convert `model` in place (see the module docstring); idempotent. Returns it."""
     if not isinstance(model, Qwen3ForCausalLM):
         raise TypeError(f"make_batch_invariant_ converts a Qwen3ForCausalLM, got {type(model).__name__}")
+    if fused_kernels_supported(model):
+        use_fused_kernels_(model)
     for m in model.modules():
-        if isinstance(m, FUSED_KERNEL_CLASSES):  # its blocks call kernels the trainer's model does not
-            raise TypeError("make_batch_invariant_: the model runs the generator's fused kernels (use_fused_kernels_)")
         if type(m) in _CONVERTED:
             m.__class__ = _CONVERTED[type(m)]
         elif isinstance(m, nn.Linear | nn.Embedding) and type(m) not in _CONVERTED.values():

@@ -52,12 +52,21 @@ def embedding(num: int, dim: int) -> nn.Embedding:
     return nn.Embedding(num, dim, _weight=weight) if weight.is_meta else nn.Embedding(num, dim)
 
 
+@torch.library.custom_op("monorl::rope_cos_sin", mutates_args=())
 def rope_cos_sin(positions: Tensor, head_dim: int, theta: float, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
-    """cos/sin [T, head_dim] for the given positions (computed in fp32, cast like HF does)."""
+    """cos/sin [T, head_dim] for the given positions (computed in fp32, cast like HF does). A custom op, so these
+    are eager's values under `torch.compile` too (Inductor's pow, divide and cos may round differently): a
+    whole-model compiled trainer and an uncompiled generator then rotate by the same bits (batch-invariant mode)."""
     inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, device=positions.device, dtype=torch.float32) / head_dim))
     freqs = positions.float()[:, None] * inv_freq[None, :]
     emb = torch.cat((freqs, freqs), dim=-1)
     return emb.cos().to(dtype), emb.sin().to(dtype)
+
+
+@rope_cos_sin.register_fake
+def _(positions, head_dim, theta, dtype):
+    shape = (positions.shape[0], head_dim)
+    return positions.new_empty(shape, dtype=dtype), positions.new_empty(shape, dtype=dtype)
 
 
 def apply_rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:

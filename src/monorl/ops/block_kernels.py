@@ -3,16 +3,19 @@ CUDA graph launches about as few kernels as an Inductor-compiled one (the genera
 kernels per layer eager, 10 with these):
 
 - `add_rms_norm`: the residual add and the RMSNorm after it, one pass;
-- `qk_norm_rope`: per-head RMSNorm of q and k and rotate-half RoPE, read straight from the fused q/k/v GEMM's
-  output, one pass;
-- `silu_mul`: SiLU(gate) * up from the fused gate/up GEMM's output.
+- `qk_norm_rope`: per-head RMSNorm of q and k and rotate-half RoPE, one pass (reading a fused q/k/v GEMM's
+  output in place);
+- `silu_mul`: SiLU(gate) * up (reading a fused gate/up GEMM's output in place).
 
 Each rounds like the eager PyTorch ops it replaces (fp32 inside, the input dtype wherever eager stores a tensor),
 so results differ from eager only in the order of the fp32 sum of squares. They launch with `enable_fp_fusion=False`:
 otherwise RoPE's bf16-rounded products and their sum contract into one bf16 FMA on Hopper (one rounding instead of
 three; 14% of q/k elements differed from eager on an H200). Every kernel is row-local (a token's
 outputs read that token's inputs alone), so none depends on the batch. Each op is a custom op (opaque under
-`torch.compile`) with a PyTorch fallback off CUDA, which is also the reference the GPU tests hold the kernels to.
+`torch.compile`) with a PyTorch fallback off CUDA, which is also the reference the GPU tests hold the kernels to;
+the fallbacks sum squares in `tree_sum`'s fixed order, so they are batch-invariant too. Each has an ordinary-math
+backward, so a trainer's model runs them as well: a batch-invariant run converts both of its models to them
+(`monorl.model.batch_invariant`), and generator and trainer then share every elementwise kernel of a block.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from monorl.ops import HAS_TRITON, use_triton
+from monorl.ops.rmsnorm_invariant import rms_norm_backward, rms_norm_rows
 
 if HAS_TRITON:
     import triton
@@ -65,8 +69,8 @@ if HAS_TRITON:
         tl.store(dst + h * D + HALF + d, o2, mask=m)
 
     @triton.jit
-    def _qk_norm_rope_kernel(qkv_ptr, qw_ptr, kw_ptr, cos_ptr, sin_ptr, q_ptr, k_ptr, stride_t, eps,
-                             HQ: tl.constexpr, HKV: tl.constexpr, HQ_P: tl.constexpr, HKV_P: tl.constexpr,
+    def _qk_norm_rope_kernel(qi_ptr, ki_ptr, qw_ptr, kw_ptr, cos_ptr, sin_ptr, q_ptr, k_ptr, stride_q, stride_k,
+                             eps, HQ: tl.constexpr, HKV: tl.constexpr, HQ_P: tl.constexpr, HKV_P: tl.constexpr,
                              D: tl.constexpr):
         t = tl.program_id(0).to(tl.int64)
         HALF: tl.constexpr = D // 2
@@ -75,34 +79,33 @@ if HAS_TRITON:
         c2 = tl.load(cos_ptr + t * D + HALF + d).to(tl.float32)
         s1 = tl.load(sin_ptr + t * D + d).to(tl.float32)
         s2 = tl.load(sin_ptr + t * D + HALF + d).to(tl.float32)
-        src = qkv_ptr + t * stride_t
-        _norm_rope_heads(src, qw_ptr, c1, c2, s1, s2, q_ptr + t * HQ * D, eps, HQ, HQ_P, D)
-        _norm_rope_heads(src + HQ * D, kw_ptr, c1, c2, s1, s2, k_ptr + t * HKV * D, eps, HKV, HKV_P, D)
+        _norm_rope_heads(qi_ptr + t * stride_q, qw_ptr, c1, c2, s1, s2, q_ptr + t * HQ * D, eps, HQ, HQ_P, D)
+        _norm_rope_heads(ki_ptr + t * stride_k, kw_ptr, c1, c2, s1, s2, k_ptr + t * HKV * D, eps, HKV, HKV_P, D)
 
     @triton.jit
-    def _silu_mul_kernel(gu_ptr, o_ptr, N, BLOCK: tl.constexpr):
+    def _silu_mul_kernel(g_ptr, u_ptr, o_ptr, N, stride_g, stride_u, BLOCK: tl.constexpr):
         t = tl.program_id(0).to(tl.int64)
         offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
         m = offs < N
-        g = tl.load(gu_ptr + t * 2 * N + offs, mask=m, other=0.0).to(tl.float32)
-        u = tl.load(gu_ptr + t * 2 * N + N + offs, mask=m, other=0.0).to(tl.float32)
+        g = tl.load(g_ptr + t * stride_g + offs, mask=m, other=0.0).to(tl.float32)
+        u = tl.load(u_ptr + t * stride_u + offs, mask=m, other=0.0).to(tl.float32)
         dt = o_ptr.dtype.element_ty
         s = (g / (1.0 + tl.exp(-g))).to(dt).to(tl.float32)
         tl.store(o_ptr + t * N + offs, (s * u).to(dt), mask=m)
 
 
-def _rms(x: Tensor, w: Tensor, eps: float) -> Tensor:
-    """The model's RMSNorm (normalise in fp32, scale in x's dtype): the fallback's reference math."""
-    xf = x.float()
-    return w.to(x.dtype) * (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
+def _rows(x: Tensor) -> Tensor:
+    """x with a unit last-dim stride (row strides are the kernels' arguments: a fused GEMM's column slices pass
+    as they are)."""
+    return x if x.stride(-1) == 1 else x.contiguous()
 
 
 @torch.library.custom_op("monorl::add_rms_norm", mutates_args=())
 def add_rms_norm(x: Tensor, a: Tensor, w: Tensor, eps: float) -> tuple[Tensor, Tensor]:
-    """(h, rms_norm(h) * w) for h = x + a, over the last dim."""
+    """(h, rms_norm(h) * w) for h = x + a, over the last dim; w in x's dtype."""
     if not use_triton(x):
         h = x + a
-        return h, _rms(h, w, eps)
+        return h, rms_norm_rows(h, w, eps)
     x, a = x.contiguous(), a.contiguous()
     D = x.shape[-1]
     h, out = torch.empty_like(x), torch.empty_like(x)
@@ -118,59 +121,111 @@ def _(x, a, w, eps):
     return torch.empty_like(x), torch.empty_like(x)
 
 
+def _add_rms_norm_setup(ctx, inputs, output) -> None:
+    ctx.save_for_backward(output[0], inputs[2])
+    ctx.eps = inputs[3]
+
+
+def _add_rms_norm_backward(ctx, grad_h: Tensor, grad_out: Tensor) -> tuple[Tensor, Tensor, Tensor, None]:
+    h, w = ctx.saved_tensors
+    gx, gw = rms_norm_backward(h, w, grad_out, ctx.eps)
+    g = (gx + grad_h.float()).to(h.dtype)  # h feeds the norm and the residual stream
+    return g, g, gw.to(w.dtype), None
+
+
+add_rms_norm.register_autograd(_add_rms_norm_backward, setup_context=_add_rms_norm_setup)
+
+
 def _rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
     half = x.shape[-1] // 2
     return x * cos[:, None, :] + torch.cat((-x[..., half:], x[..., :half]), dim=-1) * sin[:, None, :]
 
 
+def _rope_backward(g: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+    """The gradient of `_rope`'s input from its output's g [T, H, D] (fp32): g * cos + rotate-half's transpose
+    of g * sin."""
+    half = g.shape[-1] // 2
+    u = g * sin[:, None, :].float()
+    return g * cos[:, None, :].float() + torch.cat((u[..., half:], -u[..., :half]), dim=-1)
+
+
 @torch.library.custom_op("monorl::qk_norm_rope", mutates_args=())
-def qk_norm_rope(qkv: Tensor, q_weight: Tensor, k_weight: Tensor, cos: Tensor, sin: Tensor, eps: float,
-                 num_heads: int, num_kv_heads: int) -> tuple[Tensor, Tensor]:
-    """qkv [T, (Hq + 2 Hkv) * D] (q, k, v heads in that order) -> (q [T, Hq, D], k [T, Hkv, D]): per-head RMSNorm
-    with q_weight / k_weight [D], then rotate-half RoPE with cos / sin [T, D]."""
-    T = qkv.shape[0]
-    D = cos.shape[-1]
-    if not use_triton(qkv):
-        q, k = qkv[:, :num_heads * D], qkv[:, num_heads * D:(num_heads + num_kv_heads) * D]
-        q = _rms(q.reshape(T, num_heads, D), q_weight, eps)
-        k = _rms(k.reshape(T, num_kv_heads, D), k_weight, eps)
-        return _rope(q, cos, sin).to(qkv.dtype), _rope(k, cos, sin).to(qkv.dtype)
-    if qkv.stride(-1) != 1:
-        qkv = qkv.contiguous()
-    q = qkv.new_empty(T, num_heads, D)
-    k = qkv.new_empty(T, num_kv_heads, D)
+def qk_norm_rope(q: Tensor, k: Tensor, q_weight: Tensor, k_weight: Tensor, cos: Tensor, sin: Tensor,
+                 eps: float) -> tuple[Tensor, Tensor]:
+    """q [T, Hq * D], k [T, Hkv * D] (heads side by side; e.g. column slices of a fused q/k/v GEMM's output) ->
+    (q [T, Hq, D], k [T, Hkv, D]): per-head RMSNorm with q_weight / k_weight [D] (in q's dtype), then rotate-half
+    RoPE with cos / sin [T, D]."""
+    T, D = q.shape[0], cos.shape[-1]
+    Hq, Hkv = q.shape[-1] // D, k.shape[-1] // D
+    if not use_triton(q):
+        q = rms_norm_rows(q.reshape(T, Hq, D), q_weight, eps)
+        k = rms_norm_rows(k.reshape(T, Hkv, D), k_weight, eps)
+        return _rope(q, cos, sin).to(q.dtype), _rope(k, cos, sin).to(k.dtype)
+    q, k = _rows(q), _rows(k)
+    q_out, k_out = q.new_empty(T, Hq, D), k.new_empty(T, Hkv, D)
     if T:
-        _qk_norm_rope_kernel[(T,)](qkv, q_weight.contiguous(), k_weight.contiguous(), cos.contiguous(),
-                                   sin.contiguous(), q, k, qkv.stride(0), eps, HQ=num_heads, HKV=num_kv_heads,
-                                   HQ_P=triton.next_power_of_2(num_heads), HKV_P=triton.next_power_of_2(num_kv_heads),
-                                   D=D, num_warps=4, enable_fp_fusion=False)
-    return q, k
+        _qk_norm_rope_kernel[(T,)](q, k, q_weight.contiguous(), k_weight.contiguous(), cos.contiguous(),
+                                   sin.contiguous(), q_out, k_out, q.stride(0), k.stride(0), eps, HQ=Hq, HKV=Hkv,
+                                   HQ_P=triton.next_power_of_2(Hq), HKV_P=triton.next_power_of_2(Hkv), D=D,
+                                   num_warps=4, enable_fp_fusion=False)
+    return q_out, k_out
 
 
 @qk_norm_rope.register_fake
-def _(qkv, q_weight, k_weight, cos, sin, eps, num_heads, num_kv_heads):
-    T, D = qkv.shape[0], cos.shape[-1]
-    return qkv.new_empty(T, num_heads, D), qkv.new_empty(T, num_kv_heads, D)
+def _(q, k, q_weight, k_weight, cos, sin, eps):
+    T, D = q.shape[0], cos.shape[-1]
+    return q.new_empty(T, q.shape[-1] // D, D), k.new_empty(T, k.shape[-1] // D, D)
+
+
+def _qk_norm_rope_setup(ctx, inputs, output) -> None:
+    q, k, q_weight, k_weight, cos, sin, eps = inputs
+    ctx.save_for_backward(q, k, q_weight, k_weight, cos, sin)
+    ctx.eps = eps
+
+
+def _qk_norm_rope_backward(ctx, grad_q: Tensor, grad_k: Tensor):
+    q, k, q_weight, k_weight, cos, sin = ctx.saved_tensors
+    T, D = q.shape[0], cos.shape[-1]
+    grads = []
+    for x, w, g in ((q, q_weight, grad_q), (k, k_weight, grad_k)):
+        gx, gw = rms_norm_backward(x.reshape(T, -1, D), w, _rope_backward(g.float(), cos, sin), ctx.eps)
+        grads.append((gx.reshape(T, -1).to(x.dtype), gw.to(w.dtype)))
+    (gq, gqw), (gk, gkw) = grads
+    return gq, gk, gqw, gkw, None, None, None
+
+
+qk_norm_rope.register_autograd(_qk_norm_rope_backward, setup_context=_qk_norm_rope_setup)
 
 
 @torch.library.custom_op("monorl::silu_mul", mutates_args=())
-def silu_mul(gate_up: Tensor) -> Tensor:
-    """gate_up [T, 2 N] (gate columns, then up) -> SiLU(gate) * up [T, N]."""
-    N = gate_up.shape[-1] // 2
-    if not use_triton(gate_up):
-        gate, up = gate_up.split([N, N], dim=-1)
+def silu_mul(gate: Tensor, up: Tensor) -> Tensor:
+    """SiLU(gate) * up, both [T, N] (e.g. column slices of a fused gate/up GEMM's output)."""
+    if not use_triton(gate):
         return F.silu(gate) * up
-    gate_up = gate_up.contiguous()
-    T = gate_up.numel() // (2 * N)
-    out = gate_up.new_empty(*gate_up.shape[:-1], N)
+    gate, up = _rows(gate), _rows(up)
+    T, N = gate.shape
+    out = gate.new_empty(T, N)
     if T:
         block = 1024
-        _silu_mul_kernel[(T, triton.cdiv(N, block))](gate_up, out, N, BLOCK=block, num_warps=4,
-                                                      enable_fp_fusion=False)
+        _silu_mul_kernel[(T, triton.cdiv(N, block))](gate, up, out, N, gate.stride(0), up.stride(0), BLOCK=block,
+                                                      num_warps=4, enable_fp_fusion=False)
     return out
 
 
 @silu_mul.register_fake
-def _(gate_up):
-    return gate_up.new_empty(*gate_up.shape[:-1], gate_up.shape[-1] // 2)
+def _(gate, up):
+    return gate.new_empty(gate.shape)
 
+
+def _silu_mul_setup(ctx, inputs, output) -> None:
+    ctx.save_for_backward(*inputs)
+
+
+def _silu_mul_backward(ctx, grad: Tensor) -> tuple[Tensor, Tensor]:
+    gate, up = ctx.saved_tensors
+    g, x = grad.float(), gate.float()
+    s = torch.sigmoid(x)
+    return (g * up.float() * s * (1 + x * (1 - s))).to(gate.dtype), (g * x * s).to(up.dtype)
+
+
+silu_mul.register_autograd(_silu_mul_backward, setup_context=_silu_mul_setup)

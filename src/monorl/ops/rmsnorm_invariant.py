@@ -37,9 +37,7 @@ def bi_rms_norm(x: Tensor, w: Tensor, eps: float) -> Tensor:
         if rows:
             _rms_kernel[(rows,)](x, w.contiguous(), out, D, eps, BLOCK_D=triton.next_power_of_2(D), num_warps=4)
         return out
-    xf = x.float()
-    r = torch.rsqrt(tree_sum(xf * xf)[..., None] / D + eps)
-    return w * (xf * r).to(x.dtype)
+    return rms_norm_rows(x, w, eps)
 
 
 @bi_rms_norm.register_fake
@@ -53,14 +51,29 @@ def _rms_setup(ctx, inputs, output) -> None:
     ctx.eps = eps
 
 
-def _rms_backward(ctx, grad: Tensor) -> tuple[Tensor, Tensor, None]:
-    x, w = ctx.saved_tensors
+def rms_norm_rows(x: Tensor, w: Tensor, eps: float) -> Tensor:
+    """The CPU path, also the fused block kernels' fallback: w * rms_norm(x) over the last dim with one fixed tree
+    sum per row (normalise in fp32, scale in x's dtype)."""
     xf = x.float()
-    r = torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + ctx.eps)
+    r = torch.rsqrt(tree_sum(xf * xf)[..., None] / x.shape[-1] + eps)
+    return w.to(x.dtype) * (xf * r).to(x.dtype)
+
+
+def rms_norm_backward(x: Tensor, w: Tensor, grad: Tensor, eps: float) -> tuple[Tensor, Tensor]:
+    """Ordinary-math backward of w * rms_norm(x) over the last dim: (grad of x, grad of w), both fp32; the weight's
+    summed over every leading dim."""
+    xf = x.float()
+    r = torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
     y = xf * r
     gy = grad.float() * w.float()
     gx = r * (gy - y * (gy * y).mean(-1, keepdim=True))
     gw = (grad.float() * y.to(x.dtype).float()).reshape(-1, x.shape[-1]).sum(0)
+    return gx, gw
+
+
+def _rms_backward(ctx, grad: Tensor) -> tuple[Tensor, Tensor, None]:
+    x, w = ctx.saved_tensors
+    gx, gw = rms_norm_backward(x, w, grad, ctx.eps)
     return gx.to(x.dtype), gw.to(w.dtype), None
 
 

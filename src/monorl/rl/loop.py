@@ -196,12 +196,13 @@ class GRPORun:
         self.attn_backend = resolve_backend(cfg.model.attn_backend, self.device, gen_dtype)
         t = time.perf_counter()
         # the generator builds its own copy of the policy (in gen_dtype, fused projections, LoRA merged in) under
-        # the run's compile policy; batch-invariant runs keep the trainer's unfused GEMM shapes (and LoRA's
-        # separate adapter matmuls), which the bitwise guarantee is for. On CUDA its KV cache is sized after the
-        # trainer's warm-up has measured what training needs (`size_kv_cache`).
+        # the run's compile policy; batch-invariant LoRA runs keep LoRA's separate adapter matmuls (unfused), which
+        # the bitwise guarantee is for (a fused projection's invariant GEMM computes each output column as the
+        # unfused one does: `monorl.ops.matmul_invariant`). On CUDA its KV cache is sized after the trainer's
+        # warm-up has measured what training needs (`size_kv_cache`).
         self.generator = Generator(self.policy, cfg.generator, tokenizer=self.tokenizer,
                                    eos_token_ids=eos_ids(self.tokenizer, self.model_config), compile=cc,
-                                   fused=not cfg.batch_invariant, allocate_kv=not on_gpu,
+                                   allocate_kv=not on_gpu,
                                    lora=lora if cfg.batch_invariant and lora.enabled else None)
         if cfg.batch_invariant:  # both sides converted once, here (the reference copy below inherits the policy's)
             make_batch_invariant_(self.policy)

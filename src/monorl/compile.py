@@ -125,7 +125,11 @@ def compile_generator(model: torch.nn.Module, sample: Callable, cfg: CompileConf
 
 def mark_dynamic(*tensors: Tensor, dims: tuple[int, ...] | None = None) -> None:
     """Mark `dims` (default: every dimension) of each tensor dynamic for torch.compile (Dynamo's
-    `maybe_mark_dynamic`: a hint, never an error; a no-op in eager code). See the notes above."""
+    `maybe_mark_dynamic`: a hint, never an error; a no-op in eager code). See the notes above. Inside code Dynamo
+    is tracing (a whole-model compile reaches the contexts built in forward) it does nothing: Dynamo refuses to
+    trace the call, and the graph's inputs were marked where they entered."""
+    if torch.compiler.is_compiling():
+        return
     for t in tensors:
         for d in range(t.dim()) if dims is None else dims:
             torch._dynamo.maybe_mark_dynamic(t, d)

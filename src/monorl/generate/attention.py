@@ -132,4 +132,4 @@ def paged_decode_triton(q: Tensor, k_cache: Tensor, v_cache: Tensor, block_table
     """Paged flash-decode: the one Triton attention kernel of monorl (`monorl.ops.attention_triton`), which the
     batch-invariant ops also run for varlen prefill/training. One program per (sequence, kv head), keys
     in blocks of 64 read through the block table; only seq_len keys are read."""
-    return attention_triton(q, k_cache, v_cache, None, seq_lens, block_tables)
+    return attention_triton(q, k_cache, v_cache, seq_lens, block_tables)

@@ -12,7 +12,7 @@ import torch
 from torch import Tensor
 
 from monorl.ops import use_triton
-from monorl.ops.attention_triton import attention_triton
+from monorl.ops.attention_triton import attention_triton, varlen_attention_triton
 from monorl.ops.tree_sum import tree_sum
 
 
@@ -41,9 +41,7 @@ def bi_varlen_attn(q: Tensor, k: Tensor, v: Tensor, positions: Tensor, cu_seqlen
     (the `VarlenContext`'s padded layout) are for backward, which must not read lengths on the host (it runs
     inside trainer CUDA graphs)."""
     if use_triton(q):
-        pos = positions.to(torch.int32)
-        kbase = torch.arange(q.shape[0], device=q.device, dtype=torch.int32) - pos
-        return attention_triton(q, k, v, kbase, pos + 1, None)
+        return varlen_attention_triton(q, k, v, cu_seqlens, valid.shape[1])
     g = q.shape[1] // k.shape[1]
     out = torch.empty_like(q)
     cu = cu_seqlens.tolist()
@@ -158,7 +156,7 @@ bi_varlen_attn.register_autograd(_attn_backward, setup_context=_attn_setup)
 def bi_paged_decode(q: Tensor, k_cache: Tensor, v_cache: Tensor, block_tables: Tensor, seq_lens: Tensor) -> Tensor:
     """q [B, Hq, D] attends the first seq_lens[b] keys of its block table (caches [N, bs, Hkv, D])."""
     if use_triton(q):
-        return attention_triton(q, k_cache, v_cache, None, seq_lens.to(torch.int32), block_tables)
+        return attention_triton(q, k_cache, v_cache, seq_lens.to(torch.int32), block_tables)
     B, W = block_tables.shape
     bs, Hkv, D = k_cache.shape[1:]
     g = q.shape[1] // Hkv

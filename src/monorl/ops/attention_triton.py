@@ -1,11 +1,16 @@
 """The one Triton attention kernel of monorl: varlen-causal (packed sequences) and paged decode (keys read
 through a block table) in one code path.
 
-Every query walks its keys in blocks of `ATTN_BLOCK_N` from position 0 with the same online-softmax
-update; only the key addressing differs between the layouts. So a token's output is the same function of
-its q and its keys in both, which is what makes `attention_invariant` batch-invariant; the generator's
-ordinary paged decode (`monorl.generate.attention`) runs the same kernel for its speed: it reads only
-each sequence's `seq_len` keys.
+Every query row walks its keys in blocks of `ATTN_BLOCK_N` from position 0 with the same online-softmax
+update; only the addressing differs between the layouts. A program holds a tile of `ATTN_ROWS` query rows
+of one kv head, (token, query head) pairs: in decode the G query heads of one sequence's token (the rest
+padding), in a varlen forward the G heads of `ATTN_ROWS // G` consecutive tokens of one sequence, which then
+share every key and value block they load (one load per tile instead of one per token). The tile's shapes,
+and so its dot products, are the same in both layouts, and a row's keys past its own position are masked to
+-inf: a block the row does not reach leaves its softmax state exactly unchanged (p = 0, rescale by exp(0) =
+1). So a token's output is the same function of its q and its keys in both, which is what makes
+`attention_invariant` batch-invariant; the generator's ordinary paged decode (`monorl.generate.attention`)
+runs the same kernel for its speed: it reads only each sequence's `seq_len` keys.
 """
 
 from __future__ import annotations
@@ -16,44 +21,64 @@ from torch import Tensor
 from monorl.ops import HAS_TRITON
 
 ATTN_BLOCK_N = 64  # keys per block (both layouts)
+ATTN_ROWS = 16  # query rows per program (both layouts): the smallest tile of a tensor-core dot
 
 if HAS_TRITON:
     import triton
     import triton.language as tl
 
     @triton.jit
-    def _attn_kernel(q_ptr, k_ptr, v_ptr, o_ptr, kbase_ptr, lens_ptr, bt_ptr,
+    def _attn_kernel(q_ptr, k_ptr, v_ptr, o_ptr, cu_ptr, lens_ptr, bt_ptr,
                      stride_qt, stride_qh, stride_kblk, stride_ktok, stride_kh, stride_btb,
-                     stride_ot, stride_oh, scale,
-                     PAGED: tl.constexpr, G: tl.constexpr, GP: tl.constexpr, D: tl.constexpr,
-                     BS: tl.constexpr, BLOCK_N: tl.constexpr):
-        # One program per (query token, kv head); the G query heads of that kv head are the rows. Only the
-        # key addressing differs between layouts (PAGED): the arithmetic below is one code path.
-        r = tl.program_id(0)
+                     stride_ot, stride_oh, scale, tiles,
+                     PAGED: tl.constexpr, G: tl.constexpr, ROWS: tl.constexpr, TOKENS: tl.constexpr,
+                     D: tl.constexpr, BS: tl.constexpr, BLOCK_N: tl.constexpr):
+        # Rows are (token i < TOKENS of the tile, query head hk * G + g). Paged: program = one sequence's new
+        # token (TOKENS = 1), n keys, all of them visible. Varlen: program = tile `pid % tiles` of sequence
+        # `pid // tiles`; its token i sees keys 0..t0 + i of that sequence.
+        pid = tl.program_id(0)
         hk = tl.program_id(1)
-        seqlen = tl.load(lens_ptr + r)
-        offs_g = tl.arange(0, GP)
+        rows = tl.arange(0, ROWS)
+        i = rows // G
         offs_d = tl.arange(0, D)
         offs_n = tl.arange(0, BLOCK_N)
-        gmask = offs_g < G
-        q = tl.load(q_ptr + r * stride_qt + (hk * G + offs_g)[:, None] * stride_qh + offs_d[None, :],
-                    mask=gmask[:, None], other=0.0)
-        m_i = tl.full([GP], float("-inf"), dtype=tl.float32)
-        l_i = tl.zeros([GP], dtype=tl.float32)
-        acc = tl.zeros([GP, D], dtype=tl.float32)
-        if not PAGED:
-            kbase = tl.load(kbase_ptr + r).to(tl.int64)
-        for start in range(0, seqlen, BLOCK_N):
-            tok = start + offs_n
-            nmask = tok < seqlen
+        if PAGED:
+            n = tl.load(lens_ptr + pid)
+            qrow = pid + 0 * i
+            lim = n + 0 * i  # keys visible to each row
+            rmask = i < TOKENS
+            kv_end = n
+            kbase = 0
+        else:
+            seq = pid // tiles
+            t0 = (pid % tiles) * TOKENS
+            start = tl.load(cu_ptr + seq)
+            n = tl.load(cu_ptr + seq + 1) - start
+            if t0 >= n:  # a tile past its sequence's end (the grid covers the longest one)
+                return
+            tok = t0 + i
+            rmask = (i < TOKENS) & (tok < n)
+            qrow = start + tl.minimum(tok, n - 1)
+            lim = tok + 1
+            kv_end = n - tl.maximum(n - t0 - TOKENS, 0)  # min(n, t0 + TOKENS)
+            kbase = start.to(tl.int64)
+        hq = hk * G + rows % G
+        q = tl.load(q_ptr + qrow[:, None].to(tl.int64) * stride_qt + hq[:, None] * stride_qh + offs_d[None, :],
+                    mask=rmask[:, None], other=0.0)
+        m_i = tl.full([ROWS], float("-inf"), dtype=tl.float32)
+        l_i = tl.zeros([ROWS], dtype=tl.float32)
+        acc = tl.zeros([ROWS, D], dtype=tl.float32)
+        for start_n in range(0, kv_end, BLOCK_N):
+            key = start_n + offs_n
+            nmask = key < kv_end
             if PAGED:
-                blk = tl.load(bt_ptr + r * stride_btb + tok // BS, mask=nmask, other=0)
-                off = blk.to(tl.int64) * stride_kblk + (tok % BS) * stride_ktok + hk * stride_kh
+                blk = tl.load(bt_ptr + pid * stride_btb + key // BS, mask=nmask, other=0)
+                off = blk.to(tl.int64) * stride_kblk + (key % BS) * stride_ktok + hk * stride_kh
             else:
-                off = (kbase + tok) * stride_ktok + hk * stride_kh
+                off = (kbase + key) * stride_ktok + hk * stride_kh
             k = tl.load(k_ptr + off[:, None] + offs_d[None, :], mask=nmask[:, None], other=0.0)
             s = tl.dot(q, tl.trans(k)) * scale
-            s = tl.where(nmask[None, :], s, float("-inf"))
+            s = tl.where(key[None, :] < lim[:, None], s, float("-inf"))
             m_new = tl.maximum(m_i, tl.max(s, 1))
             p = tl.exp(s - m_new[:, None])
             alpha = tl.exp(m_i - m_new)
@@ -62,31 +87,47 @@ if HAS_TRITON:
             acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
             m_i = m_new
         out = acc / l_i[:, None]
-        tl.store(o_ptr + r * stride_ot + (hk * G + offs_g)[:, None] * stride_oh + offs_d[None, :],
-                 out.to(o_ptr.dtype.element_ty), mask=gmask[:, None])
+        tl.store(o_ptr + qrow[:, None].to(tl.int64) * stride_ot + hq[:, None] * stride_oh + offs_d[None, :],
+                 out.to(o_ptr.dtype.element_ty), mask=rmask[:, None])
 
 
-def attention_triton(q: Tensor, k: Tensor, v: Tensor, kbase: Tensor | None, lens: Tensor,
-                     block_tables: Tensor | None) -> Tensor:
-    """q [R, Hq, D]. Varlen: k/v [T, Hkv, D], row r attends keys kbase[r] .. kbase[r]+lens[r]-1.
-    Paged: k/v caches [N, BS, Hkv, D], row r attends its table's first lens[r] keys."""
-    R, Hq, D = q.shape
-    Hkv = k.shape[-2]
+def _tile(Hq: int, Hkv: int) -> tuple[int, int, int]:
+    """(G, rows, tokens per varlen tile) for a model's head counts."""
     G = Hq // Hkv
+    rows = max(ATTN_ROWS, triton.next_power_of_2(G))
+    return G, rows, rows // G
+
+
+def attention_triton(q: Tensor, k_cache: Tensor, v_cache: Tensor, lens: Tensor, block_tables: Tensor) -> Tensor:
+    """Paged decode: q [R, Hq, D] (one token per sequence) attends the first lens[r] keys of row r's block table
+    (caches [N, BS, Hkv, D])."""
+    R, Hq, D = q.shape
+    G, rows, _ = _tile(Hq, k_cache.shape[-2])
     q = q.contiguous()
     out = torch.empty_like(q)
     if R == 0:
         return out
-    paged = block_tables is not None
-    if paged:
-        bs, s_blk, s_tok, s_h, s_bt = k.shape[1], k.stride(0), k.stride(1), k.stride(2), block_tables.stride(0)
-        kbase = lens  # unused
-    else:
-        k, v = k.contiguous(), v.contiguous()
-        bs, s_blk, s_tok, s_h, s_bt = 1, 0, k.stride(0), k.stride(1), 0
-        block_tables = lens  # unused
-    _attn_kernel[(R, Hkv)](
-        q, k, v, out, kbase, lens, block_tables,
-        q.stride(0), q.stride(1), s_blk, s_tok, s_h, s_bt, out.stride(0), out.stride(1), D ** -0.5,
-        PAGED=paged, G=G, GP=max(16, triton.next_power_of_2(G)), D=D, BS=bs, BLOCK_N=ATTN_BLOCK_N, num_warps=4)
+    _attn_kernel[(R, k_cache.shape[-2])](
+        q, k_cache, v_cache, out, lens, lens, block_tables,
+        q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), block_tables.stride(0),
+        out.stride(0), out.stride(1), D ** -0.5, 1,
+        PAGED=True, G=G, ROWS=rows, TOKENS=1, D=D, BS=k_cache.shape[1], BLOCK_N=ATTN_BLOCK_N, num_warps=4)
+    return out
+
+
+def varlen_attention_triton(q: Tensor, k: Tensor, v: Tensor, cu_seqlens: Tensor, max_seqlen: int) -> Tensor:
+    """Causal attention of packed sequences: q [T, Hq, D], k/v [T, Hkv, D]; sequence s is tokens
+    cu_seqlens[s] .. cu_seqlens[s+1] - 1 (int32, on the device: no host read), none longer than max_seqlen."""
+    T, Hq, D = q.shape
+    Hkv = k.shape[1]
+    G, rows, tokens = _tile(Hq, Hkv)
+    q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
+    out = torch.empty_like(q)
+    if T == 0:
+        return out
+    tiles = triton.cdiv(max_seqlen, tokens)
+    _attn_kernel[((cu_seqlens.shape[0] - 1) * tiles, Hkv)](
+        q, k, v, out, cu_seqlens, cu_seqlens, cu_seqlens,
+        q.stride(0), q.stride(1), 0, k.stride(0), k.stride(1), 0, out.stride(0), out.stride(1), D ** -0.5, tiles,
+        PAGED=False, G=G, ROWS=rows, TOKENS=tokens, D=D, BS=1, BLOCK_N=ATTN_BLOCK_N, num_warps=4)
     return out

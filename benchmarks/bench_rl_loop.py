@@ -11,7 +11,11 @@ process so startup is real:
   graphs_warm        the same again on that warm cache
   nocompile_graphs   no compile; decode and trainer CUDA graphs (what a cold cache makes worth it)
   nocompile_graphs_eager_ops  the same with the generator's fused Triton kernels off (GeneratorConfig.fused_kernels)
-  preset_auto        the preset's own settings (compile.backend auto), on a fresh cache
+  preset_auto        the preset's own settings (compile.backend auto, batch-invariant mode on), on a fresh cache
+  bi_graphs, bi_nocompile_graphs  graphs / nocompile_graphs with batch-invariant mode on
+
+Every column but preset_auto and the bi_ ones runs with batch-invariant mode off (`--batch_invariant false`;
+the Qwen3 presets turn it on), so they stay the default-kernel baseline the mode's cost is measured against.
 
 With --model-dir DIR (holding qwen3-0.6b/config.json and qwen3-tokenizer/, copied from ../shared/models into the
 ignored .models/), the model is `--model.path` of that config + the real Qwen3 tokenizer with random_init, so
@@ -109,6 +113,8 @@ def main() -> None:
     results = {}
     for name in args.columns.split(","):
         extra, cache_key = COLUMNS[name]
+        if name != "preset_auto" and not name.startswith("bi_"):
+            extra = [*extra, "--batch_invariant", "false"]
         results[name] = run_column(name, extra, work / f"cache_{cache_key}", work, args.steps, model)
         r = results[name]
         print(f"{name}: total {r['total_s']:.1f}s startup {r['startup_s']:.1f}s gen {r['generate_s']:.2f}s "

@@ -20,8 +20,9 @@
 #   wall_user: the preset's process wall time with Python's bytecode cache and the compile caches kept across runs
 #            (3 runs each of compile.backend auto and inductor): cold first run, then warm
 #   bi_kernels: all GPU tests, then benchmarks/bench_batch_invariant.py: default, the mode, the mode on PyTorch ops
+#   bi_default: the preset (mode on by default): `monorl parity` on and off; the rollout correction in trainer graphs
 #   bi:      `monorl train` of the Qwen3-0.6B preset (random weights) with --batch_invariant true (trainer graphs on)
-# Usage on the device: bash scripts/gpu_check.sh [tests|trainer|profile|loop|compare|startup|scale|scale_compile|bi_cost|bi_cost_1.7b|bi_kernels|kernels|wall|wall_user|bi|all]   (logs, JSON under $OUT)
+# Usage on the device: bash scripts/gpu_check.sh [tests|trainer|profile|loop|compare|startup|scale|scale_compile|bi_cost|bi_cost_1.7b|bi_kernels|bi_default|kernels|wall|wall_user|bi|all]   (logs, JSON under $OUT)
 set -uo pipefail
 OUT=${OUT:-/tmp/monorl_out}; mkdir -p "$OUT"
 # wheels the device lacks (jsonargparse) go first: .whl carried, installed to /tmp/site (device README)
@@ -83,6 +84,28 @@ if [[ $what == bi_kernels ]]; then  # all GPU tests, then the mode's generator a
     | grep -E "^(FAILED|ERROR)|passed|failed" | tail -15
   python3 benchmarks/bench_batch_invariant.py --ops --profile --out "$OUT/bench_bi.json" 2>&1 \
     | tee "$OUT/bench_bi.log" | grep -v DEBUG | tail -66
+fi
+if [[ $what == bi_default ]]; then  # the Qwen3 preset with the mode on by default: `monorl parity` with and without
+  # it, then 3 steps with it off and the rollout correction on (TIS + token rejection) inside trainer CUDA graphs
+  d=$(python3 -c "import sys; sys.path.insert(0, 'benchmarks'); from pathlib import Path; from bench_memory import model_dir
+print(model_dir(Path('.models'), 'qwen3-0.6b'))")
+  args="--preset qwen3_0_6b_sum_digits --model.path $d --model.random_init true"
+  for bi in true false; do
+    python3 -m monorl.cli parity $args --batch_invariant $bi 2>&1 | grep -E "^parity|PASS|FAIL"
+  done
+  python3 -m monorl.cli train $args --rollout.ignore_eos true --checkpoint.final false --steps 3 \
+    --batch_invariant false --trainer.loss.rollout_correction.rollout_is token \
+    --trainer.loss.rollout_correction.rollout_rs token --trainer.loss.rollout_correction.rollout_rs_threshold 1.01 \
+    --run_dir /tmp/corr_run > "$OUT/corr_run.log" 2>&1; echo "train rc $?"
+  python3 -c "import json
+for line in open('/tmp/corr_run/metrics.jsonl'):
+    m = json.loads(line)
+    keep = {k: round(v, 5) for k, v in m.items() if isinstance(v, (int, float))
+            and (k.startswith(('rollout_corr/', 'logprob_diff', 'trainer/graph')) or k == 'step')}
+    if keep: print(keep)
+print('trainer graphs:', json.load(open('/tmp/corr_run/summary.json'))['trainer_graphs'])"
+  python3 benchmarks/bench_rl_loop.py --model-dir .models --columns preset_auto --out "$OUT/rl_loop_preset.json" 2>&1 \
+    | grep -E "^\|" | tail -20
 fi
 if [[ $what == bi_cost_1.7b ]]; then
   python3 benchmarks/bench_rl_loop.py --model-dir .models --size 1.7b --columns graphs,bi_graphs \

@@ -13,6 +13,9 @@ def test_presets_build():
     assert (ref.rollout.max_new_tokens, ref.rollout.temperature, ref.rollout.top_p) == (100, 0.8, 0.95)
     assert (ref.trainer.lr, ref.trainer.warmup_steps, ref.trainer.schedule) == (2e-6, 2, "linear")
     assert ref.validation.num_prompts == 20
+    # batch-invariant mode is the Qwen3 presets' default (its cost is under issue 14's 1.15x); tiny leaves it off
+    assert all(preset(n).batch_invariant for n in PRESETS if n.startswith("qwen3"))
+    assert not preset("tiny").batch_invariant
 
 
 def test_overrides_typed():

@@ -19,7 +19,8 @@ Model directories: `.models/qwen3-<size>/config.json` and `.models/qwen3-tokeniz
   python benchmarks/bench_scale.py --nproc 2 --rows 8b,weak,ref --out results/scale_2.json
   python benchmarks/bench_scale.py --nproc 2 --rows ref8 --shape tiny --device cpu --steps 2 \
       --compile.backend none --compile.trainer_cuda_graphs false --compile.decode_cuda_graphs false \
-      --rollout.max_new_tokens 8 --generator.max_model_len 512 --validation.num_prompts 2    # a CPU smoke run
+      --rollout.max_new_tokens 8 --generator.max_model_len 512 --validation.num_prompts 2 \
+      --batch_invariant false    # a CPU smoke run (the mode's CPU path is slow reference code)
 """
 
 from __future__ import annotations
@@ -79,6 +80,7 @@ def run_row(name: str, nproc: int, models: Path, steps: int, shape: str | None, 
             "steady_step_s": med("time/step_s"), "tokens_per_s": med("throughput/tokens_per_s"),
             "generate_s": med("time/generate_s"), "train_s": med("time/train_s"), "sync_s": med("time/sync_s"),
             "first_step_s": first["time/step_s"], "first_train_s": first["time/train_s"],
+            "logprob_diff_max": max(r.get("logprob_diff_max", float("nan")) for r in rows if "step" in r),
             # startup ends when every rank is ready (rank_wait_s: rank 0 waiting for the others); the run's own
             # wall time starts after imports and the process group, the row's wall_s around the whole command
             "startup_s": summary.get("startup_s"), "startup": summary.get("startup"),
@@ -103,16 +105,17 @@ def main() -> None:
         if a.out:  # after every row: a call cut off by its time limit keeps what it measured
             Path(a.out).write_text(json.dumps({"nproc": a.nproc, "rows": results}, indent=2) + "\n")
     print("\n| row | ranks | steady step s | tokens/s | generate s | train s | weight sync s | first step s |"
-          " startup s | run wall s | wall s |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|")
+          " startup s | run wall s | wall s | logprob_diff max |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
     for r in results:
         if "skipped" in r or "error" in r:
             why = r.get("skipped") or f"failed (exit {r['returncode']})"
-            print(f"| {r['name']} | {r['nproc']} | {why} | | | | | | | | |")
+            print(f"| {r['name']} | {r['nproc']} | {why} | | | | | | | | | |")
             continue
         print(f"| {r['name']} | {r['nproc']} | {r['steady_step_s']:.3f} | {r['tokens_per_s']:.0f} | "
               f"{r['generate_s']:.3f} | {r['train_s']:.3f} | {r['sync_s']:.4f} | {r['first_step_s']:.2f} | "
-              f"{r['startup_s'] or 0:.1f} | {r['run_wall_s'] or 0:.1f} | {r['wall_s']:.1f} |")
+              f"{r['startup_s'] or 0:.1f} | {r['run_wall_s'] or 0:.1f} | {r['wall_s']:.1f} | "
+              f"{r['logprob_diff_max']:.3g} |")
 
 
 if __name__ == "__main__":

@@ -204,6 +204,10 @@ class GRPORun:
                                    eos_token_ids=eos_ids(self.tokenizer, self.model_config), compile=cc,
                                    allocate_kv=not on_gpu,
                                    lora=lora if cfg.batch_invariant and lora.enabled else None)
+        if cfg.batch_invariant and not on_gpu:
+            log.warning("batch_invariant on %s runs the invariant ops' reference path (fixed-order tree sums, many "
+                        "times slower than the default kernels); --batch_invariant false for a quick run",
+                        self.device.type)
         if cfg.batch_invariant:  # both sides converted once, here (the reference copy below inherits the policy's)
             make_batch_invariant_(self.policy)
             make_batch_invariant_(self.generator.model)

@@ -7,7 +7,7 @@ It computes exactly what that function does, and picks the same tokens:
   masked int64 one does), the logits are scaled as ATen scales them (times the fp32 reciprocal of T) and
   perturbed with libdevice's logf, the CUDA math library PyTorch's kernels call;
 - the top-p nucleus is the same integer fixed-point count, found without sorting: a radix select over the
-  logits' bits, 4 bits a level from the top, each level a histogram of the masses of the keys under
+  logits' bits, 4 bits a level from the top, each level a histogram of the masses (and counts) of the keys under
   the prefix chosen so far, by their next digit (`_nucleus_level_kernel`, `_descend`). Integer sums are exact, so
   the threshold (the smallest logit whose strictly larger logits hold < top_p of the mass) does not depend on the
   order they are added in; a full-vocabulary `torch.sort` cost ~0.3 ms of a 2.5 ms decode step;
@@ -72,13 +72,11 @@ if HAS_TRITON:
         return tl.max(tl.load(part_max_ptr + b * NCH + c, mask=c < NCH, other=float("-inf")), axis=0)
 
     @triton.jit
-    def _descend(hist_ptr, top_p_ptr, b, B, LEVELS: tl.constexpr):
+    def _descend(hist_ptr, cnt_ptr, top_p_ptr, b, B, LEVELS: tl.constexpr):
         """Replay the first LEVELS digit choices of row b from their histograms: (key prefix, mass of the keys
         above the prefix's range, the nucleus's mass limit). Digit d of a level is valid if the largest key in
         its bin is kept (the mass strictly above it, `above` plus the bins above d, is < limit); the choice is
-        the lowest valid bin with mass, which holds the smallest kept key. (A key of zero mass is never kept:
-        the mass is monotone in the logit, so all mass is above it, and limit <= the total. So mass > 0 is the
-        test for a bin that holds a candidate; no counts needed.)"""
+        the lowest valid non-empty bin, which holds the smallest kept key."""
         d = tl.arange(0, 16)
         h0 = tl.load(hist_ptr + b * 16 + d)
         limit = libdevice.ceil(tl.sum(h0, axis=0).to(tl.float64) * tl.load(top_p_ptr)).to(tl.int64)
@@ -86,8 +84,9 @@ if HAS_TRITON:
         above = tl.zeros([], dtype=tl.int64)
         for level in tl.static_range(LEVELS):
             h = tl.load(hist_ptr + (level * B + b) * 16 + d)
+            n = tl.load(cnt_ptr + (level * B + b) * 16 + d)
             over = above + tl.sum(h, axis=0) - tl.cumsum(h, axis=0)  # mass of the keys above bin d's range
-            pick = tl.min(tl.where((h > 0) & (over < limit), d, 16), axis=0)
+            pick = tl.min(tl.where((n > 0) & (over < limit), d, 16), axis=0)
             above = tl.sum(tl.where(d == pick, over, 0), axis=0)
             prefix = prefix * 16 + pick
         return prefix, above, limit
@@ -104,34 +103,37 @@ if HAS_TRITON:
         tl.store(part_max_ptr + b * tl.num_programs(1) + c, tl.max(m, axis=0))
 
     @triton.jit
-    def _nucleus_level_kernel(logits_ptr, stride_b, row_max_ptr, hist_ptr, top_p_ptr, V, B, inv_t, scale,
+    def _nucleus_level_kernel(logits_ptr, stride_b, part_max_ptr, hist_ptr, cnt_ptr, top_p_ptr, V, B, inv_t, scale,
                               NCH: tl.constexpr, NCH_P: tl.constexpr, LEVEL: tl.constexpr, KEY_BITS: tl.constexpr,
                               CHUNK: tl.constexpr, BLOCK: tl.constexpr):
-        """One chunk of one row, one radix level (4 bits of the key, from the top): the mass of the row's keys
-        under the prefix chosen so far, by their next digit, added to the level's histogram (integer atomics:
-        exact, so the sums do not depend on the order the chunks add them in)."""
+        """One chunk of one row, one radix level (4 bits of the key, from the top): the mass and count of the
+        row's keys under the prefix chosen so far, by their next digit, added to the level's histogram (integer
+        atomics: exact, so the sums do not depend on the order the chunks add them in)."""
         b = tl.program_id(0).to(tl.int64)
         c = tl.program_id(1)
-        top = _row_top(row_max_ptr, b, NCH, NCH_P)
+        top = _row_top(part_max_ptr, b, NCH, NCH_P)
         if LEVEL == 0:
             prefix = tl.zeros([], dtype=tl.int64)
         else:
-            prefix, _, _ = _descend(hist_ptr, top_p_ptr, b, B, LEVEL)
+            prefix, _, _ = _descend(hist_ptr, cnt_ptr, top_p_ptr, b, B, LEVEL)
         SHIFT: tl.constexpr = KEY_BITS - 4 * (LEVEL + 1)
         d = tl.arange(0, 16)
-        mass = tl.zeros([BLOCK, 16], dtype=tl.int64)  # reduced once, after the loop
+        mass = tl.zeros([16], dtype=tl.int64)
+        count = tl.zeros([16], dtype=tl.int32)
         for i in range(0, CHUNK, BLOCK):
             v = c * CHUNK + i + tl.arange(0, BLOCK)
             mask = v < V
             x = tl.load(logits_ptr + b * stride_b + v, mask=mask, other=0.0)
-            key = _order_key(x, KEY_BITS)
             q = (libdevice.exp(x.to(tl.float32) * inv_t - top) * scale).to(tl.int64)
-            q = tl.where(mask & ((key >> (SHIFT + 4)) == prefix), q, 0)
-            mass += tl.where(((key >> SHIFT) & 15)[:, None] == d[None, :], q[:, None], 0)
-        tl.atomic_add(hist_ptr + (LEVEL * B + b) * 16 + d, tl.sum(mass, axis=0))
+            key = _order_key(x, KEY_BITS)
+            hit = (((key >> SHIFT) & 15)[:, None] == d[None, :]) & (mask & ((key >> (SHIFT + 4)) == prefix))[:, None]
+            mass += tl.sum(tl.where(hit, q[:, None], 0), axis=0)
+            count += tl.sum(hit.to(tl.int32), axis=0)
+        tl.atomic_add(hist_ptr + (LEVEL * B + b) * 16 + d, mass)
+        tl.atomic_add(cnt_ptr + (LEVEL * B + b) * 16 + d, count)
 
     @triton.jit
-    def _sample_chunk_kernel(logits_ptr, stride_b, keys_ptr, pos_ptr, hist_ptr, top_p_ptr, best_val_ptr,
+    def _sample_chunk_kernel(logits_ptr, stride_b, keys_ptr, pos_ptr, hist_ptr, cnt_ptr, top_p_ptr, best_val_ptr,
                              best_idx_ptr, max_ptr, sum_ptr, V, B, inv_t, CHUNK: tl.constexpr, BLOCK: tl.constexpr,
                              GREEDY: tl.constexpr, NUCLEUS: tl.constexpr, KEY_BITS: tl.constexpr):
         """One chunk of one row: the chunk's best perturbed logit (and its lowest token id) and its share of
@@ -144,7 +146,7 @@ if HAS_TRITON:
             pos = tl.load(pos_ptr + b).to(tl.uint32)
             rowhash = _mix32(key ^ (pos * 0x61C88647))
         if NUCLEUS:  # the smallest kept logit, scaled
-            last, _, _ = _descend(hist_ptr, top_p_ptr, b, B, KEY_BITS // 4)
+            last, _, _ = _descend(hist_ptr, cnt_ptr, top_p_ptr, b, B, KEY_BITS // 4)
             thresh = _key_value(last, logits_ptr.dtype.element_ty, KEY_BITS) * inv_t
         best_val = tl.full([], float("-inf"), tl.float32)
         best_idx = tl.zeros([], tl.int32)
@@ -204,7 +206,7 @@ def _fp32(x: float) -> float:
 
 _BLOCK = 2048
 _CHUNK = 8 * _BLOCK  # a row of 151,936 logits: 10 chunks, so 40 rows fill ~400 programs
-_LEVEL_BLOCK = 256  # the radix levels' tile: a [256, 16] int64 accumulator per program
+_LEVEL_BLOCK = 256  # the radix levels' tile: [256, 16] one-hot sums
 
 
 @torch.library.custom_op("monorl::fused_sample", mutates_args=())
@@ -224,6 +226,7 @@ def sample(logits: Tensor, keys: Tensor, positions: Tensor, temperature: float, 
     nch = triton.cdiv(V, _CHUNK)
     key_bits = 8 * logits.element_size()
     hist = torch.zeros(key_bits // 4, B, 16, dtype=torch.int64, device=dev) if nucleus else logits
+    count = torch.zeros(key_bits // 4, B, 16, dtype=torch.int32, device=dev) if nucleus else logits
     top_p_t = torch.full((1,), top_p, dtype=torch.float64, device=dev)
     if nucleus and B:
         row_max = torch.empty(B, nch, dtype=torch.float32, device=dev)
@@ -231,7 +234,7 @@ def sample(logits: Tensor, keys: Tensor, positions: Tensor, temperature: float, 
                                     num_warps=8)
         scale = float(2 ** (62 - V.bit_length()))  # as `sampling._nucleus_threshold`: n * scale < 2**62
         for level in range(key_bits // 4):
-            _nucleus_level_kernel[(B, nch)](logits, logits.stride(0), row_max, hist, top_p_t, V, B, inv_t,
+            _nucleus_level_kernel[(B, nch)](logits, logits.stride(0), row_max, hist, count, top_p_t, V, B, inv_t,
                                             scale, NCH=nch, NCH_P=triton.next_power_of_2(nch), LEVEL=level,
                                             KEY_BITS=key_bits, CHUNK=_CHUNK, BLOCK=_LEVEL_BLOCK, num_warps=8)
     best_val = torch.empty(B, nch, dtype=torch.float32, device=dev)
@@ -240,7 +243,7 @@ def sample(logits: Tensor, keys: Tensor, positions: Tensor, temperature: float, 
     tokens = torch.empty(B, dtype=torch.int64, device=dev)
     lps = torch.empty(B, dtype=torch.float32, device=dev)
     if B:
-        _sample_chunk_kernel[(B, nch)](logits, logits.stride(0), keys, positions, hist, top_p_t, best_val,
+        _sample_chunk_kernel[(B, nch)](logits, logits.stride(0), keys, positions, hist, count, top_p_t, best_val,
                                        best_idx, part_max, part_sum, V, B, inv_t, CHUNK=_CHUNK, BLOCK=_BLOCK,
                                        GREEDY=greedy, NUCLEUS=nucleus, KEY_BITS=key_bits, num_warps=8)
         _sample_combine_kernel[(B,)](logits, logits.stride(0), best_val, best_idx, part_max, part_sum, tokens, lps,

@@ -60,11 +60,9 @@ if HAS_TRITON:
         sign: tl.constexpr = 1 << (KEY_BITS - 1)
         ones: tl.constexpr = (1 << KEY_BITS) - 1
         bits = tl.where((key & sign) != 0, key ^ sign, key ^ ones)
-        if KEY_BITS == 16:  # (if / else: Triton compiles what follows a constexpr branch's return too)
-            value = bits.to(tl.int16).to(dtype, bitcast=True)
-        else:
-            value = bits.to(tl.int32).to(dtype, bitcast=True)
-        return value.to(tl.float32)
+        if KEY_BITS == 16:
+            return bits.to(tl.int16).to(dtype, bitcast=True).to(tl.float32)
+        return bits.to(tl.int32).to(dtype, bitcast=True).to(tl.float32)
 
     @triton.jit
     def _row_top(part_max_ptr, b, NCH: tl.constexpr, NCH_P: tl.constexpr):

@@ -10,6 +10,7 @@ import torch
 from monorl.compile_auto import (
     COLD_COMPILE_S,
     SAVED_PER_STEP_S,
+    SAVED_PER_STEP_S_BATCH_INVARIANT,
     WARM_COMPILE_S,
     auto_backend,
     compile_key,
@@ -36,6 +37,11 @@ def test_auto_compiles_when_the_steps_pay_for_it(tmp_path: Path) -> None:
     assert other != key and auto_backend(30, CUDA, tmp_path, other)[0] == "none"
     assert compile_key({"model": "a"}) == key
     assert auto_backend(10_000, torch.device("cpu"), tmp_path, key)[0] == "none"
+    # batch-invariant mode saves less per step (its trainer's invariant ops are custom ops Inductor cannot fuse)
+    bi_even = COLD_COMPILE_S / SAVED_PER_STEP_S_BATCH_INVARIANT
+    assert bi_even > cold_even
+    assert auto_backend(int(cold_even) + 1, CUDA, tmp_path, other, batch_invariant=True)[0] == "none"
+    assert auto_backend(int(bi_even) + 1, CUDA, tmp_path, other, batch_invariant=True)[0] == "inductor"
 
 
 def test_auto_resolves_before_the_run_and_is_recorded(tmp_path: Path) -> None:

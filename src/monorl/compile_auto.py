@@ -4,10 +4,11 @@ On the reference workload (Qwen3-0.6B, 10 steps of 5 x 8 rollouts, one H200, rea
 2026-11-23, after the generator moved to fused Triton kernels) only the trainer is compiled: the generator's decode
 step is as fast without Inductor (`monorl.compile.compile_generator`). Compiling the trainer costs ~19 s of startup
 with a cold compile cache (trainer warm-up 19.5 s vs 0.9 s eager) and ~2.5 s with a warm one (3.0 vs 0.9 s, plus
-the compiler's imports), and saves ~0.13 s per RL step (steady step 0.39 vs 0.52 s). So it pays after ~150 steps
-cold and ~20 warm; the reference's 10 steps finish first without it. Larger models save more per step for about
-the same compile time (one block is compiled, whatever the depth), so these constants err towards not compiling
-them.
+the compiler's imports), and saves ~0.13 s per RL step (steady step 0.39 vs 0.52 s); ~0.10 s in batch-invariant
+mode, the Qwen3 presets' default (0.444 vs 0.545 s, the trainer's compile taking about as long). So it pays after
+~150 steps cold and ~20 warm (~190 and ~25 in the mode); the reference's 10 steps finish first without it. Larger
+models save more per step for about the same compile time (one block is compiled, whatever the depth), so these
+constants err towards not compiling them.
 
 Whether the cache is warm is known from a marker monorl writes into the compile cache directory once a compiled
 warm-up has finished, keyed by everything that changes the compiled code: the model's shape, dtypes, the compile
@@ -32,6 +33,7 @@ if TYPE_CHECKING:
 COLD_COMPILE_S = 19.0
 WARM_COMPILE_S = 2.5
 SAVED_PER_STEP_S = 0.13
+SAVED_PER_STEP_S_BATCH_INVARIANT = 0.10
 _CODE_DIRS = ("model", "generate", "train", "ops")  # the code Inductor compiles
 _MARKERS = "monorl_compiled"
 
@@ -60,16 +62,18 @@ def mark_compiled(cache_dir: Path, key: str, compile_s: float) -> None:
     path.write_text(json.dumps({"compile_s": compile_s}) + "\n", encoding="utf-8")
 
 
-def auto_backend(steps: int, device: torch.device, cache_dir: Path, key: str) -> tuple[str, str]:
+def auto_backend(steps: int, device: torch.device, cache_dir: Path, key: str,
+                 batch_invariant: bool = False) -> tuple[str, str]:
     """(the backend `auto` runs: "inductor" or "none", a line saying why). CUDA graphs are on either way."""
     if device.type != "cuda":
         return "none", "compile.backend auto -> none: compiling is not measured to pay off on CPU"
     warm = warm_marker(cache_dir, key).is_file()
     cost = WARM_COMPILE_S if warm else COLD_COMPILE_S
-    even = cost / SAVED_PER_STEP_S
+    saved = SAVED_PER_STEP_S_BATCH_INVARIANT if batch_invariant else SAVED_PER_STEP_S
+    even = cost / saved
     backend = "inductor" if steps >= even else "none"
     return backend, (f"compile.backend auto -> {backend}: {steps} steps against a break-even of ~{even:.0f} "
-                     f"({'warm' if warm else 'cold'} compile cache: ~{cost:.0f} s to compile, ~{SAVED_PER_STEP_S} s "
+                     f"({'warm' if warm else 'cold'} compile cache: ~{cost:.0f} s to compile, ~{saved} s "
                      "saved per step, as measured for Qwen3-0.6B on an H200; --compile.backend inductor or none "
                      "decides it yourself)")
 
@@ -88,5 +92,6 @@ def resolve_auto_(cfg: RunConfig, m: ModelConfig, device: torch.device) -> str |
     it); the line saying why, or None when the backend was not auto."""
     if cfg.compile.backend != "auto":
         return None
-    cfg.compile.backend, why = auto_backend(cfg.steps, device, cfg.compile.cache_path, run_compile_key(cfg, m))
+    cfg.compile.backend, why = auto_backend(cfg.steps, device, cfg.compile.cache_path, run_compile_key(cfg, m),
+                                            cfg.batch_invariant)
     return why

@@ -21,8 +21,9 @@
 #            (3 runs each of compile.backend auto and inductor): cold first run, then warm
 #   bi_kernels: all GPU tests, then benchmarks/bench_batch_invariant.py: default, the mode, the mode on PyTorch ops
 #   bi_default: the preset (mode on by default): `monorl parity` on and off; the rollout correction in trainer graphs
+#   bi_lora: the mode's cost with LoRA rank 16 (Qwen3-0.6B and 8B; the preset's settings otherwise)
 #   bi:      `monorl train` of the Qwen3-0.6B preset (random weights) with --batch_invariant true (trainer graphs on)
-# Usage on the device: bash scripts/gpu_check.sh [tests|trainer|profile|loop|compare|startup|scale|scale_compile|bi_cost|bi_cost_1.7b|bi_kernels|bi_default|kernels|wall|wall_user|bi|all]   (logs, JSON under $OUT)
+# Usage on the device: bash scripts/gpu_check.sh [tests|trainer|profile|loop|compare|startup|scale|scale_compile|bi_cost|bi_cost_1.7b|bi_kernels|bi_default|bi_lora|kernels|wall|wall_user|bi|all]   (logs, JSON under $OUT)
 set -uo pipefail
 OUT=${OUT:-/tmp/monorl_out}; mkdir -p "$OUT"
 # wheels the device lacks (jsonargparse) go first: .whl carried, installed to /tmp/site (device README)
@@ -106,6 +107,19 @@ for line in open('/tmp/corr_run/metrics.jsonl'):
 print('trainer graphs:', json.load(open('/tmp/corr_run/summary.json'))['trainer_graphs'])"
   python3 benchmarks/bench_rl_loop.py --model-dir .models --columns preset_auto --out "$OUT/rl_loop_preset.json" 2>&1 \
     | grep -E "^\|" | tail -20
+fi
+if [[ $what == bi_lora ]]; then  # the mode's cost with LoRA (rank 16): Qwen3-0.6B and 8B, the preset's defaults
+  for size in 0.6b 8b; do
+    d=$(python3 -c "import sys; sys.path.insert(0, 'benchmarks'); from pathlib import Path; from bench_memory import model_dir
+print(model_dir(Path('.models'), 'qwen3-$size'))")
+    for bi in false true; do
+      python3 -m monorl.cli train --preset qwen3_0_6b_sum_digits --model.path "$d" --model.random_init true \
+        --rollout.ignore_eos true --checkpoint.final false --checkpoint.every_minutes 0 --lora.rank 16 \
+        --batch_invariant $bi --run_dir "/tmp/lora_${size}_$bi" > "$OUT/lora_${size}_$bi.log" 2>&1
+      python3 -c "import json; s = json.load(open('/tmp/lora_${size}_$bi/summary.json'))
+print(f'| $size | $bi | {s[\"generate_s\"]:.2f} | {s[\"train_s\"]:.2f} | {s[\"steady_step_s\"]:.3f} | {s[\"logprob_diff_max\"]} |')"
+    done
+  done
 fi
 if [[ $what == bi_cost_1.7b ]]; then
   python3 benchmarks/bench_rl_loop.py --model-dir .models --size 1.7b --columns graphs,bi_graphs \

@@ -20,7 +20,7 @@
 #   wall_user: the preset's process wall time with Python's bytecode cache and the compile caches kept across runs
 #            (3 runs each of compile.backend auto and inductor): cold first run, then warm
 #   bi_kernels: all GPU tests, then benchmarks/bench_batch_invariant.py: default, the mode, the mode on PyTorch ops
-#   bi_default: the preset (mode on by default): `monorl parity` on and off; the rollout correction in trainer graphs
+#   bi_default: the preset (mode auto: on for full fine-tuning): `monorl parity` on and off; the rollout correction in trainer graphs
 #   bi_lora: the mode's cost with LoRA rank 16 (Qwen3-0.6B and 8B; the preset's settings otherwise)
 #   bi:      `monorl train` of the Qwen3-0.6B preset (random weights) with --batch_invariant true (trainer graphs on)
 # Usage on the device: bash scripts/gpu_check.sh [tests|trainer|profile|loop|compare|startup|scale|scale_compile|bi_cost|bi_cost_1.7b|bi_kernels|bi_default|bi_lora|kernels|wall|wall_user|bi|all]   (logs, JSON under $OUT)
@@ -86,7 +86,7 @@ if [[ $what == bi_kernels ]]; then  # all GPU tests, then the mode's generator a
   python3 benchmarks/bench_batch_invariant.py --ops --profile --out "$OUT/bench_bi.json" 2>&1 \
     | tee "$OUT/bench_bi.log" | grep -v DEBUG | tail -66
 fi
-if [[ $what == bi_default ]]; then  # the Qwen3 preset with the mode on by default: `monorl parity` with and without
+if [[ $what == bi_default ]]; then  # the Qwen3 preset, the mode on (auto, full fine-tuning): `monorl parity` with and without
   # it, then 3 steps with it off and the rollout correction on (TIS + token rejection) inside trainer CUDA graphs
   d=$(python3 -c "import sys; sys.path.insert(0, 'benchmarks'); from pathlib import Path; from bench_memory import model_dir
 print(model_dir(Path('.models'), 'qwen3-0.6b'))")

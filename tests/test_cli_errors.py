@@ -47,6 +47,7 @@ def _cases(tmp_path):
         (["--rollout.top_k", "-1"], "top_k must be >= 0"),
         (["--seed", "99", "--task.args.val_seed", "99"], "equals the validation seed"),
         (["--trainer.schedule", "foo"], "trainer.schedule must be one of"),
+        (["--batch_invariant", "maybe"], "batch_invariant must be one of true, false, auto"),
         (["--model.path", str(no_tok)], "has no tokenizer.json"),
         (["--preset", "qwen3_0_6b_sum_digits"], "model.path is not set"),
     ]

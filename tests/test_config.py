@@ -13,9 +13,27 @@ def test_presets_build():
     assert (ref.rollout.max_new_tokens, ref.rollout.temperature, ref.rollout.top_p) == (100, 0.8, 0.95)
     assert (ref.trainer.lr, ref.trainer.warmup_steps, ref.trainer.schedule) == (2e-6, 2, "linear")
     assert ref.validation.num_prompts == 20
-    # batch-invariant mode is the Qwen3 presets' default (its cost is under issue 14's 1.15x); tiny leaves it off
-    assert all(preset(n).batch_invariant for n in PRESETS if n.startswith("qwen3"))
-    assert not preset("tiny").batch_invariant
+    # batch-invariant mode: auto in the Qwen3 presets (on where its cost is under issue 14's 1.15x); tiny: off
+    assert all(preset(n).batch_invariant == "auto" for n in PRESETS if n.startswith("qwen3"))
+    assert preset("tiny").batch_invariant is False
+
+
+def test_batch_invariant_auto_resolves_per_run():
+    """auto: on for full fine-tuning on CUDA, off with LoRA (1.65x) and on CPU; an explicit value stays."""
+    import torch
+
+    from monorl.config import resolve_batch_invariant_
+
+    cuda, cpu = torch.device("cuda"), torch.device("cpu")  # device objects only: no GPU needed
+    for device, lora, want in ((cuda, 0, True), (cuda, 16, False), (cpu, 0, False)):
+        cfg = apply_overrides(preset("qwen3_0_6b_sum_digits"), {"lora.rank": str(lora)})
+        assert "batch_invariant auto" in resolve_batch_invariant_(cfg, device)
+        assert cfg.batch_invariant is want, (device, lora)
+    for value in ("true", "false"):
+        cfg = apply_overrides(preset("qwen3_0_6b_sum_digits"), {"batch_invariant": value})
+        assert resolve_batch_invariant_(cfg, cuda) is None and cfg.batch_invariant is (value == "true")
+    cfg = apply_overrides(preset("tiny"), {"batch_invariant": "auto"})
+    assert cfg.batch_invariant == "auto"
 
 
 def test_overrides_typed():

@@ -204,6 +204,8 @@ def condense_error(msg: str) -> str:
         shown = repr(value.group(1).strip()) if value else "?"
         if lit := re.search(r"Expected a (?:typing\.)?Literal\[(.*?)\]", msg):
             choices = ", ".join(c.strip(" '\"") for c in lit.group(1).split(","))
+            if re.search(r"Subtypes: \[.*bool", msg):  # bool | Literal[...]: true and false are values too
+                choices = f"true, false, {choices}"
             return f"--{key}: {key} must be one of {choices}, got {shown}"
         if "Unable to load config" in msg:
             return f"--{key} is a section: set one of its keys (--{key}.<name> value), or give it a config file"

@@ -9,7 +9,9 @@ import math
 import types
 import typing
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
+
+import torch
 
 from monorl.compile import CompileConfig
 from monorl.distributed.world import DistributedSection
@@ -150,9 +152,10 @@ class RunConfig:
     device: str = "auto"  # auto (cuda if available) | cpu | cuda | cuda:N
     run_dir: str | None = None  # default: runs/<preset>-<time>
     samples_per_step: int = 4  # rollouts written to samples.jsonl each step
-    # generator and trainer log-probs equal bit for bit (invariant kernels; the Qwen3 presets' default: it costs
-    # 1.02-1.11x of the default step on Qwen3-0.6B, 1.14x on 1.7B, H200; README "Batch-invariant mode")
-    batch_invariant: bool = False
+    # generator and trainer log-probs equal bit for bit (invariant kernels; README "Batch-invariant mode"). auto (the
+    # Qwen3 presets'): on for full fine-tuning on CUDA, where it costs 1.02-1.14x of a step (Qwen3-0.6B/1.7B, H200);
+    # off with LoRA (1.65x: unmerged adapters) and on CPU (reference code); `resolve_batch_invariant_`
+    batch_invariant: bool | Literal["auto"] = False
     model: ModelSection = field(default_factory=ModelSection)  # the policy: a checkpoint or random weights
     task: TaskSection = field(default_factory=TaskSection)  # prompts and rewards
     rollout: RolloutSection = field(default_factory=RolloutSection)  # sampling and advantages of each step
@@ -201,10 +204,10 @@ def _tiny() -> RunConfig:
 
 def _qwen3_0_6b_sum_digits() -> RunConfig:
     """The reference's rl_grpo_qwen3_0_6b: 10 steps, 5 prompts x 8, 100 tokens, T=0.8, top_p=0.95,
-    lr 2e-6 with 2 warmup steps then linear decay, 20 validation prompts. Batch-invariant mode on (generator
-    log-probs equal the trainer's bit for bit; --batch_invariant false for the default kernels)."""
+    lr 2e-6 with 2 warmup steps then linear decay, 20 validation prompts. Batch-invariant mode auto: on for full
+    fine-tuning on a GPU (generator log-probs equal the trainer's bit for bit), off with LoRA and on CPU."""
     return RunConfig(
-        preset="qwen3_0_6b_sum_digits", steps=10, batch_invariant=True,
+        preset="qwen3_0_6b_sum_digits", steps=10, batch_invariant="auto",
         model=ModelSection(),  # --model.path DIR (or --model.shape qwen3-0.6b: random weights, for benchmarks)
         task=TaskSection(name="sum_digits"),
         rollout=RolloutSection(prompts_per_step=5, group_size=8, max_new_tokens=100, temperature=0.8, top_p=0.95,
@@ -278,6 +281,18 @@ PRESETS: dict[str, typing.Callable[[], RunConfig]] = {
     "qwen3_0_6b_gsm8k_dataset": _qwen3_0_6b_gsm8k_dataset,
     "qwen3_0_6b_gsm8k_dapo": _qwen3_0_6b_gsm8k_dapo,
 }
+
+
+def resolve_batch_invariant_(cfg: RunConfig, device: torch.device) -> str | None:
+    """Replace batch_invariant auto in `cfg` by what it means for this run: on for full fine-tuning on CUDA (cost
+    1.02-1.14x of a step, Qwen3-0.6B/1.7B on an H200), off with LoRA (1.65x: the generator runs the adapters as
+    separate matmuls, unmerged) and on CPU (the invariant ops' reference path). Returns the line saying which, or
+    None when it was not auto. Before anything reads it: the memory plan and the compile key depend on it."""
+    if cfg.batch_invariant != "auto":
+        return None
+    cfg.batch_invariant = device.type == "cuda" and not cfg.lora.enabled
+    why = "full fine-tuning on CUDA" if cfg.batch_invariant else ("LoRA" if cfg.lora.enabled else device.type)
+    return f"batch_invariant auto -> {str(cfg.batch_invariant).lower()} ({why})"
 
 
 def preset(name: str) -> RunConfig:

@@ -392,6 +392,7 @@ def plan_report(cfg: RunConfig, device_bytes: int, sample: int = 32, ranks: int 
     import itertools
 
     from monorl.compile_auto import resolve_auto_
+    from monorl.config import resolve_batch_invariant_
     from monorl.rl.loop import resolve_model
     from monorl.tasks import load_task
 
@@ -405,11 +406,13 @@ def plan_report(cfg: RunConfig, device_bytes: int, sample: int = 32, ranks: int 
         raise ValueError(f"none of the first {len(lengths)} training prompts fits generator.max_model_len with "
                          f"{cfg.rollout.max_new_tokens} new tokens")
     longest = max(fitting)
-    why = resolve_auto_(cfg, m, torch.device("cuda"))  # compile.backend auto, as a run on a GPU would resolve it
+    bi_why = resolve_batch_invariant_(cfg, torch.device("cuda"))  # auto settings as a run on a GPU resolves them
+    why = resolve_auto_(cfg, m, torch.device("cuda"))
     ac = auto_checkpointing(cfg, m, longest, device_bytes, ranks=ranks)
     plan = plan_memory(cfg, m, longest, device_bytes, activation_checkpointing=ac, ranks=ranks)
     lines = [f"model: {source}", f"longest of the first {len(lengths)} training prompts: {longest} tokens",
-             *([why] if why else []), *([f"one GPU of {ranks} (FSDP2)"] if ranks > 1 else [])]
+             *([bi_why] if bi_why else []), *([why] if why else []),
+             *([f"one GPU of {ranks} (FSDP2)"] if ranks > 1 else [])]
     if ac and cfg.trainer.activation_checkpointing is None:
         lines.append("trainer.activation_checkpointing: on (auto: the run does not fit without it)")
     lines.append(plan.table())

@@ -20,7 +20,7 @@ from tqdm import tqdm
 
 from monorl.compile import compile_blocks, compile_counters, setup_compile_cache
 from monorl.compile_auto import mark_compiled, resolve_auto_, run_compile_key
-from monorl.config import RunConfig
+from monorl.config import RunConfig, resolve_batch_invariant_
 from monorl.distributed.checkpoint import (
     full_policy_on_main,
     is_sharded_checkpoint,
@@ -174,6 +174,8 @@ class GRPORun:
         self.components = self.check_components()
         self.pass_component = cfg.validation.pass_component or (self.task.reward_components or (None,))[0]
         on_gpu = self.device.type == "cuda"
+        if why := resolve_batch_invariant_(cfg, self.device):  # before the plan and the compile key, which read it
+            print(why, flush=True)
         if why := resolve_auto_(cfg, self.model_config, self.device):  # compile.backend auto; the plan depends on it
             print(why, flush=True)
         cfg.compile.backend = world.broadcast(cfg.compile.backend)  # rank 0's choice (its node's cache marker)

@@ -1,6 +1,7 @@
-"""The generator's fused block kernels (`monorl.ops.block_kernels`, `monorl.model.fused_kernels`). CPU: the
-converted model's wiring (its ops' PyTorch fallbacks) against the unconverted model, and what refuses to convert.
-GPU: each Triton kernel against its fallback, and a generator on the kernels against an eager forward."""
+"""The fused block kernels (`monorl.ops.block_kernels`, `monorl.model.fused_kernels`). CPU: the converted model's
+wiring (its ops' PyTorch fallbacks) against the unconverted model, fused and unfused, forward and the ops' backward;
+what refuses to convert; the batch-invariant conversion running them. GPU: each Triton kernel against its fallback,
+and a generator on the kernels against an eager forward."""
 
 from __future__ import annotations
 

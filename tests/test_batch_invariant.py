@@ -83,7 +83,7 @@ def test_attention_varlen_equals_decode() -> None:
     L, Hq, Hkv, D, bs = 21, 4, 2, 16, 4
     q, k, v = (torch.randn(L, h, D, generator=g) for h in (Hq, Hkv, Hkv))
     c = VarlenContext.from_lengths([L], "cpu")
-    full = attention_invariant.varlen_attention(q, k, v, c.positions, c.cu_seqlens, c.pad_index, c.valid)
+    full = attention_invariant.varlen_attention(q, k, v, c.cu_seqlens, c.pad_index, c.valid)
     blocks = torch.randperm(16, generator=g)[:6]  # a non-contiguous block table
     kc, vc = torch.full((16, bs, Hkv, D), float("nan")), torch.full((16, bs, Hkv, D), float("nan"))
     slots = blocks.repeat_interleave(bs)[:L] * bs + torch.arange(L) % bs

@@ -135,8 +135,7 @@ class VarlenContext:
 
     def attend(self, q: Tensor, k: Tensor, v: Tensor, cache: Any = None) -> Tensor:
         if self.backend == "invariant":  # the same kernel (and key-block order) as the invariant decode
-            return attention_invariant.varlen_attention(q, k, v, self.positions, self.cu_seqlens, self.pad_index,
-                                                        self.valid)
+            return attention_invariant.varlen_attention(q, k, v, self.cu_seqlens, self.pad_index, self.valid)
         if self.backend == "flash":
             # max_seqlen as a tensor size, not the Python int: compiled code then never specialises on it
             return flash_varlen(q, k, v, self.cu_seqlens, self.valid.shape[1])

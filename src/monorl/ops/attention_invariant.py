@@ -35,11 +35,10 @@ def _expand_kv(x: Tensor, g: int) -> Tensor:
 
 
 @torch.library.custom_op("monorl::bi_varlen_attn", mutates_args=())
-def bi_varlen_attn(q: Tensor, k: Tensor, v: Tensor, positions: Tensor, cu_seqlens: Tensor, pad_index: Tensor,
-                   valid: Tensor) -> Tensor:
-    """Causal attention of packed sequences: token t attends keys t - positions[t] .. t. `pad_index` / `valid`
-    (the `VarlenContext`'s padded layout) are for backward, which must not read lengths on the host (it runs
-    inside trainer CUDA graphs)."""
+def bi_varlen_attn(q: Tensor, k: Tensor, v: Tensor, cu_seqlens: Tensor, pad_index: Tensor, valid: Tensor) -> Tensor:
+    """Causal attention of packed sequences (sequence s: tokens cu_seqlens[s] .. cu_seqlens[s+1] - 1). `pad_index`
+    / `valid` (the `VarlenContext`'s padded layout) are for backward, which must not read lengths on the host (it
+    runs inside trainer CUDA graphs); valid's width is the longest sequence."""
     if use_triton(q):
         return varlen_attention_triton(q, k, v, cu_seqlens, valid.shape[1])
     g = q.shape[1] // k.shape[1]
@@ -60,8 +59,7 @@ def bi_varlen_attn(q: Tensor, k: Tensor, v: Tensor, positions: Tensor, cu_seqlen
 
 
 @bi_varlen_attn.register_fake
-def _(q: Tensor, k: Tensor, v: Tensor, positions: Tensor, cu_seqlens: Tensor, pad_index: Tensor,
-      valid: Tensor) -> Tensor:
+def _(q: Tensor, k: Tensor, v: Tensor, cu_seqlens: Tensor, pad_index: Tensor, valid: Tensor) -> Tensor:
     return torch.empty_like(q)
 
 
@@ -139,14 +137,14 @@ def _(grad: Tensor, q: Tensor, k: Tensor, v: Tensor, cu_seqlens: Tensor, pad_ind
 
 
 def _attn_setup(ctx, inputs, output) -> None:
-    q, k, v, positions, cu_seqlens, pad_index, valid = inputs
+    q, k, v, cu_seqlens, pad_index, valid = inputs
     ctx.save_for_backward(q, k, v, cu_seqlens, pad_index, valid)
 
 
 def _attn_backward(ctx, grad: Tensor) -> tuple[Tensor | None, ...]:
     q, k, v, cu_seqlens, pad_index, valid = ctx.saved_tensors
     dq, dk, dv = bi_varlen_attn_backward(grad.contiguous(), q, k, v, cu_seqlens, pad_index, valid)
-    return dq, dk, dv, None, None, None, None
+    return dq, dk, dv, None, None, None
 
 
 bi_varlen_attn.register_autograd(_attn_backward, setup_context=_attn_setup)
@@ -172,9 +170,8 @@ def _(q: Tensor, k_cache: Tensor, v_cache: Tensor, block_tables: Tensor, seq_len
     return torch.empty_like(q)
 
 
-def varlen_attention(q: Tensor, k: Tensor, v: Tensor, positions: Tensor, cu_seqlens: Tensor, pad_index: Tensor,
-                     valid: Tensor) -> Tensor:
-    return bi_varlen_attn(q, k, v, positions, cu_seqlens, pad_index, valid)
+def varlen_attention(q: Tensor, k: Tensor, v: Tensor, cu_seqlens: Tensor, pad_index: Tensor, valid: Tensor) -> Tensor:
+    return bi_varlen_attn(q, k, v, cu_seqlens, pad_index, valid)
 
 
 def paged_decode(q: Tensor, k_cache: Tensor, v_cache: Tensor, block_tables: Tensor, seq_lens: Tensor) -> Tensor:

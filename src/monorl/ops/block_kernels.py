@@ -136,14 +136,9 @@ def _add_rms_norm_backward(ctx, grad_h: Tensor, grad_out: Tensor) -> tuple[Tenso
 add_rms_norm.register_autograd(_add_rms_norm_backward, setup_context=_add_rms_norm_setup)
 
 
-def _rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
-    half = x.shape[-1] // 2
-    return x * cos[:, None, :] + torch.cat((-x[..., half:], x[..., :half]), dim=-1) * sin[:, None, :]
-
-
 def _rope_backward(g: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
-    """The gradient of `_rope`'s input from its output's g [T, H, D] (fp32): g * cos + rotate-half's transpose
-    of g * sin."""
+    """The gradient of RoPE's input (`monorl.model.qwen3.apply_rope`) from its output's g [T, H, D] (fp32): g * cos
+    + rotate-half's transpose of g * sin."""
     half = g.shape[-1] // 2
     u = g * sin[:, None, :].float()
     return g * cos[:, None, :].float() + torch.cat((u[..., half:], -u[..., :half]), dim=-1)
@@ -158,9 +153,11 @@ def qk_norm_rope(q: Tensor, k: Tensor, q_weight: Tensor, k_weight: Tensor, cos: 
     T, D = q.shape[0], cos.shape[-1]
     Hq, Hkv = q.shape[-1] // D, k.shape[-1] // D
     if not use_triton(q):
+        from monorl.model.qwen3 import apply_rope  # the model's own formula (imported here: ops load before models)
+
         q = rms_norm_rows(q.reshape(T, Hq, D), q_weight, eps)
         k = rms_norm_rows(k.reshape(T, Hkv, D), k_weight, eps)
-        return _rope(q, cos, sin).to(q.dtype), _rope(k, cos, sin).to(k.dtype)
+        return apply_rope(q, cos, sin).to(q.dtype), apply_rope(k, cos, sin).to(k.dtype)
     q, k = _rows(q), _rows(k)
     q_out, k_out = q.new_empty(T, Hq, D), k.new_empty(T, Hkv, D)
     if T:

@@ -46,7 +46,24 @@ def timed(tr: Trainer, batches: list[list[TrainSequence]]) -> list[float]:
 VARIANTS = {"eager": ("none", False), "eager_graphs": ("none", True), "compiled": ("inductor", False),
             "compiled_graphs": ("inductor", True),
             # batch-invariant mode, as the RL loop runs it (both converted, bf16 compute dtype)
-            "bi_eager": ("none", False), "bi_compiled": ("inductor", False), "bi_compiled_graphs": ("inductor", True)}
+            "bi_eager": ("none", False), "bi_graphs": ("none", True), "bi_compiled": ("inductor", False),
+            "bi_compiled_graphs": ("inductor", True)}
+
+
+def kernel_classes(prof) -> str:
+    """CUDA time of one profiled step by kind of kernel (the profile's own rows are per name)."""
+    kinds = {"matmul": ("gemm", "nvjet", "cutlass", "xmma", "matmul"), "attention": ("flash", "attn", "attention"),
+             "triton": ("triton", "_kernel"), "elementwise / reduce (aten)": ("elementwise", "reduce", "vectorized")}
+    out: dict[str, list[float]] = {}
+    for e in prof.key_averages():
+        t = getattr(e, "self_device_time_total", 0.0)
+        if not t or e.device_type != torch.autograd.DeviceType.CUDA:
+            continue
+        kind = next((k for k, keys in kinds.items() if any(w in e.key.lower() for w in keys)), "other")
+        row = out.setdefault(kind, [0.0, 0])
+        row[0] += t / 1e3
+        row[1] += e.count
+    return "CUDA time by kind: " + ", ".join(f"{k} {ms:.1f} ms ({n})" for k, (ms, n) in sorted(out.items()))
 
 
 def main() -> None:
@@ -54,6 +71,7 @@ def main() -> None:
     ap.add_argument("--out", default="train_step.json")
     ap.add_argument("--variants", default="eager,eager_graphs,compiled,compiled_graphs")
     ap.add_argument("--profile", default="compiled", help="the variants whose one step is profiled (comma list)")
+    ap.add_argument("--rows", type=int, default=18, help="kernels listed per profile")
     args = ap.parse_args()
     g = torch.Generator().manual_seed(0)
     batches = [seqs(g) for _ in range(7)]
@@ -81,7 +99,8 @@ def main() -> None:
                 tr.step(batches[0])
                 torch.cuda.synchronize()
             print(f"profile of one {name} step:")
-            print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=18, max_name_column_width=60))
+            print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=args.rows, max_name_column_width=60))
+            print(kernel_classes(prof))
         del tr, model
         torch.cuda.empty_cache()
     tokens = sum(len(s) for s in batches[0])

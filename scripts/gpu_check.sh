@@ -22,8 +22,13 @@
 #   bi_kernels: all GPU tests, then benchmarks/bench_batch_invariant.py: default, the mode, the mode on PyTorch ops
 #   bi_default: the preset (mode auto: on for full fine-tuning): `monorl parity` on and off; the rollout correction in trainer graphs
 #   bi_lora: the mode's cost with LoRA rank 16 (Qwen3-0.6B and 8B; the preset's settings otherwise)
+#   cold:    the preset's cold start kernel by kernel: a first run writes Python's bytecode cache (a user's pip
+#            install ships it), then a run on an empty Triton cache with every Triton compile and launcher build
+#            timed (benchmarks/trace_triton_jit.py), then warm; then the process exit: `python -m monorl.cli`
+#            (the prompt exit) against `main()` returning to the interpreter, twice each; then the trainer step in
+#            the mode without compile (the preset's default), profiled
 #   bi:      `monorl train` of the Qwen3-0.6B preset (random weights) with --batch_invariant true (trainer graphs on)
-# Usage on the device: bash scripts/gpu_check.sh [tests|trainer|profile|loop|compare|startup|scale|scale_compile|bi_cost|bi_cost_1.7b|bi_kernels|bi_default|bi_lora|kernels|wall|wall_user|bi|all]   (logs, JSON under $OUT)
+# Usage on the device: bash scripts/gpu_check.sh [tests|trainer|profile|loop|compare|startup|scale|scale_compile|bi_cost|bi_cost_1.7b|bi_kernels|bi_default|bi_lora|kernels|wall|wall_user|cold|bi|all]   (logs, JSON under $OUT)
 set -uo pipefail
 OUT=${OUT:-/tmp/monorl_out}; mkdir -p "$OUT"
 # wheels the device lacks (jsonargparse) go first: .whl carried, installed to /tmp/site (device README)
@@ -168,6 +173,43 @@ print(model_dir(Path('.models'), 'qwen3-0.6b'))")
 print(f'| $backend | $run | {$t1 - $t0:.2f} | {s[\"total_s\"]:.2f} | {s[\"startup_s\"]:.2f} | {s[\"steady_step_s\"]:.3f} |')"
     done
   done
+fi
+if [[ $what == cold ]]; then
+  d=$(python3 -c "import sys; sys.path.insert(0, 'benchmarks'); from pathlib import Path; from bench_memory import model_dir
+print(model_dir(Path('.models'), 'qwen3-0.6b'))")
+  args="--preset qwen3_0_6b_sum_digits --model.path $d --model.random_init true --rollout.ignore_eos true
+        --checkpoint.final false --checkpoint.every_minutes 0"
+  unset PYTHONDONTWRITEBYTECODE; export PYTHONPYCACHEPREFIX=/tmp/pyc
+  summary='import json, sys; s = json.load(open(sys.argv[1] + "/summary.json"))
+wall = float(sys.argv[4]) - float(sys.argv[3]); t, st, ss = (s[k] for k in ("total_s", "startup_s", "steady_step_s"))
+print(f"| {sys.argv[2]} | {wall:.2f} | {t:.2f} | {st:.2f} | {ss:.3f} |")'
+  TRITON_CACHE_DIR=/tmp/tc_prime python3 -m monorl.cli train $args --run_dir /tmp/cold0 > "$OUT/cold_prime.log" 2>&1
+  rows=""
+  for run in cold warm; do
+    t0=$(date +%s.%N)
+    TRITON_CACHE_DIR=/tmp/tc_user python3 benchmarks/trace_triton_jit.py --trace-out "$OUT/triton_$run.json" \
+      train $args --run_dir "/tmp/cold_$run" > "$OUT/cold_$run.log" 2>&1
+    t1=$(date +%s.%N)
+    grep -E "^startup|^\| " "$OUT/cold_$run.log" | head -40
+    rows+=$(python3 -c "$summary" "/tmp/cold_$run" "traced, $run Triton cache" "$t0" "$t1")$'\n'
+  done
+  for run in 1 2; do
+    for how in "entry" "main"; do
+      t0=$(date +%s.%N)
+      if [[ $how == entry ]]; then
+        TRITON_CACHE_DIR=/tmp/tc_user python3 -m monorl.cli train $args --run_dir "/tmp/exit_$how$run" > /dev/null 2>&1
+      else
+        TRITON_CACHE_DIR=/tmp/tc_user python3 -c "import sys; from monorl.cli import main; sys.exit(main())" \
+          train $args --run_dir "/tmp/exit_$how$run" > /dev/null 2>&1
+      fi
+      t1=$(date +%s.%N)
+      rows+=$(python3 -c "$summary" "/tmp/exit_$how$run" "$how, run $run" "$t0" "$t1")$'\n'
+    done
+  done
+  python3 benchmarks/profile_train_step.py --variants bi_eager,bi_graphs --profile bi_eager --rows 30 \
+    --out "$OUT/train_step_bi_eager.json" 2>&1 | tee "$OUT/profile_train_bi_eager.log" | grep -v DEBUG | grep -v "^-" \
+    | grep -E "step times|profile of|Name|^\||by kind| [0-9.]+ms|us " | cut -c1-150 | head -50
+  printf "\n| run | process wall s | run total s | startup s | steady step s |\n|---|---|---|---|---|\n%s" "$rows"
 fi
 if [[ $what == bi ]]; then
   python3 -m monorl.cli train --preset qwen3_0_6b_sum_digits --model.shape qwen3-0.6b --rollout.ignore_eos true \

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import re
 import sys
 from collections.abc import Callable
@@ -281,5 +282,20 @@ def main(argv: list[str] | None = None) -> int:
         return 130
 
 
+def entry() -> None:
+    """The `monorl` command (and `python -m monorl.cli`): `main()`, then exit without the interpreter's teardown.
+    Every file a run writes is closed by then (logs, metrics, checkpoints and loggers close themselves; checkpoint
+    writes are synchronous); what the exit skips is freeing the CUDA context, the caching allocator's segments and
+    every module's objects one by one, about a second after a GPU run. In-process callers use `main()`."""
+    rc = main()
+    try:
+        sys.stdout.flush()
+        sys.stderr.flush()
+    except (BrokenPipeError, ValueError):  # a closed pipe or stream: nothing left to say
+        pass
+    logging.shutdown()
+    os._exit(rc)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    entry()

@@ -142,6 +142,47 @@ def test_kernels_match_fallbacks(T, Hq, Hkv, D, hidden, inter):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("dt", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("T, Hq, Hkv, D, hidden, inter", [(300, 16, 8, 128, 1024, 3072), (37, 4, 2, 16, 64, 160)])
+def test_backward_kernels_match_fallbacks(T, Hq, Hkv, D, hidden, inter, dt):
+    """Each op's backward kernel (the norms' with RoPE's or the residual's gradient folded in; SiLU * up's; the
+    token log-probs') against its PyTorch fallback through autograd: every input's gradient, weights' included
+    (summed over rows in blocks, then the blocks), fp32 up to summation order, bf16 up to the output's rounding."""
+    from monorl.model.qwen3 import rope_cos_sin
+    from monorl.ops.logprob_invariant import token_logprobs
+    from monorl.ops.rmsnorm_invariant import bi_rms_norm
+
+    torch.manual_seed(0)
+    cuda = "cuda"
+    ins = {"qkv": torch.randn(T, (Hq + 2 * Hkv) * D, device=cuda, dtype=dt),
+           "qw": (1 + 0.3 * torch.randn(D, device=cuda)).to(dt), "kw": (1 + 0.3 * torch.randn(D, device=cuda)).to(dt),
+           "x": torch.randn(T, hidden, device=cuda, dtype=dt), "a": torch.randn(T, hidden, device=cuda, dtype=dt),
+           "w": (1 + 0.3 * torch.randn(hidden, device=cuda)).to(dt),
+           "gu": 3 * torch.randn(T, 2 * inter, device=cuda, dtype=dt),
+           "logits": 3 * torch.randn(T, 5000, device=cuda, dtype=dt)}
+    cos, sin = rope_cos_sin(torch.arange(T, device=cuda) * 13, D, 1e6, dt)
+    tokens = torch.randint(0, 5000, (T,), device=cuda)
+
+    def grads(device: str) -> dict[str, torch.Tensor]:
+        t = {k: v.to(device).requires_grad_(True) for k, v in ins.items()}
+        q, k, _ = t["qkv"].split([Hq * D, Hkv * D, Hkv * D], dim=-1)
+        outs = (*block_kernels.qk_norm_rope(q, k, t["qw"], t["kw"], cos.to(device), sin.to(device), 1e-6),
+                *block_kernels.add_rms_norm(t["x"], t["a"], t["w"], 1e-6), bi_rms_norm(t["a"], t["w"], 1e-6),
+                block_kernels.silu_mul(*t["gu"].split([inter, inter], dim=-1)),
+                token_logprobs(t["logits"], tokens.to(device), 0.7))
+        g = torch.Generator().manual_seed(1)
+        sum((o.float() * torch.randn(o.shape, generator=g).to(device)).sum() for o in outs).backward()
+        return {k: v.grad.cpu() for k, v in t.items()}
+
+    got, ref = grads(cuda), grads("cpu")  # the fallbacks run off CUDA
+    tol = 1e-4 if dt == torch.float32 else 3e-2
+    for name, r in ref.items():
+        assert r.abs().max() > 0, name
+        scale = r.float().abs().max().item()
+        torch.testing.assert_close(got[name].float() / scale, r.float() / scale, atol=tol, rtol=0, msg=name)
+
+
+@pytest.mark.gpu
 def test_generator_on_fused_kernels_computes_the_model():
     """Decode (CUDA graphs) and prefill on the fused kernels: the log-probs of the generated tokens equal an eager
     full-sequence forward of the unconverted model (bf16 tolerance); the graph path equals the eager decode path."""

@@ -14,7 +14,8 @@ three; 14% of q/k elements differed from eager on an H200). Every kernel is row-
 outputs read that token's inputs alone), so none depends on the batch. Each op is a custom op (opaque under
 `torch.compile`) with a PyTorch fallback off CUDA, which is also the reference the GPU tests hold the kernels to;
 the fallbacks sum squares in `tree_sum`'s fixed order, so they are batch-invariant too. Each has an ordinary-math
-backward, so a trainer's model runs them as well: a batch-invariant run converts both of its models to them
+backward, itself one fused kernel on CUDA (the norms' in `rmsnorm_invariant.rms_norm_backward`), so a trainer's
+model runs them as well: a batch-invariant run converts both of its models to them
 (`monorl.model.batch_invariant`), and generator and trainer then share every elementwise kernel of a block.
 """
 
@@ -93,6 +94,18 @@ if HAS_TRITON:
         s = (g / (1.0 + tl.exp(-g))).to(dt).to(tl.float32)
         tl.store(o_ptr + t * N + offs, (s * u).to(dt), mask=m)
 
+    @triton.jit
+    def _silu_mul_backward_kernel(d_ptr, g_ptr, u_ptr, dg_ptr, du_ptr, N, stride_g, stride_u, BLOCK: tl.constexpr):
+        t = tl.program_id(0).to(tl.int64)
+        offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+        m = offs < N
+        d = tl.load(d_ptr + t * N + offs, mask=m, other=0.0).to(tl.float32)
+        x = tl.load(g_ptr + t * stride_g + offs, mask=m, other=0.0).to(tl.float32)
+        u = tl.load(u_ptr + t * stride_u + offs, mask=m, other=0.0).to(tl.float32)
+        s = 1.0 / (1.0 + tl.exp(-x))
+        tl.store(dg_ptr + t * N + offs, (d * u * s * (1 + x * (1 - s))).to(dg_ptr.dtype.element_ty), mask=m)
+        tl.store(du_ptr + t * N + offs, (d * x * s).to(du_ptr.dtype.element_ty), mask=m)
+
 
 def _rows(x: Tensor) -> Tensor:
     """x with a unit last-dim stride (row strides are the kernels' arguments: a fused GEMM's column slices pass
@@ -128,20 +141,11 @@ def _add_rms_norm_setup(ctx, inputs, output) -> None:
 
 def _add_rms_norm_backward(ctx, grad_h: Tensor, grad_out: Tensor) -> tuple[Tensor, Tensor, Tensor, None]:
     h, w = ctx.saved_tensors
-    gx, gw = rms_norm_backward(h, w, grad_out, ctx.eps)
-    g = (gx + grad_h.float()).to(h.dtype)  # h feeds the norm and the residual stream
-    return g, g, gw.to(w.dtype), None
+    g, gw = rms_norm_backward(h, w, grad_out, ctx.eps, grad_residual=grad_h)  # h feeds the norm and the residual
+    return g, g, gw, None
 
 
 add_rms_norm.register_autograd(_add_rms_norm_backward, setup_context=_add_rms_norm_setup)
-
-
-def _rope_backward(g: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
-    """The gradient of RoPE's input (`monorl.model.qwen3.apply_rope`) from its output's g [T, H, D] (fp32): g * cos
-    + rotate-half's transpose of g * sin."""
-    half = g.shape[-1] // 2
-    u = g * sin[:, None, :].float()
-    return g * cos[:, None, :].float() + torch.cat((u[..., half:], -u[..., :half]), dim=-1)
 
 
 @torch.library.custom_op("monorl::qk_norm_rope", mutates_args=())
@@ -182,12 +186,8 @@ def _qk_norm_rope_setup(ctx, inputs, output) -> None:
 
 def _qk_norm_rope_backward(ctx, grad_q: Tensor, grad_k: Tensor):
     q, k, q_weight, k_weight, cos, sin = ctx.saved_tensors
-    T, D = q.shape[0], cos.shape[-1]
-    grads = []
-    for x, w, g in ((q, q_weight, grad_q), (k, k_weight, grad_k)):
-        gx, gw = rms_norm_backward(x.reshape(T, -1, D), w, _rope_backward(g.float(), cos, sin), ctx.eps)
-        grads.append((gx.reshape(T, -1).to(x.dtype), gw.to(w.dtype)))
-    (gq, gqw), (gk, gkw) = grads
+    gq, gqw = rms_norm_backward(q, q_weight, grad_q, ctx.eps, rope=(cos, sin))
+    gk, gkw = rms_norm_backward(k, k_weight, grad_k, ctx.eps, rope=(cos, sin))
     return gq, gk, gqw, gkw, None, None, None
 
 
@@ -218,11 +218,30 @@ def _silu_mul_setup(ctx, inputs, output) -> None:
     ctx.save_for_backward(*inputs)
 
 
+@torch.library.custom_op("monorl::silu_mul_backward", mutates_args=())
+def _silu_mul_backward_op(grad: Tensor, gate: Tensor, up: Tensor) -> tuple[Tensor, Tensor]:
+    if not use_triton(grad):
+        g, x = grad.float(), gate.float()
+        s = torch.sigmoid(x)
+        return (g * up.float() * s * (1 + x * (1 - s))).to(gate.dtype), (g * x * s).to(up.dtype)
+    grad, gate, up = grad.contiguous(), _rows(gate), _rows(up)
+    T, N = gate.shape
+    d_gate, d_up = gate.new_empty(T, N), up.new_empty(T, N)
+    if T:
+        block = 1024
+        _silu_mul_backward_kernel[(T, triton.cdiv(N, block))](grad, gate, up, d_gate, d_up, N, gate.stride(0),
+                                                               up.stride(0), BLOCK=block, num_warps=4)
+    return d_gate, d_up
+
+
+@_silu_mul_backward_op.register_fake
+def _(grad, gate, up):
+    return gate.new_empty(gate.shape), up.new_empty(up.shape)
+
+
 def _silu_mul_backward(ctx, grad: Tensor) -> tuple[Tensor, Tensor]:
     gate, up = ctx.saved_tensors
-    g, x = grad.float(), gate.float()
-    s = torch.sigmoid(x)
-    return (g * up.float() * s * (1 + x * (1 - s))).to(gate.dtype), (g * x * s).to(up.dtype)
+    return _silu_mul_backward_op(grad, gate, up)
 
 
 silu_mul.register_autograd(_silu_mul_backward, setup_context=_silu_mul_setup)

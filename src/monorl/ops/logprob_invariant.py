@@ -1,6 +1,7 @@
 """Batch-invariant token log-probs: log_softmax(logits / temperature) at the chosen token, with one fixed
 reduction order over the vocabulary per row (a Triton program on CUDA, a tree sum on CPU). Backward is
-ordinary math."""
+ordinary math, on CUDA one pass over the logits that takes each row's log-sum-exp from the forward's output
+(one-hot and softmax materialised in fp32 were ~18 ms of a Qwen3-0.6B trainer step)."""
 
 from __future__ import annotations
 
@@ -33,6 +34,20 @@ if HAS_TRITON:
         zt = tl.load(base + tok).to(tl.float32) / temperature
         tl.store(o_ptr + row, zt - m - tl.log(tl.sum(s_vec, axis=0)))
 
+    @triton.jit
+    def _logprob_backward_kernel(x_ptr, t_ptr, lp_ptr, g_ptr, gx_ptr, V, stride_x, temperature,
+                                 BLOCK_V: tl.constexpr):
+        row = tl.program_id(0).to(tl.int64)
+        offs = tl.program_id(1) * BLOCK_V + tl.arange(0, BLOCK_V)
+        m = offs < V
+        base = x_ptr + row * stride_x
+        tok = tl.load(t_ptr + row)
+        lse = tl.load(base + tok).to(tl.float32) / temperature - tl.load(lp_ptr + row)  # z_tok - log-prob
+        coef = tl.load(g_ptr + row) / temperature
+        p = tl.exp(tl.load(base + offs, mask=m, other=0.0).to(tl.float32) / temperature - lse)
+        gx = coef * ((offs == tok).to(tl.float32) - p)
+        tl.store(gx_ptr + row * V + offs, gx.to(gx_ptr.dtype.element_ty), mask=m)
+
 
 @torch.library.custom_op("monorl::bi_token_logprobs", mutates_args=())
 def bi_token_logprobs(logits: Tensor, tokens: Tensor, temperature: float) -> Tensor:
@@ -60,16 +75,36 @@ def _(logits: Tensor, tokens: Tensor, temperature: float) -> Tensor:
 
 def _lp_setup(ctx, inputs, output) -> None:
     logits, tokens, temperature = inputs
-    ctx.save_for_backward(logits, tokens)
+    ctx.save_for_backward(logits, tokens, output)
     ctx.temperature = temperature
 
 
+@torch.library.custom_op("monorl::token_logprobs_backward", mutates_args=())
+def _lp_backward_op(logits: Tensor, tokens: Tensor, logprobs: Tensor, grad: Tensor, temperature: float) -> Tensor:
+    """The gradient of the logits: grad[row] * (onehot(tokens[row]) - softmax(logits[row] / T)) / T."""
+    if not use_triton(logits):
+        p = torch.softmax(logits.float() / temperature, dim=-1)
+        onehot = F.one_hot(tokens.long(), logits.shape[-1]).to(p.dtype)
+        return (grad[:, None] * (onehot - p) / temperature).to(logits.dtype)
+    N, V = logits.shape
+    logits = logits if logits.stride(-1) == 1 else logits.contiguous()
+    out = torch.empty(N, V, dtype=logits.dtype, device=logits.device)
+    if N:
+        block = 2048
+        _logprob_backward_kernel[(N, triton.cdiv(V, block))](
+            logits, tokens.contiguous().long(), logprobs.contiguous(), grad.float().contiguous(), out, V,
+            logits.stride(0), float(temperature), BLOCK_V=block, num_warps=4)
+    return out
+
+
+@_lp_backward_op.register_fake
+def _(logits, tokens, logprobs, grad, temperature):
+    return torch.empty(logits.shape, dtype=logits.dtype, device=logits.device)
+
+
 def _lp_backward(ctx, grad: Tensor) -> tuple[Tensor, None, None]:
-    logits, tokens = ctx.saved_tensors
-    T = ctx.temperature
-    p = torch.softmax(logits.float() / T, dim=-1)
-    onehot = F.one_hot(tokens.long(), logits.shape[-1]).to(p.dtype)
-    return (grad[:, None] * (onehot - p) / T).to(logits.dtype), None, None
+    logits, tokens, logprobs = ctx.saved_tensors
+    return _lp_backward_op(logits, tokens, logprobs, grad, ctx.temperature), None, None
 
 
 bi_token_logprobs.register_autograd(_lp_backward, setup_context=_lp_setup)

@@ -26,9 +26,10 @@
 #            install ships it), then a run on an empty Triton cache with every Triton compile and launcher build
 #            timed (benchmarks/trace_triton_jit.py), then warm; then the process exit: `python -m monorl.cli`
 #            (the prompt exit) against `main()` returning to the interpreter, twice each; then the trainer step in
-#            the mode without compile (the preset's default), profiled
+#            the mode without compile (the preset's default), profiled; bwd: the fused-kernel and batch-invariant
+#            GPU tests, then cold without the exit comparison
 #   bi:      `monorl train` of the Qwen3-0.6B preset (random weights) with --batch_invariant true (trainer graphs on)
-# Usage on the device: bash scripts/gpu_check.sh [tests|trainer|profile|loop|compare|startup|scale|scale_compile|bi_cost|bi_cost_1.7b|bi_kernels|bi_default|bi_lora|kernels|wall|wall_user|cold|bi|all]   (logs, JSON under $OUT)
+# Usage on the device: bash scripts/gpu_check.sh [tests|trainer|profile|loop|compare|startup|scale|scale_compile|bi_cost|bi_cost_1.7b|bi_kernels|bi_default|bi_lora|kernels|wall|wall_user|cold|bwd|bi|all]   (logs, JSON under $OUT)
 set -uo pipefail
 OUT=${OUT:-/tmp/monorl_out}; mkdir -p "$OUT"
 # wheels the device lacks (jsonargparse) go first: .whl carried, installed to /tmp/site (device README)
@@ -174,6 +175,11 @@ print(f'| $backend | $run | {$t1 - $t0:.2f} | {s[\"total_s\"]:.2f} | {s[\"startu
     done
   done
 fi
+if [[ $what == bwd ]]; then
+  python3 -m pytest -q -m gpu tests/test_fused_kernels.py tests/test_batch_invariant_gpu.py tests/test_trainer_graphs_gpu.py \
+    -p no:cacheprovider 2>&1 | tee "$OUT/gpu_tests_bwd.log" | grep -E "^(FAILED|ERROR)|passed|failed|Error" | tail -15
+  what=cold EXIT_RUNS=0
+fi
 if [[ $what == cold ]]; then
   d=$(python3 -c "import sys; sys.path.insert(0, 'benchmarks'); from pathlib import Path; from bench_memory import model_dir
 print(model_dir(Path('.models'), 'qwen3-0.6b'))")
@@ -193,7 +199,7 @@ print(f"| {sys.argv[2]} | {wall:.2f} | {t:.2f} | {st:.2f} | {ss:.3f} |")'
     grep -E "^startup|^\| " "$OUT/cold_$run.log" | head -40
     rows+=$(python3 -c "$summary" "/tmp/cold_$run" "traced, $run Triton cache" "$t0" "$t1")$'\n'
   done
-  for run in 1 2; do
+  for run in $(seq 1 "${EXIT_RUNS:-2}"); do  # EXIT_RUNS=0 skips the exit comparison
     for how in "entry" "main"; do
       t0=$(date +%s.%N)
       if [[ $how == entry ]]; then

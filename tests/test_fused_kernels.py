@@ -164,7 +164,7 @@ def test_backward_kernels_match_fallbacks(T, Hq, Hkv, D, hidden, inter, dt):
     tokens = torch.randint(0, 5000, (T,), device=cuda)
 
     def grads(device: str) -> dict[str, torch.Tensor]:
-        t = {k: v.to(device).requires_grad_(True) for k, v in ins.items()}
+        t = {k: v.detach().to(device, copy=True).requires_grad_(True) for k, v in ins.items()}
         q, k, _ = t["qkv"].split([Hq * D, Hkv * D, Hkv * D], dim=-1)
         outs = (*block_kernels.qk_norm_rope(q, k, t["qw"], t["kw"], cos.to(device), sin.to(device), 1e-6),
                 *block_kernels.add_rms_norm(t["x"], t["a"], t["w"], 1e-6), bi_rms_norm(t["a"], t["w"], 1e-6),

@@ -37,11 +37,12 @@ def test_auto_compiles_when_the_steps_pay_for_it(tmp_path: Path) -> None:
     assert other != key and auto_backend(30, CUDA, tmp_path, other)[0] == "none"
     assert compile_key({"model": "a"}) == key
     assert auto_backend(10_000, torch.device("cpu"), tmp_path, key)[0] == "none"
-    # batch-invariant mode saves less per step (its trainer's invariant ops are custom ops Inductor cannot fuse)
-    bi_even = COLD_COMPILE_S / SAVED_PER_STEP_S_BATCH_INVARIANT
-    assert bi_even > cold_even
-    assert auto_backend(int(cold_even) + 1, CUDA, tmp_path, other, batch_invariant=True)[0] == "none"
-    assert auto_backend(int(bi_even) + 1, CUDA, tmp_path, other, batch_invariant=True)[0] == "inductor"
+    # batch-invariant mode: compiling saves nothing per step (the trainer runs the same Triton kernels either way),
+    # so no step count pays for it, warm cache or cold
+    assert SAVED_PER_STEP_S_BATCH_INVARIANT == 0.0
+    for k in (key, other):
+        backend, why = auto_backend(10_000, CUDA, tmp_path, k, batch_invariant=True)
+        assert backend == "none" and "batch-invariant" in why
 
 
 def test_auto_resolves_before_the_run_and_is_recorded(tmp_path: Path) -> None:

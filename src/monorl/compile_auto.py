@@ -4,9 +4,11 @@ On the reference workload (Qwen3-0.6B, 10 steps of 5 x 8 rollouts, one H200, rea
 2026-11-23, after the generator moved to fused Triton kernels) only the trainer is compiled: the generator's decode
 step is as fast without Inductor (`monorl.compile.compile_generator`). Compiling the trainer costs ~19 s of startup
 with a cold compile cache (trainer warm-up 19.5 s vs 0.9 s eager) and ~2.5 s with a warm one (3.0 vs 0.9 s, plus
-the compiler's imports), and saves ~0.13 s per RL step (steady step 0.39 vs 0.52 s); ~0.10 s in batch-invariant
-mode, the Qwen3 presets' default (0.444 vs 0.545 s, the trainer's compile taking about as long). So it pays after
-~150 steps cold and ~20 warm (~190 and ~25 in the mode); the reference's 10 steps finish first without it. Larger
+the compiler's imports), and saves ~0.13 s per RL step (steady step 0.39 vs 0.52 s). In batch-invariant mode, the
+Qwen3 presets' default for full fine-tuning, it saves nothing since the block kernels got fused backward kernels
+(2026-11-24: steady step 0.42 s compiled vs 0.41 s with CUDA graphs alone, trainer 1.44 vs 1.43 s per 10 steps: both
+run the same Triton kernels, which Inductor cannot fuse into), so `auto` does not compile there. Otherwise it pays
+after ~150 steps cold and ~20 warm; the reference's 10 steps finish first without it. Larger
 models save more per step for about the same compile time (one block is compiled, whatever the depth), so these
 constants err towards not compiling them.
 
@@ -33,7 +35,7 @@ if TYPE_CHECKING:
 COLD_COMPILE_S = 19.0
 WARM_COMPILE_S = 2.5
 SAVED_PER_STEP_S = 0.13
-SAVED_PER_STEP_S_BATCH_INVARIANT = 0.10
+SAVED_PER_STEP_S_BATCH_INVARIANT = 0.0
 _CODE_DIRS = ("model", "generate", "train", "ops")  # the code Inductor compiles
 _MARKERS = "monorl_compiled"
 
@@ -70,6 +72,10 @@ def auto_backend(steps: int, device: torch.device, cache_dir: Path, key: str,
     warm = warm_marker(cache_dir, key).is_file()
     cost = WARM_COMPILE_S if warm else COLD_COMPILE_S
     saved = SAVED_PER_STEP_S_BATCH_INVARIANT if batch_invariant else SAVED_PER_STEP_S
+    if saved <= 0:
+        return "none", ("compile.backend auto -> none: in batch-invariant mode compiling was measured to save nothing "
+                        "per step (Qwen3-0.6B, H200: the trainer runs the same Triton kernels either way); "
+                        "--compile.backend inductor compiles anyway")
     even = cost / saved
     backend = "inductor" if steps >= even else "none"
     return backend, (f"compile.backend auto -> {backend}: {steps} steps against a break-even of ~{even:.0f} "

@@ -127,7 +127,7 @@ _BACKWARD_ROWS = 16  # rows per program of the backward kernel: a weight-gradien
 def _rms_norm_backward(x: Tensor, w: Tensor, grad: Tensor, grad_residual: Tensor | None, cos: Tensor | None,
                        sin: Tensor | None, eps: float) -> tuple[Tensor, Tensor]:
     D = w.shape[0]
-    if not use_triton(x):
+    if not use_triton(x) or D % 2:  # the kernel walks a row in RoPE's two halves
         xf = x.float().reshape(-1, x.shape[-1] // D, D)
         g = grad.float().reshape(xf.shape)
         if cos is not None:

@@ -52,8 +52,10 @@ VARIANTS = {"eager": ("none", False), "eager_graphs": ("none", True), "compiled"
 
 def kernel_classes(prof) -> str:
     """CUDA time of one profiled step by kind of kernel (the profile's own rows are per name)."""
-    kinds = {"matmul": ("gemm", "nvjet", "cutlass", "xmma", "matmul"), "attention": ("flash", "attn", "attention"),
-             "triton": ("triton", "_kernel"), "elementwise / reduce (aten)": ("elementwise", "reduce", "vectorized")}
+    # first match wins: aten's own kernels (at::native::..._kernel) before monorl's Triton ones (_name_kernel)
+    kinds = {"elementwise / reduce (aten)": ("at::native", "elementwise", "reduce", "vectorized"),
+             "matmul": ("gemm", "nvjet", "cutlass", "xmma", "matmul"), "attention": ("flash", "attn", "attention"),
+             "triton": ("triton", "_kernel")}
     out: dict[str, list[float]] = {}
     for e in prof.key_averages():
         t = getattr(e, "self_device_time_total", 0.0)

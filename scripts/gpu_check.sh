@@ -38,6 +38,14 @@ if compgen -G ".whl/*.whl" >/dev/null; then
 fi
 export PYTHONPATH=$PWD/src:$PWD:/tmp/site PYTHONUNBUFFERED=1
 what=${1:-all}
+model_path() {  # a folder with the released Qwen3-SIZE config and the real tokenizer (from .models, carried)
+  python3 -c "import sys; sys.path.insert(0, 'benchmarks'); from pathlib import Path; from bench_memory import model_dir
+print(model_dir(Path('.models'), 'qwen3-$1'))"
+}
+# one table row from a run's summary.json: RUN_DIR LABEL T0 T1 -> | label | process wall | total | startup | steady |
+summary='import json, sys; s = json.load(open(sys.argv[1] + "/summary.json"))
+wall = float(sys.argv[4]) - float(sys.argv[3]); t, st, ss = (s[k] for k in ("total_s", "startup_s", "steady_step_s"))
+print(f"| {sys.argv[2]} | {wall:.2f} | {t:.2f} | {st:.2f} | {ss:.3f} |")'
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
 python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"
 git log --oneline -1 2>/dev/null || true
@@ -94,8 +102,7 @@ if [[ $what == bi_kernels ]]; then  # all GPU tests, then the mode's generator a
 fi
 if [[ $what == bi_default ]]; then  # the Qwen3 preset, the mode on (auto, full fine-tuning): `monorl parity` with and without
   # it, then 3 steps with it off and the rollout correction on (TIS + token rejection) inside trainer CUDA graphs
-  d=$(python3 -c "import sys; sys.path.insert(0, 'benchmarks'); from pathlib import Path; from bench_memory import model_dir
-print(model_dir(Path('.models'), 'qwen3-0.6b'))")
+  d=$(model_path 0.6b)
   args="--preset qwen3_0_6b_sum_digits --model.path $d --model.random_init true"
   for bi in true false; do
     python3 -m monorl.cli parity $args --batch_invariant $bi 2>&1 | grep -E "^parity|PASS|FAIL"
@@ -116,8 +123,7 @@ print('trainer graphs:', json.load(open('/tmp/corr_run/summary.json'))['trainer_
 fi
 if [[ $what == bi_lora ]]; then  # the mode's cost with LoRA (rank 16): Qwen3-0.6B and 8B, the preset's defaults
   for size in 0.6b 8b; do
-    d=$(python3 -c "import sys; sys.path.insert(0, 'benchmarks'); from pathlib import Path; from bench_memory import model_dir
-print(model_dir(Path('.models'), 'qwen3-$size'))")
+    d=$(model_path "$size")
     for bi in false true; do
       python3 -m monorl.cli train --preset qwen3_0_6b_sum_digits --model.path "$d" --model.random_init true \
         --rollout.ignore_eos true --checkpoint.final false --checkpoint.every_minutes 0 --lora.rank 16 \
@@ -139,8 +145,7 @@ if [[ $what == kernels ]]; then
   grep -E "^-- |Self CUDA time total" "$OUT/generate_kernels.log"; tail -8 "$OUT/generate_kernels.log"
 fi
 if [[ $what == wall ]]; then  # where the preset's process wall time goes: timestamped output, imports, cProfile
-  d=$(python3 -c "import sys; sys.path.insert(0, 'benchmarks'); from pathlib import Path; from bench_memory import model_dir
-print(model_dir(Path('.models'), 'qwen3-0.6b'))")
+  d=$(model_path 0.6b)
   args="--preset qwen3_0_6b_sum_digits --model.path $d --model.random_init true --rollout.ignore_eos true
         --checkpoint.final false --checkpoint.every_minutes 0 --compile.cache_dir /tmp/cc_wall"
   stamp='import sys, time; t0 = float(sys.argv[1])
@@ -159,8 +164,7 @@ fi
 if [[ $what == wall_user ]]; then  # the preset's process wall time as a user's machine sees it: Python writes its
   # bytecode cache (the device image sets PYTHONDONTWRITEBYTECODE and ships torch without one), Triton's and
   # Inductor's caches persist across runs; 3 runs each of the preset (auto) and of it compiled
-  d=$(python3 -c "import sys; sys.path.insert(0, 'benchmarks'); from pathlib import Path; from bench_memory import model_dir
-print(model_dir(Path('.models'), 'qwen3-0.6b'))")
+  d=$(model_path 0.6b)
   args="--preset qwen3_0_6b_sum_digits --model.path $d --model.random_init true --rollout.ignore_eos true
         --checkpoint.final false --checkpoint.every_minutes 0 --compile.cache_dir /tmp/cc_user"
   unset PYTHONDONTWRITEBYTECODE; export PYTHONPYCACHEPREFIX=/tmp/pyc
@@ -170,8 +174,7 @@ print(model_dir(Path('.models'), 'qwen3-0.6b'))")
       python3 -m monorl.cli train $args --compile.backend $backend --run_dir "/tmp/wu_${backend}_$run" \
         > "$OUT/wall_user_${backend}_$run.log" 2>&1
       t1=$(date +%s.%N)
-      python3 -c "import json; s = json.load(open('/tmp/wu_${backend}_$run/summary.json'))
-print(f'| $backend | $run | {$t1 - $t0:.2f} | {s[\"total_s\"]:.2f} | {s[\"startup_s\"]:.2f} | {s[\"steady_step_s\"]:.3f} |')"
+      python3 -c "$summary" "/tmp/wu_${backend}_$run" "$backend | $run" "$t0" "$t1"
     done
   done
 fi
@@ -181,14 +184,10 @@ if [[ $what == bwd ]]; then
   what=cold EXIT_RUNS=0
 fi
 if [[ $what == cold ]]; then
-  d=$(python3 -c "import sys; sys.path.insert(0, 'benchmarks'); from pathlib import Path; from bench_memory import model_dir
-print(model_dir(Path('.models'), 'qwen3-0.6b'))")
+  d=$(model_path 0.6b)
   args="--preset qwen3_0_6b_sum_digits --model.path $d --model.random_init true --rollout.ignore_eos true
         --checkpoint.final false --checkpoint.every_minutes 0"
   unset PYTHONDONTWRITEBYTECODE; export PYTHONPYCACHEPREFIX=/tmp/pyc
-  summary='import json, sys; s = json.load(open(sys.argv[1] + "/summary.json"))
-wall = float(sys.argv[4]) - float(sys.argv[3]); t, st, ss = (s[k] for k in ("total_s", "startup_s", "steady_step_s"))
-print(f"| {sys.argv[2]} | {wall:.2f} | {t:.2f} | {st:.2f} | {ss:.3f} |")'
   TRITON_CACHE_DIR=/tmp/tc_prime python3 -m monorl.cli train $args --run_dir /tmp/cold0 > "$OUT/cold_prime.log" 2>&1
   rows=""
   for run in cold warm; do

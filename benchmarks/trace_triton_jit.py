@@ -1,6 +1,8 @@
 """Where a run's Triton JIT time goes: runs `monorl ARGS...` in this process with Triton's compile and its
 per-signature C launcher (built with the host compiler on a cold cache) timed, then prints one row per kernel:
-how many specialisations were compiled or loaded, the seconds in `triton.compile` and in launcher builds.
+how many specialisations were compiled or loaded, the seconds in `triton.compile` and in launcher builds (summed
+over threads where `monorl.ops.precompile` compiled them ahead), and how many were compiled at their first launch
+instead (in the main thread: ones the ahead-of-time pass missed, or all of them with it off).
 Kernels Inductor generates go through the same two calls and are listed under their generated names.
 
   python benchmarks/trace_triton_jit.py train --preset qwen3_0_6b_sum_digits ...   (JSON: --trace-out FILE first)
@@ -10,13 +12,15 @@ from __future__ import annotations
 
 import json
 import sys
+import threading
 import time
 from collections import defaultdict
 
 import triton.compiler
 from triton.backends.nvidia import driver as nvidia_driver
 
-ROWS: dict[str, list[float]] = defaultdict(lambda: [0, 0.0, 0, 0.0])  # compiles, compile s, launchers, launcher s
+# compiles, compile s, launchers, launcher s, compiles at first launch (main thread)
+ROWS: dict[str, list[float]] = defaultdict(lambda: [0, 0.0, 0, 0.0, 0])
 
 
 def _traced_compile(orig):
@@ -26,6 +30,7 @@ def _traced_compile(orig):
         row = ROWS[getattr(src, "name", None) or getattr(getattr(src, "fn", None), "__name__", "?")]
         row[0] += 1
         row[1] += time.perf_counter() - t
+        row[4] += threading.current_thread() is threading.main_thread()
         return out
     return compile
 
@@ -42,12 +47,13 @@ def _traced_launcher(orig_init):
 
 def report() -> dict:
     rows = sorted(ROWS.items(), key=lambda kv: -(kv[1][1] + kv[1][3]))
-    print("\n| kernel | compiles | compile s | launchers | launcher s |\n|---|---|---|---|---|")
-    for name, (n, s, ln, ls) in rows:
-        print(f"| {name[:48]} | {n} | {s:.2f} | {ln} | {ls:.2f} |")
-    tot = [sum(r[i] for _, r in rows) for i in range(4)]
-    print(f"| total | {tot[0]} | {tot[1]:.2f} | {tot[2]} | {tot[3]:.2f} |")
-    return {name: dict(zip(("compiles", "compile_s", "launchers", "launcher_s"), r, strict=True)) for name, r in rows}
+    print("\n| kernel | compiles | compile s | launchers | launcher s | compiled at launch |\n|---|---|---|---|---|---|")
+    for name, (n, s, ln, ls, late) in rows:
+        print(f"| {name[:48]} | {n} | {s:.2f} | {ln} | {ls:.2f} | {late} |")
+    tot = [sum(r[i] for _, r in rows) for i in range(5)]
+    print(f"| total | {tot[0]} | {tot[1]:.2f} | {tot[2]} | {tot[3]:.2f} | {tot[4]} |")
+    keys = ("compiles", "compile_s", "launchers", "launcher_s", "compiled_at_launch")
+    return {name: dict(zip(keys, r, strict=True)) for name, r in rows}
 
 
 def main() -> int:

@@ -23,6 +23,8 @@ def test_compile_config_validation():
         CompileConfig(backend="tvm")
     with pytest.raises(ValueError, match="needs compile.backend=inductor"):
         CompileConfig(backend="eager", mode="max-autotune")
+    with pytest.raises(ValueError, match="kernel_compile_threads"):
+        CompileConfig(kernel_compile_threads=-1)
 
 
 def test_no_recompiles_in_steady_state(tmp_path):

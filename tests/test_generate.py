@@ -279,3 +279,17 @@ def test_gumbel_noise_is_a_function_of_key_and_position():
     assert torch.equal(a, gumbel_noise(keys, pos, 50))
     assert not torch.equal(a[0], a[1]) and not torch.equal(a[0], a[2])
     assert torch.equal(gumbel_noise(keys[1:], pos[1:], 50), a[1:])
+
+
+def test_trace_kernels_leaves_the_generator_as_it_was(model):
+    """The pass `monorl.ops.precompile` traces runs on a scratch KV cache and runner: the generator's own cache,
+    decode state and results are untouched."""
+    prompts = prompts_of([5, 9], model.config.vocab_size)
+    sp = SamplingParams(max_new_tokens=6, temperature=0.8, top_p=0.9, seed=1)
+    g = gen(model)
+    expected = g.generate(prompts, sp, n=2)
+    kv = g.kv.kv.clone()
+    g.trace_kernels(prompts, [sp, SamplingParams(max_new_tokens=4, temperature=0.0)], n=2)
+    assert torch.equal(g.kv.kv, kv)
+    got = g.generate(prompts, sp, n=2)
+    assert [[c.token_ids for c in row] for row in got] == [[c.token_ids for c in row] for row in expected]

@@ -55,3 +55,39 @@ def test_loop_batch_invariant_with_trainer_graphs(tmp_path):
     for r in rows:
         assert math.isfinite(r["loss"]) and math.isfinite(r["grad_norm"])
         assert r["logprob_diff_max"] == 0.0
+
+
+def test_kernels_compiled_ahead_cover_the_warm_up(tmp_path):
+    """The preset's path (batch-invariant, no compile, trainer CUDA graphs): the traced passes find the Triton
+    kernels the warm-ups launch, `compile_ahead` compiles them in threads, and the warm-ups then compile none
+    at a launch; the steps that follow are bitwise (generator log-probs equal the trainer's)."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    import sys
+    import threading
+
+    from triton import knobs
+    from triton.runtime.jit import JITFunction
+
+    for name, mod in list(sys.modules.items()):
+        if name.startswith("monorl.ops."):
+            for obj in vars(mod).values():
+                if isinstance(obj, JITFunction):
+                    obj.device_caches.clear()  # what earlier tests compiled in this process: the trace must find all
+    cfg = digits_cfg(tmp_path)
+    cfg.device, cfg.batch_invariant = "cuda", True
+    cfg.compile = CompileConfig(backend="none", trainer_cuda_graphs=True, kernel_compile_threads=4)
+    run = GRPORun(cfg, progress=False)
+    at_launch = []
+    before = knobs.runtime.jit_post_compile_hook
+    knobs.runtime.jit_post_compile_hook = lambda *, repr, **_: at_launch.append(
+        repr) if threading.current_thread() is threading.main_thread() else None
+    try:
+        run.warm_up()
+    finally:
+        knobs.runtime.jit_post_compile_hook = before
+    assert run.startup["kernel_compile_s"] > 0
+    assert at_launch == []
+    rows = [run.step(s) for s in range(2)]
+    for r in rows:
+        assert math.isfinite(r["loss"]) and r["logprob_diff_max"] == 0.0

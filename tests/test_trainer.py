@@ -113,3 +113,19 @@ def test_static_shapes_step_equals_dynamic_step(kind):
             assert math.isclose(a[k], b[k], rel_tol=1e-4, abs_tol=1e-6), (k, a[k], b[k])
     for a, b in zip(dyn_w, st_w, strict=True):
         torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-5)
+
+
+def test_trace_kernels_leaves_weights_gradients_and_metrics_untouched():
+    """The pass `monorl.ops.precompile` traces (on CUDA its kernels' outputs are garbage) changes nothing a step
+    reads: the next step equals a step on a fresh trainer."""
+    out = []
+    for trace in (False, True):
+        model = build_model(model_shape("tiny"), seed=3)
+        tr = Trainer(model, TrainerConfig(lr=1e-3, micro_batch_tokens=32, warmup_steps=1), total_steps=4)
+        if trace:
+            tr.trace_kernels(list(range(3, 9)), num_seqs=4, completion_len=5, temperature=0.8)
+            assert all(p.grad is None or not p.grad.any() for p in model.parameters())
+        out.append((tr.step(_seqs()), [p.detach().clone() for p in model.parameters()]))
+    (m0, w0), (m1, w1) = out
+    assert m0 == m1
+    assert all(torch.equal(a, b) for a, b in zip(w0, w1, strict=True))

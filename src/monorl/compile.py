@@ -35,10 +35,15 @@ class CompileConfig:
     trainer: bool = True  # compile the trainer's blocks
     eager_step_s: float | None = None  # a measured eager RL step time: the run then reports compile break-even
     cache_dir: str | None = None  # persistent Inductor/AOTAutograd cache; default ~/.cache/monorl/torch_compile
+    # monorl's Triton kernels for the warm-ups compiled ahead in this many threads (monorl.ops.precompile);
+    # 0: one per CPU core (shared by a node's ranks, at most 16); 1: none ahead, each at its first launch
+    kernel_compile_threads: int = 0
 
     def __post_init__(self) -> None:
         if self.backend not in COMPILE_BACKENDS:
             raise ValueError(f"compile.backend must be one of {COMPILE_BACKENDS}, got {self.backend!r}")
+        if self.kernel_compile_threads < 0:
+            raise ValueError(f"compile.kernel_compile_threads must be >= 0, got {self.kernel_compile_threads}")
         if self.mode is not None and self.backend not in ("inductor", "auto"):
             raise ValueError(f"compile.mode={self.mode!r} needs compile.backend=inductor")
 
@@ -88,6 +93,11 @@ def compile_blocks(model: torch.nn.Module, cfg: CompileConfig) -> float:
     else:
         model.compile(**kw)
     return time.perf_counter() - t
+
+
+def is_compiled(model: torch.nn.Module) -> bool:
+    """Whether any part of `model` runs under torch.compile (`compile_blocks`: the blocks or the whole model)."""
+    return any(getattr(m, "_compiled_call_impl", None) is not None for m in model.modules())
 
 
 def compile_generator(model: torch.nn.Module, sample: Callable, cfg: CompileConfig, device: torch.device,

@@ -132,9 +132,36 @@ class Generator:
             raise ValueError(f"kv_cache_bytes={budget} holds {num_blocks} blocks of {per_block} bytes; need >= 2")
         self.kv = KVCache(self.model.config, num_blocks, bs, self.device, self.dtype)
         self.blocks = BlockManager(num_blocks)
-        self.runner = ModelRunner(self.model, self.kv, config.max_num_seqs, blocks_for(self.max_model_len, bs),
-                                  ring_size=max(256, config.stop_check_interval), decode_backend=self.decode_backend,
-                                  cuda_graphs=self.use_graphs, sample_fn=self.sampler)
+        self.runner = self._runner(self.kv, self.use_graphs)
+
+    def _runner(self, kv: KVCache, cuda_graphs: bool) -> ModelRunner:
+        c = self.config
+        return ModelRunner(self.model, kv, c.max_num_seqs, blocks_for(self.max_model_len, c.block_size),
+                           ring_size=max(256, c.stop_check_interval), decode_backend=self.decode_backend,
+                           cuda_graphs=cuda_graphs, sample_fn=self.sampler)
+
+    @torch.inference_mode()
+    def trace_kernels(self, prompts: list[list[int]], samplers: list[SamplingParams], n: int) -> None:
+        """Launch what `generate(prompts, sp, n)` launches for each sampler -- the prefill, the first tokens'
+        sampler, a decode step in every batch bucket -- on a scratch KV cache and runner shaped as the real ones
+        (block size, table width, buckets), without graphs, for `monorl.ops.precompile.recording()` to see the
+        Triton kernels (their outputs are garbage there, and dropped; the decode state is reset after each step)."""
+        bs = self.config.block_size
+        lengths = [len(p) for p in prompts]
+        kv = KVCache(self.model.config, 1 + sum(blocks_for(L, bs) for L in lengths), bs, self.device, self.dtype)
+        runner = self._runner(kv, cuda_graphs=False)
+        slots, block = [], 1  # block 0 is the scratch block
+        for L in lengths:
+            slots.append(slot_mapping(list(range(block, block + blocks_for(L, bs))), 0, L, bs))
+            block += blocks_for(L, bs)
+        rows = runner.prefill(prompts, slots).repeat_interleave(n, dim=0)
+        keys = torch.zeros(rows.shape[0], dtype=torch.int64, device=self.device)
+        positions = torch.tensor([L for L in lengths for _ in range(n)], dtype=torch.int64, device=self.device)
+        for sp in samplers:
+            runner.sample_fn(rows, keys, positions, sp, self.model.token_logprobs)
+            for B in runner.buckets:
+                runner._decode_step(B, runner.width, sp)
+                runner.reset_slots(0)  # the step wrote its (garbage) tokens into the decode state
 
     # ---- weights -----------------------------------------------------------------------------------
     def load_weights_(self, src: nn.Module) -> None:

@@ -18,7 +18,7 @@ from typing import Any
 import torch
 from tqdm import tqdm
 
-from monorl.compile import compile_blocks, compile_counters, setup_compile_cache
+from monorl.compile import compile_blocks, compile_counters, is_compiled, setup_compile_cache
 from monorl.compile_auto import mark_compiled, resolve_auto_, run_compile_key
 from monorl.config import RunConfig, resolve_batch_invariant_
 from monorl.distributed.checkpoint import (
@@ -35,13 +35,15 @@ from monorl.generate.engine import Generator
 from monorl.generate.kv_cache import kv_cache_bytes_needed
 from monorl.generate.sampling import SamplingParams
 from monorl.model.attention import resolve_backend
-from monorl.model.batch_invariant import make_batch_invariant_
+from monorl.model.batch_invariant import is_batch_invariant, make_batch_invariant_
 from monorl.model.checkpoint import load_checkpoint, load_config, save_checkpoint
 from monorl.model.config import MODEL_SHAPES, ModelConfig, model_shape
 from monorl.model.hub import resolve_model_path
 from monorl.model.lora import apply_lora_, is_lora, save_adapter, save_merged_checkpoint
 from monorl.model.qwen3 import Qwen3ForCausalLM, build_model
 from monorl.model.tokenizer import TOKENIZER_FILE, CharTokenizer, eos_ids, load_tokenizer
+from monorl.ops import HAS_TRITON
+from monorl.ops.precompile import compile_ahead, default_threads, recording
 from monorl.plan import GiB, run_memory_plan
 from monorl.rl.checkpointing import (
     find_checkpoint,
@@ -294,6 +296,13 @@ class GRPORun:
         trainer_graphs = self.trainer.graphs is not None
         text = self.task.render(self.val_prompts[0], self.tokenizer) if self.val_prompts else "warm up"
         prompt = self.tokenizer.encode(text)
+        # two prompts of different lengths: Dynamo specialises a dimension of size 1 (one prompt), which
+        # would cost a recompile at the first real prefill
+        gen_prompts = [prompt, prompt[: max(2, len(prompt) - 3)]]
+        samplers = [dataclasses.replace(sp, max_new_tokens=4)
+                    for sp in (self.sampling(0), SamplingParams(max_new_tokens=4, temperature=0.0))]
+        if cuda:
+            self.compile_kernels_ahead(prompt, gen_prompts, samplers)
         t = time.perf_counter()
         if (cc.enabled and cc.trainer) or trainer_graphs:
             if cuda:
@@ -317,12 +326,9 @@ class GRPORun:
             self.compile_s = self.startup["trainer_compile_s"]
             return
         t = time.perf_counter()
-        # two prompts of different lengths: Dynamo specialises a dimension of size 1 (one prompt), which
-        # would cost a recompile at the first real prefill
-        prompts = [prompt, prompt[: max(2, len(prompt) - 3)]]
         with self.world.main_first():  # the other ranks load what rank 0 compiled (compile.cache_dir)
-            for sp in (self.sampling(0), SamplingParams(max_new_tokens=4, temperature=0.0)):
-                self.generator.generate(prompts, dataclasses.replace(sp, max_new_tokens=4), n=2)
+            for sp in samplers:
+                self.generator.generate(gen_prompts, sp, n=2)
         if cuda:
             torch.cuda.synchronize()
         gen_s = time.perf_counter() - t
@@ -332,6 +338,32 @@ class GRPORun:
         self.compile_s = self.startup["generator_compile_s"] + self.startup["trainer_compile_s"]
         if cc.enabled and self.compile_cache is not None:  # compile.backend auto: the next run finds a warm cache
             mark_compiled(self.compile_cache, run_compile_key(self.cfg, self.model_config), self.compile_s)
+
+    def compile_kernels_ahead(self, prompt: list[int], gen_prompts: list[list[int]],
+                              samplers: list[SamplingParams]) -> None:
+        """Compile the Triton kernels the warm-ups will launch, in parallel threads, before them
+        (`monorl.ops.precompile`): their launches are traced first, skipped, by the warm-ups' own passes -- the
+        trainer's when its model runs monorl's kernels (batch-invariant mode), the generator's -- except where
+        torch.compile runs a model (those passes would compile it here). Rank-local (each rank traces the same
+        passes; FSDP's collectives in them run on every rank)."""
+        threads = self.cfg.compile.kernel_compile_threads or default_threads()
+        trace_trainer = is_batch_invariant(self.policy) and not is_compiled(self.policy)
+        trace_generator = not is_compiled(self.generator.model)
+        if not HAS_TRITON or threads == 1 or not (trace_trainer or trace_generator):
+            return
+        t = time.perf_counter()
+        r = self.cfg.rollout
+        with recording() as rec:
+            if trace_trainer:
+                self.trainer.trace_kernels(prompt, r.prompts_per_step * r.group_size, r.max_new_tokens, r.temperature)
+            if trace_generator:
+                self.generator.trace_kernels(gen_prompts, samplers, n=2)
+            torch.cuda.synchronize(self.device)
+        self.startup["kernel_trace_s"] = time.perf_counter() - t
+        self.startup["kernel_compile_s"] = compile_ahead(rec, self.device, threads)
+        print(f"triton: {len(rec.specs)} kernel specialisations compiled ahead in "
+              f"{self.startup['kernel_compile_s']:.2f} s ({threads} threads; traced in "
+              f"{self.startup['kernel_trace_s']:.2f} s)", flush=True)
 
     def size_kv_cache(self) -> None:
         """Allocate the generator's KV cache (CUDA): what `max_num_seqs x max_model_len` needs, capped by what is

@@ -173,25 +173,31 @@ class Trainer:
         self.step_count += 1
         return grad_norm, lr, skipped
 
-    def warm_up(self, prompt_ids: list[int], num_seqs: int, completion_len: int, temperature: float = 1.0) -> None:
-        """Compile ahead of the first step: forward+backward on the step's full-size packs (num_seqs
-        rollouts of completion_len tokens) and on a smaller one, so Dynamo settles on the shapes it will
-        see; with CUDA graphs, also capture the full-size pack's graph. Then drop the gradients and metric
-        sums. Weights and optimizer state are untouched."""
-        self.model.train()
+    def _warm_up_packs(self, prompt_ids: list[int], num_seqs: int,
+                       completion_len: int) -> list[tuple[MicroBatch, LossNorm, Tensor, bool]]:
+        """The warm-up's micro-batches: the step's full-size packs (num_seqs rollouts of completion_len tokens) and a
+        smaller one that differs in every size Dynamo sees (tokens, sequences, max_seqlen), so it compiles them as
+        dynamic once, here, instead of recompiling at the first real step. (mb, norm, advantages, full size)."""
         comp = (list(prompt_ids) * (completion_len // max(1, len(prompt_ids)) + 1))[:completion_len] or [0]
-        # two packs that differ in every size Dynamo sees (tokens, sequences, max_seqlen): it then compiles
-        # them as dynamic once, here, instead of recompiling at the first real step
-        full = []
+        packs = []
         for n, c in ((num_seqs, comp), (max(1, num_seqs // 4), comp[: max(1, len(comp) // 2)])):
             # with a KL term the step's packs carry reference log-probs: so do these (the same graph key and code)
             ref = [0.0] * len(c) if self.cfg.loss.kl_coef > 0 else None
             seqs = [TrainSequence(list(prompt_ids), c, [0.0] * len(c), 1.0, ref_logprobs=ref) for _ in range(n)]
             norm = LossNorm.for_step(self.cfg.loss, [len(c)] * n, self.device)
             adv = torch.ones(n, device=self.device)
-            for mb in self._micro_batches(seqs):
-                self._accumulate(mb, norm, adv, temperature)
-                full += [(mb, norm, adv)] if n == num_seqs else []
+            packs += [(mb, norm, adv, n == num_seqs) for mb in self._micro_batches(seqs)]
+        return packs
+
+    def warm_up(self, prompt_ids: list[int], num_seqs: int, completion_len: int, temperature: float = 1.0) -> None:
+        """Compile ahead of the first step: forward+backward on `_warm_up_packs`; with CUDA graphs, also capture
+        the full-size packs' graphs. Then drop the gradients and metric sums. Weights and optimizer state are
+        untouched."""
+        self.model.train()
+        full = []
+        for mb, norm, adv, is_full in self._warm_up_packs(prompt_ids, num_seqs, completion_len):
+            self._accumulate(mb, norm, adv, temperature)
+            full += [(mb, norm, adv)] if is_full else []
         if self.graphs is not None:  # after compiling, so capture time is only capture
             if self.device.type == "cuda":
                 # the eager passes' freed blocks back to the driver before the graphs' pool takes its own: cached,
@@ -199,6 +205,14 @@ class Trainer:
                 torch.cuda.empty_cache()
             for mb, norm, adv in full:
                 self._ensure_graph(mb, norm, adv, temperature)
+        self._reset_accumulators()
+
+    def trace_kernels(self, prompt_ids: list[int], num_seqs: int, completion_len: int, temperature: float) -> None:
+        """The warm-up's eager passes without graphs, for `monorl.ops.precompile.recording()` to see the Triton
+        kernels they launch (their outputs are garbage there: dropped with the gradients and metric sums)."""
+        self.model.train()
+        for mb, norm, adv, _ in self._warm_up_packs(prompt_ids, num_seqs, completion_len):
+            self._accumulate(mb, norm, adv, temperature)
         self._reset_accumulators()
 
     def _micro_batches(self, seqs: Sequence[TrainSequence], indices: Sequence[int] | None = None) -> list[MicroBatch]:

@@ -1,0 +1,92 @@
+"""Compile the Triton kernels a run will launch ahead of its warm-ups, in parallel threads.
+
+Why: Triton compiles a kernel specialisation when it is first launched, one at a time. A cold run of the reference
+preset compiled 21 that way: 6.1 s in `triton.compile` and 4.2 s building a C launcher per signature with the host
+compiler (benchmarks/RESULTS.md, 2026-11-24), all serial in the warm-ups. Both mostly run outside the GIL (the
+MLIR/LLVM passes, ptxas and gcc as subprocesses), so threads overlap them.
+
+How the specialisations are found: `recording()` runs the code that will launch them (the warm-ups' forward,
+backward and decode steps, with the warm-ups' shapes) with every `@triton.jit` launch recorded and skipped, through
+Triton's `jit_cache_hook`: nothing is compiled or launched, so those kernels' outputs stay as allocated (garbage).
+Such a pass must not feed a kernel's output to anything that indexes memory by it (token ids into an embedding)
+and must not capture CUDA graphs; its results are dropped. `compile_ahead` then compiles and loads each recorded
+specialisation (Triton's `JITFunction.preload`, its own format for a specialisation) in a thread pool, into the
+kernel caches the real launches look in. Kernels Inductor generates do not pass through `JITFunction.run` and are
+not affected. A specialisation the pass missed is compiled at its first launch, as without this.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from monorl.ops import HAS_TRITON
+
+MAX_THREADS = 16
+
+
+@dataclass
+class Recorded:
+    """Kernel specialisations seen by `recording()`: (JITFunction, Triton's serialised specialisation), unique."""
+
+    specs: list[tuple[Any, str]] = field(default_factory=list)
+    keys: set[tuple[int, str]] = field(default_factory=set)
+
+
+@contextlib.contextmanager
+def recording() -> Iterator[Recorded]:
+    """Inside: every monorl (any `@triton.jit`) kernel launch not compiled yet is recorded and skipped, neither
+    compiled nor launched. Launches of kernels compiled before run as usual (their outputs are real)."""
+    rec = Recorded()
+    if not HAS_TRITON:
+        yield rec
+        return
+    from triton import knobs
+
+    def hook(*, key, fn, compile, **_) -> bool:
+        if (id(fn.jit_function), key) not in rec.keys:
+            rec.keys.add((id(fn.jit_function), key))
+            rec.specs.append((fn.jit_function, compile["specialization_data"]))
+        return True  # skip: JITFunction.run returns before compiling and launching
+
+    before = knobs.runtime.jit_cache_hook
+    knobs.runtime.jit_cache_hook = hook
+    try:
+        yield rec
+    finally:
+        knobs.runtime.jit_cache_hook = before
+
+
+def default_threads() -> int:
+    """One compile thread per CPU core this process may use, shared among the node's ranks (torchrun's
+    LOCAL_WORLD_SIZE), at most MAX_THREADS."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return max(1, min(MAX_THREADS, cores // max(1, int(os.environ.get("LOCAL_WORLD_SIZE", "1")))))
+
+
+def compile_ahead(rec: Recorded, device: torch.device, threads: int) -> float:
+    """Compile, build the launcher of and load every recorded specialisation on `device`, `threads` at a time;
+    returns the seconds it took. Errors surface here as they would at the kernel's first launch."""
+    if not rec.specs:
+        return 0.0
+    t = time.perf_counter()
+    for fn, _ in rec.specs:  # the per-device caches, created here: two threads creating one would lose a kernel
+        fn.device_caches[device.index if device.index is not None else torch.cuda.current_device()]
+
+    def load(spec: tuple[Any, str]) -> None:
+        fn, data = spec
+        with torch.cuda.device(device):  # Triton reads the thread's current device
+            kernel = fn.preload(data)
+            kernel._init_handles()  # the launcher (a host-compiler build per signature) and the module load
+
+    with ThreadPoolExecutor(max(1, min(threads, len(rec.specs))), thread_name_prefix="triton-compile") as pool:
+        for f in [pool.submit(load, s) for s in rec.specs]:
+            f.result()
+    return time.perf_counter() - t

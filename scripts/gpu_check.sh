@@ -28,8 +28,10 @@
 #            (the prompt exit) against `main()` returning to the interpreter, twice each; then the trainer step in
 #            the mode without compile (the preset's default), profiled; bwd: the fused-kernel and batch-invariant
 #            GPU tests, then cold without the exit comparison
+#   ahead:   Triton kernels compiled ahead in threads vs at first launch: the loop GPU tests, cold and warm runs of the
+#            preset each way; then the generator's top kernels default vs batch-invariant
 #   bi:      `monorl train` of the Qwen3-0.6B preset (random weights) with --batch_invariant true (trainer graphs on)
-# Usage on the device: bash scripts/gpu_check.sh [tests|trainer|profile|loop|compare|startup|scale|scale_compile|bi_cost|bi_cost_1.7b|bi_kernels|bi_default|bi_lora|kernels|wall|wall_user|cold|bwd|bi|all]   (logs, JSON under $OUT)
+# Usage on the device: bash scripts/gpu_check.sh [tests|trainer|profile|loop|compare|startup|scale|scale_compile|bi_cost|bi_cost_1.7b|bi_kernels|bi_default|bi_lora|kernels|wall|wall_user|cold|bwd|ahead|bi|all]   (logs, JSON under $OUT)
 set -uo pipefail
 OUT=${OUT:-/tmp/monorl_out}; mkdir -p "$OUT"
 # wheels the device lacks (jsonargparse) go first: .whl carried, installed to /tmp/site (device README)
@@ -214,6 +216,37 @@ if [[ $what == cold ]]; then
   python3 benchmarks/profile_train_step.py --variants bi_eager,bi_graphs --profile bi_eager --rows 30 \
     --out "$OUT/train_step_bi_eager.json" 2>&1 | tee "$OUT/profile_train_bi_eager.log" | grep -v DEBUG | grep -v "^-" \
     | grep -E "step times|profile of|Name|^\||by kind| [0-9.]+ms|us " | cut -c1-150 | head -50
+  printf "\n| run | process wall s | run total s | startup s | steady step s |\n|---|---|---|---|---|\n%s" "$rows"
+fi
+if [[ $what == ahead ]]; then  # Triton kernels compiled ahead in threads (compile.kernel_compile_threads 0) against at
+  # their first launch (1): the GPU test, then cold (empty Triton cache, every compile timed) and warm runs of the
+  # preset, alternating; then the generator's top kernels per mode (where a decode step goes)
+  python3 -m pytest -q -m gpu tests/test_loop_gpu.py tests/test_generate_gpu.py -p no:cacheprovider 2>&1 \
+    | tee "$OUT/gpu_tests_ahead.log" | grep -E "^(FAILED|ERROR)|passed|failed|Error" | tail -15
+  d=$(model_path 0.6b)
+  args="--preset qwen3_0_6b_sum_digits --model.path $d --model.random_init true --rollout.ignore_eos true
+        --checkpoint.final false --checkpoint.every_minutes 0"
+  unset PYTHONDONTWRITEBYTECODE; export PYTHONPYCACHEPREFIX=/tmp/pyc
+  TRITON_CACHE_DIR=/tmp/tc_prime python3 -m monorl.cli train $args --run_dir /tmp/ah0 > "$OUT/ahead_prime.log" 2>&1
+  rows=""
+  for run in cold warm1 warm2; do
+    for th in 0 1; do
+      t0=$(date +%s.%N)
+      if [[ $run == cold ]]; then
+        TRITON_CACHE_DIR=/tmp/tc_$th python3 benchmarks/trace_triton_jit.py --trace-out "$OUT/triton_ahead_$th.json" \
+          train $args --compile.kernel_compile_threads $th --run_dir "/tmp/ah_${run}_$th" > "$OUT/ahead_${run}_$th.log" 2>&1
+      else
+        TRITON_CACHE_DIR=/tmp/tc_$th python3 -m monorl.cli train $args --compile.kernel_compile_threads $th \
+          --run_dir "/tmp/ah_${run}_$th" > "$OUT/ahead_${run}_$th.log" 2>&1
+      fi
+      t1=$(date +%s.%N)
+      grep -E "^triton:|^\| total" "$OUT/ahead_${run}_$th.log"
+      rows+=$(python3 -c "$summary" "/tmp/ah_${run}_$th" "threads $th, $run" "$t0" "$t1")$'\n'
+    done
+  done
+  grep -E "^startup:" "$OUT"/ahead_warm2_*.log | cut -c1-400
+  python3 benchmarks/bench_batch_invariant.py --profile --out "$OUT/bench_bi_profile.json" 2>&1 \
+    | tee "$OUT/bench_bi_profile.log" | grep -v DEBUG | tail -45 | cut -c1-160
   printf "\n| run | process wall s | run total s | startup s | steady step s |\n|---|---|---|---|---|\n%s" "$rows"
 fi
 if [[ $what == bi ]]; then

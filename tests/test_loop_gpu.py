@@ -88,6 +88,12 @@ def test_kernels_compiled_ahead_cover_the_warm_up(tmp_path):
         knobs.runtime.jit_post_compile_hook = before
     assert run.startup["kernel_compile_s"] > 0
     assert at_launch == []
+    from monorl.ops.precompile import _NoLaunch
+
+    left = [k for name, mod in list(sys.modules.items()) if name.startswith("monorl.ops.")
+            for obj in vars(mod).values() if isinstance(obj, JITFunction)
+            for cache, *_ in obj.device_caches.values() for k in cache.values() if isinstance(k, _NoLaunch)]
+    assert left == []  # the recording's stand-ins are all gone
     rows = [run.step(s) for s in range(2)]
     for r in rows:
         assert math.isfinite(r["loss"]) and r["logprob_diff_max"] == 0.0

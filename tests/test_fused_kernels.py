@@ -228,6 +228,32 @@ def test_sampler_kernels_pick_the_pytorch_samplers_tokens(B):
             assert tok[0].item() == 5
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize("B", [1, 40, 64])
+def test_nucleus_without_sort_equals_the_sorted_scan(B):
+    """bf16 logits' top-p threshold found 2 bits of the order key a level (`sample_kernels._nucleus_bisect`) is
+    bitwise the one the sorted scan (`_nucleus_kernel`) takes, at several logit scales, with ties and both zeros."""
+    from monorl.ops import sample_kernels as sk
+
+    g = torch.Generator(device="cuda").manual_seed(B)
+    V = 151936
+    scale = float(2 ** (62 - V.bit_length()))
+    nch = -(-V // sk._CHUNK)
+    for spread in (0.05, 1.0, 4.0, 16.0):
+        logits = (spread * torch.randn(B, V, device="cuda", generator=g)).to(torch.bfloat16)
+        logits[0, :500] = 0.0
+        logits[0, 500:1000] = -0.0
+        logits[-1, 7:5000:3] = logits[-1, 5]  # many ties with one value
+        for T, p in ((0.8, 0.95), (1.3, 0.3), (0.6, 0.999), (1.0, 0.5), (1.0, 0.9999)):
+            inv_t = sk._fp32(1.0 / sk._fp32(T))
+            top_p = torch.full((1,), p, dtype=torch.float64, device="cuda")
+            got, ref = torch.empty(B, device="cuda"), torch.empty(B, device="cuda")
+            sk._nucleus_bisect(logits, got, top_p, inv_t, scale, nch)
+            srt = torch.sort(logits, dim=-1, descending=True).values.contiguous()
+            sk._nucleus_kernel[(B,)](srt, ref, top_p, inv_t, scale, V=V, BLOCK=sk._BLOCK, num_warps=8)
+            assert torch.equal(got, ref), (spread, T, p)
+
+
 def test_a_generator_on_the_kernels_is_not_compiled():
     """Inductor has nothing left to fuse in a copy on the fused kernels: `compile_generator` leaves its blocks and
     sampler alone (the trainer's model still compiles), and compiles an eager-ops copy as before."""

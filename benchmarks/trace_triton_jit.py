@@ -2,7 +2,8 @@
 per-signature C launcher (built with the host compiler on a cold cache) timed, then prints one row per kernel:
 how many specialisations were compiled or loaded, the seconds in `triton.compile` and in launcher builds (summed
 over threads where `monorl.ops.precompile` compiled them ahead), and how many were compiled at their first launch
-instead (in the main thread: ones the ahead-of-time pass missed, or all of them with it off).
+instead (outside its threads -- the main one, or autograd's for backward kernels: ones the ahead-of-time pass
+missed, or all of them with it off).
 Kernels Inductor generates go through the same two calls and are listed under their generated names.
 
   python benchmarks/trace_triton_jit.py train --preset qwen3_0_6b_sum_digits ...   (JSON: --trace-out FILE first)
@@ -19,7 +20,9 @@ from collections import defaultdict
 import triton.compiler
 from triton.backends.nvidia import driver as nvidia_driver
 
-# compiles, compile s, launchers, launcher s, compiles at first launch (main thread)
+from monorl.ops.precompile import COMPILE_THREADS
+
+# compiles, compile s, launchers, launcher s, compiles at first launch (outside monorl's compile-ahead threads)
 ROWS: dict[str, list[float]] = defaultdict(lambda: [0, 0.0, 0, 0.0, 0])
 
 
@@ -30,7 +33,7 @@ def _traced_compile(orig):
         row = ROWS[getattr(src, "name", None) or getattr(getattr(src, "fn", None), "__name__", "?")]
         row[0] += 1
         row[1] += time.perf_counter() - t
-        row[4] += threading.current_thread() is threading.main_thread()
+        row[4] += not threading.current_thread().name.startswith(COMPILE_THREADS)
         return out
     return compile
 
@@ -47,7 +50,8 @@ def _traced_launcher(orig_init):
 
 def report() -> dict:
     rows = sorted(ROWS.items(), key=lambda kv: -(kv[1][1] + kv[1][3]))
-    print("\n| kernel | compiles | compile s | launchers | launcher s | compiled at launch |\n|---|---|---|---|---|---|")
+    print("\n| kernel | compiles | compile s | launchers | launcher s | compiled at launch |")
+    print("|---|---|---|---|---|---|")
     for name, (n, s, ln, ls, late) in rows:
         print(f"| {name[:48]} | {n} | {s:.2f} | {ln} | {ls:.2f} | {late} |")
     tot = [sum(r[i] for _, r in rows) for i in range(5)]

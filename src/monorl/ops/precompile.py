@@ -30,6 +30,7 @@ import torch
 from monorl.ops import HAS_TRITON
 
 MAX_THREADS = 16
+COMPILE_THREADS = "triton-compile"  # the pool's thread names start with this
 
 
 @dataclass
@@ -104,7 +105,7 @@ def compile_ahead(rec: Recorded, device: torch.device, threads: int) -> float:
             kernel = fn.preload(data)
             kernel._init_handles()  # the launcher (a host-compiler build per signature) and the module load
 
-    with ThreadPoolExecutor(max(1, min(threads, len(rec.specs))), thread_name_prefix="triton-compile") as pool:
+    with ThreadPoolExecutor(max(1, min(threads, len(rec.specs))), thread_name_prefix=COMPILE_THREADS) as pool:
         for f in [pool.submit(load, s) for s in rec.specs]:
             f.result()
     return time.perf_counter() - t

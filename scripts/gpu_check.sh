@@ -44,6 +44,15 @@ model_path() {  # a folder with the released Qwen3-SIZE config and the real toke
   python3 -c "import sys; sys.path.insert(0, 'benchmarks'); from pathlib import Path; from bench_memory import model_dir
 print(model_dir(Path('.models'), 'qwen3-$1'))"
 }
+preset_args() {  # the reference workload as #18 times it: the preset, Qwen3-0.6B's config with random weights
+  echo "--preset qwen3_0_6b_sum_digits --model.path $(model_path 0.6b) --model.random_init true --rollout.ignore_eos true
+        --checkpoint.final false --checkpoint.every_minutes 0"
+}
+user_bytecode() {  # Python writes its bytecode cache as on a user's machine (the device image sets
+  # PYTHONDONTWRITEBYTECODE and ships torch without one); given RUN_DIR LOG, one run of the preset writes it first
+  unset PYTHONDONTWRITEBYTECODE; export PYTHONPYCACHEPREFIX=/tmp/pyc
+  if [[ $# == 2 ]]; then TRITON_CACHE_DIR=/tmp/tc_prime python3 -m monorl.cli train $(preset_args) --run_dir "$1" > "$2" 2>&1; fi
+}
 # one table row from a run's summary.json: RUN_DIR LABEL T0 T1 -> | label | process wall | total | startup | steady |
 summary='import json, sys; s = json.load(open(sys.argv[1] + "/summary.json"))
 wall = float(sys.argv[4]) - float(sys.argv[3]); t, st, ss = (s[k] for k in ("total_s", "startup_s", "steady_step_s"))
@@ -147,9 +156,7 @@ if [[ $what == kernels ]]; then
   grep -E "^-- |Self CUDA time total" "$OUT/generate_kernels.log"; tail -8 "$OUT/generate_kernels.log"
 fi
 if [[ $what == wall ]]; then  # where the preset's process wall time goes: timestamped output, imports, cProfile
-  d=$(model_path 0.6b)
-  args="--preset qwen3_0_6b_sum_digits --model.path $d --model.random_init true --rollout.ignore_eos true
-        --checkpoint.final false --checkpoint.every_minutes 0 --compile.cache_dir /tmp/cc_wall"
+  args="$(preset_args) --compile.cache_dir /tmp/cc_wall"
   stamp='import sys, time; t0 = float(sys.argv[1])
 for line in sys.stdin: print(f"{time.time() - t0:6.2f} {line.rstrip()[:150]}", flush=True)'
   for run in 1 2; do
@@ -166,10 +173,8 @@ fi
 if [[ $what == wall_user ]]; then  # the preset's process wall time as a user's machine sees it: Python writes its
   # bytecode cache (the device image sets PYTHONDONTWRITEBYTECODE and ships torch without one), Triton's and
   # Inductor's caches persist across runs; 3 runs each of the preset (auto) and of it compiled
-  d=$(model_path 0.6b)
-  args="--preset qwen3_0_6b_sum_digits --model.path $d --model.random_init true --rollout.ignore_eos true
-        --checkpoint.final false --checkpoint.every_minutes 0 --compile.cache_dir /tmp/cc_user"
-  unset PYTHONDONTWRITEBYTECODE; export PYTHONPYCACHEPREFIX=/tmp/pyc
+  args="$(preset_args) --compile.cache_dir /tmp/cc_user"
+  user_bytecode
   for backend in auto inductor; do
     for run in 1 2 3; do
       t0=$(date +%s.%N)
@@ -186,11 +191,8 @@ if [[ $what == bwd ]]; then
   what=cold EXIT_RUNS=0
 fi
 if [[ $what == cold ]]; then
-  d=$(model_path 0.6b)
-  args="--preset qwen3_0_6b_sum_digits --model.path $d --model.random_init true --rollout.ignore_eos true
-        --checkpoint.final false --checkpoint.every_minutes 0"
-  unset PYTHONDONTWRITEBYTECODE; export PYTHONPYCACHEPREFIX=/tmp/pyc
-  TRITON_CACHE_DIR=/tmp/tc_prime python3 -m monorl.cli train $args --run_dir /tmp/cold0 > "$OUT/cold_prime.log" 2>&1
+  args=$(preset_args)
+  user_bytecode /tmp/cold0 "$OUT/cold_prime.log"
   rows=""
   for run in cold warm; do
     t0=$(date +%s.%N)
@@ -223,11 +225,8 @@ if [[ $what == ahead ]]; then  # Triton kernels compiled ahead in threads (compi
   # preset, alternating; then the generator's top kernels per mode (where a decode step goes)
   python3 -m pytest -q -m gpu tests/test_loop_gpu.py tests/test_generate_gpu.py -p no:cacheprovider 2>&1 \
     | tee "$OUT/gpu_tests_ahead.log" | grep -E "^(FAILED|ERROR)|passed|failed|Error" | tail -15
-  d=$(model_path 0.6b)
-  args="--preset qwen3_0_6b_sum_digits --model.path $d --model.random_init true --rollout.ignore_eos true
-        --checkpoint.final false --checkpoint.every_minutes 0"
-  unset PYTHONDONTWRITEBYTECODE; export PYTHONPYCACHEPREFIX=/tmp/pyc
-  TRITON_CACHE_DIR=/tmp/tc_prime python3 -m monorl.cli train $args --run_dir /tmp/ah0 > "$OUT/ahead_prime.log" 2>&1
+  args=$(preset_args)
+  user_bytecode /tmp/ah0 "$OUT/ahead_prime.log"
   rows=""
   for run in cold warm1 warm2; do
     for th in 0 1; do

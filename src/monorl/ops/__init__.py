@@ -28,3 +28,9 @@ except ImportError:  # pragma: no cover - CPU CI
 
 def use_triton(t: Tensor) -> bool:
     return HAS_TRITON and t.is_cuda
+
+
+def unit_stride(x: Tensor) -> Tensor:
+    """x with a unit last-dim stride, copied only if needed: the kernels take row strides as arguments, so a fused
+    GEMM's column slices pass as they are."""
+    return x if x.stride(-1) == 1 else x.contiguous()

@@ -25,7 +25,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from monorl.ops import HAS_TRITON, use_triton
+from monorl.ops import HAS_TRITON, unit_stride, use_triton
 from monorl.ops.rmsnorm_invariant import rms_norm_backward, rms_norm_rows
 
 if HAS_TRITON:
@@ -107,12 +107,6 @@ if HAS_TRITON:
         tl.store(du_ptr + t * N + offs, (d * x * s).to(du_ptr.dtype.element_ty), mask=m)
 
 
-def _rows(x: Tensor) -> Tensor:
-    """x with a unit last-dim stride (row strides are the kernels' arguments: a fused GEMM's column slices pass
-    as they are)."""
-    return x if x.stride(-1) == 1 else x.contiguous()
-
-
 @torch.library.custom_op("monorl::add_rms_norm", mutates_args=())
 def add_rms_norm(x: Tensor, a: Tensor, w: Tensor, eps: float) -> tuple[Tensor, Tensor]:
     """(h, rms_norm(h) * w) for h = x + a, over the last dim; w in x's dtype."""
@@ -162,7 +156,7 @@ def qk_norm_rope(q: Tensor, k: Tensor, q_weight: Tensor, k_weight: Tensor, cos: 
         q = rms_norm_rows(q.reshape(T, Hq, D), q_weight, eps)
         k = rms_norm_rows(k.reshape(T, Hkv, D), k_weight, eps)
         return apply_rope(q, cos, sin).to(q.dtype), apply_rope(k, cos, sin).to(k.dtype)
-    q, k = _rows(q), _rows(k)
+    q, k = unit_stride(q), unit_stride(k)
     q_out, k_out = q.new_empty(T, Hq, D), k.new_empty(T, Hkv, D)
     if T:
         _qk_norm_rope_kernel[(T,)](q, k, q_weight.contiguous(), k_weight.contiguous(), cos.contiguous(),
@@ -199,7 +193,7 @@ def silu_mul(gate: Tensor, up: Tensor) -> Tensor:
     """SiLU(gate) * up, both [T, N] (e.g. column slices of a fused gate/up GEMM's output)."""
     if not use_triton(gate):
         return F.silu(gate) * up
-    gate, up = _rows(gate), _rows(up)
+    gate, up = unit_stride(gate), unit_stride(up)
     T, N = gate.shape
     out = gate.new_empty(T, N)
     if T:
@@ -224,7 +218,7 @@ def _silu_mul_backward_op(grad: Tensor, gate: Tensor, up: Tensor) -> tuple[Tenso
         g, x = grad.float(), gate.float()
         s = torch.sigmoid(x)
         return (g * up.float() * s * (1 + x * (1 - s))).to(gate.dtype), (g * x * s).to(up.dtype)
-    grad, gate, up = grad.contiguous(), _rows(gate), _rows(up)
+    grad, gate, up = grad.contiguous(), unit_stride(gate), unit_stride(up)
     T, N = gate.shape
     d_gate, d_up = gate.new_empty(T, N), up.new_empty(T, N)
     if T:

@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from monorl.ops import HAS_TRITON, use_triton
+from monorl.ops import HAS_TRITON, unit_stride, use_triton
 from monorl.ops.tree_sum import tree_sum
 
 if HAS_TRITON:
@@ -87,7 +87,7 @@ def _lp_backward_op(logits: Tensor, tokens: Tensor, logprobs: Tensor, grad: Tens
         onehot = F.one_hot(tokens.long(), logits.shape[-1]).to(p.dtype)
         return (grad[:, None] * (onehot - p) / temperature).to(logits.dtype)
     N, V = logits.shape
-    logits = logits if logits.stride(-1) == 1 else logits.contiguous()
+    logits = unit_stride(logits)
     out = torch.empty(N, V, dtype=logits.dtype, device=logits.device)
     if N:
         block = 2048

@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from monorl.ops import HAS_TRITON, use_triton
+from monorl.ops import HAS_TRITON, unit_stride, use_triton
 from monorl.ops.tree_sum import tree_sum
 
 if HAS_TRITON:
@@ -140,8 +140,7 @@ def _rms_norm_backward(x: Tensor, w: Tensor, grad: Tensor, grad_residual: Tensor
             gx = gx + grad_residual.float().reshape(gx.shape)
         gw = (g * y.to(x.dtype).float()).reshape(-1, D).sum(0)
         return gx.to(x.dtype).reshape(x.shape), gw.to(w.dtype)
-    xs = x if x.stride(-1) == 1 else x.contiguous()  # token rows may be strided (a fused GEMM's column slice)
-    xs = xs.reshape(-1, x.shape[-1])
+    xs = unit_stride(x).reshape(-1, x.shape[-1])  # token rows may be strided (a fused GEMM's column slice)
     T, H = xs.shape[0], x.shape[-1] // D
     R = T * H
     g = grad.contiguous()

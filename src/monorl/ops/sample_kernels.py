@@ -23,7 +23,7 @@ import struct
 import torch
 from torch import Tensor
 
-from monorl.ops import HAS_TRITON
+from monorl.ops import HAS_TRITON, unit_stride
 
 if HAS_TRITON:
     import triton
@@ -250,8 +250,7 @@ def sample(logits: Tensor, keys: Tensor, positions: Tensor, temperature: float, 
     """logits [B, V] (CUDA) -> (tokens int64 [B], log-probs fp32 [B]); temperature 0 is greedy (log-probs at
     T = 1). The same tokens as `monorl.generate.sampling.sample` with top_k 0 (module docstring)."""
     B, V = logits.shape
-    if logits.stride(-1) != 1:
-        logits = logits.contiguous()
+    logits = unit_stride(logits)
     greedy = temperature == 0.0
     # PyTorch divides a CUDA tensor by a Python scalar as a product with the scalar's fp32 reciprocal (ATen's
     # div_true_kernel_cuda); the same product here gives the same scaled logits. The fp32 quotient is the float64

@@ -51,3 +51,20 @@ def test_no_recompiles_in_steady_state(tmp_path):
     assert after["frames_compiled"] == before["frames_compiled"]
     assert after["unique_graphs"] == before["unique_graphs"]
     assert after["graph_breaks"] == before["graph_breaks"]
+
+
+def test_a_kept_kernel_list_that_cannot_be_read_is_skipped(tmp_path, capsys):
+    """`monorl.ops.precompile.load_specs`: no list -> None, silently; a damaged one -> None with a line naming it
+    (the run then traces, as with none). The GPU test `test_kernels_compiled_ahead_cover_the_warm_up` loads a
+    list a run kept."""
+    from monorl.ops.precompile import load_specs
+
+    assert load_specs(tmp_path / "none.json") is None
+    assert capsys.readouterr().out == ""
+    bad = tmp_path / "bad.json"
+    bad.write_text('[{"module": "monorl.ops.matmul_inv', encoding="utf-8")  # cut off mid-write
+    assert load_specs(bad) is None
+    assert f"skipping the kernel list {bad}" in capsys.readouterr().out
+    bad.write_text('[{"module": "monorl.ops.matmul_invariant", "name": "bi_mm", "spec": "{}"}]', encoding="utf-8")
+    assert load_specs(bad) is None  # not a Triton kernel (or, without Triton, no Triton)
+    assert f"skipping the kernel list {bad}" in capsys.readouterr().out

@@ -57,10 +57,11 @@ def test_loop_batch_invariant_with_trainer_graphs(tmp_path):
         assert r["logprob_diff_max"] == 0.0
 
 
-def test_kernels_compiled_ahead_cover_the_warm_up(tmp_path):
+def test_kernels_compiled_ahead_cover_the_warm_up(tmp_path, monkeypatch):
     """The preset's path (batch-invariant, no compile, trainer CUDA graphs): the traced passes find the Triton
     kernels the warm-ups launch, `compile_ahead` compiles them in threads, and the warm-ups then compile none
-    at a launch; the steps that follow are bitwise (generator log-probs equal the trainer's)."""
+    at a launch; the steps that follow are bitwise (generator log-probs equal the trainer's). A second run loads
+    the list the first kept instead of tracing, and covers the warm-up as well."""
     if not torch.cuda.is_available():
         pytest.skip("needs CUDA")
     import sys
@@ -70,30 +71,33 @@ def test_kernels_compiled_ahead_cover_the_warm_up(tmp_path):
     from triton.runtime.jit import JITFunction
 
     from monorl.ops.precompile import COMPILE_THREADS, _NoLaunch
+    from monorl.rl import loop
 
-    for name, mod in list(sys.modules.items()):
-        if name.startswith("monorl.ops."):
-            for obj in vars(mod).values():
-                if isinstance(obj, JITFunction):
-                    obj.device_caches.clear()  # what earlier tests compiled in this process: the trace must find all
-    cfg = digits_cfg(tmp_path)
-    cfg.device, cfg.batch_invariant = "cuda", True
-    cfg.compile = CompileConfig(backend="none", trainer_cuda_graphs=True, kernel_compile_threads=4)
-    run = GRPORun(cfg, progress=False)
-    at_launch = []
-    before = knobs.runtime.jit_post_compile_hook
-    knobs.runtime.jit_post_compile_hook = lambda *, repr, **_: None if threading.current_thread().name.startswith(
-        COMPILE_THREADS) else at_launch.append(repr)  # the main thread, or autograd's (backward kernels)
-    try:
-        run.warm_up()
-    finally:
-        knobs.runtime.jit_post_compile_hook = before
-    assert run.startup["kernel_compile_s"] > 0
-    assert at_launch == []
-    left = [k for name, mod in list(sys.modules.items()) if name.startswith("monorl.ops.")
-            for obj in vars(mod).values() if isinstance(obj, JITFunction)
-            for cache, *_ in obj.device_caches.values() for k in cache.values() if isinstance(k, _NoLaunch)]
-    assert left == []  # the recording's stand-ins are all gone
-    rows = [run.step(s) for s in range(2)]
-    for r in rows:
-        assert math.isfinite(r["loss"]) and r["logprob_diff_max"] == 0.0
+    monkeypatch.setattr(loop, "specs_path", lambda key: tmp_path / "specs" / f"{key}.json")
+    kernels = [obj for name, mod in list(sys.modules.items()) if name.startswith("monorl.ops.")
+               for obj in vars(mod).values() if isinstance(obj, JITFunction)]
+    for kept in (False, True):
+        for k in kernels:
+            k.device_caches.clear()  # what earlier runs compiled in this process: the pass must find all
+        cfg = digits_cfg(tmp_path / f"kept_{kept}")
+        cfg.device, cfg.batch_invariant = "cuda", True
+        cfg.compile = CompileConfig(backend="none", trainer_cuda_graphs=True, kernel_compile_threads=4)
+        run = GRPORun(cfg, progress=False)
+        at_launch = []
+        before = knobs.runtime.jit_post_compile_hook
+        knobs.runtime.jit_post_compile_hook = lambda *, repr, at_launch=at_launch, **_: None if (
+            threading.current_thread().name.startswith(COMPILE_THREADS)) else at_launch.append(repr)  # main, autograd's
+        try:
+            run.warm_up()
+        finally:
+            knobs.runtime.jit_post_compile_hook = before
+        assert run.startup["kernel_compile_s"] > 0
+        assert (run.startup["kernel_trace_s"] == 0.0) == kept  # the second run traced nothing
+        assert len(list((tmp_path / "specs").glob("*.json"))) == 1
+        assert at_launch == []
+        left = [key for k in kernels for cache, *_ in k.device_caches.values() for key in cache.values()
+                if isinstance(key, _NoLaunch)]
+        assert left == []  # the recording's stand-ins are all gone
+        rows = [run.step(s) for s in range(2)]
+        for r in rows:
+            assert math.isfinite(r["loss"]) and r["logprob_diff_max"] == 0.0

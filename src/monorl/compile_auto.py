@@ -93,6 +93,18 @@ def run_compile_key(cfg: RunConfig, m: ModelConfig) -> str:
                         "attn": cfg.model.attn_backend})
 
 
+def run_kernels_key(cfg: RunConfig, m: ModelConfig, world_size: int, traced: dict[str, bool]) -> str:
+    """`compile_key` of the Triton specialisations a run's warm-ups launch (`monorl.ops.precompile`'s kept list):
+    `run_compile_key`'s parts, the settings that set the warm-ups' shapes (prompts, rollouts, generator, packing),
+    the ranks, the passes traced and Triton's version."""
+    import triton
+
+    return compile_key({"run": run_compile_key(cfg, m), "seed": cfg.seed, "task": dataclasses.asdict(cfg.task),
+                        "rollout": dataclasses.asdict(cfg.rollout), "generator": dataclasses.asdict(cfg.generator),
+                        "trainer": dataclasses.asdict(cfg.trainer), "world": world_size, "traced": traced,
+                        "triton": triton.__version__})
+
+
 def resolve_auto_(cfg: RunConfig, m: ModelConfig, device: torch.device) -> str | None:
     """Replace compile.backend auto in `cfg` by what `auto_backend` picks (before the memory plan, which depends on
     it); the line saying why, or None when the backend was not auto."""

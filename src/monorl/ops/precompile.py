@@ -13,16 +13,24 @@ and must not capture CUDA graphs; its results are dropped. `compile_ahead` then 
 specialisation (Triton's `JITFunction.preload`, its own format for a specialisation) in a thread pool, into the
 kernel caches the real launches look in. Kernels Inductor generates do not pass through `JITFunction.run` and are
 not affected. A specialisation the pass missed is compiled at its first launch, as without this.
+
+A run keeps the list it traced (`save_specs`, beside Triton's cache, keyed by everything that decides which
+specialisations a run launches: `monorl.rl.loop`'s key), and a later run with the same key loads it instead of
+tracing again (`load_specs`): on a warm Triton cache the pass is then only the parallel load of cached kernels.
+A list that cannot be read or resolved is skipped with a line saying why, and the run traces.
 """
 
 from __future__ import annotations
 
 import contextlib
+import importlib
+import json
 import os
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -31,6 +39,7 @@ from monorl.ops import HAS_TRITON
 
 MAX_THREADS = 16
 COMPILE_THREADS = "triton-compile"  # the pool's thread names start with this
+SPECS_DIR = "monorl_kernel_specs"  # under Triton's cache directory: the lists `save_specs` keeps
 
 
 @dataclass
@@ -109,3 +118,41 @@ def compile_ahead(rec: Recorded, device: torch.device, threads: int) -> float:
         for f in [pool.submit(load, s) for s in rec.specs]:
             f.result()
     return time.perf_counter() - t
+
+
+def specs_path(key: str) -> Path:
+    """Where the list of a run with this key is kept: beside the Triton cache it describes."""
+    from triton import knobs
+
+    return Path(knobs.cache.dir) / SPECS_DIR / f"{key}.json"
+
+
+def save_specs(path: Path, rec: Recorded) -> None:
+    """Keep `rec`'s specialisations as (module, kernel name, Triton's serialised specialisation), written whole or
+    not at all (a temporary file renamed: ranks of one node may write the same list at once)."""
+    entries = [{"module": fn.module, "name": fn.__name__, "spec": data} for fn, data in rec.specs]
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(entries) + "\n", encoding="utf-8")
+    os.replace(tmp, path)
+
+
+def load_specs(path: Path) -> Recorded | None:
+    """The list `save_specs` kept at `path`, its kernels resolved to this process' JITFunctions; None if there is
+    none, or (with a line saying why) if it cannot be read or names a kernel that is not there."""
+    if not path.is_file():
+        return None
+    rec = Recorded()
+    try:
+        entries = json.loads(path.read_text(encoding="utf-8"))
+        from triton.runtime.jit import JITFunction
+
+        for e in entries:
+            fn = getattr(importlib.import_module(e["module"]), e["name"], None)
+            if not isinstance(fn, JITFunction) or not isinstance(e["spec"], str):
+                raise ValueError(f"{e['module']}.{e['name']} is not a Triton kernel")
+            rec.specs.append((fn, e["spec"]))
+    except (OSError, ValueError, TypeError, KeyError, ImportError) as err:
+        print(f"triton: skipping the kernel list {path} ({type(err).__name__}: {err}); tracing instead", flush=True)
+        return None
+    return rec

@@ -19,7 +19,7 @@ import torch
 from tqdm import tqdm
 
 from monorl.compile import compile_blocks, compile_counters, is_compiled, setup_compile_cache
-from monorl.compile_auto import mark_compiled, resolve_auto_, run_compile_key
+from monorl.compile_auto import mark_compiled, resolve_auto_, run_compile_key, run_kernels_key
 from monorl.config import RunConfig, resolve_batch_invariant_
 from monorl.distributed.checkpoint import (
     full_policy_on_main,
@@ -43,7 +43,7 @@ from monorl.model.lora import apply_lora_, is_lora, save_adapter, save_merged_ch
 from monorl.model.qwen3 import Qwen3ForCausalLM, build_model
 from monorl.model.tokenizer import TOKENIZER_FILE, CharTokenizer, eos_ids, load_tokenizer
 from monorl.ops import HAS_TRITON
-from monorl.ops.precompile import compile_ahead, default_threads, recording
+from monorl.ops.precompile import compile_ahead, default_threads, load_specs, recording, save_specs, specs_path
 from monorl.plan import GiB, run_memory_plan
 from monorl.rl.checkpointing import (
     find_checkpoint,
@@ -344,26 +344,41 @@ class GRPORun:
         """Compile the Triton kernels the warm-ups will launch, in parallel threads, before them
         (`monorl.ops.precompile`): their launches are traced first, skipped, by the warm-ups' own passes -- the
         trainer's when its model runs monorl's kernels (batch-invariant mode), the generator's -- except where
-        torch.compile runs a model (those passes would compile it here). Rank-local (each rank traces the same
-        passes; FSDP's collectives in them run on every rank)."""
+        torch.compile runs a model (those passes would compile it here). The traced list is kept beside Triton's
+        cache; a later run with the same shapes, settings and code loads it instead of tracing. Rank-local (each
+        rank traces the same passes; FSDP's collectives in them run on every rank)."""
         threads = self.cfg.compile.kernel_compile_threads or default_threads()
-        trace_trainer = is_batch_invariant(self.policy) and not is_compiled(self.policy)
-        trace_generator = not is_compiled(self.generator.model)
-        if not HAS_TRITON or threads == 1 or not (trace_trainer or trace_generator):
+        traced = {"trainer": is_batch_invariant(self.policy) and not is_compiled(self.policy),
+                  "generator": not is_compiled(self.generator.model)}
+        if not HAS_TRITON or threads == 1 or not any(traced.values()):
             return
+        kept = specs_path(run_kernels_key(self.cfg, self.model_config, self.world.size, traced))
+        rec = load_specs(kept)
+        if rec is not None:
+            try:
+                self.startup["kernel_compile_s"] = compile_ahead(rec, self.device, threads)
+                self.startup["kernel_trace_s"] = 0.0
+                print(f"triton: {len(rec.specs)} kernel specialisations compiled ahead in "
+                      f"{self.startup['kernel_compile_s']:.2f} s ({threads} threads; the list {kept.name} kept by "
+                      "an earlier run)", flush=True)
+                return
+            except Exception as err:  # a kept list that no longer compiles: trace as if there were none
+                print(f"triton: the kernel list {kept} did not compile ({type(err).__name__}: {err}); tracing "
+                      "instead", flush=True)
         t = time.perf_counter()
         r = self.cfg.rollout
         with recording() as rec:
-            if trace_trainer:
+            if traced["trainer"]:
                 self.trainer.trace_kernels(prompt, r.prompts_per_step * r.group_size, r.max_new_tokens, r.temperature)
-            if trace_generator:
+            if traced["generator"]:
                 self.generator.trace_kernels(gen_prompts, samplers, n=2)
             torch.cuda.synchronize(self.device)
         self.startup["kernel_trace_s"] = time.perf_counter() - t
         self.startup["kernel_compile_s"] = compile_ahead(rec, self.device, threads)
+        save_specs(kept, rec)
         print(f"triton: {len(rec.specs)} kernel specialisations compiled ahead in "
               f"{self.startup['kernel_compile_s']:.2f} s ({threads} threads; traced in "
-              f"{self.startup['kernel_trace_s']:.2f} s)", flush=True)
+              f"{self.startup['kernel_trace_s']:.2f} s, the list kept as {kept})", flush=True)
 
     def size_kv_cache(self) -> None:
         """Allocate the generator's KV cache (CUDA): what `max_num_seqs x max_model_len` needs, capped by what is

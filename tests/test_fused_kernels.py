@@ -183,6 +183,30 @@ def test_backward_kernels_match_fallbacks(T, Hq, Hkv, D, hidden, inter, dt):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("T, Hq, Hkv, D", [(40, 16, 8, 128), (300, 32, 8, 128), (3, 4, 2, 16)])
+def test_kv_write_in_the_qk_pass_equals_the_separate_write(T, Hq, Hkv, D):
+    """`qk_norm_rope_write_kv` (the generator's q/k pass): q and k bitwise `qk_norm_rope`'s, and the KV cache as
+    `write_kv` leaves it with them -- k and v at each token's slot, every other slot untouched."""
+    torch.manual_seed(0)
+    dt, cuda = torch.bfloat16, "cuda"
+    qkv = torch.randn(T, (Hq + 2 * Hkv) * D, device=cuda, dtype=dt)
+    q, k, v = qkv.split([Hq * D, Hkv * D, Hkv * D], dim=-1)  # column slices of one GEMM's output, as generated
+    qw, kw = (1 + 0.3 * torch.randn(D, device=cuda)).to(dt), (1 + 0.3 * torch.randn(D, device=cuda)).to(dt)
+    from monorl.model.qwen3 import rope_cos_sin
+
+    cos, sin = rope_cos_sin(torch.arange(T, device=cuda) * 7, D, 1e6, dt)
+    blocks = T // 8 + 1  # twice the slots the tokens take, at least
+    slots = torch.randperm(blocks * 16, device=cuda)[:T]
+    cache = torch.randn(2, blocks, 16, Hkv, D, device=cuda, dtype=dt)
+    expect = cache.clone()
+    pq, pk = block_kernels.qk_norm_rope(q, k, qw, kw, cos, sin, 1e-6)
+    block_kernels.write_kv(pk, v.reshape(T, Hkv, D), expect, slots)
+    got_q, got_k = block_kernels.qk_norm_rope_write_kv(q, k, v, qw, kw, cos, sin, 1e-6, cache, slots)
+    assert torch.equal(got_q, pq) and torch.equal(got_k, pk)
+    assert torch.equal(cache, expect)
+
+
+@pytest.mark.gpu
 def test_generator_on_fused_kernels_computes_the_model():
     """Decode (CUDA graphs) and prefill on the fused kernels: the log-probs of the generated tokens equal an eager
     full-sequence forward of the unconverted model (bf16 tolerance); the graph path equals the eager decode path."""

@@ -28,34 +28,32 @@ from monorl.compile import mark_dynamic
 from monorl.model.attention import VarlenContext
 from monorl.ops import HAS_TRITON, attention_invariant
 from monorl.ops.attention_triton import attention_triton
-
-
-def _write_kv(k: Tensor, v: Tensor, cache: Tensor, slots: Tensor) -> None:
-    Hkv, D = cache.shape[-2:]
-    cache[0].view(-1, Hkv, D).index_copy_(0, slots, k.to(cache.dtype))
-    cache[1].view(-1, Hkv, D).index_copy_(0, slots, v.to(cache.dtype))
+from monorl.ops.block_kernels import write_kv
 
 
 @torch.library.custom_op("monorl::prefill_attention", mutates_args=("cache",))
 def prefill_attention(q: Tensor, k: Tensor, v: Tensor, cache: Tensor, slot_mapping: Tensor, cu_seqlens: Tensor,
-                      positions: Tensor, pad_index: Tensor, valid: Tensor, backend: str) -> Tensor:
-    """Write the prompts' k/v to `slot_mapping`, then varlen causal attention within each prompt.
-    max_seqlen is `valid.shape[1]`: a tensor size, so compiled code sees no Python int to specialise on."""
-    _write_kv(k, v, cache, slot_mapping)
+                      positions: Tensor, pad_index: Tensor, valid: Tensor, backend: str, kv_written: bool) -> Tensor:
+    """Write the prompts' k/v to `slot_mapping` (unless the caller did), then varlen causal attention within each
+    prompt. max_seqlen is `valid.shape[1]`: a tensor size, so compiled code sees no Python int to specialise on."""
+    if not kv_written:
+        write_kv(k, v, cache, slot_mapping)
     varlen = VarlenContext(cu_seqlens, valid.shape[1], positions, pad_index, valid, backend)
     return varlen.attend(q, k, v).contiguous()
 
 
 @prefill_attention.register_fake
-def _(q, k, v, cache, slot_mapping, cu_seqlens, positions, pad_index, valid, backend):
+def _(q, k, v, cache, slot_mapping, cu_seqlens, positions, pad_index, valid, backend, kv_written):
     return torch.empty_like(q)
 
 
 @torch.library.custom_op("monorl::decode_attention", mutates_args=("cache",))
 def decode_attention(q: Tensor, k: Tensor, v: Tensor, cache: Tensor, slot_mapping: Tensor, block_tables: Tensor,
-                     seq_lens: Tensor, backend: str) -> Tensor:
-    """Write each sequence's new k/v, then attend over its paged cache (seq_lens include the new token)."""
-    _write_kv(k, v, cache, slot_mapping)
+                     seq_lens: Tensor, backend: str, kv_written: bool) -> Tensor:
+    """Write each sequence's new k/v (unless the caller did), then attend over its paged cache (seq_lens include
+    the new token)."""
+    if not kv_written:
+        write_kv(k, v, cache, slot_mapping)
     if backend == "invariant":  # same kernel and key-block order as the varlen (prefill / trainer) path
         out = attention_invariant.paged_decode(q, cache[0], cache[1], block_tables, seq_lens)
     elif backend == "triton":
@@ -66,7 +64,7 @@ def decode_attention(q: Tensor, k: Tensor, v: Tensor, cache: Tensor, slot_mappin
 
 
 @decode_attention.register_fake
-def _(q, k, v, cache, slot_mapping, block_tables, seq_lens, backend):
+def _(q, k, v, cache, slot_mapping, block_tables, seq_lens, backend, kv_written):
     return torch.empty_like(q)
 
 
@@ -80,10 +78,10 @@ class PrefillContext:
     def __post_init__(self) -> None:
         mark_dynamic(self.slot_mapping)  # prompt tokens vary: one dynamic compile
 
-    def attend(self, q: Tensor, k: Tensor, v: Tensor, cache: Tensor) -> Tensor:
+    def attend(self, q: Tensor, k: Tensor, v: Tensor, cache: Tensor, kv_written: bool = False) -> Tensor:
         c = self.varlen
         return prefill_attention(q, k, v, cache, self.slot_mapping, c.cu_seqlens, c.positions, c.pad_index, c.valid,
-                                 c.backend)
+                                 c.backend, kv_written)
 
     def batch_invariant(self) -> PrefillContext:
         return dataclasses.replace(self, varlen=self.varlen.batch_invariant())
@@ -102,8 +100,9 @@ class DecodeContext:
         # batch buckets (and, eager, table widths) vary: compile once for any, not once static then dynamic
         mark_dynamic(self.block_tables, self.seq_lens, self.slot_mapping)
 
-    def attend(self, q: Tensor, k: Tensor, v: Tensor, cache: Tensor) -> Tensor:
-        return decode_attention(q, k, v, cache, self.slot_mapping, self.block_tables, self.seq_lens, self.backend)
+    def attend(self, q: Tensor, k: Tensor, v: Tensor, cache: Tensor, kv_written: bool = False) -> Tensor:
+        return decode_attention(q, k, v, cache, self.slot_mapping, self.block_tables, self.seq_lens, self.backend,
+                                kv_written)
 
     def batch_invariant(self) -> DecodeContext:
         return dataclasses.replace(self, backend="invariant")

@@ -20,7 +20,7 @@ from __future__ import annotations
 import dataclasses
 import inspect
 from dataclasses import dataclass
-from typing import Any, Literal, Protocol, get_args
+from typing import Any, ClassVar, Literal, Protocol, get_args
 
 import torch
 import torch.nn.functional as F
@@ -35,9 +35,12 @@ BACKENDS: tuple[str, ...] = get_args(AttnBackend)
 
 
 class AttentionContext(Protocol):
-    def attend(self, q: Tensor, k: Tensor, v: Tensor, cache: Any) -> Tensor:
+    slot_mapping: Tensor | None  # int64 [T]: each token's KV-cache slot (None when the context keeps no cache)
+
+    def attend(self, q: Tensor, k: Tensor, v: Tensor, cache: Any, kv_written: bool = False) -> Tensor:
         """q: [T, Hq, D], k/v: [T, Hkv, D] (RoPE applied) -> [T, Hq, D]. `cache` is this
-        layer's KV-cache entry (None when the context keeps no cache)."""
+        layer's KV-cache entry (None when the context keeps no cache); kv_written: the caller already wrote
+        k/v to `cache` at `slot_mapping` (the fused kernels' model does, in its q/k pass)."""
         ...
 
     def batch_invariant(self) -> AttentionContext:
@@ -104,6 +107,7 @@ class VarlenContext:
     pad_index: Tensor  # int64 [B, max_seqlen] flat index of each (sequence, position); T where padding (sdpa)
     valid: Tensor  # bool [B, max_seqlen]
     backend: str = "sdpa"  # sdpa | flash | invariant (see `batch_invariant`)
+    slot_mapping: ClassVar[None] = None  # no KV cache
 
     @staticmethod
     def from_lengths(lengths: list[int] | Tensor, device: torch.device | str, backend: str = "sdpa",
@@ -133,7 +137,7 @@ class VarlenContext:
         mark_dynamic(ctx.cu_seqlens, ctx.positions, ctx.pad_index, ctx.valid)
         return ctx
 
-    def attend(self, q: Tensor, k: Tensor, v: Tensor, cache: Any = None) -> Tensor:
+    def attend(self, q: Tensor, k: Tensor, v: Tensor, cache: Any = None, kv_written: bool = False) -> Tensor:
         if self.backend == "invariant":  # the same kernel (and key-block order) as the invariant decode
             return attention_invariant.varlen_attention(q, k, v, self.cu_seqlens, self.pad_index, self.valid)
         if self.backend == "flash":

@@ -6,8 +6,8 @@ and have a backward, so trainer and generator share them.
 
 The conversion gives each block's pieces a subclass whose forward calls the fused kernels (`module.__class__ =
 ...`, as `monorl.model.batch_invariant` does): parameters, names and weight sync are untouched, and a model not
-converted is untouched. Per layer the decode step then runs: RMSNorm, the q/k/v GEMM, q/k norm + RoPE, the KV
-write and attention, o_proj, residual add + RMSNorm, the gate/up GEMM, SiLU * up, down_proj, the residual add.
+converted is untouched. Per layer the decode step then runs: RMSNorm, the q/k/v GEMM, q/k norm + RoPE with the KV
+write, attention, o_proj, residual add + RMSNorm, the gate/up GEMM, SiLU * up, down_proj, the residual add.
 A copy with fused projections (`Qwen3ForCausalLM(fused=True)`, the generator's) hands the kernels column slices of
 one GEMM's output; an unfused model (the trainer's) its separate projections. Norm weights enter the kernels in the
 activations' dtype (the trainer's fp32 masters as exactly the generator's bf16 copy).
@@ -31,9 +31,14 @@ class FusedKernelsAttention(Attention):
             q, k, v = self.qkv_proj(x).split(self.sizes, dim=-1)
         else:
             q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
-        q, k = block_kernels.qk_norm_rope(q, k, self.q_norm.weight.to(q.dtype), self.k_norm.weight.to(q.dtype), cos,
-                                          sin, self.q_norm.eps)
-        return self.o_proj(ctx.attend(q, k, v.view(T, self.num_kv_heads, self.head_dim), cache).flatten(1))
+        qw, kw, eps = self.q_norm.weight.to(q.dtype), self.k_norm.weight.to(q.dtype), self.q_norm.eps
+        slots = ctx.slot_mapping if cache is not None else None
+        if slots is None:
+            q, k = block_kernels.qk_norm_rope(q, k, qw, kw, cos, sin, eps)
+        else:  # the generator: k and v go to the KV cache in the same pass
+            q, k = block_kernels.qk_norm_rope_write_kv(q, k, v, qw, kw, cos, sin, eps, cache, slots)
+        v = v.view(T, self.num_kv_heads, self.head_dim)
+        return self.o_proj(ctx.attend(q, k, v, cache, kv_written=slots is not None).flatten(1))
 
 
 class FusedKernelsMLP(MLP):

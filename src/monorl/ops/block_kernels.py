@@ -4,7 +4,7 @@ kernels per layer eager, 10 with these):
 
 - `add_rms_norm`: the residual add and the RMSNorm after it, one pass;
 - `qk_norm_rope`: per-head RMSNorm of q and k and rotate-half RoPE, one pass (reading a fused q/k/v GEMM's
-  output in place);
+  output in place); `qk_norm_rope_write_kv` also writes k and v to the generator's KV cache in that pass;
 - `silu_mul`: SiLU(gate) * up (reading a fused gate/up GEMM's output in place).
 
 Each rounds like the eager PyTorch ops it replaces (fp32 inside, the input dtype wherever eager stores a tensor),
@@ -48,9 +48,10 @@ if HAS_TRITON:
         tl.store(o_ptr + row * D + offs, (w * y.to(tl.float32)).to(o_ptr.dtype.element_ty), mask=mask)
 
     @triton.jit
-    def _norm_rope_heads(src, w_ptr, c1, c2, s1, s2, dst, eps, H: tl.constexpr, H_P: tl.constexpr,
-                         D: tl.constexpr):
-        """RMSNorm over each of H heads [D] at src (row stride D), then rotate-half RoPE; store at dst."""
+    def _norm_rope_heads(src, w_ptr, c1, c2, s1, s2, dst, dst2, eps, H: tl.constexpr, H_P: tl.constexpr,
+                         D: tl.constexpr, STORE2: tl.constexpr):
+        """RMSNorm over each of H heads [D] at src (row stride D), then rotate-half RoPE; store at dst (and, if
+        STORE2, at dst2 in its dtype: a KV-cache slot)."""
         HALF: tl.constexpr = D // 2
         h = tl.arange(0, H_P)[:, None]
         d = tl.arange(0, HALF)[None, :]
@@ -68,11 +69,16 @@ if HAS_TRITON:
         o2 = ((y2 * c2).to(dt).to(tl.float32) + (y1 * s2).to(dt).to(tl.float32)).to(dt)
         tl.store(dst + h * D + d, o1, mask=m)
         tl.store(dst + h * D + HALF + d, o2, mask=m)
+        if STORE2:
+            tl.store(dst2 + h * D + d, o1.to(dst2.dtype.element_ty), mask=m)
+            tl.store(dst2 + h * D + HALF + d, o2.to(dst2.dtype.element_ty), mask=m)
 
     @triton.jit
     def _qk_norm_rope_kernel(qi_ptr, ki_ptr, qw_ptr, kw_ptr, cos_ptr, sin_ptr, q_ptr, k_ptr, stride_q, stride_k,
-                             eps, HQ: tl.constexpr, HKV: tl.constexpr, HQ_P: tl.constexpr, HKV_P: tl.constexpr,
-                             D: tl.constexpr):
+                             v_ptr, stride_v, kc_ptr, vc_ptr, slot_ptr, eps, HQ: tl.constexpr, HKV: tl.constexpr,
+                             HQ_P: tl.constexpr, HKV_P: tl.constexpr, D: tl.constexpr, WRITE_KV: tl.constexpr):
+        """One token's q and k heads normed and rotated; with WRITE_KV, its k (as returned) and v also stored at
+        its KV-cache slot (kc_ptr / vc_ptr: [slots, HKV, D]), so the generator needs no separate cache write."""
         t = tl.program_id(0).to(tl.int64)
         HALF: tl.constexpr = D // 2
         d = tl.arange(0, HALF)[None, :]
@@ -80,8 +86,16 @@ if HAS_TRITON:
         c2 = tl.load(cos_ptr + t * D + HALF + d).to(tl.float32)
         s1 = tl.load(sin_ptr + t * D + d).to(tl.float32)
         s2 = tl.load(sin_ptr + t * D + HALF + d).to(tl.float32)
-        _norm_rope_heads(qi_ptr + t * stride_q, qw_ptr, c1, c2, s1, s2, q_ptr + t * HQ * D, eps, HQ, HQ_P, D)
-        _norm_rope_heads(ki_ptr + t * stride_k, kw_ptr, c1, c2, s1, s2, k_ptr + t * HKV * D, eps, HKV, HKV_P, D)
+        _norm_rope_heads(qi_ptr + t * stride_q, qw_ptr, c1, c2, s1, s2, q_ptr + t * HQ * D, q_ptr, eps, HQ, HQ_P, D,
+                         False)
+        slot = tl.load(slot_ptr + t).to(tl.int64) if WRITE_KV else t
+        _norm_rope_heads(ki_ptr + t * stride_k, kw_ptr, c1, c2, s1, s2, k_ptr + t * HKV * D,
+                         kc_ptr + slot * HKV * D, eps, HKV, HKV_P, D, WRITE_KV)
+        if WRITE_KV:
+            h = tl.arange(0, HKV_P)[:, None]
+            dd = tl.arange(0, D)[None, :]
+            v = tl.load(v_ptr + t * stride_v + h * D + dd, mask=h < HKV)
+            tl.store(vc_ptr + slot * HKV * D + h * D + dd, v.to(vc_ptr.dtype.element_ty), mask=h < HKV)
 
     @triton.jit
     def _silu_mul_kernel(g_ptr, u_ptr, o_ptr, N, stride_g, stride_u, BLOCK: tl.constexpr):
@@ -142,12 +156,16 @@ def _add_rms_norm_backward(ctx, grad_h: Tensor, grad_out: Tensor) -> tuple[Tenso
 add_rms_norm.register_autograd(_add_rms_norm_backward, setup_context=_add_rms_norm_setup)
 
 
-@torch.library.custom_op("monorl::qk_norm_rope", mutates_args=())
-def qk_norm_rope(q: Tensor, k: Tensor, q_weight: Tensor, k_weight: Tensor, cos: Tensor, sin: Tensor,
-                 eps: float) -> tuple[Tensor, Tensor]:
-    """q [T, Hq * D], k [T, Hkv * D] (heads side by side; e.g. column slices of a fused q/k/v GEMM's output) ->
-    (q [T, Hq, D], k [T, Hkv, D]): per-head RMSNorm with q_weight / k_weight [D] (in q's dtype), then rotate-half
-    RoPE with cos / sin [T, D]."""
+def write_kv(k: Tensor, v: Tensor, cache: Tensor, slots: Tensor) -> None:
+    """k, v [T, Hkv, D] to `cache` [2, ..., Hkv, D] at flat token slots [T] (PyTorch: two index copies)."""
+    Hkv, D = cache.shape[-2:]
+    cache[0].view(-1, Hkv, D).index_copy_(0, slots, k.to(cache.dtype))
+    cache[1].view(-1, Hkv, D).index_copy_(0, slots, v.to(cache.dtype))
+
+
+def _qk_norm_rope(q: Tensor, k: Tensor, q_weight: Tensor, k_weight: Tensor, cos: Tensor, sin: Tensor, eps: float,
+                  kv: tuple[Tensor, Tensor, Tensor] | None = None) -> tuple[Tensor, Tensor]:
+    """`qk_norm_rope`; with kv = (v, cache, slots), k and v also written to the cache as `write_kv` would."""
     T, D = q.shape[0], cos.shape[-1]
     Hq, Hkv = q.shape[-1] // D, k.shape[-1] // D
     if not use_triton(q):
@@ -155,15 +173,48 @@ def qk_norm_rope(q: Tensor, k: Tensor, q_weight: Tensor, k_weight: Tensor, cos: 
 
         q = rms_norm_rows(q.reshape(T, Hq, D), q_weight, eps)
         k = rms_norm_rows(k.reshape(T, Hkv, D), k_weight, eps)
-        return apply_rope(q, cos, sin).to(q.dtype), apply_rope(k, cos, sin).to(k.dtype)
+        q, k = apply_rope(q, cos, sin).to(q.dtype), apply_rope(k, cos, sin).to(k.dtype)
+        if kv is not None:
+            v, cache, slots = kv
+            write_kv(k, v.reshape(T, Hkv, D), cache, slots)
+        return q, k
     q, k = unit_stride(q), unit_stride(k)
     q_out, k_out = q.new_empty(T, Hq, D), k.new_empty(T, Hkv, D)
+    if kv is None:  # unused pointers: any tensor
+        v, kc, vc, slots = q, q, q, q
+    else:
+        v, cache, slots = kv
+        v, kc, vc = unit_stride(v), cache[0], cache[1]
     if T:
         _qk_norm_rope_kernel[(T,)](q, k, q_weight.contiguous(), k_weight.contiguous(), cos.contiguous(),
-                                   sin.contiguous(), q_out, k_out, q.stride(0), k.stride(0), eps, HQ=Hq, HKV=Hkv,
-                                   HQ_P=triton.next_power_of_2(Hq), HKV_P=triton.next_power_of_2(Hkv), D=D,
-                                   num_warps=4, enable_fp_fusion=False)
+                                   sin.contiguous(), q_out, k_out, q.stride(0), k.stride(0), v, v.stride(0), kc, vc,
+                                   slots, eps, HQ=Hq, HKV=Hkv, HQ_P=triton.next_power_of_2(Hq),
+                                   HKV_P=triton.next_power_of_2(Hkv), D=D, WRITE_KV=kv is not None, num_warps=4,
+                                   enable_fp_fusion=False)
     return q_out, k_out
+
+
+@torch.library.custom_op("monorl::qk_norm_rope", mutates_args=())
+def qk_norm_rope(q: Tensor, k: Tensor, q_weight: Tensor, k_weight: Tensor, cos: Tensor, sin: Tensor,
+                 eps: float) -> tuple[Tensor, Tensor]:
+    """q [T, Hq * D], k [T, Hkv * D] (heads side by side; e.g. column slices of a fused q/k/v GEMM's output) ->
+    (q [T, Hq, D], k [T, Hkv, D]): per-head RMSNorm with q_weight / k_weight [D] (in q's dtype), then rotate-half
+    RoPE with cos / sin [T, D]."""
+    return _qk_norm_rope(q, k, q_weight, k_weight, cos, sin, eps)
+
+
+@torch.library.custom_op("monorl::qk_norm_rope_write_kv", mutates_args=("cache",))
+def qk_norm_rope_write_kv(q: Tensor, k: Tensor, v: Tensor, q_weight: Tensor, k_weight: Tensor, cos: Tensor,
+                          sin: Tensor, eps: float, cache: Tensor, slots: Tensor) -> tuple[Tensor, Tensor]:
+    """`qk_norm_rope`, and the returned k with v [T, Hkv * D] written to the KV cache `cache` [2, ..., Hkv, D] at
+    `slots` [T] in the same pass (the generator's prefill and decode: one kernel instead of three)."""
+    return _qk_norm_rope(q, k, q_weight, k_weight, cos, sin, eps, (v, cache, slots))
+
+
+@qk_norm_rope_write_kv.register_fake
+def _(q, k, v, q_weight, k_weight, cos, sin, eps, cache, slots):
+    T, D = q.shape[0], cos.shape[-1]
+    return q.new_empty(T, q.shape[-1] // D, D), k.new_empty(T, k.shape[-1] // D, D)
 
 
 @qk_norm_rope.register_fake

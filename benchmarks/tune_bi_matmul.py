@@ -53,7 +53,16 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default="tune_bi_matmul.json")
     ap.add_argument("--shapes", default=",".join(SHAPES))
+    ap.add_argument("--ms", default="40,1024,8192", help="row counts timed (scored with WEIGHT)")
+    ap.add_argument("--block-m", default="32,64")
+    ap.add_argument("--block-k", default="64,128")
+    ap.add_argument("--stages", default="3,4")
     a = ap.parse_args()
+    global MS, CONFIGS
+    ints = lambda s: tuple(int(v) for v in s.split(","))  # noqa: E731
+    MS = ints(a.ms)
+    CONFIGS = [(bm, bn, bk, 4, ns) for bm, bn, bk, ns in
+               itertools.product(ints(a.block_m), (16, 32, 64, 128), ints(a.block_k), ints(a.stages))]
     g = torch.Generator(device="cuda").manual_seed(0)
     res = {}
     for name in a.shapes.split(","):
@@ -75,7 +84,7 @@ def main() -> None:
         cur_score = sum(WEIGHT[m] * row["configs"][str(c)][m] for m, c in row["current"].items()
                         if str(c) in row["configs"])
         cb, bt = row["cublas"], row["configs"][best]
-        print(f"{name:20s} N={N:6d} K={K:5d} | cuBLAS {cb[40]*1e3:6.1f} {cb[1024]*1e3:6.1f} {cb[8192]*1e3:7.1f} us"
+        print(f"{name:20s} N={N:6d} K={K:5d} | cuBLAS {' '.join(f'{cb[m] * 1e3:.1f}' for m in MS)} us"
               f" | current (by M) {cur_score*1e3:8.0f} | best {best} {score[best]*1e3:8.0f} "
               f"({' '.join(f'{bt[m] * 1e3:.1f}' for m in MS)} us)", flush=True)
         res[name] = row

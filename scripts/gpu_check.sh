@@ -28,10 +28,13 @@
 #            (the prompt exit) against `main()` returning to the interpreter, twice each; then the trainer step in
 #            the mode without compile (the preset's default), profiled; bwd: the fused-kernel and batch-invariant
 #            GPU tests, then cold without the exit comparison
+#   kept:    the kept kernel list and the KV write in the q/k pass: GPU tests, warm runs with and without the
+#            list, the generator batch against BASE (.base), throughput
+#   decode_profile: the generator batch's top kernels per mode; the invariant GEMM's tilings at decode rows
 #   ahead:   Triton kernels compiled ahead in threads vs at first launch: the loop GPU tests, cold and warm runs of the
 #            preset each way; then the generator's top kernels default vs batch-invariant
 #   bi:      `monorl train` of the Qwen3-0.6B preset (random weights) with --batch_invariant true (trainer graphs on)
-# Usage on the device: bash scripts/gpu_check.sh [tests|trainer|profile|loop|compare|startup|scale|scale_compile|bi_cost|bi_cost_1.7b|bi_kernels|bi_default|bi_lora|kernels|wall|wall_user|cold|bwd|ahead|bi|all]   (logs, JSON under $OUT)
+# Usage on the device: bash scripts/gpu_check.sh [tests|trainer|profile|loop|compare|startup|scale|scale_compile|bi_cost|bi_cost_1.7b|bi_kernels|bi_default|bi_lora|kernels|wall|wall_user|cold|bwd|ahead|kept|decode_profile|bi|all]   (logs, JSON under $OUT)
 set -uo pipefail
 OUT=${OUT:-/tmp/monorl_out}; mkdir -p "$OUT"
 # wheels the device lacks (jsonargparse) go first: .whl carried, installed to /tmp/site (device README)
@@ -247,6 +250,43 @@ if [[ $what == ahead ]]; then  # Triton kernels compiled ahead in threads (compi
   python3 benchmarks/bench_batch_invariant.py --profile --out "$OUT/bench_bi_profile.json" 2>&1 \
     | tee "$OUT/bench_bi_profile.log" | grep -v DEBUG | tail -45 | cut -c1-160
   printf "\n| run | process wall s | run total s | startup s | steady step s |\n|---|---|---|---|---|\n%s" "$rows"
+fi
+if [[ $what == kept ]]; then  # the kept kernel list (a warm run loads it instead of tracing) and the KV write in the
+  # q/k pass: all GPU tests; the preset cold, then warm with the list kept against warm with it removed (traced
+  # again), alternating on one Triton cache; the generator batch (default, the mode) of this tree against BASE
+  # (.base: `git archive REV src benchmarks`); the generator's throughput
+  if [[ -z ${SKIP_TESTS:-} ]]; then
+    python3 -m pytest -q -m gpu tests/ -p no:cacheprovider 2>&1 | tee "$OUT/gpu_tests.log" \
+      | grep -E "^(FAILED|ERROR)|passed|failed|Error" | tail -15
+  fi
+  args=$(preset_args)
+  user_bytecode /tmp/kp0 "$OUT/kept_prime.log"
+  rows=""
+  for run in cold kept1 traced1 kept2 traced2; do
+    [[ $run == traced* ]] && rm -rf /tmp/tc_k/monorl_kernel_specs
+    t0=$(date +%s.%N)
+    TRITON_CACHE_DIR=/tmp/tc_k python3 -m monorl.cli train $args --run_dir "/tmp/kp_$run" > "$OUT/kept_$run.log" 2>&1
+    t1=$(date +%s.%N)
+    grep -E "^triton:|^\| total" "$OUT/kept_$run.log" | cut -c1-200
+    rows+=$(python3 -c "$summary" "/tmp/kp_$run" "$run" "$t0" "$t1")$'\n'
+  done
+  grep -E "^startup:" "$OUT"/kept_kept2.log "$OUT"/kept_traced2.log | cut -c1-500
+  for side in new base; do
+    src=$PWD; [[ $side == base ]] && src=$PWD/.base
+    PYTHONPATH=$src/src:/tmp/site python3 "$src/benchmarks/bench_batch_invariant.py" --out "$OUT/bench_bi_$side.json" \
+      2>&1 | grep -v DEBUG | tail -8 | sed "s/^/$side: /"
+  done
+  python3 benchmarks/bench_throughput.py --no-compile --out "$OUT/throughput.json" 2>&1 | grep -v DEBUG | tail -6
+  printf "\n| run | process wall s | run total s | startup s | steady step s |\n|---|---|---|---|---|\n%s" "$rows"
+fi
+if [[ $what == decode_profile ]]; then  # where a decode step goes now: the generator batch's top kernels per mode,
+  # then the batch-invariant GEMM tilings at decode rows (BLOCK_M 64, 4 warps: the bitwise family) with deeper
+  # pipelines and wider K blocks than the default sweep
+  python3 benchmarks/bench_batch_invariant.py --profile --runs 3 --out "$OUT/bench_bi_profile.json" 2>&1 \
+    | grep -v DEBUG | tail -50 | cut -c1-150
+  python3 benchmarks/tune_bi_matmul.py --ms 40 --block-m 64 --block-k 64,128,256 --stages 3,4,5,6 \
+    --shapes "0.6b qkv fused,0.6b o,0.6b gate_up fused,0.6b down,0.6b lm head" --out "$OUT/tune_decode.json" 2>&1 \
+    | grep -v -e DEBUG -e OutOfResources | tail -12
 fi
 if [[ $what == bi ]]; then
   python3 -m monorl.cli train --preset qwen3_0_6b_sum_digits --model.shape qwen3-0.6b --rollout.ignore_eos true \

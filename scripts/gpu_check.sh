@@ -282,8 +282,9 @@ fi
 if [[ $what == decode_profile ]]; then  # where a decode step goes now: the generator batch's top kernels per mode,
   # then the batch-invariant GEMM tilings at decode rows (BLOCK_M 64, 4 warps: the bitwise family) with deeper
   # pipelines and wider K blocks than the default sweep
-  python3 benchmarks/bench_batch_invariant.py --profile --runs 3 --out "$OUT/bench_bi_profile.json" 2>&1 \
-    | grep -v DEBUG | tail -50 | cut -c1-150
+  [[ -z ${SKIP_PROFILE:-} ]] && python3 benchmarks/bench_batch_invariant.py --profile --runs 3 \
+    --out "$OUT/bench_bi_profile.json" 2>&1 | grep -v DEBUG | tail -50 | cut -c1-150
+  python3 benchmarks/tune_decode_attention.py --out "$OUT/tune_decode_attention.json" 2>&1 | grep -v DEBUG | tail -60
   python3 benchmarks/tune_bi_matmul.py --ms 40 --block-m 64 --block-k 64,128,256 --stages 3,4,5,6 \
     --shapes "0.6b qkv fused,0.6b o,0.6b gate_up fused,0.6b down,0.6b lm head" --out "$OUT/tune_decode.json" 2>&1 \
     | grep -v -e DEBUG -e OutOfResources | tail -12

@@ -1,8 +1,11 @@
 """Pipeline depth and warps of the paged-decode attention (`monorl.ops.attention_triton._attn_kernel`, PAGED) at
 the reference workload's decode shapes: Qwen3-0.6B heads (16 q, 8 kv, head dim 128), 40 sequences, 16-token KV
 blocks, contexts of ~150-600 keys. num_stages only changes how far ahead the key/value loads are issued, not the
-arithmetic; num_warps, measured, keeps the outputs at these shapes too. Each launch is checked bitwise against one
-with 4 warps and the default stages (what the varlen path runs). Timed in CUDA graphs, as the decode step replays it.
+arithmetic. Each launch is checked bitwise against one with 4 warps and the default stages (what the varlen path
+runs) on these random inputs; that is not enough for the batch-invariant mode: 2 warps passed here on every row
+and still broke the generator's log-probs against the trainer's in the GPU tests (2026-11-24), so a change found
+here needs `pytest -m gpu tests/test_batch_invariant_gpu.py` too. Timed in CUDA graphs, as the decode step replays
+it.
 
   python benchmarks/tune_decode_attention.py --out tune_decode_attention.json
 """

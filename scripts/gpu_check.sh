@@ -256,7 +256,7 @@ if [[ $what == kept ]]; then  # the kept kernel list (a warm run loads it instea
   # again), alternating on one Triton cache; the generator batch (default, the mode) of this tree against BASE
   # (.base: `git archive REV src benchmarks`); the generator's throughput
   if [[ -z ${SKIP_TESTS:-} ]]; then
-    python3 -m pytest -q -m gpu tests/ -p no:cacheprovider 2>&1 | tee "$OUT/gpu_tests.log" \
+    python3 -m pytest -q -m gpu ${TESTS:-tests/} -p no:cacheprovider 2>&1 | tee "$OUT/gpu_tests.log" \
       | grep -E "^(FAILED|ERROR)|passed|failed|Error" | tail -15
   fi
   args=$(preset_args)

@@ -22,10 +22,10 @@ from monorl.ops import HAS_TRITON
 
 ATTN_BLOCK_N = 64  # keys per block (both layouts)
 ATTN_ROWS = 16  # query rows per program (both layouts): the smallest tile of a tensor-core dot
-# Paged decode with 2 warps: 9.2-11.5 us a launch against 10.4-12.8 us with 4 at 40 sequences of 150-250 keys
-# (H200, benchmarks/tune_decode_attention.py, 2026-11-24), outputs bitwise the same: a 16-row tile's dots are
-# mma.sync either way, each output element one accumulation chain in the same K order. Varlen keeps 4.
-PAGED_WARPS = 2
+# 4 warps in both layouts: paged decode with 2 was faster (9.2-11.5 us a launch against 10.4-12.8 us at 40
+# sequences of 150-250 keys, H200, benchmarks/tune_decode_attention.py) and bitwise the 4-warp launch on random
+# inputs, but not in the model: the generator's log-probs then differed from the trainer's (by up to 0.039).
+ATTN_WARPS = 4
 
 if HAS_TRITON:
     import triton
@@ -115,7 +115,7 @@ def attention_triton(q: Tensor, k_cache: Tensor, v_cache: Tensor, lens: Tensor, 
         q, k_cache, v_cache, out, lens, lens, block_tables,
         q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), block_tables.stride(0),
         out.stride(0), out.stride(1), D ** -0.5, 1,
-        PAGED=True, G=G, ROWS=rows, TOKENS=1, D=D, BS=k_cache.shape[1], BLOCK_N=ATTN_BLOCK_N, num_warps=PAGED_WARPS)
+        PAGED=True, G=G, ROWS=rows, TOKENS=1, D=D, BS=k_cache.shape[1], BLOCK_N=ATTN_BLOCK_N, num_warps=ATTN_WARPS)
     return out
 
 
@@ -133,5 +133,5 @@ def varlen_attention_triton(q: Tensor, k: Tensor, v: Tensor, cu_seqlens: Tensor,
     _attn_kernel[((cu_seqlens.shape[0] - 1) * tiles, Hkv)](
         q, k, v, out, cu_seqlens, cu_seqlens, cu_seqlens,
         q.stride(0), q.stride(1), 0, k.stride(0), k.stride(1), 0, out.stride(0), out.stride(1), D ** -0.5, tiles,
-        PAGED=False, G=G, ROWS=rows, TOKENS=tokens, D=D, BS=1, BLOCK_N=ATTN_BLOCK_N, num_warps=4)
+        PAGED=False, G=G, ROWS=rows, TOKENS=tokens, D=D, BS=1, BLOCK_N=ATTN_BLOCK_N, num_warps=ATTN_WARPS)
     return out

@@ -275,6 +275,8 @@ if [[ $what == kept ]]; then  # the kept kernel list (a warm run loads it instea
     src=$PWD; [[ $side == base ]] && src=$PWD/.base
     PYTHONPATH=$src/src:/tmp/site python3 "$src/benchmarks/bench_batch_invariant.py" --out "$OUT/bench_bi_$side.json" \
       2>&1 | grep -v DEBUG | tail -8 | sed "s/^/$side: /"
+    PYTHONPATH=$src/src:/tmp/site python3 "$src/benchmarks/bench_generate.py" --variants graphs \
+      --out "$OUT/generate_$side.json" 2>&1 | grep -E "batch, median|decode step" | sed "s/^/$side: /"
   done
   python3 benchmarks/bench_throughput.py --no-compile --out "$OUT/throughput.json" 2>&1 | grep -v DEBUG | tail -6
   printf "\n| run | process wall s | run total s | startup s | steady step s |\n|---|---|---|---|---|\n%s" "$rows"

@@ -12,18 +12,52 @@ neither on the other rows of the batch nor on the layout (decode step vs full-se
   sampler), so its CUDA-graph decode step is fast without `torch.compile`. Row-local, rounding as eager.
 
 On CUDA the ops run Triton kernels; on CPU, fixed-order tree reductions.
+
+The forward kernels launch with programmatic dependent launch on Hopper and later (`pdl_launch`): the GPU may
+start a kernel while the one before it in the stream finishes, and the kernel's first act (`pdl_start`) is to wait
+for that one's completion and memory, then let the next one start. In a decode step of ~300 small kernels the
+gaps between them are a visible part of the step (benchmarks/RESULTS.md, 2026-11-24).
 """
 
 from __future__ import annotations
 
+import functools
+
+import torch
 from torch import Tensor
 
 try:  # triton only exists on the GPU machines
-    import triton  # noqa: F401
+    import triton
+    import triton.language as tl  # noqa: F401
+    from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
     HAS_TRITON = True
 except ImportError:  # pragma: no cover - CPU CI
     HAS_TRITON = False
+
+if HAS_TRITON:
+
+    @triton.jit
+    def pdl_start():
+        """A kernel launched by `pdl_launch` calls this before touching memory: wait until the kernel before it
+        has completed and its writes are visible, then allow the next one to be launched (it waits the same way,
+        so a chain of such kernels stays ordered)."""
+        gdc_wait()
+        gdc_launch_dependents()
+
+
+@functools.cache
+def _pdl_capable(device_index: int) -> bool:
+    return torch.cuda.get_device_capability(device_index)[0] >= 9  # griddepcontrol is sm_90+ PTX
+
+
+def pdl_launch(t: Tensor) -> dict:
+    """Launch keywords for a kernel whose first statement is `if PDL: pdl_start()`, launching on t's device: on
+    Hopper and later, the kernel's PDL flag and Triton's launch_pdl; elsewhere none (PDL stays False)."""
+    if not t.is_cuda:
+        return {}
+    index = t.device.index if t.device.index is not None else torch.cuda.current_device()
+    return {"PDL": True, "launch_pdl": True} if _pdl_capable(index) else {}
 
 
 def use_triton(t: Tensor) -> bool:

@@ -18,7 +18,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from monorl.ops import HAS_TRITON
+from monorl.ops import HAS_TRITON, pdl_launch
 
 ATTN_BLOCK_N = 64  # keys per block (both layouts)
 ATTN_ROWS = 16  # query rows per program (both layouts): the smallest tile of a tensor-core dot
@@ -31,12 +31,16 @@ if HAS_TRITON:
     import triton
     import triton.language as tl
 
+    from monorl.ops import pdl_start
+
     @triton.jit
     def _attn_kernel(q_ptr, k_ptr, v_ptr, o_ptr, cu_ptr, lens_ptr, bt_ptr,
                      stride_qt, stride_qh, stride_kblk, stride_ktok, stride_kh, stride_btb,
                      stride_ot, stride_oh, scale, tiles,
                      PAGED: tl.constexpr, G: tl.constexpr, ROWS: tl.constexpr, TOKENS: tl.constexpr,
-                     D: tl.constexpr, BS: tl.constexpr, BLOCK_N: tl.constexpr):
+                     D: tl.constexpr, BS: tl.constexpr, BLOCK_N: tl.constexpr, PDL: tl.constexpr = False):
+        if PDL:  # wait for the kernel before (programmatic dependent launch)
+            pdl_start()
         # Rows are (token i < TOKENS of the tile, query head hk * G + g). Paged: program = one sequence's new
         # token (TOKENS = 1), n keys, all of them visible. Varlen: program = tile `pid % tiles` of sequence
         # `pid // tiles`; its token i sees keys 0..t0 + i of that sequence.
@@ -115,7 +119,8 @@ def attention_triton(q: Tensor, k_cache: Tensor, v_cache: Tensor, lens: Tensor, 
         q, k_cache, v_cache, out, lens, lens, block_tables,
         q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), block_tables.stride(0),
         out.stride(0), out.stride(1), D ** -0.5, 1,
-        PAGED=True, G=G, ROWS=rows, TOKENS=1, D=D, BS=k_cache.shape[1], BLOCK_N=ATTN_BLOCK_N, num_warps=ATTN_WARPS)
+        PAGED=True, G=G, ROWS=rows, TOKENS=1, D=D, BS=k_cache.shape[1], BLOCK_N=ATTN_BLOCK_N, num_warps=ATTN_WARPS,
+        **pdl_launch(q))
     return out
 
 
@@ -133,5 +138,6 @@ def varlen_attention_triton(q: Tensor, k: Tensor, v: Tensor, cu_seqlens: Tensor,
     _attn_kernel[((cu_seqlens.shape[0] - 1) * tiles, Hkv)](
         q, k, v, out, cu_seqlens, cu_seqlens, cu_seqlens,
         q.stride(0), q.stride(1), 0, k.stride(0), k.stride(1), 0, out.stride(0), out.stride(1), D ** -0.5, tiles,
-        PAGED=False, G=G, ROWS=rows, TOKENS=tokens, D=D, BS=1, BLOCK_N=ATTN_BLOCK_N, num_warps=ATTN_WARPS)
+        PAGED=False, G=G, ROWS=rows, TOKENS=tokens, D=D, BS=1, BLOCK_N=ATTN_BLOCK_N, num_warps=ATTN_WARPS,
+        **pdl_launch(q))
     return out

@@ -25,15 +25,20 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from monorl.ops import HAS_TRITON, unit_stride, use_triton
+from monorl.ops import HAS_TRITON, pdl_launch, unit_stride, use_triton
 from monorl.ops.rmsnorm_invariant import rms_norm_backward, rms_norm_rows
 
 if HAS_TRITON:
     import triton
     import triton.language as tl
 
+    from monorl.ops import pdl_start
+
     @triton.jit
-    def _add_rms_norm_kernel(x_ptr, a_ptr, w_ptr, h_ptr, o_ptr, D, eps, BLOCK_D: tl.constexpr):
+    def _add_rms_norm_kernel(x_ptr, a_ptr, w_ptr, h_ptr, o_ptr, D, eps, BLOCK_D: tl.constexpr,
+                             PDL: tl.constexpr = False):
+        if PDL:  # wait for the kernel before (programmatic dependent launch)
+            pdl_start()
         row = tl.program_id(0).to(tl.int64)
         offs = tl.arange(0, BLOCK_D)
         mask = offs < D
@@ -76,9 +81,12 @@ if HAS_TRITON:
     @triton.jit
     def _qk_norm_rope_kernel(qi_ptr, ki_ptr, qw_ptr, kw_ptr, cos_ptr, sin_ptr, q_ptr, k_ptr, stride_q, stride_k,
                              v_ptr, stride_v, kc_ptr, vc_ptr, slot_ptr, eps, HQ: tl.constexpr, HKV: tl.constexpr,
-                             HQ_P: tl.constexpr, HKV_P: tl.constexpr, D: tl.constexpr, WRITE_KV: tl.constexpr):
+                             HQ_P: tl.constexpr, HKV_P: tl.constexpr, D: tl.constexpr, WRITE_KV: tl.constexpr,
+                             PDL: tl.constexpr = False):
         """One token's q and k heads normed and rotated; with WRITE_KV, its k (as returned) and v also stored at
         its KV-cache slot (kc_ptr / vc_ptr: [slots, HKV, D]), so the generator needs no separate cache write."""
+        if PDL:  # wait for the kernel before (programmatic dependent launch)
+            pdl_start()
         t = tl.program_id(0).to(tl.int64)
         HALF: tl.constexpr = D // 2
         d = tl.arange(0, HALF)[None, :]
@@ -98,7 +106,9 @@ if HAS_TRITON:
             tl.store(vc_ptr + slot * HKV * D + h * D + dd, v.to(vc_ptr.dtype.element_ty), mask=h < HKV)
 
     @triton.jit
-    def _silu_mul_kernel(g_ptr, u_ptr, o_ptr, N, stride_g, stride_u, BLOCK: tl.constexpr):
+    def _silu_mul_kernel(g_ptr, u_ptr, o_ptr, N, stride_g, stride_u, BLOCK: tl.constexpr, PDL: tl.constexpr = False):
+        if PDL:  # wait for the kernel before (programmatic dependent launch)
+            pdl_start()
         t = tl.program_id(0).to(tl.int64)
         offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
         m = offs < N
@@ -133,7 +143,7 @@ def add_rms_norm(x: Tensor, a: Tensor, w: Tensor, eps: float) -> tuple[Tensor, T
     rows = x.numel() // D
     if rows:
         _add_rms_norm_kernel[(rows,)](x, a, w.contiguous(), h, out, D, eps, BLOCK_D=triton.next_power_of_2(D),
-                                      num_warps=4 if D <= 2048 else 8, enable_fp_fusion=False)
+                                      num_warps=4 if D <= 2048 else 8, enable_fp_fusion=False, **pdl_launch(x))
     return h, out
 
 
@@ -190,7 +200,7 @@ def _qk_norm_rope(q: Tensor, k: Tensor, q_weight: Tensor, k_weight: Tensor, cos:
                                    sin.contiguous(), q_out, k_out, q.stride(0), k.stride(0), v, v.stride(0), kc, vc,
                                    slots, eps, HQ=Hq, HKV=Hkv, HQ_P=triton.next_power_of_2(Hq),
                                    HKV_P=triton.next_power_of_2(Hkv), D=D, WRITE_KV=kv is not None, num_warps=4,
-                                   enable_fp_fusion=False)
+                                   enable_fp_fusion=False, **pdl_launch(q))
     return q_out, k_out
 
 
@@ -250,7 +260,7 @@ def silu_mul(gate: Tensor, up: Tensor) -> Tensor:
     if T:
         block = 1024
         _silu_mul_kernel[(T, triton.cdiv(N, block))](gate, up, out, N, gate.stride(0), up.stride(0), BLOCK=block,
-                                                      num_warps=4, enable_fp_fusion=False)
+                                                      num_warps=4, enable_fp_fusion=False, **pdl_launch(gate))
     return out
 
 

@@ -9,15 +9,20 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from monorl.ops import HAS_TRITON, unit_stride, use_triton
+from monorl.ops import HAS_TRITON, pdl_launch, unit_stride, use_triton
 from monorl.ops.tree_sum import tree_sum
 
 if HAS_TRITON:
     import triton
     import triton.language as tl
 
+    from monorl.ops import pdl_start
+
     @triton.jit
-    def _logprob_kernel(x_ptr, t_ptr, o_ptr, V, stride_x, temperature, BLOCK_V: tl.constexpr):
+    def _logprob_kernel(x_ptr, t_ptr, o_ptr, V, stride_x, temperature, BLOCK_V: tl.constexpr,
+                        PDL: tl.constexpr = False):
+        if PDL:  # wait for the kernel before (programmatic dependent launch)
+            pdl_start()
         row = tl.program_id(0).to(tl.int64)
         base = x_ptr + row * stride_x
         offs = tl.arange(0, BLOCK_V)
@@ -58,7 +63,7 @@ def bi_token_logprobs(logits: Tensor, tokens: Tensor, temperature: float) -> Ten
         out = torch.empty(N, dtype=torch.float32, device=logits.device)
         if N:
             _logprob_kernel[(N,)](logits, tokens, out, V, logits.stride(0), float(temperature), BLOCK_V=2048,
-                                  num_warps=8)
+                                  num_warps=8, **pdl_launch(logits))
         return out
     z = logits.float()
     if temperature != 1.0:

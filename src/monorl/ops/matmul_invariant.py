@@ -14,16 +14,20 @@ import functools
 import torch
 from torch import Tensor
 
-from monorl.ops import HAS_TRITON, use_triton
+from monorl.ops import HAS_TRITON, pdl_launch, use_triton
 from monorl.ops.tree_sum import tree_sum
 
 if HAS_TRITON:
     import triton
     import triton.language as tl
 
+    from monorl.ops import pdl_start
+
     @triton.jit(do_not_specialize=["M"])  # M must not change the compiled kernel (Triton specialises 1, %16)
     def _mm_kernel(a_ptr, b_ptr, c_ptr, M, N, K, stride_am, stride_bn, stride_cm,
-                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr = False):
+        if PDL:  # wait for the kernel before (programmatic dependent launch)
+            pdl_start()
         pid_m = tl.program_id(0)
         pid_n = tl.program_id(1)
         offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -74,7 +78,7 @@ def _mm_triton(x: Tensor, w: Tensor, config: tuple[int, int, int, int, int] | No
     bm, bn, bk, nw, ns = config or _mm_config(M, N, K, _tiling_may_follow_m(x.device.index or 0))
     _mm_kernel[(triton.cdiv(M, bm), triton.cdiv(N, bn))](
         x, w, out, M, N, K, x.stride(0), w.stride(0), out.stride(0),
-        BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, num_warps=nw, num_stages=ns)
+        BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, num_warps=nw, num_stages=ns, **pdl_launch(x))
     return out
 
 

@@ -10,15 +10,19 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from monorl.ops import HAS_TRITON, unit_stride, use_triton
+from monorl.ops import HAS_TRITON, pdl_launch, unit_stride, use_triton
 from monorl.ops.tree_sum import tree_sum
 
 if HAS_TRITON:
     import triton
     import triton.language as tl
 
+    from monorl.ops import pdl_start
+
     @triton.jit
-    def _rms_kernel(x_ptr, w_ptr, o_ptr, D, eps, BLOCK_D: tl.constexpr):
+    def _rms_kernel(x_ptr, w_ptr, o_ptr, D, eps, BLOCK_D: tl.constexpr, PDL: tl.constexpr = False):
+        if PDL:  # wait for the kernel before (programmatic dependent launch)
+            pdl_start()
         row = tl.program_id(0).to(tl.int64)
         offs = tl.arange(0, BLOCK_D)
         mask = offs < D
@@ -88,7 +92,8 @@ def bi_rms_norm(x: Tensor, w: Tensor, eps: float) -> Tensor:
         out = torch.empty_like(x)
         rows = x.numel() // D
         if rows:
-            _rms_kernel[(rows,)](x, w.contiguous(), out, D, eps, BLOCK_D=triton.next_power_of_2(D), num_warps=4)
+            _rms_kernel[(rows,)](x, w.contiguous(), out, D, eps, BLOCK_D=triton.next_power_of_2(D), num_warps=4,
+                                 **pdl_launch(x))
         return out
     return rms_norm_rows(x, w, eps)
 

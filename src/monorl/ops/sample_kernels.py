@@ -23,12 +23,14 @@ import struct
 import torch
 from torch import Tensor
 
-from monorl.ops import HAS_TRITON, unit_stride
+from monorl.ops import HAS_TRITON, pdl_launch, unit_stride
 
 if HAS_TRITON:
     import triton
     import triton.language as tl
     from triton.language.extra import libdevice
+
+    from monorl.ops import pdl_start
 
     @triton.jit
     def _mix32(x):
@@ -71,8 +73,11 @@ if HAS_TRITON:
         return tl.where(b >= 0x8000, 0xFFFF - b, b + 0x8000)
 
     @triton.jit
-    def _row_max_kernel(logits_ptr, stride_b, pmax_ptr, V, inv_t, CHUNK: tl.constexpr, BLOCK: tl.constexpr):
+    def _row_max_kernel(logits_ptr, stride_b, pmax_ptr, V, inv_t, CHUNK: tl.constexpr, BLOCK: tl.constexpr,
+                        PDL: tl.constexpr = False):
         """One chunk of one row: max(logits * inv_t) over the chunk."""
+        if PDL:  # wait for the kernel before (programmatic dependent launch)
+            pdl_start()
         b = tl.program_id(0).to(tl.int64)
         c = tl.program_id(1)
         m = tl.full([BLOCK], float("-inf"), tl.float32)
@@ -101,9 +106,11 @@ if HAS_TRITON:
     @triton.jit
     def _nucleus_level_kernel(logits_ptr, stride_b, pmax_ptr, parts_ptr, cur_ptr, top_p_ptr, V, inv_t, scale,
                               LEVEL: tl.constexpr, LEVELS: tl.constexpr, NCH: tl.constexpr, NCH_P: tl.constexpr,
-                              CHUNK: tl.constexpr, BLOCK: tl.constexpr):
+                              CHUNK: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr = False):
         """Level LEVEL of the nucleus search over one chunk of one row of bf16 logits: the fixed-point masses q of
         `_nucleus_kernel` (exact integers) summed above three cuts splitting the level's key range in four."""
+        if PDL:  # wait for the kernel before (programmatic dependent launch)
+            pdl_start()
         b = tl.program_id(0).to(tl.int64)
         c = tl.program_id(1)
         ch = tl.arange(0, NCH_P)
@@ -136,8 +143,10 @@ if HAS_TRITON:
 
     @triton.jit
     def _nucleus_final_kernel(parts_ptr, cur_ptr, top_p_ptr, thresh_ptr, inv_t, LEVELS: tl.constexpr,
-                              NCH: tl.constexpr, NCH_P: tl.constexpr):
+                              NCH: tl.constexpr, NCH_P: tl.constexpr, PDL: tl.constexpr = False):
         """The smallest key K with mass(keys > K) < limit is the nucleus' smallest logit (see `_nucleus_bisect`)."""
+        if PDL:  # wait for the kernel before (programmatic dependent launch)
+            pdl_start()
         b = tl.program_id(0).to(tl.int64)
         k = _nucleus_choice(parts_ptr, cur_ptr, top_p_ptr, b, LEVELS, LEVELS, NCH, NCH_P)
         bits = tl.where(k >= 0x8000, k - 0x8000, 0xFFFF - k) << 16
@@ -146,9 +155,11 @@ if HAS_TRITON:
     @triton.jit
     def _sample_chunk_kernel(logits_ptr, stride_b, keys_ptr, pos_ptr, thresh_ptr, best_val_ptr, best_idx_ptr,
                              max_ptr, sum_ptr, V, inv_t, CHUNK: tl.constexpr, BLOCK: tl.constexpr,
-                             GREEDY: tl.constexpr, NUCLEUS: tl.constexpr):
+                             GREEDY: tl.constexpr, NUCLEUS: tl.constexpr, PDL: tl.constexpr = False):
         """One chunk of one row: the chunk's best perturbed logit (and its lowest token id) and its share of
         logsumexp(logits / T) (max and sum of exponentials below it)."""
+        if PDL:  # wait for the kernel before (programmatic dependent launch)
+            pdl_start()
         b = tl.program_id(0).to(tl.int64)
         c = tl.program_id(1)
         nch = tl.num_programs(1)
@@ -192,7 +203,10 @@ if HAS_TRITON:
 
     @triton.jit
     def _sample_combine_kernel(logits_ptr, stride_b, best_val_ptr, best_idx_ptr, max_ptr, sum_ptr, tok_ptr, lp_ptr,
-                               inv_t, NCH: tl.constexpr, NCH_P: tl.constexpr, GREEDY: tl.constexpr):
+                               inv_t, NCH: tl.constexpr, NCH_P: tl.constexpr, GREEDY: tl.constexpr,
+                               PDL: tl.constexpr = False):
+        if PDL:  # wait for the kernel before (programmatic dependent launch)
+            pdl_start()
         b = tl.program_id(0).to(tl.int64)
         c = tl.arange(0, NCH_P)
         mask = c < NCH
@@ -236,13 +250,14 @@ def _nucleus_bisect(logits: Tensor, thresh: Tensor, top_p: Tensor, inv_t: float,
     parts = torch.empty(B, _LEVELS, nch, 4, dtype=torch.int64, device=dev)
     cur = torch.empty(B, _LEVELS, dtype=torch.int32, device=dev)
     nch_p = triton.next_power_of_2(nch)
-    _row_max_kernel[(B, nch)](logits, logits.stride(0), pmax, V, inv_t, CHUNK=_CHUNK, BLOCK=_BLOCK, num_warps=8)
+    _row_max_kernel[(B, nch)](logits, logits.stride(0), pmax, V, inv_t, CHUNK=_CHUNK, BLOCK=_BLOCK, num_warps=8,
+                              **pdl_launch(logits))
     for level in range(_LEVELS):  # no FMA: q rounds as the PyTorch ops' separate product and difference do
         _nucleus_level_kernel[(B, nch)](logits, logits.stride(0), pmax, parts, cur, top_p, V, inv_t, scale,
                                         LEVEL=level, LEVELS=_LEVELS, NCH=nch, NCH_P=nch_p, CHUNK=_CHUNK,
-                                        BLOCK=_BLOCK, num_warps=8, enable_fp_fusion=False)
+                                        BLOCK=_BLOCK, num_warps=8, enable_fp_fusion=False, **pdl_launch(logits))
     _nucleus_final_kernel[(B,)](parts, cur, top_p, thresh, inv_t, LEVELS=_LEVELS, NCH=nch, NCH_P=nch_p,
-                                num_warps=1)
+                                num_warps=1, **pdl_launch(logits))
 
 
 @torch.library.custom_op("monorl::fused_sample", mutates_args=())
@@ -276,9 +291,10 @@ def sample(logits: Tensor, keys: Tensor, positions: Tensor, temperature: float, 
     if B:
         _sample_chunk_kernel[(B, nch)](logits, logits.stride(0), keys, positions, thresh, best_val, best_idx,
                                        part_max, part_sum, V, inv_t, CHUNK=_CHUNK, BLOCK=_BLOCK, GREEDY=greedy,
-                                       NUCLEUS=nucleus, num_warps=8)
+                                       NUCLEUS=nucleus, num_warps=8, **pdl_launch(logits))
         _sample_combine_kernel[(B,)](logits, logits.stride(0), best_val, best_idx, part_max, part_sum, tokens, lps,
-                                     inv_t, NCH=nch, NCH_P=triton.next_power_of_2(nch), GREEDY=greedy, num_warps=1)
+                                     inv_t, NCH=nch, NCH_P=triton.next_power_of_2(nch), GREEDY=greedy, num_warps=1,
+                                     **pdl_launch(logits))
     return tokens, lps
 
 

@@ -23,32 +23,15 @@ if HAS_TRITON:
 
     from monorl.ops import pdl_start
 
-    @triton.jit
-    def _prefetch_rows(b_ptr, offs_n, N, K, stride_bn):
-        """Ask L2 for rows offs_n of the [N, K] weight, one `prefetch.global.L2` per 128-byte line (64 bf16
-        elements): a hint that loads nothing into registers and cannot fault (out-of-range lines are pointed at
-        the first one)."""
-        LINES: tl.constexpr = 32
-        cols = tl.arange(0, LINES) * 64
-        for k0 in range(0, K, 64 * LINES):
-            kk = k0 + cols
-            ok = (offs_n[:, None] < N) & (kk[None, :] < K)
-            ptrs = tl.where(ok, b_ptr + offs_n[:, None] * stride_bn + kk[None, :], b_ptr)
-            tl.inline_asm_elementwise("prefetch.global.L2 [$1]; // dummy $0", "=r,l", [ptrs], dtype=tl.int32,
-                                      is_pure=False, pack=1)
-
     @triton.jit(do_not_specialize=["M"])  # M must not change the compiled kernel (Triton specialises 1, %16)
     def _mm_kernel(a_ptr, b_ptr, c_ptr, M, N, K, stride_am, stride_bn, stride_cm,
-                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr = False,
-                   PREFETCH: tl.constexpr = False):
+                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr = False):
+        if PDL:  # wait for the kernel before (programmatic dependent launch)
+            pdl_start()
         pid_m = tl.program_id(0)
         pid_n = tl.program_id(1)
         offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
         offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-        if PDL:
-            if PREFETCH:  # the weights do not depend on the kernel before: fetch them while it finishes
-                _prefetch_rows(b_ptr, offs_n, N, K, stride_bn)
-            pdl_start()  # wait for the kernel before (programmatic dependent launch)
         offs_k = tl.arange(0, BLOCK_K)
         acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
         for k0 in range(0, K, BLOCK_K):  # one fixed K order: no split-K
@@ -64,11 +47,6 @@ if HAS_TRITON:
 
 MM_TILES = "auto"  # "auto" | "large" (128x128 tiles everywhere; benchmarks/bench_batch_invariant.py --mm-tiles)
 DECODE_ROWS = 128  # up to this many rows (decode steps), tiles that spread a GEMV-like product over the SMs
-# Up to DECODE_ROWS rows and below this N (the projections, not an LM head's many waves of programs), a program
-# launched early by PDL prefetches its weight rows into L2 before waiting for the kernel before it. A GEMM here is
-# ~1 us of HBM time but 4-8 us of launch and pipeline fill (benchmarks/RESULTS.md, 2026-11-24); its values do not
-# change (nothing is loaded into registers).
-PREFETCH_MAX_N = 32768
 
 
 @functools.cache
@@ -98,12 +76,9 @@ def _mm_triton(x: Tensor, w: Tensor, config: tuple[int, int, int, int, int] | No
     if M == 0:
         return out
     bm, bn, bk, nw, ns = config or _mm_config(M, N, K, _tiling_may_follow_m(x.device.index or 0))
-    pdl = pdl_launch(x)
-    if pdl and M <= DECODE_ROWS and N < PREFETCH_MAX_N:  # decode: each program streams its own weight rows once
-        pdl["PREFETCH"] = True
     _mm_kernel[(triton.cdiv(M, bm), triton.cdiv(N, bn))](
         x, w, out, M, N, K, x.stride(0), w.stride(0), out.stride(0),
-        BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, num_warps=nw, num_stages=ns, **pdl)
+        BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, num_warps=nw, num_stages=ns, **pdl_launch(x))
     return out
 
 

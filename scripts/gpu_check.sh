@@ -31,10 +31,11 @@
 #   kept:    the kept kernel list and the KV write in the q/k pass: GPU tests, warm runs with and without the
 #            list, the generator batch against BASE (.base), throughput
 #   decode_profile: the generator batch's top kernels per mode; the invariant GEMM's tilings at decode rows
+#   warm_profile: a warm run of the preset (caches and kept kernel list written) under cProfile
 #   ahead:   Triton kernels compiled ahead in threads vs at first launch: the loop GPU tests, cold and warm runs of the
 #            preset each way; then the generator's top kernels default vs batch-invariant
 #   bi:      `monorl train` of the Qwen3-0.6B preset (random weights) with --batch_invariant true (trainer graphs on)
-# Usage on the device: bash scripts/gpu_check.sh [tests|trainer|profile|loop|compare|startup|scale|scale_compile|bi_cost|bi_cost_1.7b|bi_kernels|bi_default|bi_lora|kernels|wall|wall_user|cold|bwd|ahead|kept|decode_profile|bi|all]   (logs, JSON under $OUT)
+# Usage on the device: bash scripts/gpu_check.sh [tests|trainer|profile|loop|compare|startup|scale|scale_compile|bi_cost|bi_cost_1.7b|bi_kernels|bi_default|bi_lora|kernels|wall|wall_user|cold|bwd|ahead|kept|decode_profile|warm_profile|bi|all]   (logs, JSON under $OUT)
 set -uo pipefail
 OUT=${OUT:-/tmp/monorl_out}; mkdir -p "$OUT"
 # wheels the device lacks (jsonargparse) go first: .whl carried, installed to /tmp/site (device README)
@@ -290,6 +291,20 @@ if [[ $what == decode_profile ]]; then  # where a decode step goes now: the gene
   python3 benchmarks/tune_bi_matmul.py --ms 40 --block-m 64 --block-k 64,128,256 --stages 3,4,5,6 \
     --shapes "0.6b qkv fused,0.6b o,0.6b gate_up fused,0.6b down,0.6b lm head" --out "$OUT/tune_decode.json" 2>&1 \
     | grep -v -e DEBUG -e OutOfResources | tail -12
+fi
+if [[ $what == warm_profile ]]; then  # where a warm run's wall time goes: the preset once (Triton cache, kept
+  # kernel list and bytecode written), then again under cProfile (main thread): cumulative and own time
+  args=$(preset_args)
+  user_bytecode /tmp/wp0 "$OUT/warm_profile_prime.log"
+  python3 -m monorl.cli train $args --run_dir /tmp/wp1 > "$OUT/warm_profile_1.log" 2>&1
+  t0=$(date +%s.%N)
+  python3 -m cProfile -o "$OUT/warm.prof" -m monorl.cli train $args --run_dir /tmp/wp2 > "$OUT/warm_profile_2.log" 2>&1
+  t1=$(date +%s.%N)
+  python3 -c "import pstats; s = pstats.Stats('$OUT/warm.prof'); s.sort_stats('cumulative').print_stats(70)" \
+    | cut -c1-170 | tail -75
+  python3 -c "import pstats; s = pstats.Stats('$OUT/warm.prof'); s.sort_stats('tottime').print_stats(30)" \
+    | cut -c1-170 | tail -33
+  echo "profiled run: $(python3 -c "print(f'{$t1 - $t0:.2f}')") s"
 fi
 if [[ $what == bi ]]; then
   python3 -m monorl.cli train --preset qwen3_0_6b_sum_digits --model.shape qwen3-0.6b --rollout.ignore_eos true \

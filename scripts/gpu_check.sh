@@ -57,6 +57,14 @@ user_bytecode() {  # Python writes its bytecode cache as on a user's machine (th
   unset PYTHONDONTWRITEBYTECODE; export PYTHONPYCACHEPREFIX=/tmp/pyc
   if [[ $# == 2 ]]; then TRITON_CACHE_DIR=/tmp/tc_prime python3 -m monorl.cli train $(preset_args) --run_dir "$1" > "$2" 2>&1; fi
 }
+profile_train() {  # PROF ARGS...: `monorl train ARGS` under cProfile (imports included) into PROF; through main(),
+  # since the command's prompt exit (cli.entry) would skip cProfile's write
+  python3 - "$@" <<'PY'
+import cProfile, sys
+out, argv = sys.argv[1], ["train", *sys.argv[2:]]
+cProfile.run("import monorl.cli as cli; cli.main(argv)", out)
+PY
+}
 # one table row from a run's summary.json: RUN_DIR LABEL T0 T1 -> | label | process wall | total | startup | steady |
 summary='import json, sys; s = json.load(open(sys.argv[1] + "/summary.json"))
 wall = float(sys.argv[4]) - float(sys.argv[3]); t, st, ss = (s[k] for k in ("total_s", "startup_s", "steady_step_s"))
@@ -170,7 +178,7 @@ for line in sys.stdin: print(f"{time.time() - t0:6.2f} {line.rstrip()[:150]}", f
     python3 -c "import time; print(f'{time.time() - $t0:6.2f} process end')"
   done
   sort -t'|' -k2 -n -r "$OUT/importtime_2.txt" | head -14
-  python3 -m cProfile -o "$OUT/wall.prof" -m monorl.cli train $args --run_dir /tmp/wall3 > /dev/null 2>&1
+  profile_train "$OUT/wall.prof" $args --run_dir /tmp/wall3 > /dev/null 2>&1
   python3 -c "import pstats; pstats.Stats('$OUT/wall.prof').sort_stats('cumulative').print_stats(50)" | cut -c1-160 \
     | tail -58
 fi
@@ -298,7 +306,7 @@ if [[ $what == warm_profile ]]; then  # where a warm run's wall time goes: the p
   user_bytecode /tmp/wp0 "$OUT/warm_profile_prime.log"
   python3 -m monorl.cli train $args --run_dir /tmp/wp1 > "$OUT/warm_profile_1.log" 2>&1
   t0=$(date +%s.%N)
-  python3 -m cProfile -o "$OUT/warm.prof" -m monorl.cli train $args --run_dir /tmp/wp2 > "$OUT/warm_profile_2.log" 2>&1
+  profile_train "$OUT/warm.prof" $args --run_dir /tmp/wp2 > "$OUT/warm_profile_2.log" 2>&1
   t1=$(date +%s.%N)
   python3 -c "import pstats; s = pstats.Stats('$OUT/warm.prof'); s.sort_stats('cumulative').print_stats(70)" \
     | cut -c1-170 | tail -75

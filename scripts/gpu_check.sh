@@ -280,6 +280,17 @@ if [[ $what == kept ]]; then  # the kept kernel list (a warm run loads it instea
     rows+=$(python3 -c "$summary" "/tmp/kp_$run" "$run" "$t0" "$t1")$'\n'
   done
   grep -E "^startup:" "$OUT"/kept_kept2.log "$OUT"/kept_traced2.log | cut -c1-500
+  if [[ -n ${BASE_WALL:-} ]]; then  # the same preset from .base: bytecode primed, then cold and warm twice
+    PYTHONPATH=$PWD/.base/src:/tmp/site TRITON_CACHE_DIR=/tmp/tc_bprime python3 -m monorl.cli train $args \
+      --run_dir /tmp/kb_prime > "$OUT/kept_base_prime.log" 2>&1
+    for run in cold warm1 warm2; do
+      t0=$(date +%s.%N)
+      PYTHONPATH=$PWD/.base/src:/tmp/site TRITON_CACHE_DIR=/tmp/tc_b python3 -m monorl.cli train $args \
+        --run_dir "/tmp/kb_$run" > "$OUT/kept_base_$run.log" 2>&1
+      t1=$(date +%s.%N)
+      rows+=$(python3 -c "$summary" "/tmp/kb_$run" "base $run" "$t0" "$t1")$'\n'
+    done
+  fi
   for side in new base; do
     src=$PWD; [[ $side == base ]] && src=$PWD/.base
     PYTHONPATH=$src/src:/tmp/site python3 "$src/benchmarks/bench_batch_invariant.py" --out "$OUT/bench_bi_$side.json" \

@@ -68,3 +68,25 @@ def test_a_kept_kernel_list_that_cannot_be_read_is_skipped(tmp_path, capsys):
     bad.write_text('[{"module": "monorl.ops.matmul_invariant", "name": "bi_mm", "spec": "{}"}]', encoding="utf-8")
     assert load_specs(bad) is None  # not a Triton kernel (or, without Triton, no Triton)
     assert f"skipping the kernel list {bad}" in capsys.readouterr().out
+
+
+def test_keeping_a_kernel_list_never_fails_the_run(tmp_path, capsys):
+    """`save_specs` writes the list whole (JSON, no temporary file left) and, where it cannot write, says so in a
+    line instead of raising: the list only saves the next run its trace."""
+    import json
+    import types
+
+    from monorl.ops.precompile import Recorded, save_specs
+
+    kernel = types.SimpleNamespace(module="monorl.ops.matmul_invariant")
+    kernel.__name__ = "_mm_kernel"
+    rec = Recorded(specs=[(kernel, '{"key": 1}')])
+    path = tmp_path / "specs" / "k.json"
+    save_specs(path, rec)
+    assert json.loads(path.read_text()) == [{"module": "monorl.ops.matmul_invariant", "name": "_mm_kernel",
+                                             "spec": '{"key": 1}'}]
+    assert [p.name for p in path.parent.iterdir()] == ["k.json"]
+    blocked = tmp_path / "a_file"
+    blocked.write_text("")
+    save_specs(blocked / "k.json", rec)  # its parent is a file: no directory can be made there
+    assert "could not keep the kernel list" in capsys.readouterr().out

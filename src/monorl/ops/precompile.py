@@ -15,7 +15,7 @@ kernel caches the real launches look in. Kernels Inductor generates do not pass 
 not affected. A specialisation the pass missed is compiled at its first launch, as without this.
 
 A run keeps the list it traced (`save_specs`, beside Triton's cache, keyed by everything that decides which
-specialisations a run launches: `monorl.rl.loop`'s key), and a later run with the same key loads it instead of
+specialisations a run launches: `compile_auto.run_kernels_key`), and a later run with the same key loads it instead of
 tracing again (`load_specs`): on a warm Triton cache the pass is then only the parallel load of cached kernels.
 A list that cannot be read or resolved is skipped with a line saying why, and the run traces.
 """
@@ -129,12 +129,17 @@ def specs_path(key: str) -> Path:
 
 def save_specs(path: Path, rec: Recorded) -> None:
     """Keep `rec`'s specialisations as (module, kernel name, Triton's serialised specialisation), written whole or
-    not at all (a temporary file renamed: ranks of one node may write the same list at once)."""
+    not at all (a temporary file renamed: ranks of one node may write the same list at once). A directory that
+    cannot be written costs the next run its trace, nothing more: a line says so and the run goes on."""
     entries = [{"module": fn.module, "name": fn.__name__, "spec": data} for fn, data in rec.specs]
-    path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(entries) + "\n", encoding="utf-8")
-    os.replace(tmp, path)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp.write_text(json.dumps(entries) + "\n", encoding="utf-8")
+        os.replace(tmp, path)
+    except OSError as err:
+        print(f"triton: could not keep the kernel list at {path} ({type(err).__name__}: {err}); the next run "
+              "traces again", flush=True)
 
 
 def load_specs(path: Path) -> Recorded | None:

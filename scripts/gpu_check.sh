@@ -32,11 +32,10 @@
 #            list, the generator batch against BASE (.base), throughput
 #   decode_profile: the generator batch's top kernels per mode; the invariant GEMM's tilings at decode rows
 #   warm_profile: a warm run of the preset (caches and kept kernel list written) under cProfile
-#   binary_only: Triton's cache with only binaries (monorl's default) against every IR kept, cold and warm
 #   ahead:   Triton kernels compiled ahead in threads vs at first launch: the loop GPU tests, cold and warm runs of the
 #            preset each way; then the generator's top kernels default vs batch-invariant
 #   bi:      `monorl train` of the Qwen3-0.6B preset (random weights) with --batch_invariant true (trainer graphs on)
-# Usage on the device: bash scripts/gpu_check.sh [tests|trainer|profile|loop|compare|startup|scale|scale_compile|bi_cost|bi_cost_1.7b|bi_kernels|bi_default|bi_lora|kernels|wall|wall_user|cold|bwd|ahead|kept|decode_profile|warm_profile|binary_only|bi|all]   (logs, JSON under $OUT)
+# Usage on the device: bash scripts/gpu_check.sh [tests|trainer|profile|loop|compare|startup|scale|scale_compile|bi_cost|bi_cost_1.7b|bi_kernels|bi_default|bi_lora|kernels|wall|wall_user|cold|bwd|ahead|kept|decode_profile|warm_profile|bi|all]   (logs, JSON under $OUT)
 set -uo pipefail
 OUT=${OUT:-/tmp/monorl_out}; mkdir -p "$OUT"
 # wheels the device lacks (jsonargparse) go first: .whl carried, installed to /tmp/site (device README)
@@ -325,26 +324,6 @@ if [[ $what == warm_profile ]]; then  # where a warm run's wall time goes: the p
   python3 -c "import pstats; s = pstats.Stats('$OUT/warm.prof'); s.sort_stats('tottime').print_stats(30)" \
     | cut -c1-170 | tail -33
   echo "profiled run: $(python3 -c "print(f'{$t1 - $t0:.2f}')") s"
-fi
-if [[ $what == binary_only ]]; then  # Triton's cache with only the kernels' binaries (monorl's default,
-  # TRITON_STORE_BINARY_ONLY=1) against every IR kept (0): the kept-list GPU test, then the preset cold and warm
-  # twice on each, alternating
-  python3 -m pytest -q -m gpu tests/test_loop_gpu.py -p no:cacheprovider 2>&1 | tail -2
-  args=$(preset_args)
-  user_bytecode /tmp/bo0 "$OUT/binary_only_prime.log"
-  rows=""
-  for run in cold warm1 warm2; do
-    for only in 1 0; do
-      t0=$(date +%s.%N)
-      TRITON_STORE_BINARY_ONLY=$only TRITON_CACHE_DIR=/tmp/tc_bo$only python3 -m monorl.cli train $args \
-        --run_dir "/tmp/bo_${run}_$only" > "$OUT/binary_only_${run}_$only.log" 2>&1
-      t1=$(date +%s.%N)
-      grep -E "^triton:" "$OUT/binary_only_${run}_$only.log" | cut -c1-120
-      rows+=$(python3 -c "$summary" "/tmp/bo_${run}_$only" "binary only $only, $run" "$t0" "$t1")$'\n'
-    done
-  done
-  du -sh /tmp/tc_bo1 /tmp/tc_bo0
-  printf "\n| run | process wall s | run total s | startup s | steady step s |\n|---|---|---|---|---|\n%s" "$rows"
 fi
 if [[ $what == bi ]]; then
   python3 -m monorl.cli train --preset qwen3_0_6b_sum_digits --model.shape qwen3-0.6b --rollout.ignore_eos true \

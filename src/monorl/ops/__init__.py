@@ -22,16 +22,9 @@ gaps between them are a visible part of the step (benchmarks/RESULTS.md, 2026-11
 from __future__ import annotations
 
 import functools
-import os
 
 import torch
 from torch import Tensor
-
-# Triton keeps every IR of a kernel (source, TTIR, TTGIR, LLVM IR, PTX) beside its binary in the cache, and a cache
-# hit reads all of them back: most of the ~0.8 s a warm run of the reference preset spent loading its 31 cached
-# kernels went to reading files (benchmarks/RESULTS.md, 2026-11-24). A kernel needs only its binary and metadata;
-# TRITON_STORE_BINARY_ONLY=0 in the environment keeps the IRs (for reading or debugging them).
-os.environ.setdefault("TRITON_STORE_BINARY_ONLY", "1")
 
 try:  # triton only exists on the GPU machines
     import triton

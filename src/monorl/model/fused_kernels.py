@@ -7,7 +7,8 @@ and have a backward, so trainer and generator share them.
 The conversion gives each block's pieces a subclass whose forward calls the fused kernels (`module.__class__ =
 ...`, as `monorl.model.batch_invariant` does): parameters, names and weight sync are untouched, and a model not
 converted is untouched. Per layer the decode step then runs: RMSNorm, the q/k/v GEMM, q/k norm + RoPE with the KV
-write, attention, o_proj, residual add + RMSNorm, the gate/up GEMM, SiLU * up, down_proj, the residual add.
+write, attention, o_proj, residual add + RMSNorm, the gate/up GEMM, SiLU * up, down_proj; the residual add after
+it runs in the next block's first norm (a converted block passes its output on as the pair (h, m), sum pending).
 A copy with fused projections (`Qwen3ForCausalLM(fused=True)`, the generator's) hands the kernels column slices of
 one GEMM's output; an unfused model (the trainer's) its separate projections. Norm weights enter the kernels in the
 activations' dtype (the trainer's fp32 masters as exactly the generator's bf16 copy).
@@ -51,11 +52,19 @@ class FusedKernelsMLP(MLP):
 
 
 class FusedKernelsTransformerBlock(TransformerBlock):
-    def forward(self, x: Tensor, cos: Tensor, sin: Tensor, ctx: AttentionContext, cache: Any = None) -> Tensor:
+    def forward(self, x: Tensor | tuple[Tensor, Tensor], cos: Tensor, sin: Tensor, ctx: AttentionContext,
+                cache: Any = None) -> tuple[Tensor, Tensor]:
+        """x: the residual stream, or (h, m) with its last add h + m still pending (the block before's output);
+        returns such a pair: the add runs in the next block's first norm (`Qwen3ForCausalLM.forward` does the
+        last one), one kernel where it took two."""
         ln1, ln2 = self.input_layernorm, self.post_attention_layernorm
-        a = self.self_attn(rmsnorm_invariant.rms_norm(x, ln1.weight, ln1.eps), cos, sin, ctx, cache)
+        if isinstance(x, tuple):
+            x, normed = block_kernels.add_rms_norm(x[0], x[1], ln1.weight.to(x[0].dtype), ln1.eps)
+        else:
+            normed = rmsnorm_invariant.rms_norm(x, ln1.weight, ln1.eps)
+        a = self.self_attn(normed, cos, sin, ctx, cache)
         h, n = block_kernels.add_rms_norm(x, a, ln2.weight.to(x.dtype), ln2.eps)
-        return h + self.mlp(n)
+        return h, self.mlp(n)
 
 
 _CONVERTED: dict[type[nn.Module], type[nn.Module]] = {

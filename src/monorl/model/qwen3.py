@@ -191,6 +191,8 @@ class Qwen3ForCausalLM(nn.Module):
                 x = checkpoint(layer, x, cos, sin, ctx, cache, use_reentrant=False, preserve_rng_state=False)
             else:
                 x = layer(x, cos, sin, ctx, cache)
+        if isinstance(x, tuple):  # a fused-kernels block's (h, m): its residual add still pending
+            x = x[0] + x[1]
         return self.model.norm(x)
 
     def compute_logits(self, hidden: Tensor) -> Tensor:

@@ -80,6 +80,24 @@ def test_converted_backward_equals_autograd():
         torch.testing.assert_close(grads[0][n], g, atol=1e-4, rtol=1e-4, msg=n)
 
 
+def test_converted_blocks_hand_the_residual_on_under_activation_checkpointing():
+    """A converted block returns (h, m), the residual add pending for the next block's norm: with activation
+    checkpointing (each block recomputed in backward, that pair its input) the gradients are bitwise those of the
+    plain pass, and the model's output is one hidden state per token."""
+    lengths = [5, 11, 1]
+    ids = torch.randint(2, model_shape("tiny").vocab_size, (sum(lengths),), generator=torch.Generator().manual_seed(0))
+    ctx = VarlenContext.from_lengths(lengths, "cpu")
+    grads = []
+    for checkpointed in (False, True):
+        m = use_fused_kernels_(random_model(fused=False).requires_grad_(True))
+        m.activation_checkpointing = checkpointed
+        out = m(ids, ctx.positions, ctx)
+        assert out.shape == (sum(lengths), m.config.hidden_size)
+        m.compute_logits(out).square().mean().backward()
+        grads.append([p.grad for p in m.parameters()])
+    assert all(torch.equal(a, b) for a, b in zip(*grads, strict=True))
+
+
 def test_conversion_refusals():
     model = build_model(dataclasses.replace(model_shape("tiny"), head_dim=24), seed=0, fused=True)
     with pytest.raises(ValueError, match="power-of-two head_dim"):

@@ -28,7 +28,6 @@ from torch import Tensor
 
 try:  # triton only exists on the GPU machines
     import triton
-    import triton.language as tl  # noqa: F401
     from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
     HAS_TRITON = True

@@ -250,14 +250,15 @@ def _nucleus_bisect(logits: Tensor, thresh: Tensor, top_p: Tensor, inv_t: float,
     parts = torch.empty(B, _LEVELS, nch, 4, dtype=torch.int64, device=dev)
     cur = torch.empty(B, _LEVELS, dtype=torch.int32, device=dev)
     nch_p = triton.next_power_of_2(nch)
+    pdl = pdl_launch(logits)
     _row_max_kernel[(B, nch)](logits, logits.stride(0), pmax, V, inv_t, CHUNK=_CHUNK, BLOCK=_BLOCK, num_warps=8,
-                              **pdl_launch(logits))
+                              **pdl)
     for level in range(_LEVELS):  # no FMA: q rounds as the PyTorch ops' separate product and difference do
         _nucleus_level_kernel[(B, nch)](logits, logits.stride(0), pmax, parts, cur, top_p, V, inv_t, scale,
                                         LEVEL=level, LEVELS=_LEVELS, NCH=nch, NCH_P=nch_p, CHUNK=_CHUNK,
-                                        BLOCK=_BLOCK, num_warps=8, enable_fp_fusion=False, **pdl_launch(logits))
+                                        BLOCK=_BLOCK, num_warps=8, enable_fp_fusion=False, **pdl)
     _nucleus_final_kernel[(B,)](parts, cur, top_p, thresh, inv_t, LEVELS=_LEVELS, NCH=nch, NCH_P=nch_p,
-                                num_warps=1, **pdl_launch(logits))
+                                num_warps=1, **pdl)
 
 
 @torch.library.custom_op("monorl::fused_sample", mutates_args=())
@@ -289,12 +290,13 @@ def sample(logits: Tensor, keys: Tensor, positions: Tensor, temperature: float, 
     tokens = torch.empty(B, dtype=torch.int64, device=dev)
     lps = torch.empty(B, dtype=torch.float32, device=dev)
     if B:
+        pdl = pdl_launch(logits)
         _sample_chunk_kernel[(B, nch)](logits, logits.stride(0), keys, positions, thresh, best_val, best_idx,
                                        part_max, part_sum, V, inv_t, CHUNK=_CHUNK, BLOCK=_BLOCK, GREEDY=greedy,
-                                       NUCLEUS=nucleus, num_warps=8, **pdl_launch(logits))
+                                       NUCLEUS=nucleus, num_warps=8, **pdl)
         _sample_combine_kernel[(B,)](logits, logits.stride(0), best_val, best_idx, part_max, part_sum, tokens, lps,
                                      inv_t, NCH=nch, NCH_P=triton.next_power_of_2(nch), GREEDY=greedy, num_warps=1,
-                                     **pdl_launch(logits))
+                                     **pdl)
     return tokens, lps
 
 

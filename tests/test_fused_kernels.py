@@ -109,7 +109,9 @@ def test_batch_invariant_conversion_runs_the_kernels():
     for fused in (False, True):
         model = make_batch_invariant_(random_model(fused=fused))
         assert uses_fused_kernels(model)
-        assert make_batch_invariant_(use_fused_kernels_(random_model(fused=fused))) is not None  # either order
+        for m in (model, make_batch_invariant_(use_fused_kernels_(random_model(fused=fused)))):  # either order
+            kinds = {type(x).__name__ for x in m.modules() if isinstance(x, torch.nn.Linear)}
+            assert kinds == {"BatchInvariantLinear"}, kinds  # projections on the invariant GEMM at every row count
 
 
 def test_generator_converts_only_on_cuda():
@@ -222,6 +224,24 @@ def test_kv_write_in_the_qk_pass_equals_the_separate_write(T, Hq, Hkv, D):
     got_q, got_k = block_kernels.qk_norm_rope_write_kv(q, k, v, qw, kw, cos, sin, 1e-6, cache, slots)
     assert torch.equal(got_q, pq) and torch.equal(got_k, pk)
     assert torch.equal(cache, expect)
+
+
+@pytest.mark.gpu
+def test_decode_rows_take_the_triton_gemm():
+    """A converted projection runs up to GEMV_ROWS rows on the Triton GEMM (bitwise `matmul_invariant.linear`, close to
+    cuBLAS) and more rows on cuBLAS (bitwise F.linear)."""
+    from monorl.model.fused_kernels import FusedKernelsLinear
+    from monorl.ops import matmul_invariant
+
+    model = use_fused_kernels_(random_model(fused=True, device="cuda", dtype=torch.bfloat16))
+    proj = model.model.layers[0].mlp.down_proj
+    assert type(proj) is FusedKernelsLinear
+    g = torch.Generator(device="cuda").manual_seed(0)
+    x = torch.randn(matmul_invariant.GEMV_ROWS + 1, proj.in_features, device="cuda", generator=g).bfloat16()
+    rows = matmul_invariant.GEMV_ROWS
+    assert torch.equal(proj(x[:rows]), matmul_invariant.linear(x[:rows], proj.weight))
+    torch.testing.assert_close(proj(x[:rows]), torch.nn.functional.linear(x[:rows], proj.weight), atol=2e-2, rtol=2e-2)
+    assert torch.equal(proj(x), torch.nn.functional.linear(x, proj.weight))
 
 
 @pytest.mark.gpu

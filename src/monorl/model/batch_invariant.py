@@ -43,7 +43,7 @@ import torch
 from torch import Tensor, nn
 
 from monorl.model.attention import AttentionContext
-from monorl.model.fused_kernels import fused_kernels_supported, use_fused_kernels_
+from monorl.model.fused_kernels import FusedKernelsLinear, fused_kernels_supported, use_fused_kernels_
 from monorl.model.lora import LoRALinear
 from monorl.model.qwen3 import Linear, Qwen3ForCausalLM, RMSNorm
 from monorl.ops import logprob_invariant, matmul_invariant, rmsnorm_invariant
@@ -83,7 +83,8 @@ class BatchInvariantQwen3ForCausalLM(Qwen3ForCausalLM):
         return matmul_invariant.linear(hidden, self.lm_head_weight)
 
 
-_CONVERTED = {Linear: BatchInvariantLinear, LoRALinear: BatchInvariantLoRALinear, RMSNorm: BatchInvariantRMSNorm,
+_CONVERTED = {Linear: BatchInvariantLinear, FusedKernelsLinear: BatchInvariantLinear,
+              LoRALinear: BatchInvariantLoRALinear, RMSNorm: BatchInvariantRMSNorm,
               nn.Embedding: BatchInvariantEmbedding, Qwen3ForCausalLM: BatchInvariantQwen3ForCausalLM}
 
 

@@ -6,9 +6,10 @@ and have a backward, so trainer and generator share them.
 
 The conversion gives each block's pieces a subclass whose forward calls the fused kernels (`module.__class__ =
 ...`, as `monorl.model.batch_invariant` does): parameters, names and weight sync are untouched, and a model not
-converted is untouched. Per layer the decode step then runs: RMSNorm, the q/k/v GEMM, q/k norm + RoPE with the KV
-write, attention, o_proj, residual add + RMSNorm, the gate/up GEMM, SiLU * up, down_proj; the residual add after
-it runs in the next block's first norm (a converted block passes its output on as the pair (h, m), sum pending).
+converted is untouched. Its projections take a decode step's few rows to the Triton GEMM (`FusedKernelsLinear`).
+Per layer the decode step then runs: RMSNorm, the q/k/v GEMM, q/k norm + RoPE with the KV write, attention,
+o_proj, residual add + RMSNorm, the gate/up GEMM, SiLU * up, down_proj; the residual add after it runs in the next
+block's first norm (a converted block passes its output on as the pair (h, m), sum pending).
 A copy with fused projections (`Qwen3ForCausalLM(fused=True)`, the generator's) hands the kernels column slices of
 one GEMM's output; an unfused model (the trainer's) its separate projections. Norm weights enter the kernels in the
 activations' dtype (the trainer's fp32 masters as exactly the generator's bf16 copy).
@@ -21,8 +22,18 @@ from typing import Any
 from torch import Tensor, nn
 
 from monorl.model.attention import AttentionContext
-from monorl.model.qwen3 import MLP, Attention, Qwen3ForCausalLM, TransformerBlock
-from monorl.ops import block_kernels, rmsnorm_invariant
+from monorl.model.qwen3 import MLP, Attention, Linear, Qwen3ForCausalLM, TransformerBlock
+from monorl.ops import block_kernels, matmul_invariant, rmsnorm_invariant, use_triton
+
+
+class FusedKernelsLinear(Linear):
+    """A decode step's products (up to `matmul_invariant.GEMV_ROWS` rows) on the Triton GEMM with its decode
+    tiling, which reads the weight faster than cuBLAS there; more rows (prefills, packs) stay on cuBLAS."""
+
+    def forward(self, x: Tensor) -> Tensor:
+        if self.bias is None and use_triton(x) and x.numel() <= matmul_invariant.GEMV_ROWS * x.shape[-1]:
+            return matmul_invariant.linear(x, self.weight)
+        return super().forward(x)
 
 
 class FusedKernelsAttention(Attention):
@@ -68,7 +79,8 @@ class FusedKernelsTransformerBlock(TransformerBlock):
 
 
 _CONVERTED: dict[type[nn.Module], type[nn.Module]] = {
-    Attention: FusedKernelsAttention, MLP: FusedKernelsMLP, TransformerBlock: FusedKernelsTransformerBlock}
+    Linear: FusedKernelsLinear, Attention: FusedKernelsAttention, MLP: FusedKernelsMLP,
+    TransformerBlock: FusedKernelsTransformerBlock}
 FUSED_KERNEL_CLASSES = tuple(_CONVERTED.values())
 
 

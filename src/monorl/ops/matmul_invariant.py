@@ -47,6 +47,7 @@ if HAS_TRITON:
 
 MM_TILES = "auto"  # "auto" | "large" (128x128 tiles everywhere; benchmarks/bench_batch_invariant.py --mm-tiles)
 DECODE_ROWS = 128  # up to this many rows (decode steps), tiles that spread a GEMV-like product over the SMs
+GEMV_ROWS = 64  # up to this many rows, the decode tiling reads the weight faster than cuBLAS (see _mm_config)
 
 
 @functools.cache
@@ -55,18 +56,32 @@ def _tiling_may_follow_m(device_index: int) -> bool:
     return torch.cuda.get_device_capability(device_index)[0] == 9
 
 
-def _mm_config(M: int, N: int, K: int, follow_m: bool = True) -> tuple[int, int, int, int, int]:
+@functools.cache
+def _sm_count(device_index: int) -> int:
+    return torch.cuda.get_device_properties(device_index).multi_processor_count
+
+
+def _mm_config(M: int, N: int, K: int, follow_m: bool = True, sms: int = 132) -> tuple[int, int, int, int, int]:
     """(BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages). Every tiling here has BLOCK_M = 64 and 4 warps, so
     Hopper runs it as wgmma accumulating K in 16-wide steps in order into one fp32 accumulator: an element's
     value does not depend on BLOCK_N, BLOCK_K or stages (`tests/test_batch_invariant_gpu.py` checks every pair
     bitwise), which is what lets the tiling follow M -- narrow N tiles for decode, wide for packs -- and rows
-    stay invariant. Timed by `benchmarks/tune_bi_matmul.py` (H200, CUDA graphs). follow_m=False (other GPUs):
-    the pack tiling for every M."""
+    stay invariant. follow_m=False (other GPUs): the pack tiling for every M.
+
+    Decode rows are a GEMV with its weight read once from HBM: what bounds a launch is the bytes each SM keeps in
+    flight, so up to 64 rows a product whose output tiles fit on the `sms` SMs in one wave runs a 6-deep pipeline
+    (one CTA per SM), and wider products fewer stages, leaving room for a second CTA per SM. Timed with the weights
+    cold in L2 (`benchmarks/tune_bi_matmul.py --cold`, H100, 40 rows): Qwen3-0.6B's four layer GEMMs 31.6 -> 24.4
+    us, cuBLAS 28.4."""
     if MM_TILES == "large":
         return 128, 128, 64, 8, 3
     if M > DECODE_ROWS or N >= 32768 or not follow_m:  # packs, prefills, LM heads
         return 64, 128, 64, 4, 3
-    return 64, 16 if N <= 2048 else 32, 128, 4, 3
+    bn = 16 if N <= 2048 else 32
+    if M > 64:
+        return 64, bn, 128, 4, 3
+    tiles = -(-N // bn)
+    return 64, bn, 128, 4, 6 if tiles <= sms else 4 if tiles <= 2 * sms else 3
 
 
 def _mm_triton(x: Tensor, w: Tensor, config: tuple[int, int, int, int, int] | None = None) -> Tensor:
@@ -75,7 +90,8 @@ def _mm_triton(x: Tensor, w: Tensor, config: tuple[int, int, int, int, int] | No
     out = torch.empty(M, N, dtype=x.dtype, device=x.device)
     if M == 0:
         return out
-    bm, bn, bk, nw, ns = config or _mm_config(M, N, K, _tiling_may_follow_m(x.device.index or 0))
+    index = x.device.index or 0
+    bm, bn, bk, nw, ns = config or _mm_config(M, N, K, _tiling_may_follow_m(index), _sm_count(index))
     _mm_kernel[(triton.cdiv(M, bm), triton.cdiv(N, bn))](
         x, w, out, M, N, K, x.stride(0), w.stride(0), out.stride(0),
         BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, num_warps=nw, num_stages=ns, **pdl_launch(x))

@@ -34,8 +34,11 @@
 #   warm_profile: a warm run of the preset (caches and kept kernel list written) under cProfile
 #   ahead:   Triton kernels compiled ahead in threads vs at first launch: the loop GPU tests, cold and warm runs of the
 #            preset each way; then the generator's top kernels default vs batch-invariant
+#   ab:      this tree against BASE (.base, `git archive REV src benchmarks`), in turns (new, base, new, base): the
+#            generator batch (default, the mode) and the decode step, then throughput (THROUGHPUT= skips it); GPU
+#            tests first (TESTS: which) unless SKIP_TESTS; with WALL=1 the preset's process wall (bytecode primed; cold, then warm twice) of each tree
 #   bi:      `monorl train` of the Qwen3-0.6B preset (random weights) with --batch_invariant true (trainer graphs on)
-# Usage on the device: bash scripts/gpu_check.sh [tests|trainer|profile|loop|compare|startup|scale|scale_compile|bi_cost|bi_cost_1.7b|bi_kernels|bi_default|bi_lora|kernels|wall|wall_user|cold|bwd|ahead|kept|decode_profile|warm_profile|bi|all]   (logs, JSON under $OUT)
+# Usage on the device: bash scripts/gpu_check.sh [tests|trainer|profile|loop|compare|startup|scale|scale_compile|bi_cost|bi_cost_1.7b|bi_kernels|bi_default|bi_lora|kernels|wall|wall_user|cold|bwd|ahead|kept|decode_profile|warm_profile|ab|bi|all]   (logs, JSON under $OUT)
 set -uo pipefail
 OUT=${OUT:-/tmp/monorl_out}; mkdir -p "$OUT"
 # wheels the device lacks (jsonargparse) go first: .whl carried, installed to /tmp/site (device README)
@@ -324,6 +327,46 @@ if [[ $what == warm_profile ]]; then  # where a warm run's wall time goes: the p
   python3 -c "import pstats; s = pstats.Stats('$OUT/warm.prof'); s.sort_stats('tottime').print_stats(30)" \
     | cut -c1-170 | tail -33
   echo "profiled run: $(python3 -c "print(f'{$t1 - $t0:.2f}')") s"
+fi
+if [[ $what == ab ]]; then
+  if [[ -z ${SKIP_TESTS:-} ]]; then
+    python3 -m pytest -q -m gpu ${TESTS:-tests/} -p no:cacheprovider 2>&1 | tee "$OUT/gpu_tests.log" \
+      | grep -E "^(FAILED|ERROR)|passed|failed|Error" | tail -15
+  fi
+  for side in new base new base; do
+    src=$PWD; [[ $side == base ]] && src=$PWD/.base
+    PYTHONPATH=$src/src:/tmp/site python3 "$src/benchmarks/bench_batch_invariant.py" --out "$OUT/bench_bi_$side.json" \
+      2>&1 | grep -v DEBUG | tail -4 | sed "s/^/$side: /"
+    PYTHONPATH=$src/src:/tmp/site python3 "$src/benchmarks/bench_generate.py" --variants graphs \
+      --out "$OUT/generate_$side.json" 2>&1 | grep -E "batch, median|decode step" | sed "s/^/$side: /"
+  done
+  for side in ${THROUGHPUT-new base}; do
+    src=$PWD; [[ $side == base ]] && src=$PWD/.base
+    PYTHONPATH=$src/src:/tmp/site python3 "$src/benchmarks/bench_throughput.py" --no-compile \
+      --out "$OUT/throughput_$side.json" 2>&1 | grep -v DEBUG | tail -2 | sed "s/^/$side: /"
+  done
+  if [[ -n ${WALL:-} ]]; then
+    args=$(preset_args)
+    user_bytecode
+    rows=""
+    for side in new base; do
+      src=$PWD; [[ $side == base ]] && src=$PWD/.base
+      PYTHONPATH=$src/src:/tmp/site TRITON_CACHE_DIR=/tmp/tc_prime_$side python3 -m monorl.cli train $args \
+        --run_dir "/tmp/ab_prime_$side" > "$OUT/ab_prime_$side.log" 2>&1
+    done
+    for run in cold warm1 warm2; do
+      for side in new base; do
+        src=$PWD; [[ $side == base ]] && src=$PWD/.base
+        t0=$(date +%s.%N)
+        PYTHONPATH=$src/src:/tmp/site TRITON_CACHE_DIR=/tmp/tc_ab_$side python3 -m monorl.cli train $args \
+          --run_dir "/tmp/ab_${side}_$run" > "$OUT/ab_${side}_$run.log" 2>&1
+        t1=$(date +%s.%N)
+        rows+=$(python3 -c "$summary" "/tmp/ab_${side}_$run" "$side $run" "$t0" "$t1")$'\n'
+      done
+    done
+    grep -h -E "^startup:" "$OUT"/ab_new_warm2.log "$OUT"/ab_base_warm2.log | cut -c1-400
+    printf "\n| run | process wall s | run total s | startup s | steady step s |\n|---|---|---|---|---|\n%s" "$rows"
+  fi
 fi
 if [[ $what == bi ]]; then
   python3 -m monorl.cli train --preset qwen3_0_6b_sum_digits --model.shape qwen3-0.6b --rollout.ignore_eos true \

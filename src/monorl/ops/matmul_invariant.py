@@ -69,18 +69,16 @@ def _mm_config(M: int, N: int, K: int, follow_m: bool = True, sms: int = 132) ->
     stay invariant. follow_m=False (other GPUs): the pack tiling for every M.
 
     Decode rows are a GEMV with its weight read once from HBM: what bounds a launch is the bytes each SM keeps in
-    flight, so up to 64 rows a product whose output tiles fit on the `sms` SMs in one wave runs a 6-deep pipeline
-    (one CTA per SM), and wider products fewer stages, leaving room for a second CTA per SM. Timed with the weights
-    cold in L2 (`benchmarks/tune_bi_matmul.py --cold`, H100, 40 rows): Qwen3-0.6B's four layer GEMMs 31.6 -> 24.4
-    us, cuBLAS 28.4."""
+    flight, so a product whose output tiles fit on the `sms` SMs in one wave runs a 6-deep pipeline (one CTA per
+    SM), and wider products fewer stages, leaving room for a second CTA per SM. Timed with the weights cold in L2
+    (`benchmarks/tune_bi_matmul.py --cold`, H100): Qwen3-0.6B's four layer GEMMs at 40 rows 31.6 -> 24.4 us (cuBLAS
+    28.4), at 128 rows 35.1 -> 27.4 us (cuBLAS 28.0)."""
     if MM_TILES == "large":
         return 128, 128, 64, 8, 3
     if M > DECODE_ROWS or N >= 32768 or not follow_m:  # packs, prefills, LM heads
         return 64, 128, 64, 4, 3
     bn = 16 if N <= 2048 else 32
-    if M > 64:
-        return 64, bn, 128, 4, 3
-    tiles = -(-N // bn)
+    tiles = -(-M // 64) * -(-N // bn)
     return 64, bn, 128, 4, 6 if tiles <= sms else 4 if tiles <= 2 * sms else 3
 
 

@@ -267,6 +267,29 @@ def test_generator_on_fused_kernels_computes_the_model():
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("invariant", [False, True])
+def test_prefill_graphs_equal_the_eager_prefill(invariant):
+    """A prefill shape seen twice is captured and replayed after: rollouts (tokens, log-probs) equal a generator
+    without graphs, bitwise, in both modes, over four batches of new prompts in one pack shape and one of another."""
+    model = random_model(fused=False, device="cuda", dtype=torch.bfloat16)
+    cfg = GeneratorConfig(max_num_seqs=8, max_model_len=256)
+    gens = {graphs: Generator(model, cfg, compile=CompileConfig(backend="none", decode_cuda_graphs=graphs))
+            for graphs in (True, False)}
+    if invariant:
+        for x in gens.values():
+            make_batch_invariant_(x.model)
+    g = torch.Generator().manual_seed(0)
+    for trial, lengths in enumerate([(37, 50, 21)] * 4 + [(90, 3)]):
+        ps = [torch.randint(2, model.config.vocab_size, (n,), generator=g).tolist() for n in lengths]
+        sp = SamplingParams(max_new_tokens=5, temperature=0.8, top_p=0.95, seed=trial, ignore_eos=True)
+        out = {graphs: x.generate(ps, sp, n=2) for graphs, x in gens.items()}
+        assert [[(c.token_ids, c.logprobs) for c in x] for x in out[True]] == \
+            [[(c.token_ids, c.logprobs) for c in x] for x in out[False]], trial
+    runner = gens[True].runner
+    assert len(runner.prefill_graphs) == 1 and not gens[False].runner.prefill_graphs  # the shape seen 4 times
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("B", [1, 2, 48, 64])
 def test_sampler_kernels_pick_the_pytorch_samplers_tokens(B):
     """The Triton sampler against `sampling.sample`'s PyTorch ops on Qwen3-vocabulary bf16 logits: the same tokens

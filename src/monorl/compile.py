@@ -8,6 +8,7 @@ compile time does not grow with depth.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import time
 from collections.abc import Callable
@@ -166,6 +167,35 @@ def capture_cuda_graph(fn: Callable[[], Any], device: torch.device, pool: Any,
         fn()
     torch.cuda.synchronize(device)
     return graph, t1 - t0, time.perf_counter() - t1
+
+
+def copy_into(dst: Any, src: Any) -> None:
+    """Copy src's tensors into dst's (same structure: dataclasses, tuples, tensors; other values equal)."""
+    if isinstance(dst, Tensor):
+        if dst.shape != src.shape or dst.dtype != src.dtype:
+            raise ValueError(f"static buffer {tuple(dst.shape)} {dst.dtype} vs {tuple(src.shape)} {src.dtype}")
+        dst.copy_(src, non_blocking=True)
+    elif dataclasses.is_dataclass(dst):
+        for f in dataclasses.fields(dst):
+            copy_into(getattr(dst, f.name), getattr(src, f.name))
+    elif isinstance(dst, tuple | list):
+        for d, s in zip(dst, src, strict=True):
+            copy_into(d, s)
+    elif dst != src and not isinstance(dst, int | float):  # ints/floats that differ are host-side counts
+        raise ValueError(f"static value {dst!r} differs from {src!r}")
+
+
+def clone_tensors(x: Any) -> Any:
+    """A copy of x with every tensor cloned (dataclasses, tuples, lists; other values shared): a graph's static
+    inputs."""
+    if isinstance(x, Tensor):
+        return x.clone()
+    if dataclasses.is_dataclass(x) and not isinstance(x, type):
+        return dataclasses.replace(x, **{f.name: clone_tensors(getattr(x, f.name)) for f in dataclasses.fields(x)
+                                         if f.init})
+    if isinstance(x, tuple | list):
+        return type(x)(clone_tensors(v) for v in x)
+    return x
 
 
 def compile_counters() -> dict[str, int]:

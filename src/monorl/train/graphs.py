@@ -12,34 +12,15 @@ than the GPU runs them); a replayed graph costs one launch. What makes it replay
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import time
 from collections.abc import Callable
-from typing import Any
 
 import torch
-from torch import Tensor
 
-from monorl.compile import capture_cuda_graph
+from monorl.compile import capture_cuda_graph, clone_tensors, copy_into
 
 log = logging.getLogger(__name__)
-
-
-def copy_into(dst: Any, src: Any) -> None:
-    """Copy src's tensors into dst's (same structure: dataclasses, tuples, tensors; other values equal)."""
-    if isinstance(dst, Tensor):
-        if dst.shape != src.shape or dst.dtype != src.dtype:
-            raise ValueError(f"static buffer {tuple(dst.shape)} {dst.dtype} vs {tuple(src.shape)} {src.dtype}")
-        dst.copy_(src, non_blocking=True)
-    elif dataclasses.is_dataclass(dst):
-        for f in dataclasses.fields(dst):
-            copy_into(getattr(dst, f.name), getattr(src, f.name))
-    elif isinstance(dst, tuple | list):
-        for d, s in zip(dst, src, strict=True):
-            copy_into(d, s)
-    elif dst != src and not isinstance(dst, int | float):  # ints/floats that differ are host-side counts
-        raise ValueError(f"static value {dst!r} differs from {src!r}")
 
 
 class TrainGraphs:
@@ -76,7 +57,7 @@ class TrainGraphs:
         copies of `inputs` as its static buffers, then `reset()` (clears what the warm-up accumulated)."""
         t = time.perf_counter()
         self.install_grads()
-        static = _clone(inputs)
+        static = clone_tensors(inputs)
         graph, _, _ = capture_cuda_graph(lambda: fn(*static), self.device, self.pool)
         reset()
         self.graphs[key] = (graph, static)
@@ -87,14 +68,3 @@ class TrainGraphs:
         copy_into(static, inputs)
         graph.replay()
         self.replays += 1
-
-
-def _clone(x: Any) -> Any:
-    if isinstance(x, Tensor):
-        return x.clone()
-    if dataclasses.is_dataclass(x) and not isinstance(x, type):
-        return dataclasses.replace(x, **{f.name: _clone(getattr(x, f.name)) for f in dataclasses.fields(x)
-                                         if f.init})
-    if isinstance(x, tuple | list):
-        return type(x)(_clone(v) for v in x)
-    return x

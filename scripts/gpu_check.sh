@@ -335,15 +335,15 @@ if [[ $what == ab ]]; then
   fi
   for side in new base new base; do
     src=$PWD; [[ $side == base ]] && src=$PWD/.base
-    PYTHONPATH=$src/src:/tmp/site python3 "$src/benchmarks/bench_batch_invariant.py" --out "$OUT/bench_bi_$side.json" \
+    PYTHONPATH=$src/src:/tmp/site python3 "$src/benchmarks/bench_batch_invariant.py" --out "/tmp/ab_bench_bi_$side.json" \
       2>&1 | grep -v DEBUG | tail -4 | sed "s/^/$side: /"
     PYTHONPATH=$src/src:/tmp/site python3 "$src/benchmarks/bench_generate.py" --variants graphs \
-      --out "$OUT/generate_$side.json" 2>&1 | grep -E "batch, median|decode step" | sed "s/^/$side: /"
+      --out "/tmp/ab_generate_$side.json" 2>&1 | grep -E "^\| (variant|graphs)" | sed "s/^/$side: /"
   done
   for side in ${THROUGHPUT-new base}; do
     src=$PWD; [[ $side == base ]] && src=$PWD/.base
     PYTHONPATH=$src/src:/tmp/site python3 "$src/benchmarks/bench_throughput.py" --no-compile \
-      --out "$OUT/throughput_$side.json" 2>&1 | grep -v DEBUG | tail -2 | sed "s/^/$side: /"
+      --out "/tmp/ab_throughput_$side.json" 2>&1 | grep -v DEBUG | tail -2 | sed "s/^/$side: /"
   done
   if [[ -n ${WALL:-} ]]; then
     args=$(preset_args)
@@ -352,19 +352,20 @@ if [[ $what == ab ]]; then
     for side in new base; do
       src=$PWD; [[ $side == base ]] && src=$PWD/.base
       PYTHONPATH=$src/src:/tmp/site TRITON_CACHE_DIR=/tmp/tc_prime_$side python3 -m monorl.cli train $args \
-        --run_dir "/tmp/ab_prime_$side" > "$OUT/ab_prime_$side.log" 2>&1
+        --run_dir "/tmp/ab_prime_$side" > "/tmp/ab_prime_$side.log" 2>&1
     done
     for run in cold warm1 warm2; do
       for side in new base; do
         src=$PWD; [[ $side == base ]] && src=$PWD/.base
         t0=$(date +%s.%N)
         PYTHONPATH=$src/src:/tmp/site TRITON_CACHE_DIR=/tmp/tc_ab_$side python3 -m monorl.cli train $args \
-          --run_dir "/tmp/ab_${side}_$run" > "$OUT/ab_${side}_$run.log" 2>&1
+          --run_dir "/tmp/ab_${side}_$run" > "/tmp/ab_${side}_$run.log" 2>&1
         t1=$(date +%s.%N)
         rows+=$(python3 -c "$summary" "/tmp/ab_${side}_$run" "$side $run" "$t0" "$t1")$'\n'
       done
     done
-    grep -h -E "^startup:" "$OUT"/ab_new_warm2.log "$OUT"/ab_base_warm2.log | cut -c1-400
+    grep -h -E "^startup" /tmp/ab_new_warm2.log /tmp/ab_base_warm2.log | cut -c1-400
+    cp /tmp/ab_new_warm2.log /tmp/ab_base_warm2.log "$OUT"/
     printf "\n| run | process wall s | run total s | startup s | steady step s |\n|---|---|---|---|---|\n%s" "$rows"
   fi
 fi

@@ -36,7 +36,8 @@
 #            preset each way; then the generator's top kernels default vs batch-invariant
 #   ab:      this tree against BASE (.base, `git archive REV src benchmarks`), in turns (new, base, new, base): the
 #            generator batch (default, the mode) and the decode step, then throughput (THROUGHPUT= skips it); GPU
-#            tests first (TESTS: which) unless SKIP_TESTS; with WALL=1 the preset's process wall (bytecode primed; cold, then warm twice) of each tree
+#            tests first (TESTS: which) unless SKIP_TESTS; BENCH= skips the batches; with WALL=1 the preset's
+#            process wall (bytecode primed; WALL_RUNS, default cold, then warm twice) of each tree
 #   bi:      `monorl train` of the Qwen3-0.6B preset (random weights) with --batch_invariant true (trainer graphs on)
 # Usage on the device: bash scripts/gpu_check.sh [tests|trainer|profile|loop|compare|startup|scale|scale_compile|bi_cost|bi_cost_1.7b|bi_kernels|bi_default|bi_lora|kernels|wall|wall_user|cold|bwd|ahead|kept|decode_profile|warm_profile|ab|bi|all]   (logs, JSON under $OUT)
 set -uo pipefail
@@ -333,7 +334,7 @@ if [[ $what == ab ]]; then
     python3 -m pytest -q -m gpu ${TESTS:-tests/} -p no:cacheprovider 2>&1 | tee "$OUT/gpu_tests.log" \
       | grep -E "^(FAILED|ERROR)|passed|failed|Error" | tail -15
   fi
-  for side in new base new base; do
+  for side in ${BENCH-new base new base}; do
     src=$PWD; [[ $side == base ]] && src=$PWD/.base
     PYTHONPATH=$src/src:/tmp/site python3 "$src/benchmarks/bench_batch_invariant.py" --out "/tmp/ab_bench_bi_$side.json" \
       2>&1 | grep -v DEBUG | tail -4 | sed "s/^/$side: /"
@@ -354,7 +355,7 @@ if [[ $what == ab ]]; then
       PYTHONPATH=$src/src:/tmp/site TRITON_CACHE_DIR=/tmp/tc_prime_$side python3 -m monorl.cli train $args \
         --run_dir "/tmp/ab_prime_$side" > "/tmp/ab_prime_$side.log" 2>&1
     done
-    for run in cold warm1 warm2; do
+    for run in ${WALL_RUNS:-cold warm1 warm2}; do
       for side in new base; do
         src=$PWD; [[ $side == base ]] && src=$PWD/.base
         t0=$(date +%s.%N)
@@ -362,6 +363,7 @@ if [[ $what == ab ]]; then
           --run_dir "/tmp/ab_${side}_$run" > "/tmp/ab_${side}_$run.log" 2>&1
         t1=$(date +%s.%N)
         rows+=$(python3 -c "$summary" "/tmp/ab_${side}_$run" "$side $run" "$t0" "$t1")$'\n'
+        echo "$side $run: $(grep -oE 'gen [0-9.]+s train [0-9.]+s' "/tmp/ab_${side}_$run.log" | tr '\n' ' ' | cut -c1-400)"
       done
     done
     grep -h -E "^startup" /tmp/ab_new_warm2.log /tmp/ab_base_warm2.log | cut -c1-400

@@ -269,8 +269,9 @@ def test_generator_on_fused_kernels_computes_the_model():
 @pytest.mark.gpu
 @pytest.mark.parametrize("invariant", [False, True])
 def test_prefill_graphs_equal_the_eager_prefill(invariant):
-    """A prefill shape seen twice is captured and replayed after: rollouts (tokens, log-probs) equal a generator
-    without graphs, bitwise, in both modes, over four batches of new prompts in one pack shape and one of another."""
+    """A prefill shape is captured at its third run and replayed after: rollouts (tokens, log-probs) equal a
+    generator without graphs, bitwise, in both modes, over four batches of new prompts in one pack shape (eager,
+    eager, eager + capture, replay) and one of another."""
     model = random_model(fused=False, device="cuda", dtype=torch.bfloat16)
     cfg = GeneratorConfig(max_num_seqs=8, max_model_len=256)
     gens = {graphs: Generator(model, cfg, compile=CompileConfig(backend="none", decode_cuda_graphs=graphs))

@@ -25,6 +25,9 @@ from monorl.model.qwen3 import Qwen3ForCausalLM
 from monorl.train.packing import bucket_size, next_pow2
 
 PREFILL_GRAPHS = 16  # prefill shapes kept as CUDA graphs; later new shapes run eagerly
+# A prefill shape is captured at its third eager run: the RL loop's warm-up and its validations before and after
+# repeat their prompts twice, and a capture costs about two eager runs.
+PREFILL_CAPTURE_AT = 3
 
 
 def graph_buckets(max_num_seqs: int) -> list[int]:
@@ -69,7 +72,7 @@ class ModelRunner:
         # meet each new pack shape inside a capture)
         self.graph_prefill = self.use_graphs and not is_compiled(model)
         self.prefill_graphs: dict[tuple, tuple[torch.cuda.CUDAGraph, tuple, Tensor]] = {}
-        self.prefill_eager: set[tuple] = set()
+        self.prefill_seen: dict[tuple, int] = {}  # eager runs per shape
         self.prefill_pool: Any = None
         self.timings = {"compile_warmup_s": 0.0, "graph_capture_s": 0.0}
         self.sample_fn = sample_fn
@@ -81,7 +84,7 @@ class ModelRunner:
 
         On CUDA the pack is static, as the trainer's (`packing.pack(static=True)`): its token count rounded up to
         a bucket with filler sequences (their KV goes to the scratch block), its sequence count and max_seqlen to
-        powers of two. With graphs, a shape seen a second time is captured and later ones replayed: eager, a
+        powers of two. With graphs, a shape is captured at its PREFILL_CAPTURE_AT-th run and replayed after: eager, a
         prefill's ~300 launches took ~20 ms of host time for ~2 ms of GPU work (Qwen3-0.6B, 5 prompts of ~150
         tokens, H100). Every row is computed as in the unpadded pack (the ops are row- or sequence-local); only
         GEMM tilings chosen by the row count may round differently, the same in eager and graph runs."""
@@ -111,8 +114,8 @@ class ModelRunner:
             graph.replay()
             return out.clone()  # the graph's output buffer is rewritten by its next replay
         logits = self._prefill_forward(P, *inputs)
-        if key in self.prefill_eager and len(self.prefill_graphs) < PREFILL_GRAPHS:
-            # its second time: capture it for the next ones (this run was eager)
+        seen = self.prefill_seen[key] = self.prefill_seen.get(key, 0) + 1
+        if seen == PREFILL_CAPTURE_AT and len(self.prefill_graphs) < PREFILL_GRAPHS:
             static, out = clone_tensors(inputs), {}
 
             def fwd() -> None:
@@ -120,10 +123,10 @@ class ModelRunner:
 
             if self.prefill_pool is None:  # apart from the decode graphs': a prefill's output outlives a decode
                 self.prefill_pool = torch.cuda.graph_pool_handle()
-            graph, _, capture_s = capture_cuda_graph(fwd, dev, self.prefill_pool, warmup=1)  # rewrites the same KV
+            # no warm-up: the eager run just before used the same kernels and shapes
+            graph, _, capture_s = capture_cuda_graph(fwd, dev, self.prefill_pool, warmup=0)
             self.timings["graph_capture_s"] += capture_s
             self.prefill_graphs[key] = (graph, static, out["logits"])
-        self.prefill_eager.add(key)
         return logits
 
     def _prefill_forward(self, P: int, ids: Tensor, slot_mapping: Tensor, varlen: VarlenContext) -> Tensor:

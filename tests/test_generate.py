@@ -7,12 +7,14 @@ import pytest
 import torch
 
 from monorl.generate import Generator, GeneratorConfig, SamplingParams
+from monorl.generate.runner import static_prefill_pack
 from monorl.generate.sampling import gumbel_noise, sample, sequence_key
 from monorl.model.attention import VarlenContext
 from monorl.model.checkpoint import load_checkpoint
 from monorl.model.logprobs import token_logprobs
 from monorl.model.tokenizer import eos_ids
 from monorl.rl.weight_sync import weight_pairs
+from monorl.train.packing import bucket_size
 
 PROMPT_LENS = [3, 17, 9, 33, 1]
 
@@ -279,6 +281,30 @@ def test_gumbel_noise_is_a_function_of_key_and_position():
     assert torch.equal(a, gumbel_noise(keys, pos, 50))
     assert not torch.equal(a[0], a[1]) and not torch.equal(a[0], a[2])
     assert torch.equal(gumbel_noise(keys[1:], pos[1:], 50), a[1:])
+
+
+@pytest.mark.parametrize("lengths", [(37, 50, 21), (64,), (1, 1), (300, 5, 17, 2, 90)])
+def test_static_prefill_pack_only_adds_filler(model, lengths):
+    """The static pack of a CUDA prefill keeps the prompts first and in order, adds filler sequences (token 0, slot 0:
+    the scratch block's) up to a token bucket and zero-length entries up to a power-of-two count; the prompts'
+    hidden states in it equal the unpadded pack's (a filler sequence attends only to itself)."""
+    prompts = prompts_of(list(lengths), model.config.vocab_size)
+    slots = [list(range(1000 * i + 4, 1000 * i + 4 + n)) for i, n in enumerate(lengths)]
+    ids, flat, seq_lengths, max_seqlen = static_prefill_pack(prompts, slots)
+    real = sum(lengths)
+    assert ids[:real] == [t for p in prompts for t in p] and flat[:real] == [s for ss in slots for s in ss]
+    assert len(ids) == len(flat) == sum(seq_lengths) == bucket_size(real, 64)
+    assert set(ids[real:]) <= {0} and set(flat[real:]) <= {0}
+    assert seq_lengths[:len(lengths)] == list(lengths) and max(seq_lengths) <= max_seqlen
+    assert len(seq_lengths) >= 8 and len(seq_lengths) & (len(seq_lengths) - 1) == 0
+
+    def hidden(ids: list[int], seq_lengths: list[int], max_seqlen: int | None) -> torch.Tensor:
+        ctx = VarlenContext.from_lengths(seq_lengths, "cpu", max_seqlen=max_seqlen)
+        with torch.no_grad():
+            return model(torch.tensor(ids), ctx.positions, ctx)
+
+    torch.testing.assert_close(hidden(ids, seq_lengths, max_seqlen)[:real], hidden(ids[:real], list(lengths), None),
+                               rtol=1e-5, atol=1e-5)
 
 
 def test_trace_kernels_leaves_the_generator_as_it_was(model):

@@ -22,7 +22,7 @@ from monorl.generate.kv_cache import KVCache
 from monorl.generate.sampling import SamplingParams, sample
 from monorl.model.attention import VarlenContext, resolve_backend
 from monorl.model.qwen3 import Qwen3ForCausalLM
-from monorl.train.packing import bucket_size, next_pow2
+from monorl.train.packing import bucket_size, filler_lengths, next_pow2
 
 PREFILL_GRAPHS = 16  # prefill shapes kept as CUDA graphs; later new shapes run eagerly
 # A prefill shape is captured at its third eager run: the RL loop's warm-up and its validations before and after
@@ -38,6 +38,21 @@ def graph_buckets(max_num_seqs: int) -> list[int]:
     top = max(2, max_num_seqs)
     small = [b for b in (2, 4, 8, 16, 24, 32) if b < top]
     return small + list(range(48, top, 16)) + [top]
+
+
+def static_prefill_pack(prompts: list[list[int]],
+                        slots: list[list[int]]) -> tuple[list[int], list[int], list[int], int]:
+    """Prompts (and their KV slots) laid out as a static pack, as the trainer's (`packing.pack(static=True)`): the
+    token count rounded up to a bucket with filler sequences of token 0 whose KV goes to slot 0 (the scratch
+    block's), the sequence count to a power of two (>= 8) with zero-length entries, max_seqlen to a power of two.
+    Returns (token ids, slots, sequence lengths, max_seqlen); the prompts come first, in order."""
+    lengths = [len(p) for p in prompts]
+    real = sum(lengths)
+    size = bucket_size(real, 64)
+    max_seqlen = min(next_pow2(max(lengths), 16), size)
+    ids = [t for p in prompts for t in p] + [0] * (size - real)
+    flat = [s for ss in slots for s in ss] + [0] * (size - real)
+    return ids, flat, filler_lengths(lengths, size, max_seqlen, static=True), max_seqlen
 
 
 class ModelRunner:
@@ -82,25 +97,17 @@ class ModelRunner:
     def prefill(self, prompts: list[list[int]], slots: list[list[int]]) -> Tensor:
         """Run packed prompts, write their KV to `slots`; return last-token logits [P, V].
 
-        On CUDA the pack is static, as the trainer's (`packing.pack(static=True)`): its token count rounded up to
-        a bucket with filler sequences (their KV goes to the scratch block), its sequence count and max_seqlen to
-        powers of two. With graphs, a shape is captured at its PREFILL_CAPTURE_AT-th run and replayed after: eager, a
-        prefill's ~300 launches took ~20 ms of host time for ~2 ms of GPU work (Qwen3-0.6B, 5 prompts of ~150
-        tokens, H100). Every row is computed as in the unpadded pack (the ops are row- or sequence-local); only
-        GEMM tilings chosen by the row count may round differently, the same in eager and graph runs."""
+        On CUDA the pack is static (`static_prefill_pack`), so that its shapes recur. With graphs, a shape is
+        captured at its PREFILL_CAPTURE_AT-th run and replayed after: eager, a prefill's ~300 launches took ~20 ms
+        of host time for ~2 ms of GPU work (Qwen3-0.6B, 5 prompts of ~150 tokens, H100). Every row is computed as
+        in the unpadded pack (the ops are row- or sequence-local); only GEMM tilings chosen by the row count may
+        round differently, the same in eager and graph runs."""
         dev = self.device
-        lengths = [len(p) for p in prompts]
-        ids = [t for p in prompts for t in p]
-        flat_slots = [s for ss in slots for s in ss]
-        max_seqlen = None
         if dev.type == "cuda":
-            real = len(ids)
-            size = bucket_size(real, 64)
-            max_seqlen = min(next_pow2(max(lengths), 16), size)
-            lengths += [min(max_seqlen, size - s) for s in range(real, size, max_seqlen)]  # filler sequences
-            lengths += [0] * (next_pow2(len(lengths), 8) - len(lengths))
-            ids += [0] * (size - real)
-            flat_slots += [0] * (size - real)  # slot 0: the scratch block's
+            ids, flat_slots, lengths, max_seqlen = static_prefill_pack(prompts, slots)
+        else:
+            ids, flat_slots = [t for p in prompts for t in p], [s for ss in slots for s in ss]
+            lengths, max_seqlen = [len(p) for p in prompts], None
         varlen = VarlenContext.from_lengths(lengths, dev, backend=self.prefill_backend, max_seqlen=max_seqlen)
         inputs = (torch.tensor(ids, dtype=torch.int64).to(dev, non_blocking=True),
                   torch.tensor(flat_slots, dtype=torch.int64).to(dev, non_blocking=True), varlen)

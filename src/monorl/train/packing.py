@@ -85,6 +85,14 @@ def next_pow2(n: int, smallest: int = 1) -> int:
     return max(smallest, 1 << max(0, n - 1).bit_length())
 
 
+def filler_lengths(lengths: list[int], size: int, chunk: int, static: bool) -> list[int]:
+    """Sequence lengths of a pack padded to `size` tokens: `lengths`, then filler sequences of at most `chunk` tokens
+    (each attends only to itself); static: then zero-length entries up to a power-of-two count (>= 8)."""
+    real = sum(lengths)
+    out = [*lengths, *(min(chunk, size - s) for s in range(real, size, chunk))]
+    return out + [0] * (next_pow2(len(out), 8) - len(out)) if static else out
+
+
 def token_buckets(max_tokens: int, smallest: int = 64) -> tuple[int, ...]:
     """The bucket sizes (`bucket_size`) from `smallest` up to `max_tokens` (always the last bucket)."""
     out, b = [], smallest
@@ -145,15 +153,10 @@ def pack(seqs: Sequence[TrainSequence], indices: Sequence[int], buckets: Sequenc
     # filler sequences: attend only to themselves, carry no loss; no longer than the longest real
     # sequence (static: than max_seqlen), so the attention's cost and bound do not grow
     max_seqlen = min(next_pow2(max(lengths), 16), size) if static else None
-    chunk = max_seqlen or max(lengths)
-    for s in range(real, size, chunk):
-        lengths.append(min(chunk, size - s))
+    lengths = filler_lengths(lengths, size, max_seqlen or max(lengths), static)
     ids += [pad_id] * (size - real)
     has_ref = all(seqs[i].ref_logprobs is not None for i in indices)
-    n_rows = num_targets
-    if static:
-        lengths += [0] * (next_pow2(len(lengths), 8) - len(lengths))
-        n_rows = bucket_size(num_targets)
+    n_rows = bucket_size(num_targets) if static else num_targets
     pad = n_rows - num_targets  # padded rows: row 0, token 0, sequence indices[0], mask 0
 
     def rows(values: list, fill, dtype: torch.dtype) -> Tensor:

@@ -23,15 +23,15 @@ from torch import Tensor, nn
 
 from monorl.model.attention import AttentionContext
 from monorl.model.qwen3 import MLP, Attention, Linear, Qwen3ForCausalLM, TransformerBlock
-from monorl.ops import block_kernels, matmul_invariant, rmsnorm_invariant, use_triton
+from monorl.ops import block_kernels, matmul_invariant, rmsnorm_invariant
 
 
 class FusedKernelsLinear(Linear):
-    """A decode step's products (up to `matmul_invariant.GEMV_ROWS` rows) on the Triton GEMM with its decode
-    tiling, which reads the weight faster than cuBLAS there; more rows (prefills, packs) stay on cuBLAS."""
+    """A decode step's products (up to `matmul_invariant.GEMV_ROWS` rows, on Hopper) on the Triton GEMM with its
+    decode tiling, which reads the weight faster than cuBLAS there; the rest (prefills, packs) stays on cuBLAS."""
 
     def forward(self, x: Tensor) -> Tensor:
-        if self.bias is None and use_triton(x) and x.numel() <= matmul_invariant.GEMV_ROWS * x.shape[-1]:
+        if self.bias is None and matmul_invariant.faster_than_cublas(x):
             return matmul_invariant.linear(x, self.weight)
         return super().forward(x)
 

@@ -61,6 +61,12 @@ def _sm_count(device_index: int) -> int:
     return torch.cuda.get_device_properties(device_index).multi_processor_count
 
 
+def faster_than_cublas(x: Tensor) -> bool:
+    """Whether `linear(x, w)` beats cuBLAS: up to GEMV_ROWS rows (a decode step) on a GPU whose tiling follows M
+    (Hopper); elsewhere every row count runs the pack tiling, made for many rows."""
+    return use_triton(x) and x.numel() <= GEMV_ROWS * x.shape[-1] and _tiling_may_follow_m(x.device.index or 0)
+
+
 def _mm_config(M: int, N: int, K: int, follow_m: bool = True, sms: int = 132) -> tuple[int, int, int, int, int]:
     """(BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages). Every tiling here has BLOCK_M = 64 and 4 warps, so
     Hopper runs it as wgmma accumulating K in 16-wide steps in order into one fp32 accumulator: an element's

@@ -69,6 +69,14 @@ out, argv = sys.argv[1], ["train", *sys.argv[2:]]
 cProfile.run("import monorl.cli as cli; cli.main(argv)", out)
 PY
 }
+generator_batches() {  # SIDE DIR: the generator batch (default, the mode) and the decode step of this tree (new) or
+  # .base (base), JSON into DIR
+  local src=$PWD; [[ $1 == base ]] && src=$PWD/.base
+  PYTHONPATH=$src/src:/tmp/site python3 "$src/benchmarks/bench_batch_invariant.py" --out "$2/bench_bi_$1.json" \
+    2>&1 | grep -v DEBUG | tail -4 | sed "s/^/$1: /"
+  PYTHONPATH=$src/src:/tmp/site python3 "$src/benchmarks/bench_generate.py" --variants graphs \
+    --out "$2/generate_$1.json" 2>&1 | grep -E "^\| (variant|graphs)" | sed "s/^/$1: /"
+}
 # one table row from a run's summary.json: RUN_DIR LABEL T0 T1 -> | label | process wall | total | startup | steady |
 summary='import json, sys; s = json.load(open(sys.argv[1] + "/summary.json"))
 wall = float(sys.argv[4]) - float(sys.argv[3]); t, st, ss = (s[k] for k in ("total_s", "startup_s", "steady_step_s"))
@@ -295,13 +303,7 @@ if [[ $what == kept ]]; then  # the kept kernel list (a warm run loads it instea
       rows+=$(python3 -c "$summary" "/tmp/kb_$run" "base $run" "$t0" "$t1")$'\n'
     done
   fi
-  for side in new base; do
-    src=$PWD; [[ $side == base ]] && src=$PWD/.base
-    PYTHONPATH=$src/src:/tmp/site python3 "$src/benchmarks/bench_batch_invariant.py" --out "$OUT/bench_bi_$side.json" \
-      2>&1 | grep -v DEBUG | tail -8 | sed "s/^/$side: /"
-    PYTHONPATH=$src/src:/tmp/site python3 "$src/benchmarks/bench_generate.py" --variants graphs \
-      --out "$OUT/generate_$side.json" 2>&1 | grep -E "batch, median|decode step" | sed "s/^/$side: /"
-  done
+  for side in new base; do generator_batches $side "$OUT"; done
   python3 benchmarks/bench_throughput.py --no-compile --out "$OUT/throughput.json" 2>&1 | grep -v DEBUG | tail -6
   printf "\n| run | process wall s | run total s | startup s | steady step s |\n|---|---|---|---|---|\n%s" "$rows"
 fi
@@ -334,13 +336,8 @@ if [[ $what == ab ]]; then
     python3 -m pytest -q -m gpu ${TESTS:-tests/} -p no:cacheprovider 2>&1 | tee "$OUT/gpu_tests.log" \
       | grep -E "^(FAILED|ERROR)|passed|failed|Error" | tail -15
   fi
-  for side in ${BENCH-new base new base}; do
-    src=$PWD; [[ $side == base ]] && src=$PWD/.base
-    PYTHONPATH=$src/src:/tmp/site python3 "$src/benchmarks/bench_batch_invariant.py" --out "/tmp/ab_bench_bi_$side.json" \
-      2>&1 | grep -v DEBUG | tail -4 | sed "s/^/$side: /"
-    PYTHONPATH=$src/src:/tmp/site python3 "$src/benchmarks/bench_generate.py" --variants graphs \
-      --out "/tmp/ab_generate_$side.json" 2>&1 | grep -E "^\| (variant|graphs)" | sed "s/^/$side: /"
-  done
+  mkdir -p /tmp/ab  # the device returns 8 files of $OUT: the JSON stays here
+  for side in ${BENCH-new base new base}; do generator_batches $side /tmp/ab; done
   for side in ${THROUGHPUT-new base}; do
     src=$PWD; [[ $side == base ]] && src=$PWD/.base
     PYTHONPATH=$src/src:/tmp/site python3 "$src/benchmarks/bench_throughput.py" --no-compile \

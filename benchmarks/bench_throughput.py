@@ -15,6 +15,30 @@ from monorl.generate import Generator, GeneratorConfig, SamplingParams
 from monorl.model import build_model, model_shape
 
 
+def time_the_parts(runner) -> dict:
+    """Wrap the runner's prefill (synchronised, timed) and decode (counted) in place; the returned dict fills as
+    the generator runs."""
+    split = {"prefills": 0, "prefill_s": 0.0, "decode_steps": 0, "decode_rows": 0}
+    prefill, decode = runner.prefill, runner.decode
+
+    def timed_prefill(*a, **k):
+        torch.cuda.synchronize()
+        t = time.perf_counter()
+        out = prefill(*a, **k)
+        torch.cuda.synchronize()
+        split["prefills"] += 1
+        split["prefill_s"] += time.perf_counter() - t
+        return out
+
+    def counted_decode(live, *a, **k):
+        split["decode_steps"] += 1
+        split["decode_rows"] += live
+        return decode(live, *a, **k)
+
+    runner.prefill, runner.decode = timed_prefill, counted_decode
+    return split
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--shape", default="qwen3-0.6b")
@@ -42,6 +66,7 @@ def main() -> None:
     gen.generate([prompts[0][:100]] * 2, SamplingParams(max_new_tokens=32, temperature=0.6, ignore_eos=True))
     torch.cuda.synchronize()
     startup = time.perf_counter() - t0
+    split = time_the_parts(gen.runner)
     t0 = time.perf_counter()
     out = gen.generate(prompts, sps)
     torch.cuda.synchronize()
@@ -50,13 +75,17 @@ def main() -> None:
     assert ntok == sum(olens)
     res = dict(device=torch.cuda.get_device_name(), torch=torch.__version__, shape=args.shape, requests=N,
                max_num_seqs=args.max_num_seqs, kv_blocks=gen.kv.num_blocks, prompt_tokens=sum(plens),
-               output_tokens=ntok, seconds=dt, output_tok_per_s=ntok / dt, startup_s=startup)
+               output_tokens=ntok, seconds=dt, output_tok_per_s=ntok / dt, startup_s=startup, **split)
     with open(args.out, "w") as f:
         json.dump(res, f, indent=1)
     print(f"\n== throughput ({res['device']}, {args.shape}, {N} requests, max_num_seqs {args.max_num_seqs}) ==")
     print(f"startup (compile + capture)  {startup:8.2f} s")
     print(f"prompt tokens / output tokens {sum(plens)} / {ntok}")
     print(f"time {dt:.2f} s -> {ntok / dt:,.0f} output tok/s")
+    rest = dt - split["prefill_s"]
+    print(f"prefills {split['prefills']} in {split['prefill_s']:.2f} s (synchronised); decode steps "
+          f"{split['decode_steps']} (mean {split['decode_rows'] / max(1, split['decode_steps']):.0f} rows) and the "
+          f"rest {rest:.2f} s -> {rest / max(1, split['decode_steps']) * 1e3:.2f} ms a step")
 
 
 if __name__ == "__main__":

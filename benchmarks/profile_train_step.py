@@ -74,6 +74,8 @@ def main() -> None:
     ap.add_argument("--variants", default="eager,eager_graphs,compiled,compiled_graphs")
     ap.add_argument("--profile", default="compiled", help="the variants whose one step is profiled (comma list)")
     ap.add_argument("--rows", type=int, default=18, help="kernels listed per profile")
+    ap.add_argument("--shapes", type=int, default=0,
+                    help="also list this many ATen ops by self CUDA time, by input shapes (where copies come from)")
     args = ap.parse_args()
     g = torch.Generator().manual_seed(0)
     batches = [seqs(g) for _ in range(7)]
@@ -97,12 +99,18 @@ def main() -> None:
         if name in args.profile.split(","):
             from torch.profiler import ProfilerActivity, profile
 
-            with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+            acts = [ProfilerActivity.CPU, ProfilerActivity.CUDA]
+            with profile(activities=acts, record_shapes=args.shapes > 0) as prof:
                 tr.step(batches[0])
                 torch.cuda.synchronize()
             print(f"profile of one {name} step:")
             print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=args.rows, max_name_column_width=60))
             print(kernel_classes(prof))
+            if args.shapes:
+                print(f"ATen ops of one {name} step by self CUDA time, by input shapes:")
+                print(prof.key_averages(group_by_input_shape=True).table(
+                    sort_by="self_cuda_time_total", row_limit=args.shapes, max_name_column_width=40,
+                    max_shapes_column_width=90))
         del tr, model
         torch.cuda.empty_cache()
     tokens = sum(len(s) for s in batches[0])

@@ -13,6 +13,8 @@ it.
 from __future__ import annotations
 
 import argparse
+import functools
+import itertools
 import json
 
 import torch
@@ -22,48 +24,86 @@ from triton.testing import do_bench_cudagraph
 from monorl.ops import attention_triton as at
 
 
-def launch(q, kc, vc, lens, bt, out, stages: int | None, warps: int) -> None:
+def launch(q, kc, vc, lens, bt, out, stages: int | None, warps: int, block_n: int = at.ATTN_BLOCK_N) -> None:
     R, Hq, D = q.shape
     G, rows, _ = at._tile(Hq, kc.shape[-2])
     kw = {} if stages is None else {"num_stages": stages}
     at._attn_kernel[(R, kc.shape[-2])](
         q, kc, vc, out, lens, lens, bt, q.stride(0), q.stride(1), kc.stride(0), kc.stride(1), kc.stride(2),
-        bt.stride(0), out.stride(0), out.stride(1), D ** -0.5, 1, PAGED=True, G=G, ROWS=rows, TOKENS=1, D=D,
-        BS=kc.shape[1], BLOCK_N=at.ATTN_BLOCK_N, num_warps=warps, **kw)
+        bt.stride(0), out.stride(0), out.stride(1), D ** -0.5, 1, out, out, PAGED=True, G=G, ROWS=rows, TOKENS=1, D=D,
+        BS=kc.shape[1], BLOCK_N=block_n, num_warps=warps, **kw)
+
+
+def launch_each(caches, q, lens, bt, out, stages: int | None, warps: int, block_n: int) -> None:
+    for kc, vc in caches:
+        launch(q, kc, vc, lens, bt, out, stages, warps, block_n)
+
+
+def split_each(caches, q, lens, bt, splits: int) -> None:
+    for kc, vc in caches:
+        at.attention_triton(q, kc, vc, lens, bt, splits=splits)
 
 
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--batch", type=int, default=40)
     ap.add_argument("--contexts", default="150,250,600")
+    ap.add_argument("--stages", default="default,1,2,3,4,5")
+    ap.add_argument("--warps", default="4,2,8")
+    ap.add_argument("--block-n", default=str(at.ATTN_BLOCK_N), help="keys per block (a comma list)")
+    ap.add_argument("--copies", type=int, default=1,
+                    help="launch on this many KV caches in turn (time per launch): caches that fit L2 read cold, as "
+                         "a decode step's 28 layers read theirs")
+    ap.add_argument("--splits", default="", help="also time `attention_triton` with these key splits (a comma list; "
+                    "the default mode's decode, its merge included), 0 = what `decode_splits` picks")
+    ap.add_argument("--spread", action="store_true", help="contexts uniform in [ctx / 4, 7 ctx / 4], not ~ctx")
     ap.add_argument("--out", default="tune_decode_attention.json")
     a = ap.parse_args()
     torch.manual_seed(0)
     B, Hq, Hkv, D, BS = a.batch, 16, 8, 128, 16
     res = {}
-    print("| context | stages | warps | us per launch | bitwise the default |\n|---|---|---|---|---|")
+    stage_list = [None if x == "default" else int(x) for x in a.stages.split(",")]
+    print("| batch | context | block_n | stages | warps | us per launch | GB/s (K+V read) | bitwise the default |\n"
+          "|---|---|---|---|---|---|---|---|")
     for ctx in map(int, a.contexts.split(",")):
-        width = triton.cdiv(ctx, BS)
-        kc = torch.randn(B * width + 1, BS, Hkv, D, device="cuda", dtype=torch.bfloat16)
-        vc = torch.randn_like(kc)
+        width = triton.cdiv(ctx * 7 // 4 if a.spread else ctx, BS)
+        shape = (B * width + 1, BS, Hkv, D)
+        caches = [(torch.randn(shape, device="cuda", dtype=torch.bfloat16),
+                   torch.randn(shape, device="cuda", dtype=torch.bfloat16)) for _ in range(a.copies)]
+        kc, vc = caches[0]
         bt = torch.randperm(B * width, device="cuda").view(B, width).int() + 1
-        lens = torch.full((B,), ctx, device="cuda", dtype=torch.int32) - torch.arange(B, device="cuda").int() % 7
+        if a.spread:
+            lens = torch.randint(ctx // 4, ctx * 7 // 4 + 1, (B,), device="cuda", dtype=torch.int32)
+        else:
+            lens = torch.full((B,), ctx, device="cuda", dtype=torch.int32) - torch.arange(B, device="cuda").int() % 7
         q = torch.randn(B, Hq, D, device="cuda", dtype=torch.bfloat16)
         ref = torch.empty_like(q)
         launch(q, kc, vc, lens, bt, ref, None, 4)  # as varlen launches it
-        for stages in (None, 1, 2, 3, 4, 5):
-            for warps in (4, 2, 8):
-                out = torch.empty_like(q)
-                try:
-                    launch(q, kc, vc, lens, bt, out, stages, warps)
-                    args = (q, kc, vc, lens, bt, out, stages, warps)
-                    ms = do_bench_cudagraph(lambda args=args: launch(*args), rep=20)
-                except Exception as e:  # e.g. out of shared memory
-                    print(f"| {ctx} | {stages} | {warps} | {type(e).__name__} | |")
-                    continue
-                same = torch.equal(out, ref)
-                res[f"{ctx},{stages},{warps}"] = {"us": ms * 1e3, "bitwise": same}
-                print(f"| {ctx} | {stages or 'default'} | {warps} | {ms * 1e3:.2f} | {same} |", flush=True)
+        kv_bytes = int(lens.sum()) * Hkv * D * 2 * kc.element_size()
+        for block_n, stages, warps in itertools.product(map(int, a.block_n.split(",")), stage_list,
+                                                        map(int, a.warps.split(","))):
+            out = torch.empty_like(q)
+            try:
+                launch(q, kc, vc, lens, bt, out, stages, warps, block_n)
+                same = torch.equal(out, ref)  # before the timed launches overwrite out from the other caches
+                fn = functools.partial(launch_each, caches, q, lens, bt, out, stages, warps, block_n)
+                ms = do_bench_cudagraph(fn, rep=20) / a.copies
+            except Exception as e:  # e.g. out of shared memory
+                print(f"| {B} | {ctx} | {block_n} | {stages} | {warps} | {type(e).__name__} | | |")
+                continue
+            res[f"{B},{ctx},{block_n},{stages},{warps}"] = {"us": ms * 1e3, "gb_s": kv_bytes / ms / 1e6,
+                                                           "bitwise": same}
+            print(f"| {B} | {ctx} | {block_n} | {stages or 'default'} | {warps} | {ms * 1e3:.2f} | "
+                  f"{kv_bytes / ms / 1e6:,.0f} | {same} |", flush=True)
+        for S in (int(x) for x in a.splits.split(",") if x):
+            S = S or at.decode_splits(B, Hkv, torch.cuda.get_device_properties(0).multi_processor_count)
+            out = at.attention_triton(q, kc, vc, lens, bt, splits=S)
+            err = (out.float() - ref.float()).abs().max().item()
+            fn = functools.partial(split_each, caches, q, lens, bt, S)
+            ms = do_bench_cudagraph(fn, rep=20) / a.copies
+            res[f"{B},{ctx},splits{S}"] = {"us": ms * 1e3, "gb_s": kv_bytes / ms / 1e6, "max_err": err}
+            print(f"| {B} | {ctx} | splits {S} | | | {ms * 1e3:.2f} | {kv_bytes / ms / 1e6:,.0f} | max err {err:.1e} |",
+                  flush=True)
     with open(a.out, "w") as f:
         json.dump(res, f, indent=1)
 

@@ -31,6 +31,8 @@
 #   kept:    the kept kernel list and the KV write in the q/k pass: GPU tests, warm runs with and without the
 #            list, the generator batch against BASE (.base), throughput
 #   decode_profile: the generator batch's top kernels per mode; the invariant GEMM's tilings at decode rows
+#   attn:    the throughput run split, the paged decode attention's bandwidth (256 and 40 rows), the trainer's ATen
+#            ops by shape
 #   warm_profile: a warm run of the preset (caches and kept kernel list written) under cProfile
 #   ahead:   Triton kernels compiled ahead in threads vs at first launch: the loop GPU tests, cold and warm runs of the
 #            preset each way; then the generator's top kernels default vs batch-invariant
@@ -39,7 +41,7 @@
 #            tests first (TESTS: which) unless SKIP_TESTS; BENCH= skips the batches; with WALL=1 the preset's
 #            process wall (bytecode primed; WALL_RUNS, default cold, then warm twice) of each tree
 #   bi:      `monorl train` of the Qwen3-0.6B preset (random weights) with --batch_invariant true (trainer graphs on)
-# Usage on the device: bash scripts/gpu_check.sh [tests|trainer|profile|loop|compare|startup|scale|scale_compile|bi_cost|bi_cost_1.7b|bi_kernels|bi_default|bi_lora|kernels|wall|wall_user|cold|bwd|ahead|kept|decode_profile|warm_profile|ab|bi|all]   (logs, JSON under $OUT)
+# Usage on the device: bash scripts/gpu_check.sh [tests|trainer|profile|loop|compare|startup|scale|scale_compile|bi_cost|bi_cost_1.7b|bi_kernels|bi_default|bi_lora|kernels|wall|wall_user|cold|bwd|ahead|kept|decode_profile|attn|warm_profile|ab|bi|all]   (logs, JSON under $OUT)
 set -uo pipefail
 OUT=${OUT:-/tmp/monorl_out}; mkdir -p "$OUT"
 # wheels the device lacks (jsonargparse) go first: .whl carried, installed to /tmp/site (device README)
@@ -316,6 +318,17 @@ if [[ $what == decode_profile ]]; then  # where a decode step goes now: the gene
   python3 benchmarks/tune_bi_matmul.py --ms 40 --block-m 64 --block-k 64,128,256 --stages 3,4,5,6 \
     --shapes "0.6b qkv fused,0.6b o,0.6b gate_up fused,0.6b down,0.6b lm head" --out "$OUT/tune_decode.json" 2>&1 \
     | grep -v -e DEBUG -e OutOfResources | tail -12
+fi
+if [[ $what == attn ]]; then  # where the throughput run's time goes: its prefill / decode split, the paged decode
+  # attention's bandwidth at its batch (256) and at the RL loop's (40, caches rotated so they read cold), tilings
+  # swept; the trainer step in the mode (eager), its ATen ops by input shapes
+  python3 benchmarks/bench_throughput.py --no-compile --out "$OUT/throughput.json" 2>&1 | grep -v DEBUG | tail -6
+  python3 benchmarks/tune_decode_attention.py --batch 256 --contexts 400,800 --spread --block-n 32,64,128 \
+    --stages default,2,4 --warps 4,8 --out "$OUT/tda_256.json" 2>&1 | grep -v DEBUG | tail -40
+  python3 benchmarks/tune_decode_attention.py --batch 40 --contexts 200 --copies 16 --block-n 32,64,128 \
+    --stages default,2,4 --warps 4,8 --out "$OUT/tda_40.json" 2>&1 | grep -v DEBUG | tail -20
+  python3 benchmarks/profile_train_step.py --variants bi_eager --profile bi_eager --rows 20 --shapes 45 \
+    --out "$OUT/train_step.json" 2>&1 | grep -v DEBUG | cut -c1-230 | tail -100
 fi
 if [[ $what == warm_profile ]]; then  # where a warm run's wall time goes: the preset once (Triton cache, kept
   # kernel list and bytecode written), then again under cProfile (main thread): cumulative and own time

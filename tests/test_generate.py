@@ -319,3 +319,14 @@ def test_trace_kernels_leaves_the_generator_as_it_was(model):
     assert torch.equal(g.kv.kv, kv)
     got = g.generate(prompts, sp, n=2)
     assert [[c.token_ids for c in row] for row in got] == [[c.token_ids for c in row] for row in expected]
+
+
+def test_decode_splits_fill_idle_sms_only():
+    """The default mode's decode splits a row's keys only when rows * kv heads leave SMs idle: a power of two,
+    capped, 1 once the rows fill the GPU (the batch-invariant decode never splits)."""
+    from monorl.ops.attention_triton import MAX_SPLITS, decode_splits
+
+    picks = {rows: decode_splits(rows, 8, 132) for rows in (1, 8, 40, 64, 128, 256, 1024)}
+    assert picks[256] == picks[1024] == 1 and picks[1] == MAX_SPLITS
+    assert all(s & (s - 1) == 0 and 1 <= s <= MAX_SPLITS for s in picks.values())
+    assert list(picks.values()) == sorted(picks.values(), reverse=True)

@@ -26,8 +26,8 @@ from torch import Tensor
 
 from monorl.compile import mark_dynamic
 from monorl.model.attention import VarlenContext
-from monorl.ops import HAS_TRITON, attention_invariant
-from monorl.ops.attention_triton import attention_triton
+from monorl.ops import HAS_TRITON, attention_invariant, sm_count
+from monorl.ops.attention_triton import attention_triton, decode_splits
 from monorl.ops.block_kernels import write_kv
 
 
@@ -129,6 +129,15 @@ def triton_decode_supported(device: torch.device, dtype: torch.dtype, head_dim: 
 def paged_decode_triton(q: Tensor, k_cache: Tensor, v_cache: Tensor, block_tables: Tensor,
                         seq_lens: Tensor) -> Tensor:
     """Paged flash-decode: the one Triton attention kernel of monorl (`monorl.ops.attention_triton`), which the
-    batch-invariant ops also run for varlen prefill/training. One program per (sequence, kv head), keys
-    in blocks of 64 read through the block table; only seq_len keys are read."""
-    return attention_triton(q, k_cache, v_cache, seq_lens, block_tables)
+    batch-invariant ops also run for varlen prefill/training. Programs per (sequence, kv head), keys in blocks of
+    64 read through the block table; only seq_len keys are read. Few sequences split their keys over several
+    programs (`decode_splits`: a function of the row count, so one CUDA graph per batch bucket keeps its
+    launch)."""
+    splits = paged_decode_splits(q.shape[0], k_cache.shape[-2], q.device)
+    return attention_triton(q, k_cache, v_cache, seq_lens, block_tables, splits)
+
+
+def paged_decode_splits(rows: int, kv_heads: int, device: torch.device) -> int:
+    """How many parts `paged_decode_triton` splits each row's keys into, for `rows` sequences on `device`."""
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    return decode_splits(rows, kv_heads, sm_count(index))

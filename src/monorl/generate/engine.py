@@ -19,7 +19,7 @@ import torch
 from torch import nn
 
 from monorl.compile import CompileConfig, compile_generator
-from monorl.generate.attention import triton_decode_supported
+from monorl.generate.attention import paged_decode_splits, triton_decode_supported
 from monorl.generate.kv_cache import (
     BlockManager,
     KVCache,
@@ -159,11 +159,21 @@ class Generator:
         positions = torch.tensor([L for L in lengths for _ in range(n)], dtype=torch.int64, device=self.device)
         for sp in samplers:
             runner.sample_fn(rows, keys, positions, sp, self.model.token_logprobs)
-            # the smallest and the largest bucket: no kernel takes the batch size as an argument Triton would
-            # specialise on (1 / multiples of 16) today; these two would cover both classes if one did
-            for B in sorted({runner.buckets[0], runner.buckets[-1]}):
+            for B in self._trace_buckets(runner):
                 runner._decode_step(B, runner.width, sp)
                 runner.reset_slots(0)  # the step wrote its (garbage) tokens into the decode state
+
+    def _trace_buckets(self, runner: ModelRunner) -> list[int]:
+        """Decode batch buckets whose launches cover every bucket's kernels: the smallest and the largest (no kernel
+        takes the batch size as an argument Triton would specialise on, 1 / multiples of 16, today; these two would
+        cover both classes if one did), and one per key-split count of the ordinary paged decode (a constexpr)."""
+        buckets = {runner.buckets[0], runner.buckets[-1]}
+        if self.decode_backend == "triton":
+            per_split: dict[int, int] = {}
+            for B in runner.buckets:
+                per_split.setdefault(paged_decode_splits(B, self.model.config.num_kv_heads, self.device), B)
+            buckets |= set(per_split.values())
+        return sorted(buckets)
 
     # ---- weights -----------------------------------------------------------------------------------
     def load_weights_(self, src: nn.Module) -> None:

@@ -59,6 +59,11 @@ def pdl_launch(t: Tensor) -> dict:
     return {"PDL": True, "launch_pdl": True} if _pdl_capable(index) else {}
 
 
+@functools.cache
+def sm_count(device_index: int) -> int:
+    return torch.cuda.get_device_properties(device_index).multi_processor_count
+
+
 def use_triton(t: Tensor) -> bool:
     return HAS_TRITON and t.is_cuda
 

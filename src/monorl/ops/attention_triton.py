@@ -26,6 +26,10 @@ ATTN_ROWS = 16  # query rows per program (both layouts): the smallest tile of a 
 # sequences of 150-250 keys, H200, benchmarks/tune_decode_attention.py) and bitwise the 4-warp launch on random
 # inputs, but not in the model: the generator's log-probs then differed from the trainer's (by up to 0.039).
 ATTN_WARPS = 4
+# The generator's ordinary paged decode splits each row's keys over more programs when its rows alone leave SMs
+# idle (`decode_splits`): ~this many (row, kv head, split) programs an SM, at most MAX_SPLITS parts a row.
+SPLIT_TARGET_PROGRAMS_PER_SM = 8
+MAX_SPLITS = 16
 
 if HAS_TRITON:
     import triton
@@ -36,14 +40,17 @@ if HAS_TRITON:
     @triton.jit
     def _attn_kernel(q_ptr, k_ptr, v_ptr, o_ptr, cu_ptr, lens_ptr, bt_ptr,
                      stride_qt, stride_qh, stride_kblk, stride_ktok, stride_kh, stride_btb,
-                     stride_ot, stride_oh, scale, tiles,
+                     stride_ot, stride_oh, scale, tiles, part_ptr, ml_ptr,
                      PAGED: tl.constexpr, G: tl.constexpr, ROWS: tl.constexpr, TOKENS: tl.constexpr,
-                     D: tl.constexpr, BS: tl.constexpr, BLOCK_N: tl.constexpr, PDL: tl.constexpr = False):
+                     D: tl.constexpr, BS: tl.constexpr, BLOCK_N: tl.constexpr, SPLITS: tl.constexpr = 1,
+                     PDL: tl.constexpr = False):
         if PDL:  # wait for the kernel before (programmatic dependent launch)
             pdl_start()
         # Rows are (token i < TOKENS of the tile, query head hk * G + g). Paged: program = one sequence's new
         # token (TOKENS = 1), n keys, all of them visible. Varlen: program = tile `pid % tiles` of sequence
-        # `pid // tiles`; its token i sees keys 0..t0 + i of that sequence.
+        # `pid // tiles`; its token i sees keys 0..t0 + i of that sequence. SPLITS > 1 (paged only, not
+        # invariant): program (pid, hk, split) walks the split-th of SPLITS equal runs of whole key blocks and
+        # writes its unnormalised state to part_ptr / ml_ptr for `_attn_combine_kernel`.
         pid = tl.program_id(0)
         hk = tl.program_id(1)
         rows = tl.arange(0, ROWS)
@@ -57,6 +64,11 @@ if HAS_TRITON:
             rmask = i < TOKENS
             kv_end = n
             kbase = 0
+            kv_start = 0
+            if SPLITS > 1:
+                chunk = tl.cdiv(tl.cdiv(n, SPLITS), BLOCK_N) * BLOCK_N
+                kv_start = tl.program_id(2) * chunk
+                kv_end = tl.minimum(n, kv_start + chunk)
         else:
             seq = pid // tiles
             t0 = (pid % tiles) * TOKENS
@@ -70,13 +82,14 @@ if HAS_TRITON:
             lim = tok + 1
             kv_end = n - tl.maximum(n - t0 - TOKENS, 0)  # min(n, t0 + TOKENS)
             kbase = start.to(tl.int64)
+            kv_start = 0
         hq = hk * G + rows % G
         q = tl.load(q_ptr + qrow[:, None].to(tl.int64) * stride_qt + hq[:, None] * stride_qh + offs_d[None, :],
                     mask=rmask[:, None], other=0.0)
         m_i = tl.full([ROWS], float("-inf"), dtype=tl.float32)
         l_i = tl.zeros([ROWS], dtype=tl.float32)
         acc = tl.zeros([ROWS, D], dtype=tl.float32)
-        for start_n in range(0, kv_end, BLOCK_N):
+        for start_n in range(kv_start, kv_end, BLOCK_N):
             key = start_n + offs_n
             nmask = key < kv_end
             if PAGED:
@@ -94,9 +107,41 @@ if HAS_TRITON:
             v = tl.load(v_ptr + off[:, None] + offs_d[None, :], mask=nmask[:, None], other=0.0)
             acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
             m_i = m_new
+        if SPLITS > 1:  # state of rows (pid, split, hq): m and l at ml_ptr [2, R, SPLITS, Hq], acc at part_ptr
+            nh = tl.num_programs(1) * G
+            at = (pid * SPLITS + tl.program_id(2)) * nh + hq
+            tl.store(ml_ptr + at, m_i, mask=rmask)
+            tl.store(ml_ptr + tl.num_programs(0) * SPLITS * nh + at, l_i, mask=rmask)
+            tl.store(part_ptr + at[:, None].to(tl.int64) * D + offs_d[None, :], acc, mask=rmask[:, None])
+            return
         out = acc / l_i[:, None]
         tl.store(o_ptr + qrow[:, None].to(tl.int64) * stride_ot + hq[:, None] * stride_oh + offs_d[None, :],
                  out.to(o_ptr.dtype.element_ty), mask=rmask[:, None])
+
+    @triton.jit
+    def _attn_combine_kernel(part_ptr, ml_ptr, o_ptr, stride_ot, stride_oh, R, Hq,
+                             SPLITS: tl.constexpr, D: tl.constexpr, PDL: tl.constexpr = False):
+        """Program (row, head): the SPLITS partial states of a split paged decode merged into its output."""
+        if PDL:
+            pdl_start()
+        r = tl.program_id(0)
+        h = tl.program_id(1)
+        sp = tl.arange(0, SPLITS)
+        at = (r * SPLITS + sp) * Hq + h
+        m = tl.load(ml_ptr + at)
+        lsum = tl.load(ml_ptr + R * SPLITS * Hq + at)
+        m_all = tl.max(m, 0)
+        w = tl.where(m > float("-inf"), tl.exp(m - m_all), 0.0)  # an empty split: m = -inf, l = 0, acc = 0
+        acc = tl.load(part_ptr + at[:, None].to(tl.int64) * D + tl.arange(0, D)[None, :])
+        out = tl.sum(acc * w[:, None], 0) / tl.sum(lsum * w, 0)
+        tl.store(o_ptr + r.to(tl.int64) * stride_ot + h * stride_oh + tl.arange(0, D), out.to(o_ptr.dtype.element_ty))
+
+
+def decode_splits(rows: int, kv_heads: int, sms: int) -> int:
+    """Key splits of a paged decode (not batch-invariant): a power of two so that rows * kv_heads * splits reaches
+    about SPLIT_TARGET_PROGRAMS_PER_SM programs an SM, at most MAX_SPLITS; 1 when the rows fill the GPU."""
+    want = -(-SPLIT_TARGET_PROGRAMS_PER_SM * sms // max(1, rows * kv_heads))
+    return min(MAX_SPLITS, 1 << (want - 1).bit_length()) if want > 1 else 1
 
 
 def _tile(Hq: int, Hkv: int) -> tuple[int, int, int]:
@@ -106,21 +151,32 @@ def _tile(Hq: int, Hkv: int) -> tuple[int, int, int]:
     return G, rows, rows // G
 
 
-def attention_triton(q: Tensor, k_cache: Tensor, v_cache: Tensor, lens: Tensor, block_tables: Tensor) -> Tensor:
+def attention_triton(q: Tensor, k_cache: Tensor, v_cache: Tensor, lens: Tensor, block_tables: Tensor,
+                     splits: int = 1) -> Tensor:
     """Paged decode: q [R, Hq, D] (one token per sequence) attends the first lens[r] keys of row r's block table
-    (caches [N, BS, Hkv, D])."""
+    (caches [N, BS, Hkv, D]). splits > 1 (a power of two): each row's keys are walked in that many parts by
+    separate programs and merged after (`decode_splits`), which fills the GPU when rows are few; the sums then
+    round differently, so the batch-invariant ops keep 1."""
     R, Hq, D = q.shape
-    G, rows, _ = _tile(Hq, k_cache.shape[-2])
+    Hkv = k_cache.shape[-2]
+    G, rows, _ = _tile(Hq, Hkv)
     q = q.contiguous()
     out = torch.empty_like(q)
     if R == 0:
         return out
-    _attn_kernel[(R, k_cache.shape[-2])](
+    part = ml = out
+    if splits > 1:
+        part = torch.empty(R, splits, Hq, D, dtype=torch.float32, device=q.device)
+        ml = torch.empty(2, R, splits, Hq, dtype=torch.float32, device=q.device)
+    _attn_kernel[(R, Hkv, splits)](
         q, k_cache, v_cache, out, lens, lens, block_tables,
         q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), block_tables.stride(0),
-        out.stride(0), out.stride(1), D ** -0.5, 1,
-        PAGED=True, G=G, ROWS=rows, TOKENS=1, D=D, BS=k_cache.shape[1], BLOCK_N=ATTN_BLOCK_N, num_warps=ATTN_WARPS,
-        **pdl_launch(q))
+        out.stride(0), out.stride(1), D ** -0.5, 1, part, ml,
+        PAGED=True, G=G, ROWS=rows, TOKENS=1, D=D, BS=k_cache.shape[1], BLOCK_N=ATTN_BLOCK_N, SPLITS=splits,
+        num_warps=ATTN_WARPS, **pdl_launch(q))
+    if splits > 1:
+        _attn_combine_kernel[(R, Hq)](part, ml, out, out.stride(0), out.stride(1), R, Hq, SPLITS=splits, D=D,
+                                      num_warps=1, **pdl_launch(q))
     return out
 
 
@@ -138,6 +194,7 @@ def varlen_attention_triton(q: Tensor, k: Tensor, v: Tensor, cu_seqlens: Tensor,
     _attn_kernel[((cu_seqlens.shape[0] - 1) * tiles, Hkv)](
         q, k, v, out, cu_seqlens, cu_seqlens, cu_seqlens,
         q.stride(0), q.stride(1), 0, k.stride(0), k.stride(1), 0, out.stride(0), out.stride(1), D ** -0.5, tiles,
+        out, out,
         PAGED=False, G=G, ROWS=rows, TOKENS=tokens, D=D, BS=1, BLOCK_N=ATTN_BLOCK_N, num_warps=ATTN_WARPS,
         **pdl_launch(q))
     return out

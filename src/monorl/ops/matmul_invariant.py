@@ -14,7 +14,7 @@ import functools
 import torch
 from torch import Tensor
 
-from monorl.ops import HAS_TRITON, pdl_launch, use_triton
+from monorl.ops import HAS_TRITON, pdl_launch, sm_count, use_triton
 from monorl.ops.tree_sum import tree_sum
 
 if HAS_TRITON:
@@ -56,11 +56,6 @@ def _tiling_may_follow_m(device_index: int) -> bool:
     return torch.cuda.get_device_capability(device_index)[0] == 9
 
 
-@functools.cache
-def _sm_count(device_index: int) -> int:
-    return torch.cuda.get_device_properties(device_index).multi_processor_count
-
-
 def faster_than_cublas(x: Tensor) -> bool:
     """Whether `linear(x, w)` beats cuBLAS: up to GEMV_ROWS rows (a decode step) on a GPU whose tiling follows M
     (Hopper); elsewhere every row count runs the pack tiling, made for many rows."""
@@ -95,7 +90,7 @@ def _mm_triton(x: Tensor, w: Tensor, config: tuple[int, int, int, int, int] | No
     if M == 0:
         return out
     index = x.device.index or 0
-    bm, bn, bk, nw, ns = config or _mm_config(M, N, K, _tiling_may_follow_m(index), _sm_count(index))
+    bm, bn, bk, nw, ns = config or _mm_config(M, N, K, _tiling_may_follow_m(index), sm_count(index))
     _mm_kernel[(triton.cdiv(M, bm), triton.cdiv(N, bn))](
         x, w, out, M, N, K, x.stride(0), w.stride(0), out.stride(0),
         BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, num_warps=nw, num_stages=ns, **pdl_launch(x))

@@ -294,6 +294,27 @@ def test_prefill_graphs_equal_the_eager_prefill(invariant):
 
 
 @pytest.mark.gpu
+def test_entropy_kernel_equals_the_pytorch_entropy():
+    """The trainer's entropy metric in one Triton pass against its PyTorch ops (the CPU path) on Qwen3-vocabulary
+    logits: bf16 and fp32, temperatures, a nearly one-hot row and a uniform one, a column slice (row stride)."""
+    from monorl.ops.entropy import token_entropy
+
+    g = torch.Generator(device="cuda").manual_seed(0)
+    V = 151936
+    x = 4 * torch.randn(37, V + 8, device="cuda", generator=g)
+    x[1] = -40.0
+    x[1, 3] = 40.0
+    x[2] = 0.5
+    for dt in (torch.bfloat16, torch.float32):
+        logits = x.to(dt)[:, :V]  # row stride V + 8
+        for t in (1.0, 0.7, 1.3):
+            got = token_entropy(logits, t)
+            ref = token_entropy(logits.cpu(), t).cuda()
+            torch.testing.assert_close(got, ref, atol=2e-5, rtol=1e-5)
+    assert got[1].item() < 1e-6 and abs(got[2].item() - torch.log(torch.tensor(float(V))).item()) < 1e-4
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("B", [1, 2, 48, 64])
 def test_sampler_kernels_pick_the_pytorch_samplers_tokens(B):
     """The Triton sampler against `sampling.sample`'s PyTorch ops on Qwen3-vocabulary bf16 logits: the same tokens

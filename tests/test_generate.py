@@ -326,7 +326,7 @@ def test_decode_splits_fill_idle_sms_only():
     capped, 1 once the rows fill the GPU (the batch-invariant decode never splits)."""
     from monorl.ops.attention_triton import MAX_SPLITS, decode_splits
 
-    picks = {rows: decode_splits(rows, 8, 132) for rows in (1, 8, 40, 64, 128, 256, 1024)}
-    assert picks[256] == picks[1024] == 1 and picks[1] == MAX_SPLITS
+    picks = {rows: decode_splits(rows, 8, 132) for rows in (1, 8, 32, 40, 64, 128, 256, 1024)}
+    assert picks[40] == picks[256] == picks[1024] == 1 and picks[1] == MAX_SPLITS and picks[32] == 8
     assert all(s & (s - 1) == 0 and 1 <= s <= MAX_SPLITS for s in picks.values())
     assert list(picks.values()) == sorted(picks.values(), reverse=True)

@@ -12,6 +12,10 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from monorl.ops.entropy import token_entropy
+
+__all__ = ["chunked_token_logprobs", "chunked_token_logprobs_entropy", "token_entropy", "token_logprobs"]
+
 
 def token_logprobs(logits: Tensor, tokens: Tensor, temperature: float = 1.0) -> Tensor:
     """logits [N, V] (any dtype), tokens [N] -> fp32 log p(token) [N]."""
@@ -19,22 +23,6 @@ def token_logprobs(logits: Tensor, tokens: Tensor, temperature: float = 1.0) -> 
     if temperature != 1.0:
         logits = logits / temperature
     return torch.log_softmax(logits, dim=-1).gather(-1, tokens[:, None].long()).squeeze(-1)
-
-
-def token_entropy(logits: Tensor, temperature: float = 1.0, block: int = 256) -> Tensor:
-    """Entropy (nats) of each row's temperature-scaled distribution, softmax(logits / temperature):
-    logits [N, V] -> [N] fp32. A metric: detached, no gradient. Computed `block` rows at a time, so its fp32
-    temporaries stay a fraction of one logprob chunk."""
-    out = []
-    with torch.no_grad():
-        for s in range(0, logits.shape[0], block):
-            z = logits[s:s + block].detach().float()
-            if temperature != 1.0:
-                z = z / temperature
-            logp = torch.log_softmax(z, dim=-1)
-            del z
-            out.append(-torch.exp(logp).mul_(logp).sum(-1))
-    return torch.cat(out) if out else logits.new_zeros(0, dtype=torch.float32)
 
 
 def chunked_token_logprobs(model: torch.nn.Module, hidden: Tensor, tokens: Tensor, temperature: float = 1.0,

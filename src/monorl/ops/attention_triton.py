@@ -26,8 +26,9 @@ ATTN_ROWS = 16  # query rows per program (both layouts): the smallest tile of a 
 # sequences of 150-250 keys, H200, benchmarks/tune_decode_attention.py) and bitwise the 4-warp launch on random
 # inputs, but not in the model: the generator's log-probs then differed from the trainer's (by up to 0.039).
 ATTN_WARPS = 4
-# The generator's ordinary paged decode splits each row's keys over more programs when its rows alone leave SMs
-# idle (`decode_splits`): ~this many (row, kv head, split) programs an SM, at most MAX_SPLITS parts a row.
+# The generator's ordinary paged decode splits each row's keys over more programs when its (row, kv head) programs
+# are fewer than SPLIT_BELOW an SM (`decode_splits`): to ~SPLIT_TARGET an SM, at most MAX_SPLITS parts a row.
+SPLIT_BELOW_PROGRAMS_PER_SM = 2
 SPLIT_TARGET_PROGRAMS_PER_SM = 8
 MAX_SPLITS = 16
 
@@ -138,10 +139,17 @@ if HAS_TRITON:
 
 
 def decode_splits(rows: int, kv_heads: int, sms: int) -> int:
-    """Key splits of a paged decode (not batch-invariant): a power of two so that rows * kv_heads * splits reaches
-    about SPLIT_TARGET_PROGRAMS_PER_SM programs an SM, at most MAX_SPLITS; 1 when the rows fill the GPU."""
-    want = -(-SPLIT_TARGET_PROGRAMS_PER_SM * sms // max(1, rows * kv_heads))
-    return min(MAX_SPLITS, 1 << (want - 1).bit_length()) if want > 1 else 1
+    """Key splits of a paged decode (not batch-invariant). 1 once rows * kv_heads reach SPLIT_BELOW_PROGRAMS_PER_SM
+    programs an SM; below, a power of two that brings them to about SPLIT_TARGET_PROGRAMS_PER_SM, at most
+    MAX_SPLITS. Measured on an H100 (`benchmarks/tune_decode_attention.py --splits`, cold caches, us a launch):
+    8 rows of ~1000 keys 53 -> 20 (16 splits), 32 of ~1500 95 -> 73 (8); but 40 rows of 200-400 keys gained at
+    most 8% alone and left the reference decode step (40 rows, 4 splits then) at 1.59 ms, the merge being one more
+    launch a layer; 128 rows of ~800 keys gained 3%."""
+    programs = rows * kv_heads
+    if programs >= SPLIT_BELOW_PROGRAMS_PER_SM * sms:
+        return 1
+    want = -(-SPLIT_TARGET_PROGRAMS_PER_SM * sms // max(1, programs))
+    return min(MAX_SPLITS, 1 << (want - 1).bit_length())
 
 
 def _tile(Hq: int, Hkv: int) -> tuple[int, int, int]:

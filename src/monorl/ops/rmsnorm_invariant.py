@@ -35,50 +35,53 @@ if HAS_TRITON:
 
     @triton.jit(do_not_specialize=["R", "H"])
     def _rms_backward_kernel(x_ptr, w_ptr, g_ptr, res_ptr, cos_ptr, sin_ptr, gx_ptr, gw_ptr, R, H, stride_x, eps,
-                             D: tl.constexpr, HALF_P: tl.constexpr, ROWS: tl.constexpr, HAS_RES: tl.constexpr,
-                             ROPE: tl.constexpr):
-        """ROWS rows of D per program; row = token * H + head (x's token rows stride_x apart, heads side by side;
-        g, res and gx contiguous rows). Each row in two halves, RoPE's pairing; the weight's partial sum of this
-        program's rows goes to gw[program]."""
+                             D: tl.constexpr, HALF_P: tl.constexpr, ROWS: tl.constexpr, TILE: tl.constexpr,
+                             HAS_RES: tl.constexpr, ROPE: tl.constexpr):
+        """ROWS rows of D per program, TILE of them at a time as one [TILE, D / 2] tile per half (a q/k norm's rows
+        of 128 are too short to fill 4 warps one by one); row = token * H + head (x's token rows stride_x apart,
+        heads side by side; g, res and gx contiguous rows). Each row in two halves, RoPE's pairing; the weight's
+        partial sum of this program's rows goes to gw[program]."""
         pid = tl.program_id(0)
         HALF: tl.constexpr = D // 2
         d = tl.arange(0, HALF_P)
         m = d < HALF
-        w1 = tl.load(w_ptr + d, mask=m, other=0.0).to(tl.float32)
-        w2 = tl.load(w_ptr + HALF + d, mask=m, other=0.0).to(tl.float32)
+        w1 = tl.load(w_ptr + d, mask=m, other=0.0).to(tl.float32)[None, :]
+        w2 = tl.load(w_ptr + HALF + d, mask=m, other=0.0).to(tl.float32)[None, :]
         acc1 = tl.zeros([HALF_P], dtype=tl.float32)
         acc2 = tl.zeros([HALF_P], dtype=tl.float32)
         dt = gx_ptr.dtype.element_ty
-        for i in range(ROWS):
-            row = pid.to(tl.int64) * ROWS + i
-            mr = m & (row < R)
+        for i in range(0, ROWS, TILE):
+            row = pid.to(tl.int64) * ROWS + i + tl.arange(0, TILE)
+            mr = m[None, :] & (row < R)[:, None]
             t = row // H
-            xb = x_ptr + t * stride_x + (row - t * H) * D
-            x1 = tl.load(xb + d, mask=mr, other=0.0).to(tl.float32)
-            x2 = tl.load(xb + HALF + d, mask=mr, other=0.0).to(tl.float32)
-            g1 = tl.load(g_ptr + row * D + d, mask=mr, other=0.0).to(tl.float32)
-            g2 = tl.load(g_ptr + row * D + HALF + d, mask=mr, other=0.0).to(tl.float32)
+            xb = (x_ptr + t * stride_x + (row - t * H) * D)[:, None] + d[None, :]
+            gb = (row * D)[:, None] + d[None, :]
+            x1 = tl.load(xb, mask=mr, other=0.0).to(tl.float32)
+            x2 = tl.load(xb + HALF, mask=mr, other=0.0).to(tl.float32)
+            g1 = tl.load(g_ptr + gb, mask=mr, other=0.0).to(tl.float32)
+            g2 = tl.load(g_ptr + gb + HALF, mask=mr, other=0.0).to(tl.float32)
             if ROPE:  # the gradient through out = x * cos + cat(-x2, x1) * sin
-                c1 = tl.load(cos_ptr + t * D + d, mask=mr, other=0.0).to(tl.float32)
-                c2 = tl.load(cos_ptr + t * D + HALF + d, mask=mr, other=0.0).to(tl.float32)
-                s1 = tl.load(sin_ptr + t * D + d, mask=mr, other=0.0).to(tl.float32)
-                s2 = tl.load(sin_ptr + t * D + HALF + d, mask=mr, other=0.0).to(tl.float32)
+                cb = (t * D)[:, None] + d[None, :]
+                c1 = tl.load(cos_ptr + cb, mask=mr, other=0.0).to(tl.float32)
+                c2 = tl.load(cos_ptr + cb + HALF, mask=mr, other=0.0).to(tl.float32)
+                s1 = tl.load(sin_ptr + cb, mask=mr, other=0.0).to(tl.float32)
+                s2 = tl.load(sin_ptr + cb + HALF, mask=mr, other=0.0).to(tl.float32)
                 g1, g2 = g1 * c1 + g2 * s2, g2 * c2 - g1 * s1
-            r = 1.0 / tl.sqrt((tl.sum(x1 * x1, axis=0) + tl.sum(x2 * x2, axis=0)) / D + eps)
+            r = (1.0 / tl.sqrt((tl.sum(x1 * x1, axis=1) + tl.sum(x2 * x2, axis=1)) / D + eps))[:, None]
             y1 = x1 * r
             y2 = x2 * r
             gy1 = g1 * w1
             gy2 = g2 * w2
-            c = (tl.sum(gy1 * y1, axis=0) + tl.sum(gy2 * y2, axis=0)) / D
+            c = ((tl.sum(gy1 * y1, axis=1) + tl.sum(gy2 * y2, axis=1)) / D)[:, None]
             gx1 = r * (gy1 - y1 * c)
             gx2 = r * (gy2 - y2 * c)
             if HAS_RES:  # x also fed the residual stream: its gradient joins before the rounding
-                gx1 += tl.load(res_ptr + row * D + d, mask=mr, other=0.0).to(tl.float32)
-                gx2 += tl.load(res_ptr + row * D + HALF + d, mask=mr, other=0.0).to(tl.float32)
-            tl.store(gx_ptr + row * D + d, gx1.to(dt), mask=mr)
-            tl.store(gx_ptr + row * D + HALF + d, gx2.to(dt), mask=mr)
-            acc1 += g1 * y1.to(dt).to(tl.float32)  # the forward scales the rounded normalised row
-            acc2 += g2 * y2.to(dt).to(tl.float32)
+                gx1 += tl.load(res_ptr + gb, mask=mr, other=0.0).to(tl.float32)
+                gx2 += tl.load(res_ptr + gb + HALF, mask=mr, other=0.0).to(tl.float32)
+            tl.store(gx_ptr + gb, gx1.to(dt), mask=mr)
+            tl.store(gx_ptr + gb + HALF, gx2.to(dt), mask=mr)
+            acc1 += tl.sum(g1 * y1.to(dt).to(tl.float32), axis=0)  # the forward scales the rounded normalised row
+            acc2 += tl.sum(g2 * y2.to(dt).to(tl.float32), axis=0)
         tl.store(gw_ptr + pid * D + d, acc1, mask=m)
         tl.store(gw_ptr + pid * D + HALF + d, acc2, mask=m)
 
@@ -125,7 +128,11 @@ def _rope_backward(g: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
     return g * cos[:, None, :].float() + torch.cat((u[..., half:], -u[..., :half]), dim=-1)
 
 
-_BACKWARD_ROWS = 16  # rows per program of the backward kernel: a weight-gradient partial sum per 16 rows
+def _backward_rows(half_p: int) -> tuple[int, int]:
+    """(rows a program, rows a tile) of the backward kernel: tiles of ~1024 elements a half, and a weight-gradient
+    partial sum per program of at least 16 rows (64 for a q/k norm's rows of 128)."""
+    tile = max(1, 1024 // half_p)
+    return max(16, 4 * tile), tile
 
 
 @torch.library.custom_op("monorl::rms_norm_backward", mutates_args=())
@@ -150,13 +157,15 @@ def _rms_norm_backward(x: Tensor, w: Tensor, grad: Tensor, grad_residual: Tensor
     R = T * H
     g = grad.contiguous()
     gx = torch.empty(x.shape, dtype=x.dtype, device=x.device)
-    programs = triton.cdiv(R, _BACKWARD_ROWS)
+    half_p = triton.next_power_of_2(D // 2)
+    rows, tile = _backward_rows(half_p)
+    programs = triton.cdiv(R, rows)
     gw = torch.empty(programs, D, dtype=torch.float32, device=x.device)
     if R:
         res = g if grad_residual is None else grad_residual.contiguous()
         rc, rs = (g, g) if cos is None else (cos.contiguous(), sin.contiguous())
         _rms_backward_kernel[(programs,)](xs, w.contiguous(), g, res, rc, rs, gx, gw, R, H, xs.stride(0), eps, D=D,
-                                          HALF_P=triton.next_power_of_2(D // 2), ROWS=_BACKWARD_ROWS,
+                                          HALF_P=half_p, ROWS=rows, TILE=tile,
                                           HAS_RES=grad_residual is not None, ROPE=cos is not None,
                                           num_warps=4 if D <= 2048 else 8)
     return gx, gw.sum(0).to(w.dtype)

@@ -310,7 +310,7 @@ def test_entropy_kernel_equals_the_pytorch_entropy():
         for t in (1.0, 0.7, 1.3):
             got = token_entropy(logits, t)
             ref = token_entropy(logits.cpu(), t).cuda()
-            torch.testing.assert_close(got, ref, atol=2e-5, rtol=1e-5)
+            torch.testing.assert_close(got, ref, atol=1e-5, rtol=5e-5)  # fp32 sums over 151,936 logits, two orders
     assert got[1].item() < 1e-6 and abs(got[2].item() - torch.log(torch.tensor(float(V))).item()) < 1e-4
 
 

@@ -32,6 +32,7 @@ from monorl.generate.kv_cache import (
 from monorl.generate.runner import ModelRunner
 from monorl.generate.sampling import SamplingParams, sample, sequence_key
 from monorl.generate.scheduler import Group, Scheduler, Sequence
+from monorl.model.batch_invariant import is_batch_invariant
 from monorl.model.fused_kernels import use_fused_kernels_
 from monorl.model.lora import LoRAConfig, apply_lora_
 from monorl.model.qwen3 import Qwen3ForCausalLM, build_model
@@ -166,9 +167,10 @@ class Generator:
     def _trace_buckets(self, runner: ModelRunner) -> list[int]:
         """Decode batch buckets whose launches cover every bucket's kernels: the smallest and the largest (no kernel
         takes the batch size as an argument Triton would specialise on, 1 / multiples of 16, today; these two would
-        cover both classes if one did), and one per key-split count of the ordinary paged decode (a constexpr)."""
+        cover both classes if one did), and one per key-split count of the ordinary paged decode (a constexpr; a
+        batch-invariant copy's decode never splits)."""
         buckets = {runner.buckets[0], runner.buckets[-1]}
-        if self.decode_backend == "triton":
+        if self.decode_backend == "triton" and not is_batch_invariant(self.model):
             per_split: dict[int, int] = {}
             for B in runner.buckets:
                 per_split.setdefault(paged_decode_splits(B, self.model.config.num_kv_heads, self.device), B)

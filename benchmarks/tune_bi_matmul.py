@@ -50,12 +50,13 @@ def main() -> None:
     ap.add_argument("--block-n", default="16,32,64,128")
     ap.add_argument("--block-k", default="64,128")
     ap.add_argument("--stages", default="3,4")
+    ap.add_argument("--warps", default="4", help="warps a program (the bitwise family is 4 warps per 64 rows)")
     ap.add_argument("--cold", action="store_true", help="every call reads another copy of the weight (HBM, not L2)")
     a = ap.parse_args()
     ints = lambda s: tuple(int(v) for v in s.split(","))  # noqa: E731
     ms = ints(a.ms)
-    tilings = [(bm, bn, bk, 4, ns) for bm, bn, bk, ns in
-               itertools.product(ints(a.block_m), ints(a.block_n), ints(a.block_k), ints(a.stages))]
+    tilings = [(bm, bn, bk, nw, ns) for bm, bn, bk, nw, ns in
+               itertools.product(ints(a.block_m), ints(a.block_n), ints(a.block_k), ints(a.warps), ints(a.stages))]
     g = torch.Generator(device="cuda").manual_seed(0)
     res = {}
     print(f"device {torch.cuda.get_device_name()}, cold={a.cold}; us per product", flush=True)
@@ -71,6 +72,9 @@ def main() -> None:
         row = {"N": N, "K": K, "copies": copies, "cublas": {m: timed(lambda x, w: x @ w.t(), m) for m in ms},
                "current": {m: mi._mm_config(m, N, K) for m in ms}, "configs": {}}
         row["current_us"] = {m: timed(lambda x, w: mi._mm_triton(x, w), m) for m in ms}
+        x200 = torch.randn(200, K, device="cuda", generator=g).bfloat16()
+        decode = mi._mm_triton(x200, ws[0], mi._mm_config(40, N, K))  # the bitwise reference: a decode tiling
+        row["bitwise"] = {}
         for cfg in tilings:
             try:
                 t = {m: timed(lambda x, w, c=cfg: mi._mm_triton(x, w, c), m) for m in ms}
@@ -78,6 +82,7 @@ def main() -> None:
                 print(f"{name} {cfg}: {type(e).__name__}", flush=True)
                 continue
             row["configs"][str(cfg)] = t
+            row["bitwise"][str(cfg)] = torch.equal(mi._mm_triton(x200, ws[0], cfg), decode)
         score = {c: sum(WEIGHT.get(m, 1) * t[m] for m in ms) for c, t in row["configs"].items()}
         best = min(score, key=score.get)
         row["best"], row["score"] = best, score
@@ -86,7 +91,7 @@ def main() -> None:
         print(f"{name:20s} N={N:6d} K={K:5d} | cuBLAS {fmt(cb)} | current {fmt(cu)} | best {best} {fmt(bt)}",
               flush=True)
         for c in sorted(score, key=score.get)[:6]:
-            print(f"    {c}: {fmt(row['configs'][c])}")
+            print(f"    {c}: {fmt(row['configs'][c])}  bitwise the decode tiling: {row['bitwise'][c]}")
         res[name] = row
     with open(a.out, "w") as f:
         json.dump(res, f, indent=1, default=str)

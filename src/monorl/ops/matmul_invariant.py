@@ -63,20 +63,22 @@ def faster_than_cublas(x: Tensor) -> bool:
 
 
 def _mm_config(M: int, N: int, K: int, follow_m: bool = True, sms: int = 132) -> tuple[int, int, int, int, int]:
-    """(BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages). Every tiling here has BLOCK_M = 64 and 4 warps, so
-    Hopper runs it as wgmma accumulating K in 16-wide steps in order into one fp32 accumulator: an element's
-    value does not depend on BLOCK_N, BLOCK_K or stages (`tests/test_batch_invariant_gpu.py` checks every pair
-    bitwise), which is what lets the tiling follow M -- narrow N tiles for decode, wide for packs -- and rows
-    stay invariant. follow_m=False (other GPUs): the pack tiling for every M.
+    """(BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages). Every tiling here has 64 rows per 4 warps, so Hopper
+    runs it as 64-row wgmma (one per warpgroup) accumulating K in 16-wide steps in order into one fp32
+    accumulator: an element's value does not depend on BLOCK_N, BLOCK_K, stages or the number of warpgroups
+    (`tests/test_batch_invariant_gpu.py` checks every pair bitwise), which is what lets the tiling follow M --
+    narrow N tiles for decode, 128x128 on 8 warps for packs (12-19% faster than 64x128 on 4 at 8192 rows of
+    Qwen3-0.6B's shapes, H100, `benchmarks/tune_bi_matmul.py --warps 4,8`; cuBLAS is still ~1.3x faster) -- and
+    rows stay invariant. follow_m=False (other GPUs): one tiling for every M.
 
     Decode rows are a GEMV with its weight read once from HBM: what bounds a launch is the bytes each SM keeps in
     flight, so a product whose output tiles fit on the `sms` SMs in one wave runs a 6-deep pipeline (one CTA per
     SM), and wider products fewer stages, leaving room for a second CTA per SM. Timed with the weights cold in L2
     (`benchmarks/tune_bi_matmul.py --cold`, H100): Qwen3-0.6B's four layer GEMMs at 40 rows 31.6 -> 24.4 us (cuBLAS
     28.4), at 128 rows 35.1 -> 27.4 us (cuBLAS 28.0)."""
-    if MM_TILES == "large":
+    if MM_TILES == "large" or (M > DECODE_ROWS and follow_m):  # packs and prefills on Hopper
         return 128, 128, 64, 8, 3
-    if M > DECODE_ROWS or N >= 32768 or not follow_m:  # packs, prefills, LM heads
+    if M > DECODE_ROWS or N >= 32768 or not follow_m:  # elsewhere; an LM head at decode rows
         return 64, 128, 64, 4, 3
     bn = 16 if N <= 2048 else 32
     tiles = -(-M // 64) * -(-N // bn)

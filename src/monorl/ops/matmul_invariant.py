@@ -67,7 +67,7 @@ def _mm_config(M: int, N: int, K: int, follow_m: bool = True, sms: int = 132) ->
     runs it as 64-row wgmma (one per warpgroup) accumulating K in 16-wide steps in order into one fp32
     accumulator: an element's value does not depend on BLOCK_N, BLOCK_K, stages or the number of warpgroups
     (`tests/test_batch_invariant_gpu.py` checks every pair bitwise), which is what lets the tiling follow M --
-    narrow N tiles for decode, 128x128 on 8 warps for packs (12-19% faster than 64x128 on 4 at 8192 rows of
+    narrow N tiles for decode, 128x128 on 8 warps for packs (6-17% faster than 64x128 on 4 at 8192 rows of
     Qwen3-0.6B's shapes, H100, `benchmarks/tune_bi_matmul.py --warps 4,8`; cuBLAS is still ~1.3x faster) -- and
     rows stay invariant. follow_m=False (other GPUs): one tiling for every M.
 

@@ -22,7 +22,7 @@ from monorl.generate.kv_cache import KVCache
 from monorl.generate.sampling import SamplingParams, sample
 from monorl.model.attention import VarlenContext, resolve_backend
 from monorl.model.qwen3 import Qwen3ForCausalLM
-from monorl.train.packing import bucket_size, filler_lengths, next_pow2
+from monorl.train.packing import bucket_size, filler_lengths, static_max_seqlen
 
 PREFILL_GRAPHS = 16  # prefill shapes kept as CUDA graphs; later new shapes run eagerly
 # A prefill shape is captured at its third eager run: the RL loop's warm-up and its validations before and after
@@ -49,7 +49,7 @@ def static_prefill_pack(prompts: list[list[int]],
     lengths = [len(p) for p in prompts]
     real = sum(lengths)
     size = bucket_size(real, 64)
-    max_seqlen = min(next_pow2(max(lengths), 16), size)
+    max_seqlen = static_max_seqlen(lengths, size)
     ids = [t for p in prompts for t in p] + [0] * (size - real)
     flat = [s for ss in slots for s in ss] + [0] * (size - real)
     return ids, flat, filler_lengths(lengths, size, max_seqlen, static=True), max_seqlen

@@ -78,7 +78,7 @@ def _mm_config(M: int, N: int, K: int, follow_m: bool = True, sms: int = 132) ->
     28.4), at 128 rows 35.1 -> 27.4 us (cuBLAS 28.0)."""
     if MM_TILES == "large" or (M > DECODE_ROWS and follow_m):  # packs and prefills on Hopper
         return 128, 128, 64, 8, 3
-    if M > DECODE_ROWS or N >= 32768 or not follow_m:  # elsewhere; an LM head at decode rows
+    if N >= 32768 or not follow_m:  # other GPUs; an LM head at decode rows
         return 64, 128, 64, 4, 3
     bn = 16 if N <= 2048 else 32
     tiles = -(-M // 64) * -(-N // bn)

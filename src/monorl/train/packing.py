@@ -85,6 +85,11 @@ def next_pow2(n: int, smallest: int = 1) -> int:
     return max(smallest, 1 << max(0, n - 1).bit_length())
 
 
+def static_max_seqlen(lengths: list[int], size: int) -> int:
+    """A static pack's max_seqlen: the longest sequence rounded up to a power of two (>= 16), at most the pack."""
+    return min(next_pow2(max(lengths), 16), size)
+
+
 def filler_lengths(lengths: list[int], size: int, chunk: int, static: bool) -> list[int]:
     """Sequence lengths of a pack padded to `size` tokens: `lengths`, then filler sequences of at most `chunk` tokens
     (each attends only to itself); static: then zero-length entries up to a power-of-two count (>= 8)."""
@@ -152,7 +157,7 @@ def pack(seqs: Sequence[TrainSequence], indices: Sequence[int], buckets: Sequenc
         raise ValueError(f"{real} tokens do not fit the largest bucket {max(buckets)}")
     # filler sequences: attend only to themselves, carry no loss; no longer than the longest real
     # sequence (static: than max_seqlen), so the attention's cost and bound do not grow
-    max_seqlen = min(next_pow2(max(lengths), 16), size) if static else None
+    max_seqlen = static_max_seqlen(lengths, size) if static else None
     lengths = filler_lengths(lengths, size, max_seqlen or max(lengths), static)
     ids += [pad_id] * (size - real)
     has_ref = all(seqs[i].ref_logprobs is not None for i in indices)

@@ -80,6 +80,10 @@ generator_batches() {  # SIDE DIR: the generator batch (default, the mode) and t
     --out "$2/generate_$1.json" 2>&1 | grep -E "^\| (variant|graphs)" | sed "s/^/$1: /"
 }
 # one table row from a run's summary.json: RUN_DIR LABEL T0 T1 -> | label | process wall | total | startup | steady |
+stamp='import sys, time
+t0 = float(sys.argv[1])
+for line in sys.stdin:
+    print(f"{time.time() - t0:6.2f} {line}", end="", flush=True)'
 summary='import json, sys; s = json.load(open(sys.argv[1] + "/summary.json"))
 wall = float(sys.argv[4]) - float(sys.argv[3]); t, st, ss = (s[k] for k in ("total_s", "startup_s", "steady_step_s"))
 print(f"| {sys.argv[2]} | {wall:.2f} | {t:.2f} | {st:.2f} | {ss:.3f} |")'
@@ -334,7 +338,11 @@ if [[ $what == warm_profile ]]; then  # where a warm run's wall time goes: the p
   # kernel list and bytecode written), then again under cProfile (main thread): cumulative and own time
   args=$(preset_args)
   user_bytecode /tmp/wp0 "$OUT/warm_profile_prime.log"
-  python3 -m monorl.cli train $args --run_dir /tmp/wp1 > "$OUT/warm_profile_1.log" 2>&1
+  t0=$(date +%s.%N)  # a warm run, each line stamped with seconds since the process started
+  python3 -m monorl.cli train $args --run_dir /tmp/wp1 2>&1 | python3 -c "$stamp" "$t0" > "$OUT/warm_profile_1.log"
+  echo "warm run: $(python3 -c "print(f'{$(date +%s.%N) - $t0:.2f}')") s"; grep -v DEBUG "$OUT/warm_profile_1.log" \
+    | grep -E "startup|triton|valid|step (1|10)/|compile|Summary" | cut -c1-200
+  python3 -X importtime -c "import monorl.cli" 2>&1 | sort -t'|' -k2 -n | tail -12
   t0=$(date +%s.%N)
   profile_train "$OUT/warm.prof" $args --run_dir /tmp/wp2 > "$OUT/warm_profile_2.log" 2>&1
   t1=$(date +%s.%N)

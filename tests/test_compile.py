@@ -90,3 +90,28 @@ def test_keeping_a_kernel_list_never_fails_the_run(tmp_path, capsys):
     blocked.write_text("")
     save_specs(blocked / "k.json", rec)  # its parent is a file: no directory can be made there
     assert "could not keep the kernel list" in capsys.readouterr().out
+
+
+def test_triton_key_from_the_child_process_is_tritons_own(monkeypatch):
+    """`TritonKeyPrefetch`: the key a child process computed is installed only when it is the one this process'
+    Triton would compute (same Triton file, not computed here yet); otherwise Triton's own function stays."""
+    pytest.importorskip("triton")
+    import functools
+
+    from triton.runtime import cache
+
+    from monorl.ops.precompile import TritonKeyPrefetch
+
+    original = getattr(cache.triton_key, "__wrapped__", cache.triton_key)
+    expected = original()
+    monkeypatch.setattr(cache, "triton_key", functools.lru_cache()(original))  # nothing computed yet
+    other = TritonKeyPrefetch.CODE.replace("print(triton.__file__)", "print('/elsewhere/triton/__init__.py')")
+    monkeypatch.setattr(TritonKeyPrefetch, "CODE", other)
+    assert not TritonKeyPrefetch().adopt()  # a child that saw another Triton
+    assert cache.triton_key.cache_info().currsize == 0
+    monkeypatch.undo()
+    monkeypatch.setattr(cache, "triton_key", functools.lru_cache()(original))
+    prefetch = TritonKeyPrefetch()
+    assert prefetch.adopt() and cache.triton_key() == expected
+    assert cache.triton_key.cache_info().hits == 0  # the installed function: its value came from the child
+    assert not prefetch.adopt()  # once only

@@ -85,6 +85,28 @@ def test_cuda_graph_decode_equals_eager(compile):
         assert torch.equal(la, lb)
 
 
+def test_buckets_captured_mid_generation_equal_eager():
+    """A bucket's graph is captured when a decode step first needs it: here while other sequences are live (their
+    slot state set aside and put back), as sequences of staggered lengths finish and the batch shrinks through
+    buckets; tokens and log-probs equal the eager generator's, and only the buckets used were captured."""
+    model = tiny_cuda_model()
+    ps = prompts([5, 40, 17, 3, 29, 11, 8], model.config.vocab_size, seed=2)
+    cfg = GeneratorConfig(max_num_seqs=24, max_model_len=256)
+    sps = [SamplingParams(max_new_tokens=m, temperature=0.8, top_p=0.9, seed=5, ignore_eos=True)
+           for m in (60, 9, 33, 2, 47, 20, 14)]
+    graph = Generator(model, cfg, compile=CompileConfig(backend="none"))
+    a = graph.generate(ps, sps, n=2)  # 14 sequences: buckets 16, 8, 4, 2 as they finish (24 unused)
+    runner = graph.runner
+    (captured,) = runner.graph_sets.values()
+    assert set(captured) == {16, 8, 4, 2} < set(runner.buckets)
+    eager = Generator(model, cfg, compile=CompileConfig(backend="none", decode_cuda_graphs=False))
+    b = eager.generate(ps, sps, n=2)
+    assert [[c.token_ids for c in x] for x in a] == [[c.token_ids for c in x] for x in b]
+    assert [len(c.token_ids) for x in a for c in x] == [m for m in (60, 9, 33, 2, 47, 20, 14) for _ in range(2)]
+    assert torch.equal(torch.tensor([lp for x in a for c in x for lp in c.logprobs]),
+                       torch.tensor([lp for x in b for c in x for lp in c.logprobs]))
+
+
 def test_greedy_cuda_matches_cpu_fp32_reference():
     """The bf16 CUDA path (triton kernel, graphs) follows the fp32 CPU reference: same first greedy token, and
     the log-probs it reports for its tokens equal an fp32 full-sequence forward over them to bf16 tolerance.

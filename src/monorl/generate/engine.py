@@ -242,7 +242,7 @@ class Generator:
                 sched.add(s)
         runner = self.runner
         if runner.use_graphs and runner.graph_key != sampling.sampler_key():
-            runner.capture(sampling)  # nothing is live yet (see ModelRunner.capture)
+            runner.select_graphs(sampling)  # nothing is live yet (see ModelRunner.select_graphs)
         runner.reset_slots(0)
         try:
             while sched.waiting or sched.running:

@@ -78,7 +78,10 @@ class ModelRunner:
         self.ring_idx = torch.zeros(1, dtype=torch.int64, device=dev)
         self.use_graphs = cuda_graphs and self.device.type == "cuda"
         # one set of graphs per sampler configuration (e.g. greedy validation and sampled rollouts), kept
-        # so that alternating between them does not re-capture
+        # so that alternating between them does not re-capture. A bucket's graph is captured when a decode step
+        # first needs it (a run uses a few of the buckets: the reference preset's 2 of 16); a compiled model's are
+        # all captured up front, so that its compiles stay in the warm-up
+        self.capture_all = is_compiled(model)
         self.graph_sets: dict[tuple, dict[int, torch.cuda.CUDAGraph]] = {}
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self.graph_key: tuple | None = None
@@ -174,33 +177,45 @@ class ModelRunner:
             self._decode_step(self.bucket(live) if self.device.type == "cuda" else live, width, params)
             return
         if params.sampler_key() != self.graph_key:
-            self.capture(params)
-        self.graphs[self.bucket(live)].replay()
+            self.select_graphs(params)
+        B = self.bucket(live)
+        if B not in self.graphs:
+            self.capture_bucket(B, params)
+        self.graphs[B].replay()
 
     @torch.inference_mode()
-    def capture(self, params: SamplingParams) -> None:
-        """Capture one graph per bucket for this sampler configuration. Must run while no sequence
-        is live: warm-up steps write to slot state (reset afterwards) and to the scratch block."""
+    def select_graphs(self, params: SamplingParams) -> None:
+        """Switch to this sampler configuration's graphs (a new, empty set the first time; for a compiled model,
+        every bucket captured now, which must then be while no sequence is live)."""
         key = params.sampler_key()
-        if key in self.graph_sets:  # captured before: switch, no work
-            self.graphs, self.graph_key = self.graph_sets[key], key
-            return
-        self.graphs = {}
-        self.graph_key = None
-        torch.cuda.synchronize(self.device)
+        if key not in self.graph_sets:
+            self.graph_sets[key] = {}
+            if self.capture_all:
+                self.graphs, self.graph_key = self.graph_sets[key], key
+                for B in reversed(self.buckets):  # largest first, so smaller graphs reuse the pool's memory
+                    self.capture_bucket(B, params)
+        self.graphs, self.graph_key = self.graph_sets[key], key
+
+    @torch.inference_mode()
+    def capture_bucket(self, B: int, params: SamplingParams) -> None:
+        """Capture the decode step of bucket B for this sampler configuration, at any point of a generation: the
+        slot state is set aside, the warm-up step runs on the scratch block (every row's table and position
+        zeroed; its ring row is one the next real step overwrites), and the state is put back."""
+        state = (self.tok, self.pos, self.keys, self.block_tables, self.ring_idx)
+        saved = [t.clone() for t in state]
+        for t in state[:4]:
+            t.zero_()
         if self.graph_pool is None:
             self.graph_pool = torch.cuda.graph_pool_handle()
-        self.reset_slots(0)
-        # Largest first, so smaller graphs reuse the pool's memory.
-        for B in reversed(self.buckets):
-            g, warm_s, capture_s = capture_cuda_graph(lambda B=B: self._decode_step(B, self.width, params),
-                                                      self.device, self.graph_pool)
-            self.reset_slots(0)  # the warm-up steps advanced the slot state
-            self.timings["compile_warmup_s"] += warm_s
-            self.timings["graph_capture_s"] += capture_s
-            self.graphs[B] = g
-        self.graph_key = key
-        self.graph_sets[key] = self.graphs
+        # a warm-up step launches every kernel (and Triton specialisation) of this bucket before the capture;
+        # Dynamo's first passes want two
+        g, warm_s, capture_s = capture_cuda_graph(lambda: self._decode_step(B, self.width, params),
+                                                  self.device, self.graph_pool, warmup=2 if self.capture_all else 1)
+        for t, s in zip(state, saved, strict=True):
+            t.copy_(s)
+        self.timings["compile_warmup_s"] += warm_s
+        self.timings["graph_capture_s"] += capture_s
+        self.graphs[B] = g
 
     # ---- slot bookkeeping --------------------------------------------------------------------------
     def reset_slots(self, start: int) -> None:

@@ -23,9 +23,12 @@ A list that cannot be read or resolved is skipped with a line saying why, and th
 from __future__ import annotations
 
 import contextlib
+import functools
 import importlib
 import json
 import os
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -99,12 +102,58 @@ def default_threads() -> int:
     return max(1, min(MAX_THREADS, cores // max(1, int(os.environ.get("LOCAL_WORLD_SIZE", "1")))))
 
 
-def compile_ahead(rec: Recorded, device: torch.device, threads: int) -> float:
+class TritonKeyPrefetch:
+    """Triton's own cache key, `triton.runtime.cache.triton_key()`, computed in a child process while this one
+    reads the tokenizer and builds the models. That key is a SHA-256 of Triton's 415 MB libtriton and its
+    sources, computed once a process at the first kernel lookup; in `compile_ahead`'s threads every thread
+    computed it at once (it is an unlocked lru_cache: 16 times, ~1 s of a warm run's 1.0 s load, H100,
+    2026-11-25). `adopt()` hands the child's value to Triton's lookups; a child that failed, or saw another
+    Triton, is ignored and the key is computed here, once, before the threads start."""
+
+    CODE = ("import triton; from triton.runtime.cache import triton_key; "
+            "print(triton.__file__); print(triton_key(), end='')")
+
+    def __init__(self) -> None:
+        self.proc: subprocess.Popen | None = None
+        if HAS_TRITON:
+            with contextlib.suppress(OSError):
+                self.proc = subprocess.Popen([sys.executable, "-c", self.CODE], stdout=subprocess.PIPE,
+                                             stderr=subprocess.DEVNULL, text=True)
+
+    def adopt(self, timeout_s: float = 30.0) -> bool:
+        """Wait for the child and install its key; whether it was installed."""
+        import triton
+        from triton.runtime import cache
+
+        proc, self.proc = self.proc, None
+        if proc is None:
+            return False
+        try:
+            out, _ = proc.communicate(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.communicate()
+            return False
+        where, _, key = out.partition("\n")
+        original = getattr(cache, "triton_key", None)
+        if (proc.returncode != 0 or where != triton.__file__ or not key.startswith(triton.__version__)
+                or not hasattr(original, "cache_info") or original.cache_info().currsize > 0):
+            return False
+        cache.triton_key = functools.lru_cache(maxsize=None)(functools.wraps(original)(lambda: key))
+        return True
+
+
+def compile_ahead(rec: Recorded, device: torch.device, threads: int, key: TritonKeyPrefetch | None = None) -> float:
     """Compile, build the launcher of and load every recorded specialisation on `device`, `threads` at a time;
-    returns the seconds it took. Errors surface here as they would at the kernel's first launch."""
+    returns the seconds it took. Errors surface here as they would at the kernel's first launch. `key`: Triton's
+    cache key being computed in a child process (`TritonKeyPrefetch`)."""
     if not rec.specs:
         return 0.0
     t = time.perf_counter()
+    if key is None or not key.adopt():
+        from triton.runtime.cache import triton_key
+
+        triton_key()  # once, here: each pool thread would compute it again (an unlocked lru_cache)
     for fn, _ in rec.specs:  # the per-device caches, created here: two threads creating one would lose a kernel
         fn.device_caches[device.index if device.index is not None else torch.cuda.current_device()]
 

@@ -43,7 +43,15 @@ from monorl.model.lora import apply_lora_, is_lora, save_adapter, save_merged_ch
 from monorl.model.qwen3 import Qwen3ForCausalLM, build_model
 from monorl.model.tokenizer import TOKENIZER_FILE, CharTokenizer, eos_ids, load_tokenizer
 from monorl.ops import HAS_TRITON
-from monorl.ops.precompile import compile_ahead, default_threads, load_specs, recording, save_specs, specs_path
+from monorl.ops.precompile import (
+    TritonKeyPrefetch,
+    compile_ahead,
+    default_threads,
+    load_specs,
+    recording,
+    save_specs,
+    specs_path,
+)
 from monorl.plan import GiB, run_memory_plan
 from monorl.rl.checkpointing import (
     find_checkpoint,
@@ -156,6 +164,9 @@ class GRPORun:
         self.startup: dict[str, float] = {}
         self.compile_s = 0.0
 
+        # Triton's cache key, computed by a child process meanwhile (see `compile_kernels_ahead`)
+        self.triton_key = (TritonKeyPrefetch() if self.device.type == "cuda" and cfg.compile.kernel_compile_threads
+                           != 1 else None)
         t = time.perf_counter()
         if self.device.type == "cuda":  # the CUDA context, timed apart from the work that would trigger it
             torch.empty(1, device=self.device)
@@ -356,7 +367,7 @@ class GRPORun:
         rec = load_specs(kept)
         if rec is not None:
             try:
-                self.startup["kernel_compile_s"] = compile_ahead(rec, self.device, threads)
+                self.startup["kernel_compile_s"] = compile_ahead(rec, self.device, threads, self.triton_key)
                 self.startup["kernel_trace_s"] = 0.0
                 print(f"triton: {len(rec.specs)} kernel specialisations compiled ahead in "
                       f"{self.startup['kernel_compile_s']:.2f} s ({threads} threads; the list {kept.name} kept by "
@@ -374,7 +385,7 @@ class GRPORun:
                 self.generator.trace_kernels(gen_prompts, samplers, n=2)
             torch.cuda.synchronize(self.device)
         self.startup["kernel_trace_s"] = time.perf_counter() - t
-        self.startup["kernel_compile_s"] = compile_ahead(rec, self.device, threads)
+        self.startup["kernel_compile_s"] = compile_ahead(rec, self.device, threads, self.triton_key)
         save_specs(kept, rec)
         print(f"triton: {len(rec.specs)} kernel specialisations compiled ahead in "
               f"{self.startup['kernel_compile_s']:.2f} s ({threads} threads; traced in "

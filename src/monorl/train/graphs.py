@@ -52,13 +52,14 @@ class TrainGraphs:
             self._warned_full = True
         return len(self.graphs) >= self.max_graphs
 
-    def capture(self, key: tuple, fn: Callable[..., None], inputs: tuple, reset: Callable[[], None]) -> None:
-        """Warm `fn(*inputs)` up on a side stream (compile, autotune, allocator), capture it with private
-        copies of `inputs` as its static buffers, then `reset()` (clears what the warm-up accumulated)."""
+    def capture(self, key: tuple, fn: Callable[..., None], inputs: tuple, reset: Callable[[], None],
+                warmup: int = 2) -> None:
+        """Warm `fn(*inputs)` up on a side stream `warmup` times (compile, autotune, allocator), capture it with
+        private copies of `inputs` as its static buffers, then `reset()` (clears what the warm-up accumulated)."""
         t = time.perf_counter()
         self.install_grads()
         static = clone_tensors(inputs)
-        graph, _, _ = capture_cuda_graph(lambda: fn(*static), self.device, self.pool)
+        graph, _, _ = capture_cuda_graph(lambda: fn(*static), self.device, self.pool, warmup=warmup)
         reset()
         self.graphs[key] = (graph, static)
         self.capture_s += time.perf_counter() - t

@@ -29,6 +29,7 @@ from typing import Any, Literal
 import torch
 from torch import Tensor
 
+from monorl.compile import is_compiled
 from monorl.distributed.fsdp import is_sharded
 from monorl.distributed.world import SINGLE, World
 from monorl.model.batch_invariant import is_batch_invariant
@@ -192,11 +193,15 @@ class Trainer:
     def warm_up(self, prompt_ids: list[int], num_seqs: int, completion_len: int, temperature: float = 1.0) -> None:
         """Compile ahead of the first step: forward+backward on `_warm_up_packs`; with CUDA graphs, also capture
         the full-size packs' graphs. Then drop the gradients and metric sums. Weights and optimizer state are
-        untouched."""
+        untouched. A model that is not compiled skips the eager passes when graphs are captured: the capture's
+        own warm-up pass does what they did (first launches, cuBLAS and autograd set-up), and the smaller pack
+        is only there for Dynamo."""
         self.model.train()
         full = []
+        eager = self.graphs is None or is_compiled(self.model)
         for mb, norm, adv, is_full in self._warm_up_packs(prompt_ids, num_seqs, completion_len):
-            self._accumulate(mb, norm, adv, temperature)
+            if eager:
+                self._accumulate(mb, norm, adv, temperature)
             full += [(mb, norm, adv)] if is_full else []
         if self.graphs is not None:  # after compiling, so capture time is only capture
             if self.device.type == "cuda":
@@ -286,8 +291,9 @@ class Trainer:
                             mb.shape.tokens, self.max_graph_tokens)
                 self._warned_graph_size = True
             return None
+        # one warm-up pass before the capture where nothing compiles (Dynamo's first passes want two)
         self.graphs.capture(key, lambda m, n, a: self._accumulate(m, n, a, temperature), (mb, norm, advantages),
-                            reset=self._reset_accumulators)
+                            reset=self._reset_accumulators, warmup=2 if is_compiled(self.model) else 1)
         return key
 
     def sft_step(self, seqs: Sequence[TrainSequence]) -> dict[str, float]:

@@ -83,10 +83,12 @@ generator_batches() {  # SIDE DIR: the generator batch (default, the mode) and t
 stamp='import sys, time
 t0 = float(sys.argv[1])
 for line in sys.stdin:
-    print(f"{time.time() - t0:6.2f} {line}", end="", flush=True)'
+    print(f"{time.time() - t0:6.2f} {line}", end="", flush=True)
+print(f"{time.time() - t0:6.2f} (output closed: the process exited)")'
 summary='import json, sys; s = json.load(open(sys.argv[1] + "/summary.json"))
-wall = float(sys.argv[4]) - float(sys.argv[3]); t, st, ss = (s[k] for k in ("total_s", "startup_s", "steady_step_s"))
-print(f"| {sys.argv[2]} | {wall:.2f} | {t:.2f} | {st:.2f} | {ss:.3f} |")'
+wall = float(sys.argv[4]) - float(sys.argv[3])
+rw, t, st, ss = (s[k] for k in ("wall_s", "total_s", "startup_s", "steady_step_s"))
+print(f"| {sys.argv[2]} | {wall:.2f} | {rw:.2f} | {t:.2f} | {st:.2f} | {ss:.3f} |")'
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
 python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"
 git log --oneline -1 2>/dev/null || true
@@ -248,7 +250,7 @@ if [[ $what == cold ]]; then
   python3 benchmarks/profile_train_step.py --variants bi_eager,bi_graphs --profile bi_eager --rows 30 \
     --out "$OUT/train_step_bi_eager.json" 2>&1 | tee "$OUT/profile_train_bi_eager.log" | grep -v DEBUG | grep -v "^-" \
     | grep -E "step times|profile of|Name|^\||by kind| [0-9.]+ms|us " | cut -c1-150 | head -50
-  printf "\n| run | process wall s | run total s | startup s | steady step s |\n|---|---|---|---|---|\n%s" "$rows"
+  printf "\n| run | process wall s | run wall s | run total s | startup s | steady step s |\n|---|---|---|---|---|---|\n%s" "$rows"
 fi
 if [[ $what == ahead ]]; then  # Triton kernels compiled ahead in threads (compile.kernel_compile_threads 0) against at
   # their first launch (1): the GPU test, then cold (empty Triton cache, every compile timed) and warm runs of the
@@ -276,7 +278,7 @@ if [[ $what == ahead ]]; then  # Triton kernels compiled ahead in threads (compi
   grep -E "^startup:" "$OUT"/ahead_warm2_*.log | cut -c1-400
   python3 benchmarks/bench_batch_invariant.py --profile --out "$OUT/bench_bi_profile.json" 2>&1 \
     | tee "$OUT/bench_bi_profile.log" | grep -v DEBUG | tail -45 | cut -c1-160
-  printf "\n| run | process wall s | run total s | startup s | steady step s |\n|---|---|---|---|---|\n%s" "$rows"
+  printf "\n| run | process wall s | run wall s | run total s | startup s | steady step s |\n|---|---|---|---|---|---|\n%s" "$rows"
 fi
 if [[ $what == kept ]]; then  # the kept kernel list (a warm run loads it instead of tracing) and the KV write in the
   # q/k pass: all GPU tests; the preset cold, then warm with the list kept against warm with it removed (traced
@@ -311,7 +313,7 @@ if [[ $what == kept ]]; then  # the kept kernel list (a warm run loads it instea
   fi
   for side in new base; do generator_batches $side "$OUT"; done
   python3 benchmarks/bench_throughput.py --no-compile --out "$OUT/throughput.json" 2>&1 | grep -v DEBUG | tail -6
-  printf "\n| run | process wall s | run total s | startup s | steady step s |\n|---|---|---|---|---|\n%s" "$rows"
+  printf "\n| run | process wall s | run wall s | run total s | startup s | steady step s |\n|---|---|---|---|---|---|\n%s" "$rows"
 fi
 if [[ $what == decode_profile ]]; then  # where a decode step goes now: the generator batch's top kernels per mode,
   # then the batch-invariant GEMM tilings at decode rows (BLOCK_M 64, 4 warps: the bitwise family) with deeper
@@ -378,7 +380,7 @@ if [[ $what == ab ]]; then
         src=$PWD; [[ $side == base ]] && src=$PWD/.base
         t0=$(date +%s.%N)
         PYTHONPATH=$src/src:/tmp/site TRITON_CACHE_DIR=/tmp/tc_ab_$side python3 -m monorl.cli train $args \
-          --run_dir "/tmp/ab_${side}_$run" > "/tmp/ab_${side}_$run.log" 2>&1
+          --run_dir "/tmp/ab_${side}_$run" 2>&1 | python3 -c "$stamp" "$t0" > "/tmp/ab_${side}_$run.log"
         t1=$(date +%s.%N)
         rows+=$(python3 -c "$summary" "/tmp/ab_${side}_$run" "$side $run" "$t0" "$t1")$'\n'
         echo "$side $run: $(grep -oE 'gen [0-9.]+s train [0-9.]+s' "/tmp/ab_${side}_$run.log" | tr '\n' ' ' | cut -c1-400)"
@@ -386,7 +388,7 @@ if [[ $what == ab ]]; then
     done
     grep -h -E "^startup" /tmp/ab_new_warm2.log /tmp/ab_base_warm2.log | cut -c1-400
     cp /tmp/ab_new_warm2.log /tmp/ab_base_warm2.log "$OUT"/
-    printf "\n| run | process wall s | run total s | startup s | steady step s |\n|---|---|---|---|---|\n%s" "$rows"
+    printf "\n| run | process wall s | run wall s | run total s | startup s | steady step s |\n|---|---|---|---|---|---|\n%s" "$rows"
   fi
 fi
 if [[ $what == bi ]]; then

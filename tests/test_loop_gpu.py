@@ -64,18 +64,15 @@ def test_kernels_compiled_ahead_cover_the_warm_up(tmp_path, monkeypatch):
     the list the first kept instead of tracing, and covers the warm-up as well."""
     if not torch.cuda.is_available():
         pytest.skip("needs CUDA")
-    import sys
     import threading
 
     from triton import knobs
-    from triton.runtime.jit import JITFunction
 
-    from monorl.ops.precompile import COMPILE_THREADS, _NoLaunch
+    from monorl.ops.precompile import COMPILE_THREADS, _NoLaunch, monorl_kernels
     from monorl.rl import loop
 
     monkeypatch.setattr(loop, "specs_path", lambda key: tmp_path / "specs" / f"{key}.json")
-    kernels = [obj for name, mod in list(sys.modules.items()) if name.startswith("monorl.ops.")
-               for obj in vars(mod).values() if isinstance(obj, JITFunction)]
+    kernels = monorl_kernels()
     for kept in (False, True):
         for k in kernels:
             k.device_caches.clear()  # what earlier runs compiled in this process: the pass must find all
@@ -101,3 +98,26 @@ def test_kernels_compiled_ahead_cover_the_warm_up(tmp_path, monkeypatch):
         rows = [run.step(s) for s in range(2)]
         for r in rows:
             assert math.isfinite(r["loss"]) and r["logprob_diff_max"] == 0.0
+
+
+def test_recording_skips_kernels_compiled_before():
+    """Inside `recording()` a monorl kernel this process compiled earlier is skipped as well (launched, it would
+    read what skipped kernels left: garbage indices crashed the GPU tests once), and it is back after."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    from monorl.ops.entropy import _entropy_kernel
+    from monorl.ops.precompile import recording
+
+    x = torch.randn(3, 1000, device="cuda")
+    out = torch.full((3,), -1.0, device="cuda")
+    launch = lambda: _entropy_kernel[(3,)](x, out, 1000, x.stride(0), 1.0, BLOCK_V=2048, num_warps=8)  # noqa: E731
+    launch()  # compiled and run
+    expected = out.clone()
+    assert (expected > 0).all()
+    out.fill_(-1.0)
+    with recording() as rec:
+        launch()
+    assert [fn for fn, _ in rec.specs] == [_entropy_kernel]
+    assert (out == -1.0).all()  # skipped
+    launch()
+    assert torch.equal(out, expected)  # the compiled kernel is back

@@ -67,15 +67,32 @@ class _NoLaunch:
         return None
 
 
+def monorl_kernels() -> list[Any]:
+    """The `@triton.jit` kernels of monorl's modules imported so far."""
+    from triton.runtime.jit import JITFunction
+
+    found = {id(obj): obj for name, mod in list(sys.modules.items()) if name.startswith("monorl.")
+             for obj in list(vars(mod).values()) if isinstance(obj, JITFunction)}  # one each, re-exported or not
+    return list(found.values())
+
+
 @contextlib.contextmanager
 def recording() -> Iterator[Recorded]:
-    """Inside: every monorl (any `@triton.jit`) kernel launch not compiled yet is recorded and skipped, neither
-    compiled nor launched. Launches of kernels compiled before run as usual (their outputs are real)."""
+    """Inside: every monorl kernel launch (and any other `@triton.jit` launch not compiled yet) is recorded and
+    skipped, neither compiled nor launched. monorl's kernels compiled before (by earlier work in this process) are
+    set aside meanwhile and put back after: launched for real, one would read the garbage a skipped kernel left,
+    e.g. a token id, as an address (an illegal memory access, seen in the GPU tests)."""
     rec = Recorded()
     if not HAS_TRITON:
         yield rec
         return
     from triton import knobs
+
+    held = []
+    for fn in monorl_kernels():
+        for kernel_cache, *_ in fn.device_caches.values():
+            held.append((kernel_cache, dict(kernel_cache)))
+            kernel_cache.clear()
 
     def hook(*, key, fn, compile, **_) -> bool:
         kernel_cache = fn.jit_function.device_caches[compile["device"]][0]
@@ -93,6 +110,8 @@ def recording() -> Iterator[Recorded]:
         for kernel_cache, key in rec.placeholders:  # never left behind: a real launch would do nothing
             if isinstance(kernel_cache.get(key), _NoLaunch):
                 del kernel_cache[key]
+        for kernel_cache, kernels in held:
+            kernel_cache.update(kernels)
 
 
 def default_threads() -> int:

@@ -31,7 +31,8 @@ class TrainGraphs:
         self.grads = [torch.zeros_like(p) for p in params]  # fixed gradient buffers the graphs write
         self.pool = torch.cuda.graph_pool_handle()
         self.graphs: dict[tuple, tuple[torch.cuda.CUDAGraph, tuple]] = {}
-        self.capture_s = 0.0
+        self.capture_s = 0.0  # capturing proper; the warm-up passes before each capture in warmup_s
+        self.warmup_s = 0.0
         self.replays = 0
         self._warned_full = False
 
@@ -59,10 +60,11 @@ class TrainGraphs:
         t = time.perf_counter()
         self.install_grads()
         static = clone_tensors(inputs)
-        graph, _, _ = capture_cuda_graph(lambda: fn(*static), self.device, self.pool, warmup=warmup)
+        graph, warm_s, _ = capture_cuda_graph(lambda: fn(*static), self.device, self.pool, warmup=warmup)
         reset()
         self.graphs[key] = (graph, static)
-        self.capture_s += time.perf_counter() - t
+        self.warmup_s += warm_s
+        self.capture_s += time.perf_counter() - t - warm_s
 
     def replay(self, key: tuple, inputs: tuple) -> None:
         graph, static = self.graphs[key]

@@ -23,6 +23,8 @@ def main() -> None:
     ap.add_argument("--model-dir", default=".models")
     ap.add_argument("--backend", default="none", help="compile.backend of the profiled run")
     ap.add_argument("--top", type=int, default=30)
+    ap.add_argument("--only-warm-up", action="store_true",
+                    help="profile the warm-up alone (GRPORun's construction runs unprofiled)")
     args = ap.parse_args()
 
     import cProfile
@@ -47,20 +49,25 @@ def main() -> None:
         "run_dir": str(work / "run")})
     prof = cProfile.Profile()
     t = time.perf_counter()
-    prof.enable()
-    run = GRPORun(cfg, progress=False)
+    if args.only_warm_up:
+        run = GRPORun(cfg, progress=False)
+        t = time.perf_counter()
+        prof.enable()
+    else:
+        prof.enable()
+        run = GRPORun(cfg, progress=False)
     run.warm_up()
     if torch.cuda.is_available():
         torch.cuda.synchronize()
     prof.disable()
     total = time.perf_counter() - t
     print(f"import torch {IMPORT_TORCH_S:.2f}s, import monorl.rl.loop {import_monorl_s:.2f}s, "
-          f"GRPORun + warm_up {total:.2f}s (under cProfile)")
+          f"{'warm_up' if args.only_warm_up else 'GRPORun + warm_up'} {total:.2f}s (under cProfile)")
     print("startup split: " + ", ".join(f"{k}={v:.2f}" for k, v in run.startup.items()))
     stats = pstats.Stats(prof)
     stats.sort_stats("cumulative").print_stats(args.top)
     stats.sort_stats("cumulative").print_stats("monorl", args.top)  # monorl's own calls, by cumulative time
-    stats.sort_stats("tottime").print_stats(15)
+    stats.sort_stats("tottime").print_stats(args.top)
 
 
 if __name__ == "__main__":

@@ -34,6 +34,7 @@
 #   attn:    the throughput run split, the paged decode attention's bandwidth (256 and 40 rows), the trainer's ATen
 #            ops by shape
 #   warm_profile: a warm run of the preset (caches and kept kernel list written) under cProfile
+#   warmup_profile: the warm-up alone under cProfile (benchmarks/profile_startup.py --only-warm-up), caches warm
 #   ahead:   Triton kernels compiled ahead in threads vs at first launch: the loop GPU tests, cold and warm runs of the
 #            preset each way; then the generator's top kernels default vs batch-invariant
 #   ab:      this tree against BASE (.base, `git archive REV src benchmarks`), in turns (new, base, new, base): the
@@ -41,7 +42,7 @@
 #            tests first (TESTS: which) unless SKIP_TESTS; BENCH= skips the batches; with WALL=1 the preset's
 #            process wall (bytecode primed; WALL_RUNS, default cold, then warm twice) of each tree
 #   bi:      `monorl train` of the Qwen3-0.6B preset (random weights) with --batch_invariant true (trainer graphs on)
-# Usage on the device: bash scripts/gpu_check.sh [tests|trainer|profile|loop|compare|startup|scale|scale_compile|bi_cost|bi_cost_1.7b|bi_kernels|bi_default|bi_lora|kernels|wall|wall_user|cold|bwd|ahead|kept|decode_profile|attn|warm_profile|ab|bi|all]   (logs, JSON under $OUT)
+# Usage on the device: bash scripts/gpu_check.sh [tests|trainer|profile|loop|compare|startup|scale|scale_compile|bi_cost|bi_cost_1.7b|bi_kernels|bi_default|bi_lora|kernels|wall|wall_user|cold|bwd|ahead|kept|decode_profile|attn|warm_profile|warmup_profile|ab|bi|all]   (logs, JSON under $OUT)
 set -uo pipefail
 OUT=${OUT:-/tmp/monorl_out}; mkdir -p "$OUT"
 # wheels the device lacks (jsonargparse) go first: .whl carried, installed to /tmp/site (device README)
@@ -353,6 +354,13 @@ if [[ $what == warm_profile ]]; then  # where a warm run's wall time goes: the p
   python3 -c "import pstats; s = pstats.Stats('$OUT/warm.prof'); s.sort_stats('tottime').print_stats(30)" \
     | cut -c1-170 | tail -33
   echo "profiled run: $(python3 -c "print(f'{$t1 - $t0:.2f}')") s"
+fi
+if [[ $what == warmup_profile ]]; then  # the warm-up alone under cProfile, on warm caches (a first run writes them
+  # and the kept kernel list): where the trainer's first pass and the captures go
+  user_bytecode
+  python3 benchmarks/profile_startup.py --model-dir .models --only-warm-up --top 5 > "$OUT/warmup_profile_0.log" 2>&1
+  python3 benchmarks/profile_startup.py --model-dir .models --only-warm-up --top 45 2>&1 \
+    | tee "$OUT/warmup_profile.log" | grep -v DEBUG | cut -c1-180 | grep -E "warm_up|startup split|triton:" 
 fi
 if [[ $what == ab ]]; then
   if [[ -z ${SKIP_TESTS:-} ]]; then

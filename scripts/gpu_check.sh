@@ -34,6 +34,7 @@
 #   attn:    the throughput run split, the paged decode attention's bandwidth (256 and 40 rows), the trainer's ATen
 #            ops by shape
 #   warm_profile: a warm run of the preset (caches and kept kernel list written) under cProfile
+#   timeline: the preset cold, then twice warm with stamped output lines; TRAIN_PROFILE=1: the trainer's ATen ops
 #   warmup_profile: the warm-up alone under cProfile (benchmarks/profile_startup.py --only-warm-up), caches warm
 #   ahead:   Triton kernels compiled ahead in threads vs at first launch: the loop GPU tests, cold and warm runs of the
 #            preset each way; then the generator's top kernels default vs batch-invariant
@@ -42,7 +43,7 @@
 #            tests first (TESTS: which) unless SKIP_TESTS; BENCH= skips the batches; with WALL=1 the preset's
 #            process wall (bytecode primed; WALL_RUNS, default cold, then warm twice) of each tree
 #   bi:      `monorl train` of the Qwen3-0.6B preset (random weights) with --batch_invariant true (trainer graphs on)
-# Usage on the device: bash scripts/gpu_check.sh [tests|trainer|profile|loop|compare|startup|scale|scale_compile|bi_cost|bi_cost_1.7b|bi_kernels|bi_default|bi_lora|kernels|wall|wall_user|cold|bwd|ahead|kept|decode_profile|attn|warm_profile|warmup_profile|ab|bi|all]   (logs, JSON under $OUT)
+# Usage on the device: bash scripts/gpu_check.sh [tests|trainer|profile|loop|compare|startup|scale|scale_compile|bi_cost|bi_cost_1.7b|bi_kernels|bi_default|bi_lora|kernels|wall|wall_user|cold|bwd|ahead|kept|decode_profile|attn|warm_profile|warmup_profile|timeline|ab|bi|all]   (logs, JSON under $OUT)
 set -uo pipefail
 OUT=${OUT:-/tmp/monorl_out}; mkdir -p "$OUT"
 # wheels the device lacks (jsonargparse) go first: .whl carried, installed to /tmp/site (device README)
@@ -354,6 +355,22 @@ if [[ $what == warm_profile ]]; then  # where a warm run's wall time goes: the p
   python3 -c "import pstats; s = pstats.Stats('$OUT/warm.prof'); s.sort_stats('tottime').print_stats(30)" \
     | cut -c1-170 | tail -33
   echo "profiled run: $(python3 -c "print(f'{$t1 - $t0:.2f}')") s"
+fi
+if [[ $what == timeline ]]; then  # the preset once to write the caches, then twice warm, each line stamped with
+  # seconds since the process started; with TRAIN_PROFILE=1 then the mode's eager trainer step, its ATen ops by shape
+  args=$(preset_args)
+  user_bytecode
+  python3 -m monorl.cli train $args --run_dir /tmp/tl0 > "$OUT/timeline_0.log" 2>&1
+  for run in 1 2; do
+    t0=$(date +%s.%N)
+    python3 -m monorl.cli train $args --run_dir /tmp/tl$run 2>&1 | python3 -c "$stamp" "$t0" > "$OUT/timeline_$run.log"
+    grep -v DEBUG "$OUT/timeline_$run.log" | grep -E "batch_invariant|startup|triton:|valid|step (1|2|10)/|closed" \
+      | cut -c1-330
+  done
+  if [[ -n ${TRAIN_PROFILE:-} ]]; then
+    python3 benchmarks/profile_train_step.py --variants bi_eager --profile bi_eager --rows 30 --shapes 45 \
+      --out "$OUT/train_step.json" 2>&1 | grep -v DEBUG | cut -c1-230 | tail -100
+  fi
 fi
 if [[ $what == warmup_profile ]]; then  # the warm-up alone under cProfile, on warm caches (a first run writes them
   # and the kept kernel list): where the trainer's first pass and the captures go

@@ -227,6 +227,7 @@ class GRPORun:
             make_batch_invariant_(self.policy)
             make_batch_invariant_(self.generator.model)
         self.startup["generator_init_s"] = time.perf_counter() - t
+        t = time.perf_counter()
 
         if cfg.trainer.loss.kind == "dr_grpo" and cfg.trainer.loss.dr_grpo_norm is None:
             cfg.trainer.loss.dr_grpo_norm = float(cfg.rollout.max_new_tokens)  # Dr.GRPO's constant normaliser
@@ -256,6 +257,7 @@ class GRPORun:
         self.run_dir.write_config(cfg.to_dict())
         if world.is_main:  # TensorBoard / W&B: rank 0's, as the rest of the run directory
             self.run_dir.loggers = open_loggers(cfg.logging, self.run_dir.path, json_safe(cfg.to_dict()))
+        self.startup["trainer_init_s"] = time.perf_counter() - t  # KL reference, Trainer (AdamW), run dir, loggers
 
     def check_prompts_fit(self, sample: int = 32) -> int:
         """Refuse, before any work, a context that fits none of the prompts with room for max_new_tokens

@@ -25,6 +25,7 @@ def main() -> None:
     ap.add_argument("--top", type=int, default=30)
     ap.add_argument("--only-warm-up", action="store_true",
                     help="profile the warm-up alone (GRPORun's construction runs unprofiled)")
+    ap.add_argument("--no-warm-up", action="store_true", help="profile GRPORun's construction alone")
     args = ap.parse_args()
 
     import cProfile
@@ -56,13 +57,15 @@ def main() -> None:
     else:
         prof.enable()
         run = GRPORun(cfg, progress=False)
-    run.warm_up()
+    if not args.no_warm_up:
+        run.warm_up()
     if torch.cuda.is_available():
         torch.cuda.synchronize()
     prof.disable()
     total = time.perf_counter() - t
     print(f"import torch {IMPORT_TORCH_S:.2f}s, import monorl.rl.loop {import_monorl_s:.2f}s, "
-          f"{'warm_up' if args.only_warm_up else 'GRPORun + warm_up'} {total:.2f}s (under cProfile)")
+          f"{'warm_up' if args.only_warm_up else 'GRPORun' if args.no_warm_up else 'GRPORun + warm_up'} "
+          f"{total:.2f}s (under cProfile)")
     print("startup split: " + ", ".join(f"{k}={v:.2f}" for k, v in run.startup.items()))
     stats = pstats.Stats(prof)
     stats.sort_stats("cumulative").print_stats(args.top)

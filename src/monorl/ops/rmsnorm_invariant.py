@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from monorl.ops import HAS_TRITON, pdl_launch, unit_stride, use_triton
+from monorl.ops import HAS_TRITON, pdl_launch, sm_count, unit_stride, use_triton
 from monorl.ops.tree_sum import tree_sum
 
 if HAS_TRITON:
@@ -35,23 +35,23 @@ if HAS_TRITON:
 
     @triton.jit(do_not_specialize=["R", "H"])
     def _rms_backward_kernel(x_ptr, w_ptr, g_ptr, res_ptr, cos_ptr, sin_ptr, gx_ptr, gw_ptr, R, H, stride_x, eps,
-                             D: tl.constexpr, HALF_P: tl.constexpr, ROWS: tl.constexpr, TILE: tl.constexpr,
+                             D: tl.constexpr, HALF_P: tl.constexpr, TILE: tl.constexpr,
                              HAS_RES: tl.constexpr, ROPE: tl.constexpr):
-        """ROWS rows of D per program, TILE of them at a time as one [TILE, D / 2] tile per half (a q/k norm's rows
-        of 128 are too short to fill 4 warps one by one); row = token * H + head (x's token rows stride_x apart,
-        heads side by side; g, res and gx contiguous rows). Each row in two halves, RoPE's pairing; the weight's
-        partial sum of this program's rows goes to gw[program]."""
+        """Tiles of TILE rows of D, each a [TILE, D / 2] tile per half (a q/k norm's rows of 128 are too short to
+        fill the warps one by one), walked grid-stride: program p takes tiles p, p + programs, ...; row = token *
+        H + head (x's token rows stride_x apart, heads side by side; g, res and gx contiguous rows). Each row in
+        two halves, RoPE's pairing; the weight's partial sum of this program's rows goes to gw[program]."""
         pid = tl.program_id(0)
         HALF: tl.constexpr = D // 2
         d = tl.arange(0, HALF_P)
         m = d < HALF
         w1 = tl.load(w_ptr + d, mask=m, other=0.0).to(tl.float32)[None, :]
         w2 = tl.load(w_ptr + HALF + d, mask=m, other=0.0).to(tl.float32)[None, :]
-        acc1 = tl.zeros([HALF_P], dtype=tl.float32)
-        acc2 = tl.zeros([HALF_P], dtype=tl.float32)
+        acc1 = tl.zeros([TILE, HALF_P], dtype=tl.float32)
+        acc2 = tl.zeros([TILE, HALF_P], dtype=tl.float32)
         dt = gx_ptr.dtype.element_ty
-        for i in range(0, ROWS, TILE):
-            row = pid.to(tl.int64) * ROWS + i + tl.arange(0, TILE)
+        for tile in range(pid, tl.cdiv(R, TILE), tl.num_programs(0)):
+            row = (tile * TILE + tl.arange(0, TILE)).to(tl.int64)  # tile * TILE < R
             mr = m[None, :] & (row < R)[:, None]
             t = row // H
             xb = (x_ptr + t * stride_x + (row - t * H) * D)[:, None] + d[None, :]
@@ -80,10 +80,21 @@ if HAS_TRITON:
                 gx2 += tl.load(res_ptr + gb + HALF, mask=mr, other=0.0).to(tl.float32)
             tl.store(gx_ptr + gb, gx1.to(dt), mask=mr)
             tl.store(gx_ptr + gb + HALF, gx2.to(dt), mask=mr)
-            acc1 += tl.sum(g1 * y1.to(dt).to(tl.float32), axis=0)  # the forward scales the rounded normalised row
-            acc2 += tl.sum(g2 * y2.to(dt).to(tl.float32), axis=0)
-        tl.store(gw_ptr + pid * D + d, acc1, mask=m)
-        tl.store(gw_ptr + pid * D + HALF + d, acc2, mask=m)
+            acc1 += g1 * y1.to(dt).to(tl.float32)  # the forward scales the rounded normalised row
+            acc2 += g2 * y2.to(dt).to(tl.float32)
+        tl.store(gw_ptr + pid * D + d, tl.sum(acc1, axis=0), mask=m)
+        tl.store(gw_ptr + pid * D + HALF + d, tl.sum(acc2, axis=0), mask=m)
+
+    @triton.jit
+    def _sum_rows_kernel(p_ptr, out_ptr, P, D, BLOCK_P: tl.constexpr, BLOCK_D: tl.constexpr):
+        """out[d] = the sum over rows of p [P, D] (fp32), BLOCK_D columns a program, rows in one fixed order."""
+        cols = tl.program_id(0) * BLOCK_D + tl.arange(0, BLOCK_D)
+        mc = cols < D
+        acc = tl.zeros([BLOCK_P, BLOCK_D], dtype=tl.float32)
+        for s in range(0, P, BLOCK_P):
+            r = s + tl.arange(0, BLOCK_P)
+            acc += tl.load(p_ptr + r[:, None] * D + cols[None, :], mask=(r < P)[:, None] & mc[None, :], other=0.0)
+        tl.store(out_ptr + cols, tl.sum(acc, axis=0), mask=mc)
 
 
 @torch.library.custom_op("monorl::bi_rms_norm", mutates_args=())
@@ -128,11 +139,29 @@ def _rope_backward(g: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
     return g * cos[:, None, :].float() + torch.cat((u[..., half:], -u[..., :half]), dim=-1)
 
 
-def _backward_rows(half_p: int) -> tuple[int, int]:
-    """(rows a program, rows a tile) of the backward kernel: tiles of ~1024 elements a half, and a weight-gradient
-    partial sum per program of at least 16 rows (64 for a q/k norm's rows of 128)."""
-    tile = max(1, 1024 // half_p)
-    return max(16, 4 * tile), tile
+# the backward kernel's launch (`_backward_launch`): elements a half-row tile holds, its warps, programs an SM
+BACKWARD_TILE_ELEMENTS, BACKWARD_WARPS, BACKWARD_PROGRAMS_PER_SM = 2048, 8, 2
+
+
+def _backward_launch(R: int, half_p: int, sms: int) -> tuple[int, int, int]:
+    """(programs, rows a tile, warps) of the backward kernel: tiles of BACKWARD_TILE_ELEMENTS a half, at most
+    BACKWARD_PROGRAMS_PER_SM programs an SM, each walking its share of the tiles. The weight's gradient is then
+    summed over at most that many partials (`sum_rows`), not one per 16 rows: ATen's column sum of 576 partials of
+    1024 took 45 us, about what a norm's whole backward should (RESULTS.md, 2026-11-25 evening)."""
+    tile = max(1, BACKWARD_TILE_ELEMENTS // half_p)
+    programs = max(1, min(-(-R // tile), BACKWARD_PROGRAMS_PER_SM * sms))
+    return programs, tile, BACKWARD_WARPS
+
+
+def sum_rows(p: Tensor) -> Tensor:
+    """p [P, D] fp32 summed over rows in one fixed order (CUDA: `_sum_rows_kernel`), [D] fp32."""
+    if not use_triton(p):
+        return p.sum(0)
+    P, D = p.shape
+    out = torch.empty(D, dtype=torch.float32, device=p.device)
+    block_d = min(64, triton.next_power_of_2(D))
+    _sum_rows_kernel[(triton.cdiv(D, block_d),)](p, out, P, D, BLOCK_P=64, BLOCK_D=block_d, num_warps=4)
+    return out
 
 
 @torch.library.custom_op("monorl::rms_norm_backward", mutates_args=())
@@ -158,17 +187,15 @@ def _rms_norm_backward(x: Tensor, w: Tensor, grad: Tensor, grad_residual: Tensor
     g = grad.contiguous()
     gx = torch.empty(x.shape, dtype=x.dtype, device=x.device)
     half_p = triton.next_power_of_2(D // 2)
-    rows, tile = _backward_rows(half_p)
-    programs = triton.cdiv(R, rows)
-    gw = torch.empty(programs, D, dtype=torch.float32, device=x.device)
+    programs, tile, warps = _backward_launch(R, half_p, sm_count(x.device.index or 0))
+    gw = torch.empty(programs, D, dtype=torch.float32, device=x.device)  # every program has a tile
     if R:
         res = g if grad_residual is None else grad_residual.contiguous()
         rc, rs = (g, g) if cos is None else (cos.contiguous(), sin.contiguous())
         _rms_backward_kernel[(programs,)](xs, w.contiguous(), g, res, rc, rs, gx, gw, R, H, xs.stride(0), eps, D=D,
-                                          HALF_P=half_p, ROWS=rows, TILE=tile,
-                                          HAS_RES=grad_residual is not None, ROPE=cos is not None,
-                                          num_warps=4 if D <= 2048 else 8)
-    return gx, gw.sum(0).to(w.dtype)
+                                          HALF_P=half_p, TILE=tile, HAS_RES=grad_residual is not None,
+                                          ROPE=cos is not None, num_warps=warps)
+    return gx, sum_rows(gw).to(w.dtype)
 
 
 @_rms_norm_backward.register_fake

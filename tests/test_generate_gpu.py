@@ -105,6 +105,11 @@ def test_buckets_captured_mid_generation_equal_eager():
     assert [len(c.token_ids) for x in a for c in x] == [m for m in (60, 9, 33, 2, 47, 20, 14) for _ in range(2)]
     assert torch.equal(torch.tensor([lp for x in a for c in x for lp in c.logprobs]),
                        torch.tensor([lp for x in b for c in x for lp in c.logprobs]))
+    upfront = Generator(model, cfg, compile=CompileConfig(backend="none"))
+    upfront.capture_decode_graphs(sps[0])  # every bucket now, nothing live
+    assert set(upfront.runner.graphs) == set(upfront.runner.buckets)
+    c = upfront.generate(ps, sps, n=2)
+    assert [[x.token_ids for x in y] for y in c] == [[x.token_ids for x in y] for y in a]
 
 
 def test_greedy_cuda_matches_cpu_fp32_reference():

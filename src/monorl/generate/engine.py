@@ -141,6 +141,15 @@ class Generator:
                            ring_size=max(256, c.stop_check_interval), decode_backend=self.decode_backend,
                            cuda_graphs=cuda_graphs, sample_fn=self.sampler)
 
+    def capture_decode_graphs(self, sampling: SamplingParams) -> None:
+        """Capture every decode batch bucket's CUDA graph for this sampler configuration now, as a serving engine
+        does at start-up; without it a bucket is captured when a decode step first needs it (the RL loop uses a
+        few of them). No-op without graphs."""
+        if self.kv is None:
+            self.allocate_kv_cache()
+        if self.runner.use_graphs:
+            self.runner.capture_buckets(sampling)
+
     @torch.inference_mode()
     def trace_kernels(self, prompts: list[list[int]], samplers: list[SamplingParams], n: int) -> None:
         """Launch what `generate(prompts, sp, n)` launches for each sampler -- the prefill, the first tokens'

@@ -195,3 +195,18 @@ def test_conversion_leaves_other_models_alone() -> None:
     assert rollouts(plain) == before_gen
     assert ctx.backend == "sdpa"  # the converted model rebinds a copy of the context, never the context itself
     assert not torch.equal(logits(other), before_logits)
+
+
+def test_rms_backward_launch_covers_the_rows() -> None:
+    """The norm backward's grid-stride launch (`_backward_launch`): no more programs than tiles (each writes a
+    weight-gradient partial), at most BACKWARD_PROGRAMS_PER_SM an SM, none for no rows -- whose weight gradient is
+    then the sum of no partials, zeros (`sum_rows`)."""
+    launch = rmsnorm_invariant._backward_launch
+    per_sm = rmsnorm_invariant.BACKWARD_PROGRAMS_PER_SM
+    for rows, half_p, sms in [(9216, 512, 132), (147456, 64, 132), (37, 64, 3), (1, 2048, 132), (0, 64, 132)]:
+        programs, tile, _ = launch(rows, half_p, sms)
+        assert tile >= 1 and programs <= min(-(-rows // tile), per_sm * sms)
+        assert (programs >= 1) == (rows > 0)
+    assert torch.equal(rmsnorm_invariant.sum_rows(torch.empty(0, 8)), torch.zeros(8))
+    p = torch.randn(5, 8)
+    assert torch.equal(rmsnorm_invariant.sum_rows(p), p.sum(0))

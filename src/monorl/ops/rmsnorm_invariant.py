@@ -149,15 +149,15 @@ def _backward_launch(R: int, half_p: int, sms: int) -> tuple[int, int, int]:
     summed over at most that many partials (`sum_rows`), not one per 16 rows: ATen's column sum of 576 partials of
     1024 took 45 us, about what a norm's whole backward should (RESULTS.md, 2026-11-25 evening)."""
     tile = max(1, BACKWARD_TILE_ELEMENTS // half_p)
-    programs = max(1, min(-(-R // tile), BACKWARD_PROGRAMS_PER_SM * sms))
+    programs = min(-(-R // tile), BACKWARD_PROGRAMS_PER_SM * sms)  # none for no rows: the sum of no partials is 0
     return programs, tile, BACKWARD_WARPS
 
 
 def sum_rows(p: Tensor) -> Tensor:
     """p [P, D] fp32 summed over rows in one fixed order (CUDA: `_sum_rows_kernel`), [D] fp32."""
-    if not use_triton(p):
-        return p.sum(0)
     P, D = p.shape
+    if not use_triton(p) or P == 0:
+        return p.sum(0)
     out = torch.empty(D, dtype=torch.float32, device=p.device)
     block_d = min(64, triton.next_power_of_2(D))
     _sum_rows_kernel[(triton.cdiv(D, block_d),)](p, out, P, D, BLOCK_P=64, BLOCK_D=block_d, num_warps=4)

@@ -248,38 +248,6 @@ def test_decode_rows_take_the_triton_gemm():
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("N, K", [(1024, 3072), (2048, 6144), (64, 160)])
-def test_silu_mul_inside_the_gemm_equals_the_two_kernels(N, K):
-    """`matmul_invariant.silu_mul_mm` (SiLU * up computed as the GEMM loads its operand) is bitwise
-    `bi_mm(silu_mul(gate, up), w)` at every decode row count, with logits spread wide enough to round; and a
-    converted fused MLP takes it at decode rows (the generator's decode step: one kernel fewer a layer)."""
-    from monorl.ops import matmul_invariant
-
-    g = torch.Generator(device="cuda").manual_seed(0)
-    w = (torch.randn(N, K, device="cuda", generator=g) / K ** 0.5).bfloat16()
-    for M in (1, 2, 7, 40, 64, 128):
-        gate_up = (4 * torch.randn(M, 2 * K, device="cuda", generator=g)).bfloat16()
-        ref = matmul_invariant.bi_mm(block_kernels.silu_mul(gate_up[:, :K], gate_up[:, K:]), w)
-        assert torch.equal(matmul_invariant.silu_mul_mm(gate_up, w), ref), M
-    model = use_fused_kernels_(random_model(fused=True, device="cuda", dtype=torch.bfloat16))
-    mlp = model.model.layers[0].mlp
-    x = torch.randn(8, model.config.hidden_size, device="cuda", generator=g).bfloat16()
-    if not matmul_invariant.faster_than_cublas(x):
-        pytest.skip("the decode tiling follows the row count on Hopper only")
-    calls = []
-    real = matmul_invariant.silu_mul_mm
-    matmul_invariant.silu_mul_mm = lambda *a: calls.append(1) or real(*a)
-    try:
-        with torch.inference_mode():
-            out = mlp(x)
-    finally:
-        matmul_invariant.silu_mul_mm = real
-    assert calls == [1]
-    gate, up = mlp.gate_up_proj(x).split([mlp.intermediate_size] * 2, dim=-1)
-    assert torch.equal(out, mlp.down_proj(block_kernels.silu_mul(gate, up)))
-
-
-@pytest.mark.gpu
 def test_generator_on_fused_kernels_computes_the_model():
     """Decode (CUDA graphs) and prefill on the fused kernels: the log-probs of the generated tokens equal an eager
     full-sequence forward of the unconverted model (bf16 tolerance); the graph path equals the eager decode path."""

@@ -50,8 +50,6 @@ from monorl.ops import logprob_invariant, matmul_invariant, rmsnorm_invariant
 
 
 class BatchInvariantLinear(Linear):
-    decodes_on_triton = True  # every product runs `matmul_invariant`'s GEMM (see fused_kernels.FusedKernelsMLP)
-
     def forward(self, x: Tensor) -> Tensor:
         return matmul_invariant.linear(x, self.weight)
 

@@ -8,9 +8,8 @@ The conversion gives each block's pieces a subclass whose forward calls the fuse
 ...`, as `monorl.model.batch_invariant` does): parameters, names and weight sync are untouched, and a model not
 converted is untouched. Its projections take a decode step's few rows to the Triton GEMM (`FusedKernelsLinear`).
 Per layer the decode step then runs: RMSNorm, the q/k/v GEMM, q/k norm + RoPE with the KV write, attention,
-o_proj, residual add + RMSNorm, the gate/up GEMM, down_proj with SiLU * up computed as its GEMM loads its operand
-(`matmul_invariant.silu_mul_mm`; a separate SiLU * up kernel for more rows); the residual add after it runs in the
-next block's first norm (a converted block passes its output on as the pair (h, m), sum pending).
+o_proj, residual add + RMSNorm, the gate/up GEMM, SiLU * up, down_proj; the residual add after it runs in the next
+block's first norm (a converted block passes its output on as the pair (h, m), sum pending).
 A copy with fused projections (`Qwen3ForCausalLM(fused=True)`, the generator's) hands the kernels column slices of
 one GEMM's output; an unfused model (the trainer's) its separate projections. Norm weights enter the kernels in the
 activations' dtype (the trainer's fp32 masters as exactly the generator's bf16 copy).
@@ -20,7 +19,6 @@ from __future__ import annotations
 
 from typing import Any
 
-import torch
 from torch import Tensor, nn
 
 from monorl.model.attention import AttentionContext
@@ -31,8 +29,6 @@ from monorl.ops import block_kernels, matmul_invariant, rmsnorm_invariant
 class FusedKernelsLinear(Linear):
     """A decode step's products (up to `matmul_invariant.GEMV_ROWS` rows, on Hopper) on the Triton GEMM with its
     decode tiling, which reads the weight faster than cuBLAS there; the rest (prefills, packs) stays on cuBLAS."""
-
-    decodes_on_triton = True  # a decode step's product runs `matmul_invariant`'s GEMM (see FusedKernelsMLP)
 
     def forward(self, x: Tensor) -> Tensor:
         if self.bias is None and matmul_invariant.faster_than_cublas(x):
@@ -60,14 +56,7 @@ class FusedKernelsAttention(Attention):
 class FusedKernelsMLP(MLP):
     def forward(self, x: Tensor) -> Tensor:
         if self.fused:
-            gate_up = self.gate_up_proj(x)
-            down = self.down_proj
-            if (getattr(down, "decodes_on_triton", False) and not torch.is_grad_enabled()
-                    and matmul_invariant.faster_than_cublas(x)):
-                # a decode step: SiLU * up inside down_proj's GEMM, one kernel where there were two (the same
-                # values: `matmul_invariant.silu_mul_mm`)
-                return matmul_invariant.silu_mul_mm(gate_up, down.weight.to(gate_up.dtype))
-            gate, up = gate_up.split([self.intermediate_size, self.intermediate_size], dim=-1)
+            gate, up = self.gate_up_proj(x).split([self.intermediate_size, self.intermediate_size], dim=-1)
         else:
             gate, up = self.gate_proj(x), self.up_proj(x)
         return self.down_proj(block_kernels.silu_mul(gate, up))

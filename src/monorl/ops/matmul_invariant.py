@@ -25,11 +25,7 @@ if HAS_TRITON:
 
     @triton.jit(do_not_specialize=["M"])  # M must not change the compiled kernel (Triton specialises 1, %16)
     def _mm_kernel(a_ptr, b_ptr, c_ptr, M, N, K, stride_am, stride_bn, stride_cm,
-                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr = False,
-                   SILU_MUL: tl.constexpr = False):
-        """SILU_MUL: a holds [gate | up] (K columns each) and the product's left operand is SiLU(gate) * up,
-        rounded as `block_kernels.silu_mul` rounds it (the caller compiles with enable_fp_fusion=False, as that
-        kernel is)."""
+                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr = False):
         if PDL:  # wait for the kernel before (programmatic dependent launch)
             pdl_start()
         pid_m = tl.program_id(0)
@@ -42,12 +38,6 @@ if HAS_TRITON:
             kk = k0 + offs_k
             a = tl.load(a_ptr + offs_m[:, None] * stride_am + kk[None, :],
                         mask=(offs_m[:, None] < M) & (kk[None, :] < K), other=0.0)
-            if SILU_MUL:  # the block_kernels._silu_mul_kernel arithmetic, element for element
-                u = tl.load(a_ptr + offs_m[:, None] * stride_am + K + kk[None, :],
-                            mask=(offs_m[:, None] < M) & (kk[None, :] < K), other=0.0).to(tl.float32)
-                g = a.to(tl.float32)
-                sg = (g / (1.0 + tl.exp(-g))).to(a.dtype).to(tl.float32)
-                a = (sg * u).to(a.dtype)
             b = tl.load(b_ptr + offs_n[:, None] * stride_bn + kk[None, :],
                         mask=(offs_n[:, None] < N) & (kk[None, :] < K), other=0.0)
             acc = tl.dot(a, tl.trans(b), acc, input_precision="ieee")
@@ -95,21 +85,17 @@ def _mm_config(M: int, N: int, K: int, follow_m: bool = True, sms: int = 132) ->
     return 64, bn, 128, 4, 6 if tiles <= sms else 4 if tiles <= 2 * sms else 3
 
 
-def _mm_triton(x: Tensor, w: Tensor, config: tuple[int, int, int, int, int] | None = None,
-               silu_mul: bool = False) -> Tensor:
-    """x [M, K] @ w [N, K]^T; silu_mul: x is [M, 2K], [gate | up], and the left operand SiLU(gate) * up."""
-    M, K = x.shape[0], w.shape[1]
+def _mm_triton(x: Tensor, w: Tensor, config: tuple[int, int, int, int, int] | None = None) -> Tensor:
+    M, K = x.shape
     N = w.shape[0]
     out = torch.empty(M, N, dtype=x.dtype, device=x.device)
     if M == 0:
         return out
     index = x.device.index or 0
     bm, bn, bk, nw, ns = config or _mm_config(M, N, K, _tiling_may_follow_m(index), sm_count(index))
-    fusion = {"enable_fp_fusion": False} if silu_mul else {}
     _mm_kernel[(triton.cdiv(M, bm), triton.cdiv(N, bn))](
         x, w, out, M, N, K, x.stride(0), w.stride(0), out.stride(0),
-        BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, SILU_MUL=silu_mul, num_warps=nw, num_stages=ns, **fusion,
-        **pdl_launch(x))
+        BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, num_warps=nw, num_stages=ns, **pdl_launch(x))
     return out
 
 
@@ -144,23 +130,6 @@ def _mm_backward(ctx, grad: Tensor) -> tuple[Tensor, Tensor]:
 
 
 bi_mm.register_autograd(_mm_backward, setup_context=_mm_setup)
-
-
-@torch.library.custom_op("monorl::silu_mul_mm", mutates_args=())
-def silu_mul_mm(gate_up: Tensor, w: Tensor) -> Tensor:
-    """(SiLU(gate) * up) @ w^T for gate_up [M, 2K] = [gate | up] (a fused gate/up GEMM's output), w [N, K]: on
-    CUDA one launch of the GEMM above, its left operand computed as it loads, the values `block_kernels.silu_mul`
-    then `bi_mm` give (the same rounding, the same tiling). Inference only: no gradient."""
-    gate_up, w = gate_up.contiguous(), w.contiguous()
-    if use_triton(gate_up):
-        return _mm_triton(gate_up, w, silu_mul=True)
-    K = w.shape[1]
-    return _mm_cpu(torch.nn.functional.silu(gate_up[:, :K]) * gate_up[:, K:], w)  # silu_mul's CPU path, then bi_mm's
-
-
-@silu_mul_mm.register_fake
-def _(gate_up: Tensor, w: Tensor) -> Tensor:
-    return gate_up.new_empty(gate_up.shape[0], w.shape[0])
 
 
 def linear(x: Tensor, weight: Tensor) -> Tensor:

@@ -80,7 +80,8 @@ class ModelRunner:
         # one set of graphs per sampler configuration (e.g. greedy validation and sampled rollouts), kept
         # so that alternating between them does not re-capture. A bucket's graph is captured when a decode step
         # first needs it (a run uses a few of the buckets: the reference preset's 2 of 16); a compiled model's are
-        # all captured up front, so that its compiles stay in the warm-up
+        # all captured up front, so that its compiles stay in the warm-up. Rank-local: a decode step has no
+        # collective (ranks of one run may capture different buckets at different steps)
         self.capture_all = is_compiled(model)
         self.graph_sets: dict[tuple, dict[int, torch.cuda.CUDAGraph]] = {}
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}

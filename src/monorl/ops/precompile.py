@@ -139,8 +139,9 @@ class TritonKeyPrefetch:
                 self.proc = subprocess.Popen([sys.executable, "-c", self.CODE], stdout=subprocess.PIPE,
                                              stderr=subprocess.DEVNULL, text=True)
 
-    def adopt(self, timeout_s: float = 30.0) -> bool:
-        """Wait for the child and install its key; whether it was installed."""
+    def adopt(self, timeout_s: float = 10.0) -> bool:
+        """Wait for the child (~0.5 s of work; one that hangs is killed after timeout_s) and install its key;
+        whether it was installed."""
         import triton
         from triton.runtime import cache
 

@@ -189,18 +189,18 @@ class ModelRunner:
         """Switch to this sampler configuration's graphs (a new, empty set the first time; for a compiled model,
         every bucket captured now, which must then be while no sequence is live)."""
         key = params.sampler_key()
-        new = key not in self.graph_sets
         self.graphs, self.graph_key = self.graph_sets.setdefault(key, {}), key
-        if new and self.capture_all:
-            self.capture_buckets(params)
+        if self.capture_all:
+            self._capture_missing(params)
 
     @torch.inference_mode()
     def capture_buckets(self, params: SamplingParams) -> None:
-        """Capture every bucket's decode graph for this sampler configuration that is not captured yet (largest
-        first, so smaller graphs reuse the pool's memory)."""
-        if params.sampler_key() != self.graph_key:
-            self.select_graphs(params)
-        for B in reversed(self.buckets):
+        """Capture every bucket's decode graph for this sampler configuration that is not captured yet."""
+        self.select_graphs(params)
+        self._capture_missing(params)
+
+    def _capture_missing(self, params: SamplingParams) -> None:
+        for B in reversed(self.buckets):  # largest first, so smaller graphs reuse the pool's memory
             if B not in self.graphs:
                 self.capture_bucket(B, params)
 

@@ -38,12 +38,14 @@
 #   warmup_profile: the warm-up alone under cProfile (benchmarks/profile_startup.py --only-warm-up), caches warm
 #   ahead:   Triton kernels compiled ahead in threads vs at first launch: the loop GPU tests, cold and warm runs of the
 #            preset each way; then the generator's top kernels default vs batch-invariant
+#   rl_step: one steady RL step, GPU busy against host, idle gaps by phase; the mode's trainer step profiled; the
+#            norm backward's launch swept
 #   ab:      this tree against BASE (.base, `git archive REV src benchmarks`), in turns (new, base, new, base): the
 #            generator batch (default, the mode) and the decode step, then throughput (THROUGHPUT= skips it); GPU
 #            tests first (TESTS: which) unless SKIP_TESTS; BENCH= skips the batches; with WALL=1 the preset's
 #            process wall (bytecode primed; WALL_RUNS, default cold, then warm twice) of each tree
 #   bi:      `monorl train` of the Qwen3-0.6B preset (random weights) with --batch_invariant true (trainer graphs on)
-# Usage on the device: bash scripts/gpu_check.sh [tests|trainer|profile|loop|compare|startup|scale|scale_compile|bi_cost|bi_cost_1.7b|bi_kernels|bi_default|bi_lora|kernels|wall|wall_user|cold|bwd|ahead|kept|decode_profile|attn|warm_profile|warmup_profile|timeline|ab|bi|all]   (logs, JSON under $OUT)
+# Usage on the device: bash scripts/gpu_check.sh [tests|trainer|profile|loop|compare|startup|scale|scale_compile|bi_cost|bi_cost_1.7b|bi_kernels|bi_default|bi_lora|kernels|wall|wall_user|cold|bwd|ahead|kept|decode_profile|attn|warm_profile|warmup_profile|timeline|rl_step|ab|bi|all]   (logs, JSON under $OUT)
 set -uo pipefail
 OUT=${OUT:-/tmp/monorl_out}; mkdir -p "$OUT"
 # wheels the device lacks (jsonargparse) go first: .whl carried, installed to /tmp/site (device README)
@@ -378,6 +380,15 @@ if [[ $what == warmup_profile ]]; then  # the warm-up alone under cProfile, on w
   python3 benchmarks/profile_startup.py --model-dir .models --only-warm-up --top 5 > "$OUT/warmup_profile_0.log" 2>&1
   python3 benchmarks/profile_startup.py --model-dir .models --only-warm-up --top 45 2>&1 \
     | tee "$OUT/warmup_profile.log" | grep -v DEBUG | cut -c1-180 | grep -E "warm_up|startup split|triton:" 
+fi
+if [[ $what == rl_step ]]; then  # where a steady RL step goes, GPU busy against host (benchmarks/profile_rl_step.py);
+  # the trainer step in the mode (eager), its kernels; the norm backward's launch swept in CUDA graphs
+  python3 benchmarks/profile_rl_step.py --model-dir .models --out "$OUT/rl_step.json" 2>&1 | grep -v DEBUG \
+    | tail -45 | cut -c1-220
+  [[ -z ${SKIP_TRAIN:-} ]] && python3 benchmarks/profile_train_step.py --variants bi_eager,bi_graphs --profile bi_eager \
+    --rows 30 --out "$OUT/train_step.json" 2>&1 | grep -v DEBUG | cut -c1-200 | tail -45
+  [[ -z ${SKIP_RMS:-} ]] && python3 benchmarks/tune_rms_backward.py --out "$OUT/tune_rms_backward.json" 2>&1 \
+    | grep -v DEBUG | tail -40
 fi
 if [[ $what == ab ]]; then
   if [[ -z ${SKIP_TESTS:-} ]]; then

@@ -1,0 +1,131 @@
+"""Where one steady-state RL step of the reference workload goes, GPU against host: the preset's GRPORun (random
+weights, real tokenizer, EOS ignored) warmed up, a few steps run, then steps profiled with torch.profiler. For
+each profiled step: its wall time, the GPU's busy time (the union of its kernels' intervals), and the idle gaps
+longer than --gap-ms with the monorl phase the host was in (`record_function` ranges around the loop's phases)
+and the kernels on either side. A step's time the GPU sits idle is host time no kernel work hides.
+
+  python benchmarks/profile_rl_step.py [--model-dir .models] [--steps 6] [--profile 2] [--out rl_step.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+from torch.profiler import ProfilerActivity, profile, record_function
+
+
+def _union_us(intervals: list[tuple[float, float]]) -> float:
+    total, end = 0.0, float("-inf")
+    for a, b in sorted(intervals):
+        if b <= end:
+            continue
+        total += b - max(a, end)
+        end = b
+    return total
+
+
+def _phases(run) -> None:
+    """Wrap the loop's phases in record_function ranges (instance attributes: the class stays untouched)."""
+    def wrap(obj, name: str, label: str) -> None:
+        fn = getattr(obj, name)
+
+        def wrapped(*a, **k):
+            with record_function(label):
+                return fn(*a, **k)
+        setattr(obj, name, wrapped)
+
+    wrap(run, "rollouts", "phase:rollouts")
+    wrap(run.generator, "generate", "phase:generate")
+    wrap(run.trainer, "step", "phase:trainer.step")
+    wrap(run.trainer, "_my_micro_batches", "phase:pack")
+    wrap(run.trainer, "_apply_gradients", "phase:optimizer")
+    wrap(run.trainer, "_reduce_metrics", "phase:metrics_sync")
+    wrap(run, "sync_weights", "phase:sync_weights")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--model-dir", default=".models")
+    ap.add_argument("--steps", type=int, default=6, help="steps run before the profiled ones")
+    ap.add_argument("--profile", type=int, default=2, help="steps profiled")
+    ap.add_argument("--gap-ms", type=float, default=0.5, help="idle gaps listed from this length")
+    ap.add_argument("--out", default="rl_step.json")
+    ap.add_argument("--set", nargs="*", default=[], help="more config overrides, key=value")
+    args = ap.parse_args()
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from bench_memory import model_dir  # the benchmarks' shared model-directory helper
+
+    from monorl.config import apply_overrides, preset
+    from monorl.rl.loop import GRPORun
+
+    work = Path(tempfile.mkdtemp(prefix="profile_rl_step_"))
+    cfg = apply_overrides(preset("qwen3_0_6b_sum_digits"), {
+        "model.path": str(model_dir(Path(args.model_dir), "qwen3-0.6b")), "model.random_init": "true",
+        "rollout.ignore_eos": "true", "checkpoint.final": "false", "checkpoint.every_minutes": "0",
+        "steps": str(args.steps + args.profile + 1), "run_dir": str(work / "run"),
+        **dict(kv.split("=", 1) for kv in args.set)})
+    run = GRPORun(cfg, progress=False)
+    run.warm_up()
+    for s in range(args.steps):
+        run.step(s)
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+    _phases(run)
+    rows = []
+    for s in range(args.steps, args.steps + args.profile):
+        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+            t = time.perf_counter()
+            with record_function("phase:step"):
+                m = run.step(s)
+            if torch.cuda.is_available():
+                torch.cuda.synchronize()
+            wall = time.perf_counter() - t
+        events = prof.events()
+        kernels = sorted(((e.time_range.start, e.time_range.end, e.name) for e in events
+                          if e.device_type == torch.autograd.DeviceType.CUDA and e.time_range.end > e.time_range.start),
+                         key=lambda k: k[0])
+        phases = [(e.time_range.start, e.time_range.end, e.name[6:]) for e in events
+                  if e.name.startswith("phase:") and e.device_type == torch.autograd.DeviceType.CPU]
+        step_rng = next((a, b) for a, b, n in phases if n == "step")
+        busy = _union_us([(a, b) for a, b, _ in kernels])
+        gaps, end, prev = [], step_rng[0], "(step start)"
+        for a, b, name in kernels + [(step_rng[1], step_rng[1], "(step end)")]:
+            if a - end >= args.gap_ms * 1000:
+                # the innermost phase holding the whole gap, and the phases the gap overlaps
+                holding = [(pb - pa, n) for pa, pb, n in phases if pa <= end and pb >= a and n != "step"]
+                host = min(holding)[1] if holding else "loop"
+                inner = sorted({n for pa, pb, n in phases if pa < a and pb > end and n != "step"})
+                gaps.append({"at_ms": (end - step_rng[0]) / 1000, "ms": (a - end) / 1000, "host": host,
+                             "inside": inner, "after": prev[:48], "before": name[:48]})
+            if b > end:
+                end, prev = b, name
+        phase_ms: dict[str, float] = {}
+        for a, b, n in phases:
+            phase_ms[n] = phase_ms.get(n, 0.0) + (b - a) / 1000
+        rows.append({"step": s + 1, "wall_s": wall, "gpu_busy_s": busy / 1e6, "kernels": len(kernels),
+                     "loop_times_s": {k[5:]: v for k, v in m.items() if k.startswith("time/")},
+                     "phases_ms": phase_ms, "gaps": sorted(gaps, key=lambda g: -g["ms"])[:15]})
+    device = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
+    Path(args.out).write_text(json.dumps({"device": device, "torch": torch.__version__, "rows": rows}, indent=1))
+    for r in rows:
+        idle = r["wall_s"] - r["gpu_busy_s"]
+        print(f"\nstep {r['step']}: wall {r['wall_s'] * 1e3:.1f} ms, GPU busy {r['gpu_busy_s'] * 1e3:.1f} ms, "
+              f"idle {idle * 1e3:.1f} ms, {r['kernels']} kernels")
+        print("loop's times (s): " + ", ".join(f"{k} {v:.3f}" for k, v in r["loop_times_s"].items()))
+        print("phases (host ms): " + ", ".join(f"{k} {v:.1f}" for k, v in r["phases_ms"].items()))
+        print("| at ms | idle ms | host phase | phases overlapped | after kernel | before kernel |")
+        print("|---|---|---|---|---|---|")
+        for g in r["gaps"]:
+            print(f"| {g['at_ms']:.1f} | {g['ms']:.2f} | {g['host']} | {' '.join(g['inside'])} | {g['after']} "
+                  f"| {g['before']} |")
+
+
+if __name__ == "__main__":
+    main()

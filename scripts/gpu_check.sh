@@ -43,7 +43,8 @@
 #   ab:      this tree against BASE (.base, `git archive REV src benchmarks`), in turns (new, base, new, base): the
 #            generator batch (default, the mode) and the decode step, then throughput (THROUGHPUT= skips it); GPU
 #            tests first (TESTS: which) unless SKIP_TESTS; BENCH= skips the batches; with WALL=1 the preset's
-#            process wall (bytecode primed; WALL_RUNS, default cold, then warm twice) of each tree
+#            process wall (bytecode primed; WALL_RUNS, default cold, then warm twice) of each tree; TRAIN (sides): the
+#            mode's trainer step with graphs
 #   bi:      `monorl train` of the Qwen3-0.6B preset (random weights) with --batch_invariant true (trainer graphs on)
 # Usage on the device: bash scripts/gpu_check.sh [tests|trainer|profile|loop|compare|startup|scale|scale_compile|bi_cost|bi_cost_1.7b|bi_kernels|bi_default|bi_lora|kernels|wall|wall_user|cold|bwd|ahead|kept|decode_profile|attn|warm_profile|warmup_profile|timeline|rl_step|ab|bi|all]   (logs, JSON under $OUT)
 set -uo pipefail
@@ -397,6 +398,11 @@ if [[ $what == ab ]]; then
   fi
   mkdir -p /tmp/ab  # the device returns 8 files of $OUT: the JSON stays here
   for side in ${BENCH-new base new base}; do generator_batches $side /tmp/ab; done
+  for side in ${TRAIN-}; do  # the mode's trainer step with graphs (TRAIN="new base new base": in turns)
+    src=$PWD; [[ $side == base ]] && src=$PWD/.base
+    PYTHONPATH=$src/src:/tmp/site python3 "$src/benchmarks/profile_train_step.py" --variants bi_graphs --profile "" \
+      --out "/tmp/ab_train_$side.json" 2>&1 | grep -E "^\| bi_graphs|step times" | sed "s/^/$side: /"
+  done
   for side in ${THROUGHPUT-new base}; do
     src=$PWD; [[ $side == base ]] && src=$PWD/.base
     PYTHONPATH=$src/src:/tmp/site python3 "$src/benchmarks/bench_throughput.py" --no-compile \

@@ -79,8 +79,8 @@ class BatchInvariantQwen3ForCausalLM(Qwen3ForCausalLM):
                 kv_cache: Sequence[Any] | None = None) -> Tensor:
         return super().forward(input_ids, positions, ctx.batch_invariant(), kv_cache)
 
-    def compute_logits(self, hidden: Tensor) -> Tensor:
-        return matmul_invariant.linear(hidden, self.lm_head_weight)
+    def compute_logits(self, hidden: Tensor, weight: Tensor | None = None) -> Tensor:
+        return matmul_invariant.linear(hidden, self.lm_head_weight if weight is None else weight)
 
 
 _CONVERTED = {Linear: BatchInvariantLinear, FusedKernelsLinear: BatchInvariantLinear,

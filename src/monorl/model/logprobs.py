@@ -28,8 +28,8 @@ def token_logprobs(logits: Tensor, tokens: Tensor, temperature: float = 1.0) -> 
 def chunked_token_logprobs(model: torch.nn.Module, hidden: Tensor, tokens: Tensor, temperature: float = 1.0,
                            chunk_size: int = 1024) -> Tensor:
     """LM head + log-softmax in chunks of rows, so fp32 [rows, vocab] logits never exist for the
-    whole input at once. hidden [N, D], tokens [N] -> [N] fp32. Differentiable (each chunk is
-    recomputed in backward through checkpointing, so peak memory stays one chunk)."""
+    whole input at once. hidden [N, D], tokens [N] -> [N] fp32. Differentiable (`_ChunkedHead`: each chunk's
+    logits are recomputed in backward, so peak memory stays one chunk)."""
     return _chunked(model, hidden, tokens, temperature, chunk_size, entropy=False)[0]
 
 
@@ -42,29 +42,85 @@ def chunked_token_logprobs_entropy(model: torch.nn.Module, hidden: Tensor, token
     return lp, ent
 
 
+def _compute_dtype(hidden: Tensor) -> torch.dtype:
+    """The LM head's matmul dtype: autocast's when it is on (the trainer's bf16 on CUDA), else the input's."""
+    dev = hidden.device.type
+    return torch.get_autocast_dtype(dev) if torch.is_autocast_enabled(dev) else hidden.dtype
+
+
 def _chunked(model: torch.nn.Module, hidden: Tensor, tokens: Tensor, temperature: float, chunk_size: int,
              entropy: bool) -> tuple[Tensor, Tensor | None]:
-    from torch.utils.checkpoint import checkpoint
+    weight = model.lm_head_weight
+    if torch.is_grad_enabled() and (hidden.requires_grad or weight.requires_grad):
+        lp, ent = _ChunkedHead.apply(hidden, weight, tokens, model, float(temperature), chunk_size, entropy)
+        return lp, ent if entropy else None
+    return _forward_chunks(model, hidden, weight.to(_compute_dtype(hidden)), tokens, temperature, chunk_size, entropy)
 
-    def chunk_fn(h: Tensor, t: Tensor, slot: list[Tensor] | None) -> Tensor:
-        logits = model.compute_logits(h)
-        if slot is not None and not slot:
-            # filled on the forward call only: checkpoint's recompute in backward finds it full and skips the
-            # (gradient-free) entropy, so it saves no tensors and costs nothing there
-            slot.append(token_entropy(logits, temperature))
-        return model.token_logprobs(logits, t, temperature)
 
-    outs, ents = [], []
+def _forward_chunks(model: torch.nn.Module, hidden: Tensor, weight: Tensor, tokens: Tensor, temperature: float,
+                    chunk_size: int, entropy: bool) -> tuple[Tensor, Tensor | None]:
+    """Log-probs (and entropies) chunk by chunk, `weight` already in the compute dtype."""
+    lps, ents = [], []
     for s in range(0, hidden.shape[0], chunk_size):
-        h, t = hidden[s:s + chunk_size], tokens[s:s + chunk_size]
-        slot: list[Tensor] | None = [] if entropy else None
-        if torch.is_grad_enabled() and h.requires_grad:
-            # no RNG inside: skipping its save/restore keeps this capturable in a CUDA graph
-            outs.append(checkpoint(chunk_fn, h, t, slot, use_reentrant=False, preserve_rng_state=False))
-        else:
-            outs.append(chunk_fn(h, t, slot))
-        if slot is not None:
-            ents.append(slot[0])
+        logits = model.compute_logits(hidden[s:s + chunk_size].to(weight.dtype), weight)
+        lps.append(model.token_logprobs(logits, tokens[s:s + chunk_size], temperature))
+        if entropy:
+            ents.append(token_entropy(logits, temperature))
     empty = hidden.new_zeros(0, dtype=torch.float32)
-    lp = torch.cat(outs) if outs else empty
+    lp = torch.cat(lps) if lps else empty
     return lp, (torch.cat(ents) if ents else empty) if entropy else None
+
+
+def _mm_sum(acc: Tensor | None, a: Tensor, b: Tensor) -> Tensor:
+    """acc + a @ b (a @ b when acc is None) in fp32 whatever a's and b's dtype (bf16): on CUDA one GEMM with an fp32
+    output whose epilogue adds into acc in place, so no bf16 product is rounded in between."""
+    if a.dtype == torch.float32:
+        return a @ b if acc is None else acc.addmm_(a, b)
+    if a.is_cuda:
+        return torch.mm(a, b, out_dtype=torch.float32) if acc is None else torch.addmm(
+            acc, a, b, out_dtype=torch.float32, out=acc)
+    a, b = a.float(), b.float()  # CPU has no mixed-dtype GEMM; bf16 operands are exact in fp32
+    return a @ b if acc is None else acc.addmm_(a, b)
+
+
+class _ChunkedHead(torch.autograd.Function):
+    """LM head + token log-probs over chunks of rows, differentiable. Why not autograd over each chunk
+    (checkpointed, as before): the fp32 master weight was cast to bf16 for every chunk and again in every chunk's
+    recompute, and each chunk's bf16 weight gradient cast to fp32 and added into .grad -- for Qwen3-0.6B's 155M-entry
+    head and 4 chunks, ~20 GB of memory traffic a step. Here the weight is cast once each way, and the chunks'
+    gradients add up in one fp32 buffer inside the GEMMs (`_mm_sum`), so also without a bf16 rounding per chunk.
+    Forward values are the model's own `compute_logits` / `token_logprobs` (the batch-invariant ones in that mode),
+    and the hidden states' gradient is the same product as autograd's."""
+
+    @staticmethod
+    def forward(ctx, hidden: Tensor, weight: Tensor, tokens: Tensor, model: torch.nn.Module, temperature: float,
+                chunk_size: int, entropy: bool) -> tuple[Tensor, Tensor]:
+        w = weight.to(_compute_dtype(hidden))
+        lp, ent = _forward_chunks(model, hidden, w, tokens, temperature, chunk_size, entropy)
+        ent = ent if ent is not None else lp.new_zeros(0)
+        ctx.mark_non_differentiable(ent)
+        ctx.save_for_backward(hidden, weight, tokens, lp)
+        ctx.model, ctx.temperature, ctx.chunk_size, ctx.compute_dtype = model, temperature, chunk_size, w.dtype
+        return lp, ent
+
+    @staticmethod
+    def backward(ctx, grad: Tensor, _grad_entropy: Tensor) -> tuple[Tensor | None, ...]:
+        hidden, weight, tokens, lp = ctx.saved_tensors
+        model, chunk = ctx.model, ctx.chunk_size
+        need_hidden, need_weight = ctx.needs_input_grad[:2]
+        w = weight.to(ctx.compute_dtype)  # cast again rather than held from forward (vocab x hidden bf16)
+        d_hidden = torch.empty_like(hidden) if need_hidden else None
+        d_weight: Tensor | None = None
+        for s in range(0, hidden.shape[0], chunk):
+            h = hidden[s:s + chunk].to(w.dtype)
+            logits = model.compute_logits(h, w).detach().requires_grad_()
+            with torch.enable_grad():
+                out = model.token_logprobs(logits, tokens[s:s + chunk], ctx.temperature)
+            (d_logits,) = torch.autograd.grad(out, logits, grad[s:s + chunk])
+            if d_hidden is not None:
+                d_hidden[s:s + chunk] = d_logits @ w
+            if need_weight:
+                d_weight = _mm_sum(d_weight, d_logits.t(), h)
+        if need_weight and d_weight is None:  # no rows
+            d_weight = torch.zeros_like(weight)
+        return d_hidden, None if d_weight is None else d_weight.to(weight.dtype), None, None, None, None, None

@@ -195,8 +195,10 @@ class Qwen3ForCausalLM(nn.Module):
             x = x[0] + x[1]
         return self.model.norm(x)
 
-    def compute_logits(self, hidden: Tensor) -> Tensor:
-        return F.linear(hidden, self.lm_head_weight)
+    def compute_logits(self, hidden: Tensor, weight: Tensor | None = None) -> Tensor:
+        """Logits of `hidden` by the LM head; `weight`: that head's weight already in the compute dtype (the
+        chunked trainer head casts it once for all its chunks)."""
+        return F.linear(hidden, self.lm_head_weight if weight is None else weight)
 
     # log p(token) of logits [N, V] at temperature -> [N] fp32: the one function the trainer and the sampler
     # call (through the model, so a converted model's is the batch-invariant one)

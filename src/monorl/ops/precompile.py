@@ -9,9 +9,9 @@ How the specialisations are found: `recording()` runs the code that will launch 
 backward and decode steps, with the warm-ups' shapes) with every `@triton.jit` launch recorded and skipped, through
 Triton's `jit_cache_hook`: nothing is compiled or launched, so those kernels' outputs stay as allocated (garbage).
 Such a pass must not feed a kernel's output to anything that indexes memory by it (token ids into an embedding)
-and must not capture CUDA graphs; its results are dropped. An `AheadCompiler` compiles and loads each recorded
-specialisation (Triton's own format for one, as `JITFunction.preload` reads it) in a thread pool while the pass
-goes on, and then puts them in the kernel caches the real launches look in. Kernels Inductor generates do not pass through `JITFunction.run` and are
+and must not capture CUDA graphs; its results are dropped. `compile_ahead` then compiles and loads each recorded
+specialisation (Triton's `JITFunction.preload`, its own format for a specialisation) in a thread pool, into the
+kernel caches the real launches look in. Kernels Inductor generates do not pass through `JITFunction.run` and are
 not affected. A specialisation the pass missed is compiled at its first launch, as without this.
 
 A run keeps the list it traced (`save_specs`, beside Triton's cache, keyed by everything that decides which
@@ -77,12 +77,11 @@ def monorl_kernels() -> list[Any]:
 
 
 @contextlib.contextmanager
-def recording(compiler: AheadCompiler | None = None) -> Iterator[Recorded]:
+def recording() -> Iterator[Recorded]:
     """Inside: every monorl kernel launch (and any other `@triton.jit` launch not compiled yet) is recorded and
     skipped, neither compiled nor launched. monorl's kernels compiled before (by earlier work in this process) are
     set aside meanwhile and put back after: launched for real, one would read the garbage a skipped kernel left,
-    e.g. a token id, as an address (an illegal memory access, seen in the GPU tests). `compiler`: each new
-    specialisation is handed to it as it is recorded, so its threads compile while the recording pass goes on."""
+    e.g. a token id, as an address (an illegal memory access, seen in the GPU tests)."""
     rec = Recorded()
     if not HAS_TRITON:
         yield rec
@@ -100,8 +99,6 @@ def recording(compiler: AheadCompiler | None = None) -> Iterator[Recorded]:
         kernel_cache[key] = _NoLaunch()
         rec.placeholders.append((kernel_cache, key))
         rec.specs.append((fn.jit_function, compile["specialization_data"]))
-        if compiler is not None:
-            compiler.submit(fn.jit_function, compile["specialization_data"])
         return True  # skip this launch: JITFunction.run returns before compiling and launching
 
     before = knobs.runtime.jit_cache_hook
@@ -166,90 +163,30 @@ class TritonKeyPrefetch:
         return True
 
 
-def _compile_spec(fn: Any, data: str, device: int) -> tuple[Any, Any]:
-    """(Triton's cache key, the compiled and loaded kernel) of one serialised specialisation: what
-    `JITFunction.preload` does (its parsing, Triton 3.x's format) less putting the kernel in the kernel cache, so
-    that a thread can compile while `recording()` keeps its stand-in there; `AheadCompiler.finish` installs it."""
-    import triton.language as tl
-    from triton.runtime.jit import convert_to_tuple_if_list
-
-    d = json.loads(data)
-    if d["name"] != fn._fn_name:
-        raise RuntimeError(f"specialisation data for {d['name']} given to {fn._fn_name}")
-    constexprs = {tuple(k): tl.dtype(v) if tl.dtype.is_dtype(v) else
-                  tl.constexpr(v["constexpr"]) if isinstance(v, dict) and "constexpr" in v else v
-                  for k, v in zip(d["constant_keys"], d["constant_vals"], strict=True)}
-    attrs = dict(zip(map(tuple, d["attrs_keys"]), d["attrs_vals"], strict=True))
-    signature = {k: convert_to_tuple_if_list(v) for k, v in d["signature"].items()}
-    _, _, target, backend, _ = fn.device_caches[device]
-    options = backend.parse_options({k: tuple(v) if isinstance(v, list) else v for k, v in d["options"].items()})
-    with torch.cuda.device(device):  # Triton reads the thread's current device
-        kernel = fn.compile(fn.ASTSource(fn, signature, constexprs, attrs), target=target, options=options.__dict__)
-        kernel._init_handles()  # the launcher (a host-compiler build per signature) and the module load
-    return d["key"], kernel
-
-
-class AheadCompiler:
-    """Compiles, builds the launcher of and loads kernel specialisations on `device` in a pool of `threads`, as
-    they are submitted; `finish()` waits for them and puts them in their kernels' caches, where the real launches
-    look. Handed to `recording()`, it compiles while the recording pass runs (a cold run of the reference preset
-    traced for 2.6 s and then compiled 34 specialisations for 5.3 s, H100, 2026-11-25). Errors surface at
-    `finish()`, as they would at the kernel's first launch. `key`: Triton's cache key being computed in a child
-    process (`TritonKeyPrefetch`), adopted before the first compile."""
-
-    def __init__(self, device: torch.device, threads: int, key: TritonKeyPrefetch | None = None) -> None:
-        self.t0 = time.perf_counter()
-        self.device = device.index if device.index is not None else torch.cuda.current_device()
-        self.threads = max(1, threads)
-        self.key = key
-        self.pool: ThreadPoolExecutor | None = None
-        self.pending: list[tuple[dict, Any]] = []  # (a kernel's cache, the future of (key, kernel))
-
-    def submit(self, fn: Any, data: str) -> None:
-        if self.pool is None:  # first spec: Triton's key once, here (each thread would compute it again: an
-            if self.key is None or not self.key.adopt():  # unlocked lru_cache), then the threads
-                from triton.runtime.cache import triton_key
-
-                triton_key()
-            self.pool = ThreadPoolExecutor(self.threads, thread_name_prefix=COMPILE_THREADS)
-        # this thread creates the per-device caches: two pool threads creating one would lose a kernel
-        kernel_cache = fn.device_caches[self.device][0]
-        self.pending.append((kernel_cache, self.pool.submit(_compile_spec, fn, data, self.device)))
-
-    def finish(self) -> float:
-        """Wait for every submitted compile and install the kernels; the seconds this waited."""
-        t = time.perf_counter()
-        try:
-            for kernel_cache, future in self.pending:
-                key, kernel = future.result()
-                kernel_cache[key] = kernel
-        finally:
-            self.close()
-        return time.perf_counter() - t
-
-    def close(self) -> None:
-        """Stop the pool (compiles not started are dropped); `finish()` calls it."""
-        if self.pool is not None:
-            self.pool.shutdown(wait=True, cancel_futures=True)
-            self.pool = None
-        self.pending = []
-
-    def __enter__(self) -> AheadCompiler:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-
 def compile_ahead(rec: Recorded, device: torch.device, threads: int, key: TritonKeyPrefetch | None = None) -> float:
-    """Compile, build the launcher of and load every recorded specialisation on `device`, `threads` at a time
-    (`AheadCompiler`); returns the seconds it took."""
+    """Compile, build the launcher of and load every recorded specialisation on `device`, `threads` at a time;
+    returns the seconds it took. Errors surface here as they would at the kernel's first launch. `key`: Triton's
+    cache key being computed in a child process (`TritonKeyPrefetch`)."""
+    if not rec.specs:
+        return 0.0
     t = time.perf_counter()
-    with AheadCompiler(device, min(threads, max(1, len(rec.specs))), key) as ahead:
-        for fn, data in rec.specs:
-            ahead.submit(fn, data)
-        ahead.finish()
-    return time.perf_counter() - t if rec.specs else 0.0
+    if key is None or not key.adopt():
+        from triton.runtime.cache import triton_key
+
+        triton_key()  # once, here: each pool thread would compute it again (an unlocked lru_cache)
+    for fn, _ in rec.specs:  # the per-device caches, created here: two threads creating one would lose a kernel
+        fn.device_caches[device.index if device.index is not None else torch.cuda.current_device()]
+
+    def load(spec: tuple[Any, str]) -> None:
+        fn, data = spec
+        with torch.cuda.device(device):  # Triton reads the thread's current device
+            kernel = fn.preload(data)
+            kernel._init_handles()  # the launcher (a host-compiler build per signature) and the module load
+
+    with ThreadPoolExecutor(max(1, min(threads, len(rec.specs))), thread_name_prefix=COMPILE_THREADS) as pool:
+        for f in [pool.submit(load, s) for s in rec.specs]:
+            f.result()
+    return time.perf_counter() - t
 
 
 def specs_path(key: str) -> Path:

@@ -420,6 +420,7 @@ if [[ $what == ab ]]; then
     for run in ${WALL_RUNS:-cold warm1 warm2}; do
       for side in new base; do
         src=$PWD; [[ $side == base ]] && src=$PWD/.base
+        [[ $run == cold* ]] && rm -rf "/tmp/tc_ab_$side"  # each cold run on an empty Triton cache
         t0=$(date +%s.%N)
         PYTHONPATH=$src/src:/tmp/site TRITON_CACHE_DIR=/tmp/tc_ab_$side python3 -m monorl.cli train $args \
           --run_dir "/tmp/ab_${side}_$run" 2>&1 | python3 -c "$stamp" "$t0" > "/tmp/ab_${side}_$run.log"

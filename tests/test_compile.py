@@ -116,37 +116,3 @@ def test_triton_key_from_the_child_process_is_tritons_own(monkeypatch):
     assert cache.triton_key.cache_info().hits == 0  # the installed function: its value came from the child
     assert not prefetch.adopt()  # once only
 
-
-def test_compile_workers_fill_tritons_cache(tmp_path, monkeypatch):
-    """`CompileWorkers`: a specialisation serialised as Triton serialises it is compiled by a spawned worker process
-    into Triton's on-disk cache (no GPU needed), under the key this process' compile of it then finds: the second
-    compile adds nothing to the cache."""
-    pytest.importorskip("triton")
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler.compiler import make_backend
-    from triton.runtime.jit import serialize_specialization_data
-
-    from monorl.ops import entropy
-    from monorl.ops.precompile import CompileWorkers, _compile_to_cache
-
-    monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / "cache"))  # the spawned worker inherits it
-    from triton import knobs
-
-    monkeypatch.setattr(knobs.cache, "dir", str(tmp_path / "cache"))
-    fn = entropy._entropy_kernel
-    target = ("cuda", 90, 32)
-    options = make_backend(GPUTarget(*target)).parse_options({"num_warps": 8})
-    signature = {"x_ptr": "*bf16", "o_ptr": "*fp32", "V": "i32", "stride_x": "i32", "inv_t": "fp32",
-                 "BLOCK_V": "constexpr"}
-    attrs = {(0,): [["tt.divisibility", 16]]}
-    data = serialize_specialization_data(fn._fn_name, signature, {(5,): 2048}, attrs, options, "test-key")  # BLOCK_V
-    workers = CompileWorkers(1)
-    try:
-        future = workers.pool.submit(_compile_to_cache, fn.module, fn.__name__, data, target, False)
-        assert future.result(timeout=600) == "_entropy_kernel"
-    finally:
-        workers.close()
-    entries = sorted(p.name for p in (tmp_path / "cache").iterdir())
-    assert any(p.suffix == ".cubin" for p in (tmp_path / "cache").rglob("*"))
-    _compile_to_cache(fn.module, fn.__name__, data, target, launcher=False)  # here: a cache hit
-    assert sorted(p.name for p in (tmp_path / "cache").iterdir()) == entries

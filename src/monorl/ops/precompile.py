@@ -77,12 +77,11 @@ def monorl_kernels() -> list[Any]:
 
 
 @contextlib.contextmanager
-def recording(workers: CompileWorkers | None = None) -> Iterator[Recorded]:
+def recording() -> Iterator[Recorded]:
     """Inside: every monorl kernel launch (and any other `@triton.jit` launch not compiled yet) is recorded and
     skipped, neither compiled nor launched. monorl's kernels compiled before (by earlier work in this process) are
     set aside meanwhile and put back after: launched for real, one would read the garbage a skipped kernel left,
-    e.g. a token id, as an address (an illegal memory access, seen in the GPU tests). `workers`: each new
-    specialisation goes to them as it is recorded, to be compiled into Triton's cache while the pass goes on."""
+    e.g. a token id, as an address (an illegal memory access, seen in the GPU tests)."""
     rec = Recorded()
     if not HAS_TRITON:
         yield rec
@@ -100,8 +99,6 @@ def recording(workers: CompileWorkers | None = None) -> Iterator[Recorded]:
         kernel_cache[key] = _NoLaunch()
         rec.placeholders.append((kernel_cache, key))
         rec.specs.append((fn.jit_function, compile["specialization_data"]))
-        if workers is not None:
-            workers.submit(fn.jit_function, compile["specialization_data"])
         return True  # skip this launch: JITFunction.run returns before compiling and launching
 
     before = knobs.runtime.jit_cache_hook
@@ -164,85 +161,6 @@ class TritonKeyPrefetch:
             return False
         cache.triton_key = functools.lru_cache(maxsize=None)(functools.wraps(original)(lambda: key))
         return True
-
-
-def _worker_init(modules: list[str]) -> None:
-    """A compile worker's start: Triton and the kernels' modules imported once, before any job."""
-    import triton  # noqa: F401
-
-    for m in modules:
-        importlib.import_module(m)
-
-
-def _worker_ready() -> int:
-    return os.getpid()
-
-
-def _compile_to_cache(module: str, name: str, data: str, target: tuple[str, int, int], launcher: bool = True) -> str:
-    """In a worker: compile one serialised specialisation (Triton's format, parsed as `JITFunction.preload` parses
-    it) for `target` (backend, arch, warp size) into Triton's on-disk cache, and build its launcher (also cached);
-    nothing touches the GPU. The parent's `preload` of the same specialisation then finds both."""
-    import triton
-    import triton.language as tl
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
-    from triton.compiler.compiler import make_backend
-    from triton.runtime.jit import convert_to_tuple_if_list
-
-    fn = getattr(importlib.import_module(module), name)
-    d = json.loads(data)
-    constexprs = {tuple(k): tl.dtype(v) if tl.dtype.is_dtype(v) else
-                  tl.constexpr(v["constexpr"]) if isinstance(v, dict) and "constexpr" in v else v
-                  for k, v in zip(d["constant_keys"], d["constant_vals"], strict=True)}
-    attrs = dict(zip(map(tuple, d["attrs_keys"]), d["attrs_vals"], strict=True))
-    signature = {k: convert_to_tuple_if_list(v) for k, v in d["signature"].items()}
-    gpu = GPUTarget(*target)
-    options = make_backend(gpu).parse_options({k: tuple(v) if isinstance(v, list) else v
-                                               for k, v in d["options"].items()})
-    kernel = triton.compile(ASTSource(fn, signature, constexprs, attrs), target=gpu, options=options.__dict__)
-    if launcher:
-        from triton.runtime.driver import driver
-
-        driver.active.launcher_cls(kernel.src, kernel.metadata)
-    return name
-
-
-class CompileWorkers:
-    """Processes that compile recorded specialisations into Triton's on-disk cache while the recording pass runs;
-    `compile_ahead` then only loads them. Why processes: Triton's compile holds the GIL for much of its work (its
-    code generator is Python), so threads compiling during the pass slowed the pass itself 1.94 -> 5.60 s and
-    gained nothing (H100, 2026-11-25); after the pass, 16 threads took 3.7 s for 34 specialisations. Workers are
-    started (spawned: CUDA is initialised here) as soon as a run knows it will trace, so their imports overlap
-    its construction. They are only a head start: a specialisation a worker failed on or did not reach is
-    compiled by `compile_ahead` as before, and its error surfaces there."""
-
-    def __init__(self, workers: int) -> None:
-        import multiprocessing
-        from concurrent.futures import ProcessPoolExecutor
-
-        modules = sorted({fn.module for fn in monorl_kernels()})
-        self.pool: Any = ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn"),
-                                             initializer=_worker_init, initargs=(modules,))
-        self.started = [self.pool.submit(_worker_ready) for _ in range(workers)]  # all of them start now
-        self.futures: list[Any] = []
-        self.target: tuple[str, int, int] | None = None
-
-    def submit(self, fn: Any, data: str) -> None:
-        if self.target is None:
-            from triton.runtime.driver import driver
-
-            t = driver.active.get_current_target()
-            self.target = (t.backend, t.arch, t.warp_size)
-        self.futures.append(self.pool.submit(_compile_to_cache, fn.module, fn.__name__, data, self.target))
-
-    def wait(self) -> tuple[int, int]:
-        """Wait for the submitted compiles; (compiled, failed). A failure is not raised: `compile_ahead` compiles
-        that specialisation itself."""
-        failed = sum(1 for f in self.futures if f.exception() is not None)
-        return len(self.futures) - failed, failed
-
-    def close(self) -> None:
-        self.pool.shutdown(wait=False, cancel_futures=True)
 
 
 def compile_ahead(rec: Recorded, device: torch.device, threads: int, key: TritonKeyPrefetch | None = None) -> float:

@@ -44,7 +44,6 @@ from monorl.model.qwen3 import Qwen3ForCausalLM, build_model
 from monorl.model.tokenizer import TOKENIZER_FILE, CharTokenizer, eos_ids, load_tokenizer
 from monorl.ops import HAS_TRITON
 from monorl.ops.precompile import (
-    CompileWorkers,
     TritonKeyPrefetch,
     compile_ahead,
     default_threads,
@@ -193,9 +192,6 @@ class GRPORun:
         if why := resolve_auto_(cfg, self.model_config, self.device):  # compile.backend auto; the plan depends on it
             print(why, flush=True)
         cfg.compile.backend = world.broadcast(cfg.compile.backend)  # rank 0's choice (its node's cache marker)
-        if cfg.trainer.loss.kind == "dr_grpo" and cfg.trainer.loss.dr_grpo_norm is None:
-            cfg.trainer.loss.dr_grpo_norm = float(cfg.rollout.max_new_tokens)  # Dr.GRPO's constant normaliser
-        self.compile_workers = self.start_compile_workers()  # a run that will trace Triton's kernels: a head start
         self.plan = run_memory_plan(cfg, self.model_config, self.max_prompt_tokens, self.device, world.size)
         self.startup["prepare_s"] = time.perf_counter() - t  # tokenizer, task, prompt checks, memory plan
         t = time.perf_counter()
@@ -233,6 +229,8 @@ class GRPORun:
         self.startup["generator_init_s"] = time.perf_counter() - t
         t = time.perf_counter()
 
+        if cfg.trainer.loss.kind == "dr_grpo" and cfg.trainer.loss.dr_grpo_norm is None:
+            cfg.trainer.loss.dr_grpo_norm = float(cfg.rollout.max_new_tokens)  # Dr.GRPO's constant normaliser
         ref_model = None
         if cfg.trainer.loss.kl_coef > 0:  # the KL reference; `run` sets it to the policy RL starts from
             ref_model = copy.deepcopy(self.policy).to(gen_dtype).eval().requires_grad_(False)
@@ -354,27 +352,6 @@ class GRPORun:
         if cc.enabled and self.compile_cache is not None:  # compile.backend auto: the next run finds a warm cache
             mark_compiled(self.compile_cache, run_compile_key(self.cfg, self.model_config), self.compile_s)
 
-    def kernel_passes(self) -> dict[str, bool]:
-        """The warm-up passes `compile_kernels_ahead` traces: the trainer's when its model runs monorl's kernels
-        uncompiled (batch-invariant mode), the generator's unless torch.compile runs its blocks. From the resolved
-        config, before the models exist; `compile_kernels_ahead` reads the built models."""
-        cc = self.cfg.compile
-        fused = self.model_config.head_dim >= 16 and not self.model_config.head_dim & (self.model_config.head_dim - 1)
-        return {"trainer": bool(self.cfg.batch_invariant) and not (cc.enabled and cc.trainer),
-                "generator": not (cc.enabled and cc.generator and not fused)}
-
-    def start_compile_workers(self) -> CompileWorkers | None:
-        """Compile workers (`monorl.ops.precompile.CompileWorkers`) when this run will trace its kernels: on CUDA,
-        compiling ahead, and no kernel list kept for its key (a cold or changed run). Half the compile threads, at
-        most 8 (each is a Python process with torch imported)."""
-        threads = self.cfg.compile.kernel_compile_threads or default_threads()
-        traced = self.kernel_passes()
-        if not HAS_TRITON or self.device.type != "cuda" or threads == 1 or not any(traced.values()):
-            return None
-        if specs_path(run_kernels_key(self.cfg, self.model_config, self.world.size, traced)).is_file():
-            return None
-        return CompileWorkers(max(1, min(8, threads // 2)))
-
     def compile_kernels_ahead(self, prompt: list[int], gen_prompts: list[list[int]],
                               samplers: list[SamplingParams]) -> None:
         """Compile the Triton kernels the warm-ups will launch, in parallel threads, before them
@@ -386,15 +363,10 @@ class GRPORun:
         threads = self.cfg.compile.kernel_compile_threads or default_threads()
         traced = {"trainer": is_batch_invariant(self.policy) and not is_compiled(self.policy),
                   "generator": not is_compiled(self.generator.model)}
-        workers, self.compile_workers = self.compile_workers, None
         if not HAS_TRITON or threads == 1 or not any(traced.values()):
-            if workers is not None:
-                workers.close()
             return
         kept = specs_path(run_kernels_key(self.cfg, self.model_config, self.world.size, traced))
         rec = load_specs(kept)
-        if rec is not None and workers is not None:
-            workers.close()
         if rec is not None:
             try:
                 self.startup["kernel_compile_s"] = compile_ahead(rec, self.device, threads, self.triton_key)
@@ -408,27 +380,17 @@ class GRPORun:
                       "instead", flush=True)
         t = time.perf_counter()
         r = self.cfg.rollout
-        try:
-            with recording(workers) as rec:  # the workers compile each specialisation as it is recorded
-                if traced["trainer"]:
-                    self.trainer.trace_kernels(prompt, r.prompts_per_step * r.group_size, r.max_new_tokens,
-                                               r.temperature)
-                if traced["generator"]:
-                    self.generator.trace_kernels(gen_prompts, samplers, n=2)
-                torch.cuda.synchronize(self.device)
-            self.startup["kernel_trace_s"] = time.perf_counter() - t
-            t = time.perf_counter()
-            done, failed = workers.wait() if workers is not None else (0, 0)
-            self.startup["kernel_workers_wait_s"] = time.perf_counter() - t
-        finally:
-            if workers is not None:
-                workers.close()
+        with recording() as rec:
+            if traced["trainer"]:
+                self.trainer.trace_kernels(prompt, r.prompts_per_step * r.group_size, r.max_new_tokens, r.temperature)
+            if traced["generator"]:
+                self.generator.trace_kernels(gen_prompts, samplers, n=2)
+            torch.cuda.synchronize(self.device)
+        self.startup["kernel_trace_s"] = time.perf_counter() - t
         self.startup["kernel_compile_s"] = compile_ahead(rec, self.device, threads, self.triton_key)
         save_specs(kept, rec)
-        by = (f"{done} by {len(workers.started)} worker processes during the trace, {failed} failed; then "
-              if workers is not None else "")
-        print(f"triton: {len(rec.specs)} kernel specialisations compiled ahead ({by}loaded in "
-              f"{self.startup['kernel_compile_s']:.2f} s, {threads} threads; traced in "
+        print(f"triton: {len(rec.specs)} kernel specialisations compiled ahead in "
+              f"{self.startup['kernel_compile_s']:.2f} s ({threads} threads; traced in "
               f"{self.startup['kernel_trace_s']:.2f} s, the list kept as {kept})", flush=True)
 
     def size_kv_cache(self) -> None:

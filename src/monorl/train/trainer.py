@@ -174,14 +174,15 @@ class Trainer:
         self.step_count += 1
         return grad_norm, lr, skipped
 
-    def _warm_up_packs(self, prompt_ids: list[int], num_seqs: int,
-                       completion_len: int) -> list[tuple[MicroBatch, LossNorm, Tensor, bool]]:
-        """The warm-up's micro-batches: the step's full-size packs (num_seqs rollouts of completion_len tokens) and a
-        smaller one that differs in every size Dynamo sees (tokens, sequences, max_seqlen), so it compiles them as
+    def _warm_up_packs(self, prompt_ids: list[int], num_seqs: int, completion_len: int,
+                       smaller: bool = True) -> list[tuple[MicroBatch, LossNorm, Tensor, bool]]:
+        """The warm-up's micro-batches: the step's full-size packs (num_seqs rollouts of completion_len tokens) and
+        (smaller) one that differs in every size Dynamo sees (tokens, sequences, max_seqlen), so it compiles them as
         dynamic once, here, instead of recompiling at the first real step. (mb, norm, advantages, full size)."""
         comp = (list(prompt_ids) * (completion_len // max(1, len(prompt_ids)) + 1))[:completion_len] or [0]
+        sizes = [(num_seqs, comp)] + ([(max(1, num_seqs // 4), comp[: max(1, len(comp) // 2)])] if smaller else [])
         packs = []
-        for n, c in ((num_seqs, comp), (max(1, num_seqs // 4), comp[: max(1, len(comp) // 2)])):
+        for n, c in sizes:
             # with a KL term the step's packs carry reference log-probs: so do these (the same graph key and code)
             ref = [0.0] * len(c) if self.cfg.loss.kl_coef > 0 else None
             seqs = [TrainSequence(list(prompt_ids), c, [0.0] * len(c), 1.0, ref_logprobs=ref) for _ in range(n)]
@@ -199,12 +200,12 @@ class Trainer:
         self.model.train()
         full = []
         eager = self.graphs is None or is_compiled(self.model)
-        for mb, norm, adv, is_full in self._warm_up_packs(prompt_ids, num_seqs, completion_len):
+        for mb, norm, adv, is_full in self._warm_up_packs(prompt_ids, num_seqs, completion_len, smaller=eager):
             if eager:
                 self._accumulate(mb, norm, adv, temperature)
             full += [(mb, norm, adv)] if is_full else []
         if self.graphs is not None:  # after compiling, so capture time is only capture
-            if self.device.type == "cuda":
+            if self.device.type == "cuda" and eager:
                 # the eager passes' freed blocks back to the driver before the graphs' pool takes its own: cached,
                 # they doubled the reserved peak (1.7B: 116.9 GiB reserved for 62.3 allocated; traced on an H200)
                 torch.cuda.empty_cache()

@@ -38,8 +38,8 @@
 #   warmup_profile: the warm-up alone under cProfile (benchmarks/profile_startup.py --only-warm-up), caches warm
 #   ahead:   Triton kernels compiled ahead in threads vs at first launch: the loop GPU tests, cold and warm runs of the
 #            preset each way; then the generator's top kernels default vs batch-invariant
-#   rl_step: one steady RL step, GPU busy against host, idle gaps by phase; the mode's trainer step profiled; the
-#            norm backward's launch swept
+#   rl_step: one steady RL step, GPU busy against host, idle gaps by phase (RL_SIDES="new base": also .base's, in
+#            turns); the mode's trainer step profiled; the norm backward's launch swept (SKIP_TRAIN, SKIP_RMS skip them)
 #   ab:      this tree against BASE (.base, `git archive REV src benchmarks`), in turns (new, base, new, base): the
 #            generator batch (default, the mode) and the decode step, then throughput (THROUGHPUT= skips it); GPU
 #            tests first (TESTS: which) unless SKIP_TESTS; BENCH= skips the batches; with WALL=1 the preset's
@@ -384,8 +384,12 @@ if [[ $what == warmup_profile ]]; then  # the warm-up alone under cProfile, on w
 fi
 if [[ $what == rl_step ]]; then  # where a steady RL step goes, GPU busy against host (benchmarks/profile_rl_step.py);
   # the trainer step in the mode (eager), its kernels; the norm backward's launch swept in CUDA graphs
-  python3 benchmarks/profile_rl_step.py --model-dir .models --out "$OUT/rl_step.json" 2>&1 | grep -v DEBUG \
-    | tail -45 | cut -c1-220
+  for side in ${RL_SIDES:-new}; do  # RL_SIDES="new base ...": this tree and .base in turns
+    src=$PWD; [[ $side == base ]] && src=$PWD/.base
+    PYTHONPATH=$src/src:/tmp/site python3 "$src/benchmarks/profile_rl_step.py" --model-dir .models \
+      --profile "${RL_PROFILE:-2}" --out "$OUT/rl_step_$side.json" 2>&1 | grep -v DEBUG \
+      | grep -E "${RL_GREP:-.}" | tail -45 | cut -c1-220 | sed "s/^/$side: /"
+  done
   [[ -z ${SKIP_TRAIN:-} ]] && python3 benchmarks/profile_train_step.py --variants bi_eager,bi_graphs --profile bi_eager \
     --rows 30 --out "$OUT/train_step.json" 2>&1 | grep -v DEBUG | cut -c1-200 | tail -45
   [[ -z ${SKIP_RMS:-} ]] && python3 benchmarks/tune_rms_backward.py --out "$OUT/tune_rms_backward.json" 2>&1 \

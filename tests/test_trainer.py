@@ -68,18 +68,55 @@ def test_logprob_diff_is_zero_when_old_logprobs_are_the_trainers():
     assert math.isclose(m["ratio_mean"], 1.0, abs_tol=1e-5)
 
 
-def test_non_finite_gradient_skips_update():
+def _fused_adamw(monkeypatch):
+    """The trainer's optimizer fused (as on CUDA, where the skip is decided on the device) on CPU."""
+    monkeypatch.setattr("monorl.train.trainer.make_optimizer", lambda params, lr, wd, betas, eps: torch.optim.AdamW(
+        params, lr=lr, betas=betas, eps=eps, weight_decay=wd, fused=True))
+
+
+@pytest.mark.parametrize("fused", [False, True])
+def test_non_finite_gradient_skips_update(fused, monkeypatch):
+    """A NaN advantage: the update is skipped (weights, moments and AdamW's step count untouched), reported, and the
+    next finite step updates. Fused: the skip decided on the device (`found_inf`), read with the metrics."""
+    if fused:
+        _fused_adamw(monkeypatch)
     model = build_model(model_shape("tiny"), seed=3)
-    tr = Trainer(model, TrainerConfig(lr=1e-3), total_steps=2)
+    tr = Trainer(model, TrainerConfig(lr=1e-3), total_steps=3)
+    assert bool(tr.optimizer.defaults.get("fused")) == fused
     seqs = _seqs()
     seqs[0].advantage = float("nan")
     before = [p.detach().clone() for p in model.parameters()]
     m = tr.step(seqs)
-    assert m["skipped"] == 1.0
+    assert m["skipped"] == 1.0 and not math.isfinite(m["grad_norm"])
     assert all(torch.equal(a, b) for a, b in zip(before, model.parameters(), strict=True))
+    assert all(float(st["step"]) == 0 and not st["exp_avg"].any() for st in tr.optimizer.state.values())
+    m = tr.step(_seqs())
+    assert m["skipped"] == 0.0 and math.isfinite(m["grad_norm"]) and m["grad_norm"] > 0
+    assert not all(torch.equal(a, b) for a, b in zip(before, model.parameters(), strict=True))
 
 
-def test_sft_steps_reduce_nll():
+def test_fused_update_equals_the_unfused_and_calls_after_update(monkeypatch):
+    """The device-decided path takes the step the host-read path takes (fused and for-each AdamW agree to
+    rounding), and `after_update` runs once, with the update already applied."""
+    out = {}
+    for fused in (False, True):
+        if fused:
+            _fused_adamw(monkeypatch)
+        model = build_model(model_shape("tiny"), seed=3)
+        tr = Trainer(model, TrainerConfig(lr=1e-3), total_steps=3)
+        seen = []
+        m = tr.step(_seqs(), after_update=lambda seen=seen, w=model.lm_head_weight: seen.append(w.detach().clone()))
+        assert len(seen) == 1 and torch.equal(seen[0], model.lm_head_weight)
+        out[fused] = (m, [p.detach().clone() for p in model.parameters()])
+    assert math.isclose(out[True][0]["grad_norm"], out[False][0]["grad_norm"], rel_tol=1e-6)
+    for a, b in zip(out[True][1], out[False][1], strict=True):
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-6)
+
+
+@pytest.mark.parametrize("fused", [False, True])
+def test_sft_steps_reduce_nll(fused, monkeypatch):
+    if fused:
+        _fused_adamw(monkeypatch)
     model = build_model(model_shape("tiny"), seed=0)
     tr = Trainer(model, TrainerConfig(lr=3e-3, warmup_steps=1, schedule="constant"), total_steps=30)
     seqs = _seqs(4)

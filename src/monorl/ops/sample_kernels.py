@@ -228,8 +228,13 @@ def _fp32(x: float) -> float:
     return struct.unpack("f", struct.pack("f", x))[0]
 
 
+# The launch (`benchmarks/tune_sampler.py` sweeps it; H100, CUDA graph, 2026-11-25): a program walks CHUNK logits of
+# one row (a row of 151,936: 19 chunks, so 40 rows make 760 programs) BLOCK at a time (NUCLEUS_BLOCK in the nucleus
+# search's passes) on WARPS warps. The top-p sampler at 40 rows took 175.6 us with (16384, 2048, 2048, 8).
+_CHUNK = 8192
 _BLOCK = 2048
-_CHUNK = 8 * _BLOCK  # a row of 151,936 logits: 10 chunks, so 40 rows fill ~400 programs
+_NUCLEUS_BLOCK = 1024
+_WARPS = 4
 
 
 _LEVELS = 8  # 2 bits of a bf16's 16-bit order key a level
@@ -251,12 +256,12 @@ def _nucleus_bisect(logits: Tensor, thresh: Tensor, top_p: Tensor, inv_t: float,
     cur = torch.empty(B, _LEVELS, dtype=torch.int32, device=dev)
     nch_p = triton.next_power_of_2(nch)
     pdl = pdl_launch(logits)
-    _row_max_kernel[(B, nch)](logits, logits.stride(0), pmax, V, inv_t, CHUNK=_CHUNK, BLOCK=_BLOCK, num_warps=8,
-                              **pdl)
+    _row_max_kernel[(B, nch)](logits, logits.stride(0), pmax, V, inv_t, CHUNK=_CHUNK, BLOCK=_NUCLEUS_BLOCK,
+                              num_warps=_WARPS, **pdl)
     for level in range(_LEVELS):  # no FMA: q rounds as the PyTorch ops' separate product and difference do
         _nucleus_level_kernel[(B, nch)](logits, logits.stride(0), pmax, parts, cur, top_p, V, inv_t, scale,
                                         LEVEL=level, LEVELS=_LEVELS, NCH=nch, NCH_P=nch_p, CHUNK=_CHUNK,
-                                        BLOCK=_BLOCK, num_warps=8, enable_fp_fusion=False, **pdl)
+                                        BLOCK=_NUCLEUS_BLOCK, num_warps=_WARPS, enable_fp_fusion=False, **pdl)
     _nucleus_final_kernel[(B,)](parts, cur, top_p, thresh, inv_t, LEVELS=_LEVELS, NCH=nch, NCH_P=nch_p,
                                 num_warps=1, **pdl)
 
@@ -293,7 +298,7 @@ def sample(logits: Tensor, keys: Tensor, positions: Tensor, temperature: float, 
         pdl = pdl_launch(logits)
         _sample_chunk_kernel[(B, nch)](logits, logits.stride(0), keys, positions, thresh, best_val, best_idx,
                                        part_max, part_sum, V, inv_t, CHUNK=_CHUNK, BLOCK=_BLOCK, GREEDY=greedy,
-                                       NUCLEUS=nucleus, num_warps=8, **pdl)
+                                       NUCLEUS=nucleus, num_warps=_WARPS, **pdl)
         _sample_combine_kernel[(B,)](logits, logits.stride(0), best_val, best_idx, part_max, part_sum, tokens, lps,
                                      inv_t, NCH=nch, NCH_P=triton.next_power_of_2(nch), GREEDY=greedy, num_warps=1,
                                      **pdl)

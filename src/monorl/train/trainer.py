@@ -22,7 +22,7 @@ import contextlib
 import dataclasses
 import logging
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -159,20 +159,36 @@ class Trainer:
                 seqs[i].ref_logprobs = lp[pos:pos + n]
                 pos += n
 
-    def _apply_gradients(self) -> tuple[float, float, bool]:
-        """Clip, step AdamW and the schedule. A non-finite gradient skips the update (weights untouched)."""
-        grad_norm = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.max_grad_norm))
+    def _apply_gradients(self) -> tuple[Tensor | float, Tensor | bool, float]:
+        """Clip, step AdamW and the schedule; a non-finite gradient norm skips the update (weights and moments
+        untouched). Returns (gradient norm, skipped, lr). With a fused optimizer on one rank (a single-GPU run) the
+        skip is decided on the device (fused AdamW's `found_inf`) and the first two are device tensors: nothing here
+        waits for the GPU, so the update (and whatever the caller queues next) is launched while the backward still
+        runs, and the caller reads them with its own sync (`_read_update`). Elsewhere the norm is read here first."""
+        norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.max_grad_norm)
         lr = self.optimizer.param_groups[0]["lr"]
-        skipped = not math.isfinite(grad_norm)
-        if skipped:
-            log.warning("non-finite gradient norm (%s) at trainer step %d: update skipped", grad_norm,
-                        self.step_count)
+        if self.optimizer.defaults.get("fused") and not is_sharded(self.model):
+            skipped = (~torch.isfinite(norm)).float()
+            self.optimizer.found_inf = skipped
+            try:
+                self.optimizer.step()
+            finally:
+                del self.optimizer.found_inf
         else:
-            self.optimizer.step()
+            norm = float(norm)
+            skipped = not math.isfinite(norm)
+            if not skipped:
+                self.optimizer.step()
         self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=self.graphs is None)  # graphs write into the fixed .grad buffers
         self.step_count += 1
-        return grad_norm, lr, skipped
+        return norm, skipped, lr
+
+    def _read_update(self, norm: float, skipped: float | bool) -> tuple[float, bool]:
+        """`_apply_gradients`' norm and skip as read on the host; logs a skipped update."""
+        if skipped:
+            log.warning("non-finite gradient norm (%s) at trainer step %d: update skipped", norm, self.step_count - 1)
+        return float(norm), bool(skipped)
 
     def _warm_up_packs(self, prompt_ids: list[int], num_seqs: int, completion_len: int,
                        smaller: bool = True) -> list[tuple[MicroBatch, LossNorm, Tensor, bool]]:
@@ -238,15 +254,19 @@ class Trainer:
             mbs += [masked_copy(template)] * (most - real)
         return mbs, real
 
-    def _reduce_metrics(self, extra: list[float]) -> tuple[list[float], list[float]]:
-        """The step's metric sums followed by `extra` host counts, added over ranks; and the maxima, the max over
-        ranks. One host sync (two collectives on several ranks)."""
+    def _reduce_metrics(self, extra: list[float], local: Sequence[Tensor | float] = ()
+                        ) -> tuple[list[float], list[float], list[float]]:
+        """The step's metric sums followed by `extra` host counts, added over ranks; the maxima, the max over ranks;
+        and `local` (this rank's scalars, device tensors or numbers) as they are. One host sync (two collectives on
+        several ranks)."""
         sums = torch.cat([self._acc, torch.tensor(extra, dtype=torch.float64, device=self.device)])
         if self.world.size > 1:
             self.world.all_reduce_(sums)
             self.world.all_reduce_(self._acc_max, "max")
-        host = torch.cat([sums, self._acc_max.double()]).tolist()
-        return host[:sums.numel()], host[sums.numel():]
+        mine = [torch.as_tensor(v, dtype=torch.float64, device=self.device).reshape(1) for v in local]
+        host = torch.cat([sums, self._acc_max.double(), *mine]).tolist()
+        n, m = sums.numel(), self._acc_max.numel()
+        return host[:n], host[n:n + m], host[n + m:]
 
     def _reset_accumulators(self) -> None:
         """Zero the gradients (keeping the fixed buffers while graphs exist) and the metric sums."""
@@ -309,11 +329,17 @@ class Trainer:
             loss.backward()
             total += loss.detach().double()  # summed on the device: one sync per step, not per micro-batch
         self.world.all_reduce_(total)
-        grad_norm, lr, skipped = self._apply_gradients()
-        return {"loss": total.item(), "grad_norm": grad_norm, "learning_rate": lr, "skipped": float(skipped)}
+        norm, skipped, lr = self._apply_gradients()
+        loss, norm, skipped = torch.stack([torch.as_tensor(v, dtype=torch.float64, device=self.device).reshape(())
+                                           for v in (total.squeeze(), norm, skipped)]).tolist()
+        grad_norm, skipped = self._read_update(norm, skipped)
+        return {"loss": loss, "grad_norm": grad_norm, "learning_rate": lr, "skipped": float(skipped)}
 
-    def step(self, seqs: Sequence[TrainSequence], temperature: float = 1.0) -> dict[str, float]:
-        """One optimizer step over all `seqs` (accumulated over packed micro-batches)."""
+    def step(self, seqs: Sequence[TrainSequence], temperature: float = 1.0,
+             after_update: Callable[[], None] | None = None) -> dict[str, float]:
+        """One optimizer step over all `seqs` (accumulated over packed micro-batches). after_update: called once
+        the update is queued and before the step's host sync (the RL loop's weight sync: on one GPU its copies are
+        then queued while the backward runs, not after the host has waited for it)."""
         if not seqs:
             raise ValueError("trainer.step needs at least one sequence")
         cfg = self.cfg
@@ -337,9 +363,12 @@ class Trainer:
                 self._accumulate(mb, norm, advantages, temperature)
         correction = cfg.loss.rollout_correction.enabled
         names = loss_metric_names(bool(mbs) and mbs[0].ref_logprobs is not None, correction)
-        # the step's one metrics sync (summed / maxed over ranks)
-        host, maxes = self._reduce_metrics([real, sum(mb.num_real_tokens for mb in mbs)])
-        grad_norm, lr, skipped = self._apply_gradients()
+        norm, skipped, lr = self._apply_gradients()
+        if after_update is not None:
+            after_update()
+        # the step's one metrics sync (summed / maxed over ranks; the norm and skip are every rank's own)
+        host, maxes, local = self._reduce_metrics([real, sum(mb.num_real_tokens for mb in mbs)], [norm, skipped])
+        grad_norm, skipped = self._read_update(*local)
         sums = dict(zip(names, host, strict=False))
         k = len(names)
         d_sum, d_count, ent_sum, d_max = host[k], host[k + 1], host[k + 2], maxes[0]
@@ -348,7 +377,7 @@ class Trainer:
             sums[MAX_METRIC], sums[MIN_METRIC] = maxes[1], -maxes[2]
         out = {
             "loss": sums.get("loss", 0.0) if mbs else 0.0,
-            "grad_norm": float(grad_norm),
+            "grad_norm": grad_norm,
             "learning_rate": lr,
             "entropy": ent_sum / d_count if d_count else 0.0,  # token mean over the step's trained tokens
             "logprob_diff_mean": d_sum / d_count if d_count else 0.0,

@@ -57,6 +57,8 @@ def main() -> None:
     ap.add_argument("--gap-ms", type=float, default=0.5, help="idle gaps listed from this length")
     ap.add_argument("--out", default="rl_step.json")
     ap.add_argument("--set", nargs="*", default=[], help="more config overrides, key=value")
+    ap.add_argument("--cprofile", action="store_true",
+                    help="also run the profiled steps' count once more under cProfile: the host's functions")
     args = ap.parse_args()
 
     sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -69,7 +71,7 @@ def main() -> None:
     cfg = apply_overrides(preset("qwen3_0_6b_sum_digits"), {
         "model.path": str(model_dir(Path(args.model_dir), "qwen3-0.6b")), "model.random_init": "true",
         "rollout.ignore_eos": "true", "checkpoint.final": "false", "checkpoint.every_minutes": "0",
-        "steps": str(args.steps + args.profile + 1), "run_dir": str(work / "run"),
+        "steps": str(args.steps + args.profile * (2 if args.cprofile else 1) + 1), "run_dir": str(work / "run"),
         **dict(kv.split("=", 1) for kv in args.set)})
     run = GRPORun(cfg, progress=False)
     run.warm_up()
@@ -112,6 +114,20 @@ def main() -> None:
         rows.append({"step": s + 1, "wall_s": wall, "gpu_busy_s": busy / 1e6, "kernels": len(kernels),
                      "loop_times_s": {k[5:]: v for k, v in m.items() if k.startswith("time/")},
                      "phases_ms": phase_ms, "gaps": sorted(gaps, key=lambda g: -g["ms"])[:15]})
+    if args.cprofile:  # the host's side of the same steps: where a step's host time goes, function by function
+        import cProfile
+        import pstats
+
+        prof = cProfile.Profile()
+        t = time.perf_counter()
+        prof.enable()
+        for s in range(args.steps + args.profile, args.steps + 2 * args.profile):
+            run.step(s)
+        prof.disable()
+        print(f"\ncProfile of {args.profile} steps ({time.perf_counter() - t:.3f} s); GPU waits show as "
+              "tolist/item/synchronize/replay")
+        pstats.Stats(prof).sort_stats("tottime").print_stats(25)
+        pstats.Stats(prof).sort_stats("cumulative").print_stats(45)
     device = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
     Path(args.out).write_text(json.dumps({"device": device, "torch": torch.__version__, "rows": rows}, indent=1))
     for r in rows:

@@ -267,11 +267,8 @@ class Generator:
                 for _ in range(steps):
                     runner.decode(live, width, sampling)
                 toks, lps = runner.read_ring(steps, live)
-                for slot, seq in enumerate(sched.running):
-                    for t in range(steps):
-                        self._append(seq, toks[t][slot], lps[t][slot])
-                        if seq.finish_reason is not None:
-                            break
+                for seq, seq_toks, seq_lps in zip(sched.running, toks, lps, strict=True):
+                    self._extend(seq, seq_toks, seq_lps)
                 self._reap(sched)
         finally:
             # An exception mid-generation must not leak blocks into the next call.
@@ -331,6 +328,22 @@ class Generator:
         runner.set_slots(list(range(start, start + len(new))), first[idx], [s.prompt_len for s in new],
                          [s.key for s in new], table_tensor([s.table for s in new], runner.width, self.device))
         return True
+
+    def _extend(self, seq: Sequence, toks: list[int], lps: list[float]) -> None:
+        """`_append` each of a sequence's new tokens until it finishes; without stop tokens or strings, by whole
+        lists (a step's 40 x 100 tokens one by one were ~2 ms of host time with the GPU idle)."""
+        sampling = seq.group.sampling
+        if seq.group.stop_ids or sampling.stop_strings:
+            for tok, lp in zip(toks, lps, strict=True):
+                self._append(seq, tok, lp)
+                if seq.finish_reason is not None:
+                    return
+            return
+        n = min(len(toks), sampling.max_new_tokens - len(seq.tokens))
+        seq.tokens += toks[:n]
+        seq.logprobs += lps[:n]
+        if len(seq.tokens) >= sampling.max_new_tokens:
+            seq.finish_reason = "length"
 
     def _append(self, seq: Sequence, tok: int, lp: float) -> None:
         sampling = seq.group.sampling

@@ -251,8 +251,9 @@ class ModelRunner:
         self.block_tables[r] = tables
 
     def read_ring(self, steps: int, live: int) -> tuple[list[list[int]], list[list[float]]]:
-        """[step][slot] tokens and log-probs of the last `steps` steps (one host sync)."""
-        toks = self.ring_tok[:steps, :live].cpu().tolist()
-        lps = self.ring_lp[:steps, :live].cpu().tolist()
+        """[slot][step] tokens and log-probs of the last `steps` steps (one host sync): a sequence's new tokens are
+        one list, which the engine extends by whole (`Generator._extend`)."""
+        toks = self.ring_tok[:steps, :live].t().cpu().tolist()
+        lps = self.ring_lp[:steps, :live].t().cpu().tolist()
         self.ring_idx.zero_()
         return toks, lps

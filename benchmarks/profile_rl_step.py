@@ -47,6 +47,19 @@ def _phases(run) -> None:
     wrap(run.trainer, "_apply_gradients", "phase:optimizer")
     wrap(run.trainer, "_reduce_metrics", "phase:metrics_sync")
     wrap(run, "sync_weights", "phase:sync_weights")
+    # finer host pieces, for what lies inside an idle gap (the table's "host pieces")
+    import monorl.rl.loop as loop_mod
+    import monorl.rl.rollouts as rollouts_mod
+    import monorl.train.trainer as trainer_mod
+
+    for obj, name in ((run.generator, "_admit"), (run.generator, "_reap"), (run.generator, "_completion"),
+                      (run.generator.runner, "read_ring"), (run.generator.runner, "prefill"),
+                      (run.generator.runner, "reset_slots"), (run.generator.runner, "set_slots"),
+                      (run.generator.kv, "copy_blocks"), (run, "check_rewards"), (run.trainer, "_ensure_graph"),
+                      (rollouts_mod, "encode_prompts"), (rollouts_mod, "safe_score_batch"),
+                      (loop_mod, "assign_advantages"), (trainer_mod.LossNorm, "for_step"),
+                      (run.trainer.graphs, "install_grads") if run.trainer.graphs else (run, "check_rewards")):
+        wrap(obj, name, f"phase:{name}")
 
 
 def main() -> None:
@@ -104,8 +117,14 @@ def main() -> None:
                 holding = [(pb - pa, n) for pa, pb, n in phases if pa <= end and pb >= a and n != "step"]
                 host = min(holding)[1] if holding else "loop"
                 inner = sorted({n for pa, pb, n in phases if pa < a and pb > end and n != "step"})
+                # host pieces overlapping the gap (not those holding all of it), by time within it
+                pieces: dict[str, float] = {}
+                for pa, pb, n in phases:
+                    if n != "step" and not (pa <= end and pb >= a) and min(pb, a) > max(pa, end):
+                        pieces[n] = pieces.get(n, 0.0) + (min(pb, a) - max(pa, end)) / 1000
                 gaps.append({"at_ms": (end - step_rng[0]) / 1000, "ms": (a - end) / 1000, "host": host,
-                             "inside": inner, "after": prev[:48], "before": name[:48]})
+                             "inside": inner, "after": prev[:48], "before": name[:48],
+                             "pieces_ms": dict(sorted(pieces.items(), key=lambda kv: -kv[1]))})
             if b > end:
                 end, prev = b, name
         phase_ms: dict[str, float] = {}
@@ -141,6 +160,9 @@ def main() -> None:
         for g in r["gaps"]:
             print(f"| {g['at_ms']:.1f} | {g['ms']:.2f} | {g['host']} | {' '.join(g['inside'])} | {g['after']} "
                   f"| {g['before']} |")
+        for g in r["gaps"][:3]:
+            print(f"host pieces of the {g['ms']:.2f} ms gap at {g['at_ms']:.1f} ms: "
+                  + ", ".join(f"{k} {v:.2f}" for k, v in g["pieces_ms"].items() if v >= 0.05))
 
 
 if __name__ == "__main__":

@@ -22,7 +22,6 @@ import inspect
 from dataclasses import dataclass
 from typing import Any, ClassVar, Literal, Protocol, get_args
 
-import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import Tensor
@@ -115,26 +114,24 @@ class VarlenContext:
                      max_seqlen: int | None = None) -> VarlenContext:
         """`lengths` may end in zero-length entries (a static pack pads its sequence count with them);
         `max_seqlen` (>= every length) fixes the attention bound, for a CUDA graph replayed on other packs."""
-        # numpy on the host: torch's CPU repeat_interleave runs an OpenMP region (grain 1) whose wake-up cost ~5 ms a
-        # call on a 16-core GPU machine, on the RL step's critical path twice (the prefill's pack and the trainer's)
-        lengths = torch.as_tensor(lengths, dtype=torch.int64, device="cpu").numpy().reshape(-1)
-        if lengths.size == 0 or bool((lengths < 0).any()) or int(lengths.sum()) == 0:
+        lengths = torch.as_tensor(lengths, dtype=torch.int64, device="cpu")
+        if lengths.numel() == 0 or bool((lengths < 0).any()) or int(lengths.sum()) == 0:
             raise ValueError(f"sequence lengths must be >= 0 with at least one token, got {lengths.tolist()}")
-        cu = np.zeros(lengths.size + 1, dtype=np.int64)
-        np.cumsum(lengths, out=cu[1:])
+        cu = torch.zeros(len(lengths) + 1, dtype=torch.int32)
+        cu[1:] = torch.cumsum(lengths, 0)
         T, L = int(cu[-1]), int(lengths.max())
         if max_seqlen is not None:
             if max_seqlen < L:
                 raise ValueError(f"max_seqlen={max_seqlen} is below the longest sequence ({L})")
             L = max_seqlen
-        positions = np.arange(T, dtype=np.int64) - np.repeat(cu[:-1], lengths)
-        col = np.arange(L, dtype=np.int64)
+        starts = torch.repeat_interleave(cu[:-1].long(), lengths)
+        positions = torch.arange(T) - starts
+        col = torch.arange(L)
         valid = col[None, :] < lengths[:, None]
-        pad_index = np.where(valid, cu[:-1, None] + col[None, :], T)
+        pad_index = torch.where(valid, cu[:-1, None].long() + col[None, :], T)
         ctx = VarlenContext(
-            cu_seqlens=torch.from_numpy(cu.astype(np.int32)).to(device), max_seqlen=L,
-            positions=torch.from_numpy(positions).to(device), pad_index=torch.from_numpy(pad_index).to(device),
-            valid=torch.from_numpy(valid).to(device), backend=backend,
+            cu_seqlens=cu.to(device), max_seqlen=L, positions=positions.to(device),
+            pad_index=pad_index.to(device), valid=valid.to(device), backend=backend,
         )
         # the number and lengths of packed sequences vary every call: compile for any from the start
         mark_dynamic(ctx.cu_seqlens, ctx.positions, ctx.pad_index, ctx.valid)

@@ -56,8 +56,9 @@ def _phases(run) -> None:
                       (run.generator.runner, "read_ring"), (run.generator.runner, "prefill"),
                       (run.generator.runner, "reset_slots"), (run.generator.runner, "set_slots"),
                       (run.generator.kv, "copy_blocks"), (run, "check_rewards"), (run.trainer, "_ensure_graph"),
-                      (rollouts_mod, "encode_prompts"), (rollouts_mod, "safe_score_batch"),
-                      (loop_mod, "assign_advantages"), (trainer_mod.LossNorm, "for_step"),
+                      (rollouts_mod, "encode_prompts"), (loop_mod, "encode_prompts"),
+                      (rollouts_mod, "safe_score_batch"), (loop_mod, "assign_advantages"),
+                      (trainer_mod.LossNorm, "for_step"),
                       (run.trainer.graphs, "install_grads") if run.trainer.graphs else (run, "check_rewards")):
         wrap(obj, name, f"phase:{name}")
 

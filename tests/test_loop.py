@@ -38,6 +38,32 @@ def test_short_loop_end_to_end(tmp_path, capsys):
         assert torch.equal(p.detach(), q), name
 
 
+def test_prompts_encoded_ahead_change_nothing(tmp_path, monkeypatch):
+    """The next step's prompts are tokenized during the trainer step (`GRPORun.encode_ahead`) and taken by the next
+    step's rollouts instead of encoding there; the run's rollouts and metrics are those of a run without it."""
+    import monorl.rl.rollouts as rollouts_mod
+
+    encodes = []
+    real = rollouts_mod.encode_prompts
+    monkeypatch.setattr(rollouts_mod, "encode_prompts", lambda *a, **k: encodes.append(1) or real(*a, **k))
+    rows = {}
+    for ahead in (True, False):
+        cfg = digits_cfg(tmp_path / str(ahead))
+        cfg.validation.every = 0
+        run = GRPORun(cfg, progress=False)
+        if not ahead:
+            run.encode_ahead = lambda step: None
+        encodes.clear()
+        result = run.run()
+        # in the rollouts: validations before and after, and (with it) the first step only
+        assert len(encodes) == (2 + 1 if ahead else 2 + cfg.steps)
+        assert run.train_prompts.position == cfg.steps * cfg.rollout.prompts_per_step
+        samples = (tmp_path / str(ahead) / "run" / "samples.jsonl").read_text()
+        rows[ahead] = ([{k: v for k, v in r.items() if not k.startswith("time/") and "per_s" not in k}
+                        for r in result.steps], samples)
+    assert rows[True] == rows[False]
+
+
 def test_generator_samples_from_the_updated_weights(tmp_path):
     """After a trainer step and the in-place sync, the generator's outputs are those of the new policy."""
     cfg = digits_cfg(tmp_path)

@@ -310,6 +310,20 @@ def test_prompt_stream_position_and_start() -> None:
         next(PromptStream(Ignores(), seed=3, start=2))
 
 
+def test_prompt_stream_peek_does_not_draw() -> None:
+    """`peek` returns the prompts `next` yields after it (the same objects) without moving the position, so a
+    checkpoint taken after a peek resumes at those prompts."""
+    task = SumDigitsTask()
+    s = PromptStream(task, seed=3)
+    next(s)
+    ahead = s.peek(3)
+    assert s.position == 1 and s.peek(2) == ahead[:2] and s.peek(4)[:3] == ahead
+    resumed = PromptStream(task, seed=3, start=s.position)
+    drawn = [next(s) for _ in range(4)]
+    assert all(a is b for a, b in zip(drawn, ahead, strict=False)) and s.position == 5
+    assert [next(resumed).text for _ in range(4)] == [p.text for p in drawn]
+
+
 def test_rng_state_roundtrip() -> None:
     import numpy as np
 

@@ -61,7 +61,14 @@ from monorl.rl.checkpointing import (
 )
 from monorl.rl.dynamic_sampling import fill_batch
 from monorl.rl.loggers import check_loggers, open_loggers
-from monorl.rl.rollouts import OVERLONG, Rollout, add_overlong_penalty, assign_advantages, generate_rollouts
+from monorl.rl.rollouts import (
+    OVERLONG,
+    Rollout,
+    add_overlong_penalty,
+    assign_advantages,
+    encode_prompts,
+    generate_rollouts,
+)
 from monorl.rl.run_dir import RunDir
 from monorl.rl.stopping import GracefulStop
 from monorl.rl.summary import (
@@ -182,6 +189,8 @@ class GRPORun:
         # prompt + completion must fit the generator's context
         self.max_len = cfg.generator.max_model_len or self.model_config.max_position_embeddings
         self.train_prompts = PromptStream(self.task, cfg.seed)  # knows its position, for checkpoints
+        # (max_new_tokens, prompts, encode_prompts' result) of the next step's first prompts (`encode_ahead`)
+        self.encoded_ahead: tuple[int, list, tuple[list, list[list[int]]]] | None = None
         self.val_prompts = self.task.val_prompts(cfg.validation.num_prompts)
         self.max_prompt_tokens = self.check_prompts_fit()
         self.components = self.check_components()
@@ -517,6 +526,8 @@ class GRPORun:
             t = time.perf_counter()
             self.sync_weights()
             sync["s"] = time.perf_counter() - t
+            if step + 1 < cfg.steps:  # the next step's prompts tokenized while the GPU trains (not after it)
+                self.encode_ahead(step + 1)
 
         tm = self.trainer.step([r.train_sequence(ro.mask_truncated) for r in rollouts], temperature=ro.temperature,
                                after_update=sync_weights)
@@ -541,11 +552,27 @@ class GRPORun:
         """The next `n` training prompts' groups, scored (with the overlong penalty when configured)."""
         ro = self.cfg.rollout
         prompts = list(itertools.islice(self.train_prompts, n))
-        groups = generate_rollouts(self.generator, self.tokenizer, self.task, prompts, self.sampling(step, round_),
-                                   ro.group_size, self.max_len, self.world)
+        sampling = self.sampling(step, round_)
+        ahead, self.encoded_ahead = self.encoded_ahead, None
+        encoded = None
+        if ahead is not None and ahead[0] == sampling.max_new_tokens and len(ahead[1]) == len(prompts) and \
+                all(a is b for a, b in zip(ahead[1], prompts, strict=True)):
+            encoded = ahead[2]
+        groups = generate_rollouts(self.generator, self.tokenizer, self.task, prompts, sampling,
+                                   ro.group_size, self.max_len, self.world, encoded=encoded)
         if ro.overlong_buffer > 0:
             add_overlong_penalty(groups, ro.max_new_tokens, ro.overlong_buffer, ro.overlong_penalty)
         return groups
+
+    def encode_ahead(self, step: int) -> None:
+        """Render and tokenize the prompts step `step` will draw first (`PromptStream.peek`: the stream's position
+        does not move), for `rollouts` to take instead of encoding them itself. Host work that would otherwise
+        run with the GPU idle at the start of that step."""
+        ro = self.cfg.rollout
+        prompts = self.train_prompts.peek(ro.prompts_per_step)
+        max_new = self.sampling(step).max_new_tokens
+        self.encoded_ahead = (max_new, prompts, encode_prompts(self.task, self.tokenizer, prompts, self.max_len,
+                                                               max_new))
 
     def check_rewards(self, rollouts: list[Rollout], patience: int = 3) -> None:
         """Stop the run when the reward failed on every completion of `patience` consecutive steps: a reward
@@ -607,6 +634,7 @@ class GRPORun:
             ckpt = load_training_checkpoint(path, self.policy, self.trainer)
         self.sync_weights()
         self.train_prompts = PromptStream(self.task, self.cfg.seed, start=ckpt.data_position)
+        self.encoded_ahead = None
         earlier = self.run_dir.rewind(ckpt.step)
         self.num_tokens = int(ckpt.meta.get("num_tokens", 0))
         pre = ckpt.meta.get("pre_validation")

@@ -64,11 +64,13 @@ def encode_prompts(task: Task, tokenizer, prompts: Sequence[Prompt], max_len: in
 
 
 def generate_rollouts(generator: Generator, tokenizer, task: Task, prompts: Sequence[Prompt],
-                      sampling: SamplingParams, n: int, max_len: int, world: World = SINGLE) -> list[list[Rollout]]:
+                      sampling: SamplingParams, n: int, max_len: int, world: World = SINGLE,
+                      encoded: tuple[list[Prompt], list[list[int]]] | None = None) -> list[list[Rollout]]:
     """[prompt][sample] rollouts with rewards (no advantages yet). On several ranks (`world`) each generates and
     scores its contiguous share of the prompt groups (a group never spans ranks), keyed by the group's index in
-    the whole batch, so a group's completions do not depend on the rank count; every rank gets all groups back."""
-    prompts, prompt_ids = encode_prompts(task, tokenizer, prompts, max_len, sampling.max_new_tokens)
+    the whole batch, so a group's completions do not depend on the rank count; every rank gets all groups back.
+    encoded: `encode_prompts(task, tokenizer, prompts, max_len, sampling.max_new_tokens)`, when already at hand."""
+    prompts, prompt_ids = encoded or encode_prompts(task, tokenizer, prompts, max_len, sampling.max_new_tokens)
     lo, hi = world.share(len(prompts))
     prompts, prompt_ids = prompts[lo:hi], prompt_ids[lo:hi]
     if not prompts:

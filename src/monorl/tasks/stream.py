@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import itertools
 import random
+from collections import deque
 from collections.abc import Iterator
 
 from monorl.tasks.base import Prompt, Task
@@ -16,12 +18,20 @@ class PromptStream:
         self.task_name = task.name
         self.position = start
         self._it = task.train_prompts(seed=seed, start=start)
+        self._ahead: deque[Prompt] = deque()  # drawn from the task by `peek`, not yet yielded
 
     def __iter__(self) -> Iterator[Prompt]:
         return self
 
+    def peek(self, n: int) -> list[Prompt]:
+        """The next n prompts without taking them: `next` yields these same objects, and `position` moves only then
+        (a checkpoint in between stores the position before them)."""
+        while len(self._ahead) < n:
+            self._ahead.append(next(self._it))
+        return list(itertools.islice(self._ahead, n))
+
     def __next__(self) -> Prompt:
-        p = next(self._it)
+        p = self._ahead.popleft() if self._ahead else next(self._it)
         index = p.meta.get("index")
         if index is None:  # a task without stream indices: count what was drawn
             self.position += 1

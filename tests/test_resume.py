@@ -3,6 +3,7 @@ checkpoint write leaves the previous checkpoint usable; bad files and changed co
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import random
@@ -322,6 +323,13 @@ def test_prompt_stream_peek_does_not_draw() -> None:
     drawn = [next(s) for _ in range(4)]
     assert all(a is b for a, b in zip(drawn, ahead, strict=False)) and s.position == 5
     assert [next(resumed).text for _ in range(4)] == [p.text for p in drawn]
+
+    class Two(SumDigitsTask):
+        def train_prompts(self, seed: int = 42, start: int = 0):  # a finite stream
+            return itertools.islice(super().train_prompts(seed, start), 2 - start)
+
+    finite = PromptStream(Two(), seed=3)
+    assert len(finite.peek(5)) == 2 and finite.position == 0 and len(list(finite)) == 2
 
 
 def test_rng_state_roundtrip() -> None:

@@ -569,10 +569,14 @@ class GRPORun:
         does not move), for `rollouts` to take instead of encoding them itself. Host work that would otherwise
         run with the GPU idle at the start of that step."""
         ro = self.cfg.rollout
-        prompts = self.train_prompts.peek(ro.prompts_per_step)
-        max_new = self.sampling(step).max_new_tokens
-        self.encoded_ahead = (max_new, prompts, encode_prompts(self.task, self.tokenizer, prompts, self.max_len,
-                                                               max_new))
+        self.encoded_ahead = None
+        try:
+            prompts = self.train_prompts.peek(ro.prompts_per_step)
+            max_new = self.sampling(step).max_new_tokens
+            self.encoded_ahead = (max_new, prompts, encode_prompts(self.task, self.tokenizer, prompts, self.max_len,
+                                                                   max_new))
+        except Exception:  # noqa: BLE001 - a prompt that fails to render fails where that step draws it, as before
+            log.debug("encoding the next step's prompts ahead failed; that step encodes them itself", exc_info=True)
 
     def check_rewards(self, rollouts: list[Rollout], patience: int = 3) -> None:
         """Stop the run when the reward failed on every completion of `patience` consecutive steps: a reward

@@ -24,10 +24,13 @@ class PromptStream:
         return self
 
     def peek(self, n: int) -> list[Prompt]:
-        """The next n prompts without taking them: `next` yields these same objects, and `position` moves only then
-        (a checkpoint in between stores the position before them)."""
+        """The next n prompts (fewer where a finite stream ends) without taking them: `next` yields these same
+        objects, and `position` moves only then (a checkpoint in between stores the position before them)."""
         while len(self._ahead) < n:
-            self._ahead.append(next(self._it))
+            p = next(self._it, None)
+            if p is None:
+                break
+            self._ahead.append(p)
         return list(itertools.islice(self._ahead, n))
 
     def __next__(self) -> Prompt:

@@ -52,14 +52,15 @@ def _phases(run) -> None:
     import monorl.rl.rollouts as rollouts_mod
     import monorl.train.trainer as trainer_mod
 
-    for obj, name in ((run.generator, "_admit"), (run.generator, "_reap"), (run.generator, "_completion"),
-                      (run.generator.runner, "read_ring"), (run.generator.runner, "prefill"),
-                      (run.generator.runner, "reset_slots"), (run.generator.runner, "set_slots"),
-                      (run.generator.kv, "copy_blocks"), (run, "check_rewards"), (run.trainer, "_ensure_graph"),
-                      (rollouts_mod, "encode_prompts"), (loop_mod, "encode_prompts"),
-                      (rollouts_mod, "safe_score_batch"), (loop_mod, "assign_advantages"),
-                      (trainer_mod.LossNorm, "for_step"),
-                      (run.trainer.graphs, "install_grads") if run.trainer.graphs else (run, "check_rewards")):
+    pieces = [(run.generator, "_admit"), (run.generator, "_reap"), (run.generator, "_completion"),
+              (run.generator.runner, "read_ring"), (run.generator.runner, "prefill"),
+              (run.generator.runner, "reset_slots"), (run.generator.runner, "set_slots"),
+              (run.generator.kv, "copy_blocks"), (run, "check_rewards"), (run.trainer, "_ensure_graph"),
+              (rollouts_mod, "encode_prompts"), (loop_mod, "encode_prompts"), (rollouts_mod, "safe_score_batch"),
+              (loop_mod, "assign_advantages"), (trainer_mod.LossNorm, "for_step")]
+    if run.trainer.graphs is not None:
+        pieces.append((run.trainer.graphs, "install_grads"))
+    for obj, name in pieces:
         wrap(obj, name, f"phase:{name}")
 
 

@@ -522,7 +522,7 @@ class GRPORun:
         self.check_rewards(rollouts)
         sync = {}
 
-        def sync_weights() -> None:  # queued behind the update, before the trainer's host sync (`Trainer.step`)
+        def after_update() -> None:  # queued behind the update, before the trainer's host sync (`Trainer.step`)
             t = time.perf_counter()
             self.sync_weights()
             sync["s"] = time.perf_counter() - t
@@ -530,7 +530,7 @@ class GRPORun:
                 self.encode_ahead(step + 1)
 
         tm = self.trainer.step([r.train_sequence(ro.mask_truncated) for r in rollouts], temperature=ro.temperature,
-                               after_update=sync_weights)
+                               after_update=after_update)
         if self.device.type == "cuda":
             torch.cuda.synchronize()
         t2 = time.perf_counter()

@@ -71,6 +71,7 @@ def main() -> None:
     ap.add_argument("--profile", type=int, default=2, help="steps profiled")
     ap.add_argument("--gap-ms", type=float, default=0.5, help="idle gaps listed from this length")
     ap.add_argument("--out", default="rl_step.json")
+    ap.add_argument("--kernels", type=int, default=14, help="kernels listed by GPU time, generation and the rest")
     ap.add_argument("--set", nargs="*", default=[], help="more config overrides, key=value")
     ap.add_argument("--cprofile", action="store_true",
                     help="also run the profiled steps' count once more under cProfile: the host's functions")
@@ -132,9 +133,19 @@ def main() -> None:
         phase_ms: dict[str, float] = {}
         for a, b, n in phases:
             phase_ms[n] = phase_ms.get(n, 0.0) + (b - a) / 1000
+        # GPU time by kernel name, generation against the rest: a generation ends with a host read of its tokens,
+        # so its kernels all start before the host's generate phase ends
+        gen_end = max((b for a, b, n in phases if n == "generate"), default=step_rng[0])
+        by_kernel: dict[str, dict[str, list[float]]] = {"generate": {}, "rest": {}}
+        for a, b, name in kernels:
+            part = by_kernel["generate" if a < gen_end else "rest"].setdefault(name[:72], [0, 0.0])
+            part[0] += 1
+            part[1] += (b - a) / 1000
         rows.append({"step": s + 1, "wall_s": wall, "gpu_busy_s": busy / 1e6, "kernels": len(kernels),
                      "loop_times_s": {k[5:]: v for k, v in m.items() if k.startswith("time/")},
-                     "phases_ms": phase_ms, "gaps": sorted(gaps, key=lambda g: -g["ms"])[:15]})
+                     "phases_ms": phase_ms, "gaps": sorted(gaps, key=lambda g: -g["ms"])[:15],
+                     "kernels_ms": {k: dict(sorted(v.items(), key=lambda kv: -kv[1][1]))
+                                    for k, v in by_kernel.items()}})
     if args.cprofile:  # the host's side of the same steps: where a step's host time goes, function by function
         import cProfile
         import pstats
@@ -162,6 +173,12 @@ def main() -> None:
         for g in r["gaps"]:
             print(f"| {g['at_ms']:.1f} | {g['ms']:.2f} | {g['host']} | {' '.join(g['inside'])} | {g['after']} "
                   f"| {g['before']} |")
+        for part, names in r["kernels_ms"].items():
+            total = sum(v[1] for v in names.values())
+            print(f"GPU time, {part}: {total:.1f} ms in {sum(v[0] for v in names.values())} kernels; "
+                  f"top {args.kernels} (calls, ms, us a call):")
+            for name, (n, ms) in list(names.items())[:args.kernels]:
+                print(f"  {n:6d} {ms:8.2f} {ms * 1e3 / n:8.1f}  {name}")
         for g in r["gaps"][:3]:
             print(f"host pieces of the {g['ms']:.2f} ms gap at {g['at_ms']:.1f} ms: "
                   + ", ".join(f"{k} {v:.2f}" for k, v in g["pieces_ms"].items() if v >= 0.05))

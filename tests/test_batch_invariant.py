@@ -97,6 +97,43 @@ def test_attention_varlen_equals_decode() -> None:
     torch.testing.assert_close(full, ref[0].transpose(0, 1), rtol=1e-5, atol=1e-5)
 
 
+def test_attention_log_sum_exp() -> None:
+    """The varlen op's second output, what flash attention's backward takes (fp32 [Hq, T]): each row's log-sum-exp
+    of its scaled causal scores within its own sequence, GQA included."""
+    g = torch.Generator().manual_seed(4)
+    lengths, Hq, Hkv, D = [7, 1, 12], 4, 2, 16
+    T = sum(lengths)
+    q, k, v = (torch.randn(T, h, D, generator=g) for h in (Hq, Hkv, Hkv))
+    c = VarlenContext.from_lengths(lengths, "cpu")
+    out, lse = attention_invariant.bi_varlen_attn(q, k, v, c.cu_seqlens, c.pad_index, c.valid)
+    assert lse.shape == (Hq, T) and lse.dtype == torch.float32
+    start = 0
+    for L in lengths:
+        kk = k[start:start + L].repeat_interleave(Hq // Hkv, dim=1)
+        s = torch.einsum("thd,shd->hts", q[start:start + L], kk) * D ** -0.5
+        s = s.masked_fill(~torch.ones(L, L, dtype=torch.bool).tril(), float("-inf"))
+        torch.testing.assert_close(lse[:, start:start + L], torch.logsumexp(s, -1), rtol=1e-5, atol=1e-5)
+        start += L
+    assert torch.equal(out, attention_invariant.varlen_attention(q, k, v, c.cu_seqlens, c.pad_index, c.valid))
+
+
+def test_attention_compiles_with_backward() -> None:
+    """Compiled (AOT autograd traces both custom ops through their fake implementations, forward and backward),
+    the invariant attention's gradients equal eager's."""
+    g = torch.Generator().manual_seed(5)
+    lengths, Hq, Hkv, D = [5, 9, 3], 4, 2, 16
+    q, k, v = (torch.randn(sum(lengths), h, D, generator=g, requires_grad=True) for h in (Hq, Hkv, Hkv))
+    c = VarlenContext.from_lengths(lengths, "cpu")
+
+    def loss(q, k, v):
+        return attention_invariant.varlen_attention(q, k, v, c.cu_seqlens, c.pad_index, c.valid).square().sum()
+
+    ref = torch.autograd.grad(loss(q, k, v), (q, k, v))
+    got = torch.autograd.grad(torch.compile(loss, backend="aot_eager", fullgraph=True)(q, k, v), (q, k, v))
+    for a, b in zip(got, ref, strict=True):
+        torch.testing.assert_close(a, b)
+
+
 def test_attention_backward_static_pack_layout() -> None:
     """The invariant attention's backward reads only device tensors of the context (no host sync: it runs inside
     trainer CUDA graphs); with a static pack's layout (zero-length entries, a larger max_seqlen) its gradients

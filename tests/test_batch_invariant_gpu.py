@@ -129,17 +129,23 @@ def test_matmul_tilings_agree_bitwise() -> None:
 
 
 def test_attention_backward_flash_matches_textbook() -> None:
-    """The mode's attention backward on CUDA is flash attention's (backward values need not be invariant): its
-    gradients agree with the textbook formulas in fp32, GQA and a static pack's zero-length entries included."""
+    """The mode's attention backward on CUDA is flash attention's (backward values need not be invariant), from
+    the invariant forward's output and log-sum-exp (that log-sum-exp is flash's own forward's, to fp32 rounding):
+    its gradients agree with the textbook formulas in fp32, GQA and a static pack's zero-length entries included."""
     from monorl.model.attention import VarlenContext
-    from monorl.ops.attention_invariant import backward_flash, backward_padded
+    from monorl.ops.attention_invariant import backward_flash, backward_padded, bi_varlen_attn
 
     g = torch.Generator(device="cuda").manual_seed(0)
     ctx = VarlenContext.from_lengths([37, 120, 5, 1, 0, 0], "cuda", "invariant", max_seqlen=128)
     T = int(ctx.cu_seqlens[-1])
     q, grad = (torch.randn(T, 16, 128, device="cuda", generator=g).bfloat16() for _ in range(2))
     k, v = (torch.randn(T, 8, 128, device="cuda", generator=g).bfloat16() for _ in range(2))
-    flash = backward_flash(grad, q, k, v, ctx.cu_seqlens, ctx.valid.shape[1])
+    out, lse = bi_varlen_attn(q, k, v, ctx.cu_seqlens, ctx.pad_index, ctx.valid)
+    L = ctx.valid.shape[1]
+    _, flash_lse, _, _, _ = torch.ops.aten._flash_attention_forward(q, k, v, ctx.cu_seqlens, ctx.cu_seqlens, L, L,
+                                                                    0.0, True, False)
+    torch.testing.assert_close(lse, flash_lse, rtol=1e-5, atol=1e-4)
+    flash = backward_flash(grad, q, k, v, out, lse, ctx.cu_seqlens, L)
     exact = backward_padded(grad, q, k, v, ctx.pad_index, ctx.valid)
     for name, a, b in zip(("dq", "dk", "dv"), flash, exact, strict=True):
         assert a.shape == b.shape and a.dtype == b.dtype, name

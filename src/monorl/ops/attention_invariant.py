@@ -2,8 +2,9 @@
 
 On CUDA both run `attention_triton`'s one kernel, so a token's output is the same in a packed forward and
 in a decode step. The CPU path uses an exact max and pairwise-tree sums padded with zeros, which do not
-change with the number of keys. Backward (`bi_varlen_attn_backward`) is flash attention's on CUDA and
-ordinary math in a padded layout elsewhere: only forward values have to match the generator.
+change with the number of keys. Backward (`bi_varlen_attn_backward`) is flash attention's on CUDA, from the
+forward's output and log-sum-exp, and ordinary math in a padded layout elsewhere: only forward values have to
+match the generator.
 """
 
 from __future__ import annotations
@@ -16,8 +17,9 @@ from monorl.ops.attention_triton import attention_triton, varlen_attention_trito
 from monorl.ops.tree_sum import tree_sum
 
 
-def _attn_cpu_rows(q: Tensor, k: Tensor, v: Tensor, valid: Tensor) -> Tensor:
-    """q [R, H, D], k/v [R, L, H, D] (each row's keys, GQA-expanded), valid [R, L] -> [R, H, D] (fp32 math)."""
+def _attn_cpu_rows(q: Tensor, k: Tensor, v: Tensor, valid: Tensor) -> tuple[Tensor, Tensor]:
+    """q [R, H, D], k/v [R, L, H, D] (each row's keys, GQA-expanded), valid [R, L] -> (out [R, H, D], log-sum-exp
+    of the scaled scores [R, H] fp32) (fp32 math)."""
     D = q.shape[-1]
     qf, kf, vf = q.float(), k.float(), v.float()
     s = tree_sum(qf[:, None] * kf) * D ** -0.5  # [R, L, H]
@@ -27,7 +29,7 @@ def _attn_cpu_rows(q: Tensor, k: Tensor, v: Tensor, valid: Tensor) -> Tensor:
     l_ = tree_sum(p.transpose(1, 2))  # [R, H]
     pv = torch.where(valid[:, :, None, None], p[..., None] * vf, 0.0)  # cache garbage never reaches the sum
     o = tree_sum(pv.permute(0, 2, 3, 1))  # [R, H, D]
-    return (o / l_[..., None]).to(q.dtype)
+    return (o / l_[..., None]).to(q.dtype), m[:, 0] + torch.log(l_)
 
 
 def _expand_kv(x: Tensor, g: int) -> Tensor:
@@ -35,12 +37,16 @@ def _expand_kv(x: Tensor, g: int) -> Tensor:
 
 
 @torch.library.custom_op("monorl::bi_varlen_attn", mutates_args=())
-def bi_varlen_attn(q: Tensor, k: Tensor, v: Tensor, cu_seqlens: Tensor, pad_index: Tensor, valid: Tensor) -> Tensor:
-    """Causal attention of packed sequences (sequence s: tokens cu_seqlens[s] .. cu_seqlens[s+1] - 1). `pad_index`
-    / `valid` (the `VarlenContext`'s padded layout) are for backward, which must not read lengths on the host (it
-    runs inside trainer CUDA graphs); valid's width is the longest sequence."""
+def bi_varlen_attn(q: Tensor, k: Tensor, v: Tensor, cu_seqlens: Tensor, pad_index: Tensor,
+                   valid: Tensor) -> tuple[Tensor, Tensor]:
+    """Causal attention of packed sequences (sequence s: tokens cu_seqlens[s] .. cu_seqlens[s+1] - 1). Returns the
+    output and each row's log-sum-exp of its scaled scores (fp32 [Hq, T], flash attention's layout), which backward
+    takes instead of recomputing the forward. `pad_index` / `valid` (the `VarlenContext`'s padded layout) are for
+    backward, which must not read lengths on the host (it runs inside trainer CUDA graphs); valid's width is the
+    longest sequence."""
+    lse = torch.empty(q.shape[1], q.shape[0], dtype=torch.float32, device=q.device)
     if use_triton(q):
-        return varlen_attention_triton(q, k, v, cu_seqlens, valid.shape[1])
+        return varlen_attention_triton(q, k, v, cu_seqlens, valid.shape[1], lse), lse
     g = q.shape[1] // k.shape[1]
     out = torch.empty_like(q)
     cu = cu_seqlens.tolist()
@@ -53,43 +59,38 @@ def bi_varlen_attn(q: Tensor, k: Tensor, v: Tensor, cu_seqlens: Tensor, pad_inde
         rows = max(1, (1 << 22) // max(1, L * kk[0].numel()))
         for s in range(0, L, rows):
             e = min(L, s + rows)
-            out[a + s:a + e] = _attn_cpu_rows(q[a + s:a + e], kk[None].expand(e - s, *kk.shape),
-                                              vv[None].expand(e - s, *vv.shape), valid[s:e])
-    return out
+            o, rows_lse = _attn_cpu_rows(q[a + s:a + e], kk[None].expand(e - s, *kk.shape),
+                                         vv[None].expand(e - s, *vv.shape), valid[s:e])
+            out[a + s:a + e], lse[:, a + s:a + e] = o, rows_lse.t()
+    return out, lse
 
 
 @bi_varlen_attn.register_fake
-def _(q: Tensor, k: Tensor, v: Tensor, cu_seqlens: Tensor, pad_index: Tensor, valid: Tensor) -> Tensor:
-    return torch.empty_like(q)
+def _(q: Tensor, k: Tensor, v: Tensor, cu_seqlens: Tensor, pad_index: Tensor, valid: Tensor) -> tuple[Tensor, Tensor]:
+    return torch.empty_like(q), q.new_empty(q.shape[1], q.shape[0], dtype=torch.float32)
 
 
 @torch.library.custom_op("monorl::bi_varlen_attn_backward", mutates_args=())
-def bi_varlen_attn_backward(grad: Tensor, q: Tensor, k: Tensor, v: Tensor, cu_seqlens: Tensor, pad_index: Tensor,
-                            valid: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+def bi_varlen_attn_backward(grad: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor,
+                            cu_seqlens: Tensor, pad_index: Tensor, valid: Tensor) -> tuple[Tensor, Tensor, Tensor]:
     """Gradients of causal varlen attention. Backward values need not be invariant (only forward log-probs must
-    equal the generator's), so on CUDA in bf16/fp16 they are flash attention's, as in the default mode;
-    elsewhere the textbook formulas. Device tensors only (no host sync), so it can be graph-captured."""
+    equal the generator's), so on CUDA in bf16/fp16 they are flash attention's, as in the default mode, from the
+    forward's `out` and `lse`; elsewhere the textbook formulas. Device tensors only (no host sync), so it can be
+    graph-captured."""
     if q.is_cuda and q.dtype in (torch.bfloat16, torch.float16):
-        return backward_flash(grad, q, k, v, cu_seqlens, valid.shape[1])
+        return backward_flash(grad, q, k, v, out, lse, cu_seqlens, valid.shape[1])
     return backward_padded(grad, q, k, v, pad_index, valid)
 
 
-def backward_flash(grad: Tensor, q: Tensor, k: Tensor, v: Tensor, cu_seqlens: Tensor,
+def backward_flash(grad: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor, cu_seqlens: Tensor,
                    max_seqlen: int) -> tuple[Tensor, Tensor, Tensor]:
-    """Flash attention's varlen gradients, the default mode's kernels, its forward recomputed for the softmax
-    statistics (~1/3 of its backward's cost). On a Qwen3-0.6B pack the padded textbook backward took 46% of an
-    invariant trainer step (H200). The ATen ops directly: this runs below autograd (inside a custom op)."""
-    g = q.shape[1] // k.shape[1]
-    kk, vv = _expand_kv(k, g), _expand_kv(v, g)
-    flash = torch.ops.aten
-    out, lse, _, _, _ = flash._flash_attention_forward(q, kk, vv, cu_seqlens, cu_seqlens, max_seqlen, max_seqlen,
-                                                       0.0, True, False)
+    """Flash attention's varlen gradients (the default mode's kernel) from the forward's output and log-sum-exp
+    [Hq, T]: no forward recomputed for the softmax statistics, and no GQA-expanded keys and values (flash sums a
+    group's key/value gradients itself). On a Qwen3-0.6B pack the padded textbook backward took 46% of an invariant
+    trainer step (H200). The ATen op directly: this runs below autograd (inside a custom op)."""
     rng = torch.zeros(2, dtype=torch.uint64, device=q.device)  # no dropout: no RNG state to replay
-    dq, dk, dv = flash._flash_attention_backward(grad, q, kk, vv, out, lse, cu_seqlens, cu_seqlens, max_seqlen,
-                                                 max_seqlen, 0.0, True, rng, q.new_empty(0))
-    if g > 1:  # the GQA group's heads share one key/value head: their gradients add up
-        dk = dk.unflatten(1, (k.shape[1], g)).sum(2)
-        dv = dv.unflatten(1, (v.shape[1], g)).sum(2)
+    dq, dk, dv = torch.ops.aten._flash_attention_backward(grad, q, k, v, out, lse, cu_seqlens, cu_seqlens, max_seqlen,
+                                                          max_seqlen, 0.0, True, rng, q.new_empty(0))
     return dq, dk, dv
 
 
@@ -131,19 +132,20 @@ def backward_padded(grad: Tensor, q: Tensor, k: Tensor, v: Tensor, pad_index: Te
 
 
 @bi_varlen_attn_backward.register_fake
-def _(grad: Tensor, q: Tensor, k: Tensor, v: Tensor, cu_seqlens: Tensor, pad_index: Tensor,
+def _(grad: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor, cu_seqlens: Tensor, pad_index: Tensor,
       valid: Tensor) -> tuple[Tensor, Tensor, Tensor]:
     return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
 
 
 def _attn_setup(ctx, inputs, output) -> None:
     q, k, v, cu_seqlens, pad_index, valid = inputs
-    ctx.save_for_backward(q, k, v, cu_seqlens, pad_index, valid)
+    ctx.save_for_backward(q, k, v, *output, cu_seqlens, pad_index, valid)
 
 
-def _attn_backward(ctx, grad: Tensor) -> tuple[Tensor | None, ...]:
-    q, k, v, cu_seqlens, pad_index, valid = ctx.saved_tensors
-    dq, dk, dv = bi_varlen_attn_backward(grad.contiguous(), q, k, v, cu_seqlens, pad_index, valid)
+def _attn_backward(ctx, grad: Tensor, grad_lse: Tensor | None) -> tuple[Tensor | None, ...]:
+    # grad_lse: nothing differentiates the log-sum-exp (it is backward's input, not a model output)
+    q, k, v, out, lse, cu_seqlens, pad_index, valid = ctx.saved_tensors
+    dq, dk, dv = bi_varlen_attn_backward(grad.contiguous(), q, k, v, out, lse, cu_seqlens, pad_index, valid)
     return dq, dk, dv, None, None, None
 
 
@@ -162,7 +164,7 @@ def bi_paged_decode(q: Tensor, k_cache: Tensor, v_cache: Tensor, block_tables: T
     k = _expand_kv(k_cache[idx].view(B, W * bs, Hkv, D), g)
     v = _expand_kv(v_cache[idx].view(B, W * bs, Hkv, D), g)
     valid = torch.arange(W * bs, device=q.device)[None, :] < seq_lens[:, None]
-    return _attn_cpu_rows(q, k.to(q.dtype), v.to(q.dtype), valid)
+    return _attn_cpu_rows(q, k.to(q.dtype), v.to(q.dtype), valid)[0]
 
 
 @bi_paged_decode.register_fake
@@ -171,7 +173,7 @@ def _(q: Tensor, k_cache: Tensor, v_cache: Tensor, block_tables: Tensor, seq_len
 
 
 def varlen_attention(q: Tensor, k: Tensor, v: Tensor, cu_seqlens: Tensor, pad_index: Tensor, valid: Tensor) -> Tensor:
-    return bi_varlen_attn(q, k, v, cu_seqlens, pad_index, valid)
+    return bi_varlen_attn(q, k, v, cu_seqlens, pad_index, valid)[0]
 
 
 def paged_decode(q: Tensor, k_cache: Tensor, v_cache: Tensor, block_tables: Tensor, seq_lens: Tensor) -> Tensor:

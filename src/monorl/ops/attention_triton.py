@@ -41,17 +41,19 @@ if HAS_TRITON:
     @triton.jit
     def _attn_kernel(q_ptr, k_ptr, v_ptr, o_ptr, cu_ptr, lens_ptr, bt_ptr,
                      stride_qt, stride_qh, stride_kblk, stride_ktok, stride_kh, stride_btb,
-                     stride_ot, stride_oh, scale, tiles, part_ptr, ml_ptr,
+                     stride_ot, stride_oh, scale, tiles, part_ptr, ml_ptr, lse_ptr, stride_lse,
                      PAGED: tl.constexpr, G: tl.constexpr, ROWS: tl.constexpr, TOKENS: tl.constexpr,
                      D: tl.constexpr, BS: tl.constexpr, BLOCK_N: tl.constexpr, SPLITS: tl.constexpr = 1,
-                     PDL: tl.constexpr = False):
+                     STORE_LSE: tl.constexpr = False, PDL: tl.constexpr = False):
         if PDL:  # wait for the kernel before (programmatic dependent launch)
             pdl_start()
         # Rows are (token i < TOKENS of the tile, query head hk * G + g). Paged: program = one sequence's new
         # token (TOKENS = 1), n keys, all of them visible. Varlen: program = tile `pid % tiles` of sequence
         # `pid // tiles`; its token i sees keys 0..t0 + i of that sequence. SPLITS > 1 (paged only, not
         # invariant): program (pid, hk, split) walks the split-th of SPLITS equal runs of whole key blocks and
-        # writes its unnormalised state to part_ptr / ml_ptr for `_attn_combine_kernel`.
+        # writes its unnormalised state to part_ptr / ml_ptr for `_attn_combine_kernel`. STORE_LSE: each row's
+        # log-sum-exp of its scaled scores (m + log l) at lse_ptr [Hq, rows], the softmax statistics flash
+        # attention's backward takes, so that backward need not recompute them.
         pid = tl.program_id(0)
         hk = tl.program_id(1)
         rows = tl.arange(0, ROWS)
@@ -116,6 +118,8 @@ if HAS_TRITON:
             tl.store(part_ptr + at[:, None].to(tl.int64) * D + offs_d[None, :], acc, mask=rmask[:, None])
             return
         out = acc / l_i[:, None]
+        if STORE_LSE:
+            tl.store(lse_ptr + hq * stride_lse + qrow, m_i + tl.log(l_i), mask=rmask)
         tl.store(o_ptr + qrow[:, None].to(tl.int64) * stride_ot + hq[:, None] * stride_oh + offs_d[None, :],
                  out.to(o_ptr.dtype.element_ty), mask=rmask[:, None])
 
@@ -179,7 +183,7 @@ def attention_triton(q: Tensor, k_cache: Tensor, v_cache: Tensor, lens: Tensor, 
     _attn_kernel[(R, Hkv, splits)](
         q, k_cache, v_cache, out, lens, lens, block_tables,
         q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), block_tables.stride(0),
-        out.stride(0), out.stride(1), D ** -0.5, 1, part, ml,
+        out.stride(0), out.stride(1), D ** -0.5, 1, part, ml, out, 0,
         PAGED=True, G=G, ROWS=rows, TOKENS=1, D=D, BS=k_cache.shape[1], BLOCK_N=ATTN_BLOCK_N, SPLITS=splits,
         num_warps=ATTN_WARPS, **pdl_launch(q))
     if splits > 1:
@@ -188,9 +192,12 @@ def attention_triton(q: Tensor, k_cache: Tensor, v_cache: Tensor, lens: Tensor, 
     return out
 
 
-def varlen_attention_triton(q: Tensor, k: Tensor, v: Tensor, cu_seqlens: Tensor, max_seqlen: int) -> Tensor:
+def varlen_attention_triton(q: Tensor, k: Tensor, v: Tensor, cu_seqlens: Tensor, max_seqlen: int,
+                            lse: Tensor | None = None) -> Tensor:
     """Causal attention of packed sequences: q [T, Hq, D], k/v [T, Hkv, D]; sequence s is tokens
-    cu_seqlens[s] .. cu_seqlens[s+1] - 1 (int32, on the device: no host read), none longer than max_seqlen."""
+    cu_seqlens[s] .. cu_seqlens[s+1] - 1 (int32, on the device: no host read), none longer than max_seqlen.
+    lse (fp32 [Hq, T], optional): filled with each row's log-sum-exp of its scaled scores, flash attention's
+    layout; the outputs are the same with or without it."""
     T, Hq, D = q.shape
     Hkv = k.shape[1]
     G, rows, tokens = _tile(Hq, Hkv)
@@ -198,11 +205,13 @@ def varlen_attention_triton(q: Tensor, k: Tensor, v: Tensor, cu_seqlens: Tensor,
     out = torch.empty_like(q)
     if T == 0:
         return out
+    if lse is not None and (lse.shape != (Hq, T) or lse.dtype != torch.float32 or lse.stride(1) != 1):
+        raise ValueError(f"lse must be a row-major fp32 [{Hq}, {T}] tensor, got {lse.dtype} {tuple(lse.shape)}")
     tiles = triton.cdiv(max_seqlen, tokens)
     _attn_kernel[((cu_seqlens.shape[0] - 1) * tiles, Hkv)](
         q, k, v, out, cu_seqlens, cu_seqlens, cu_seqlens,
         q.stride(0), q.stride(1), 0, k.stride(0), k.stride(1), 0, out.stride(0), out.stride(1), D ** -0.5, tiles,
-        out, out,
-        PAGED=False, G=G, ROWS=rows, TOKENS=tokens, D=D, BS=1, BLOCK_N=ATTN_BLOCK_N, num_warps=ATTN_WARPS,
-        **pdl_launch(q))
+        out, out, out if lse is None else lse, 0 if lse is None else lse.stride(0),
+        PAGED=False, G=G, ROWS=rows, TOKENS=tokens, D=D, BS=1, BLOCK_N=ATTN_BLOCK_N, STORE_LSE=lse is not None,
+        num_warps=ATTN_WARPS, **pdl_launch(q))
     return out

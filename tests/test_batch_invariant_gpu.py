@@ -128,6 +128,24 @@ def test_matmul_tilings_agree_bitwise() -> None:
             assert torch.equal(mi._mm_triton(x, w, c), ref), (N, K, c, configs[0])
 
 
+@pytest.mark.parametrize("V", [151936, 5000, 7])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_token_logprobs_rows_invariant(V: int, dtype: torch.dtype) -> None:
+    """The token log-prob kernels (vocabulary segments, then their merge): a row's value is the same alone, in a
+    decode-sized batch and in a trainer-sized one, bitwise, and close to log_softmax; vocabularies smaller than
+    the segments (empty ones) included."""
+    from monorl.ops.logprob_invariant import token_logprobs
+
+    g = torch.Generator(device="cuda").manual_seed(3)
+    x = (4 * torch.randn(600, V, device="cuda", generator=g)).to(dtype)
+    tok = torch.randint(0, V, (600,), device="cuda", generator=g)
+    full = token_logprobs(x, tok, 0.7)
+    for a, b in ((0, 1), (5, 45), (100, 600)):
+        assert torch.equal(token_logprobs(x[a:b], tok[a:b], 0.7), full[a:b]), (a, b)
+    ref = torch.log_softmax(x.double() / 0.7, -1).gather(1, tok[:, None])[:, 0]
+    torch.testing.assert_close(full.double(), ref, rtol=1e-5, atol=2e-5)
+
+
 def test_attention_backward_flash_matches_textbook() -> None:
     """The mode's attention backward on CUDA is flash attention's (backward values need not be invariant), from
     the invariant forward's output and log-sum-exp (that log-sum-exp is flash's own forward's, to fp32 rounding):

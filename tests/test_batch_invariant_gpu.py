@@ -128,6 +128,24 @@ def test_matmul_tilings_agree_bitwise() -> None:
             assert torch.equal(mi._mm_triton(x, w, c), ref), (N, K, c, configs[0])
 
 
+@pytest.mark.parametrize("inter_k", [(3072, 1024), (6144, 2048), (100, 64)])
+def test_mm_silu_mul_equals_gemm_then_silu(inter_k: tuple[int, int]) -> None:
+    """The decode step's gate/up GEMM with SiLU * up as its epilogue equals the invariant GEMM followed by the
+    SiLU kernel, bitwise, at every decode row count it runs at."""
+    from monorl.ops.block_kernels import silu_mul
+
+    inter, K = inter_k
+    g = torch.Generator(device="cuda").manual_seed(2)
+    x = torch.randn(64, K, device="cuda", generator=g).bfloat16()
+    w = (torch.randn(2 * inter, K, device="cuda", generator=g) / K ** 0.5).bfloat16()
+    with torch.no_grad():
+        for m in (1, 2, 7, 40, 48, 64):
+            assert matmul_invariant.silu_mul_fusable(x[:m])
+            gate, up = matmul_invariant.linear(x[:m], w).split([inter, inter], dim=-1)
+            assert torch.equal(matmul_invariant.mm_silu_mul(x[:m], w), silu_mul(gate, up)), m
+    assert not matmul_invariant.silu_mul_fusable(x.requires_grad_())
+
+
 @pytest.mark.parametrize("V", [151936, 5000, 7])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 def test_token_logprobs_rows_invariant(V: int, dtype: torch.dtype) -> None:

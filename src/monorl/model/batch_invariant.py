@@ -50,6 +50,8 @@ from monorl.ops import logprob_invariant, matmul_invariant, rmsnorm_invariant
 
 
 class BatchInvariantLinear(Linear):
+    decode_rows_on_triton = True  # every product on the invariant GEMM (see `FusedKernelsLinear`)
+
     def forward(self, x: Tensor) -> Tensor:
         return matmul_invariant.linear(x, self.weight)
 

@@ -30,6 +30,10 @@ class FusedKernelsLinear(Linear):
     """A decode step's products (up to `matmul_invariant.GEMV_ROWS` rows, on Hopper) on the Triton GEMM with its
     decode tiling, which reads the weight faster than cuBLAS there; the rest (prefills, packs) stays on cuBLAS."""
 
+    # where `matmul_invariant.faster_than_cublas(x)`, its product is `matmul_invariant.linear`'s (without a bias):
+    # the fused MLP may then run the gate/up product and SiLU * up as one kernel (`mm_silu_mul`)
+    decode_rows_on_triton = True
+
     def forward(self, x: Tensor) -> Tensor:
         if self.bias is None and matmul_invariant.faster_than_cublas(x):
             return matmul_invariant.linear(x, self.weight)
@@ -55,6 +59,10 @@ class FusedKernelsAttention(Attention):
 
 class FusedKernelsMLP(MLP):
     def forward(self, x: Tensor) -> Tensor:
+        proj = self.gate_up_proj if self.fused else None
+        if getattr(proj, "decode_rows_on_triton", False) and proj.bias is None and matmul_invariant.silu_mul_fusable(x):
+            # a decode step: the gate/up GEMM with SiLU * up as its epilogue, bitwise the two kernels below
+            return self.down_proj(matmul_invariant.mm_silu_mul(x, self.gate_up_proj.weight.to(x.dtype)))
         if self.fused:
             gate, up = self.gate_up_proj(x).split([self.intermediate_size, self.intermediate_size], dim=-1)
         else:

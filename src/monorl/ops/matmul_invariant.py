@@ -44,6 +44,39 @@ if HAS_TRITON:
         tl.store(c_ptr + offs_m[:, None] * stride_cm + offs_n[None, :], acc.to(c_ptr.dtype.element_ty),
                  mask=(offs_m[:, None] < M) & (offs_n[None, :] < N))
 
+    @triton.jit(do_not_specialize=["M"])
+    def _mm_silu_kernel(a_ptr, b_ptr, c_ptr, M, N, K, stride_am, stride_bn, stride_cm,
+                        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                        PDL: tl.constexpr = False):
+        """`_mm_kernel` over a fused [gate | up] weight (rows 0..N-1 and N..2N-1) with SiLU(gate) * up as its
+        epilogue: each output column's two products accumulate exactly as `_mm_kernel`'s (the same K order and
+        64-row wgmma), are rounded to the output dtype as it stores them, and the epilogue is `silu_mul`'s
+        arithmetic (launched, like it, without FMA contraction)."""
+        if PDL:
+            pdl_start()
+        pid_m = tl.program_id(0)
+        pid_n = tl.program_id(1)
+        offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+        offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+        offs_k = tl.arange(0, BLOCK_K)
+        acc_g = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+        acc_u = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+        for k0 in range(0, K, BLOCK_K):
+            kk = k0 + offs_k
+            a = tl.load(a_ptr + offs_m[:, None] * stride_am + kk[None, :],
+                        mask=(offs_m[:, None] < M) & (kk[None, :] < K), other=0.0)
+            bmask = (offs_n[:, None] < N) & (kk[None, :] < K)
+            bg = tl.load(b_ptr + offs_n[:, None] * stride_bn + kk[None, :], mask=bmask, other=0.0)
+            bu = tl.load(b_ptr + (N + offs_n[:, None]) * stride_bn + kk[None, :], mask=bmask, other=0.0)
+            acc_g = tl.dot(a, tl.trans(bg), acc_g, input_precision="ieee")
+            acc_u = tl.dot(a, tl.trans(bu), acc_u, input_precision="ieee")
+        dt = c_ptr.dtype.element_ty
+        g = acc_g.to(dt).to(tl.float32)
+        u = acc_u.to(dt).to(tl.float32)
+        silu = (g / (1.0 + tl.exp(-g))).to(dt).to(tl.float32)
+        tl.store(c_ptr + offs_m[:, None] * stride_cm + offs_n[None, :], (silu * u).to(dt),
+                 mask=(offs_m[:, None] < M) & (offs_n[None, :] < N))
+
 
 MM_TILES = "auto"  # "auto" | "large" (128x128 tiles everywhere; benchmarks/bench_batch_invariant.py --mm-tiles)
 DECODE_ROWS = 128  # up to this many rows (decode steps), tiles that spread a GEMV-like product over the SMs
@@ -99,6 +132,38 @@ def _mm_triton(x: Tensor, w: Tensor, config: tuple[int, int, int, int, int] | No
         x, w, out, M, N, K, x.stride(0), w.stride(0), out.stride(0),
         BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, num_warps=nw, num_stages=ns, **pdl_launch(x))
     return out
+
+
+def silu_mul_fusable(x: Tensor) -> bool:
+    """Whether `mm_silu_mul` may stand in for `silu_mul(linear(x, w_gate), linear(x, w_up))`: where those products
+    would run the Triton GEMM with its decode tiling (`faster_than_cublas`), outside autograd (it has no backward).
+    A decode step then runs one launch for the gate/up product and the SiLU where it ran two."""
+    return faster_than_cublas(x) and not torch.is_grad_enabled()
+
+
+@torch.library.custom_op("monorl::mm_silu_mul", mutates_args=())
+def mm_silu_mul(x: Tensor, w: Tensor) -> Tensor:
+    """SiLU(x @ w[:I]^T) * (x @ w[I:]^T) for a fused [gate | up] weight w [2I, K] -> [M, I] in x's dtype, bitwise
+    what `block_kernels.silu_mul` gives on `bi_mm(x, w)`'s two column halves (CUDA; see `silu_mul_fusable`)."""
+    x, w = x.contiguous(), w.contiguous()
+    M, K = x.shape
+    N = w.shape[0] // 2
+    out = torch.empty(M, N, dtype=x.dtype, device=x.device)
+    if M == 0:
+        return out
+    index = x.device.index or 0
+    # the unfused product's tiling (its programs and pipeline), each program's columns split into gate and up
+    bm, bn, bk, nw, ns = _mm_config(M, 2 * N, K, _tiling_may_follow_m(index), sm_count(index))
+    bn = max(16, bn // 2)
+    _mm_silu_kernel[(triton.cdiv(M, bm), triton.cdiv(N, bn))](
+        x, w, out, M, N, K, x.stride(0), w.stride(0), out.stride(0), BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk,
+        num_warps=nw, num_stages=ns, enable_fp_fusion=False, **pdl_launch(x))
+    return out
+
+
+@mm_silu_mul.register_fake
+def _(x: Tensor, w: Tensor) -> Tensor:
+    return x.new_empty(x.shape[0], w.shape[0] // 2)
 
 
 def _mm_cpu(x: Tensor, w: Tensor) -> Tensor:

@@ -8,8 +8,9 @@ The conversion gives each block's pieces a subclass whose forward calls the fuse
 ...`, as `monorl.model.batch_invariant` does): parameters, names and weight sync are untouched, and a model not
 converted is untouched. Its projections take a decode step's few rows to the Triton GEMM (`FusedKernelsLinear`).
 Per layer the decode step then runs: RMSNorm, the q/k/v GEMM, q/k norm + RoPE with the KV write, attention,
-o_proj, residual add + RMSNorm, the gate/up GEMM, SiLU * up, down_proj; the residual add after it runs in the next
-block's first norm (a converted block passes its output on as the pair (h, m), sum pending).
+o_proj, residual add + RMSNorm, the gate/up GEMM with SiLU * up as its epilogue (`matmul_invariant.mm_silu_mul`, a
+fused copy's decode rows on Hopper; elsewhere the GEMM, then `silu_mul`), down_proj; the residual add after it runs
+in the next block's first norm (a converted block passes its output on as the pair (h, m), sum pending).
 A copy with fused projections (`Qwen3ForCausalLM(fused=True)`, the generator's) hands the kernels column slices of
 one GEMM's output; an unfused model (the trainer's) its separate projections. Norm weights enter the kernels in the
 activations' dtype (the trainer's fp32 masters as exactly the generator's bf16 copy).
@@ -60,7 +61,8 @@ class FusedKernelsAttention(Attention):
 class FusedKernelsMLP(MLP):
     def forward(self, x: Tensor) -> Tensor:
         proj = self.gate_up_proj if self.fused else None
-        if getattr(proj, "decode_rows_on_triton", False) and proj.bias is None and matmul_invariant.silu_mul_fusable(x):
+        if (getattr(proj, "decode_rows_on_triton", False) and proj.bias is None
+                and matmul_invariant.silu_mul_fusable(x)):
             # a decode step: the gate/up GEMM with SiLU * up as its epilogue, bitwise the two kernels below
             return self.down_proj(matmul_invariant.mm_silu_mul(x, self.gate_up_proj.weight.to(x.dtype)))
         if self.fused:

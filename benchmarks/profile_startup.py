@@ -26,7 +26,12 @@ def main() -> None:
     ap.add_argument("--only-warm-up", action="store_true",
                     help="profile the warm-up alone (GRPORun's construction runs unprofiled)")
     ap.add_argument("--no-warm-up", action="store_true", help="profile GRPORun's construction alone")
+    ap.add_argument("--launches", action="store_true",
+                    help="the warm-up alone under torch.profiler instead: its slow kernel launches (a first launch "
+                         "loads the kernel's module), by kernel and the op that launched it")
     args = ap.parse_args()
+    if args.launches:
+        return slow_launches(args)
 
     import cProfile
     import pstats
@@ -71,6 +76,89 @@ def main() -> None:
     stats.sort_stats("cumulative").print_stats(args.top)
     stats.sort_stats("cumulative").print_stats("monorl", args.top)  # monorl's own calls, by cumulative time
     stats.sort_stats("tottime").print_stats(args.top)
+
+
+def _preset_run(model_dir_arg: str, backend: str):
+    import sys
+    import tempfile
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from bench_memory import model_dir  # the benchmarks' shared model-directory helper
+
+    from monorl.config import apply_overrides, preset
+    from monorl.rl.loop import GRPORun
+
+    work = Path(tempfile.mkdtemp(prefix="profile_startup_"))
+    cfg = apply_overrides(preset("qwen3_0_6b_sum_digits"), {
+        "model.path": str(model_dir(Path(model_dir_arg), "qwen3-0.6b")), "model.random_init": "true",
+        "rollout.ignore_eos": "true", "checkpoint.final": "false", "checkpoint.every_minutes": "0",
+        "compile.backend": backend, "run_dir": str(work / "run")})
+    return GRPORun(cfg, progress=False), work
+
+
+def slow_launches(args: argparse.Namespace, slow_ms: float = 1.0) -> None:
+    """The warm-up's kernel launches that took over `slow_ms` on the host (CUDA's lazy loading: a kernel's first
+    launch loads its module), each with its kernel and the innermost op around it; then their sum."""
+    import json
+    from collections import defaultdict
+
+    from torch.profiler import ProfilerActivity, profile
+
+    run, work = _preset_run(args.model_dir, args.backend)
+    t = time.perf_counter()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        run.warm_up()
+        torch.cuda.synchronize()
+    total = time.perf_counter() - t
+    trace = work / "warm_up_trace.json"
+    prof.export_chrome_trace(str(trace))
+    events = json.loads(trace.read_text())["traceEvents"]
+    kernels = {e["args"].get("correlation"): e["name"] for e in events
+               if e.get("cat") == "kernel" and "args" in e}
+    ops = defaultdict(list)  # tid -> cpu ops (start, end, name)
+    for e in events:
+        if e.get("cat") == "cpu_op" and "dur" in e:
+            ops[e["tid"]].append((e["ts"], e["ts"] + e["dur"], e["name"]))
+    rows = []
+    for e in events:
+        if e.get("cat") == "cuda_runtime" and "Launch" in e["name"] and e.get("dur", 0) > slow_ms * 1e3:
+            around = [o for o in ops[e["tid"]] if o[0] <= e["ts"] and e["ts"] + e["dur"] <= o[1]]
+            op = min(around, key=lambda o: o[1] - o[0])[2] if around else "?"
+            rows.append((e["dur"] / 1e3, kernels.get(e["args"].get("correlation"), "?"), op))
+    rows.sort(reverse=True)
+    print(f"warm-up {total:.2f} s under torch.profiler; launches over {slow_ms} ms: {len(rows)}, "
+          f"{sum(r[0] for r in rows):.0f} ms in all")
+    for ms, kernel, op in rows[: args.top]:
+        print(f"{ms:8.1f} ms  {op[:40]:<40}  {kernel[:110]}")
+    api: dict[str, list[float]] = defaultdict(lambda: [0, 0.0])  # CUDA runtime / driver calls by name
+    for e in events:
+        if e.get("cat") in ("cuda_runtime", "cuda_driver") and "dur" in e:
+            api[e["name"]][0] += 1
+            api[e["name"]][1] += e["dur"] / 1e3
+    print("CUDA API calls by total time: " + ", ".join(
+        f"{n} {c}x {ms:.0f} ms" for n, (c, ms) in sorted(api.items(), key=lambda kv: -kv[1][1])[:12]))
+    gpu_ms = sum(e["dur"] for e in events if e.get("cat") == "kernel") / 1e3
+    print(f"GPU kernel time {gpu_ms:.0f} ms")
+    # the longest ops that ran outside any other op (the warm-up's own calls into torch), with their share
+    # spent in CUDA API calls
+    for tid, lst in ops.items():
+        lst.sort(key=lambda o: (o[0], -o[1]))
+        top, end = [], -1.0
+        for o in lst:
+            if o[0] >= end:
+                top.append(o)
+                end = o[1]
+        if len(top) < 50:
+            continue
+        print(f"thread {tid}: {len(top)} top-level ops, {sum(o[1] - o[0] for o in top) / 1e3:.0f} ms")
+        by_name: dict[str, list[float]] = defaultdict(lambda: [0, 0.0, 0.0])
+        for o in top:
+            by_name[o[2]][0] += 1
+            by_name[o[2]][1] += (o[1] - o[0]) / 1e3
+            by_name[o[2]][2] = max(by_name[o[2]][2], (o[1] - o[0]) / 1e3)
+        for n, (c, ms, mx) in sorted(by_name.items(), key=lambda kv: -kv[1][1])[:args.top]:
+            print(f"  {ms:8.1f} ms {c:5d}x (max {mx:6.1f})  {n[:100]}")
 
 
 if __name__ == "__main__":

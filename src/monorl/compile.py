@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -139,7 +140,9 @@ def mark_dynamic(*tensors: Tensor, dims: tuple[int, ...] | None = None) -> None:
     `maybe_mark_dynamic`: a hint, never an error; a no-op in eager code). See the notes above. Inside code Dynamo
     is tracing (a whole-model compile reaches the contexts built in forward) it does nothing: Dynamo refuses to
     trace the call, and the graph's inputs were marked where they entered."""
-    if torch.compiler.is_compiling():
+    # Nothing imported torch._dynamo yet: nothing is compiled in this process, and importing it here would cost
+    # ~1 s of a run that compiles nothing (torch.compile imports it first, so compiled runs still get the hints).
+    if torch.compiler.is_compiling() or "torch._dynamo" not in sys.modules:
         return
     for t in tensors:
         for d in range(t.dim()) if dims is None else dims:

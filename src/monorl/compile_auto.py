@@ -105,6 +105,13 @@ def run_kernels_key(cfg: RunConfig, m: ModelConfig, world_size: int, traced: dic
                         "triton": triton.__version__})
 
 
+def run_aten_key(cfg: RunConfig, m: ModelConfig, world_size: int) -> str:
+    """`compile_key` of the ATen ops a run's traced warm-ups launch (`monorl.ops.preload`'s kept list): taken before
+    the models exist, so `run_kernels_key`'s parts but the passes traced (a stale list costs only its misses), and
+    torch's version."""
+    return compile_key({"kernels": run_kernels_key(cfg, m, world_size, {}), "torch": torch.__version__})
+
+
 def resolve_auto_(cfg: RunConfig, m: ModelConfig, device: torch.device) -> str | None:
     """Replace compile.backend auto in `cfg` by what `auto_backend` picks (before the memory plan, which depends on
     it); the line saying why, or None when the backend was not auto."""

@@ -19,13 +19,13 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, ClassVar, Literal, Protocol, get_args
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
-from torch.nn.attention.varlen import varlen_attn
 
 from monorl.compile import mark_dynamic
 from monorl.ops import attention_invariant
@@ -81,15 +81,26 @@ def sdpa_varlen(q: Tensor, k: Tensor, v: Tensor, pad_index: Tensor, valid: Tenso
     return out.transpose(1, 2)[valid]  # sequences are laid out in order, so this is the flat order
 
 
-# varlen_attn gained enable_gqa in torch 2.12; torch 2.11 (the oldest we support) has window_size only, and
-# there the kv heads are expanded. Read once at import, so traced code sees a constant.
-_VARLEN_GQA = "enable_gqa" in inspect.signature(varlen_attn).parameters
+# torch's varlen_attn and whether it takes GQA keys: it gained enable_gqa in torch 2.12; torch 2.11 (the oldest we
+# support) has window_size only, and there the kv heads are expanded. Loaded by the first flash context
+# (`VarlenContext.__post_init__`, eager code, so traced code sees constants), not at import: its module imports
+# torch._dynamo (~1 s), which a run on the sdpa or batch-invariant kernels and no compile never needs.
+_FLASH_VARLEN: tuple[Callable[..., Tensor], bool] | None = None
+
+
+def _load_flash_varlen() -> tuple[Callable[..., Tensor], bool]:
+    global _FLASH_VARLEN
+    if _FLASH_VARLEN is None:
+        from torch.nn.attention.varlen import varlen_attn
+        _FLASH_VARLEN = varlen_attn, "enable_gqa" in inspect.signature(varlen_attn).parameters
+    return _FLASH_VARLEN
 
 
 def flash_varlen(q: Tensor, k: Tensor, v: Tensor, cu_seqlens: Tensor, max_seqlen: int | torch.SymInt) -> Tensor:
+    varlen_attn, takes_gqa = _load_flash_varlen()
     kw: dict[str, Any] = {}
     if k.shape[1] != q.shape[1]:
-        if _VARLEN_GQA:
+        if takes_gqa:
             kw["enable_gqa"] = True
         else:
             rep = q.shape[1] // k.shape[1]
@@ -108,6 +119,10 @@ class VarlenContext:
     valid: Tensor  # bool [B, max_seqlen]
     backend: str = "sdpa"  # sdpa | flash | invariant (see `batch_invariant`)
     slot_mapping: ClassVar[None] = None  # no KV cache
+
+    def __post_init__(self) -> None:
+        if self.backend == "flash":
+            _load_flash_varlen()
 
     @staticmethod
     def from_lengths(lengths: list[int] | Tensor, device: torch.device | str, backend: str = "sdpa",

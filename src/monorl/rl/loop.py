@@ -19,7 +19,7 @@ import torch
 from tqdm import tqdm
 
 from monorl.compile import compile_blocks, compile_counters, is_compiled, setup_compile_cache
-from monorl.compile_auto import mark_compiled, resolve_auto_, run_compile_key, run_kernels_key
+from monorl.compile_auto import mark_compiled, resolve_auto_, run_aten_key, run_compile_key, run_kernels_key
 from monorl.config import RunConfig, resolve_batch_invariant_
 from monorl.distributed.checkpoint import (
     full_policy_on_main,
@@ -52,6 +52,7 @@ from monorl.ops.precompile import (
     save_specs,
     specs_path,
 )
+from monorl.ops.preload import AtenRecorder, Preload, save_ops, start_preload
 from monorl.plan import GiB, run_memory_plan
 from monorl.rl.checkpointing import (
     find_checkpoint,
@@ -203,6 +204,13 @@ class GRPORun:
         cfg.compile.backend = world.broadcast(cfg.compile.backend)  # rank 0's choice (its node's cache marker)
         self.plan = run_memory_plan(cfg, self.model_config, self.max_prompt_tokens, self.device, world.size)
         self.startup["prepare_s"] = time.perf_counter() - t  # tokenizer, task, prompt checks, memory plan
+        # the ATen kernels an earlier run's warm-ups launched, launched once in a thread while this one builds
+        # (`monorl.ops.preload`; joined in `warm_up`); the key is taken now, before construction adjusts cfg
+        self.aten_ops_path: Path | None = None
+        self.aten_preload: Preload | None = None
+        if on_gpu and HAS_TRITON:
+            self.aten_ops_path = specs_path(run_aten_key(cfg, self.model_config, world.size)).with_suffix(".aten.json")
+            self.aten_preload = start_preload(self.aten_ops_path, self.device)
         t = time.perf_counter()
 
         gen_dtype = torch.bfloat16 if on_gpu else torch.float32
@@ -325,6 +333,7 @@ class GRPORun:
                     for sp in (self.sampling(0), SamplingParams(max_new_tokens=4, temperature=0.0))]
         if cuda:
             self.compile_kernels_ahead(prompt, gen_prompts, samplers)
+        self.join_aten_preload()
         t = time.perf_counter()
         if (cc.enabled and cc.trainer) or trainer_graphs:
             if cuda:
@@ -361,6 +370,17 @@ class GRPORun:
         if cc.enabled and self.compile_cache is not None:  # compile.backend auto: the next run finds a warm cache
             mark_compiled(self.compile_cache, run_compile_key(self.cfg, self.model_config), self.compile_s)
 
+    def join_aten_preload(self) -> None:
+        """Wait for the ATen preload thread (before any CUDA graph capture or memory measurement) and say what it
+        did; `aten_preload_wait_s` is what the main thread waited for it."""
+        pre, self.aten_preload = self.aten_preload, None
+        if pre is None:
+            return
+        pre.join()
+        self.startup["aten_preload_wait_s"] = pre.wait_s
+        print(f"aten: {pre.ran} kernels launched ahead in a thread ({pre.failed} of the kept list skipped) in "
+              f"{pre.run_s:.2f} s; waited {pre.wait_s:.2f} s for it", flush=True)
+
     def compile_kernels_ahead(self, prompt: list[int], gen_prompts: list[list[int]],
                               samplers: list[SamplingParams]) -> None:
         """Compile the Triton kernels the warm-ups will launch, in parallel threads, before them
@@ -389,7 +409,8 @@ class GRPORun:
                       "instead", flush=True)
         t = time.perf_counter()
         r = self.cfg.rollout
-        with recording() as rec:
+        # the same passes also list their ATen ops, for a later run's preload (`monorl.ops.preload`)
+        with recording() as rec, AtenRecorder() as aten:
             if traced["trainer"]:
                 self.trainer.trace_kernels(prompt, r.prompts_per_step * r.group_size, r.max_new_tokens, r.temperature)
             if traced["generator"]:
@@ -398,6 +419,8 @@ class GRPORun:
         self.startup["kernel_trace_s"] = time.perf_counter() - t
         self.startup["kernel_compile_s"] = compile_ahead(rec, self.device, threads, self.triton_key)
         save_specs(kept, rec)
+        if self.aten_ops_path is not None:
+            save_ops(self.aten_ops_path, aten.ops)
         print(f"triton: {len(rec.specs)} kernel specialisations compiled ahead in "
               f"{self.startup['kernel_compile_s']:.2f} s ({threads} threads; traced in "
               f"{self.startup['kernel_trace_s']:.2f} s, the list kept as {kept})", flush=True)

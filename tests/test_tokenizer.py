@@ -265,3 +265,59 @@ def test_char_tokenizer_save_load(tmp_path, hf_oracle):
             assert again.decode(ids, skip_special_tokens=skip) == tok.decode(ids, skip_special_tokens=skip)
     ref = hf_oracle(tmp_path / "char")  # transformers reads it too
     assert ref.encode("a b\n", add_special_tokens=False) == tok.encode("a b\n") and ref.eos_token_id == 1
+
+
+def test_kept_copy_with_string_merges_loads_the_same_tokenizer(tmp_path, monkeypatch):
+    """`read_tokenizer_file`: the first load reads tokenizer.json and a child writes the copy with "a b" merges;
+    later loads read the copy and encode and decode the same; a changed file gets a new copy, a damaged copy is
+    ignored, and merges that hold a space (where the string form would be ambiguous) are never copied."""
+    import monorl.model.tokenizer as T
+
+    cache = tmp_path / "cache"
+    monkeypatch.setattr(T, "TOKENIZER_CACHE", cache)
+    monkeypatch.setattr(T, "KEEP_COPY_MIN_BYTES", 0)
+    read: list[str] = []
+
+    class Spy:
+        @staticmethod
+        def from_file(path: str) -> Tokenizer:
+            read.append(path)
+            return Tokenizer.from_file(path)
+
+    monkeypatch.setattr(T, "_HFTok", Spy)
+
+    def load(d: Path) -> HFTokenizer:
+        tok = HFTokenizer.from_dir(d)
+        for p in T._copy_writers:
+            p.wait(timeout=60)
+        return tok
+
+    d = write_tokenizer_dir(tmp_path / "tok")
+    original = load(d)
+    assert read == [str(d / "tokenizer.json")]
+    (copy,) = cache.iterdir()
+    spec = json.loads(copy.read_text(encoding="utf-8"))
+    assert spec["model"]["merges"] and all(isinstance(m, str) for m in spec["model"]["merges"])
+    again = load(d)
+    assert read[-1] == str(copy)
+    texts = SENTENCES + ["unseen wörds ✓ <|im_end|> and  spaces\n\n", "ĠĠ Ġ"]
+    for text in texts:
+        assert again.encode(text) == original.encode(text)
+        assert again.decode(original.encode(text)) == original.decode(original.encode(text))
+    assert again.vocab_size == original.vocab_size and again.eos_token_ids == original.eos_token_ids
+
+    copy.write_text("{damaged", encoding="utf-8")
+    load(d)
+    assert read[-2:] == [str(copy), str(d / "tokenizer.json")]  # tried, then the original; the copy rewritten
+    assert load(d).encode(texts[0]) == original.encode(texts[0]) and read[-1] == str(copy)
+
+    raw = Tokenizer(models.BPE())  # no pre-tokenizer: merges learn spaces, where "a b" strings would be ambiguous
+    raw.train_from_iterator(SENTENCES, trainers.BpeTrainer(vocab_size=300, show_progress=False))
+    other = tmp_path / "spaced"
+    other.mkdir()
+    raw.save(str(other / "tokenizer.json"))
+    assert any(" " in "".join(m) for m in json.loads((other / "tokenizer.json").read_text())["model"]["merges"])
+    load(other)
+    assert len(list(cache.iterdir())) == 1  # no copy for it
+    load(other)
+    assert read[-1] == str(other / "tokenizer.json")

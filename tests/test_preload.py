@@ -3,8 +3,6 @@ one-element tensors without touching the RNG; what cannot be replayed is counted
 
 from __future__ import annotations
 
-import json
-
 import pytest
 import torch
 
@@ -15,26 +13,28 @@ CPU = torch.device("cpu")
 
 def _pass(x: torch.Tensor) -> None:
     """Forward and backward of the kinds of ops a trainer step runs: elementwise, reductions, index ops, casts."""
-    idx = torch.tensor([0, 2, 1])
+    idx = torch.tensor([0, 2, 1], device=x.device)
     w = x.detach().requires_grad_()
     y = torch.nn.functional.embedding(idx, w).exp().clamp(-1, 1)
-    z = torch.zeros(3, 4).index_add_(0, idx, y)
+    z = torch.zeros(3, 4, device=x.device, dtype=x.dtype).index_add_(0, idx, y)
     loss = torch.minimum(z, y).pow(2).sum() + z.to(torch.bfloat16).float().max()
     loss.backward()
     torch.randn(4)  # a seeded random op: never recorded (a replay would move the RNG)
 
 
-def test_records_each_signature_once_and_round_trips(tmp_path):
+def test_records_each_op_once_and_round_trips(tmp_path):
     with AtenRecorder(cuda_only=False) as rec:
         _pass(torch.randn(8, 4))
-        _pass(torch.randn(8, 4))  # the same signatures again: nothing new
-    ops = {o["op"] for o in rec.ops}
+        _pass(torch.randn(8, 4).double())  # the same ops again, other dtypes: nothing new
+    ops = [o["op"] for o in rec.ops]
     assert {"aten::exp.default", "aten::clamp.default", "aten::index_add_.default", "aten::embedding.default",
-            "aten::minimum.default", "aten::_to_copy.default"} <= ops
+            "aten::minimum.default", "aten::_to_copy.default"} <= set(ops)
     assert "aten::embedding_dense_backward.default" in ops  # backward ops are recorded too
-    assert not any("rand" in o or "normal" in o for o in ops)
-    keys = [json.dumps(o, sort_keys=True) for o in rec.ops]
-    assert len(keys) == len(set(keys))
+    assert not any("rand" in o or "normal" in o for o in ops)  # seeded random ops never
+    assert "aten::view.default" not in ops and "aten::expand.default" not in ops  # views launch nothing
+    assert len(ops) == len(set(ops))
+    assert all(leaf["t"] != "dtype.float64" for o in rec.ops for leaf in o["leaves"] if isinstance(leaf, dict)
+               and "t" in leaf)
     path = tmp_path / "k.aten.json"
     save_ops(path, rec.ops)
     assert load_ops(path) == rec.ops
@@ -54,10 +54,7 @@ def test_replay_runs_the_ops_and_leaves_the_rng_alone():
     ran, failed = replay(rec.ops, CPU)
     assert torch.equal(state, torch.random.get_rng_state())
     assert ran + failed == len(rec.ops)
-    # the kernels' ops replay on one-element tensors; only shape-bound ones (views to recorded sizes) may not
-    replayed = {o["op"] for o in rec.ops} - {"aten::view.default", "aten::expand.default"}
-    assert failed <= len(rec.ops) - len(replayed)
-    assert ran >= len(replayed)
+    assert (ran, failed) == (len(rec.ops), 0)  # these all replay on one-element tensors
 
 
 def test_unreplayable_entries_are_counted_not_raised(tmp_path):
@@ -84,7 +81,7 @@ def test_preload_thread_replays_on_its_own_stream(tmp_path):
     pre = start_preload(path, dev)
     assert pre is not None
     pre.join()
-    assert pre.ran >= len(rec.ops) // 2 and pre.ran + pre.failed == len(rec.ops)
+    assert (pre.ran, pre.failed) == (len(rec.ops), 0)
     assert torch.equal(state, torch.cuda.get_rng_state(dev))
     # a capture right after the join is allowed (nothing of the thread's is still running)
     g = torch.cuda.CUDAGraph()

@@ -3,7 +3,7 @@
 Why: CUDA loads a kernel's module at the kernel's first launch (lazy loading, the default; eager loading of all of
 torch's kernels costs ~1.2 s of CUDA init instead). On the GPU machines each first launch of an ATen kernel took
 5-70 ms (a warm run's trainer warm-up: ~0.9 s against ~0.17 s for its next eager pass; H100, torch 2.11+cu130,
-benchmarks/RESULTS.md 2026-11-25). The load runs in the driver with the GIL released, so a thread that launches
+benchmarks/RESULTS.md 2026-11-25 (later)). The load runs in the driver with the GIL released, so a thread that launches
 each kernel once on tiny tensors pays it while the main thread runs Python (model and trainer construction,
 torch._dynamo's import, the Triton kernel load): 8 first launches and 0.3 s of Python took 0.35-0.37 s in a thread
 against 0.46-0.55 s in turn (`benchmarks/probe_startup_costs.py --overlap`).
@@ -75,38 +75,39 @@ def _decode(leaf: Any, device: torch.device) -> Any:
 
 
 class AtenRecorder(TorchDispatchMode):
-    """Inside: every ATen op that runs on a CUDA tensor (here or in autograd's threads) is recorded once per
-    argument signature in `ops`, as JSON-able `{"op", "spec", "leaves"}` entries. `cuda_only=False` records ops on
+    """Inside: the first call of each ATen op on a CUDA tensor (here or in autograd's threads) is recorded in `ops`,
+    as a JSON-able `{"op", "spec", "leaves"}` entry; later calls cost a set lookup. `cuda_only=False` records ops on
     CPU tensors too (the CPU tests)."""
 
     def __init__(self, cuda_only: bool = True) -> None:
         super().__init__()
         self.cuda_only = cuda_only
         self.ops: list[dict[str, Any]] = []
-        self._seen: set[str] = set()
+        self._done: set[Any] = set()
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001, ANN204 - torch's protocol
         kwargs = kwargs or {}
-        out = func(*args, **kwargs)
-        name = func._schema.name
-        if name.startswith("aten::") and name not in _SKIP and torch.Tag.nondeterministic_seeded not in func.tags:
-            self._record(f"{name}.{func._overloadname}", args, kwargs)
-        return out
+        if func not in self._done:  # one entry an op: its module is what a launch loads, whatever the dtypes
+            name = func._schema.name
+            if (not name.startswith("aten::") or name in _SKIP or func.is_view  # a view launches nothing
+                    or torch.Tag.nondeterministic_seeded in func.tags):
+                self._done.add(func)
+            elif self._record(f"{name}.{func._overloadname}", args, kwargs):
+                self._done.add(func)
+        return func(*args, **kwargs)
 
-    def _record(self, op: str, args: tuple, kwargs: dict) -> None:
+    def _record(self, op: str, args: tuple, kwargs: dict) -> bool:
+        """Record this call; False when it has no tensor the recorder wants (another call of the op may)."""
         leaves, spec = pytree.tree_flatten((args, kwargs))
         try:
             encoded = [_encode(x) for x in leaves]
         except ValueError:
-            return
+            return True  # never replayable
         tensors = [x for x in encoded if isinstance(x, dict) and "t" in x]
         if not tensors or (self.cuda_only and not any(x["cuda"] for x in tensors)):
-            return
-        entry = {"op": op, "spec": pytree.treespec_dumps(spec), "leaves": encoded}
-        key = json.dumps(entry, sort_keys=True)
-        if key not in self._seen:
-            self._seen.add(key)
-            self.ops.append(entry)
+            return False
+        self.ops.append({"op": op, "spec": pytree.treespec_dumps(spec), "leaves": encoded})
+        return True
 
 
 def _resolve(op: str) -> Any:

@@ -204,13 +204,11 @@ class GRPORun:
         cfg.compile.backend = world.broadcast(cfg.compile.backend)  # rank 0's choice (its node's cache marker)
         self.plan = run_memory_plan(cfg, self.model_config, self.max_prompt_tokens, self.device, world.size)
         self.startup["prepare_s"] = time.perf_counter() - t  # tokenizer, task, prompt checks, memory plan
-        # the ATen kernels an earlier run's warm-ups launched, launched once in a thread while this one builds
-        # (`monorl.ops.preload`; joined in `warm_up`); the key is taken now, before construction adjusts cfg
+        # the key of the ATen ops list (`monorl.ops.preload`), taken before construction adjusts cfg
         self.aten_ops_path: Path | None = None
         self.aten_preload: Preload | None = None
         if on_gpu and HAS_TRITON:
             self.aten_ops_path = specs_path(run_aten_key(cfg, self.model_config, world.size)).with_suffix(".aten.json")
-            self.aten_preload = start_preload(self.aten_ops_path, self.device)
         t = time.perf_counter()
 
         gen_dtype = torch.bfloat16 if on_gpu else torch.float32
@@ -222,6 +220,11 @@ class GRPORun:
             apply_lora_(self.policy, lora, seed=cfg.model.init_seed, base_dtype=gen_dtype)
         self.policy.activation_checkpointing = self.plan.activation_checkpointing
         self.startup["model_load_s"] = time.perf_counter() - t
+        if self.aten_ops_path is not None:
+            # the ATen kernels an earlier run's trainer warm-up launched, launched once in a thread while this one
+            # builds the generator and the trainer (joined in `warm_up`); after the model load, whose own first
+            # launches it would contend with in the driver (model_load_s 0.06 -> 0.41 s started before it)
+            self.aten_preload = start_preload(self.aten_ops_path, self.device)
 
         cc = cfg.compile
         self.compile_cache = setup_compile_cache(cc)
@@ -409,17 +412,21 @@ class GRPORun:
                       "instead", flush=True)
         t = time.perf_counter()
         r = self.cfg.rollout
-        # the same passes also list their ATen ops, for a later run's preload (`monorl.ops.preload`)
-        with recording() as rec, AtenRecorder() as aten:
+        aten = AtenRecorder()
+        with recording() as rec:
             if traced["trainer"]:
-                self.trainer.trace_kernels(prompt, r.prompts_per_step * r.group_size, r.max_new_tokens, r.temperature)
+                # the trainer's pass also lists its ATen ops, for a later run's preload (`monorl.ops.preload`): its
+                # warm-up pays most first launches, and recording slows the ops it sees (a dispatch mode)
+                with aten:
+                    self.trainer.trace_kernels(prompt, r.prompts_per_step * r.group_size, r.max_new_tokens,
+                                               r.temperature)
             if traced["generator"]:
                 self.generator.trace_kernels(gen_prompts, samplers, n=2)
             torch.cuda.synchronize(self.device)
         self.startup["kernel_trace_s"] = time.perf_counter() - t
         self.startup["kernel_compile_s"] = compile_ahead(rec, self.device, threads, self.triton_key)
         save_specs(kept, rec)
-        if self.aten_ops_path is not None:
+        if self.aten_ops_path is not None and aten.ops:
             save_ops(self.aten_ops_path, aten.ops)
         print(f"triton: {len(rec.specs)} kernel specialisations compiled ahead in "
               f"{self.startup['kernel_compile_s']:.2f} s ({threads} threads; traced in "

@@ -220,11 +220,6 @@ class GRPORun:
             apply_lora_(self.policy, lora, seed=cfg.model.init_seed, base_dtype=gen_dtype)
         self.policy.activation_checkpointing = self.plan.activation_checkpointing
         self.startup["model_load_s"] = time.perf_counter() - t
-        if self.aten_ops_path is not None:
-            # the ATen kernels an earlier run's trainer warm-up launched, launched once in a thread while this one
-            # builds the generator and the trainer (joined in `warm_up`); after the model load, whose own first
-            # launches it would contend with in the driver (model_load_s 0.06 -> 0.41 s started before it)
-            self.aten_preload = start_preload(self.aten_ops_path, self.device)
 
         cc = cfg.compile
         self.compile_cache = setup_compile_cache(cc)
@@ -247,6 +242,12 @@ class GRPORun:
             make_batch_invariant_(self.policy)
             make_batch_invariant_(self.generator.model)
         self.startup["generator_init_s"] = time.perf_counter() - t
+        if self.aten_ops_path is not None:
+            # the ATen kernels an earlier run's trainer warm-up launched, launched once in a thread while this one
+            # builds the trainer (AdamW imports torch._dynamo) and loads the Triton kernels (joined in `warm_up`);
+            # not sooner: the model load's and the generator's own CUDA work contend with it in the driver
+            # (model_load_s 0.06 -> 0.41 s, generator_init_s 0.06 -> 0.33 s started before them, H100)
+            self.aten_preload = start_preload(self.aten_ops_path, self.device)
         t = time.perf_counter()
 
         if cfg.trainer.loss.kind == "dr_grpo" and cfg.trainer.loss.dr_grpo_norm is None:
@@ -415,11 +416,10 @@ class GRPORun:
         aten = AtenRecorder()
         with recording() as rec:
             if traced["trainer"]:
-                # the trainer's pass also lists its ATen ops, for a later run's preload (`monorl.ops.preload`): its
-                # warm-up pays most first launches, and recording slows the ops it sees (a dispatch mode)
-                with aten:
-                    self.trainer.trace_kernels(prompt, r.prompts_per_step * r.group_size, r.max_new_tokens,
-                                               r.temperature)
+                # its first pass also lists its ATen ops, for a later run's preload (`monorl.ops.preload`): the
+                # trainer's warm-up pays most first launches, and recording slows the ops it sees (a dispatch mode)
+                self.trainer.trace_kernels(prompt, r.prompts_per_step * r.group_size, r.max_new_tokens,
+                                           r.temperature, first_pass=aten)
             if traced["generator"]:
                 self.generator.trace_kernels(gen_prompts, samplers, n=2)
             torch.cuda.synchronize(self.device)

@@ -229,12 +229,15 @@ class Trainer:
                 self._ensure_graph(mb, norm, adv, temperature)
         self._reset_accumulators()
 
-    def trace_kernels(self, prompt_ids: list[int], num_seqs: int, completion_len: int, temperature: float) -> None:
+    def trace_kernels(self, prompt_ids: list[int], num_seqs: int, completion_len: int, temperature: float,
+                      first_pass: contextlib.AbstractContextManager | None = None) -> None:
         """The warm-up's eager passes without graphs, for `monorl.ops.precompile.recording()` to see the Triton
-        kernels they launch (their outputs are garbage there: dropped with the gradients and metric sums)."""
+        kernels they launch (their outputs are garbage there: dropped with the gradients and metric sums).
+        first_pass: a context the first pass alone runs in (the run's ATen op recorder)."""
         self.model.train()
-        for mb, norm, adv, _ in self._warm_up_packs(prompt_ids, num_seqs, completion_len):
-            self._accumulate(mb, norm, adv, temperature)
+        for i, (mb, norm, adv, _) in enumerate(self._warm_up_packs(prompt_ids, num_seqs, completion_len)):
+            with first_pass if first_pass is not None and i == 0 else contextlib.nullcontext():
+                self._accumulate(mb, norm, adv, temperature)
         self._reset_accumulators()
 
     def _micro_batches(self, seqs: Sequence[TrainSequence], indices: Sequence[int] | None = None) -> list[MicroBatch]:

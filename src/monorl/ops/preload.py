@@ -169,10 +169,13 @@ class Preload:
 
     def _run(self) -> None:
         t = time.perf_counter()
-        stream = torch.cuda.Stream(self.device)
-        with torch.cuda.device(self.device), torch.cuda.stream(stream):
-            self.ran, self.failed = replay(self.ops, self.device, self._stop)
-        stream.synchronize()
+        try:
+            stream = torch.cuda.Stream(self.device)
+            with torch.cuda.device(self.device), torch.cuda.stream(stream):
+                self.ran, self.failed = replay(self.ops, self.device, self._stop)
+            stream.synchronize()
+        except Exception as err:  # only a lost head start: the run launches these kernels itself
+            log.warning("ATen preload stopped (%s: %s)", type(err).__name__, err)
         self.run_s = time.perf_counter() - t
 
     def join(self, stop: bool = False) -> None:

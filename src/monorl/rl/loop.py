@@ -533,6 +533,7 @@ class GRPORun:
         """One RL step: prompts -> n completions each, scored -> group advantages -> a trainer step -> weight
         sync. Logs the step's metrics and samples; returns its metrics row."""
         cfg, ro = self.cfg, self.cfg.rollout
+        self.join_aten_preload()  # a step may capture CUDA graphs; without `warm_up` the thread may still run
         t0 = time.perf_counter()
         batch = fill_batch(lambda n, round_: self.rollouts(step, n, round_), ro.prompts_per_step,
                            ro.dynamic_sampling, ro.max_sampling_rounds)

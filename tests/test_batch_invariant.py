@@ -76,6 +76,38 @@ def test_ops_rows_do_not_depend_on_batch() -> None:
     torch.testing.assert_close(full, x @ w.t(), rtol=1e-5, atol=1e-4)
 
 
+def _linear_master_check(device: str) -> None:
+    torch.manual_seed(0)
+    x = torch.randn(37, 64, device=device).bfloat16().requires_grad_()
+    w = (torch.randn(48, 64, device=device) * 0.1).requires_grad_()
+    grad = torch.randn(37, 48, device=device).bfloat16()
+    out = matmul_invariant.linear(x, w)
+    assert torch.equal(out, matmul_invariant.bi_mm(x.detach(), w.detach().bfloat16()))  # the forward is unchanged
+    out.backward(grad)
+    wb = w.detach().bfloat16()
+    assert torch.equal(x.grad, grad @ wb)
+    exact = grad.double().t() @ x.detach().double()
+    rounded = (grad.t() @ x.detach()).float()  # what autograd's bf16 product then cast gave
+    assert w.grad.dtype == torch.float32
+    assert (w.grad.double() - exact).abs().max() <= (rounded.double() - exact).abs().max()
+    assert (w.grad.double() - exact).abs().max() < 1e-4 * exact.abs().max()
+    frozen = w.detach().requires_grad_(False)  # no weight gradient wanted: the plain path
+    assert torch.equal(matmul_invariant.linear(x.detach(), frozen), out.detach())
+
+
+def test_linear_weight_gradient_in_fp32_from_the_gemm() -> None:
+    """`matmul_invariant.linear` on an fp32 master under a bf16 x: the forward is bi_mm's; the weight gradient
+    comes out of its GEMM in fp32 (no bf16 rounding of the product, no cast), at least as close to the exact
+    product as autograd's bf16-then-cast one."""
+    _linear_master_check("cpu")
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA")
+def test_linear_weight_gradient_in_fp32_from_the_gemm_on_cuda() -> None:
+    _linear_master_check("cuda")
+
+
 def test_attention_varlen_equals_decode() -> None:
     """A token's attention output is the same from a packed causal forward and from a decode step over
     a paged cache holding the same keys (scattered blocks)."""

@@ -13,6 +13,7 @@ import torch
 from torch import Tensor
 
 from monorl.ops.entropy import token_entropy
+from monorl.ops.matmul_invariant import mm_fp32
 
 __all__ = ["chunked_token_logprobs", "chunked_token_logprobs_entropy", "token_entropy", "token_logprobs"]
 
@@ -71,24 +72,13 @@ def _forward_chunks(model: torch.nn.Module, hidden: Tensor, weight: Tensor, toke
     return lp, (torch.cat(ents) if ents else empty) if entropy else None
 
 
-def _mm_sum(acc: Tensor | None, a: Tensor, b: Tensor) -> Tensor:
-    """acc + a @ b (a @ b when acc is None) in fp32 whatever a's and b's dtype (bf16): on CUDA one GEMM with an fp32
-    output whose epilogue adds into acc in place, so no bf16 product is rounded in between."""
-    if a.dtype == torch.float32:
-        return a @ b if acc is None else acc.addmm_(a, b)
-    if a.is_cuda:
-        return torch.mm(a, b, out_dtype=torch.float32) if acc is None else torch.addmm(
-            acc, a, b, out_dtype=torch.float32, out=acc)
-    a, b = a.float(), b.float()  # CPU has no mixed-dtype GEMM; bf16 operands are exact in fp32
-    return a @ b if acc is None else acc.addmm_(a, b)
-
-
 class _ChunkedHead(torch.autograd.Function):
     """LM head + token log-probs over chunks of rows, differentiable. Why not autograd over each chunk
     (checkpointed, as before): the fp32 master weight was cast to bf16 for every chunk and again in every chunk's
     recompute, and each chunk's bf16 weight gradient cast to fp32 and added into .grad -- for Qwen3-0.6B's 155M-entry
     head and 4 chunks, ~20 GB of memory traffic a step. Here the weight is cast once each way, and the chunks'
-    gradients add up in one fp32 buffer inside the GEMMs (`_mm_sum`), so also without a bf16 rounding per chunk.
+    gradients add up in one fp32 buffer inside the GEMMs (`matmul_invariant.mm_fp32`), so also without a bf16
+    rounding per chunk.
     Forward values are the model's own `compute_logits` / `token_logprobs` (the batch-invariant ones in that mode),
     and the hidden states' gradient is the same product as autograd's."""
 
@@ -120,7 +110,7 @@ class _ChunkedHead(torch.autograd.Function):
             if d_hidden is not None:
                 d_hidden[s:s + chunk] = d_logits @ w
             if need_weight:
-                d_weight = _mm_sum(d_weight, d_logits.t(), h)
+                d_weight = mm_fp32(d_weight, d_logits.t(), h)
         if need_weight and d_weight is None:  # no rows
             d_weight = torch.zeros_like(weight)
         return d_hidden, None if d_weight is None else d_weight.to(weight.dtype), None, None, None, None, None

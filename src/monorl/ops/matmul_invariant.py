@@ -199,9 +199,45 @@ def _mm_backward(ctx, grad: Tensor) -> tuple[Tensor, Tensor]:
 bi_mm.register_autograd(_mm_backward, setup_context=_mm_setup)
 
 
+def mm_fp32(acc: Tensor | None, a: Tensor, b: Tensor) -> Tensor:
+    """acc + a @ b (a @ b when acc is None) in fp32 whatever a's and b's dtype (bf16): on CUDA one GEMM with an fp32
+    output whose epilogue adds into acc in place, so no bf16 product is rounded in between."""
+    if a.dtype == torch.float32:
+        return a @ b if acc is None else acc.addmm_(a, b)
+    if a.is_cuda:
+        return torch.mm(a, b, out_dtype=torch.float32) if acc is None else torch.addmm(
+            acc, a, b, out_dtype=torch.float32, out=acc)
+    a, b = a.float(), b.float()  # CPU has no mixed-dtype GEMM; bf16 operands are exact in fp32
+    return a @ b if acc is None else acc.addmm_(a, b)
+
+
+class _LinearFromMaster(torch.autograd.Function):
+    """`bi_mm(x, w.to(x.dtype))` for an fp32 master weight w, whose weight gradient leaves its GEMM in fp32
+    (`mm_fp32`). Through autograd the product's gradient was a bf16 GEMM output, rounded, then cast to fp32 by
+    `ToCopyBackward0` (one more pass over each weight a micro-batch, ~310 launches a Qwen3-0.6B step)."""
+
+    @staticmethod
+    def forward(ctx, x: Tensor, w: Tensor) -> Tensor:  # noqa: ANN001 - autograd's protocol
+        wc = w.to(x.dtype)
+        ctx.save_for_backward(x, wc)
+        return bi_mm(x, wc)
+
+    @staticmethod
+    def backward(ctx, grad: Tensor) -> tuple[Tensor | None, Tensor | None]:  # noqa: ANN001
+        x, wc = ctx.saved_tensors
+        gx = grad @ wc if ctx.needs_input_grad[0] else None
+        gw = mm_fp32(None, grad.t(), x) if ctx.needs_input_grad[1] else None
+        return gx, gw
+
+
 def linear(x: Tensor, weight: Tensor) -> Tensor:
     """F.linear(x, weight) without bias, batch-invariant. The weight is cast to x's dtype (outside the op,
-    so the trainer's fp32 master gets the gradient) -- exactly the generator's bf16 copy."""
+    so the trainer's fp32 master gets the gradient) -- exactly the generator's bf16 copy. A trainable fp32 master
+    under a bf16 x gets its gradient in fp32 from the GEMM itself (`_LinearFromMaster`)."""
     shape = x.shape
-    out = bi_mm(x.reshape(-1, shape[-1]), weight.to(x.dtype))
+    x2 = x.reshape(-1, shape[-1])
+    if weight.dtype == torch.float32 and x.dtype != torch.float32 and weight.requires_grad:
+        out = _LinearFromMaster.apply(x2, weight)
+    else:
+        out = bi_mm(x2, weight.to(x.dtype))
     return out.view(*shape[:-1], weight.shape[0])

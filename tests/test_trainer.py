@@ -95,22 +95,30 @@ def test_non_finite_gradient_skips_update(fused, monkeypatch):
     assert not all(torch.equal(a, b) for a, b in zip(before, model.parameters(), strict=True))
 
 
-def test_fused_update_equals_the_unfused_and_calls_after_update(monkeypatch):
+@pytest.mark.parametrize("max_grad_norm", [1e3, 1e-3])
+def test_fused_update_equals_the_unfused_and_calls_after_update(max_grad_norm, monkeypatch):
     """The device-decided path takes the step the host-read path takes (fused and for-each AdamW agree to
-    rounding), and `after_update` runs once, with the update already applied."""
+    rounding; the clip, there fused AdamW's grad_scale, shows in the first moments), and `after_update` runs once,
+    with the update already applied."""
     out = {}
     for fused in (False, True):
         if fused:
             _fused_adamw(monkeypatch)
         model = build_model(model_shape("tiny"), seed=3)
-        tr = Trainer(model, TrainerConfig(lr=1e-3), total_steps=3)
+        tr = Trainer(model, TrainerConfig(lr=1e-3, max_grad_norm=max_grad_norm), total_steps=3)
         seen = []
         m = tr.step(_seqs(), after_update=lambda seen=seen, w=model.lm_head_weight: seen.append(w.detach().clone()))
         assert len(seen) == 1 and torch.equal(seen[0], model.lm_head_weight)
-        out[fused] = (m, [p.detach().clone() for p in model.parameters()])
+        moments = [tr.optimizer.state[p]["exp_avg"].clone() for p in model.parameters()]
+        out[fused] = (m, [p.detach().clone() for p in model.parameters()], moments)
     assert math.isclose(out[True][0]["grad_norm"], out[False][0]["grad_norm"], rel_tol=1e-6)
+    assert (out[False][0]["grad_norm"] > max_grad_norm) == (max_grad_norm < 1)  # the small bound clips
     for a, b in zip(out[True][1], out[False][1], strict=True):
         torch.testing.assert_close(a, b, rtol=0, atol=1e-6)
+    for a, b in zip(out[True][2], out[False][2], strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-12)
+    norm = torch.cat([m.flatten() for m in out[True][2]]).norm() / 0.1  # exp_avg = (1 - beta1) g after one step
+    assert float(norm) <= min(max_grad_norm, out[True][0]["grad_norm"]) * (1 + 1e-4)
 
 
 @pytest.mark.parametrize("fused", [False, True])

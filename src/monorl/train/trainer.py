@@ -165,17 +165,20 @@ class Trainer:
         skip is decided on the device (fused AdamW's `found_inf`) and the first two are device tensors: nothing here
         waits for the GPU, so the update (and whatever the caller queues next) is launched while the backward still
         runs, and the caller reads them with its own sync (`_read_update`). Elsewhere the norm is read here first."""
-        norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.max_grad_norm)
         lr = self.optimizer.param_groups[0]["lr"]
         if self.optimizer.defaults.get("fused") and not is_sharded(self.model):
+            norm = torch.nn.utils.get_total_norm([p.grad for p in self.model.parameters() if p.grad is not None])
             skipped = (~torch.isfinite(norm)).float()
+            # the clip rides on fused AdamW's grad_scale (each gradient divided by it in the update's own pass, not
+            # scaled in a pass of its own): clip_grad_norm_'s min(max / (norm + 1e-6), 1), inverted
+            self.optimizer.grad_scale = torch.clamp((norm + 1e-6) / self.cfg.max_grad_norm, min=1.0)
             self.optimizer.found_inf = skipped
             try:
                 self.optimizer.step()
             finally:
-                del self.optimizer.found_inf
+                del self.optimizer.found_inf, self.optimizer.grad_scale
         else:
-            norm = float(norm)
+            norm = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.max_grad_norm))
             skipped = not math.isfinite(norm)
             if not skipped:
                 self.optimizer.step()

@@ -3,16 +3,17 @@
 Why: CUDA loads a kernel's module at the kernel's first launch (lazy loading, the default; eager loading of all of
 torch's kernels costs ~1.2 s of CUDA init instead). On the GPU machines each first launch of an ATen kernel took
 5-70 ms (a warm run's trainer warm-up: ~0.9 s against ~0.17 s for its next eager pass; H100, torch 2.11+cu130,
-benchmarks/RESULTS.md 2026-11-25 (later)). The load runs in the driver with the GIL released, so a thread that launches
-each kernel once on tiny tensors pays it while the main thread runs Python (model and trainer construction,
-torch._dynamo's import, the Triton kernel load): 8 first launches and 0.3 s of Python took 0.35-0.37 s in a thread
-against 0.46-0.55 s in turn (`benchmarks/probe_startup_costs.py --overlap`).
+benchmarks/RESULTS.md, 2026-11-25 (night, later)). The load runs in the driver with the GIL released, so a thread
+that launches each kernel once on tiny tensors pays it while the main thread runs Python (the trainer's
+construction with torch._dynamo's import, the Triton kernel load): 8 first launches and 0.3 s of Python took
+0.35-0.37 s in a thread against 0.46-0.55 s in turn (`benchmarks/probe_startup_costs.py --overlap`).
 
-Which kernels: `AtenRecorder`, a dispatch mode, records the ATen ops (with their arguments' dtypes and ranks) of
-the passes `monorl.ops.precompile` traces; the list is kept beside Triton's kernel list and a later run replays it
-(`start_preload`) on tensors of one element: the kernel a tiny call launches is not always the one the real shapes
-pick, but it lives in the same module (one per ATen source file), which is what costs. A list that is missing,
-stale or partly unreplayable costs nothing but the loads it did not do: every failure is counted and skipped.
+Which kernels: `AtenRecorder`, a dispatch mode, records the ATen ops (the first call of each, with its arguments'
+dtypes and ranks) of the trainer's first pass that `monorl.ops.precompile` traces; the list is kept beside Triton's
+kernel list and a later run replays it (`start_preload`) on tensors of one element: the kernel a tiny call launches
+is not always the one the real shapes pick, but it lives in the same module (one per ATen source file), which is
+what costs. A list that is missing, stale or partly unreplayable costs nothing but the loads it did not do: every
+failure is counted and skipped. Recording costs a cold run ~0.4 s (the dispatch mode's Python on every op).
 
 Safe to run beside the main thread: replays use their own stream and tensors, never a seeded random op (they would
 move the run's RNG), and no op with CPU tensors only. `Preload.join()` must come before any CUDA graph capture (a

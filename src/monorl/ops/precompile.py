@@ -38,6 +38,7 @@ from typing import Any
 
 import torch
 
+from monorl.fsutil import write_text_atomic
 from monorl.ops import HAS_TRITON
 
 MAX_THREADS = 16
@@ -201,11 +202,9 @@ def save_specs(path: Path, rec: Recorded) -> None:
     not at all (a temporary file renamed: ranks of one node may write the same list at once). A directory that
     cannot be written costs the next run its trace, nothing more: a line says so and the run goes on."""
     entries = [{"module": fn.module, "name": fn.__name__, "spec": data} for fn, data in rec.specs]
-    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp.write_text(json.dumps(entries) + "\n", encoding="utf-8")
-        os.replace(tmp, path)
+        write_text_atomic(path, json.dumps(entries) + "\n")
     except OSError as err:
         print(f"triton: could not keep the kernel list at {path} ({type(err).__name__}: {err}); the next run "
               "traces again", flush=True)

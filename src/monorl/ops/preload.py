@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import threading
 import time
 from pathlib import Path
@@ -33,6 +32,8 @@ from typing import Any
 import torch
 from torch.utils import _pytree as pytree
 from torch.utils._python_dispatch import TorchDispatchMode
+
+from monorl.fsutil import write_text_atomic
 
 log = logging.getLogger(__name__)
 
@@ -117,13 +118,11 @@ def _resolve(op: str) -> Any:
     return getattr(getattr(getattr(torch.ops, namespace), name), overload)
 
 
-def replay(ops: list[dict[str, Any]], device: torch.device, stop: threading.Event | None = None) -> tuple[int, int]:
+def replay(ops: list[dict[str, Any]], device: torch.device) -> tuple[int, int]:
     """Run each recorded op once on one-element tensors (no autograd); returns (ran, failed)."""
     ran = failed = 0
     with torch.inference_mode():
         for entry in ops:
-            if stop is not None and stop.is_set():
-                break
             try:
                 fn = _resolve(entry["op"])
                 leaves = [_decode(x, device) for x in entry["leaves"]]
@@ -137,12 +136,10 @@ def replay(ops: list[dict[str, Any]], device: torch.device, stop: threading.Even
 
 
 def save_ops(path: Path, ops: list[dict[str, Any]]) -> None:
-    """Keep the list (a temporary file renamed); a directory that cannot be written costs only the next preload."""
-    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+    """Keep the list (`write_text_atomic`); a directory that cannot be written costs only the next preload."""
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp.write_text(json.dumps(ops) + "\n", encoding="utf-8")
-        os.replace(tmp, path)
+        write_text_atomic(path, json.dumps(ops) + "\n")
     except OSError as err:
         log.warning("could not keep the ATen kernel list at %s (%s: %s)", path, type(err).__name__, err)
 
@@ -158,13 +155,12 @@ def load_ops(path: Path) -> list[dict[str, Any]] | None:
 
 
 class Preload:
-    """`replay` in a daemon thread on its own CUDA stream; `join()` stops it at the next op and waits."""
+    """`replay` in a daemon thread on its own CUDA stream; `join()` waits for it."""
 
     def __init__(self, ops: list[dict[str, Any]], device: torch.device) -> None:
         self.ops, self.device = ops, device
         self.ran = self.failed = 0
         self.run_s = self.wait_s = 0.0
-        self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="monorl-aten-preload", daemon=True)
         self._thread.start()
 
@@ -173,17 +169,15 @@ class Preload:
         try:
             stream = torch.cuda.Stream(self.device)
             with torch.cuda.device(self.device), torch.cuda.stream(stream):
-                self.ran, self.failed = replay(self.ops, self.device, self._stop)
+                self.ran, self.failed = replay(self.ops, self.device)
             stream.synchronize()
         except Exception as err:  # only a lost head start: the run launches these kernels itself
             log.warning("ATen preload stopped (%s: %s)", type(err).__name__, err)
         self.run_s = time.perf_counter() - t
 
-    def join(self, stop: bool = False) -> None:
-        """Wait for the thread (stop=True: after its current op). Idempotent."""
+    def join(self) -> None:
+        """Wait for the thread. Idempotent."""
         t = time.perf_counter()
-        if stop:
-            self._stop.set()
         self._thread.join()
         self.wait_s += time.perf_counter() - t
 

@@ -44,7 +44,7 @@
 #            generator batch (default, the mode) and the decode step, then throughput (THROUGHPUT= skips it); GPU
 #            tests first (TESTS: which) unless SKIP_TESTS; BENCH= skips the batches; with WALL=1 the preset's
 #            process wall (bytecode primed; WALL_RUNS, default cold, then warm twice) of each tree; TRAIN (sides): the
-#            mode's trainer step with graphs
+#            mode's trainer step with graphs; WHO=1: who imports torch._dynamo in a warm run of this tree
 #   bi:      `monorl train` of the Qwen3-0.6B preset (random weights) with --batch_invariant true (trainer graphs on)
 # Usage on the device: bash scripts/gpu_check.sh [tests|trainer|profile|loop|compare|startup|scale|scale_compile|bi_cost|bi_cost_1.7b|bi_kernels|bi_default|bi_lora|kernels|wall|wall_user|cold|bwd|ahead|kept|decode_profile|attn|warm_profile|warmup_profile|timeline|rl_step|ab|bi|all]   (logs, JSON under $OUT)
 set -uo pipefail
@@ -434,6 +434,10 @@ if [[ $what == ab ]]; then
       done
     done
     grep -h -E "^startup" /tmp/ab_new_warm2.log /tmp/ab_base_warm2.log | cut -c1-400
+    if [[ -n ${WHO:-} ]]; then  # who imports torch._dynamo in a warm run of this tree (benchmarks/who_imports.py)
+      TRITON_CACHE_DIR=/tmp/tc_ab_new python3 benchmarks/who_imports.py --watch torch._dynamo,torch._inductor -- \
+        train $args --run_dir /tmp/ab_who 2>&1 | grep -A16 "^\[who_imports\]"
+    fi
     cp /tmp/ab_new_warm2.log /tmp/ab_base_warm2.log "$OUT"/
     printf "\n| run | process wall s | run wall s | run total s | startup s | steady step s |\n|---|---|---|---|---|---|\n%s" "$rows"
   fi

@@ -202,7 +202,10 @@ def clone_tensors(x: Any) -> Any:
 
 
 def compile_counters() -> dict[str, int]:
-    """Dynamo's frame counters: 'ok' frames compiled, and recompiles/graph breaks seen so far."""
+    """Dynamo's frame counters: 'ok' frames compiled, and recompiles/graph breaks seen so far (all 0 in a process
+    that never imported Dynamo: nothing compiled, and importing it to say so costs ~1 s)."""
+    if "torch._dynamo" not in sys.modules:
+        return {"frames_compiled": 0, "unique_graphs": 0, "graph_breaks": 0, "recompiles": 0}
     from torch._dynamo.utils import counters
 
     return {
@@ -215,7 +218,9 @@ def compile_counters() -> dict[str, int]:
 
 def compile_phase_times(top: int = 12) -> dict[str, Any]:
     """Where compile time went: seconds per Dynamo/AOT/Inductor phase (summed over frames, largest first)
-    and each frame's total compile time in order (`frames_s`)."""
+    and each frame's total compile time in order (`frames_s`); empty where Dynamo was never imported."""
+    if "torch._dynamo" not in sys.modules:
+        return {"phases_s": {}, "frames_s": []}
     from torch._dynamo.utils import compilation_time_metrics
 
     sums = {k: sum(v) for k, v in compilation_time_metrics.items()}

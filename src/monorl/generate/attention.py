@@ -26,12 +26,12 @@ from torch import Tensor
 
 from monorl.compile import mark_dynamic
 from monorl.model.attention import VarlenContext
-from monorl.ops import HAS_TRITON, attention_invariant, sm_count
+from monorl.ops import HAS_TRITON, attention_invariant, custom_op, sm_count
 from monorl.ops.attention_triton import attention_triton, decode_splits
 from monorl.ops.block_kernels import write_kv
 
 
-@torch.library.custom_op("monorl::prefill_attention", mutates_args=("cache",))
+@custom_op("monorl::prefill_attention", mutates_args=("cache",))
 def prefill_attention(q: Tensor, k: Tensor, v: Tensor, cache: Tensor, slot_mapping: Tensor, cu_seqlens: Tensor,
                       positions: Tensor, pad_index: Tensor, valid: Tensor, backend: str, kv_written: bool) -> Tensor:
     """Write the prompts' k/v to `slot_mapping` (unless the caller did), then varlen causal attention within each
@@ -47,7 +47,7 @@ def _(q, k, v, cache, slot_mapping, cu_seqlens, positions, pad_index, valid, bac
     return torch.empty_like(q)
 
 
-@torch.library.custom_op("monorl::decode_attention", mutates_args=("cache",))
+@custom_op("monorl::decode_attention", mutates_args=("cache",))
 def decode_attention(q: Tensor, k: Tensor, v: Tensor, cache: Tensor, slot_mapping: Tensor, block_tables: Tensor,
                      seq_lens: Tensor, backend: str, kv_written: bool) -> Tensor:
     """Write each sequence's new k/v (unless the caller did), then attend over its paged cache (seq_lens include

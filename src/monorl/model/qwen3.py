@@ -20,6 +20,7 @@ from monorl.compile import mark_dynamic
 from monorl.model import logprobs
 from monorl.model.attention import AttentionContext
 from monorl.model.config import ModelConfig
+from monorl.ops import custom_op
 
 
 class RMSNorm(nn.Module):
@@ -52,7 +53,7 @@ def embedding(num: int, dim: int) -> nn.Embedding:
     return nn.Embedding(num, dim, _weight=weight) if weight.is_meta else nn.Embedding(num, dim)
 
 
-@torch.library.custom_op("monorl::rope_cos_sin", mutates_args=())
+@custom_op("monorl::rope_cos_sin", mutates_args=())
 def rope_cos_sin(positions: Tensor, head_dim: int, theta: float, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
     """cos/sin [T, head_dim] for the given positions (computed in fp32, cast like HF does). A custom op, so these
     are eager's values under `torch.compile` too (Inductor's pow, divide and cos may round differently): a

@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from monorl.ops import use_triton
+from monorl.ops import custom_op, use_triton
 from monorl.ops.attention_triton import attention_triton, varlen_attention_triton
 from monorl.ops.tree_sum import tree_sum
 
@@ -36,7 +36,7 @@ def _expand_kv(x: Tensor, g: int) -> Tensor:
     return x if g == 1 else x.repeat_interleave(g, dim=-2)
 
 
-@torch.library.custom_op("monorl::bi_varlen_attn", mutates_args=())
+@custom_op("monorl::bi_varlen_attn", mutates_args=())
 def bi_varlen_attn(q: Tensor, k: Tensor, v: Tensor, cu_seqlens: Tensor, pad_index: Tensor,
                    valid: Tensor) -> tuple[Tensor, Tensor]:
     """Causal attention of packed sequences (sequence s: tokens cu_seqlens[s] .. cu_seqlens[s+1] - 1). Returns the
@@ -70,7 +70,7 @@ def _(q: Tensor, k: Tensor, v: Tensor, cu_seqlens: Tensor, pad_index: Tensor, va
     return torch.empty_like(q), q.new_empty(q.shape[1], q.shape[0], dtype=torch.float32)
 
 
-@torch.library.custom_op("monorl::bi_varlen_attn_backward", mutates_args=())
+@custom_op("monorl::bi_varlen_attn_backward", mutates_args=())
 def bi_varlen_attn_backward(grad: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor,
                             cu_seqlens: Tensor, pad_index: Tensor, valid: Tensor) -> tuple[Tensor, Tensor, Tensor]:
     """Gradients of causal varlen attention. Backward values need not be invariant (only forward log-probs must
@@ -152,7 +152,7 @@ def _attn_backward(ctx, grad: Tensor, grad_lse: Tensor | None) -> tuple[Tensor |
 bi_varlen_attn.register_autograd(_attn_backward, setup_context=_attn_setup)
 
 
-@torch.library.custom_op("monorl::bi_paged_decode", mutates_args=())
+@custom_op("monorl::bi_paged_decode", mutates_args=())
 def bi_paged_decode(q: Tensor, k_cache: Tensor, v_cache: Tensor, block_tables: Tensor, seq_lens: Tensor) -> Tensor:
     """q [B, Hq, D] attends the first seq_lens[b] keys of its block table (caches [N, bs, Hkv, D])."""
     if use_triton(q):

@@ -25,7 +25,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from monorl.ops import HAS_TRITON, pdl_launch, unit_stride, use_triton
+from monorl.ops import HAS_TRITON, custom_op, pdl_launch, unit_stride, use_triton
 from monorl.ops.rmsnorm_invariant import rms_norm_backward, rms_norm_rows
 
 if HAS_TRITON:
@@ -131,7 +131,7 @@ if HAS_TRITON:
         tl.store(du_ptr + t * N + offs, (d * x * s).to(du_ptr.dtype.element_ty), mask=m)
 
 
-@torch.library.custom_op("monorl::add_rms_norm", mutates_args=())
+@custom_op("monorl::add_rms_norm", mutates_args=())
 def add_rms_norm(x: Tensor, a: Tensor, w: Tensor, eps: float) -> tuple[Tensor, Tensor]:
     """(h, rms_norm(h) * w) for h = x + a, over the last dim; w in x's dtype."""
     if not use_triton(x):
@@ -204,7 +204,7 @@ def _qk_norm_rope(q: Tensor, k: Tensor, q_weight: Tensor, k_weight: Tensor, cos:
     return q_out, k_out
 
 
-@torch.library.custom_op("monorl::qk_norm_rope", mutates_args=())
+@custom_op("monorl::qk_norm_rope", mutates_args=())
 def qk_norm_rope(q: Tensor, k: Tensor, q_weight: Tensor, k_weight: Tensor, cos: Tensor, sin: Tensor,
                  eps: float) -> tuple[Tensor, Tensor]:
     """q [T, Hq * D], k [T, Hkv * D] (heads side by side; e.g. column slices of a fused q/k/v GEMM's output) ->
@@ -213,7 +213,7 @@ def qk_norm_rope(q: Tensor, k: Tensor, q_weight: Tensor, k_weight: Tensor, cos: 
     return _qk_norm_rope(q, k, q_weight, k_weight, cos, sin, eps)
 
 
-@torch.library.custom_op("monorl::qk_norm_rope_write_kv", mutates_args=("cache",))
+@custom_op("monorl::qk_norm_rope_write_kv", mutates_args=("cache",))
 def qk_norm_rope_write_kv(q: Tensor, k: Tensor, v: Tensor, q_weight: Tensor, k_weight: Tensor, cos: Tensor,
                           sin: Tensor, eps: float, cache: Tensor, slots: Tensor) -> tuple[Tensor, Tensor]:
     """`qk_norm_rope`, and the returned k with v [T, Hkv * D] written to the KV cache `cache` [2, ..., Hkv, D] at
@@ -249,7 +249,7 @@ def _qk_norm_rope_backward(ctx, grad_q: Tensor, grad_k: Tensor):
 qk_norm_rope.register_autograd(_qk_norm_rope_backward, setup_context=_qk_norm_rope_setup)
 
 
-@torch.library.custom_op("monorl::silu_mul", mutates_args=())
+@custom_op("monorl::silu_mul", mutates_args=())
 def silu_mul(gate: Tensor, up: Tensor) -> Tensor:
     """SiLU(gate) * up, both [T, N] (e.g. column slices of a fused gate/up GEMM's output)."""
     if not use_triton(gate):
@@ -273,7 +273,7 @@ def _silu_mul_setup(ctx, inputs, output) -> None:
     ctx.save_for_backward(*inputs)
 
 
-@torch.library.custom_op("monorl::silu_mul_backward", mutates_args=())
+@custom_op("monorl::silu_mul_backward", mutates_args=())
 def _silu_mul_backward_op(grad: Tensor, gate: Tensor, up: Tensor) -> tuple[Tensor, Tensor]:
     if not use_triton(grad):
         g, x = grad.float(), gate.float()

@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from monorl.ops import HAS_TRITON, pdl_launch, unit_stride, use_triton
+from monorl.ops import HAS_TRITON, custom_op, pdl_launch, unit_stride, use_triton
 from monorl.ops.tree_sum import tree_sum
 
 LP_SEGMENTS = 8  # vocabulary segments a row's sums are cut into (CUDA); fixed, so the sum order depends on V alone
@@ -84,7 +84,7 @@ if HAS_TRITON:
         tl.store(gx_ptr + row * V + offs, gx.to(gx_ptr.dtype.element_ty), mask=m)
 
 
-@torch.library.custom_op("monorl::bi_token_logprobs", mutates_args=())
+@custom_op("monorl::bi_token_logprobs", mutates_args=())
 def bi_token_logprobs(logits: Tensor, tokens: Tensor, temperature: float) -> Tensor:
     """log_softmax(logits / temperature)[row, tokens[row]] in fp32 -> [N]."""
     N, V = logits.shape
@@ -118,7 +118,7 @@ def _lp_setup(ctx, inputs, output) -> None:
     ctx.temperature = temperature
 
 
-@torch.library.custom_op("monorl::token_logprobs_backward", mutates_args=())
+@custom_op("monorl::token_logprobs_backward", mutates_args=())
 def _lp_backward_op(logits: Tensor, tokens: Tensor, logprobs: Tensor, grad: Tensor, temperature: float) -> Tensor:
     """The gradient of the logits: grad[row] * (onehot(tokens[row]) - softmax(logits[row] / T)) / T."""
     if not use_triton(logits):

@@ -14,7 +14,7 @@ import functools
 import torch
 from torch import Tensor
 
-from monorl.ops import HAS_TRITON, pdl_launch, sm_count, use_triton
+from monorl.ops import HAS_TRITON, custom_op, pdl_launch, sm_count, use_triton
 from monorl.ops.tree_sum import tree_sum
 
 if HAS_TRITON:
@@ -141,7 +141,7 @@ def silu_mul_fusable(x: Tensor) -> bool:
     return faster_than_cublas(x) and not torch.is_grad_enabled()
 
 
-@torch.library.custom_op("monorl::mm_silu_mul", mutates_args=())
+@custom_op("monorl::mm_silu_mul", mutates_args=())
 def mm_silu_mul(x: Tensor, w: Tensor) -> Tensor:
     """SiLU(x @ w[:I]^T) * (x @ w[I:]^T) for a fused [gate | up] weight w [2I, K] -> [M, I] in x's dtype, bitwise
     what `block_kernels.silu_mul` gives on `bi_mm(x, w)`'s two column halves (CUDA; see `silu_mul_fusable`)."""
@@ -175,7 +175,7 @@ def _mm_cpu(x: Tensor, w: Tensor) -> Tensor:
     return (torch.cat(outs) if outs else xf.new_zeros(0, N)).to(x.dtype)
 
 
-@torch.library.custom_op("monorl::bi_mm", mutates_args=())
+@custom_op("monorl::bi_mm", mutates_args=())
 def bi_mm(x: Tensor, w: Tensor) -> Tensor:
     """x [M, K] @ w [N, K]^T -> [M, N] in x's dtype; row i depends only on x[i] and w."""
     x, w = x.contiguous(), w.contiguous()

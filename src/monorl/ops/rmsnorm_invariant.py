@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from monorl.ops import HAS_TRITON, pdl_launch, sm_count, unit_stride, use_triton
+from monorl.ops import HAS_TRITON, custom_op, pdl_launch, sm_count, unit_stride, use_triton
 from monorl.ops.tree_sum import tree_sum
 
 if HAS_TRITON:
@@ -97,7 +97,7 @@ if HAS_TRITON:
         tl.store(out_ptr + cols, tl.sum(acc, axis=0), mask=mc)
 
 
-@torch.library.custom_op("monorl::bi_rms_norm", mutates_args=())
+@custom_op("monorl::bi_rms_norm", mutates_args=())
 def bi_rms_norm(x: Tensor, w: Tensor, eps: float) -> Tensor:
     """RMSNorm over the last dim (normalise in fp32, scale in x's dtype), one fixed order per row."""
     x = x.contiguous()
@@ -164,7 +164,7 @@ def sum_rows(p: Tensor) -> Tensor:
     return out
 
 
-@torch.library.custom_op("monorl::rms_norm_backward", mutates_args=())
+@custom_op("monorl::rms_norm_backward", mutates_args=())
 def _rms_norm_backward(x: Tensor, w: Tensor, grad: Tensor, grad_residual: Tensor | None, cos: Tensor | None,
                        sin: Tensor | None, eps: float) -> tuple[Tensor, Tensor]:
     D = w.shape[0]

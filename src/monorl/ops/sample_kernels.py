@@ -23,7 +23,7 @@ import struct
 import torch
 from torch import Tensor
 
-from monorl.ops import HAS_TRITON, pdl_launch, unit_stride
+from monorl.ops import HAS_TRITON, custom_op, pdl_launch, unit_stride
 
 if HAS_TRITON:
     import triton
@@ -266,7 +266,7 @@ def _nucleus_bisect(logits: Tensor, thresh: Tensor, top_p: Tensor, inv_t: float,
                                 num_warps=1, **pdl)
 
 
-@torch.library.custom_op("monorl::fused_sample", mutates_args=())
+@custom_op("monorl::fused_sample", mutates_args=())
 def sample(logits: Tensor, keys: Tensor, positions: Tensor, temperature: float, top_p: float) -> tuple[Tensor, Tensor]:
     """logits [B, V] (CUDA) -> (tokens int64 [B], log-probs fp32 [B]); temperature 0 is greedy (log-probs at
     T = 1). The same tokens as `monorl.generate.sampling.sample` with top_k 0 (module docstring)."""

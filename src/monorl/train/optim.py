@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import inspect
 import math
-from typing import Literal, get_args
+from typing import Any, Literal, get_args
 
 import torch
 
@@ -24,9 +25,36 @@ def lr_factor(step: int, warmup_steps: int, total_steps: int, schedule: str, min
     return min_ratio + (1.0 - min_ratio) * decay
 
 
+_UNWRAPPED = {name: inspect.unwrap(getattr(torch.optim.AdamW, name))
+              for name in ("add_param_group", "zero_grad", "state_dict", "load_state_dict", "step")}
+
+
+class AdamW(torch.optim.AdamW):
+    """torch's AdamW (the same update, state and state dict), its methods reached past the wrappers that import
+    torch._dynamo at their first call: `torch._disable_dynamo` on add_param_group, zero_grad, state_dict and
+    load_state_dict, `_use_grad_for_differentiable` on step. A run that compiles nothing then never imports Dynamo
+    (0.9-1.5 s on the GPU machines, #18). Those wrappers exist for an optimizer traced by torch.compile, which
+    monorl never does (it compiles the model's blocks only)."""
+
+    def add_param_group(self, param_group: dict[str, Any]) -> None:
+        _UNWRAPPED["add_param_group"](self, param_group)
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        _UNWRAPPED["zero_grad"](self, set_to_none)
+
+    def state_dict(self) -> dict[str, Any]:
+        return _UNWRAPPED["state_dict"](self)
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        _UNWRAPPED["load_state_dict"](self, state_dict)
+
+    def step(self, closure: Any = None) -> Any:
+        with torch.no_grad():  # what the step's wrapper does, but for `differentiable` (never set here)
+            return _UNWRAPPED["step"](self, closure)
+
+
 def make_optimizer(params: list[torch.nn.Parameter], lr: float, weight_decay: float, betas: tuple[float, float],
-                   eps: float) -> torch.optim.AdamW:
+                   eps: float) -> AdamW:
     """AdamW, fused on CUDA (one kernel for all parameters)."""
     fused = all(p.is_cuda for p in params)
-    return torch.optim.AdamW(params, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay,
-                             fused=True if fused else None)
+    return AdamW(params, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, fused=True if fused else None)

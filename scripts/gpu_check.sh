@@ -435,7 +435,7 @@ if [[ $what == ab ]]; then
     done
     grep -h -E "^startup" /tmp/ab_new_warm2.log /tmp/ab_base_warm2.log | cut -c1-400
     if [[ -n ${WHO:-} ]]; then  # who imports torch._dynamo in a warm run of this tree (benchmarks/who_imports.py)
-      TRITON_CACHE_DIR=/tmp/tc_ab_new python3 benchmarks/who_imports.py --watch torch._dynamo,torch._inductor -- \
+      TRITON_CACHE_DIR=/tmp/tc_ab_new python3 benchmarks/who_imports.py --watch torch._dynamo,torch._inductor,sympy,torch.distributed.tensor -- \
         train $args --run_dir /tmp/ab_who 2>&1 | grep -A16 "^\[who_imports\]"
     fi
     cp /tmp/ab_new_warm2.log /tmp/ab_base_warm2.log "$OUT"/

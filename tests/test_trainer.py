@@ -6,7 +6,7 @@ import torch
 from monorl.model.config import model_shape
 from monorl.model.qwen3 import build_model
 from monorl.train.losses import LossConfig
-from monorl.train.optim import lr_factor
+from monorl.train.optim import AdamW, lr_factor
 from monorl.train.packing import TrainSequence
 from monorl.train.trainer import Trainer, TrainerConfig
 
@@ -70,7 +70,7 @@ def test_logprob_diff_is_zero_when_old_logprobs_are_the_trainers():
 
 def _fused_adamw(monkeypatch):
     """The trainer's optimizer fused (as on CUDA, where the skip is decided on the device) on CPU."""
-    monkeypatch.setattr("monorl.train.trainer.make_optimizer", lambda params, lr, wd, betas, eps: torch.optim.AdamW(
+    monkeypatch.setattr("monorl.train.trainer.make_optimizer", lambda params, lr, wd, betas, eps: AdamW(
         params, lr=lr, betas=betas, eps=eps, weight_decay=wd, fused=True))
 
 

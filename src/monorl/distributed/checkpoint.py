@@ -29,14 +29,7 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-import torch.distributed.checkpoint as dcp
 from torch import nn
-from torch.distributed.checkpoint.state_dict import (
-    StateDictOptions,
-    get_model_state_dict,
-    get_state_dict,
-    set_state_dict,
-)
 
 from monorl.distributed.world import World
 from monorl.fsutil import json_safe, remove_leftovers, write_dir_atomic, write_text_atomic
@@ -44,6 +37,8 @@ from monorl.model.checkpoint import CheckpointError, write_checkpoint_files
 from monorl.rl import checkpointing as ck
 from monorl.train.trainer import Trainer
 
+# torch.distributed.checkpoint is imported where it is used: with DTensor and sympy it costs ~1.5 s, which a
+# one-process run (the loop imports this module) never needs
 DCP_DIR = "dcp"
 FORMAT = "dcp"  # meta.json "storage": how the weights and optimizer are stored
 
@@ -54,6 +49,8 @@ def is_sharded_checkpoint(path: Path) -> bool:
 
 def _state(policy: nn.Module, trainer: Trainer, with_ref: bool) -> dict[str, Any]:
     """What DCP saves and loads, by name: fully qualified parameter names for the model and the optimizer."""
+    from torch.distributed.checkpoint.state_dict import get_state_dict
+
     model_sd, optim_sd = get_state_dict(policy, trainer.optimizer)
     state: dict[str, Any] = {"model": model_sd, "optim": optim_sd}
     if with_ref and trainer.ref_model is not None:
@@ -64,6 +61,8 @@ def _state(policy: nn.Module, trainer: Trainer, with_ref: bool) -> dict[str, Any
 def full_policy_on_main(policy: nn.Module, world: World, make_plain: Callable[[], nn.Module]) -> nn.Module | None:
     """The sharded policy as one plain CPU module on rank 0 (`make_plain()` builds its empty shape), None on the
     other ranks. Every rank must call it: the parameters are gathered one at a time, offloaded to CPU."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
     sd = get_model_state_dict(policy, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
     if not world.is_main:
         return None
@@ -77,6 +76,8 @@ def save_sharded_checkpoint(root: Path, step: int, policy: nn.Module, trainer: T
                             meta: dict[str, Any] | None = None, keep_last: int = 2) -> Path:
     """Write `root/step_<step>/` (see the module docstring) from every rank, point `latest` at it, keep the
     newest `keep_last`. config_source: a module whose `.config` is the policy's (for config.json)."""
+    import torch.distributed.checkpoint as dcp
+
     root = Path(root)
     name = ck.checkpoint_name(step)
     state = _state(policy, trainer, with_ref=True)
@@ -116,6 +117,9 @@ def load_sharded_checkpoint(path: Path, policy: nn.Module, trainer: Trainer,
                             restore_rng: bool = True) -> ck.TrainingCheckpoint:
     """Restore a DCP checkpoint into this run's policy (sharded over any number of ranks, or plain) and trainer,
     in place. Every rank calls it."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import set_state_dict
+
     p = Path(path)
     meta = ck.read_meta(p)
     try:

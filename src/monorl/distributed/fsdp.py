@@ -10,16 +10,26 @@ loss (the trainer divides by step-wide counts), so the sum is the one-rank gradi
 from __future__ import annotations
 
 import contextlib
+import sys
 from collections.abc import Iterator
+from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
-from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
+
+if TYPE_CHECKING:
+    from torch.distributed.fsdp import FSDPModule
+
+# torch.distributed.fsdp is imported when a model is sharded: with DTensor and sympy it costs ~1.5 s, which a
+# one-process run (the trainer and weight sync import this module) never needs. Until it is imported, no module
+# can be an FSDPModule.
 
 
 def shard_model_(model: nn.Module, device: torch.device) -> None:
     """Apply FSDP2 in place: every block of `model.model.layers`, then the root. Call before building the
     optimizer (it must see the sharded parameters)."""
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
     mp = None
     if device.type == "cuda":
         mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
@@ -32,14 +42,23 @@ def shard_model_(model: nn.Module, device: torch.device) -> None:
         unit.set_force_sum_reduction_for_comms(True)
 
 
+def _fsdp_module_type() -> type | None:
+    fsdp = sys.modules.get("torch.distributed.fsdp")
+    return getattr(fsdp, "FSDPModule", None)
+
+
 def is_sharded(model: nn.Module) -> bool:
-    return isinstance(model, FSDPModule)
+    cls = _fsdp_module_type()
+    return cls is not None and isinstance(model, cls)
 
 
 def fsdp_units(model: nn.Module) -> list[FSDPModule]:
     """The FSDP units of `model`, blocks first (in layer order), the root last; [] for a plain model."""
-    return [m for m in model.modules() if isinstance(m, FSDPModule) and m is not model] + (
-        [model] if isinstance(model, FSDPModule) else [])
+    cls = _fsdp_module_type()
+    if cls is None:
+        return []
+    return [m for m in model.modules() if isinstance(m, cls) and m is not model] + (
+        [model] if isinstance(model, cls) else [])
 
 
 @contextlib.contextmanager

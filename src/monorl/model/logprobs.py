@@ -104,9 +104,11 @@ class _ChunkedHead(torch.autograd.Function):
         for s in range(0, hidden.shape[0], chunk):
             h = hidden[s:s + chunk].to(w.dtype)
             logits = model.compute_logits(h, w).detach().requires_grad_()
+            # the gradient of sum(out * g) is exactly autograd.grad(out, logits, g) (g times 1.0), but takes no
+            # grad_outputs: torch checks those with symbolic_shapes, whose first import (sympy) costs ~0.5 s
             with torch.enable_grad():
-                out = model.token_logprobs(logits, tokens[s:s + chunk], ctx.temperature)
-            (d_logits,) = torch.autograd.grad(out, logits, grad[s:s + chunk])
+                out = (model.token_logprobs(logits, tokens[s:s + chunk], ctx.temperature) * grad[s:s + chunk]).sum()
+            (d_logits,) = torch.autograd.grad(out, logits)
             if d_hidden is not None:
                 d_hidden[s:s + chunk] = d_logits @ w
             if need_weight:

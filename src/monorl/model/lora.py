@@ -35,7 +35,7 @@ from safetensors.torch import save_file
 from torch import Tensor, nn
 
 from monorl.fsutil import read_json, write_dir_atomic
-from monorl.model.qwen3 import MLP, Attention, Linear, Qwen3ForCausalLM
+from monorl.model.qwen3 import MLP, Attention, Linear, Qwen3ForCausalLM, materialize_
 
 # short name -> HF module name, in the model's order
 TARGET_MODULES: dict[str, str] = {"q": "q_proj", "k": "k_proj", "v": "v_proj", "o": "o_proj",
@@ -176,7 +176,7 @@ def apply_lora_(model: Qwen3ForCausalLM, cfg: LoRAConfig, seed: int = 0,
         with torch.device("meta"):  # no init draw from the global RNG: A is drawn below, B zeroed
             a = Linear(m.in_features, cfg.rank, bias=False, dtype=torch.float32)
             b = Linear(cfg.rank, m.out_features, bias=False, dtype=torch.float32)
-        a, b = a.to_empty(device=dev), b.to_empty(device=dev)
+        a, b = materialize_(a, dev), materialize_(b, dev)
         nn.init.kaiming_uniform_(a.weight, a=math.sqrt(5), generator=gens[dev])  # PEFT's init of A
         b.weight.zero_()
         m.__class__ = LoRALinear

@@ -26,7 +26,6 @@ from collections.abc import Mapping
 
 import torch
 from torch import Tensor, nn
-from torch.distributed.tensor import DTensor
 
 from monorl.distributed.fsdp import fsdp_units, unsharded
 from monorl.model.lora import LoRALinear, lora_modules
@@ -138,6 +137,8 @@ def _sync_sharded_(plan: list[tuple[str, Tensor, Source]], src: nn.Module, units
     """`plan`'s copies, one FSDP unit gathered at a time (blocks, then the root). A gathered unit's parameters
     are other tensors than the sharded ones `plan` holds, so they are looked up again by name (a LoRA
     projection reads its gathered weights itself)."""
+    from torch.distributed.tensor import DTensor  # here, not at the top: a one-process run never needs it (~1.5 s)
+
     todo = {name: (view, s) for name, view, s in plan}
     prefix_of = {id(m): n for n, m in src.named_modules()}
     for unit in units:

@@ -70,7 +70,7 @@ def test_static_pack_pads_every_dimension_to_a_bucket():
     seqs = [_seq(5, 3), _seq(7, 4), _seq(2, 6)]
     (mb,) = make_micro_batches(seqs, max_tokens=64, device="cpu", buckets=(16, 32, 64), static=True)
     # 27 real tokens -> 32; max_seqlen 16 (>= 11); fillers of <= 16 tokens; 4 entries padded to 8 with zeros
-    assert mb.shape == PackShape(tokens=32, seqs=8, targets=16, max_seqlen=16)
+    assert mb.shape == PackShape(tokens=32, seqs=8, targets=16, max_seqlen=16, full_tokens=32, copies=1)
     assert mb.ctx.cu_seqlens.tolist() == [0, 8, 19, 27, 32, 32, 32, 32, 32]
     assert mb.num_targets == 13 and mb.token_mask.tolist() == [1.0] * 13 + [0.0] * 3
     assert torch.equal(mb.input_ids[mb.logit_index[:13] + 1], mb.targets[:13])

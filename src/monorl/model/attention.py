@@ -108,9 +108,56 @@ def flash_varlen(q: Tensor, k: Tensor, v: Tensor, cu_seqlens: Tensor, max_seqlen
     return varlen_attn(q, k, v, cu_seqlens, cu_seqlens, max_seqlen, max_seqlen, window_size=(-1, 0), **kw)
 
 
+class _ExpandCopies(torch.autograd.Function):
+    """x [T, H, D] of a pack's unique tokens -> [T_full, H, D], each sequence's own copy of its tokens
+    (`SharedPrompts.expand_index`). Backward sums each token's copies (`SharedPrompts.copies`) in fp32, in a fixed
+    order (deterministic: no atomics); with `pick` only its first copy's gradient is taken, which is exact for the
+    queries: a copy whose output is dropped (`attend` keeps each token's first) has a zero query gradient."""
+
+    @staticmethod
+    def forward(ctx: Any, x: Tensor, expand_index: Tensor, copies: Tensor, pick: bool) -> Tensor:
+        ctx.save_for_backward(copies)
+        ctx.pick = pick
+        return x[expand_index]
+
+    @staticmethod
+    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor | None, ...]:
+        (copies,) = ctx.saved_tensors
+        if ctx.pick:
+            return grad[copies[:, 0]], None, None, None
+        padded = torch.cat([grad, grad.new_zeros(1, *grad.shape[1:])])  # row T_full: a copy that is not there
+        return padded[copies].sum(1, dtype=torch.float32).to(grad.dtype), None, None, None
+
+
+@dataclass
+class SharedPrompts:
+    """A pack whose prompt groups hold their prompt's tokens once (`monorl.train.packing`): the model's per-token
+    work runs on the T unique tokens, and attention on the T_full tokens of every sequence laid out whole, as an
+    unshared pack would be (the context's cu_seqlens / pad_index / valid describe that layout), so each token's
+    attention output is what it is without sharing."""
+
+    expand_index: Tensor  # int64 [T_full]: the unique token each full-layout row copies
+    copies: Tensor  # int64 [T, C]: each unique token's full-layout rows, the first one first; T_full where absent
+
+    def expand(self, x: Tensor, pick: bool = False) -> Tensor:
+        return _ExpandCopies.apply(x, self.expand_index, self.copies, pick)
+
+    def contract(self, out: Tensor) -> Tensor:
+        """The full layout's attention output -> each unique token's (its first copy's)."""
+        return out[self.copies[:, 0]]
+
+
+def positions_of(lengths: list[int] | Tensor) -> Tensor:
+    """Each token's position within its sequence, for sequences of `lengths` laid end to end (int64, CPU)."""
+    lengths = torch.as_tensor(lengths, dtype=torch.int64, device="cpu")
+    starts = torch.cumsum(lengths, 0) - lengths
+    return torch.arange(int(lengths.sum())) - torch.repeat_interleave(starts, lengths)
+
+
 @dataclass
 class VarlenContext:
-    """Packed causal sequences, no KV cache. Build with `VarlenContext.from_lengths`."""
+    """Packed causal sequences, no KV cache. Build with `VarlenContext.from_lengths`. With `shared`, the pack holds
+    shared prompts once (see `SharedPrompts`): `positions` are the unique tokens', the rest the full layout's."""
 
     cu_seqlens: Tensor  # int32 [B+1]
     max_seqlen: int
@@ -118,6 +165,7 @@ class VarlenContext:
     pad_index: Tensor  # int64 [B, max_seqlen] flat index of each (sequence, position); T where padding (sdpa)
     valid: Tensor  # bool [B, max_seqlen]
     backend: str = "sdpa"  # sdpa | flash | invariant (see `batch_invariant`)
+    shared: SharedPrompts | None = None
     slot_mapping: ClassVar[None] = None  # no KV cache
 
     def __post_init__(self) -> None:
@@ -126,9 +174,11 @@ class VarlenContext:
 
     @staticmethod
     def from_lengths(lengths: list[int] | Tensor, device: torch.device | str, backend: str = "sdpa",
-                     max_seqlen: int | None = None) -> VarlenContext:
+                     max_seqlen: int | None = None, shared: SharedPrompts | None = None,
+                     positions: Tensor | None = None) -> VarlenContext:
         """`lengths` may end in zero-length entries (a static pack pads its sequence count with them);
-        `max_seqlen` (>= every length) fixes the attention bound, for a CUDA graph replayed on other packs."""
+        `max_seqlen` (>= every length) fixes the attention bound, for a CUDA graph replayed on other packs.
+        shared (with the unique tokens' `positions`, int64 on `device`): the lengths are the full layout's."""
         lengths = torch.as_tensor(lengths, dtype=torch.int64, device="cpu")
         if lengths.numel() == 0 or bool((lengths < 0).any()) or int(lengths.sum()) == 0:
             raise ValueError(f"sequence lengths must be >= 0 with at least one token, got {lengths.tolist()}")
@@ -139,20 +189,32 @@ class VarlenContext:
             if max_seqlen < L:
                 raise ValueError(f"max_seqlen={max_seqlen} is below the longest sequence ({L})")
             L = max_seqlen
-        starts = torch.repeat_interleave(cu[:-1].long(), lengths)
-        positions = torch.arange(T) - starts
         col = torch.arange(L)
         valid = col[None, :] < lengths[:, None]
         pad_index = torch.where(valid, cu[:-1, None].long() + col[None, :], T)
+        if shared is not None:
+            if positions is None or shared.expand_index.numel() != T:
+                raise ValueError(f"a shared-prompt pack needs the unique tokens' positions and {T} expand rows")
+        else:
+            positions = positions_of(lengths)
         ctx = VarlenContext(
             cu_seqlens=cu.to(device), max_seqlen=L, positions=positions.to(device),
-            pad_index=pad_index.to(device), valid=valid.to(device), backend=backend,
+            pad_index=pad_index.to(device), valid=valid.to(device), backend=backend, shared=shared,
         )
         # the number and lengths of packed sequences vary every call: compile for any from the start
         mark_dynamic(ctx.cu_seqlens, ctx.positions, ctx.pad_index, ctx.valid)
+        if shared is not None:
+            mark_dynamic(shared.expand_index)
+            mark_dynamic(shared.copies, dims=(0,))
         return ctx
 
     def attend(self, q: Tensor, k: Tensor, v: Tensor, cache: Any = None, kv_written: bool = False) -> Tensor:
+        if self.shared is not None:
+            sh = self.shared
+            return sh.contract(self._attend(sh.expand(q, pick=True), sh.expand(k), sh.expand(v)))
+        return self._attend(q, k, v)
+
+    def _attend(self, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
         if self.backend == "invariant":  # the same kernel (and key-block order) as the invariant decode
             return attention_invariant.varlen_attention(q, k, v, self.cu_seqlens, self.pad_index, self.valid)
         if self.backend == "flash":

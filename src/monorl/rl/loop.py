@@ -344,7 +344,8 @@ class GRPORun:
                 torch.cuda.synchronize(self.device)
                 torch.cuda.reset_peak_memory_stats(self.device)
             r = self.cfg.rollout
-            self.trainer.warm_up(prompt, r.prompts_per_step * r.group_size, r.max_new_tokens, r.temperature)
+            self.trainer.warm_up(prompt, r.prompts_per_step * r.group_size, r.max_new_tokens, r.temperature,
+                                 group_size=r.group_size)
             if cuda:  # what a step allocates beyond what stays allocated (activations, gradients)
                 torch.cuda.synchronize(self.device)
                 self.trainer_transient_bytes = (torch.cuda.max_memory_allocated(self.device)
@@ -419,7 +420,7 @@ class GRPORun:
                 # its first pass also lists its ATen ops, for a later run's preload (`monorl.ops.preload`): the
                 # trainer's warm-up pays most first launches, and recording slows the ops it sees (a dispatch mode)
                 self.trainer.trace_kernels(prompt, r.prompts_per_step * r.group_size, r.max_new_tokens,
-                                           r.temperature, first_pass=aten)
+                                           r.temperature, first_pass=aten, group_size=r.group_size)
             if traced["generator"]:
                 self.generator.trace_kernels(gen_prompts, samplers, n=2)
             torch.cuda.synchronize(self.device)

@@ -7,6 +7,14 @@ sequences whose tokens carry no loss, so compiled code sees only a handful of sh
 A *static* pack (`static=True`, for the trainer's CUDA graphs) also rounds every other dimension
 to a bucket -- sequence count (zero-length entries), completion-token rows (masked) and the
 attention's max_seqlen -- so that one captured graph replays any pack of the same `PackShape`.
+
+Shared prompts (`share_prompts`, the default): the sequences of one prompt group (equal prompt ids) are packed
+as the prompt once, then each completion, so the model's per-token work (every projection, norm and MLP) runs on
+the prompt once per group instead of once per sequence -- GRPO's groups of 8 on ~150-token prompts with 100-token
+completions train on half the tokens. Attention alone sees each sequence whole (`SharedPrompts`: the layout above,
+built by copying rows), so every token's result is what it is unshared, and in batch-invariant mode bit for bit
+the generator's. A group is kept in one micro-batch where it fits (`plan_micro_batches`); the token budget counts
+whole sequences, as unshared.
 """
 
 from __future__ import annotations
@@ -17,7 +25,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from monorl.model.attention import VarlenContext
+from monorl.model.attention import SharedPrompts, VarlenContext, positions_of
 
 
 @dataclass
@@ -51,6 +59,8 @@ class PackShape:
     seqs: int  # entries in cu_seqlens - 1 (static packs: padded with zero-length entries)
     targets: int  # N: completion-token rows (static packs: padded rows have token_mask 0)
     max_seqlen: int  # the attention's bound on any one sequence's length
+    full_tokens: int  # the attention's layout, every sequence whole: T without shared prompts
+    copies: int  # the most copies of one token in that layout (columns of `SharedPrompts.copies`; 1 unshared)
 
 
 @dataclass
@@ -68,8 +78,10 @@ class MicroBatch:
 
     @property
     def shape(self) -> PackShape:
-        return PackShape(self.input_ids.numel(), self.ctx.cu_seqlens.numel() - 1, self.targets.numel(),
-                         self.ctx.max_seqlen)
+        sh = self.ctx.shared
+        T = self.input_ids.numel()
+        return PackShape(T, self.ctx.cu_seqlens.numel() - 1, self.targets.numel(), self.ctx.max_seqlen,
+                         T if sh is None else sh.expand_index.numel(), 1 if sh is None else sh.copies.shape[1])
 
 
 def bucket_size(n: int, smallest: int = 16) -> int:
@@ -93,9 +105,12 @@ def static_max_seqlen(lengths: list[int], size: int) -> int:
 def filler_lengths(lengths: list[int], size: int, chunk: int, static: bool) -> list[int]:
     """Sequence lengths of a pack padded to `size` tokens: `lengths`, then filler sequences of at most `chunk` tokens
     (each attends only to itself); static: then zero-length entries up to a power-of-two count (>= 8)."""
-    real = sum(lengths)
-    out = [*lengths, *(min(chunk, size - s) for s in range(real, size, chunk))]
+    out = [*lengths, *_chunks(size - sum(lengths), chunk)]
     return out + [0] * (next_pow2(len(out), 8) - len(out)) if static else out
+
+
+def _chunks(n: int, chunk: int) -> list[int]:
+    return [min(chunk, n - s) for s in range(0, n, chunk)]
 
 
 def token_buckets(max_tokens: int, smallest: int = 64) -> tuple[int, ...]:
@@ -107,31 +122,57 @@ def token_buckets(max_tokens: int, smallest: int = 64) -> tuple[int, ...]:
     return (*out, max_tokens)
 
 
-def plan_micro_batches(lengths: Sequence[int], max_tokens: int) -> list[list[int]]:
-    """First-fit decreasing: group sequence indices into bins of at most `max_tokens` tokens."""
+def plan_micro_batches(lengths: Sequence[int], max_tokens: int,
+                       groups: Sequence[object] | None = None) -> list[list[int]]:
+    """First-fit decreasing: group sequence indices into bins of at most `max_tokens` tokens. groups (a key per
+    sequence, e.g. its prompt): the sequences of one key go into one bin together (a group of more than
+    `max_tokens` tokens is cut into runs that fit first), so a shared prompt is packed once."""
     too_long = [(i, n) for i, n in enumerate(lengths) if n > max_tokens]
     if too_long:
         i, n = too_long[0]
         raise ValueError(f"sequence {i} has {n} tokens, more than micro_batch_tokens={max_tokens}")
+    members: dict[object, list[int]] = {}
+    for i in range(len(lengths)):
+        members.setdefault(i if groups is None else groups[i], []).append(i)
+    items: list[list[int]] = []
+    for idx in members.values():
+        run, size = [], 0
+        for i in idx:
+            if run and size + lengths[i] > max_tokens:
+                items.append(run)
+                run, size = [], 0
+            run.append(i)
+            size += lengths[i]
+        items.append(run)
     bins: list[list[int]] = []
     room: list[int] = []
-    for i in sorted(range(len(lengths)), key=lambda i: -lengths[i]):
+    for item in sorted(items, key=lambda it: -sum(lengths[i] for i in it)):
+        n = sum(lengths[i] for i in item)
         for b, r in enumerate(room):
-            if lengths[i] <= r:
-                bins[b].append(i)
-                room[b] -= lengths[i]
+            if n <= r:
+                bins[b] += item
+                room[b] -= n
                 break
         else:
-            bins.append([i])
-            room.append(max_tokens - lengths[i])
+            bins.append(list(item))
+            room.append(max_tokens - n)
     return [sorted(b) for b in bins]
 
 
 def pack(seqs: Sequence[TrainSequence], indices: Sequence[int], buckets: Sequence[int], device: torch.device | str,
-         attn_backend: str = "sdpa", pad_id: int = 0, static: bool = False) -> MicroBatch:
+         attn_backend: str = "sdpa", pad_id: int = 0, static: bool = False, share_prompts: bool = True) -> MicroBatch:
     """Lay out `seqs[indices]` end to end, then pad to the smallest bucket that fits with filler sequences.
-    static: also pad the sequence count, completion rows and max_seqlen to buckets (see `PackShape`)."""
-    ids: list[int] = []
+    static: also pad the sequence count, completion rows and max_seqlen to buckets (see `PackShape`).
+    share_prompts: sequences with equal prompt ids hold their prompt once (module docstring)."""
+    group_size: dict[tuple[int, ...], int] = {}
+    for i in indices:
+        key = tuple(seqs[i].prompt_ids)
+        group_size[key] = group_size.get(key, 0) + 1
+    share = share_prompts and max(group_size.values(), default=0) > 1
+    ids: list[int] = []  # the unique tokens (the model's input)
+    positions: list[int] = []
+    seq_rows: list[list[int]] = []  # each sequence's tokens as rows of `ids`: the attention's layout
+    prompt_rows: dict[tuple[int, ...], list[int]] = {}
     lengths: list[int] = []
     logit_index: list[int] = []
     targets: list[int] = []
@@ -140,26 +181,65 @@ def pack(seqs: Sequence[TrainSequence], indices: Sequence[int], buckets: Sequenc
     seq_ids: list[int] = []
     for i in indices:
         s = seqs[i]
-        start = len(ids)
-        ids += s.prompt_ids + s.completion_ids
-        lengths.append(len(s))
         p = len(s.prompt_ids)
+        key = tuple(s.prompt_ids)
+        if share and group_size[key] > 1:
+            if key not in prompt_rows:
+                prompt_rows[key] = list(range(len(ids), len(ids) + p))
+                ids += s.prompt_ids
+                positions += range(p)
+            start = len(ids)
+            ids += s.completion_ids
+            positions += range(p, len(s))
+            rows = prompt_rows[key] + list(range(start, len(ids)))
+        else:
+            start = len(ids)
+            ids += s.prompt_ids + s.completion_ids
+            positions += range(len(s))
+            rows = list(range(start, len(ids)))
+        seq_rows.append(rows)
+        lengths.append(len(s))
         # hidden state at position t predicts token t+1
-        logit_index += range(start + p - 1, start + len(s) - 1)
+        logit_index += rows[p - 1:len(s) - 1]
         targets += s.completion_ids
         old += s.old_logprobs
         if s.ref_logprobs is not None:
             ref += s.ref_logprobs
         seq_ids += [i] * len(s.completion_ids)
-    real, num_targets = len(ids), len(targets)
-    size = next((b for b in buckets if b >= real), None)
+    real, full_real, num_targets = len(ids), sum(lengths), len(targets)
+    size = _bucket(real, buckets)
     if size is None:
         raise ValueError(f"{real} tokens do not fit the largest bucket {max(buckets)}")
     # filler sequences: attend only to themselves, carry no loss; no longer than the longest real
     # sequence (static: than max_seqlen), so the attention's cost and bound do not grow
     max_seqlen = static_max_seqlen(lengths, size) if static else None
-    lengths = filler_lengths(lengths, size, max_seqlen or max(lengths), static)
+    chunk = max_seqlen or max(lengths)
     ids += [pad_id] * (size - real)
+    shared = None
+    if share:
+        # the attention's layout: the sequences whole, the fillers of `ids` (one row each), then fillers of its
+        # own up to a bucket of its own (copies of row 0 that nothing reads back)
+        fillers = _chunks(size - real, chunk)
+        positions += positions_of(fillers).tolist()
+        full_size = _bucket(full_real + size - real, buckets) or bucket_size(full_real + size - real)
+        if static:
+            max_seqlen = static_max_seqlen(lengths, full_size)
+            chunk = max_seqlen
+        expand = [r for rows in seq_rows for r in rows] + list(range(real, size))
+        copies: list[list[int]] = [[] for _ in range(size)]
+        for f, u in enumerate(expand):
+            copies[u].append(f)
+        lengths = [*lengths, *fillers]
+        lengths = filler_lengths(lengths, full_size, chunk, static)
+        expand += [0] * (full_size - len(expand))
+        width = max(map(len, copies))
+        width = next_pow2(width) if static else width
+        shared = SharedPrompts(
+            expand_index=torch.tensor(expand, dtype=torch.long, device=device),
+            copies=torch.tensor([c + [full_size] * (width - len(c)) for c in copies], dtype=torch.long,
+                                device=device))
+    else:
+        lengths = filler_lengths(lengths, size, chunk, static)
     has_ref = all(seqs[i].ref_logprobs is not None for i in indices)
     n_rows = bucket_size(num_targets) if static else num_targets
     pad = n_rows - num_targets  # padded rows: row 0, token 0, sequence indices[0], mask 0
@@ -169,7 +249,8 @@ def pack(seqs: Sequence[TrainSequence], indices: Sequence[int], buckets: Sequenc
 
     return MicroBatch(
         input_ids=torch.tensor(ids, dtype=torch.long, device=device),
-        ctx=VarlenContext.from_lengths(lengths, device, attn_backend, max_seqlen=max_seqlen),
+        ctx=VarlenContext.from_lengths(lengths, device, attn_backend, max_seqlen=max_seqlen, shared=shared,
+                                       positions=torch.tensor(positions, dtype=torch.long) if share else None),
         logit_index=rows(logit_index, 0, torch.long),
         targets=rows(targets, 0, torch.long),
         old_logprobs=rows(old, 0.0, torch.float32),
@@ -181,12 +262,19 @@ def pack(seqs: Sequence[TrainSequence], indices: Sequence[int], buckets: Sequenc
     )
 
 
+def _bucket(n: int, buckets: Sequence[int]) -> int | None:
+    return next((b for b in buckets if b >= n), None)
+
+
 def make_micro_batches(seqs: Sequence[TrainSequence], max_tokens: int, device: torch.device | str,
                        attn_backend: str = "sdpa", buckets: Sequence[int] | None = None,
-                       static: bool = False, indices: Sequence[int] | None = None) -> list[MicroBatch]:
+                       static: bool = False, indices: Sequence[int] | None = None,
+                       share_prompts: bool = True) -> list[MicroBatch]:
     """The packed micro-batches of `seqs` (of `seqs[indices]`: one rank's share of the step), masked sequences
-    left out (their indices stay the step's: seq_ids index the step's advantages)."""
+    left out (their indices stay the step's: seq_ids index the step's advantages). share_prompts: see `pack`."""
     buckets = tuple(buckets) if buckets else token_buckets(max_tokens)
     keep = [i for i in (range(len(seqs)) if indices is None else indices) if not seqs[i].masked]
-    plan = plan_micro_batches([len(seqs[i]) for i in keep], max_tokens)
-    return [pack(seqs, [keep[j] for j in idx], buckets, device, attn_backend, static=static) for idx in plan]
+    groups = [tuple(seqs[i].prompt_ids) for i in keep] if share_prompts else None
+    plan = plan_micro_batches([len(seqs[i]) for i in keep], max_tokens, groups)
+    return [pack(seqs, [keep[j] for j in idx], buckets, device, attn_backend, static=static,
+                 share_prompts=share_prompts) for idx in plan]

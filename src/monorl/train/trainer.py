@@ -55,7 +55,10 @@ class TrainerConfig:
     warmup_steps: int = 2  # linear lr warmup steps
     schedule: Schedule = "linear"  # lr after warmup: linear or cosine decay to min_lr_ratio, or constant
     min_lr_ratio: float = 0.0  # the decay's final lr, as a fraction of lr
-    micro_batch_tokens: int = 8192  # token budget of one packed micro-batch
+    micro_batch_tokens: int = 8192  # token budget of one packed micro-batch (whole sequences, shared prompts or not)
+    # a prompt group's prompt packed once, its forward and backward run once for the group; attention still sees
+    # every sequence whole, so each token's log-prob is the unshared one (monorl.train.packing)
+    share_prompts: bool = True
     logprob_chunk: int = 1024  # rows of LM head + log-softmax at a time
     compute_dtype: Literal["auto", "bfloat16", "float32"] = "auto"  # auto: bf16 autocast on CUDA, fp32 on CPU
     # recompute each block's activations in backward (keeps only block inputs); none: on when the memory plan
@@ -150,7 +153,7 @@ class Trainer:
         penalty). The reference is a full copy on every rank: no collectives."""
         assert self.ref_model is not None
         for mb in make_micro_batches(seqs, self.cfg.micro_batch_tokens, self.device, self.attn_backend,
-                                     indices=indices):
+                                     indices=indices, share_prompts=self.cfg.share_prompts):
             lp = self.response_logprobs(self.ref_model, mb, temperature).tolist()
             # tokens are laid out sequence by sequence in index order within the micro-batch
             pos = 0
@@ -193,24 +196,31 @@ class Trainer:
             log.warning("non-finite gradient norm (%s) at trainer step %d: update skipped", norm, self.step_count - 1)
         return float(norm), bool(skipped)
 
-    def _warm_up_packs(self, prompt_ids: list[int], num_seqs: int, completion_len: int,
-                       smaller: bool = True) -> list[tuple[MicroBatch, LossNorm, Tensor, bool]]:
-        """The warm-up's micro-batches: the step's full-size packs (num_seqs rollouts of completion_len tokens) and
-        (smaller) one that differs in every size Dynamo sees (tokens, sequences, max_seqlen), so it compiles them as
-        dynamic once, here, instead of recompiling at the first real step. (mb, norm, advantages, full size)."""
+    def _warm_up_packs(self, prompt_ids: list[int], num_seqs: int, completion_len: int, smaller: bool = True,
+                       group_size: int = 1) -> list[tuple[MicroBatch, LossNorm, Tensor, bool]]:
+        """The warm-up's micro-batches: the step's full-size packs (num_seqs rollouts of completion_len tokens, in
+        groups of group_size that share a prompt, as a step's do) and (smaller) one that differs in every size
+        Dynamo sees (tokens, sequences, max_seqlen), so it compiles them as dynamic once, here, instead of
+        recompiling at the first real step. (mb, norm, advantages, full size)."""
         comp = (list(prompt_ids) * (completion_len // max(1, len(prompt_ids)) + 1))[:completion_len] or [0]
         sizes = [(num_seqs, comp)] + ([(max(1, num_seqs // 4), comp[: max(1, len(comp) // 2)])] if smaller else [])
+        # one prompt per group, all of the prompt's length: its rotations (equal ones would merge groups: then one)
+        prompts = [list(prompt_ids[g:]) + list(prompt_ids[:g]) for g in range(-(-num_seqs // max(1, group_size)))]
+        if len({tuple(p) for p in prompts}) < len(prompts):
+            prompts = [list(prompt_ids)]
         packs = []
         for n, c in sizes:
             # with a KL term the step's packs carry reference log-probs: so do these (the same graph key and code)
             ref = [0.0] * len(c) if self.cfg.loss.kl_coef > 0 else None
-            seqs = [TrainSequence(list(prompt_ids), c, [0.0] * len(c), 1.0, ref_logprobs=ref) for _ in range(n)]
+            seqs = [TrainSequence(prompts[min(j // max(1, group_size), len(prompts) - 1)], c, [0.0] * len(c), 1.0,
+                                  ref_logprobs=ref) for j in range(n)]
             norm = LossNorm.for_step(self.cfg.loss, [len(c)] * n, self.device)
             adv = torch.ones(n, device=self.device)
             packs += [(mb, norm, adv, n == num_seqs) for mb in self._micro_batches(seqs)]
         return packs
 
-    def warm_up(self, prompt_ids: list[int], num_seqs: int, completion_len: int, temperature: float = 1.0) -> None:
+    def warm_up(self, prompt_ids: list[int], num_seqs: int, completion_len: int, temperature: float = 1.0,
+                group_size: int = 1) -> None:
         """Compile ahead of the first step: forward+backward on `_warm_up_packs`; with CUDA graphs, also capture
         the full-size packs' graphs. Then drop the gradients and metric sums. Weights and optimizer state are
         untouched. A model that is not compiled skips the eager passes when graphs are captured: the capture's
@@ -219,7 +229,8 @@ class Trainer:
         self.model.train()
         full = []
         eager = self.graphs is None or is_compiled(self.model)
-        for mb, norm, adv, is_full in self._warm_up_packs(prompt_ids, num_seqs, completion_len, smaller=eager):
+        for mb, norm, adv, is_full in self._warm_up_packs(prompt_ids, num_seqs, completion_len, smaller=eager,
+                                                          group_size=group_size):
             if eager:
                 self._accumulate(mb, norm, adv, temperature)
             full += [(mb, norm, adv)] if is_full else []
@@ -233,19 +244,20 @@ class Trainer:
         self._reset_accumulators()
 
     def trace_kernels(self, prompt_ids: list[int], num_seqs: int, completion_len: int, temperature: float,
-                      first_pass: contextlib.AbstractContextManager | None = None) -> None:
+                      first_pass: contextlib.AbstractContextManager | None = None, group_size: int = 1) -> None:
         """The warm-up's eager passes without graphs, for `monorl.ops.precompile.recording()` to see the Triton
         kernels they launch (their outputs are garbage there: dropped with the gradients and metric sums).
         first_pass: a context the first pass alone runs in (the run's ATen op recorder)."""
         self.model.train()
-        for i, (mb, norm, adv, _) in enumerate(self._warm_up_packs(prompt_ids, num_seqs, completion_len)):
+        for i, (mb, norm, adv, _) in enumerate(self._warm_up_packs(prompt_ids, num_seqs, completion_len,
+                                                                   group_size=group_size)):
             with first_pass if first_pass is not None and i == 0 else contextlib.nullcontext():
                 self._accumulate(mb, norm, adv, temperature)
         self._reset_accumulators()
 
     def _micro_batches(self, seqs: Sequence[TrainSequence], indices: Sequence[int] | None = None) -> list[MicroBatch]:
         return make_micro_batches(seqs, self.cfg.micro_batch_tokens, self.device, self.attn_backend,
-                                  static=self.static_shapes, indices=indices)
+                                  static=self.static_shapes, indices=indices, share_prompts=self.cfg.share_prompts)
 
     def _my_micro_batches(self, seqs: Sequence[TrainSequence]) -> tuple[list[MicroBatch], int]:
         """This rank's packed micro-batches of its share of `seqs` (all of them on one rank), padded with fully
@@ -311,11 +323,11 @@ class Trainer:
             return key
         if self.graphs.full():
             return None
-        if self.max_graph_tokens is not None and mb.shape.tokens > self.max_graph_tokens:
+        if self.max_graph_tokens is not None and mb.shape.full_tokens > self.max_graph_tokens:
             if not self._warned_graph_size:
                 log.warning("trainer: a %d-token pack is larger than the %d tokens the memory plan sized the "
                             "CUDA-graph pool for; such packs run without a graph",
-                            mb.shape.tokens, self.max_graph_tokens)
+                            mb.shape.full_tokens, self.max_graph_tokens)
                 self._warned_graph_size = True
             return None
         # one warm-up pass before the capture where nothing compiles (Dynamo's first passes want two)

@@ -1,6 +1,8 @@
 """Where a trainer step's time goes: Qwen3-0.6B shapes (random init), 40 rollouts of ~110 prompt + 100
-completion tokens, bf16 autocast, flash varlen. Times eager vs regionally compiled steps with CUDA events
-(median of 5 after 2 warm-ups) and prints the profiler's top CUDA kernels of one compiled step.
+completion tokens in prompt groups of --group-size (8: the reference's 5 prompts x 8; 1: every prompt its own),
+bf16 autocast, flash varlen. Times eager vs regionally compiled steps with CUDA events (median of 5 after 2
+warm-ups) and prints the profiler's top CUDA kernels of one compiled step. A variant ending in `_whole` packs
+every sequence whole (`trainer.share_prompts false`).
 
   python benchmarks/profile_train_step.py
 """
@@ -22,10 +24,11 @@ from monorl.train.packing import TrainSequence
 from monorl.train.trainer import Trainer, TrainerConfig
 
 
-def seqs(g: torch.Generator) -> list[TrainSequence]:
+def seqs(g: torch.Generator, group_size: int = 8) -> list[TrainSequence]:
     out = []
     for i in range(40):
-        p = torch.randint(0, 150000, (110,), generator=g).tolist()
+        if i % group_size == 0:
+            p = torch.randint(0, 150000, (110,), generator=g).tolist()
         c = torch.randint(0, 150000, (100,), generator=g).tolist()
         out.append(TrainSequence(p, c, [-1.0] * 100, advantage=float(i % 3 - 1)))
     return out
@@ -74,14 +77,15 @@ def main() -> None:
     ap.add_argument("--variants", default="eager,eager_graphs,compiled,compiled_graphs")
     ap.add_argument("--profile", default="compiled", help="the variants whose one step is profiled (comma list)")
     ap.add_argument("--rows", type=int, default=18, help="kernels listed per profile")
+    ap.add_argument("--group-size", type=int, default=8, help="rollouts per prompt (a GRPO group)")
     ap.add_argument("--shapes", type=int, default=0,
                     help="also list this many ATen ops by self CUDA time, by input shapes (where copies come from)")
     args = ap.parse_args()
     g = torch.Generator().manual_seed(0)
-    batches = [seqs(g) for _ in range(7)]
+    batches = [seqs(g, args.group_size) for _ in range(7)]
     res = {}
     for name in args.variants.split(","):
-        backend, graphs = VARIANTS[name]
+        backend, graphs = VARIANTS[name.removesuffix("_whole")]
         model = build_model(model_shape("qwen3-0.6b"), "cuda", torch.float32, seed=0)
         invariant = name.startswith("bi_")
         if invariant:
@@ -90,7 +94,8 @@ def main() -> None:
             cc = CompileConfig(backend=backend)
             setup_compile_cache(cc)
             compile_blocks(model, cc)
-        tcfg = TrainerConfig(lr=1e-6, micro_batch_tokens=16384, compute_dtype="bfloat16" if invariant else "auto")
+        tcfg = TrainerConfig(lr=1e-6, micro_batch_tokens=16384, compute_dtype="bfloat16" if invariant else "auto",
+                             share_prompts=not name.endswith("_whole"))
         tr = Trainer(model, tcfg, total_steps=100, attn_backend="flash", cuda_graphs=graphs)
         ts = timed(tr, batches)
         res[name] = {"median_s": statistics.median(ts[2:]), "steps_s": ts,

@@ -45,12 +45,12 @@ def test_a_shared_pack_holds_each_prompt_once():
     (shared,) = make_micro_batches(seqs, 512, "cpu")
     (whole,) = make_micro_batches(seqs, 512, "cpu", share_prompts=False)
     completions = sum(len(s.completion_ids) for s in seqs)
-    assert shared.num_real_tokens == 6 + 4 + 5 + completions  # the two prompts once, the single whole
-    assert whole.num_real_tokens == sum(len(s) for s in seqs) and whole.ctx.shared is None
+    real = sum(len(s) for s in seqs)  # the tokens trained on, as TRL counts them: whole sequences either way
+    assert shared.num_real_tokens == whole.num_real_tokens == real and whole.ctx.shared is None
     sh = shared.ctx.shared
+    assert sh.expand_index[:real].unique().numel() == 6 + 4 + 5 + completions  # two prompts once, the single whole
     # the attention's layout is the unshared pack's: the same lengths, and each row a copy of the same token
     assert torch.equal(shared.ctx.cu_seqlens[:len(seqs) + 1], whole.ctx.cu_seqlens[:len(seqs) + 1])
-    real = whole.num_real_tokens
     assert torch.equal(shared.input_ids[sh.expand_index[:real]], whole.input_ids[:real])
     assert torch.equal(shared.ctx.positions[sh.expand_index[:real]], whole.ctx.positions[:real])
     assert sh.copies.shape[1] == 3  # a prompt token of the group of three; a completion token has one copy
@@ -93,6 +93,21 @@ def test_static_shared_packs_of_a_bucket_share_one_shape():
         assert mb.shape.copies == 8 and mb.shape.full_tokens > mb.shape.tokens
         assert mb.ctx.shared.expand_index.numel() == mb.shape.full_tokens
     assert shapes[0] == shapes[1]
+
+
+def test_groups_are_kept_apart_by_their_index():
+    """Two groups of one prompt in a step (a small task draws a prompt twice) stay two groups of the step's size,
+    so a pack's shape does not depend on the draw; without indices equal prompts are one group."""
+    seqs = [TrainSequence([5, 6, 7, 8, 9, 10], [11 + j] * (1 + j % 3), [-1.0] * (1 + j % 3), 0.5) for j in range(8)]
+    (merged,) = make_micro_batches(seqs, 512, "cpu")
+    assert merged.shape.copies == 8
+    for j, s in enumerate(seqs):
+        s.group = j // 4
+    (apart,) = make_micro_batches(seqs, 512, "cpu")
+    def unique(mb) -> int:
+        return mb.ctx.shared.expand_index[:mb.num_real_tokens].unique().numel()
+
+    assert apart.shape.copies == 4 and unique(apart) == unique(merged) + 6
 
 
 def test_a_group_is_planned_into_one_micro_batch():

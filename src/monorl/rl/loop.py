@@ -561,8 +561,8 @@ class GRPORun:
             if step + 1 < cfg.steps:  # the next step's prompts tokenized while the GPU trains (not after it)
                 self.encode_ahead(step + 1)
 
-        tm = self.trainer.step([r.train_sequence(ro.mask_truncated) for r in rollouts], temperature=ro.temperature,
-                               after_update=after_update)
+        seqs = [r.train_sequence(ro.mask_truncated, group=gi) for gi, g in enumerate(groups) for r in g]
+        tm = self.trainer.step(seqs, temperature=ro.temperature, after_update=after_update)
         if self.device.type == "cuda":
             torch.cuda.synchronize()
         t2 = time.perf_counter()

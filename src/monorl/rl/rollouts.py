@@ -42,10 +42,11 @@ class Rollout:
         """Stopped by max_new_tokens, before an EOS or stop string."""
         return self.finish_reason == "length"
 
-    def train_sequence(self, mask_truncated: bool = False) -> TrainSequence:
-        """The trainer's view; `mask_truncated` gives a truncated completion zero loss weight."""
+    def train_sequence(self, mask_truncated: bool = False, group: int | None = None) -> TrainSequence:
+        """The trainer's view; `mask_truncated` gives a truncated completion zero loss weight; `group`: the index of
+        its prompt group in the step (the trainer packs a group's prompt once)."""
         return TrainSequence(self.prompt_ids, self.completion_ids, self.logprobs, self.advantage,
-                             masked=mask_truncated and self.truncated)
+                             masked=mask_truncated and self.truncated, group=group)
 
 
 def encode_prompts(task: Task, tokenizer, prompts: Sequence[Prompt], max_len: int,

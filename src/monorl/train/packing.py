@@ -8,7 +8,8 @@ A *static* pack (`static=True`, for the trainer's CUDA graphs) also rounds every
 to a bucket -- sequence count (zero-length entries), completion-token rows (masked) and the
 attention's max_seqlen -- so that one captured graph replays any pack of the same `PackShape`.
 
-Shared prompts (`share_prompts`, the default): the sequences of one prompt group (equal prompt ids) are packed
+Shared prompts (`share_prompts`, the default): the sequences of one prompt group (`TrainSequence.group`, and equal
+prompt ids) are packed
 as the prompt once, then each completion, so the model's per-token work (every projection, norm and MLP) runs on
 the prompt once per group instead of once per sequence -- GRPO's groups of 8 on ~150-token prompts with 100-token
 completions train on half the tokens. Attention alone sees each sequence whole (`SharedPrompts`: the layout above,
@@ -37,6 +38,9 @@ class TrainSequence:
     old_logprobs: list[float]  # generator log-probs of completion_ids
     advantage: float
     ref_logprobs: list[float] | None = None
+    # the index of its prompt group in the step: a group's sequences share their prompt in a pack (`pack`); None:
+    # sequences with equal prompt ids are one group
+    group: int | None = None
     # zero loss weight (rollout.mask_truncated: DAPO's overlong filtering): never packed, and 0 response tokens
     # in the step's normalisers, so it neither adds to the loss nor dilutes a token mean
     masked: bool = False
@@ -73,7 +77,7 @@ class MicroBatch:
     ref_logprobs: Tensor | None  # [N]
     seq_ids: Tensor  # [N] index of each token's sequence within the step
     token_mask: Tensor  # [N] fp32, 1 for a real completion token, 0 for a padded row
-    num_real_tokens: int
+    num_real_tokens: int  # tokens of its sequences, whole (a shared prompt counted per sequence, as TRL counts)
     num_targets: int  # real completion tokens (rows of token_mask that are 1)
 
     @property
@@ -164,15 +168,15 @@ def pack(seqs: Sequence[TrainSequence], indices: Sequence[int], buckets: Sequenc
     """Lay out `seqs[indices]` end to end, then pad to the smallest bucket that fits with filler sequences.
     static: also pad the sequence count, completion rows and max_seqlen to buckets (see `PackShape`).
     share_prompts: sequences with equal prompt ids hold their prompt once (module docstring)."""
-    group_size: dict[tuple[int, ...], int] = {}
+    group_size: dict[tuple, int] = {}
     for i in indices:
-        key = tuple(seqs[i].prompt_ids)
+        key = group_key(seqs[i])
         group_size[key] = group_size.get(key, 0) + 1
     share = share_prompts and max(group_size.values(), default=0) > 1
     ids: list[int] = []  # the unique tokens (the model's input)
     positions: list[int] = []
     seq_rows: list[list[int]] = []  # each sequence's tokens as rows of `ids`: the attention's layout
-    prompt_rows: dict[tuple[int, ...], list[int]] = {}
+    prompt_rows: dict[tuple, list[int]] = {}
     lengths: list[int] = []
     logit_index: list[int] = []
     targets: list[int] = []
@@ -182,7 +186,7 @@ def pack(seqs: Sequence[TrainSequence], indices: Sequence[int], buckets: Sequenc
     for i in indices:
         s = seqs[i]
         p = len(s.prompt_ids)
-        key = tuple(s.prompt_ids)
+        key = group_key(s)
         if share and group_size[key] > 1:
             if key not in prompt_rows:
                 prompt_rows[key] = list(range(len(ids), len(ids) + p))
@@ -257,9 +261,14 @@ def pack(seqs: Sequence[TrainSequence], indices: Sequence[int], buckets: Sequenc
         ref_logprobs=rows(ref, 0.0, torch.float32) if has_ref else None,
         seq_ids=rows(seq_ids, indices[0], torch.long),
         token_mask=rows([1.0] * num_targets, 0.0, torch.float32),
-        num_real_tokens=real,
+        num_real_tokens=full_real,
         num_targets=num_targets,
     )
+
+
+def group_key(s: TrainSequence) -> tuple:
+    """What makes sequences one prompt group in a pack: their group index (where the loop gave one) and prompt."""
+    return s.group, tuple(s.prompt_ids)
 
 
 def _bucket(n: int, buckets: Sequence[int]) -> int | None:
@@ -274,7 +283,7 @@ def make_micro_batches(seqs: Sequence[TrainSequence], max_tokens: int, device: t
     left out (their indices stay the step's: seq_ids index the step's advantages). share_prompts: see `pack`."""
     buckets = tuple(buckets) if buckets else token_buckets(max_tokens)
     keep = [i for i in (range(len(seqs)) if indices is None else indices) if not seqs[i].masked]
-    groups = [tuple(seqs[i].prompt_ids) for i in keep] if share_prompts else None
+    groups = [group_key(seqs[i]) for i in keep] if share_prompts else None
     plan = plan_micro_batches([len(seqs[i]) for i in keep], max_tokens, groups)
     return [pack(seqs, [keep[j] for j in idx], buckets, device, attn_backend, static=static,
                  share_prompts=share_prompts) for idx in plan]

@@ -204,16 +204,12 @@ class Trainer:
         recompiling at the first real step. (mb, norm, advantages, full size)."""
         comp = (list(prompt_ids) * (completion_len // max(1, len(prompt_ids)) + 1))[:completion_len] or [0]
         sizes = [(num_seqs, comp)] + ([(max(1, num_seqs // 4), comp[: max(1, len(comp) // 2)])] if smaller else [])
-        # one prompt per group, all of the prompt's length: its rotations (equal ones would merge groups: then one)
-        prompts = [list(prompt_ids[g:]) + list(prompt_ids[:g]) for g in range(-(-num_seqs // max(1, group_size)))]
-        if len({tuple(p) for p in prompts}) < len(prompts):
-            prompts = [list(prompt_ids)]
         packs = []
         for n, c in sizes:
             # with a KL term the step's packs carry reference log-probs: so do these (the same graph key and code)
             ref = [0.0] * len(c) if self.cfg.loss.kl_coef > 0 else None
-            seqs = [TrainSequence(prompts[min(j // max(1, group_size), len(prompts) - 1)], c, [0.0] * len(c), 1.0,
-                                  ref_logprobs=ref) for j in range(n)]
+            seqs = [TrainSequence(list(prompt_ids), c, [0.0] * len(c), 1.0, ref_logprobs=ref,
+                                  group=j // max(1, group_size)) for j in range(n)]
             norm = LossNorm.for_step(self.cfg.loss, [len(c)] * n, self.device)
             adv = torch.ones(n, device=self.device)
             packs += [(mb, norm, adv, n == num_seqs) for mb in self._micro_batches(seqs)]

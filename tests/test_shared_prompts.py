@@ -134,3 +134,25 @@ def test_the_trainer_step_with_shared_prompts_is_the_unshared_step():
         assert out[True][0][k] == pytest.approx(out[False][0][k], rel=1e-4, abs=1e-7), k
     for a, b in zip(out[True][1], out[False][1], strict=True):  # 1% of the lr: AdamW's first step is ~lr * sign(g)
         torch.testing.assert_close(a, b, rtol=0, atol=1e-5)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_the_copy_sum_kernel_matches_the_gather(dtype):
+    """`sum_row_copies`' Triton kernel (one program a row, the copies that exist read in order) against its CPU
+    path: fp32 bit for bit, bf16 to one rounding of the sum; rows with no copy are zero."""
+    from monorl.ops.row_copies import sum_row_copies
+
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(3000, 8, 128, generator=g).to(dtype)
+    copies = torch.randint(0, 3600, (2000, 8), generator=g)  # ~1 in 6 past the end: no copy
+    copies[5] = 3000
+    got = sum_row_copies(x.cuda(), copies.cuda()).cpu()
+    want = sum_row_copies(x, copies)
+    if dtype == torch.float32:
+        torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-6)
+    else:
+        torch.testing.assert_close(got.float(), want.float(), rtol=8e-3, atol=1e-2)
+    assert not got[5].any()

@@ -29,6 +29,7 @@ from torch import Tensor
 
 from monorl.compile import mark_dynamic
 from monorl.ops import attention_invariant
+from monorl.ops.row_copies import sum_row_copies
 
 AttnBackend = Literal["auto", "sdpa", "flash"]
 BACKENDS: tuple[str, ...] = get_args(AttnBackend)
@@ -125,8 +126,7 @@ class _ExpandCopies(torch.autograd.Function):
         (copies,) = ctx.saved_tensors
         if ctx.pick:
             return grad[copies[:, 0]], None, None, None
-        padded = torch.cat([grad, grad.new_zeros(1, *grad.shape[1:])])  # row T_full: a copy that is not there
-        return padded[copies].sum(1, dtype=torch.float32).to(grad.dtype), None, None, None
+        return sum_row_copies(grad, copies), None, None, None
 
 
 @dataclass

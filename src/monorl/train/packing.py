@@ -26,7 +26,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from monorl.model.attention import SharedPrompts, VarlenContext, positions_of
+from monorl.model.attention import SharedPrompts, VarlenContext
 
 
 @dataclass
@@ -221,27 +221,18 @@ def pack(seqs: Sequence[TrainSequence], indices: Sequence[int], buckets: Sequenc
     ids += [pad_id] * (size - real)
     shared = None
     if share:
-        # the attention's layout: the sequences whole, the fillers of `ids` (one row each), then fillers of its
-        # own up to a bucket of its own (copies of row 0 that nothing reads back)
-        fillers = _chunks(size - real, chunk)
-        positions += positions_of(fillers).tolist()
-        full_size = _bucket(full_real + size - real, buckets) or bucket_size(full_real + size - real)
+        # the attention's layout: the sequences whole, then fillers of its own, at least one row of them: the
+        # fillers of `ids` are its last row's (its output and gradients, nothing reads or adds them), and its
+        # fillers copy row 0, which nothing adds back (`SharedPrompts.copies` never lists them)
+        positions += [0] * (size - real)
+        full_size = _bucket(full_real + 1, buckets) or bucket_size(full_real + 1)
         if static:
             max_seqlen = static_max_seqlen(lengths, full_size)
             chunk = max_seqlen
-        expand = [r for rows in seq_rows for r in rows] + list(range(real, size))
-        copies: list[list[int]] = [[] for _ in range(size)]
-        for f, u in enumerate(expand):
-            copies[u].append(f)
-        lengths = [*lengths, *fillers]
         lengths = filler_lengths(lengths, full_size, chunk, static)
-        expand += [0] * (full_size - len(expand))
-        width = max(map(len, copies))
-        width = next_pow2(width) if static else width
-        shared = SharedPrompts(
-            expand_index=torch.tensor(expand, dtype=torch.long, device=device),
-            copies=torch.tensor([c + [full_size] * (width - len(c)) for c in copies], dtype=torch.long,
-                                device=device))
+        expand = torch.tensor([r for rows in seq_rows for r in rows], dtype=torch.long)
+        shared = SharedPrompts(expand_index=torch.cat([expand, expand.new_zeros(full_size - full_real)]).to(device),
+                               copies=copies_table(expand, size, full_size, static).to(device))
     else:
         lengths = filler_lengths(lengths, size, chunk, static)
     has_ref = all(seqs[i].ref_logprobs is not None for i in indices)
@@ -269,6 +260,21 @@ def pack(seqs: Sequence[TrainSequence], indices: Sequence[int], buckets: Sequenc
 def group_key(s: TrainSequence) -> tuple:
     """What makes sequences one prompt group in a pack: their group index (where the loop gave one) and prompt."""
     return s.group, tuple(s.prompt_ids)
+
+
+def copies_table(expand: Tensor, size: int, full_size: int, static: bool) -> Tensor:
+    """`SharedPrompts.copies` of a layout whose full row f copies unique row expand[f] (the real rows only): each
+    unique row's full rows in order, `full_size` (a zero row) where it has fewer than the widest; a row no full row
+    copies (a filler) gets the last full row, a filler's. static: the width a power of two."""
+    counts = torch.bincount(expand, minlength=size)
+    width = max(1, int(counts.max()))
+    width = next_pow2(width) if static else width
+    order = torch.sort(expand, stable=True).indices  # full rows grouped by their unique row, in order
+    rank = torch.arange(expand.numel()) - (torch.cumsum(counts, 0) - counts)[expand[order]]
+    table = torch.full((size, width), full_size, dtype=torch.long)
+    table[expand[order], rank] = order
+    table[counts == 0, 0] = full_size - 1
+    return table
 
 
 def _bucket(n: int, buckets: Sequence[int]) -> int | None:

@@ -98,3 +98,17 @@ def test_adamw_is_torchs_adamw_bit_for_bit(fused):
     step(grads[2])
     for a, b in zip(models[0].parameters(), models[1].parameters(), strict=True):
         assert torch.equal(a, b)
+
+
+def test_the_update_kernels_are_recorded_for_a_later_runs_preload():
+    """`launch_update_kernels` under the ATen recorder lists the update's ops (the norm, fused AdamW, the zeroing),
+    which a later run's preload thread launches ahead (step 1 would load their modules otherwise), and touches no
+    other parameter."""
+    from monorl.ops.preload import AtenRecorder
+    from monorl.train.optim import launch_update_kernels
+
+    rec = AtenRecorder(cuda_only=False)
+    with rec:
+        launch_update_kernels(torch.device("cpu"), on_device=True)
+    ops = {o["op"] for o in rec.ops}
+    assert {"aten::_foreach_norm.Scalar", "aten::_fused_adamw_.default", "aten::_foreach_zero_.default"} <= ops

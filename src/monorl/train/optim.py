@@ -58,3 +58,38 @@ def make_optimizer(params: list[torch.nn.Parameter], lr: float, weight_decay: fl
     """AdamW, fused on CUDA (one kernel for all parameters)."""
     fused = all(p.is_cuda for p in params)
     return AdamW(params, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, fused=True if fused else None)
+
+
+def clip_and_step(params: list[torch.nn.Parameter], optimizer: AdamW, max_norm: float,
+                  on_device: bool) -> tuple[torch.Tensor | float, torch.Tensor | bool]:
+    """Clip the gradients of `params` to a total norm of max_norm and step `optimizer`; a non-finite norm skips the
+    update (weights and moments untouched). Returns (norm, skipped). on_device (a fused optimizer on one rank): both
+    stay device tensors and the skip is fused AdamW's `found_inf`, so nothing waits for the GPU; else the norm is read
+    here first."""
+    if on_device:
+        norm = torch.nn.utils.get_total_norm([p.grad for p in params if p.grad is not None])
+        skipped = (~torch.isfinite(norm)).float()
+        # the clip rides on fused AdamW's grad_scale (each gradient divided by it in the update's own pass, not
+        # scaled in a pass of its own): clip_grad_norm_'s min(max / (norm + 1e-6), 1), inverted
+        optimizer.grad_scale = torch.clamp((norm + 1e-6) / max_norm, min=1.0)
+        optimizer.found_inf = skipped
+        try:
+            optimizer.step()
+        finally:
+            del optimizer.found_inf, optimizer.grad_scale
+        return norm, skipped
+    norm = float(torch.nn.utils.clip_grad_norm_(params, max_norm))
+    if math.isfinite(norm):
+        optimizer.step()
+    return norm, not math.isfinite(norm)
+
+
+def launch_update_kernels(device: torch.device, on_device: bool) -> None:
+    """`clip_and_step` and `zero_grad` once on a throwaway one-element parameter: their kernels' first launches (CUDA
+    loads each kernel's module then, 5-70 ms each on the GPU machines), which the ATen preload of a later run
+    (`monorl.ops.preload`) can then pay in its thread when this runs under its recorder. Touches nothing of a run."""
+    p = torch.nn.Parameter(torch.zeros(1, device=device))
+    p.grad = torch.ones(1, device=device)
+    opt = AdamW([p], lr=1e-3, fused=True if on_device else None)
+    clip_and_step([p], opt, 1.0, on_device)
+    opt.zero_grad(set_to_none=False)

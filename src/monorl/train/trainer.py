@@ -21,7 +21,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import logging
-import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -37,7 +36,7 @@ from monorl.model.logprobs import chunked_token_logprobs, chunked_token_logprobs
 from monorl.model.qwen3 import Qwen3ForCausalLM
 from monorl.train.graphs import TrainGraphs
 from monorl.train.losses import LossConfig, LossNorm, loss_metric_names, policy_loss
-from monorl.train.optim import SCHEDULES, Schedule, lr_factor, make_optimizer
+from monorl.train.optim import SCHEDULES, Schedule, clip_and_step, launch_update_kernels, lr_factor, make_optimizer
 from monorl.train.packing import MicroBatch, TrainSequence, make_micro_batches
 from monorl.train.rollout_correction import MAX_METRIC, MIN_METRIC
 
@@ -169,26 +168,15 @@ class Trainer:
         waits for the GPU, so the update (and whatever the caller queues next) is launched while the backward still
         runs, and the caller reads them with its own sync (`_read_update`). Elsewhere the norm is read here first."""
         lr = self.optimizer.param_groups[0]["lr"]
-        if self.optimizer.defaults.get("fused") and not is_sharded(self.model):
-            norm = torch.nn.utils.get_total_norm([p.grad for p in self.model.parameters() if p.grad is not None])
-            skipped = (~torch.isfinite(norm)).float()
-            # the clip rides on fused AdamW's grad_scale (each gradient divided by it in the update's own pass, not
-            # scaled in a pass of its own): clip_grad_norm_'s min(max / (norm + 1e-6), 1), inverted
-            self.optimizer.grad_scale = torch.clamp((norm + 1e-6) / self.cfg.max_grad_norm, min=1.0)
-            self.optimizer.found_inf = skipped
-            try:
-                self.optimizer.step()
-            finally:
-                del self.optimizer.found_inf, self.optimizer.grad_scale
-        else:
-            norm = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.max_grad_norm))
-            skipped = not math.isfinite(norm)
-            if not skipped:
-                self.optimizer.step()
+        norm, skipped = clip_and_step(list(self.model.parameters()), self.optimizer, self.cfg.max_grad_norm,
+                                      on_device=self._update_on_device())
         self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=self.graphs is None)  # graphs write into the fixed .grad buffers
         self.step_count += 1
         return norm, skipped, lr
+
+    def _update_on_device(self) -> bool:
+        return bool(self.optimizer.defaults.get("fused")) and not is_sharded(self.model)
 
     def _read_update(self, norm: float, skipped: float | bool) -> tuple[float, bool]:
         """`_apply_gradients`' norm and skip as read on the host; logs a skipped update."""
@@ -249,6 +237,8 @@ class Trainer:
                                                                    group_size=group_size)):
             with first_pass if first_pass is not None and i == 0 else contextlib.nullcontext():
                 self._accumulate(mb, norm, adv, temperature)
+                if i == 0:  # the update's kernels too (on a throwaway parameter): else step 1 loads them
+                    launch_update_kernels(self.device, self._update_on_device())
         self._reset_accumulators()
 
     def _micro_batches(self, seqs: Sequence[TrainSequence], indices: Sequence[int] | None = None) -> list[MicroBatch]:

@@ -178,7 +178,7 @@ class VarlenContext:
                      positions: Tensor | None = None) -> VarlenContext:
         """`lengths` may end in zero-length entries (a static pack pads its sequence count with them);
         `max_seqlen` (>= every length) fixes the attention bound, for a CUDA graph replayed on other packs.
-        shared (with the unique tokens' `positions`, int64 on `device`): the lengths are the full layout's."""
+        shared (with the unique tokens' `positions`, int64): the lengths are the full layout's."""
         lengths = torch.as_tensor(lengths, dtype=torch.int64, device="cpu")
         if lengths.numel() == 0 or bool((lengths < 0).any()) or int(lengths.sum()) == 0:
             raise ValueError(f"sequence lengths must be >= 0 with at least one token, got {lengths.tolist()}")

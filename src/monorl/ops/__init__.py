@@ -11,7 +11,8 @@ neither on the other rows of the batch nor on the layout (decode step vs full-se
 - `block_kernels`, `sample_kernels`: the generator's fused Triton kernels (a block's elementwise work; the
   sampler), so its CUDA-graph decode step is fast without `torch.compile`. Row-local, rounding as eager.
 
-On CUDA the ops run Triton kernels; on CPU, fixed-order tree reductions.
+On CUDA the ops run Triton kernels; on CPU, fixed-order tree reductions. Every op is defined through `custom_op`
+(below), so that calling one does not import torch._dynamo in a run that compiles nothing.
 
 The forward kernels launch with programmatic dependent launch on Hopper and later (`pdl_launch`): the GPU may
 start a kernel while the one before it in the stream finishes, and the kernel's first act (`pdl_start`) is to wait

@@ -8,14 +8,13 @@ A *static* pack (`static=True`, for the trainer's CUDA graphs) also rounds every
 to a bucket -- sequence count (zero-length entries), completion-token rows (masked) and the
 attention's max_seqlen -- so that one captured graph replays any pack of the same `PackShape`.
 
-Shared prompts (`share_prompts`, the default): the sequences of one prompt group (`TrainSequence.group`, and equal
-prompt ids) are packed
-as the prompt once, then each completion, so the model's per-token work (every projection, norm and MLP) runs on
-the prompt once per group instead of once per sequence -- GRPO's groups of 8 on ~150-token prompts with 100-token
-completions train on half the tokens. Attention alone sees each sequence whole (`SharedPrompts`: the layout above,
-built by copying rows), so every token's result is what it is unshared, and in batch-invariant mode bit for bit
-the generator's. A group is kept in one micro-batch where it fits (`plan_micro_batches`); the token budget counts
-whole sequences, as unshared.
+Shared prompts (`share_prompts`, the default): the sequences of one prompt group (`group_key`: the step's group
+index and the prompt ids) are packed as the prompt once, then each completion, so the model's per-token work (every
+projection, norm and MLP) runs on the prompt once per group instead of once per sequence -- GRPO's groups of 8 on
+~150-token prompts with 100-token completions train on half the tokens. Attention alone sees each sequence whole
+(`SharedPrompts`: the layout above, built by copying rows), so every token's result is what it is unshared, and in
+batch-invariant mode bit for bit the generator's. A group is kept in one micro-batch where it fits
+(`plan_micro_batches`); the token budget counts whole sequences, as unshared.
 """
 
 from __future__ import annotations
@@ -167,7 +166,7 @@ def pack(seqs: Sequence[TrainSequence], indices: Sequence[int], buckets: Sequenc
          attn_backend: str = "sdpa", pad_id: int = 0, static: bool = False, share_prompts: bool = True) -> MicroBatch:
     """Lay out `seqs[indices]` end to end, then pad to the smallest bucket that fits with filler sequences.
     static: also pad the sequence count, completion rows and max_seqlen to buckets (see `PackShape`).
-    share_prompts: sequences with equal prompt ids hold their prompt once (module docstring)."""
+    share_prompts: the sequences of one prompt group (`group_key`) hold their prompt once (module docstring)."""
     group_size: dict[tuple, int] = {}
     for i in indices:
         key = group_key(seqs[i])

@@ -22,6 +22,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -229,7 +230,7 @@ def pack(seqs: Sequence[TrainSequence], indices: Sequence[int], buckets: Sequenc
             max_seqlen = static_max_seqlen(lengths, full_size)
             chunk = max_seqlen
         lengths = filler_lengths(lengths, full_size, chunk, static)
-        expand = torch.tensor([r for rows in seq_rows for r in rows], dtype=torch.long)
+        expand = host_tensor([r for rows in seq_rows for r in rows], torch.long)
         shared = SharedPrompts(expand_index=torch.cat([expand, expand.new_zeros(full_size - full_real)]).to(device),
                                copies=copies_table(expand, size, full_size, static).to(device))
     else:
@@ -239,12 +240,12 @@ def pack(seqs: Sequence[TrainSequence], indices: Sequence[int], buckets: Sequenc
     pad = n_rows - num_targets  # padded rows: row 0, token 0, sequence indices[0], mask 0
 
     def rows(values: list, fill, dtype: torch.dtype) -> Tensor:
-        return torch.tensor(values + [fill] * pad, dtype=dtype, device=device)
+        return host_tensor(values + [fill] * pad, dtype).to(device)
 
     return MicroBatch(
-        input_ids=torch.tensor(ids, dtype=torch.long, device=device),
+        input_ids=host_tensor(ids, torch.long).to(device),
         ctx=VarlenContext.from_lengths(lengths, device, attn_backend, max_seqlen=max_seqlen, shared=shared,
-                                       positions=torch.tensor(positions, dtype=torch.long) if share else None),
+                                       positions=host_tensor(positions, torch.long) if share else None),
         logit_index=rows(logit_index, 0, torch.long),
         targets=rows(targets, 0, torch.long),
         old_logprobs=rows(old, 0.0, torch.float32),
@@ -254,6 +255,15 @@ def pack(seqs: Sequence[TrainSequence], indices: Sequence[int], buckets: Sequenc
         num_real_tokens=full_real,
         num_targets=num_targets,
     )
+
+
+_NUMPY = {torch.long: np.int64, torch.float32: np.float32}
+
+
+def host_tensor(values: list, dtype: torch.dtype) -> Tensor:
+    """A CPU tensor of a list of Python numbers, through numpy: ~3x faster than `torch.tensor(list)` (a pack builds
+    ~50k elements a step on the host while the GPU waits)."""
+    return torch.from_numpy(np.asarray(values, dtype=_NUMPY[dtype]))
 
 
 def group_key(s: TrainSequence) -> tuple:

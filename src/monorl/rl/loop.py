@@ -791,11 +791,15 @@ class GRPORun:
         print(f"validation (pre): {pre.line()}", flush=True)
         result = RunResult(self.run_dir.path, pre, None, steps=earlier, startup=dict(self.startup))
         self.steps_done = start
-        # what startup built lives as long as the run: out of the garbage collector's way, so that a full collection
-        # scans only what the steps allocate (~180k objects took ~75 ms a collection on the dev box, and one landed
-        # in a step of the reference run: +70 ms, H100)
+        # what startup built lives as long as the steps: out of the garbage collector's way meanwhile, so that a full
+        # collection scans only what the steps allocate (~180k objects took ~75 ms a collection on the dev box, and
+        # one landed in a step of the reference run: +70 ms, H100); given back after, so a process that runs more
+        # than this run can still collect what it leaves
         gc.freeze()
-        self.rl_steps(start, pre, result)
+        try:
+            self.rl_steps(start, pre, result)
+        finally:
+            gc.unfreeze()
         with self.timed("validation_s"):
             post = result.post = self.validate()
         if cfg.checkpoint.final:

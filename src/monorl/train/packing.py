@@ -26,7 +26,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from monorl.model.attention import SharedPrompts, VarlenContext
+from monorl.model.attention import SharedPrompts, VarlenContext, positions_of
 
 
 @dataclass
@@ -174,7 +174,6 @@ def pack(seqs: Sequence[TrainSequence], indices: Sequence[int], buckets: Sequenc
         group_size[key] = group_size.get(key, 0) + 1
     share = share_prompts and max(group_size.values(), default=0) > 1
     ids: list[int] = []  # the unique tokens (the model's input)
-    positions: list[int] = []
     seq_rows: list[list[int]] = []  # each sequence's tokens as rows of `ids`: the attention's layout
     prompt_rows: dict[tuple, list[int]] = {}
     lengths: list[int] = []
@@ -191,15 +190,12 @@ def pack(seqs: Sequence[TrainSequence], indices: Sequence[int], buckets: Sequenc
             if key not in prompt_rows:
                 prompt_rows[key] = list(range(len(ids), len(ids) + p))
                 ids += s.prompt_ids
-                positions += range(p)
             start = len(ids)
             ids += s.completion_ids
-            positions += range(p, len(s))
             rows = prompt_rows[key] + list(range(start, len(ids)))
         else:
             start = len(ids)
             ids += s.prompt_ids + s.completion_ids
-            positions += range(len(s))
             rows = list(range(start, len(ids)))
         seq_rows.append(rows)
         lengths.append(len(s))
@@ -219,18 +215,19 @@ def pack(seqs: Sequence[TrainSequence], indices: Sequence[int], buckets: Sequenc
     max_seqlen = static_max_seqlen(lengths, size) if static else None
     chunk = max_seqlen or max(lengths)
     ids += [pad_id] * (size - real)
-    shared = None
+    shared, positions = None, None  # unshared: the context derives the positions from the lengths
     if share:
         # the attention's layout: the sequences whole, then fillers of its own, at least one row of them: the
         # fillers of `ids` are its last row's (its output and gradients, nothing reads or adds them), and its
         # fillers copy row 0, which nothing adds back (`SharedPrompts.copies` never lists them)
-        positions += [0] * (size - real)
         full_size = _bucket(full_real + 1, buckets) or bucket_size(full_real + 1)
         if static:
             max_seqlen = static_max_seqlen(lengths, full_size)
             chunk = max_seqlen
-        lengths = filler_lengths(lengths, full_size, chunk, static)
         expand = host_tensor([r for rows in seq_rows for r in rows], torch.long)
+        positions = torch.zeros(size, dtype=torch.long)  # each unique token's, from any of its copies; fillers 0
+        positions[expand] = positions_of(lengths)
+        lengths = filler_lengths(lengths, full_size, chunk, static)
         shared = SharedPrompts(expand_index=torch.cat([expand, expand.new_zeros(full_size - full_real)]).to(device),
                                copies=copies_table(expand, size, full_size, static).to(device))
     else:
@@ -245,7 +242,7 @@ def pack(seqs: Sequence[TrainSequence], indices: Sequence[int], buckets: Sequenc
     return MicroBatch(
         input_ids=host_tensor(ids, torch.long).to(device),
         ctx=VarlenContext.from_lengths(lengths, device, attn_backend, max_seqlen=max_seqlen, shared=shared,
-                                       positions=host_tensor(positions, torch.long) if share else None),
+                                       positions=positions),
         logit_index=rows(logit_index, 0, torch.long),
         targets=rows(targets, 0, torch.long),
         old_logprobs=rows(old, 0.0, torch.float32),

@@ -48,7 +48,11 @@ def test_a_shared_pack_holds_each_prompt_once():
     real = sum(len(s) for s in seqs)  # the tokens trained on, as TRL counts them: whole sequences either way
     assert shared.num_real_tokens == whole.num_real_tokens == real and whole.ctx.shared is None
     sh = shared.ctx.shared
-    assert sh.expand_index[:real].unique().numel() == 6 + 4 + 5 + completions  # two prompts once, the single whole
+    # the two prompts once but their last tokens (one a sequence: 3 + 2), the single whole
+    assert sh.expand_index[:real].unique().numel() == 5 + 3 + 5 + 5 + completions
+    # every target row is read once: its gradient is no sum of several, whose order nothing would fix
+    n = shared.num_targets
+    assert shared.logit_index[:n].unique().numel() == n
     # the attention's layout is the unshared pack's: the same lengths, and each row a copy of the same token
     assert torch.equal(shared.ctx.cu_seqlens[:len(seqs) + 1], whole.ctx.cu_seqlens[:len(seqs) + 1])
     assert torch.equal(shared.input_ids[sh.expand_index[:real]], whole.input_ids[:real])
@@ -88,7 +92,7 @@ def test_static_shared_packs_of_a_bucket_share_one_shape():
     """Two steps of the same group structure and other lengths: one `PackShape` (one CUDA graph)."""
     shapes = []
     for seed in (0, 1):
-        (mb,) = make_micro_batches(_groups([8, 8], [12, 12], seed=seed, singles=0), 4096, "cpu", static=True)
+        (mb,) = make_micro_batches(_groups([8, 8], [16, 16], seed=seed, singles=0), 4096, "cpu", static=True)
         shapes.append(mb.shape)
         assert mb.shape.copies == 8 and mb.shape.full_tokens > mb.shape.tokens
         assert mb.ctx.shared.expand_index.numel() == mb.shape.full_tokens
@@ -107,7 +111,7 @@ def test_groups_are_kept_apart_by_their_index():
     def unique(mb) -> int:
         return mb.ctx.shared.expand_index[:mb.num_real_tokens].unique().numel()
 
-    assert apart.shape.copies == 4 and unique(apart) == unique(merged) + 6
+    assert apart.shape.copies == 4 and unique(apart) == unique(merged) + 5  # the second prompt, its last token apart
 
 
 def test_a_group_is_planned_into_one_micro_batch():

@@ -187,11 +187,13 @@ def pack(seqs: Sequence[TrainSequence], indices: Sequence[int], buckets: Sequenc
         p = len(s.prompt_ids)
         key = group_key(s)
         if share and group_size[key] > 1:
+            # the prompt's last token stays each sequence's own: it predicts the first completion token, and one row
+            # gathered for several targets would get their gradients summed in an order nothing fixes (CPU threads)
             if key not in prompt_rows:
-                prompt_rows[key] = list(range(len(ids), len(ids) + p))
-                ids += s.prompt_ids
+                prompt_rows[key] = list(range(len(ids), len(ids) + p - 1))
+                ids += s.prompt_ids[:-1]
             start = len(ids)
-            ids += s.completion_ids
+            ids += s.prompt_ids[-1:] + s.completion_ids
             rows = prompt_rows[key] + list(range(start, len(ids)))
         else:
             start = len(ids)

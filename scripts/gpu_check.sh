@@ -45,8 +45,10 @@
 #            tests first (TESTS: which) unless SKIP_TESTS; BENCH= skips the batches; with WALL=1 the preset's
 #            process wall (bytecode primed; WALL_RUNS, default cold, then warm twice) of each tree; TRAIN (sides): the
 #            mode's trainer step with graphs; WHO=1: who imports torch._dynamo in a warm run of this tree
+#   decode_step: benchmarks/profile_decode_step.py of this tree and of BASE (.base): the graphed decode step, then
+#            kernel by kernel (SIDES, MODES, ROWS)
 #   bi:      `monorl train` of the Qwen3-0.6B preset (random weights) with --batch_invariant true (trainer graphs on)
-# Usage on the device: bash scripts/gpu_check.sh [tests|trainer|profile|loop|compare|startup|scale|scale_compile|bi_cost|bi_cost_1.7b|bi_kernels|bi_default|bi_lora|kernels|wall|wall_user|cold|bwd|ahead|kept|decode_profile|attn|warm_profile|warmup_profile|timeline|rl_step|ab|bi|all]   (logs, JSON under $OUT)
+# Usage on the device: bash scripts/gpu_check.sh [tests|trainer|profile|loop|compare|startup|scale|scale_compile|bi_cost|bi_cost_1.7b|bi_kernels|bi_default|bi_lora|kernels|wall|wall_user|cold|bwd|ahead|kept|decode_profile|decode_step|attn|warm_profile|warmup_profile|timeline|rl_step|ab|bi|all]   (logs, JSON under $OUT)
 set -uo pipefail
 OUT=${OUT:-/tmp/monorl_out}; mkdir -p "$OUT"
 # wheels the device lacks (jsonargparse) go first: .whl carried, installed to /tmp/site (device README)
@@ -441,6 +443,13 @@ if [[ $what == ab ]]; then
     cp /tmp/ab_new_warm2.log /tmp/ab_base_warm2.log "$OUT"/
     printf "\n| run | process wall s | run wall s | run total s | startup s | steady step s |\n|---|---|---|---|---|---|\n%s" "$rows"
   fi
+fi
+if [[ $what == decode_step ]]; then
+  for side in ${SIDES:-new base}; do
+    src=$PWD; [[ $side == base ]] && src=$PWD/.base
+    PYTHONPATH=$src/src:/tmp/site python3 "$PWD/benchmarks/profile_decode_step.py" --mode ${MODES:-default,invariant} \
+      --out "$OUT/decode_step_$side.json" 2>&1 | grep -E "^(==|\|)" | head -${ROWS:-40} | sed "s/^/$side: /"
+  done
 fi
 if [[ $what == bi ]]; then
   python3 -m monorl.cli train --preset qwen3_0_6b_sum_digits --model.shape qwen3-0.6b --rollout.ignore_eos true \

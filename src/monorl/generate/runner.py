@@ -21,7 +21,8 @@ from monorl.generate.attention import DecodeContext, PrefillContext
 from monorl.generate.kv_cache import KVCache
 from monorl.generate.sampling import SamplingParams, sample
 from monorl.model.attention import VarlenContext, resolve_backend
-from monorl.model.qwen3 import Qwen3ForCausalLM
+from monorl.model.qwen3 import Qwen3ForCausalLM, rope_cos_sin
+from monorl.ops.decode_state import commit_step, step_inputs
 from monorl.train.packing import bucket_size, filler_lengths, static_max_seqlen
 
 PREFILL_GRAPHS = 16  # prefill shapes kept as CUDA graphs; later new shapes run eagerly
@@ -76,6 +77,13 @@ class ModelRunner:
         self.ring_tok = torch.zeros(ring_size + 1, S, dtype=torch.int64, device=dev)  # +1: overflow row
         self.ring_lp = torch.zeros(ring_size + 1, S, dtype=torch.float32, device=dev)
         self.ring_idx = torch.zeros(1, dtype=torch.int64, device=dev)
+        # on CUDA, RoPE's cos / sin of every position a sequence can reach, for the decode step to gather
+        # (`monorl.ops.decode_state`): computed here by the op the model runs, so the values are the op's
+        self.rope_tables = None
+        if dev.type == "cuda":
+            cfg, dtype = model.config, model.model.embed_tokens.weight.dtype
+            self.rope_tables = rope_cos_sin(torch.arange(max_blocks_per_seq * self.block_size, device=dev),
+                                            cfg.head_dim, cfg.rope_theta, dtype)
         self.use_graphs = cuda_graphs and self.device.type == "cuda"
         # one set of graphs per sampler configuration (e.g. greedy validation and sampled rollouts), kept
         # so that alternating between them does not re-capture. A bucket's graph is captured when a decode step
@@ -149,19 +157,13 @@ class ModelRunner:
     # ---- decode ------------------------------------------------------------------------------------
     def _decode_step(self, B: int, width: int, params: SamplingParams) -> None:
         tok, pos, bt = self.tok[:B], self.pos[:B], self.block_tables[:B, :width]
-        # Padded rows keep advancing between host checks; clamping keeps their (scratch) writes in range.
-        blk = bt.gather(1, (pos // self.block_size).clamp_(max=width - 1)[:, None])[:, 0]
-        slots = blk.long() * self.block_size + pos % self.block_size
-        ctx = DecodeContext(block_tables=bt, seq_lens=(pos + 1).to(torch.int32), slot_mapping=slots,
-                            backend=self.decode_backend)
-        hidden = self.model(tok, pos, ctx, self.kv.layers)
+        # Padded rows keep advancing between host checks; step_inputs clamps their (scratch) writes in range.
+        slots, seq_lens, next_pos, rope = step_inputs(pos, bt, self.block_size, self.rope_tables)
+        ctx = DecodeContext(block_tables=bt, seq_lens=seq_lens, slot_mapping=slots, backend=self.decode_backend)
+        hidden = self.model(tok, pos, ctx, self.kv.layers, rope)
         logits = self.model.compute_logits(hidden)
-        nxt, lp = self.sample_fn(logits, self.keys[:B], pos + 1, params, self.model.token_logprobs)
-        self.ring_tok[:, :B].index_copy_(0, self.ring_idx, nxt[None])
-        self.ring_lp[:, :B].index_copy_(0, self.ring_idx, lp[None])
-        self.ring_idx.add_(1).clamp_(max=self.ring_size)  # never past the overflow row
-        self.tok[:B].copy_(nxt)
-        self.pos[:B].add_(1)
+        nxt, lp = self.sample_fn(logits, self.keys[:B], next_pos, params, self.model.token_logprobs)
+        commit_step(nxt, lp, self.ring_tok, self.ring_lp, self.ring_idx, self.tok, self.pos)
 
     def bucket(self, live: int) -> int:
         for b in self.buckets:

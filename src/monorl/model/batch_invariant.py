@@ -78,8 +78,8 @@ class BatchInvariantQwen3ForCausalLM(Qwen3ForCausalLM):
     token_logprobs = staticmethod(logprob_invariant.token_logprobs)
 
     def forward(self, input_ids: Tensor, positions: Tensor, ctx: AttentionContext,
-                kv_cache: Sequence[Any] | None = None) -> Tensor:
-        return super().forward(input_ids, positions, ctx.batch_invariant(), kv_cache)
+                kv_cache: Sequence[Any] | None = None, rope: tuple[Tensor, Tensor] | None = None) -> Tensor:
+        return super().forward(input_ids, positions, ctx.batch_invariant(), kv_cache, rope)
 
     def compute_logits(self, hidden: Tensor, weight: Tensor | None = None) -> Tensor:
         return matmul_invariant.linear(hidden, self.lm_head_weight if weight is None else weight)

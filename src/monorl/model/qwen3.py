@@ -180,10 +180,13 @@ class Qwen3ForCausalLM(nn.Module):
         return self.model.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
 
     def forward(self, input_ids: Tensor, positions: Tensor, ctx: AttentionContext,
-                kv_cache: Sequence[Any] | None = None) -> Tensor:
-        """input_ids, positions: [T]. kv_cache: one entry per layer (or None), handed to `ctx.attend`."""
+                kv_cache: Sequence[Any] | None = None, rope: tuple[Tensor, Tensor] | None = None) -> Tensor:
+        """input_ids, positions: [T]. kv_cache: one entry per layer (or None), handed to `ctx.attend`. rope: the
+        positions' `rope_cos_sin` in the activations' dtype, where the caller has them (the generator's decode
+        step gathers them from tables of every position: `monorl.ops.decode_state`)."""
         x = self.model.embed_tokens(input_ids)
-        cos, sin = rope_cos_sin(positions, self.config.head_dim, self.config.rope_theta, x.dtype)
+        cos, sin = rope if rope is not None else rope_cos_sin(positions, self.config.head_dim, self.config.rope_theta,
+                                                              x.dtype)
         mark_dynamic(x, cos, sin, dims=(0,))  # token counts vary (packs, prefills, decode buckets)
         checkpointed = self.activation_checkpointing and torch.is_grad_enabled()
         for i, layer in enumerate(self.model.layers):

@@ -266,6 +266,21 @@ def _nucleus_bisect(logits: Tensor, thresh: Tensor, top_p: Tensor, inv_t: float,
                                 num_warps=1, **pdl)
 
 
+_TOP_P: dict[tuple[float, torch.device], Tensor] = {}
+
+
+def _top_p_tensor(top_p: float, device: torch.device) -> Tensor:
+    """top_p as a float64 [1] tensor (the kernels' limit is ceil(total * top_p) in float64), kept per value and
+    device so that a decode step launches no fill for it; one made during a CUDA graph capture is not kept (its
+    memory is the graph's)."""
+    t = _TOP_P.get((top_p, device))
+    if t is None:
+        t = torch.full((1,), top_p, dtype=torch.float64, device=device)
+        if not torch.cuda.is_current_stream_capturing():
+            _TOP_P[(top_p, device)] = t
+    return t
+
+
 @custom_op("monorl::fused_sample", mutates_args=())
 def sample(logits: Tensor, keys: Tensor, positions: Tensor, temperature: float, top_p: float) -> tuple[Tensor, Tensor]:
     """logits [B, V] (CUDA) -> (tokens int64 [B], log-probs fp32 [B]); temperature 0 is greedy (log-probs at
@@ -283,7 +298,7 @@ def sample(logits: Tensor, keys: Tensor, positions: Tensor, temperature: float, 
     nch = triton.cdiv(V, _CHUNK)
     if nucleus and B:
         scale = float(2 ** (62 - V.bit_length()))  # as `sampling._nucleus_threshold`: n * scale < 2**62
-        top_p_t = torch.full((1,), top_p, dtype=torch.float64, device=dev)
+        top_p_t = _top_p_tensor(top_p, dev)
         if logits.dtype == torch.bfloat16:
             _nucleus_bisect(logits, thresh, top_p_t, inv_t, scale, nch)
         else:

@@ -1,0 +1,139 @@
+"""Where a decode step of the reference batch goes, kernel by kernel (`bench_generate.py`'s batch: Qwen3-0.6B shapes,
+random bf16 weights, 5 prompts x 8 samples, temperature 0.8, top-p 0.95, EOS ignored).
+
+With programmatic dependent launch (PDL) a kernel starts while the one before it runs and waits inside, so the
+profiler's kernel times overlap and cannot be added up (benchmarks/RESULTS.md, 2026-11-24). This script first times
+the decode step as the generator runs it (CUDA graphs, PDL on), then turns PDL off (`monorl.ops._pdl_capable`) and
+profiles eager decode steps: each kernel's time is then its own. Kernels are grouped by name and, where a name runs
+a multiple of the layer count a step, by its place in the layer ("_mm_kernel[1]": the layer's second). The table
+says what a step would save if a group took no time, so its rows rank what is worth fusing or speeding up.
+
+  python benchmarks/profile_decode_step.py [--mode default,invariant] --out profile_decode_step.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import statistics
+
+import torch
+from torch.profiler import ProfilerActivity, profile
+
+import monorl.ops
+from monorl.generate import Generator, GeneratorConfig, SamplingParams
+from monorl.model import build_model, model_shape
+from monorl.model.batch_invariant import make_batch_invariant_
+
+NEW = 100
+
+
+def reference_batch() -> tuple[list[list[int]], SamplingParams]:
+    g = torch.Generator().manual_seed(0)  # bench_generate.py's prompts
+    lengths = torch.randint(105, 116, (5,), generator=g).tolist()
+    prompts = [torch.randint(0, 151643, (n,), generator=g).tolist() for n in lengths]
+    return prompts, SamplingParams(max_new_tokens=NEW, temperature=0.8, top_p=0.95, ignore_eos=True, seed=0)
+
+
+def batch_s(gen: Generator, prompts: list[list[int]], sp: SamplingParams, runs: int = 7) -> float:
+    out = []
+    for _ in range(runs):
+        torch.cuda.synchronize()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        gen.generate(prompts, sp, n=8)
+        end.record()
+        torch.cuda.synchronize()
+        out.append(start.elapsed_time(end) / 1e3)
+    return statistics.median(out)
+
+
+def decode_step_ms(gen: Generator, prompts: list[list[int]], sp: SamplingParams) -> float:
+    """bench_generate's measure: (batch - the batch with one new token) / (new tokens - 1)."""
+    one = SamplingParams(**{**sp.__dict__, "max_new_tokens": 1})
+    return (batch_s(gen, prompts, sp) - batch_s(gen, prompts, one)) / (NEW - 1) * 1e3
+
+
+def step_kernels(gen: Generator, prompts: list[list[int]], sp: SamplingParams, steps: int) -> list[list[tuple]]:
+    """(name, us) of each kernel of `steps` eager decode steps without PDL, in launch order, a list per step."""
+    gen.runner.use_graphs = False
+    params = SamplingParams(**{**sp.__dict__, "max_new_tokens": steps + 2})
+    gen.generate(prompts, params, n=8)  # the eager path's kernels compiled
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        gen.generate(prompts, params, n=8)
+    gen.runner.use_graphs = True
+    kernels = sorted((e for e in prof.events() if e.device_type.name == "CUDA" and e.device_time > 0),
+                     key=lambda e: e.time_range.start)
+    # a decode step ends with the sampler's last kernel; the first "step" holds the prefill
+    out, cur = [], []
+    for e in kernels:
+        cur.append((e.name, e.device_time))
+        if "_sample_combine_kernel" in e.name:
+            out.append(cur)
+            cur = []
+    return out[1:1 + steps]
+
+
+def group(step: list[tuple], layers: int) -> dict[str, list[float]]:
+    """[us, launches] a step by kernel group (see the module docstring)."""
+    counts = collections.Counter(n for n, _ in step)
+    seen: collections.Counter = collections.Counter()
+    out: dict[str, list[float]] = collections.defaultdict(lambda: [0.0, 0])
+    for name, t in step:
+        short = name if len(name) < 60 else name[:57] + "..."
+        per_layer = counts[name] // layers if counts[name] % layers == 0 else 0
+        key = f"{short}[{seen[name] % per_layer}]" if per_layer > 1 else short
+        seen[name] += 1
+        out[key][0] += t
+        out[key][1] += 1
+    return out
+
+
+def run_mode(mode: str, steps: int) -> dict:
+    cfg = model_shape("qwen3-0.6b")
+    prompts, sp = reference_batch()
+    model = build_model(cfg, device="cuda", dtype=torch.bfloat16, seed=0)
+    gen = Generator(model, GeneratorConfig(max_num_seqs=40, max_model_len=512))
+    del model
+    if mode == "invariant":
+        make_batch_invariant_(gen.model)
+    gen.generate(prompts, sp, n=8)  # compile + capture
+    graphed = decode_step_ms(gen, prompts, sp)
+    capable = monorl.ops._pdl_capable
+    monorl.ops._pdl_capable = lambda index: False
+    try:
+        per_step = step_kernels(gen, prompts, sp, steps)
+    finally:
+        monorl.ops._pdl_capable = capable
+    groups = [group(s, cfg.num_layers) for s in per_step]
+    rows = [dict(kernel=k, launches=n, us_step=statistics.median(g[k][0] if k in g else 0.0 for g in groups))
+            for k, (_, n) in groups[0].items()]
+    rows.sort(key=lambda r: -r["us_step"])
+    total = sum(r["us_step"] for r in rows)
+    return dict(mode=mode, graphed_decode_step_ms=graphed, kernels_per_step=len(per_step[0]),
+                kernel_us_sum_no_pdl=total, rows=rows)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--mode", default="default,invariant")
+    ap.add_argument("--steps", type=int, default=4)
+    ap.add_argument("--out", default="profile_decode_step.json")
+    args = ap.parse_args()
+    res = [run_mode(m, args.steps) for m in args.mode.split(",")]
+    with open(args.out, "w") as f:
+        json.dump(dict(device=torch.cuda.get_device_name(), torch=torch.__version__, modes=res), f, indent=1)
+    for r in res:
+        print(f"\n== {r['mode']} ({torch.cuda.get_device_name()}): decode step {r['graphed_decode_step_ms']:.3f} ms "
+              f"(CUDA graph, PDL); {r['kernels_per_step']} kernels a step, {r['kernel_us_sum_no_pdl']:.0f} us summed "
+              f"without PDL ==")
+        print("| kernel | launches a step | us a step | us a launch |")
+        print("|---|---|---|---|")
+        for row in r["rows"][:24]:
+            print(f"| {row['kernel']} | {row['launches']} | {row['us_step']:.1f} | "
+                  f"{row['us_step'] / max(1, row['launches']):.2f} |")
+
+
+if __name__ == "__main__":
+    main()

@@ -63,8 +63,9 @@ def test_converted_forward_equals_the_model(fused):
 
 
 def test_converted_backward_equals_autograd():
-    """The ops' hand-written backward (what a batch-invariant trainer runs): every parameter's gradient equals
-    autograd through the model's own ops, fp32, with the residual stream feeding both the add and the norm."""
+    """The ops' hand-written backward (what a batch-invariant trainer runs), the final norm's included: every
+    parameter's gradient equals autograd through the model's own ops, fp32, with the residual stream feeding both
+    the add and the norm."""
     ref = random_model(fused=False).requires_grad_(True)
     conv = use_fused_kernels_(random_model(fused=False).requires_grad_(True))
     lengths = [5, 11, 1]
@@ -77,7 +78,8 @@ def test_converted_backward_equals_autograd():
         grads.append({n: p.grad for n, p in m.named_parameters()})
     for n, g in grads[1].items():
         assert g.abs().max() > 0, n
-        torch.testing.assert_close(grads[0][n], g, atol=1e-4, rtol=1e-4, msg=n)
+        # fp32 rounding of sums in other orders, at the gradient's scale (the tied embedding's reaches ~200)
+        torch.testing.assert_close(grads[0][n], g, atol=max(1e-4, 2e-6 * g.abs().max().item()), rtol=1e-4, msg=n)
 
 
 def test_converted_blocks_hand_the_residual_on_under_activation_checkpointing():

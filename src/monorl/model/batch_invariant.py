@@ -43,7 +43,12 @@ import torch
 from torch import Tensor, nn
 
 from monorl.model.attention import AttentionContext
-from monorl.model.fused_kernels import FusedKernelsLinear, fused_kernels_supported, use_fused_kernels_
+from monorl.model.fused_kernels import (
+    FusedKernelsFinalNorm,
+    FusedKernelsLinear,
+    fused_kernels_supported,
+    use_fused_kernels_,
+)
 from monorl.model.lora import LoRALinear
 from monorl.model.qwen3 import Linear, Qwen3ForCausalLM, RMSNorm
 from monorl.ops import logprob_invariant, matmul_invariant, rmsnorm_invariant
@@ -87,6 +92,7 @@ class BatchInvariantQwen3ForCausalLM(Qwen3ForCausalLM):
 
 _CONVERTED = {Linear: BatchInvariantLinear, FusedKernelsLinear: BatchInvariantLinear,
               LoRALinear: BatchInvariantLoRALinear, RMSNorm: BatchInvariantRMSNorm,
+              FusedKernelsFinalNorm: BatchInvariantRMSNorm,
               nn.Embedding: BatchInvariantEmbedding, Qwen3ForCausalLM: BatchInvariantQwen3ForCausalLM}
 
 

@@ -9,6 +9,7 @@ a multiple of the layer count a step, by its place in the layer ("_mm_kernel[1]"
 says what a step would save if a group took no time, so its rows rank what is worth fusing or speeding up.
 
   python benchmarks/profile_decode_step.py [--mode default,invariant] --out profile_decode_step.json
+  python benchmarks/profile_decode_step.py --mode default --prompts 16 --prompt-len 560   # a throughput-like step
 """
 
 from __future__ import annotations
@@ -29,11 +30,12 @@ from monorl.model.batch_invariant import make_batch_invariant_
 NEW = 100
 
 
-def reference_batch() -> tuple[list[list[int]], SamplingParams]:
-    g = torch.Generator().manual_seed(0)  # bench_generate.py's prompts
-    lengths = torch.randint(105, 116, (5,), generator=g).tolist()
-    prompts = [torch.randint(0, 151643, (n,), generator=g).tolist() for n in lengths]
-    return prompts, SamplingParams(max_new_tokens=NEW, temperature=0.8, top_p=0.95, ignore_eos=True, seed=0)
+def reference_batch(prompts: int = 5, prompt_len: int = 110) -> tuple[list[list[int]], SamplingParams]:
+    """bench_generate.py's prompts by default (5 of 105-115 tokens; 8 samples each)."""
+    g = torch.Generator().manual_seed(0)
+    lengths = torch.randint(prompt_len - 5, prompt_len + 6, (prompts,), generator=g).tolist()
+    ids = [torch.randint(0, 151643, (n,), generator=g).tolist() for n in lengths]
+    return ids, SamplingParams(max_new_tokens=NEW, temperature=0.8, top_p=0.95, ignore_eos=True, seed=0)
 
 
 def batch_s(gen: Generator, prompts: list[list[int]], sp: SamplingParams, runs: int = 7) -> float:
@@ -60,19 +62,27 @@ def step_kernels(gen: Generator, prompts: list[list[int]], sp: SamplingParams, s
     gen.runner.use_graphs = False
     params = SamplingParams(**{**sp.__dict__, "max_new_tokens": steps + 2})
     gen.generate(prompts, params, n=8)  # the eager path's kernels compiled
+    prefill, rounds = gen.runner.prefill, []
+
+    def counted(*a, **k):  # each prefill round is followed by one sampler call (its first tokens)
+        rounds.append(1)
+        return prefill(*a, **k)
+
+    gen.runner.prefill = counted
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         gen.generate(prompts, params, n=8)
+    gen.runner.prefill = prefill
     gen.runner.use_graphs = True
     kernels = sorted((e for e in prof.events() if e.device_type.name == "CUDA" and e.device_time > 0),
                      key=lambda e: e.time_range.start)
-    # a decode step ends with the sampler's last kernel; the first "step" holds the prefill
+    # a sampler call ends with its combine kernel; the decode steps' calls come after the prefill rounds' ones
     out, cur = [], []
     for e in kernels:
         cur.append((e.name, e.device_time))
         if "_sample_combine_kernel" in e.name:
             out.append(cur)
             cur = []
-    return out[1:1 + steps]
+    return out[len(rounds):len(rounds) + steps]
 
 
 def group(step: list[tuple], layers: int) -> dict[str, list[float]]:
@@ -90,11 +100,11 @@ def group(step: list[tuple], layers: int) -> dict[str, list[float]]:
     return out
 
 
-def run_mode(mode: str, steps: int) -> dict:
+def run_mode(mode: str, steps: int, prompts: int = 5, prompt_len: int = 110) -> dict:
     cfg = model_shape("qwen3-0.6b")
-    prompts, sp = reference_batch()
+    prompts, sp = reference_batch(prompts, prompt_len)
     model = build_model(cfg, device="cuda", dtype=torch.bfloat16, seed=0)
-    gen = Generator(model, GeneratorConfig(max_num_seqs=40, max_model_len=512))
+    gen = Generator(model, GeneratorConfig(max_num_seqs=8 * len(prompts), max_model_len=prompt_len + NEW + 16))
     del model
     if mode == "invariant":
         make_batch_invariant_(gen.model)
@@ -119,9 +129,11 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--mode", default="default,invariant")
     ap.add_argument("--steps", type=int, default=4)
+    ap.add_argument("--prompts", type=int, default=5, help="prompts of 8 samples each (rows = 8 x prompts)")
+    ap.add_argument("--prompt-len", type=int, default=110, help="tokens a prompt, +-5")
     ap.add_argument("--out", default="profile_decode_step.json")
     args = ap.parse_args()
-    res = [run_mode(m, args.steps) for m in args.mode.split(",")]
+    res = [run_mode(m, args.steps, args.prompts, args.prompt_len) for m in args.mode.split(",")]
     with open(args.out, "w") as f:
         json.dump(dict(device=torch.cuda.get_device_name(), torch=torch.__version__, modes=res), f, indent=1)
     for r in res:

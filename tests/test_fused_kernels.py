@@ -341,6 +341,28 @@ def test_sampler_kernels_pick_the_pytorch_samplers_tokens(B):
 
 
 @pytest.mark.gpu
+def test_top_p_rows_inside_and_outside_the_nucleus():
+    """A row whose Gumbel-max over the whole vocabulary lies in the nucleus keeps that token; the others run the
+    nucleus search and a masked pass. Both kinds occur here, and every token equals the PyTorch sampler's."""
+    from monorl.generate.sampling import SamplingParams, sample
+
+    g = torch.Generator(device="cuda").manual_seed(7)
+    B, V = 256, 151936
+    logits = (2 * torch.randn(B, V, device="cuda", generator=g)).to(torch.bfloat16)
+    keys = torch.randint(0, 2**32, (B,), device="cuda", generator=g)
+    pos = torch.randint(0, 4096, (B,), device="cuda", generator=g)
+    free, _ = sample(logits, keys, pos, SamplingParams(temperature=0.8))  # the same noise, no nucleus
+    for top_p in (0.5, 0.95):
+        sp = SamplingParams(temperature=0.8, top_p=top_p)
+        tok, lp = sample(logits, keys, pos, sp)
+        ref_tok, ref_lp = sample(logits, keys, pos, sp, kernels=False)
+        assert torch.equal(tok, ref_tok), (top_p, (tok != ref_tok).sum().item())
+        torch.testing.assert_close(lp, ref_lp, atol=1e-4, rtol=0)
+        moved = tok != free
+        assert moved.any() and not moved.all(), (top_p, moved.sum().item())
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("B", [1, 40, 64])
 def test_nucleus_without_sort_equals_the_sorted_scan(B):
     """bf16 logits' top-p threshold found 2 bits of the order key a level (`sample_kernels._nucleus_bisect`) is

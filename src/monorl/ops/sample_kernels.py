@@ -8,7 +8,9 @@ It computes exactly what that function does, and picks the same tokens:
   perturbed with libdevice's logf, the CUDA math library PyTorch's kernels call;
 - the top-p nucleus is the same integer fixed-point count: exact integer sums, so the threshold does not depend
   on the order they are added in. For bf16 logits (the generator's) it is found without sorting, by a search over
-  the 16-bit order key (`_nucleus_bisect`); other dtypes scan the logits sorted by `torch.sort`;
+  the 16-bit order key (`_nucleus_bisect`), and only for the rows whose Gumbel-max over the whole vocabulary is
+  not in the nucleus (`sample`: at least top_p of rows are, and there the token is the same); other dtypes scan
+  the logits sorted by `torch.sort`;
 - argmax ties go to the lowest token id, as `torch.argmax`'s do.
 The log-prob, `log_softmax(logits / T)` at the token, sums its exponentials in another order than PyTorch's
 (a few fp32 ulps apart). Top-k sampling stays on the PyTorch path.
@@ -104,63 +106,113 @@ if HAS_TRITON:
         return tl.load(cur_ptr + b * LEVELS + level - 1) + (below << (16 - 2 * level))
 
     @triton.jit
-    def _nucleus_level_kernel(logits_ptr, stride_b, pmax_ptr, parts_ptr, cur_ptr, top_p_ptr, V, inv_t, scale,
-                              LEVEL: tl.constexpr, LEVELS: tl.constexpr, NCH: tl.constexpr, NCH_P: tl.constexpr,
-                              CHUNK: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr = False):
-        """Level LEVEL of the nucleus search over one chunk of one row of bf16 logits: the fixed-point masses q of
-        `_nucleus_kernel` (exact integers) summed above three cuts splitting the level's key range in four."""
+    def _needs_search(check_ptr, top_p_ptr, b, SKIP: tl.constexpr, NCH: tl.constexpr, NCH_P: tl.constexpr):
+        """Whether row b still needs the nucleus search: always without SKIP; with it, unless the row's unrestricted
+        token is in the nucleus (`_nucleus_check_kernel`'s masses: the mass above its key is below the limit)."""
+        if SKIP:
+            ch = tl.arange(0, NCH_P)
+            m = ch < NCH
+            row = check_ptr + b * (NCH * 2) + ch * 2
+            total = tl.sum(tl.load(row, mask=m, other=0), axis=0)
+            limit = libdevice.ceil(total.to(tl.float64) * tl.load(top_p_ptr)).to(tl.int64)
+            return tl.sum(tl.load(row + 1, mask=m, other=0), axis=0) >= limit
+        else:
+            return True
+
+    @triton.jit
+    def _nucleus_check_kernel(logits_ptr, stride_b, pmax_ptr, tok_ptr, check_ptr, V, inv_t, scale, NCH: tl.constexpr,
+                              NCH_P: tl.constexpr, CHUNK: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr = False):
+        """One chunk of one row: the masses q of `_nucleus_level_kernel`, summed in all and above the order key of the
+        row's unrestricted token (its Gumbel-max over every logit)."""
         if PDL:  # wait for the kernel before (programmatic dependent launch)
             pdl_start()
         b = tl.program_id(0).to(tl.int64)
         c = tl.program_id(1)
         ch = tl.arange(0, NCH_P)
         top = tl.max(tl.load(pmax_ptr + b * NCH + ch, mask=ch < NCH, other=float("-inf")), axis=0)
-        if LEVEL == 0:
-            cur = 0
-        else:
-            cur = _nucleus_choice(parts_ptr, cur_ptr, top_p_ptr, b, LEVEL, LEVELS, NCH, NCH_P)
-        if c == 0:
-            tl.store(cur_ptr + b * LEVELS + LEVEL, cur)
-        step = 1 << (14 - 2 * LEVEL)  # each of the four sub-ranges' width
+        cut = _order_key(tl.load(logits_ptr + b * stride_b + tl.load(tok_ptr + b)).to(tl.float32))
         t = tl.zeros([BLOCK], tl.int64)
-        a1 = tl.zeros([BLOCK], tl.int64)
-        a2 = tl.zeros([BLOCK], tl.int64)
-        a3 = tl.zeros([BLOCK], tl.int64)
+        a = tl.zeros([BLOCK], tl.int64)
         for i in range(0, CHUNK, BLOCK):
             v = c * CHUNK + i + tl.arange(0, BLOCK)
             x = tl.load(logits_ptr + b * stride_b + v, mask=v < V, other=float("-inf")).to(tl.float32)
             q = (libdevice.exp(x * inv_t - top) * scale).to(tl.int64)
-            k = _order_key(x)
             t += q
-            a1 += tl.where(k > cur + step - 1, q, 0)
-            a2 += tl.where(k > cur + 2 * step - 1, q, 0)
-            a3 += tl.where(k > cur + 3 * step - 1, q, 0)
-        out = parts_ptr + b * (LEVELS * NCH * 4) + (LEVEL * NCH + c) * 4
-        tl.store(out, tl.sum(t, axis=0))
-        tl.store(out + 1, tl.sum(a1, axis=0))
-        tl.store(out + 2, tl.sum(a2, axis=0))
-        tl.store(out + 3, tl.sum(a3, axis=0))
+            a += tl.where(_order_key(x) > cut, q, 0)
+        tl.store(check_ptr + (b * NCH + c) * 2, tl.sum(t, axis=0))
+        tl.store(check_ptr + (b * NCH + c) * 2 + 1, tl.sum(a, axis=0))
 
     @triton.jit
-    def _nucleus_final_kernel(parts_ptr, cur_ptr, top_p_ptr, thresh_ptr, inv_t, LEVELS: tl.constexpr,
-                              NCH: tl.constexpr, NCH_P: tl.constexpr, PDL: tl.constexpr = False):
+    def _nucleus_level_kernel(logits_ptr, stride_b, pmax_ptr, parts_ptr, cur_ptr, top_p_ptr, check_ptr, V, inv_t,
+                              scale, LEVEL: tl.constexpr, LEVELS: tl.constexpr, NCH: tl.constexpr, NCH_P: tl.constexpr,
+                              CHUNK: tl.constexpr, BLOCK: tl.constexpr, SKIP: tl.constexpr, PDL: tl.constexpr = False):
+        """Level LEVEL of the nucleus search over one chunk of one row of bf16 logits: the fixed-point masses q of
+        `_nucleus_kernel` (exact integers) summed above three cuts splitting the level's key range in four."""
+        if PDL:  # wait for the kernel before (programmatic dependent launch)
+            pdl_start()
+        b = tl.program_id(0).to(tl.int64)
+        c = tl.program_id(1)
+        if _needs_search(check_ptr, top_p_ptr, b, SKIP, NCH, NCH_P):
+            ch = tl.arange(0, NCH_P)
+            top = tl.max(tl.load(pmax_ptr + b * NCH + ch, mask=ch < NCH, other=float("-inf")), axis=0)
+            if LEVEL == 0:
+                cur = 0
+            else:
+                cur = _nucleus_choice(parts_ptr, cur_ptr, top_p_ptr, b, LEVEL, LEVELS, NCH, NCH_P)
+            if c == 0:
+                tl.store(cur_ptr + b * LEVELS + LEVEL, cur)
+            step = 1 << (14 - 2 * LEVEL)  # each of the four sub-ranges' width
+            t = tl.zeros([BLOCK], tl.int64)
+            a1 = tl.zeros([BLOCK], tl.int64)
+            a2 = tl.zeros([BLOCK], tl.int64)
+            a3 = tl.zeros([BLOCK], tl.int64)
+            for i in range(0, CHUNK, BLOCK):
+                v = c * CHUNK + i + tl.arange(0, BLOCK)
+                x = tl.load(logits_ptr + b * stride_b + v, mask=v < V, other=float("-inf")).to(tl.float32)
+                q = (libdevice.exp(x * inv_t - top) * scale).to(tl.int64)
+                k = _order_key(x)
+                t += q
+                a1 += tl.where(k > cur + step - 1, q, 0)
+                a2 += tl.where(k > cur + 2 * step - 1, q, 0)
+                a3 += tl.where(k > cur + 3 * step - 1, q, 0)
+            out = parts_ptr + b * (LEVELS * NCH * 4) + (LEVEL * NCH + c) * 4
+            tl.store(out, tl.sum(t, axis=0))
+            tl.store(out + 1, tl.sum(a1, axis=0))
+            tl.store(out + 2, tl.sum(a2, axis=0))
+            tl.store(out + 3, tl.sum(a3, axis=0))
+
+    @triton.jit
+    def _nucleus_final_kernel(parts_ptr, cur_ptr, top_p_ptr, thresh_ptr, check_ptr, inv_t, LEVELS: tl.constexpr,
+                              NCH: tl.constexpr, NCH_P: tl.constexpr, SKIP: tl.constexpr, PDL: tl.constexpr = False):
         """The smallest key K with mass(keys > K) < limit is the nucleus' smallest logit (see `_nucleus_bisect`)."""
         if PDL:  # wait for the kernel before (programmatic dependent launch)
             pdl_start()
         b = tl.program_id(0).to(tl.int64)
-        k = _nucleus_choice(parts_ptr, cur_ptr, top_p_ptr, b, LEVELS, LEVELS, NCH, NCH_P)
-        bits = tl.where(k >= 0x8000, k - 0x8000, 0xFFFF - k) << 16
-        tl.store(thresh_ptr + b, bits.to(tl.float32, bitcast=True) * inv_t)
+        if _needs_search(check_ptr, top_p_ptr, b, SKIP, NCH, NCH_P):
+            k = _nucleus_choice(parts_ptr, cur_ptr, top_p_ptr, b, LEVELS, LEVELS, NCH, NCH_P)
+            bits = tl.where(k >= 0x8000, k - 0x8000, 0xFFFF - k) << 16
+            tl.store(thresh_ptr + b, bits.to(tl.float32, bitcast=True) * inv_t)
 
     @triton.jit
     def _sample_chunk_kernel(logits_ptr, stride_b, keys_ptr, pos_ptr, thresh_ptr, best_val_ptr, best_idx_ptr,
-                             max_ptr, sum_ptr, V, inv_t, CHUNK: tl.constexpr, BLOCK: tl.constexpr,
-                             GREEDY: tl.constexpr, NUCLEUS: tl.constexpr, PDL: tl.constexpr = False):
+                             max_ptr, sum_ptr, check_ptr, top_p_ptr, V, inv_t, CHUNK: tl.constexpr,
+                             BLOCK: tl.constexpr, GREEDY: tl.constexpr, NUCLEUS: tl.constexpr,
+                             SKIP: tl.constexpr = False, NCH: tl.constexpr = 1, NCH_P: tl.constexpr = 1,
+                             PDL: tl.constexpr = False):
         """One chunk of one row: the chunk's best perturbed logit (and its lowest token id) and its share of
-        logsumexp(logits / T) (max and sum of exponentials below it)."""
+        logsumexp(logits / T) (max and sum of exponentials below it). SKIP: rows whose unrestricted token is
+        already in the nucleus (`_needs_search`) are left alone."""
         if PDL:  # wait for the kernel before (programmatic dependent launch)
             pdl_start()
         b = tl.program_id(0).to(tl.int64)
+        if _needs_search(check_ptr, top_p_ptr, b, SKIP, NCH, NCH_P):
+            _sample_chunk(logits_ptr, stride_b, keys_ptr, pos_ptr, thresh_ptr, best_val_ptr, best_idx_ptr, max_ptr,
+                          sum_ptr, V, inv_t, b, CHUNK, BLOCK, GREEDY, NUCLEUS)
+
+    @triton.jit
+    def _sample_chunk(logits_ptr, stride_b, keys_ptr, pos_ptr, thresh_ptr, best_val_ptr, best_idx_ptr, max_ptr,
+                      sum_ptr, V, inv_t, b, CHUNK: tl.constexpr, BLOCK: tl.constexpr, GREEDY: tl.constexpr,
+                      NUCLEUS: tl.constexpr):
         c = tl.program_id(1)
         nch = tl.num_programs(1)
         if not GREEDY:
@@ -203,11 +255,18 @@ if HAS_TRITON:
 
     @triton.jit
     def _sample_combine_kernel(logits_ptr, stride_b, best_val_ptr, best_idx_ptr, max_ptr, sum_ptr, tok_ptr, lp_ptr,
-                               inv_t, NCH: tl.constexpr, NCH_P: tl.constexpr, GREEDY: tl.constexpr,
-                               PDL: tl.constexpr = False):
+                               check_ptr, top_p_ptr, inv_t, NCH: tl.constexpr, NCH_P: tl.constexpr,
+                               GREEDY: tl.constexpr, SKIP: tl.constexpr = False, PDL: tl.constexpr = False):
         if PDL:  # wait for the kernel before (programmatic dependent launch)
             pdl_start()
         b = tl.program_id(0).to(tl.int64)
+        if _needs_search(check_ptr, top_p_ptr, b, SKIP, NCH, NCH_P):
+            _sample_combine(logits_ptr, stride_b, best_val_ptr, best_idx_ptr, max_ptr, sum_ptr, tok_ptr, lp_ptr,
+                            inv_t, b, NCH, NCH_P)
+
+    @triton.jit
+    def _sample_combine(logits_ptr, stride_b, best_val_ptr, best_idx_ptr, max_ptr, sum_ptr, tok_ptr, lp_ptr, inv_t, b,
+                        NCH: tl.constexpr, NCH_P: tl.constexpr):
         c = tl.arange(0, NCH_P)
         mask = c < NCH
         val = tl.load(best_val_ptr + b * NCH + c, mask=mask, other=float("-inf"))
@@ -240,7 +299,8 @@ _WARPS = 4
 _LEVELS = 8  # 2 bits of a bf16's 16-bit order key a level
 
 
-def _nucleus_bisect(logits: Tensor, thresh: Tensor, top_p: Tensor, inv_t: float, scale: float, nch: int) -> None:
+def _nucleus_bisect(logits: Tensor, thresh: Tensor, top_p: Tensor, inv_t: float, scale: float, nch: int,
+                    pmax: Tensor | None = None, check: Tensor | None = None) -> None:
     """The nucleus threshold of bf16 logits without sorting them (a sort of 40 x 151,936 logits took ~0.3 ms of a
     2.2-2.6 ms decode step, H200). `sampling._nucleus_threshold` keeps the sorted prefix whose preceding mass is
     below limit = ceil(top_p * total); its last logit is the smallest present value v with mass(logits > v) <
@@ -248,22 +308,28 @@ def _nucleus_bisect(logits: Tensor, thresh: Tensor, top_p: Tensor, inv_t: float,
     limit is that value's key. Found 2 bits a level from the top: each level sums the masses above three cuts of
     its range, chunk by chunk (as the sampler's chunks), and the next level's programs each add up those
     integer sums (exact, so in any order) and pick the sub-range. 10 launches over [B, V] instead of the sort
-    (3 radix passes over 64-bit keys) and `_nucleus_kernel`'s two."""
+    (3 radix passes over 64-bit keys) and `_nucleus_kernel`'s two.
+    pmax: each chunk's max(logits * inv_t) where already known (else a launch finds it); check: the masses of
+    `_nucleus_check_kernel`, whose rows that need no search are skipped (their thresh is left unwritten)."""
     B, V = logits.shape
     dev = logits.device
-    pmax = torch.empty(B, nch, dtype=torch.float32, device=dev)
     parts = torch.empty(B, _LEVELS, nch, 4, dtype=torch.int64, device=dev)
     cur = torch.empty(B, _LEVELS, dtype=torch.int32, device=dev)
     nch_p = triton.next_power_of_2(nch)
     pdl = pdl_launch(logits)
-    _row_max_kernel[(B, nch)](logits, logits.stride(0), pmax, V, inv_t, CHUNK=_CHUNK, BLOCK=_NUCLEUS_BLOCK,
-                              num_warps=_WARPS, **pdl)
+    if pmax is None:
+        pmax = torch.empty(B, nch, dtype=torch.float32, device=dev)
+        _row_max_kernel[(B, nch)](logits, logits.stride(0), pmax, V, inv_t, CHUNK=_CHUNK, BLOCK=_NUCLEUS_BLOCK,
+                                  num_warps=_WARPS, **pdl)
+    skip = check is not None
+    check = check if skip else parts  # unused without SKIP: any tensor
     for level in range(_LEVELS):  # no FMA: q rounds as the PyTorch ops' separate product and difference do
-        _nucleus_level_kernel[(B, nch)](logits, logits.stride(0), pmax, parts, cur, top_p, V, inv_t, scale,
+        _nucleus_level_kernel[(B, nch)](logits, logits.stride(0), pmax, parts, cur, top_p, check, V, inv_t, scale,
                                         LEVEL=level, LEVELS=_LEVELS, NCH=nch, NCH_P=nch_p, CHUNK=_CHUNK,
-                                        BLOCK=_NUCLEUS_BLOCK, num_warps=_WARPS, enable_fp_fusion=False, **pdl)
-    _nucleus_final_kernel[(B,)](parts, cur, top_p, thresh, inv_t, LEVELS=_LEVELS, NCH=nch, NCH_P=nch_p,
-                                num_warps=1, **pdl)
+                                        BLOCK=_NUCLEUS_BLOCK, SKIP=skip, num_warps=_WARPS, enable_fp_fusion=False,
+                                        **pdl)
+    _nucleus_final_kernel[(B,)](parts, cur, top_p, thresh, check, inv_t, LEVELS=_LEVELS, NCH=nch, NCH_P=nch_p,
+                                SKIP=skip, num_warps=1, **pdl)
 
 
 _TOP_P: dict[tuple[float, torch.device], Tensor] = {}
@@ -292,31 +358,51 @@ def sample(logits: Tensor, keys: Tensor, positions: Tensor, temperature: float, 
     # div_true_kernel_cuda); the same product here gives the same scaled logits. The fp32 quotient is the float64
     # one rounded to fp32 (float64 carries more than twice fp32's bits), so no tensor is built per call.
     inv_t = 1.0 if greedy else _fp32(1.0 / _fp32(temperature))
-    nucleus = not greedy and top_p < 1.0
     dev = logits.device
     thresh = torch.empty(B, dtype=torch.float32, device=dev)
-    nch = triton.cdiv(V, _CHUNK)
-    if nucleus and B:
-        scale = float(2 ** (62 - V.bit_length()))  # as `sampling._nucleus_threshold`: n * scale < 2**62
-        top_p_t = _top_p_tensor(top_p, dev)
-        if logits.dtype == torch.bfloat16:
-            _nucleus_bisect(logits, thresh, top_p_t, inv_t, scale, nch)
-        else:
-            srt = torch.sort(logits, dim=-1, descending=True).values.contiguous()
-            _nucleus_kernel[(B,)](srt, thresh, top_p_t, inv_t, scale, V=V, BLOCK=_BLOCK, num_warps=8)
+    nch, nch_p = triton.cdiv(V, _CHUNK), triton.next_power_of_2(triton.cdiv(V, _CHUNK))
     best_val = torch.empty(B, nch, dtype=torch.float32, device=dev)
     best_idx = torch.empty(B, nch, dtype=torch.int32, device=dev)
     part_max, part_sum = torch.empty_like(best_val), torch.empty_like(best_val)
     tokens = torch.empty(B, dtype=torch.int64, device=dev)
     lps = torch.empty(B, dtype=torch.float32, device=dev)
-    if B:
-        pdl = pdl_launch(logits)
+    if not B:
+        return tokens, lps
+    pdl = pdl_launch(logits)
+
+    def sampling_pass(nucleus: bool, check: Tensor | None = None, top_p_t: Tensor | None = None) -> None:
+        """The sampling pass and its combine (rows needing no search skipped, given `check`)."""
+        skip = check is not None
+        check, top_p_t = (check, top_p_t) if skip else (thresh, thresh)  # unused without SKIP
         _sample_chunk_kernel[(B, nch)](logits, logits.stride(0), keys, positions, thresh, best_val, best_idx,
-                                       part_max, part_sum, V, inv_t, CHUNK=_CHUNK, BLOCK=_BLOCK, GREEDY=greedy,
-                                       NUCLEUS=nucleus, num_warps=_WARPS, **pdl)
+                                       part_max, part_sum, check, top_p_t, V, inv_t, CHUNK=_CHUNK, BLOCK=_BLOCK,
+                                       GREEDY=greedy, NUCLEUS=nucleus, SKIP=skip, NCH=nch, NCH_P=nch_p,
+                                       num_warps=_WARPS, **pdl)
         _sample_combine_kernel[(B,)](logits, logits.stride(0), best_val, best_idx, part_max, part_sum, tokens, lps,
-                                     inv_t, NCH=nch, NCH_P=triton.next_power_of_2(nch), GREEDY=greedy, num_warps=1,
-                                     **pdl)
+                                     check, top_p_t, inv_t, NCH=nch, NCH_P=nch_p, GREEDY=greedy, SKIP=skip,
+                                     num_warps=1, **pdl)
+
+    if greedy or top_p >= 1.0:
+        sampling_pass(False)
+        return tokens, lps
+    scale = float(2 ** (62 - V.bit_length()))  # as `sampling._nucleus_threshold`: n * scale < 2**62
+    top_p_t = _top_p_tensor(top_p, dev)
+    if logits.dtype != torch.bfloat16:
+        srt = torch.sort(logits, dim=-1, descending=True).values.contiguous()
+        _nucleus_kernel[(B,)](srt, thresh, top_p_t, inv_t, scale, V=V, BLOCK=_BLOCK, num_warps=8)
+        sampling_pass(True)
+        return tokens, lps
+    # Gumbel-max over every logit first: where that token is in the nucleus, it is also the nucleus' Gumbel-max (a
+    # subset's maximum, lowest id on ties, is the whole set's when the set's lies in it), so the row is done. A row
+    # is a sample of its own softmax, so at least top_p of rows are; only the others run the search and a masked
+    # pass (`_needs_search`). The sampling pass's chunk maxima are the search's.
+    sampling_pass(False)
+    check = torch.empty(B, nch, 2, dtype=torch.int64, device=dev)
+    _nucleus_check_kernel[(B, nch)](logits, logits.stride(0), part_max, tokens, check, V, inv_t, scale, NCH=nch,
+                                    NCH_P=nch_p, CHUNK=_CHUNK, BLOCK=_NUCLEUS_BLOCK, num_warps=_WARPS,
+                                    enable_fp_fusion=False, **pdl)
+    _nucleus_bisect(logits, thresh, top_p_t, inv_t, scale, nch, pmax=part_max, check=check)
+    sampling_pass(True, check, top_p_t)
     return tokens, lps
 
 

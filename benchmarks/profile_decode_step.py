@@ -75,8 +75,17 @@ def step_kernels(gen: Generator, prompts: list[list[int]], sp: SamplingParams, s
     gen.runner.use_graphs = True
     kernels = sorted((e for e in prof.events() if e.device_type.name == "CUDA" and e.device_time > 0),
                      key=lambda e: e.time_range.start)
-    # a sampler call ends with its combine kernel; the decode steps' calls come after the prefill rounds' ones
+    names = [e.name for e in kernels]
     out, cur = [], []
+    if any("_step_inputs_kernel" in n for n in names):  # a decode step starts with its bookkeeping kernel
+        for e in kernels:
+            if "_step_inputs_kernel" in e.name and cur:
+                out.append(cur)
+                cur = []
+            cur.append((e.name, e.device_time))
+        return out[1:1 + steps]  # out[0]: the prefills and the first step's sampling before it
+    # (a tree before that kernel) a sampler call ends with its combine kernel; the decode steps' calls come after
+    # the prefill rounds' ones
     for e in kernels:
         cur.append((e.name, e.device_time))
         if "_sample_combine_kernel" in e.name:

@@ -106,12 +106,6 @@ if HAS_TRITON:
         return tl.load(cur_ptr + b * LEVELS + level - 1) + (below << (16 - 2 * level))
 
     @triton.jit
-    def _row_top(pmax_ptr, b, PMAX_N: tl.constexpr, PMAX_NP: tl.constexpr):
-        """max(logits * inv_t) of row b from its PMAX_N chunk maxima."""
-        ch = tl.arange(0, PMAX_NP)
-        return tl.max(tl.load(pmax_ptr + b * PMAX_N + ch, mask=ch < PMAX_N, other=float("-inf")), axis=0)
-
-    @triton.jit
     def _needs_search(check_ptr, top_p_ptr, b, SKIP: tl.constexpr, NCH: tl.constexpr, NCH_P: tl.constexpr):
         """Whether row b still needs the nucleus search: always without SKIP; with it, unless the row's unrestricted
         token is in the nucleus (`_nucleus_check_kernel`'s masses: the mass above its key is below the limit)."""
@@ -127,15 +121,15 @@ if HAS_TRITON:
 
     @triton.jit
     def _nucleus_check_kernel(logits_ptr, stride_b, pmax_ptr, tok_ptr, check_ptr, V, inv_t, scale, NCH: tl.constexpr,
-                              PMAX_N: tl.constexpr, PMAX_NP: tl.constexpr, CHUNK: tl.constexpr, BLOCK: tl.constexpr,
-                              PDL: tl.constexpr = False):
+                              NCH_P: tl.constexpr, CHUNK: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr = False):
         """One chunk of one row: the masses q of `_nucleus_level_kernel`, summed in all and above the order key of the
         row's unrestricted token (its Gumbel-max over every logit)."""
         if PDL:  # wait for the kernel before (programmatic dependent launch)
             pdl_start()
         b = tl.program_id(0).to(tl.int64)
         c = tl.program_id(1)
-        top = _row_top(pmax_ptr, b, PMAX_N, PMAX_NP)
+        ch = tl.arange(0, NCH_P)
+        top = tl.max(tl.load(pmax_ptr + b * NCH + ch, mask=ch < NCH, other=float("-inf")), axis=0)
         cut = _order_key(tl.load(logits_ptr + b * stride_b + tl.load(tok_ptr + b)).to(tl.float32))
         t = tl.zeros([BLOCK], tl.int64)
         a = tl.zeros([BLOCK], tl.int64)
@@ -151,8 +145,7 @@ if HAS_TRITON:
     @triton.jit
     def _nucleus_level_kernel(logits_ptr, stride_b, pmax_ptr, parts_ptr, cur_ptr, top_p_ptr, check_ptr, V, inv_t,
                               scale, LEVEL: tl.constexpr, LEVELS: tl.constexpr, NCH: tl.constexpr, NCH_P: tl.constexpr,
-                              PMAX_N: tl.constexpr, PMAX_NP: tl.constexpr, CHUNK: tl.constexpr, BLOCK: tl.constexpr,
-                              SKIP: tl.constexpr, PDL: tl.constexpr = False):
+                              CHUNK: tl.constexpr, BLOCK: tl.constexpr, SKIP: tl.constexpr, PDL: tl.constexpr = False):
         """Level LEVEL of the nucleus search over one chunk of one row of bf16 logits: the fixed-point masses q of
         `_nucleus_kernel` (exact integers) summed above three cuts splitting the level's key range in four."""
         if PDL:  # wait for the kernel before (programmatic dependent launch)
@@ -160,7 +153,8 @@ if HAS_TRITON:
         b = tl.program_id(0).to(tl.int64)
         c = tl.program_id(1)
         if _needs_search(check_ptr, top_p_ptr, b, SKIP, NCH, NCH_P):
-            top = _row_top(pmax_ptr, b, PMAX_N, PMAX_NP)
+            ch = tl.arange(0, NCH_P)
+            top = tl.max(tl.load(pmax_ptr + b * NCH + ch, mask=ch < NCH, other=float("-inf")), axis=0)
             if LEVEL == 0:
                 cur = 0
             else:
@@ -303,12 +297,9 @@ _WARPS = 4
 
 
 _LEVELS = 8  # 2 bits of a bf16's 16-bit order key a level
-# logits a program of the nucleus search and of the masked sampling pass walks: those run for the few rows whose
-# unrestricted token is outside the nucleus, so more, shorter programs a row
-_SEARCH_CHUNK = 2048
 
 
-def _nucleus_bisect(logits: Tensor, thresh: Tensor, top_p: Tensor, inv_t: float, scale: float, chunk: int,
+def _nucleus_bisect(logits: Tensor, thresh: Tensor, top_p: Tensor, inv_t: float, scale: float, nch: int,
                     pmax: Tensor | None = None, check: Tensor | None = None) -> None:
     """The nucleus threshold of bf16 logits without sorting them (a sort of 40 x 151,936 logits took ~0.3 ms of a
     2.2-2.6 ms decode step, H200). `sampling._nucleus_threshold` keeps the sorted prefix whose preceding mass is
@@ -318,28 +309,25 @@ def _nucleus_bisect(logits: Tensor, thresh: Tensor, top_p: Tensor, inv_t: float,
     its range, chunk by chunk (as the sampler's chunks), and the next level's programs each add up those
     integer sums (exact, so in any order) and pick the sub-range. 10 launches over [B, V] instead of the sort
     (3 radix passes over 64-bit keys) and `_nucleus_kernel`'s two.
-    chunk: logits a program searches (a multiple of _NUCLEUS_BLOCK). pmax: the row's max(logits * inv_t) per chunk
-    of any chunking, where already known (else a launch finds it); check: the masses of `_nucleus_check_kernel` in
-    the same chunks, whose rows that need no search are skipped (their thresh is left unwritten)."""
+    pmax: each chunk's max(logits * inv_t) where already known (else a launch finds it); check: the masses of
+    `_nucleus_check_kernel`, whose rows that need no search are skipped (their thresh is left unwritten)."""
     B, V = logits.shape
     dev = logits.device
-    nch = triton.cdiv(V, chunk)
     parts = torch.empty(B, _LEVELS, nch, 4, dtype=torch.int64, device=dev)
     cur = torch.empty(B, _LEVELS, dtype=torch.int32, device=dev)
     nch_p = triton.next_power_of_2(nch)
     pdl = pdl_launch(logits)
     if pmax is None:
         pmax = torch.empty(B, nch, dtype=torch.float32, device=dev)
-        _row_max_kernel[(B, nch)](logits, logits.stride(0), pmax, V, inv_t, CHUNK=chunk, BLOCK=_NUCLEUS_BLOCK,
+        _row_max_kernel[(B, nch)](logits, logits.stride(0), pmax, V, inv_t, CHUNK=_CHUNK, BLOCK=_NUCLEUS_BLOCK,
                                   num_warps=_WARPS, **pdl)
     skip = check is not None
     check = check if skip else parts  # unused without SKIP: any tensor
-    pmax_n = pmax.shape[1]
     for level in range(_LEVELS):  # no FMA: q rounds as the PyTorch ops' separate product and difference do
         _nucleus_level_kernel[(B, nch)](logits, logits.stride(0), pmax, parts, cur, top_p, check, V, inv_t, scale,
-                                        LEVEL=level, LEVELS=_LEVELS, NCH=nch, NCH_P=nch_p, PMAX_N=pmax_n,
-                                        PMAX_NP=triton.next_power_of_2(pmax_n), CHUNK=chunk, BLOCK=_NUCLEUS_BLOCK,
-                                        SKIP=skip, num_warps=_WARPS, enable_fp_fusion=False, **pdl)
+                                        LEVEL=level, LEVELS=_LEVELS, NCH=nch, NCH_P=nch_p, CHUNK=_CHUNK,
+                                        BLOCK=_NUCLEUS_BLOCK, SKIP=skip, num_warps=_WARPS, enable_fp_fusion=False,
+                                        **pdl)
     _nucleus_final_kernel[(B,)](parts, cur, top_p, thresh, check, inv_t, LEVELS=_LEVELS, NCH=nch, NCH_P=nch_p,
                                 SKIP=skip, num_warps=1, **pdl)
 
@@ -372,31 +360,27 @@ def sample(logits: Tensor, keys: Tensor, positions: Tensor, temperature: float, 
     inv_t = 1.0 if greedy else _fp32(1.0 / _fp32(temperature))
     dev = logits.device
     thresh = torch.empty(B, dtype=torch.float32, device=dev)
+    nch, nch_p = triton.cdiv(V, _CHUNK), triton.next_power_of_2(triton.cdiv(V, _CHUNK))
+    best_val = torch.empty(B, nch, dtype=torch.float32, device=dev)
+    best_idx = torch.empty(B, nch, dtype=torch.int32, device=dev)
+    part_max, part_sum = torch.empty_like(best_val), torch.empty_like(best_val)
     tokens = torch.empty(B, dtype=torch.int64, device=dev)
     lps = torch.empty(B, dtype=torch.float32, device=dev)
     if not B:
         return tokens, lps
     pdl = pdl_launch(logits)
 
-    def sampling_pass(nucleus: bool, chunk: int = _CHUNK, check: Tensor | None = None,
-                      top_p_t: Tensor | None = None) -> Tensor:
-        """The sampling pass over chunks of `chunk` logits and its combine (with `check`, rows needing no search
-        are skipped); returns the chunks' max(logits * inv_t) [B, chunks]."""
-        nch = triton.cdiv(V, chunk)
-        nch_p = triton.next_power_of_2(nch)
-        best_val = torch.empty(B, nch, dtype=torch.float32, device=dev)
-        best_idx = torch.empty(B, nch, dtype=torch.int32, device=dev)
-        part_max, part_sum = torch.empty_like(best_val), torch.empty_like(best_val)
+    def sampling_pass(nucleus: bool, check: Tensor | None = None, top_p_t: Tensor | None = None) -> None:
+        """The sampling pass and its combine (rows needing no search skipped, given `check`)."""
         skip = check is not None
         check, top_p_t = (check, top_p_t) if skip else (thresh, thresh)  # unused without SKIP
         _sample_chunk_kernel[(B, nch)](logits, logits.stride(0), keys, positions, thresh, best_val, best_idx,
-                                       part_max, part_sum, check, top_p_t, V, inv_t, CHUNK=chunk, BLOCK=_BLOCK,
+                                       part_max, part_sum, check, top_p_t, V, inv_t, CHUNK=_CHUNK, BLOCK=_BLOCK,
                                        GREEDY=greedy, NUCLEUS=nucleus, SKIP=skip, NCH=nch, NCH_P=nch_p,
                                        num_warps=_WARPS, **pdl)
         _sample_combine_kernel[(B,)](logits, logits.stride(0), best_val, best_idx, part_max, part_sum, tokens, lps,
                                      check, top_p_t, inv_t, NCH=nch, NCH_P=nch_p, GREEDY=greedy, SKIP=skip,
                                      num_warps=1, **pdl)
-        return part_max
 
     if greedy or top_p >= 1.0:
         sampling_pass(False)
@@ -411,17 +395,14 @@ def sample(logits: Tensor, keys: Tensor, positions: Tensor, temperature: float, 
     # Gumbel-max over every logit first: where that token is in the nucleus, it is also the nucleus' Gumbel-max (a
     # subset's maximum, lowest id on ties, is the whole set's when the set's lies in it), so the row is done. A row
     # is a sample of its own softmax, so at least top_p of rows are; only the others run the search and a masked
-    # pass (`_needs_search`), in smaller chunks: a few rows' programs then spread over the GPU. The sampling pass's
-    # chunk maxima give the search its row maxima.
-    pmax = sampling_pass(False)
-    nsc = triton.cdiv(V, _SEARCH_CHUNK)
-    check = torch.empty(B, nsc, 2, dtype=torch.int64, device=dev)
-    _nucleus_check_kernel[(B, nsc)](logits, logits.stride(0), pmax, tokens, check, V, inv_t, scale, NCH=nsc,
-                                    PMAX_N=pmax.shape[1], PMAX_NP=triton.next_power_of_2(pmax.shape[1]),
-                                    CHUNK=_SEARCH_CHUNK, BLOCK=_NUCLEUS_BLOCK, num_warps=_WARPS,
+    # pass (`_needs_search`). The sampling pass's chunk maxima are the search's.
+    sampling_pass(False)
+    check = torch.empty(B, nch, 2, dtype=torch.int64, device=dev)
+    _nucleus_check_kernel[(B, nch)](logits, logits.stride(0), part_max, tokens, check, V, inv_t, scale, NCH=nch,
+                                    NCH_P=nch_p, CHUNK=_CHUNK, BLOCK=_NUCLEUS_BLOCK, num_warps=_WARPS,
                                     enable_fp_fusion=False, **pdl)
-    _nucleus_bisect(logits, thresh, top_p_t, inv_t, scale, _SEARCH_CHUNK, pmax=pmax, check=check)
-    sampling_pass(True, _SEARCH_CHUNK, check, top_p_t)
+    _nucleus_bisect(logits, thresh, top_p_t, inv_t, scale, nch, pmax=part_max, check=check)
+    sampling_pass(True, check, top_p_t)
     return tokens, lps
 
 

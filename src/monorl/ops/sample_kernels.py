@@ -9,7 +9,8 @@ It computes exactly what that function does, and picks the same tokens:
 - the top-p nucleus is the same integer fixed-point count: exact integer sums, so the threshold does not depend
   on the order they are added in. For bf16 logits (the generator's) it is found without sorting, by a search over
   the 16-bit order key (`_nucleus_bisect`), and only for the rows whose Gumbel-max over the whole vocabulary is
-  not in the nucleus (`sample`: at least top_p of rows are, and there the token is the same); other dtypes scan
+  not in the nucleus (`sample`: in expectation at least top_p of rows are, and there the token is the same); other
+  dtypes scan
   the logits sorted by `torch.sort`;
 - argmax ties go to the lowest token id, as `torch.argmax`'s do.
 The log-prob, `log_softmax(logits / T)` at the token, sums its exponentials in another order than PyTorch's
@@ -393,9 +394,9 @@ def sample(logits: Tensor, keys: Tensor, positions: Tensor, temperature: float, 
         sampling_pass(True)
         return tokens, lps
     # Gumbel-max over every logit first: where that token is in the nucleus, it is also the nucleus' Gumbel-max (a
-    # subset's maximum, lowest id on ties, is the whole set's when the set's lies in it), so the row is done. A row
-    # is a sample of its own softmax, so at least top_p of rows are; only the others run the search and a masked
-    # pass (`_needs_search`). The sampling pass's chunk maxima are the search's.
+    # subset's maximum, lowest id on ties, is the whole set's when the set's lies in it), so the row is done. A row's
+    # draw is a sample of its own softmax, so in expectation at least top_p of rows are done; only the others run
+    # the search and a masked pass (`_needs_search`). The sampling pass's chunk maxima are the search's.
     sampling_pass(False)
     check = torch.empty(B, nch, 2, dtype=torch.int64, device=dev)
     _nucleus_check_kernel[(B, nch)](logits, logits.stride(0), part_max, tokens, check, V, inv_t, scale, NCH=nch,

@@ -10,8 +10,7 @@ It computes exactly what that function does, and picks the same tokens:
   on the order they are added in. For bf16 logits (the generator's) it is found without sorting, by a search over
   the 16-bit order key (`_nucleus_bisect`), and only for the rows whose Gumbel-max over the whole vocabulary is
   not in the nucleus (`sample`: in expectation at least top_p of rows are, and there the token is the same); other
-  dtypes scan
-  the logits sorted by `torch.sort`;
+  dtypes scan the logits sorted by `torch.sort`;
 - argmax ties go to the lowest token id, as `torch.argmax`'s do.
 The log-prob, `log_softmax(logits / T)` at the token, sums its exponentials in another order than PyTorch's
 (a few fp32 ulps apart). Top-k sampling stays on the PyTorch path.

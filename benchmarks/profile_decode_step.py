@@ -10,12 +10,15 @@ says what a step would save if a group took no time, so its rows rank what is wo
 
   python benchmarks/profile_decode_step.py [--mode default,invariant] --out profile_decode_step.json
   python benchmarks/profile_decode_step.py --mode default --prompts 16 --prompt-len 560   # a throughput-like step
+  python benchmarks/profile_decode_step.py --sweep monorl.ops.sample_kernels._CHUNK=4096,8192 --repeat 2
+      # the graphed step only, for each value of a module constant in turns (each value its own generator)
 """
 
 from __future__ import annotations
 
 import argparse
 import collections
+import importlib
 import json
 import statistics
 
@@ -109,7 +112,7 @@ def group(step: list[tuple], layers: int) -> dict[str, list[float]]:
     return out
 
 
-def run_mode(mode: str, steps: int, prompts: int = 5, prompt_len: int = 110) -> dict:
+def run_mode(mode: str, steps: int, prompts: int = 5, prompt_len: int = 110, profile_steps: bool = True) -> dict:
     cfg = model_shape("qwen3-0.6b")
     prompts, sp = reference_batch(prompts, prompt_len)
     model = build_model(cfg, device="cuda", dtype=torch.bfloat16, seed=0)
@@ -119,6 +122,8 @@ def run_mode(mode: str, steps: int, prompts: int = 5, prompt_len: int = 110) -> 
         make_batch_invariant_(gen.model)
     gen.generate(prompts, sp, n=8)  # compile + capture
     graphed = decode_step_ms(gen, prompts, sp)
+    if not profile_steps:
+        return dict(mode=mode, graphed_decode_step_ms=graphed)
     capable = monorl.ops._pdl_capable
     monorl.ops._pdl_capable = lambda index: False
     try:
@@ -141,7 +146,12 @@ def main() -> None:
     ap.add_argument("--prompts", type=int, default=5, help="prompts of 8 samples each (rows = 8 x prompts)")
     ap.add_argument("--prompt-len", type=int, default=110, help="tokens a prompt, +-5")
     ap.add_argument("--out", default="profile_decode_step.json")
+    ap.add_argument("--sweep", default="", help="MODULE.NAME=V1,V2,...: the graphed step for each value in turns")
+    ap.add_argument("--repeat", type=int, default=2, help="rounds of --sweep")
     args = ap.parse_args()
+    if args.sweep:
+        sweep(args)
+        return
     res = [run_mode(m, args.steps, args.prompts, args.prompt_len) for m in args.mode.split(",")]
     with open(args.out, "w") as f:
         json.dump(dict(device=torch.cuda.get_device_name(), torch=torch.__version__, modes=res), f, indent=1)
@@ -154,6 +164,27 @@ def main() -> None:
         for row in r["rows"][:24]:
             print(f"| {row['kernel']} | {row['launches']} | {row['us_step']:.1f} | "
                   f"{row['us_step'] / max(1, row['launches']):.2f} |")
+
+
+def sweep(args: argparse.Namespace) -> None:
+    """The graphed decode step (no profile) for each value of one module constant, the values in turns."""
+    target, values = args.sweep.split("=")
+    module, name = importlib.import_module(target.rsplit(".", 1)[0]), target.rsplit(".", 1)[1]
+    values = [int(v) if v.lstrip("-").isdigit() else v for v in values.split(",")]
+    res: dict = collections.defaultdict(list)
+    for _ in range(args.repeat):
+        for v in values:
+            setattr(module, name, v)
+            for m in args.mode.split(","):
+                r = run_mode(m, args.steps, args.prompts, args.prompt_len, profile_steps=False)
+                res[f"{m} {name}={v}"].append(r["graphed_decode_step_ms"])
+    with open(args.out, "w") as f:
+        json.dump(dict(device=torch.cuda.get_device_name(), torch=torch.__version__, sweep=res), f, indent=1)
+    print(f"\n== {torch.cuda.get_device_name()}: graphed decode step (ms), {args.repeat} rounds in turns ==")
+    print("| mode, value | ms |")
+    print("|---|---|")
+    for k, ts in res.items():
+        print(f"| {k} | {', '.join(f'{t:.3f}' for t in ts)} |")
 
 
 if __name__ == "__main__":

@@ -25,7 +25,7 @@ import struct
 import torch
 from torch import Tensor
 
-from monorl.ops import HAS_TRITON, custom_op, pdl_launch, unit_stride
+from monorl.ops import HAS_TRITON, custom_op, pdl_launch, sm_count, unit_stride
 
 if HAS_TRITON:
     import triton
@@ -106,20 +106,6 @@ if HAS_TRITON:
         return tl.load(cur_ptr + b * LEVELS + level - 1) + (below << (16 - 2 * level))
 
     @triton.jit
-    def _needs_search(check_ptr, top_p_ptr, b, SKIP: tl.constexpr, NCH: tl.constexpr, NCH_P: tl.constexpr):
-        """Whether row b still needs the nucleus search: always without SKIP; with it, unless the row's unrestricted
-        token is in the nucleus (`_nucleus_check_kernel`'s masses: the mass above its key is below the limit)."""
-        if SKIP:
-            ch = tl.arange(0, NCH_P)
-            m = ch < NCH
-            row = check_ptr + b * (NCH * 2) + ch * 2
-            total = tl.sum(tl.load(row, mask=m, other=0), axis=0)
-            limit = libdevice.ceil(total.to(tl.float64) * tl.load(top_p_ptr)).to(tl.int64)
-            return tl.sum(tl.load(row + 1, mask=m, other=0), axis=0) >= limit
-        else:
-            return True
-
-    @triton.jit
     def _nucleus_check_kernel(logits_ptr, stride_b, pmax_ptr, tok_ptr, check_ptr, V, inv_t, scale, NCH: tl.constexpr,
                               NCH_P: tl.constexpr, CHUNK: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr = False):
         """One chunk of one row: the masses q of `_nucleus_level_kernel`, summed in all and above the order key of the
@@ -143,22 +129,48 @@ if HAS_TRITON:
         tl.store(check_ptr + (b * NCH + c) * 2 + 1, tl.sum(a, axis=0))
 
     @triton.jit
-    def _nucleus_level_kernel(logits_ptr, stride_b, pmax_ptr, parts_ptr, cur_ptr, top_p_ptr, check_ptr, V, inv_t,
-                              scale, LEVEL: tl.constexpr, LEVELS: tl.constexpr, NCH: tl.constexpr, NCH_P: tl.constexpr,
-                              CHUNK: tl.constexpr, BLOCK: tl.constexpr, SKIP: tl.constexpr, PDL: tl.constexpr = False):
-        """Level LEVEL of the nucleus search over one chunk of one row of bf16 logits: the fixed-point masses q of
-        `_nucleus_kernel` (exact integers) summed above three cuts splitting the level's key range in four."""
+    def _nucleus_plan_kernel(check_ptr, top_p_ptr, plan_ptr, B, NCH: tl.constexpr, RB: tl.constexpr,
+                             PDL: tl.constexpr = False):
+        """One program: the rows whose unrestricted token is not in the nucleus (`_nucleus_check_kernel`'s masses:
+        the mass above its key reaches the limit), as plan_ptr [1 + 2B] int32 = (their count, the rows in order, a
+        0/1 flag a row), so that the search's programs go to those rows alone."""
         if PDL:  # wait for the kernel before (programmatic dependent launch)
             pdl_start()
-        b = tl.program_id(0).to(tl.int64)
-        c = tl.program_id(1)
-        if _needs_search(check_ptr, top_p_ptr, b, SKIP, NCH, NCH_P):
+        n = tl.zeros([], tl.int32)
+        for r0 in range(0, B, RB):
+            r = r0 + tl.arange(0, RB)
+            m = r < B
+            total = tl.zeros([RB], tl.int64)
+            above = tl.zeros([RB], tl.int64)
+            for c in range(NCH):  # exact integer sums, in any order
+                total += tl.load(check_ptr + (r * NCH + c) * 2, mask=m, other=0)
+                above += tl.load(check_ptr + (r * NCH + c) * 2 + 1, mask=m, other=0)
+            limit = libdevice.ceil(total.to(tl.float64) * tl.load(top_p_ptr)).to(tl.int64)
+            need = ((above >= limit) & m).to(tl.int32)
+            tl.store(plan_ptr + 1 + n + tl.cumsum(need, axis=0) - need, r, mask=need > 0)
+            tl.store(plan_ptr + 1 + B + r, need, mask=m)
+            n += tl.sum(need, axis=0)
+        tl.store(plan_ptr, n)
+
+    @triton.jit
+    def _nucleus_level_kernel(logits_ptr, stride_b, pmax_ptr, parts_ptr, cur_ptr, top_p_ptr, plan_ptr, V, inv_t,
+                              scale, LEVEL: tl.constexpr, LEVELS: tl.constexpr, NCH: tl.constexpr,
+                              NCH_P: tl.constexpr, NS: tl.constexpr, NS_P: tl.constexpr, SCHUNK: tl.constexpr,
+                              BLOCK: tl.constexpr, PDL: tl.constexpr = False):
+        """Level LEVEL of the nucleus search over one SCHUNK of one planned row of bf16 logits: the fixed-point masses
+        q of `_nucleus_kernel` (exact integers) summed above three cuts splitting the level's key range in four.
+        The programs walk the (planned row, chunk) pairs, NS chunks a row; pmax: the row's NCH chunk maxima."""
+        if PDL:  # wait for the kernel before (programmatic dependent launch)
+            pdl_start()
+        for it in range(tl.program_id(0), tl.load(plan_ptr) * NS, tl.num_programs(0)):
+            b = tl.load(plan_ptr + 1 + it // NS).to(tl.int64)
+            c = it % NS
             ch = tl.arange(0, NCH_P)
             top = tl.max(tl.load(pmax_ptr + b * NCH + ch, mask=ch < NCH, other=float("-inf")), axis=0)
             if LEVEL == 0:
                 cur = 0
             else:
-                cur = _nucleus_choice(parts_ptr, cur_ptr, top_p_ptr, b, LEVEL, LEVELS, NCH, NCH_P)
+                cur = _nucleus_choice(parts_ptr, cur_ptr, top_p_ptr, b, LEVEL, LEVELS, NS, NS_P)
             if c == 0:
                 tl.store(cur_ptr + b * LEVELS + LEVEL, cur)
             step = 1 << (14 - 2 * LEVEL)  # each of the four sub-ranges' width
@@ -166,8 +178,8 @@ if HAS_TRITON:
             a1 = tl.zeros([BLOCK], tl.int64)
             a2 = tl.zeros([BLOCK], tl.int64)
             a3 = tl.zeros([BLOCK], tl.int64)
-            for i in range(0, CHUNK, BLOCK):
-                v = c * CHUNK + i + tl.arange(0, BLOCK)
+            for i in range(0, SCHUNK, BLOCK):
+                v = c * SCHUNK + i + tl.arange(0, BLOCK)
                 x = tl.load(logits_ptr + b * stride_b + v, mask=v < V, other=float("-inf")).to(tl.float32)
                 q = (libdevice.exp(x * inv_t - top) * scale).to(tl.int64)
                 k = _order_key(x)
@@ -175,52 +187,77 @@ if HAS_TRITON:
                 a1 += tl.where(k > cur + step - 1, q, 0)
                 a2 += tl.where(k > cur + 2 * step - 1, q, 0)
                 a3 += tl.where(k > cur + 3 * step - 1, q, 0)
-            out = parts_ptr + b * (LEVELS * NCH * 4) + (LEVEL * NCH + c) * 4
+            out = parts_ptr + b * (LEVELS * NS * 4) + (LEVEL * NS + c) * 4
             tl.store(out, tl.sum(t, axis=0))
             tl.store(out + 1, tl.sum(a1, axis=0))
             tl.store(out + 2, tl.sum(a2, axis=0))
             tl.store(out + 3, tl.sum(a3, axis=0))
 
     @triton.jit
-    def _nucleus_final_kernel(parts_ptr, cur_ptr, top_p_ptr, thresh_ptr, check_ptr, inv_t, LEVELS: tl.constexpr,
-                              NCH: tl.constexpr, NCH_P: tl.constexpr, SKIP: tl.constexpr, PDL: tl.constexpr = False):
-        """The smallest key K with mass(keys > K) < limit is the nucleus' smallest logit (see `_nucleus_bisect`)."""
+    def _nucleus_threshold(parts_ptr, cur_ptr, top_p_ptr, b, inv_t, LEVELS: tl.constexpr, NS: tl.constexpr,
+                           NS_P: tl.constexpr):
+        """The smallest key K with mass(keys > K) < limit is the nucleus' smallest logit (see `_nucleus_bisect`):
+        that logit times inv_t."""
+        k = _nucleus_choice(parts_ptr, cur_ptr, top_p_ptr, b, LEVELS, LEVELS, NS, NS_P)
+        bits = tl.where(k >= 0x8000, k - 0x8000, 0xFFFF - k) << 16
+        return bits.to(tl.float32, bitcast=True) * inv_t
+
+    @triton.jit
+    def _nucleus_final_kernel(parts_ptr, cur_ptr, top_p_ptr, thresh_ptr, plan_ptr, inv_t, B, LEVELS: tl.constexpr,
+                              NS: tl.constexpr, NS_P: tl.constexpr, PDL: tl.constexpr = False):
+        """Program b: the planned row b's threshold (`_nucleus_threshold`) to thresh_ptr."""
         if PDL:  # wait for the kernel before (programmatic dependent launch)
             pdl_start()
         b = tl.program_id(0).to(tl.int64)
-        if _needs_search(check_ptr, top_p_ptr, b, SKIP, NCH, NCH_P):
-            k = _nucleus_choice(parts_ptr, cur_ptr, top_p_ptr, b, LEVELS, LEVELS, NCH, NCH_P)
-            bits = tl.where(k >= 0x8000, k - 0x8000, 0xFFFF - k) << 16
-            tl.store(thresh_ptr + b, bits.to(tl.float32, bitcast=True) * inv_t)
+        if tl.load(plan_ptr + 1 + B + b) != 0:
+            tl.store(thresh_ptr + b, _nucleus_threshold(parts_ptr, cur_ptr, top_p_ptr, b, inv_t, LEVELS, NS, NS_P))
 
     @triton.jit
     def _sample_chunk_kernel(logits_ptr, stride_b, keys_ptr, pos_ptr, thresh_ptr, best_val_ptr, best_idx_ptr,
-                             max_ptr, sum_ptr, check_ptr, top_p_ptr, V, inv_t, CHUNK: tl.constexpr,
-                             BLOCK: tl.constexpr, GREEDY: tl.constexpr, NUCLEUS: tl.constexpr,
-                             SKIP: tl.constexpr = False, NCH: tl.constexpr = 1, NCH_P: tl.constexpr = 1,
-                             PDL: tl.constexpr = False):
+                             max_ptr, sum_ptr, V, inv_t, CHUNK: tl.constexpr, BLOCK: tl.constexpr,
+                             GREEDY: tl.constexpr, NUCLEUS: tl.constexpr, PDL: tl.constexpr = False):
         """One chunk of one row: the chunk's best perturbed logit (and its lowest token id) and its share of
-        logsumexp(logits / T) (max and sum of exponentials below it). SKIP: rows whose unrestricted token is
-        already in the nucleus (`_needs_search`) are left alone."""
+        logsumexp(logits / T) (max and sum of exponentials below it)."""
         if PDL:  # wait for the kernel before (programmatic dependent launch)
             pdl_start()
         b = tl.program_id(0).to(tl.int64)
-        if _needs_search(check_ptr, top_p_ptr, b, SKIP, NCH, NCH_P):
-            _sample_chunk(logits_ptr, stride_b, keys_ptr, pos_ptr, thresh_ptr, best_val_ptr, best_idx_ptr, max_ptr,
-                          sum_ptr, V, inv_t, b, CHUNK, BLOCK, GREEDY, NUCLEUS)
-
-    @triton.jit
-    def _sample_chunk(logits_ptr, stride_b, keys_ptr, pos_ptr, thresh_ptr, best_val_ptr, best_idx_ptr, max_ptr,
-                      sum_ptr, V, inv_t, b, CHUNK: tl.constexpr, BLOCK: tl.constexpr, GREEDY: tl.constexpr,
-                      NUCLEUS: tl.constexpr):
         c = tl.program_id(1)
         nch = tl.num_programs(1)
+        thresh = 0.0
+        if NUCLEUS:
+            thresh = tl.load(thresh_ptr + b)
+        best_val, best_idx, m, acc = _sample_chunk(logits_ptr, stride_b, keys_ptr, pos_ptr, V, inv_t, thresh, b, c,
+                                                   CHUNK, BLOCK, GREEDY, NUCLEUS)
+        tl.store(best_val_ptr + b * nch + c, best_val)
+        tl.store(best_idx_ptr + b * nch + c, best_idx)
+        tl.store(max_ptr + b * nch + c, m)
+        tl.store(sum_ptr + b * nch + c, acc)
+
+    @triton.jit
+    def _nucleus_sample_kernel(logits_ptr, stride_b, keys_ptr, pos_ptr, parts_ptr, cur_ptr, top_p_ptr, plan_ptr,
+                               best_val_ptr, best_idx_ptr, V, inv_t, LEVELS: tl.constexpr, NS: tl.constexpr,
+                               NS_P: tl.constexpr, SCHUNK: tl.constexpr, BLOCK: tl.constexpr,
+                               PDL: tl.constexpr = False):
+        """The masked sampling pass of the planned rows, over the search's (row, chunk) pairs: each pair's best
+        perturbed logit among those at or above the row's nucleus threshold, and its lowest token id."""
+        if PDL:  # wait for the kernel before (programmatic dependent launch)
+            pdl_start()
+        for it in range(tl.program_id(0), tl.load(plan_ptr) * NS, tl.num_programs(0)):
+            b = tl.load(plan_ptr + 1 + it // NS).to(tl.int64)
+            c = it % NS
+            thresh = _nucleus_threshold(parts_ptr, cur_ptr, top_p_ptr, b, inv_t, LEVELS, NS, NS_P)
+            best_val, best_idx, _, _ = _sample_chunk(logits_ptr, stride_b, keys_ptr, pos_ptr, V, inv_t, thresh, b,
+                                                     c, SCHUNK, BLOCK, False, True)
+            tl.store(best_val_ptr + b * NS + c, best_val)
+            tl.store(best_idx_ptr + b * NS + c, best_idx)
+
+    @triton.jit
+    def _sample_chunk(logits_ptr, stride_b, keys_ptr, pos_ptr, V, inv_t, thresh, b, c, CHUNK: tl.constexpr,
+                      BLOCK: tl.constexpr, GREEDY: tl.constexpr, NUCLEUS: tl.constexpr):
         if not GREEDY:
             key = tl.load(keys_ptr + b).to(tl.uint32)
             pos = tl.load(pos_ptr + b).to(tl.uint32)
             rowhash = _mix32(key ^ (pos * 0x61C88647))
-        if NUCLEUS:
-            thresh = tl.load(thresh_ptr + b)
         best_val = tl.full([], float("-inf"), tl.float32)
         best_idx = tl.zeros([], tl.int32)
         m = tl.full([], float("-inf"), tl.float32)
@@ -248,39 +285,49 @@ if HAS_TRITON:
             new_m = tl.maximum(m, tl.max(s, axis=0))
             acc = acc * libdevice.exp(m - new_m) + tl.sum(libdevice.exp(s - new_m), axis=0)
             m = new_m
-        tl.store(best_val_ptr + b * nch + c, best_val)
-        tl.store(best_idx_ptr + b * nch + c, best_idx)
-        tl.store(max_ptr + b * nch + c, m)
-        tl.store(sum_ptr + b * nch + c, acc)
+        return best_val, best_idx, m, acc
 
     @triton.jit
-    def _sample_combine_kernel(logits_ptr, stride_b, best_val_ptr, best_idx_ptr, max_ptr, sum_ptr, tok_ptr, lp_ptr,
-                               check_ptr, top_p_ptr, inv_t, NCH: tl.constexpr, NCH_P: tl.constexpr,
-                               GREEDY: tl.constexpr, SKIP: tl.constexpr = False, PDL: tl.constexpr = False):
-        if PDL:  # wait for the kernel before (programmatic dependent launch)
-            pdl_start()
-        b = tl.program_id(0).to(tl.int64)
-        if _needs_search(check_ptr, top_p_ptr, b, SKIP, NCH, NCH_P):
-            _sample_combine(logits_ptr, stride_b, best_val_ptr, best_idx_ptr, max_ptr, sum_ptr, tok_ptr, lp_ptr,
-                            inv_t, b, NCH, NCH_P)
-
-    @triton.jit
-    def _sample_combine(logits_ptr, stride_b, best_val_ptr, best_idx_ptr, max_ptr, sum_ptr, tok_ptr, lp_ptr, inv_t, b,
-                        NCH: tl.constexpr, NCH_P: tl.constexpr):
+    def _best_token(best_val_ptr, best_idx_ptr, b, NCH: tl.constexpr, NCH_P: tl.constexpr):
+        """Row b's token from its chunks' best values: the largest, the lowest token id on ties."""
         c = tl.arange(0, NCH_P)
         mask = c < NCH
         val = tl.load(best_val_ptr + b * NCH + c, mask=mask, other=float("-inf"))
         idx = tl.load(best_idx_ptr + b * NCH + c, mask=mask, other=2147483647)
-        bm = tl.max(val, axis=0)
-        tok = tl.min(tl.where(val == bm, idx, 2147483647), axis=0)
+        return tl.min(tl.where(val == tl.max(val, axis=0), idx, 2147483647), axis=0)
+
+    @triton.jit
+    def _sample_combine_kernel(logits_ptr, stride_b, best_val_ptr, best_idx_ptr, max_ptr, sum_ptr, tok_ptr, lp_ptr,
+                               lse_ptr, inv_t, NCH: tl.constexpr, NCH_P: tl.constexpr, PDL: tl.constexpr = False):
+        """Program b: row b's token, its log-prob, and the row's logsumexp(logits / T) (to lse_ptr)."""
+        if PDL:  # wait for the kernel before (programmatic dependent launch)
+            pdl_start()
+        b = tl.program_id(0).to(tl.int64)
+        tok = _best_token(best_val_ptr, best_idx_ptr, b, NCH, NCH_P)
+        c = tl.arange(0, NCH_P)
+        mask = c < NCH
         mx = tl.load(max_ptr + b * NCH + c, mask=mask, other=float("-inf"))
         sm = tl.load(sum_ptr + b * NCH + c, mask=mask, other=0.0)
         top = tl.max(mx, axis=0)
         lse = top + libdevice.log(tl.sum(sm * libdevice.exp(mx - top), axis=0))
         x = tl.load(logits_ptr + b * stride_b + tok).to(tl.float32)
-        s = x * inv_t
         tl.store(tok_ptr + b, tok.to(tl.int64))
-        tl.store(lp_ptr + b, s - lse)
+        tl.store(lp_ptr + b, x * inv_t - lse)
+        tl.store(lse_ptr + b, lse)
+
+    @triton.jit
+    def _nucleus_combine_kernel(logits_ptr, stride_b, best_val_ptr, best_idx_ptr, lse_ptr, plan_ptr, tok_ptr, lp_ptr,
+                                inv_t, B, NS: tl.constexpr, NS_P: tl.constexpr, PDL: tl.constexpr = False):
+        """Program b: a planned row's token from the masked pass, its log-prob against the row's logsumexp (the
+        first pass's: the same sums of the same logits); other rows keep the first pass's token."""
+        if PDL:  # wait for the kernel before (programmatic dependent launch)
+            pdl_start()
+        b = tl.program_id(0).to(tl.int64)
+        if tl.load(plan_ptr + 1 + B + b) != 0:
+            tok = _best_token(best_val_ptr, best_idx_ptr, b, NS, NS_P)
+            x = tl.load(logits_ptr + b * stride_b + tok).to(tl.float32)
+            tl.store(tok_ptr + b, tok.to(tl.int64))
+            tl.store(lp_ptr + b, x * inv_t - tl.load(lse_ptr + b))
 
 
 def _fp32(x: float) -> float:
@@ -297,39 +344,57 @@ _WARPS = 4
 
 
 _LEVELS = 8  # 2 bits of a bf16's 16-bit order key a level
+# The nucleus search and its masked pass run for the few rows whose first draw left the nucleus (`sample`), each
+# (row, chunk of _SEARCH_CHUNK logits) pair a program's work, so that those rows' passes spread over the GPU.
+_SEARCH_CHUNK = 2048
 
 
-def _nucleus_bisect(logits: Tensor, thresh: Tensor, top_p: Tensor, inv_t: float, scale: float, nch: int,
-                    pmax: Tensor | None = None, check: Tensor | None = None) -> None:
-    """The nucleus threshold of bf16 logits without sorting them (a sort of 40 x 151,936 logits took ~0.3 ms of a
-    2.2-2.6 ms decode step, H200). `sampling._nucleus_threshold` keeps the sorted prefix whose preceding mass is
-    below limit = ceil(top_p * total); its last logit is the smallest present value v with mass(logits > v) <
-    limit, and since mass(> key) only falls with the key, the smallest 16-bit order key K with mass(keys > K) <
-    limit is that value's key. Found 2 bits a level from the top: each level sums the masses above three cuts of
-    its range, chunk by chunk (as the sampler's chunks), and the next level's programs each add up those
-    integer sums (exact, so in any order) and pick the sub-range. 10 launches over [B, V] instead of the sort
-    (3 radix passes over 64-bit keys) and `_nucleus_kernel`'s two.
-    pmax: each chunk's max(logits * inv_t) where already known (else a launch finds it); check: the masses of
-    `_nucleus_check_kernel`, whose rows that need no search are skipped (their thresh is left unwritten)."""
+def _search_programs(B: int, V: int, device: torch.device) -> int:
+    """Programs of a search level (they walk the planned rows' chunks): two an SM, or fewer where B rows' chunks
+    are fewer. A function of B alone, so a CUDA graph keeps it."""
+    return min(B * triton.cdiv(V, _SEARCH_CHUNK), 2 * sm_count(device.index or 0))
+
+
+def _nucleus_search(logits: Tensor, top_p: Tensor, inv_t: float, scale: float, pmax: Tensor,
+                    plan: Tensor) -> tuple[Tensor, Tensor]:
+    """The 8 levels of `_nucleus_bisect` over the rows of `plan` (`_nucleus_plan_kernel`'s layout); pmax: each
+    first-pass chunk's max(logits * inv_t). -> (parts, cur): what `_nucleus_threshold` reads."""
+    B, V = logits.shape
+    ns = triton.cdiv(V, _SEARCH_CHUNK)
+    parts = torch.empty(B, _LEVELS, ns, 4, dtype=torch.int64, device=logits.device)
+    cur = torch.empty(B, _LEVELS, dtype=torch.int32, device=logits.device)
+    grid = (_search_programs(B, V, logits.device),)
+    pdl = pdl_launch(logits)
+    for level in range(_LEVELS):  # no FMA: q rounds as the PyTorch ops' separate product and difference do
+        _nucleus_level_kernel[grid](logits, logits.stride(0), pmax, parts, cur, top_p, plan, V, inv_t, scale,
+                                    LEVEL=level, LEVELS=_LEVELS, NCH=pmax.shape[1],
+                                    NCH_P=triton.next_power_of_2(pmax.shape[1]), NS=ns,
+                                    NS_P=triton.next_power_of_2(ns), SCHUNK=_SEARCH_CHUNK, BLOCK=_NUCLEUS_BLOCK,
+                                    num_warps=_WARPS, enable_fp_fusion=False, **pdl)
+    return parts, cur
+
+
+def _nucleus_bisect(logits: Tensor, thresh: Tensor, top_p: Tensor, inv_t: float, scale: float, nch: int) -> None:
+    """The nucleus threshold of every row of bf16 logits without sorting them (a sort of 40 x 151,936 logits took
+    ~0.3 ms of a 2.2-2.6 ms decode step, H200). `sampling._nucleus_threshold` keeps the sorted prefix whose
+    preceding mass is below limit = ceil(top_p * total); its last logit is the smallest present value v with
+    mass(logits > v) < limit, and since mass(> key) only falls with the key, the smallest 16-bit order key K with
+    mass(keys > K) < limit is that value's key. Found 2 bits a level from the top: each level sums the masses above
+    three cuts of its range, chunk by chunk, and the next level's programs each add up those integer sums (exact, so
+    in any order) and pick the sub-range (`_nucleus_search`). `sample` runs the levels for the rows that need them
+    and reads the threshold in its masked pass; this function (its GPU test's) plans every row and writes them."""
     B, V = logits.shape
     dev = logits.device
-    parts = torch.empty(B, _LEVELS, nch, 4, dtype=torch.int64, device=dev)
-    cur = torch.empty(B, _LEVELS, dtype=torch.int32, device=dev)
-    nch_p = triton.next_power_of_2(nch)
     pdl = pdl_launch(logits)
-    if pmax is None:
-        pmax = torch.empty(B, nch, dtype=torch.float32, device=dev)
-        _row_max_kernel[(B, nch)](logits, logits.stride(0), pmax, V, inv_t, CHUNK=_CHUNK, BLOCK=_NUCLEUS_BLOCK,
-                                  num_warps=_WARPS, **pdl)
-    skip = check is not None
-    check = check if skip else parts  # unused without SKIP: any tensor
-    for level in range(_LEVELS):  # no FMA: q rounds as the PyTorch ops' separate product and difference do
-        _nucleus_level_kernel[(B, nch)](logits, logits.stride(0), pmax, parts, cur, top_p, check, V, inv_t, scale,
-                                        LEVEL=level, LEVELS=_LEVELS, NCH=nch, NCH_P=nch_p, CHUNK=_CHUNK,
-                                        BLOCK=_NUCLEUS_BLOCK, SKIP=skip, num_warps=_WARPS, enable_fp_fusion=False,
-                                        **pdl)
-    _nucleus_final_kernel[(B,)](parts, cur, top_p, thresh, check, inv_t, LEVELS=_LEVELS, NCH=nch, NCH_P=nch_p,
-                                SKIP=skip, num_warps=1, **pdl)
+    pmax = torch.empty(B, nch, dtype=torch.float32, device=dev)
+    _row_max_kernel[(B, nch)](logits, logits.stride(0), pmax, V, inv_t, CHUNK=_CHUNK, BLOCK=_NUCLEUS_BLOCK,
+                              num_warps=_WARPS, **pdl)
+    rows = torch.arange(B, dtype=torch.int32, device=dev)
+    plan = torch.cat([rows.new_full((1,), B), rows, torch.ones_like(rows)])
+    parts, cur = _nucleus_search(logits, top_p, inv_t, scale, pmax, plan)
+    ns = triton.cdiv(V, _SEARCH_CHUNK)
+    _nucleus_final_kernel[(B,)](parts, cur, top_p, thresh, plan, inv_t, B, LEVELS=_LEVELS, NS=ns,
+                                NS_P=triton.next_power_of_2(ns), num_warps=1, **pdl)
 
 
 _TOP_P: dict[tuple[float, torch.device], Tensor] = {}
@@ -370,17 +435,15 @@ def sample(logits: Tensor, keys: Tensor, positions: Tensor, temperature: float, 
         return tokens, lps
     pdl = pdl_launch(logits)
 
-    def sampling_pass(nucleus: bool, check: Tensor | None = None, top_p_t: Tensor | None = None) -> None:
-        """The sampling pass and its combine (rows needing no search skipped, given `check`)."""
-        skip = check is not None
-        check, top_p_t = (check, top_p_t) if skip else (thresh, thresh)  # unused without SKIP
+    lse = torch.empty(B, dtype=torch.float32, device=dev)
+
+    def sampling_pass(nucleus: bool) -> None:
+        """The sampling pass over every row (masked by `thresh` if nucleus) and its combine."""
         _sample_chunk_kernel[(B, nch)](logits, logits.stride(0), keys, positions, thresh, best_val, best_idx,
-                                       part_max, part_sum, check, top_p_t, V, inv_t, CHUNK=_CHUNK, BLOCK=_BLOCK,
-                                       GREEDY=greedy, NUCLEUS=nucleus, SKIP=skip, NCH=nch, NCH_P=nch_p,
-                                       num_warps=_WARPS, **pdl)
+                                       part_max, part_sum, V, inv_t, CHUNK=_CHUNK, BLOCK=_BLOCK, GREEDY=greedy,
+                                       NUCLEUS=nucleus, num_warps=_WARPS, **pdl)
         _sample_combine_kernel[(B,)](logits, logits.stride(0), best_val, best_idx, part_max, part_sum, tokens, lps,
-                                     check, top_p_t, inv_t, NCH=nch, NCH_P=nch_p, GREEDY=greedy, SKIP=skip,
-                                     num_warps=1, **pdl)
+                                     lse, inv_t, NCH=nch, NCH_P=nch_p, num_warps=1, **pdl)
 
     if greedy or top_p >= 1.0:
         sampling_pass(False)
@@ -394,15 +457,26 @@ def sample(logits: Tensor, keys: Tensor, positions: Tensor, temperature: float, 
         return tokens, lps
     # Gumbel-max over every logit first: where that token is in the nucleus, it is also the nucleus' Gumbel-max (a
     # subset's maximum, lowest id on ties, is the whole set's when the set's lies in it), so the row is done. A row's
-    # draw is a sample of its own softmax, so in expectation at least top_p of rows are done; only the others run
-    # the search and a masked pass (`_needs_search`). The sampling pass's chunk maxima are the search's.
+    # draw is a sample of its own softmax, so in expectation at least top_p of rows are done; only the others (the
+    # plan) run the search and a masked pass, their chunks spread over the GPU. The first pass's chunk maxima are the
+    # search's row maxima, its logsumexp the planned rows' log-probs'.
     sampling_pass(False)
     check = torch.empty(B, nch, 2, dtype=torch.int64, device=dev)
     _nucleus_check_kernel[(B, nch)](logits, logits.stride(0), part_max, tokens, check, V, inv_t, scale, NCH=nch,
                                     NCH_P=nch_p, CHUNK=_CHUNK, BLOCK=_NUCLEUS_BLOCK, num_warps=_WARPS,
                                     enable_fp_fusion=False, **pdl)
-    _nucleus_bisect(logits, thresh, top_p_t, inv_t, scale, nch, pmax=part_max, check=check)
-    sampling_pass(True, check, top_p_t)
+    plan = torch.empty(1 + 2 * B, dtype=torch.int32, device=dev)
+    _nucleus_plan_kernel[(1,)](check, top_p_t, plan, B, NCH=nch, RB=128, num_warps=4, **pdl)
+    parts, cur = _nucleus_search(logits, top_p_t, inv_t, scale, part_max, plan)
+    ns = triton.cdiv(V, _SEARCH_CHUNK)
+    ns_p = triton.next_power_of_2(ns)
+    best_val, best_idx = best_val.new_empty(B, ns), best_idx.new_empty(B, ns)
+    _nucleus_sample_kernel[(_search_programs(B, V, dev),)](
+        logits, logits.stride(0), keys, positions, parts, cur, top_p_t, plan, best_val, best_idx, V, inv_t,
+        LEVELS=_LEVELS, NS=ns, NS_P=ns_p, SCHUNK=_SEARCH_CHUNK, BLOCK=min(_BLOCK, _SEARCH_CHUNK), num_warps=_WARPS,
+        **pdl)
+    _nucleus_combine_kernel[(B,)](logits, logits.stride(0), best_val, best_idx, lse, plan, tokens, lps, inv_t, B,
+                                  NS=ns, NS_P=ns_p, num_warps=1, **pdl)
     return tokens, lps
 
 

@@ -27,7 +27,7 @@ from torch import Tensor
 from monorl.compile import mark_dynamic
 from monorl.model.attention import VarlenContext
 from monorl.ops import HAS_TRITON, attention_invariant, custom_op, sm_count
-from monorl.ops.attention_triton import attention_triton, decode_splits, norm_rope_fusable, paged_decode_norm_rope
+from monorl.ops.attention_triton import attention_triton, decode_splits, paged_decode_norm_rope
 from monorl.ops.block_kernels import write_kv
 
 
@@ -124,12 +124,11 @@ class DecodeContext:
 
     def fuses_norm_rope(self, q: Tensor, cache: Tensor) -> bool:
         """Whether `attend_norm_rope` runs here: the Triton paged decode (the triton and invariant backends on
-        CUDA), a cache in q's dtype with contiguous blocks, head counts it takes (`norm_rope_fusable`). The fused
-        kernels' model asks (duck-typed: other contexts have no such method)."""
+        CUDA), a cache in q's dtype with contiguous blocks. The fused kernels' model asks (duck-typed: other
+        contexts have no such method)."""
         kc = cache[0]
         return (self.backend in ("triton", "invariant") and HAS_TRITON and q.is_cuda and cache.dtype == q.dtype
-                and kc.stride(0) == kc.shape[1] * kc.stride(1)
-                and norm_rope_fusable(q.shape[-1] // kc.shape[-1], kc.shape[-2]))
+                and kc.stride(0) == kc.shape[1] * kc.stride(1))
 
     def attend_norm_rope(self, q: Tensor, k: Tensor, v: Tensor, q_weight: Tensor, k_weight: Tensor, cos: Tensor,
                          sin: Tensor, eps: float, cache: Tensor) -> Tensor:

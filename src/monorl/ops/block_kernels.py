@@ -61,26 +61,12 @@ if HAS_TRITON:
         h = tl.arange(0, H_P)[:, None]
         d = tl.arange(0, HALF)[None, :]
         m = h < H
-        o1, o2 = _norm_rope_tile(src, w_ptr, c1, c2, s1, s2, eps, dst.dtype.element_ty, H, H_P, D)
-        tl.store(dst + h * D + d, o1, mask=m)
-        tl.store(dst + h * D + HALF + d, o2, mask=m)
-        if STORE2:
-            tl.store(dst2 + h * D + d, o1.to(dst2.dtype.element_ty), mask=m)
-            tl.store(dst2 + h * D + HALF + d, o2.to(dst2.dtype.element_ty), mask=m)
-
-    @triton.jit
-    def _norm_rope_tile(src, w_ptr, c1, c2, s1, s2, eps, dt: tl.constexpr, H: tl.constexpr, H_P: tl.constexpr,
-                        D: tl.constexpr):
-        """`_norm_rope_heads`' values, not stored: the two halves [H_P, D/2] in dt (rows past H zero)."""
-        HALF: tl.constexpr = D // 2
-        h = tl.arange(0, H_P)[:, None]
-        d = tl.arange(0, HALF)[None, :]
-        m = h < H
         x1 = tl.load(src + h * D + d, mask=m, other=0.0).to(tl.float32)
         x2 = tl.load(src + h * D + HALF + d, mask=m, other=0.0).to(tl.float32)
         # products by `mul_rn` (never an FMA): the values do not depend on the kernel's enable_fp_fusion, so the
         # paged decode that runs this inside its attention kernel (`attention_triton`) gets this kernel's values
         r = 1.0 / tl.sqrt((tl.sum(mul_rn(x1, x1), axis=1) + tl.sum(mul_rn(x2, x2), axis=1)) / D + eps)
+        dt = dst.dtype.element_ty
         w1 = tl.load(w_ptr + d).to(tl.float32)
         w2 = tl.load(w_ptr + HALF + d).to(tl.float32)
         y1 = mul_rn(w1, mul_rn(x1, r[:, None]).to(dt)).to(dt).to(tl.float32)
@@ -88,7 +74,11 @@ if HAS_TRITON:
         # eager: x * cos + cat(-x2, x1) * sin, each product and the sum rounded to the dtype
         o1 = (mul_rn(y1, c1).to(dt).to(tl.float32) - mul_rn(y2, s1).to(dt).to(tl.float32)).to(dt)
         o2 = (mul_rn(y2, c2).to(dt).to(tl.float32) + mul_rn(y1, s2).to(dt).to(tl.float32)).to(dt)
-        return o1, o2
+        tl.store(dst + h * D + d, o1, mask=m)
+        tl.store(dst + h * D + HALF + d, o2, mask=m)
+        if STORE2:
+            tl.store(dst2 + h * D + d, o1.to(dst2.dtype.element_ty), mask=m)
+            tl.store(dst2 + h * D + HALF + d, o2.to(dst2.dtype.element_ty), mask=m)
 
     @triton.jit
     def _qk_norm_rope_kernel(qi_ptr, ki_ptr, qw_ptr, kw_ptr, cos_ptr, sin_ptr, q_ptr, k_ptr, stride_q, stride_k,

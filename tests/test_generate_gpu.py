@@ -134,34 +134,3 @@ def test_greedy_cuda_matches_cpu_fp32_reference():
             logits = cpu.compute_logits(cpu(ids, ctx.positions, ctx))[len(p) - 1:-1]
         ref = token_logprobs(logits, torch.tensor(c.token_ids))
         torch.testing.assert_close(torch.tensor(c.logprobs), ref, atol=0.1, rtol=0)
-
-
-@pytest.mark.parametrize("rows", [1, 40, 64])
-def test_paged_decode_with_norm_rope_equals_the_two_kernels(rows):
-    """The decode step's fused launch (`paged_decode_norm_rope`: q/k norm, RoPE and the KV write inside the paged
-    decode) against the q/k kernel then the paged decode, bitwise: the output and the whole cache, unsplit and with
-    the keys split over programs, on column slices of one q/k/v product as the model hands them."""
-    from monorl.model.qwen3 import rope_cos_sin
-    from monorl.ops.attention_triton import paged_decode_norm_rope
-    from monorl.ops.block_kernels import qk_norm_rope_write_kv
-
-    g = torch.Generator(device="cuda").manual_seed(rows)
-    Hq, Hkv, D, bs, W = 16, 8, 128, 16, 16
-    nblocks = 1 + rows * W
-    bf = dict(device="cuda", dtype=torch.bfloat16)
-    qkv = torch.randn(rows, (Hq + 2 * Hkv) * D, generator=g, **bf)
-    q, k, v = qkv.split([Hq * D, Hkv * D, Hkv * D], dim=-1)
-    qw, kw = (1 + 0.1 * torch.randn(D, generator=g, **bf)), (1 + 0.1 * torch.randn(D, generator=g, **bf))
-    tables = (1 + torch.randperm(nblocks - 1, device="cuda", generator=g)[:rows * W]).view(rows, W).int()
-    lens = torch.randint(1, W * bs + 1, (rows,), device="cuda", generator=g, dtype=torch.int32)
-    pos = lens.long() - 1  # the new token is each row's last key
-    slots = tables.long().gather(1, (pos // bs)[:, None])[:, 0] * bs + pos % bs
-    cos, sin = rope_cos_sin(pos, D, 1e6, torch.bfloat16)
-    cache = torch.randn(2, nblocks, bs, Hkv, D, generator=g, **bf)
-    for splits in (1, 2, 4):
-        ref_cache, got_cache = cache.clone(), cache.clone()
-        q_ref, _ = qk_norm_rope_write_kv(q, k, v, qw, kw, cos, sin, 1e-6, ref_cache, slots)
-        ref = attention_triton(q_ref, ref_cache[0], ref_cache[1], lens, tables, splits=splits)
-        got = paged_decode_norm_rope(q, k, v, qw, kw, cos, sin, 1e-6, got_cache, slots, lens, tables, splits)
-        assert torch.equal(got_cache, ref_cache), splits
-        assert torch.equal(got, ref), (splits, (got != ref).sum().item())

@@ -27,7 +27,7 @@ from torch import Tensor
 from monorl.compile import mark_dynamic
 from monorl.model.attention import VarlenContext
 from monorl.ops import HAS_TRITON, attention_invariant, custom_op, sm_count
-from monorl.ops.attention_triton import attention_triton, decode_splits, paged_decode_norm_rope
+from monorl.ops.attention_triton import attention_triton, decode_splits
 from monorl.ops.block_kernels import write_kv
 
 
@@ -68,24 +68,6 @@ def _(q, k, v, cache, slot_mapping, block_tables, seq_lens, backend, kv_written)
     return torch.empty_like(q)
 
 
-@custom_op("monorl::decode_attention_norm_rope", mutates_args=("cache",))
-def decode_attention_norm_rope(q: Tensor, k: Tensor, v: Tensor, q_weight: Tensor, k_weight: Tensor, cos: Tensor,
-                               sin: Tensor, eps: float, cache: Tensor, slot_mapping: Tensor, block_tables: Tensor,
-                               seq_lens: Tensor, backend: str) -> Tensor:
-    """`block_kernels.qk_norm_rope_write_kv` on a decode step's raw q [B, Hq * D], k, v [B, Hkv * D], then
-    `decode_attention` (backend triton or invariant), in one kernel launch a layer, bitwise the two
-    (`attention_triton.paged_decode_norm_rope`); see `DecodeContext.fuses_norm_rope`."""
-    splits = 1 if backend == "invariant" else paged_decode_splits(q.shape[0], cache.shape[-2], q.device)
-    return paged_decode_norm_rope(q, k, v, q_weight, k_weight, cos, sin, eps, cache, slot_mapping, seq_lens,
-                                  block_tables, splits)
-
-
-@decode_attention_norm_rope.register_fake
-def _(q, k, v, q_weight, k_weight, cos, sin, eps, cache, slot_mapping, block_tables, seq_lens, backend):
-    D = cos.shape[-1]
-    return q.new_empty(q.shape[0], q.shape[-1] // D, D)
-
-
 @dataclass
 class PrefillContext:
     """Packed prompts: writes each token's k/v to `slot_mapping`, attends causally within each prompt."""
@@ -121,21 +103,6 @@ class DecodeContext:
     def attend(self, q: Tensor, k: Tensor, v: Tensor, cache: Tensor, kv_written: bool = False) -> Tensor:
         return decode_attention(q, k, v, cache, self.slot_mapping, self.block_tables, self.seq_lens, self.backend,
                                 kv_written)
-
-    def fuses_norm_rope(self, q: Tensor, cache: Tensor) -> bool:
-        """Whether `attend_norm_rope` runs here: the Triton paged decode (the triton and invariant backends on
-        CUDA), a cache in q's dtype with contiguous blocks. The fused kernels' model asks (duck-typed: other
-        contexts have no such method)."""
-        kc = cache[0]
-        return (self.backend in ("triton", "invariant") and HAS_TRITON and q.is_cuda and cache.dtype == q.dtype
-                and kc.stride(0) == kc.shape[1] * kc.stride(1))
-
-    def attend_norm_rope(self, q: Tensor, k: Tensor, v: Tensor, q_weight: Tensor, k_weight: Tensor, cos: Tensor,
-                         sin: Tensor, eps: float, cache: Tensor) -> Tensor:
-        """q/k norm + RoPE, the KV write and attention in one launch (`decode_attention_norm_rope`): q [B, Hq * D],
-        k, v [B, Hkv * D] as the q/k/v GEMM gave them -> [B, Hq, D]."""
-        return decode_attention_norm_rope(q, k, v, q_weight, k_weight, cos, sin, eps, cache, self.slot_mapping,
-                                          self.block_tables, self.seq_lens, self.backend)
 
     def batch_invariant(self) -> DecodeContext:
         return dataclasses.replace(self, backend="invariant")

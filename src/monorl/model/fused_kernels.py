@@ -7,11 +7,10 @@ and have a backward, so trainer and generator share them.
 The conversion gives each block's pieces a subclass whose forward calls the fused kernels (`module.__class__ =
 ...`, as `monorl.model.batch_invariant` does): parameters, names and weight sync are untouched, and a model not
 converted is untouched. Its projections take a decode step's few rows to the Triton GEMM (`FusedKernelsLinear`).
-Per layer the decode step then runs: RMSNorm, the q/k/v GEMM, q/k norm + RoPE with the KV write and attention
-(one launch on CUDA: `DecodeContext.attend_norm_rope`), o_proj, residual add + RMSNorm, the gate/up GEMM with
-SiLU * up as its epilogue (`matmul_invariant.mm_silu_mul`, a fused copy's decode rows on Hopper; elsewhere the GEMM,
-then `silu_mul`), down_proj; the residual add after it runs in the next block's first norm (a converted block passes
-its output on as the pair (h, m), sum pending).
+Per layer the decode step then runs: RMSNorm, the q/k/v GEMM, q/k norm + RoPE with the KV write, attention,
+o_proj, residual add + RMSNorm, the gate/up GEMM with SiLU * up as its epilogue (`matmul_invariant.mm_silu_mul`, a
+fused copy's decode rows on Hopper; elsewhere the GEMM, then `silu_mul`), down_proj; the residual add after it runs
+in the next block's first norm (a converted block passes its output on as the pair (h, m), sum pending).
 A copy with fused projections (`Qwen3ForCausalLM(fused=True)`, the generator's) hands the kernels column slices of
 one GEMM's output; an unfused model (the trainer's) its separate projections. Norm weights enter the kernels in the
 activations' dtype (the trainer's fp32 masters as exactly the generator's bf16 copy).
@@ -59,10 +58,6 @@ class FusedKernelsAttention(Attention):
             q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
         qw, kw, eps = self.q_norm.weight.to(q.dtype), self.k_norm.weight.to(q.dtype), self.q_norm.eps
         slots = ctx.slot_mapping if cache is not None else None
-        fuses = getattr(ctx, "fuses_norm_rope", None)  # the generator's decode step (`DecodeContext`)
-        if slots is not None and fuses is not None and fuses(q, cache):
-            # the q/k kernel's work inside the paged decode's launch, bitwise the two kernels
-            return self.o_proj(ctx.attend_norm_rope(q, k, v, qw, kw, cos, sin, eps, cache).flatten(1))
         if slots is None:
             q, k = block_kernels.qk_norm_rope(q, k, qw, kw, cos, sin, eps)
         else:  # the generator: k and v go to the KV cache in the same pass

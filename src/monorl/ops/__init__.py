@@ -32,7 +32,6 @@ from torch import Tensor
 
 try:  # triton only exists on the GPU machines
     import triton
-    import triton.language as tl
     from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
     HAS_TRITON = True
@@ -48,16 +47,6 @@ if HAS_TRITON:
         so a chain of such kernels stays ordered)."""
         gdc_wait()
         gdc_launch_dependents()
-
-
-    @triton.jit
-    def mul_rn(a, b):
-        """a * b in fp32, rounded on its own: PTX's mul.rn is never contracted into an FMA, whatever the kernel's
-        enable_fp_fusion, so code built from it gives the same values in any kernel (libdevice's mul_rn would flush
-        subnormals: Triton links libdevice with FTZ on)."""
-        a, b = tl.broadcast(a.to(tl.float32), b.to(tl.float32))
-        return tl.inline_asm_elementwise("mul.rn.f32 $0, $1, $2;", "=f,f,f", [a, b], dtype=tl.float32, is_pure=True,
-                                         pack=1)
 
 
 _DISABLE_ATTR = "__dynamo_disable"  # a string: written as an attribute inside a class, Python would mangle it

@@ -18,7 +18,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from monorl.ops import HAS_TRITON, pdl_launch, unit_stride
+from monorl.ops import HAS_TRITON, pdl_launch
 
 ATTN_BLOCK_N = 64  # keys per block (both layouts)
 ATTN_ROWS = 16  # query rows per program (both layouts): the smallest tile of a tensor-core dot
@@ -37,7 +37,6 @@ if HAS_TRITON:
     import triton.language as tl
 
     from monorl.ops import pdl_start
-    from monorl.ops.block_kernels import _norm_rope_heads
 
     @triton.jit
     def _attn_kernel(q_ptr, k_ptr, v_ptr, o_ptr, cu_ptr, lens_ptr, bt_ptr,
@@ -45,16 +44,9 @@ if HAS_TRITON:
                      stride_ot, stride_oh, scale, tiles, part_ptr, ml_ptr, lse_ptr, stride_lse,
                      PAGED: tl.constexpr, G: tl.constexpr, ROWS: tl.constexpr, TOKENS: tl.constexpr,
                      D: tl.constexpr, BS: tl.constexpr, BLOCK_N: tl.constexpr, SPLITS: tl.constexpr = 1,
-                     STORE_LSE: tl.constexpr = False, qi_ptr=None, ki_ptr=None, vi_ptr=None, stride_qi=0,
-                     stride_ki=0, stride_vi=0, qw_ptr=None, kw_ptr=None, cos_ptr=None, sin_ptr=None, slot_ptr=None,
-                     eps=0.0, NORM_ROPE: tl.constexpr = False, HQ_P: tl.constexpr = 1, HKV_P: tl.constexpr = 1,
-                     PDL: tl.constexpr = False):
+                     STORE_LSE: tl.constexpr = False, PDL: tl.constexpr = False):
         if PDL:  # wait for the kernel before (programmatic dependent launch)
             pdl_start()
-        if NORM_ROPE:  # paged decode of a q/k/v GEMM's raw output (`paged_decode_norm_rope`)
-            _norm_rope_write(q_ptr, k_ptr, v_ptr, stride_qt, stride_ktok, stride_kh, qi_ptr, ki_ptr, vi_ptr,
-                             stride_qi, stride_ki, stride_vi, qw_ptr, kw_ptr, cos_ptr, sin_ptr, slot_ptr, eps,
-                             tl.program_id(0).to(tl.int64), tl.program_id(1), G, HQ_P, HKV_P, D)
         # Rows are (token i < TOKENS of the tile, query head hk * G + g). Paged: program = one sequence's new
         # token (TOKENS = 1), n keys, all of them visible. Varlen: program = tile `pid % tiles` of sequence
         # `pid // tiles`; its token i sees keys 0..t0 + i of that sequence. SPLITS > 1 (paged only, not
@@ -132,32 +124,6 @@ if HAS_TRITON:
                  out.to(o_ptr.dtype.element_ty), mask=rmask[:, None])
 
     @triton.jit
-    def _norm_rope_write(q_ptr, kc_ptr, vc_ptr, stride_qt, stride_ktok, stride_kh, qi_ptr, ki_ptr, vi_ptr, stride_qi,
-                         stride_ki, stride_vi, qw_ptr, kw_ptr, cos_ptr, sin_ptr, slot_ptr, eps, t, hk,
-                         G: tl.constexpr, HQ_P: tl.constexpr, HKV_P: tl.constexpr, D: tl.constexpr):
-        """Program (token t, kv head hk) of a paged decode, before its attention: its G query heads normed and
-        rotated into q_ptr, its key head into the KV cache at the token's slot, its value head copied there; each
-        head by `block_kernels._norm_rope_heads` on the q/k kernel's own tile ([HQ_P or HKV_P, D/2] rows, masked
-        to this program's heads), so the values are that kernel's. The program then reads them back (a barrier:
-        its threads' global writes are visible to all of them after it)."""
-        HALF: tl.constexpr = D // 2
-        d = tl.arange(0, HALF)[None, :]
-        c1 = tl.load(cos_ptr + t * D + d).to(tl.float32)
-        c2 = tl.load(cos_ptr + t * D + HALF + d).to(tl.float32)
-        s1 = tl.load(sin_ptr + t * D + d).to(tl.float32)
-        s2 = tl.load(sin_ptr + t * D + HALF + d).to(tl.float32)
-        q_out = q_ptr + t * stride_qt + hk * G * D
-        _norm_rope_heads(qi_ptr + t * stride_qi + hk * G * D, qw_ptr, c1, c2, s1, s2, q_out, q_out, eps, G, HQ_P, D,
-                         False)
-        at = tl.load(slot_ptr + t).to(tl.int64) * stride_ktok + hk * stride_kh  # the token's slot, head hk
-        _norm_rope_heads(ki_ptr + t * stride_ki + hk * D, kw_ptr, c1, c2, s1, s2, kc_ptr + at, kc_ptr + at, eps, 1,
-                         HKV_P, D, False)
-        dd = tl.arange(0, D)
-        v = tl.load(vi_ptr + t * stride_vi + hk * D + dd)
-        tl.store(vc_ptr + at + dd, v.to(vc_ptr.dtype.element_ty))
-        tl.debug_barrier()
-
-    @triton.jit
     def _attn_combine_kernel(part_ptr, ml_ptr, o_ptr, stride_ot, stride_oh, R, Hq,
                              SPLITS: tl.constexpr, D: tl.constexpr, PDL: tl.constexpr = False):
         """Program (row, head): the SPLITS partial states of a split paged decode merged into its output."""
@@ -220,45 +186,6 @@ def attention_triton(q: Tensor, k_cache: Tensor, v_cache: Tensor, lens: Tensor, 
         out.stride(0), out.stride(1), D ** -0.5, 1, part, ml, out, 0,
         PAGED=True, G=G, ROWS=rows, TOKENS=1, D=D, BS=k_cache.shape[1], BLOCK_N=ATTN_BLOCK_N, SPLITS=splits,
         num_warps=ATTN_WARPS, **pdl_launch(q))
-    if splits > 1:
-        _attn_combine_kernel[(R, Hq)](part, ml, out, out.stride(0), out.stride(1), R, Hq, SPLITS=splits, D=D,
-                                      num_warps=1, **pdl_launch(q))
-    return out
-
-
-def paged_decode_norm_rope(q: Tensor, k: Tensor, v: Tensor, q_weight: Tensor, k_weight: Tensor, cos: Tensor,
-                           sin: Tensor, eps: float, cache: Tensor, slots: Tensor, lens: Tensor, block_tables: Tensor,
-                           splits: int = 1) -> Tensor:
-    """`attention_triton` of a decode step's raw q [R, Hq * D], k and v [R, Hkv * D] (a q/k/v GEMM's column slices):
-    in the same launch each program first does its heads' share of `block_kernels.qk_norm_rope_write_kv` (q/k
-    RMSNorm and RoPE with cos / sin [R, D], k and v written to `cache` [2, N, BS, Hkv, D] at `slots`), with that
-    kernel's arithmetic on its tile, so the output and the cache are bitwise the two ops'. One launch a layer fewer.
-    The cache in q's dtype, its blocks contiguous."""
-    R, D = q.shape[0], cos.shape[-1]
-    Hq, Hkv = q.shape[-1] // D, k.shape[-1] // D
-    kc, vc = cache[0], cache[1]
-    if cache.dtype != q.dtype or kc.stride(0) != kc.shape[1] * kc.stride(1):
-        raise ValueError(f"paged_decode_norm_rope: a {q.dtype} cache of contiguous blocks, got {cache.dtype} "
-                         f"with strides {kc.stride()}")
-    G, rows, _ = _tile(Hq, Hkv)
-    q_out = q.new_empty(R, Hq, D)  # the normed q: each program writes its heads' rows, then attends with them
-    out = torch.empty_like(q_out)
-    if R == 0:
-        return out
-    part = ml = out
-    if splits > 1:
-        part = torch.empty(R, splits, Hq, D, dtype=torch.float32, device=q.device)
-        ml = torch.empty(2, R, splits, Hq, dtype=torch.float32, device=q.device)
-    q, k, v = unit_stride(q), unit_stride(k), unit_stride(v)
-    _attn_kernel[(R, Hkv, splits)](
-        q_out, kc, vc, out, lens, lens, block_tables,
-        q_out.stride(0), q_out.stride(1), kc.stride(0), kc.stride(1), kc.stride(2), block_tables.stride(0),
-        out.stride(0), out.stride(1), D ** -0.5, 1, part, ml, out, 0,
-        PAGED=True, G=G, ROWS=rows, TOKENS=1, D=D, BS=kc.shape[1], BLOCK_N=ATTN_BLOCK_N, SPLITS=splits,
-        qi_ptr=q, ki_ptr=k, vi_ptr=v, stride_qi=q.stride(0), stride_ki=k.stride(0), stride_vi=v.stride(0),
-        qw_ptr=q_weight.contiguous(), kw_ptr=k_weight.contiguous(), cos_ptr=cos.contiguous(),
-        sin_ptr=sin.contiguous(), slot_ptr=slots, eps=eps, NORM_ROPE=True, HQ_P=triton.next_power_of_2(Hq),
-        HKV_P=triton.next_power_of_2(Hkv), num_warps=ATTN_WARPS, **pdl_launch(q))
     if splits > 1:
         _attn_combine_kernel[(R, Hq)](part, ml, out, out.stride(0), out.stride(1), R, Hq, SPLITS=splits, D=D,
                                       num_warps=1, **pdl_launch(q))

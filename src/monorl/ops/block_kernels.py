@@ -32,7 +32,7 @@ if HAS_TRITON:
     import triton
     import triton.language as tl
 
-    from monorl.ops import mul_rn, pdl_start
+    from monorl.ops import pdl_start
 
     @triton.jit
     def _add_rms_norm_kernel(x_ptr, a_ptr, w_ptr, h_ptr, o_ptr, D, eps, BLOCK_D: tl.constexpr,
@@ -63,17 +63,15 @@ if HAS_TRITON:
         m = h < H
         x1 = tl.load(src + h * D + d, mask=m, other=0.0).to(tl.float32)
         x2 = tl.load(src + h * D + HALF + d, mask=m, other=0.0).to(tl.float32)
-        # products by `mul_rn` (never an FMA): the values do not depend on the kernel's enable_fp_fusion, so the
-        # paged decode that runs this inside its attention kernel (`attention_triton`) gets this kernel's values
-        r = 1.0 / tl.sqrt((tl.sum(mul_rn(x1, x1), axis=1) + tl.sum(mul_rn(x2, x2), axis=1)) / D + eps)
+        r = 1.0 / tl.sqrt((tl.sum(x1 * x1, axis=1) + tl.sum(x2 * x2, axis=1)) / D + eps)
         dt = dst.dtype.element_ty
         w1 = tl.load(w_ptr + d).to(tl.float32)
         w2 = tl.load(w_ptr + HALF + d).to(tl.float32)
-        y1 = mul_rn(w1, mul_rn(x1, r[:, None]).to(dt)).to(dt).to(tl.float32)
-        y2 = mul_rn(w2, mul_rn(x2, r[:, None]).to(dt)).to(dt).to(tl.float32)
+        y1 = (w1 * (x1 * r[:, None]).to(dt).to(tl.float32)).to(dt).to(tl.float32)
+        y2 = (w2 * (x2 * r[:, None]).to(dt).to(tl.float32)).to(dt).to(tl.float32)
         # eager: x * cos + cat(-x2, x1) * sin, each product and the sum rounded to the dtype
-        o1 = (mul_rn(y1, c1).to(dt).to(tl.float32) - mul_rn(y2, s1).to(dt).to(tl.float32)).to(dt)
-        o2 = (mul_rn(y2, c2).to(dt).to(tl.float32) + mul_rn(y1, s2).to(dt).to(tl.float32)).to(dt)
+        o1 = ((y1 * c1).to(dt).to(tl.float32) - (y2 * s1).to(dt).to(tl.float32)).to(dt)
+        o2 = ((y2 * c2).to(dt).to(tl.float32) + (y1 * s2).to(dt).to(tl.float32)).to(dt)
         tl.store(dst + h * D + d, o1, mask=m)
         tl.store(dst + h * D + HALF + d, o2, mask=m)
         if STORE2:

@@ -18,10 +18,12 @@ from monorl.model import build_model, model_shape
 def time_the_parts(runner) -> dict:
     """Wrap the runner's prefill (synchronised, timed) and decode (counted) in place; the returned dict fills as
     the generator runs."""
-    split = {"prefills": 0, "prefill_s": 0.0, "decode_steps": 0, "decode_rows": 0}
-    prefill, decode = runner.prefill, runner.decode
+    split = {"prefills": 0, "prefill_s": 0.0, "decode_steps": 0, "decode_rows": 0, "ring_reads": 0, "host_gap_s": 0.0}
+    prefill, decode, read_ring = runner.prefill, runner.decode, runner.read_ring
+    read_at: list[float] = []  # when the last ring read returned (the GPU idle until the next decode launch)
 
     def timed_prefill(*a, **k):
+        read_at.clear()
         torch.cuda.synchronize()
         t = time.perf_counter()
         out = prefill(*a, **k)
@@ -31,11 +33,19 @@ def time_the_parts(runner) -> dict:
         return out
 
     def counted_decode(live, *a, **k):
+        if read_at:  # the host's work between a ring read (a sync) and the next step: the GPU has nothing queued
+            split["host_gap_s"] += time.perf_counter() - read_at.pop()
         split["decode_steps"] += 1
         split["decode_rows"] += live
         return decode(live, *a, **k)
 
-    runner.prefill, runner.decode = timed_prefill, counted_decode
+    def timed_read(*a, **k):
+        out = read_ring(*a, **k)
+        split["ring_reads"] += 1
+        read_at[:] = [time.perf_counter()]
+        return out
+
+    runner.prefill, runner.decode, runner.read_ring = timed_prefill, counted_decode, timed_read
     return split
 
 
@@ -87,6 +97,8 @@ def main() -> None:
     print(f"prefills {split['prefills']} in {split['prefill_s']:.2f} s (synchronised); decode steps "
           f"{split['decode_steps']} (mean {split['decode_rows'] / max(1, split['decode_steps']):.0f} rows) and the "
           f"rest {rest:.2f} s -> {rest / max(1, split['decode_steps']) * 1e3:.2f} ms a step")
+    print(f"ring reads (host syncs) {split['ring_reads']}; host work between a read and the next step (the GPU "
+          f"idle) {split['host_gap_s']:.2f} s")
 
 
 if __name__ == "__main__":

@@ -9,7 +9,8 @@ a multiple of the layer count a step, by its place in the layer ("_mm_kernel[1]"
 says what a step would save if a group took no time, so its rows rank what is worth fusing or speeding up.
 
   python benchmarks/profile_decode_step.py [--mode default,invariant] --out profile_decode_step.json
-  python benchmarks/profile_decode_step.py --mode default --prompts 16 --prompt-len 560   # a throughput-like step
+  python benchmarks/profile_decode_step.py --mode default --prompts 128 --samples 1 --prompt-len 560 --top-p 1
+      # a throughput-like step (bench_throughput.py's rows: distinct prompts, temperature alone)
   python benchmarks/profile_decode_step.py --sweep monorl.ops.sample_kernels._CHUNK=4096,8192 --repeat 2
       # the graphed step only, for each value of a module constant in turns (each value its own generator)
 """
@@ -31,6 +32,8 @@ from monorl.model import build_model, model_shape
 from monorl.model.batch_invariant import make_batch_invariant_
 
 NEW = 100
+SAMPLES = 8  # a prompt's samples (--samples): they share its KV blocks
+TOP_P = 0.95  # --top-p
 
 
 def reference_batch(prompts: int = 5, prompt_len: int = 110) -> tuple[list[list[int]], SamplingParams]:
@@ -38,7 +41,7 @@ def reference_batch(prompts: int = 5, prompt_len: int = 110) -> tuple[list[list[
     g = torch.Generator().manual_seed(0)
     lengths = torch.randint(prompt_len - 5, prompt_len + 6, (prompts,), generator=g).tolist()
     ids = [torch.randint(0, 151643, (n,), generator=g).tolist() for n in lengths]
-    return ids, SamplingParams(max_new_tokens=NEW, temperature=0.8, top_p=0.95, ignore_eos=True, seed=0)
+    return ids, SamplingParams(max_new_tokens=NEW, temperature=0.8, top_p=TOP_P, ignore_eos=True, seed=0)
 
 
 def batch_s(gen: Generator, prompts: list[list[int]], sp: SamplingParams, runs: int = 7) -> float:
@@ -47,7 +50,7 @@ def batch_s(gen: Generator, prompts: list[list[int]], sp: SamplingParams, runs: 
         torch.cuda.synchronize()
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
-        gen.generate(prompts, sp, n=8)
+        gen.generate(prompts, sp, n=SAMPLES)
         end.record()
         torch.cuda.synchronize()
         out.append(start.elapsed_time(end) / 1e3)
@@ -64,7 +67,7 @@ def step_kernels(gen: Generator, prompts: list[list[int]], sp: SamplingParams, s
     """(name, us) of each kernel of `steps` eager decode steps without PDL, in launch order, a list per step."""
     gen.runner.use_graphs = False
     params = SamplingParams(**{**sp.__dict__, "max_new_tokens": steps + 2})
-    gen.generate(prompts, params, n=8)  # the eager path's kernels compiled
+    gen.generate(prompts, params, n=SAMPLES)  # the eager path's kernels compiled
     prefill, rounds = gen.runner.prefill, []
 
     def counted(*a, **k):  # each prefill round is followed by one sampler call (its first tokens)
@@ -73,7 +76,7 @@ def step_kernels(gen: Generator, prompts: list[list[int]], sp: SamplingParams, s
 
     gen.runner.prefill = counted
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        gen.generate(prompts, params, n=8)
+        gen.generate(prompts, params, n=SAMPLES)
     gen.runner.prefill = prefill
     gen.runner.use_graphs = True
     kernels = sorted((e for e in prof.events() if e.device_type.name == "CUDA" and e.device_time > 0),
@@ -116,11 +119,11 @@ def run_mode(mode: str, steps: int, prompts: int = 5, prompt_len: int = 110, pro
     cfg = model_shape("qwen3-0.6b")
     prompts, sp = reference_batch(prompts, prompt_len)
     model = build_model(cfg, device="cuda", dtype=torch.bfloat16, seed=0)
-    gen = Generator(model, GeneratorConfig(max_num_seqs=8 * len(prompts), max_model_len=prompt_len + NEW + 16))
+    gen = Generator(model, GeneratorConfig(max_num_seqs=SAMPLES * len(prompts), max_model_len=prompt_len + NEW + 16))
     del model
     if mode == "invariant":
         make_batch_invariant_(gen.model)
-    gen.generate(prompts, sp, n=8)  # compile + capture
+    gen.generate(prompts, sp, n=SAMPLES)  # compile + capture
     graphed = decode_step_ms(gen, prompts, sp)
     if not profile_steps:
         return dict(mode=mode, graphed_decode_step_ms=graphed)
@@ -140,15 +143,19 @@ def run_mode(mode: str, steps: int, prompts: int = 5, prompt_len: int = 110, pro
 
 
 def main() -> None:
+    global SAMPLES, TOP_P
     ap = argparse.ArgumentParser()
     ap.add_argument("--mode", default="default,invariant")
     ap.add_argument("--steps", type=int, default=4)
-    ap.add_argument("--prompts", type=int, default=5, help="prompts of 8 samples each (rows = 8 x prompts)")
+    ap.add_argument("--prompts", type=int, default=5, help="prompts of --samples each (rows = samples x prompts)")
+    ap.add_argument("--samples", type=int, default=SAMPLES)
+    ap.add_argument("--top-p", type=float, default=TOP_P, help="1: temperature alone, as bench_throughput.py")
     ap.add_argument("--prompt-len", type=int, default=110, help="tokens a prompt, +-5")
     ap.add_argument("--out", default="profile_decode_step.json")
     ap.add_argument("--sweep", default="", help="MODULE.NAME=V1,V2,...: the graphed step for each value in turns")
     ap.add_argument("--repeat", type=int, default=2, help="rounds of --sweep")
     args = ap.parse_args()
+    SAMPLES, TOP_P = args.samples, args.top_p
     if args.sweep:
         sweep(args)
         return

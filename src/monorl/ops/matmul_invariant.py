@@ -115,7 +115,7 @@ def _mm_config(M: int, N: int, K: int, follow_m: bool = True, sms: int = 132) ->
         return 64, 128, 64, 4, 3
     if N >= 32768:  # an LM head at decode rows: Qwen3-0.6B's at 40 rows 115.6 -> 111.5 us (cold, H100; 64x128x64 on 3)
         return 64, 128, 128, 4, 4
-    bn = 16 if N <= 2048 else 32
+    bn = 16 if N <= 2048 else 32 if N <= 4096 else 64  # Qwen3-0.6B's gate/up at 40 rows 6.4 -> 5.9 us (H200, cold)
     tiles = -(-M // 64) * -(-N // bn)
     return 64, bn, 128, 4, 6 if tiles <= sms else 4 if tiles <= 2 * sms else 3
 

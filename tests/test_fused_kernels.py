@@ -272,6 +272,45 @@ def test_generator_on_fused_kernels_computes_the_model():
 
 
 @pytest.mark.gpu
+def test_split_k_decode_products_compute_the_model(monkeypatch):
+    """At Qwen3-0.6B's widths (two layers, a small vocabulary) the default mode's decode step takes o_proj and
+    down_proj as two fp32 K parts (`fused_kernels.project`), summed by the next add + norm or the model's last add:
+    the generated tokens' log-probs equal an eager forward of the model, the graph path equals the eager one; the
+    parts sum to the product, and the add + norm of the parts equals the one of their sum, bitwise."""
+    import monorl.model.fused_kernels as fk
+    from monorl.ops import decode_gemm
+
+    cfg = dataclasses.replace(model_shape("qwen3-0.6b"), vocab_size=512, num_layers=2)
+    model = build_model(cfg, device="cuda", dtype=torch.bfloat16, seed=0).eval().requires_grad_(False)
+    calls = []
+    monkeypatch.setattr(fk.decode_gemm, "split_k_parts", lambda x, w: calls.append(w.shape) or
+                        decode_gemm.split_k_parts(x, w))
+    g = torch.Generator().manual_seed(0)
+    ps = [torch.randint(2, cfg.vocab_size, (n,), generator=g).tolist() for n in (5, 40, 17)]
+    gcfg = GeneratorConfig(max_num_seqs=6, max_model_len=128)
+    gens = {graphs: Generator(model, gcfg, compile=CompileConfig(backend="none", decode_cuda_graphs=graphs))
+            for graphs in (True, False)}
+    sp = SamplingParams(max_new_tokens=12, temperature=0.8, top_p=0.95, seed=3, ignore_eos=True)
+    out = {graphs: x.generate(ps, sp, n=2) for graphs, x in gens.items()}
+    assert {(1024, 2048), (1024, 3072)} <= set(calls)  # o_proj and down_proj took the split path
+    assert [[(c.token_ids, c.logprobs) for c in x] for x in out[True]] == \
+        [[(c.token_ids, c.logprobs) for c in x] for x in out[False]]
+    for p, comps in zip(ps, out[True], strict=True):
+        for c in comps:
+            torch.testing.assert_close(torch.tensor(c.logprobs), full_forward_logprobs(model, p, c.token_ids, 0.8),
+                                       atol=0.1, rtol=0)
+    x = torch.randn(40, 3072, device="cuda", generator=torch.Generator(device="cuda").manual_seed(1)).bfloat16()
+    w = (torch.randn(1024, 3072, device="cuda") / 3072 ** 0.5).bfloat16()
+    parts = decode_gemm.split_k_parts(x, w)
+    assert torch.equal(decode_gemm.split_k_parts(x, w), parts)
+    torch.testing.assert_close(parts.sum(0), x.float() @ w.float().t(), atol=1e-3, rtol=1e-3)
+    h, ln = torch.randn(40, 1024, device="cuda").bfloat16(), torch.rand(1024, device="cuda").bfloat16()
+    got = block_kernels.add_parts_rms_norm(h, parts, ln, 1e-6)
+    ref = block_kernels.add_rms_norm(h, decode_gemm.sum_parts(parts, h.dtype), ln, 1e-6)
+    assert torch.equal(got[0], ref[0]) and torch.equal(got[1], ref[1])
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("invariant", [False, True])
 def test_prefill_graphs_equal_the_eager_prefill(invariant):
     """A prefill shape is captured at its third run and replayed after: rollouts (tokens, log-probs) equal a

@@ -20,11 +20,12 @@ from __future__ import annotations
 
 from typing import Any
 
+import torch
 from torch import Tensor, nn
 
 from monorl.model.attention import AttentionContext
 from monorl.model.qwen3 import MLP, Attention, Linear, Qwen3ForCausalLM, RMSNorm, TransformerBlock
-from monorl.ops import block_kernels, matmul_invariant, rmsnorm_invariant
+from monorl.ops import block_kernels, decode_gemm, matmul_invariant, rmsnorm_invariant
 
 
 class FusedKernelsLinear(Linear):
@@ -39,6 +40,24 @@ class FusedKernelsLinear(Linear):
         if self.bias is None and matmul_invariant.faster_than_cublas(x):
             return matmul_invariant.linear(x, self.weight)
         return super().forward(x)
+
+
+def project(proj: nn.Module, x: Tensor) -> Tensor:
+    """proj(x) for a block's last projections (o_proj, down_proj), whose output only the next residual add + norm
+    reads; at a decode step's rows where splitting K pays (`decode_gemm.split_k_fits`: Qwen3-0.6B's 1024-column
+    products), its two fp32 K parts [2, T, N] instead, which that add sums (`add_norm`). Only this class's
+    projections: a batch-invariant copy's (`BatchInvariantLinear`) keep the invariant GEMM."""
+    if (type(proj) is FusedKernelsLinear and proj.bias is None and not torch.is_grad_enabled()
+            and matmul_invariant.faster_than_cublas(x) and decode_gemm.split_k_fits(x, proj.weight)):
+        return decode_gemm.split_k_parts(x, proj.weight.to(x.dtype))
+    return proj(x)
+
+
+def add_norm(x: Tensor, a: Tensor, weight: Tensor, eps: float) -> tuple[Tensor, Tensor]:
+    """`block_kernels.add_rms_norm` of x + a, where a is a product or its split-K parts (`project`)."""
+    if a.dim() == x.dim():
+        return block_kernels.add_rms_norm(x, a, weight, eps)
+    return block_kernels.add_parts_rms_norm(x, a, weight, eps)
 
 
 class FusedKernelsFinalNorm(RMSNorm):
@@ -63,7 +82,7 @@ class FusedKernelsAttention(Attention):
         else:  # the generator: k and v go to the KV cache in the same pass
             q, k = block_kernels.qk_norm_rope_write_kv(q, k, v, qw, kw, cos, sin, eps, cache, slots)
         v = v.view(T, self.num_kv_heads, self.head_dim)
-        return self.o_proj(ctx.attend(q, k, v, cache, kv_written=slots is not None).flatten(1))
+        return project(self.o_proj, ctx.attend(q, k, v, cache, kv_written=slots is not None).flatten(1))
 
 
 class FusedKernelsMLP(MLP):
@@ -72,27 +91,27 @@ class FusedKernelsMLP(MLP):
         if (getattr(proj, "decode_rows_on_triton", False) and proj.bias is None
                 and matmul_invariant.silu_mul_fusable(x)):
             # a decode step: the gate/up GEMM with SiLU * up as its epilogue, bitwise the two kernels below
-            return self.down_proj(matmul_invariant.mm_silu_mul(x, self.gate_up_proj.weight.to(x.dtype)))
+            return project(self.down_proj, matmul_invariant.mm_silu_mul(x, self.gate_up_proj.weight.to(x.dtype)))
         if self.fused:
             gate, up = self.gate_up_proj(x).split([self.intermediate_size, self.intermediate_size], dim=-1)
         else:
             gate, up = self.gate_proj(x), self.up_proj(x)
-        return self.down_proj(block_kernels.silu_mul(gate, up))
+        return project(self.down_proj, block_kernels.silu_mul(gate, up))
 
 
 class FusedKernelsTransformerBlock(TransformerBlock):
     def forward(self, x: Tensor | tuple[Tensor, Tensor], cos: Tensor, sin: Tensor, ctx: AttentionContext,
                 cache: Any = None) -> tuple[Tensor, Tensor]:
-        """x: the residual stream, or (h, m) with its last add h + m still pending (the block before's output);
-        returns such a pair: the add runs in the next block's first norm (`Qwen3ForCausalLM.forward` does the
-        last one), one kernel where it took two."""
+        """x: the residual stream, or (h, m) with its last add h + m still pending (the block before's output; m
+        may be split-K parts, see `project`); returns such a pair: the add runs in the next block's first norm
+        (`Qwen3ForCausalLM.forward` does the last one), one kernel where it took two."""
         ln1, ln2 = self.input_layernorm, self.post_attention_layernorm
         if isinstance(x, tuple):
-            x, normed = block_kernels.add_rms_norm(x[0], x[1], ln1.weight.to(x[0].dtype), ln1.eps)
+            x, normed = add_norm(x[0], x[1], ln1.weight.to(x[0].dtype), ln1.eps)
         else:
             normed = rmsnorm_invariant.rms_norm(x, ln1.weight, ln1.eps)
         a = self.self_attn(normed, cos, sin, ctx, cache)
-        h, n = block_kernels.add_rms_norm(x, a, ln2.weight.to(x.dtype), ln2.eps)
+        h, n = add_norm(x, a, ln2.weight.to(x.dtype), ln2.eps)
         return h, self.mlp(n)
 
 

@@ -20,7 +20,7 @@ from monorl.compile import mark_dynamic
 from monorl.model import logprobs
 from monorl.model.attention import AttentionContext
 from monorl.model.config import ModelConfig
-from monorl.ops import custom_op
+from monorl.ops import custom_op, decode_gemm
 
 
 class RMSNorm(nn.Module):
@@ -196,7 +196,8 @@ class Qwen3ForCausalLM(nn.Module):
             else:
                 x = layer(x, cos, sin, ctx, cache)
         if isinstance(x, tuple):  # a fused-kernels block's (h, m): its residual add still pending
-            x = x[0] + x[1]
+            h, m = x  # m: a product, or its split-K parts [2, T, D] (`monorl.ops.decode_gemm`)
+            x = h + m if m.dim() == h.dim() else h + decode_gemm.sum_parts(m, h.dtype)
         return self.model.norm(x)
 
     def compute_logits(self, hidden: Tensor, weight: Tensor | None = None) -> Tensor:

@@ -26,6 +26,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from monorl.ops import HAS_TRITON, custom_op, pdl_launch, unit_stride, use_triton
+from monorl.ops.decode_gemm import sum_parts
 from monorl.ops.rmsnorm_invariant import rms_norm_backward, rms_norm_rows
 
 if HAS_TRITON:
@@ -35,15 +36,22 @@ if HAS_TRITON:
     from monorl.ops import pdl_start
 
     @triton.jit
-    def _add_rms_norm_kernel(x_ptr, a_ptr, w_ptr, h_ptr, o_ptr, D, eps, BLOCK_D: tl.constexpr,
-                             PDL: tl.constexpr = False):
+    def _add_rms_norm_kernel(x_ptr, a_ptr, w_ptr, h_ptr, o_ptr, D, eps, part_stride, BLOCK_D: tl.constexpr,
+                             PARTS: tl.constexpr = False, PDL: tl.constexpr = False):
+        """PARTS: the addend is a split-K product's two fp32 parts (`decode_gemm.split_k_parts`, part_stride apart),
+        summed and rounded to x's dtype first, as `decode_gemm.sum_parts`."""
         if PDL:  # wait for the kernel before (programmatic dependent launch)
             pdl_start()
         row = tl.program_id(0).to(tl.int64)
         offs = tl.arange(0, BLOCK_D)
         mask = offs < D
         x = tl.load(x_ptr + row * D + offs, mask=mask, other=0.0).to(tl.float32)
-        a = tl.load(a_ptr + row * D + offs, mask=mask, other=0.0).to(tl.float32)
+        if PARTS:
+            a = (tl.load(a_ptr + row * D + offs, mask=mask, other=0.0)
+                 + tl.load(a_ptr + part_stride + row * D + offs, mask=mask, other=0.0))
+            a = a.to(h_ptr.dtype.element_ty).to(tl.float32)
+        else:
+            a = tl.load(a_ptr + row * D + offs, mask=mask, other=0.0).to(tl.float32)
         h = (x + a).to(h_ptr.dtype.element_ty)  # eager's add rounds to the input dtype
         tl.store(h_ptr + row * D + offs, h, mask=mask)
         hf = h.to(tl.float32)
@@ -147,7 +155,7 @@ def add_rms_norm(x: Tensor, a: Tensor, w: Tensor, eps: float) -> tuple[Tensor, T
     h, out = torch.empty_like(x), torch.empty_like(x)
     rows = x.numel() // D
     if rows:
-        _add_rms_norm_kernel[(rows,)](x, a, w.contiguous(), h, out, D, eps, BLOCK_D=triton.next_power_of_2(D),
+        _add_rms_norm_kernel[(rows,)](x, a, w.contiguous(), h, out, D, eps, 0, BLOCK_D=triton.next_power_of_2(D),
                                       num_warps=4 if D <= 2048 else 8, enable_fp_fusion=False, **pdl_launch(x))
     return h, out
 
@@ -169,6 +177,29 @@ def _add_rms_norm_backward(ctx, grad_h: Tensor, grad_out: Tensor) -> tuple[Tenso
 
 
 add_rms_norm.register_autograd(_add_rms_norm_backward, setup_context=_add_rms_norm_setup)
+
+
+@custom_op("monorl::add_parts_rms_norm", mutates_args=())
+def add_parts_rms_norm(x: Tensor, parts: Tensor, w: Tensor, eps: float) -> tuple[Tensor, Tensor]:
+    """`add_rms_norm` whose addend is a split-K product's two fp32 parts [2, *x.shape] (`decode_gemm.split_k_parts`,
+    summed as `decode_gemm.sum_parts`). No backward: decode steps only."""
+    if not use_triton(x):
+        h = x + sum_parts(parts, x.dtype)
+        return h, rms_norm_rows(h, w, eps)
+    x, parts = x.contiguous(), parts.contiguous()
+    D = x.shape[-1]
+    h, out = torch.empty_like(x), torch.empty_like(x)
+    rows = x.numel() // D
+    if rows:
+        _add_rms_norm_kernel[(rows,)](x, parts, w.contiguous(), h, out, D, eps, rows * D,
+                                      BLOCK_D=triton.next_power_of_2(D), PARTS=True, num_warps=4 if D <= 2048 else 8,
+                                      enable_fp_fusion=False, **pdl_launch(x))
+    return h, out
+
+
+@add_parts_rms_norm.register_fake
+def _(x, parts, w, eps):
+    return torch.empty_like(x), torch.empty_like(x)
 
 
 def write_kv(k: Tensor, v: Tensor, cache: Tensor, slots: Tensor) -> None:

@@ -282,9 +282,8 @@ def test_split_k_decode_products_compute_the_model(monkeypatch):
 
     cfg = dataclasses.replace(model_shape("qwen3-0.6b"), vocab_size=512, num_layers=2)
     model = build_model(cfg, device="cuda", dtype=torch.bfloat16, seed=0).eval().requires_grad_(False)
-    calls = []
-    monkeypatch.setattr(fk.decode_gemm, "split_k_parts", lambda x, w: calls.append(w.shape) or
-                        decode_gemm.split_k_parts(x, w))
+    calls, split_k_parts = [], decode_gemm.split_k_parts
+    monkeypatch.setattr(fk.decode_gemm, "split_k_parts", lambda x, w: calls.append(w.shape) or split_k_parts(x, w))
     g = torch.Generator().manual_seed(0)
     ps = [torch.randint(2, cfg.vocab_size, (n,), generator=g).tolist() for n in (5, 40, 17)]
     gcfg = GeneratorConfig(max_num_seqs=6, max_model_len=128)
@@ -301,8 +300,8 @@ def test_split_k_decode_products_compute_the_model(monkeypatch):
                                        atol=0.1, rtol=0)
     x = torch.randn(40, 3072, device="cuda", generator=torch.Generator(device="cuda").manual_seed(1)).bfloat16()
     w = (torch.randn(1024, 3072, device="cuda") / 3072 ** 0.5).bfloat16()
-    parts = decode_gemm.split_k_parts(x, w)
-    assert torch.equal(decode_gemm.split_k_parts(x, w), parts)
+    parts = split_k_parts(x, w)
+    assert torch.equal(split_k_parts(x, w), parts)
     torch.testing.assert_close(parts.sum(0), x.float() @ w.float().t(), atol=1e-3, rtol=1e-3)
     h, ln = torch.randn(40, 1024, device="cuda").bfloat16(), torch.rand(1024, device="cuda").bfloat16()
     got = block_kernels.add_parts_rms_norm(h, parts, ln, 1e-6)

@@ -62,9 +62,14 @@ def add_norm(x: Tensor, a: Tensor, weight: Tensor, eps: float) -> tuple[Tensor, 
 
 class FusedKernelsFinalNorm(RMSNorm):
     """The model's last norm on the Triton kernel (one launch where the eager ops ran ~8: fp32 cast, square, mean,
-    rsqrt, products, casts); its input is the last block's pending add (`Qwen3ForCausalLM.forward`)."""
+    rsqrt, products, casts). It takes the last block's output pair (h, m) itself (`takes_pending`), its add in the
+    same launch (`add_norm`)."""
 
-    def forward(self, x: Tensor) -> Tensor:
+    takes_pending = True  # `Qwen3ForCausalLM.forward` hands it the last block's (h, m) as they are
+
+    def forward(self, x: Tensor | tuple[Tensor, Tensor]) -> Tensor:
+        if isinstance(x, tuple):
+            return add_norm(x[0], x[1], self.weight.to(x[0].dtype), self.eps)[1]
         return rmsnorm_invariant.rms_norm(x, self.weight, self.eps)
 
 

@@ -195,9 +195,9 @@ class Qwen3ForCausalLM(nn.Module):
                 x = checkpoint(layer, x, cos, sin, ctx, cache, use_reentrant=False, preserve_rng_state=False)
             else:
                 x = layer(x, cos, sin, ctx, cache)
-        if isinstance(x, tuple):  # a fused-kernels block's (h, m): its residual add still pending
-            h, m = x  # m: a product, or its split-K parts [2, T, D] (`monorl.ops.decode_gemm`)
-            x = h + m if m.dim() == h.dim() else h + decode_gemm.sum_parts(m, h.dtype)
+        if isinstance(x, tuple) and not getattr(self.model.norm, "takes_pending", False):
+            h, m = x  # a fused-kernels block's pair, its residual add pending; m a product, or its split-K parts
+            x = h + m if m.dim() == h.dim() else h + decode_gemm.sum_parts(m, h.dtype)  # (`monorl.ops.decode_gemm`)
         return self.model.norm(x)
 
     def compute_logits(self, hidden: Tensor, weight: Tensor | None = None) -> Tensor:

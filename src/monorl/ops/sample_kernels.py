@@ -90,20 +90,21 @@ if HAS_TRITON:
         tl.store(pmax_ptr + b * tl.num_programs(1) + c, tl.max(m, axis=0))
 
     @triton.jit
-    def _nucleus_choice(parts_ptr, cur_ptr, top_p_ptr, b, level, LEVELS: tl.constexpr, NCH: tl.constexpr,
+    def _nucleus_choice(parts_ptr, cur_ptr, top_p_ptr, b, level, BITS: tl.constexpr, NCH: tl.constexpr,
                         NCH_P: tl.constexpr):
         """The smallest-key bound after `level` (>= 1) levels: the previous level's range start plus its pick of
-        four sub-ranges, from the masses above its three cuts (the level-0 sums hold the row's total)."""
+        2**BITS sub-ranges, from the masses at or above each sub-range's start (slot j: keys > start + j * width
+        - 1; slot 0 of level 0 is the row's total, and every level's slot 0 reaches the limit)."""
+        LEVELS: tl.constexpr = 16 // BITS
+        W: tl.constexpr = 1 << BITS
         ch = tl.arange(0, NCH_P)
-        m = ch < NCH
-        row = parts_ptr + b * (LEVELS * NCH * 4)
-        total = tl.sum(tl.load(row + ch * 4, mask=m, other=0), axis=0)
+        j = tl.arange(0, W)
+        row = parts_ptr + b * (LEVELS * NCH * W)
+        total = tl.sum(tl.load(row + ch * W, mask=ch < NCH, other=0), axis=0)
         limit = libdevice.ceil(total.to(tl.float64) * tl.load(top_p_ptr)).to(tl.int64)
-        prev = row + (level - 1) * NCH * 4 + ch * 4
-        below = ((tl.sum(tl.load(prev + 1, mask=m, other=0), axis=0) >= limit).to(tl.int32)
-                 + (tl.sum(tl.load(prev + 2, mask=m, other=0), axis=0) >= limit).to(tl.int32)
-                 + (tl.sum(tl.load(prev + 3, mask=m, other=0), axis=0) >= limit).to(tl.int32))
-        return tl.load(cur_ptr + b * LEVELS + level - 1) + (below << (16 - 2 * level))
+        prev = tl.load(row + (level - 1) * NCH * W + ch[:, None] * W + j[None, :], mask=ch[:, None] < NCH, other=0)
+        below = tl.sum((tl.sum(prev, axis=0) >= limit).to(tl.int32), axis=0) - 1
+        return tl.load(cur_ptr + b * LEVELS + level - 1) + (below << (16 - BITS * level))
 
     @triton.jit
     def _nucleus_check_kernel(logits_ptr, stride_b, pmax_ptr, tok_ptr, check_ptr, V, inv_t, scale, NCH: tl.constexpr,
@@ -154,14 +155,17 @@ if HAS_TRITON:
 
     @triton.jit
     def _nucleus_level_kernel(logits_ptr, stride_b, pmax_ptr, parts_ptr, cur_ptr, top_p_ptr, plan_ptr, V, inv_t,
-                              scale, LEVEL: tl.constexpr, LEVELS: tl.constexpr, NCH: tl.constexpr,
+                              scale, LEVEL: tl.constexpr, BITS: tl.constexpr, NCH: tl.constexpr,
                               NCH_P: tl.constexpr, NS: tl.constexpr, NS_P: tl.constexpr, SCHUNK: tl.constexpr,
                               BLOCK: tl.constexpr, PDL: tl.constexpr = False):
         """Level LEVEL of the nucleus search over one SCHUNK of one planned row of bf16 logits: the fixed-point masses
-        q of `_nucleus_kernel` (exact integers) summed above three cuts splitting the level's key range in four.
-        The programs walk the (planned row, chunk) pairs, NS chunks a row; pmax: the row's NCH chunk maxima."""
+        q of `_nucleus_kernel` (exact integers) summed at or above each start of the 2**BITS sub-ranges the level
+        splits its key range into. The programs walk the (planned row, chunk) pairs, NS chunks a row; pmax: the
+        row's NCH chunk maxima."""
         if PDL:  # wait for the kernel before (programmatic dependent launch)
             pdl_start()
+        LEVELS: tl.constexpr = 16 // BITS
+        W: tl.constexpr = 1 << BITS
         for it in range(tl.program_id(0), tl.load(plan_ptr) * NS, tl.num_programs(0)):
             b = tl.load(plan_ptr + 1 + it // NS).to(tl.int64)
             c = it % NS
@@ -170,47 +174,36 @@ if HAS_TRITON:
             if LEVEL == 0:
                 cur = 0
             else:
-                cur = _nucleus_choice(parts_ptr, cur_ptr, top_p_ptr, b, LEVEL, LEVELS, NS, NS_P)
+                cur = _nucleus_choice(parts_ptr, cur_ptr, top_p_ptr, b, LEVEL, BITS, NS, NS_P)
             if c == 0:
                 tl.store(cur_ptr + b * LEVELS + LEVEL, cur)
-            step = 1 << (14 - 2 * LEVEL)  # each of the four sub-ranges' width
-            t = tl.zeros([BLOCK], tl.int64)
-            a1 = tl.zeros([BLOCK], tl.int64)
-            a2 = tl.zeros([BLOCK], tl.int64)
-            a3 = tl.zeros([BLOCK], tl.int64)
+            starts = cur + tl.arange(0, W)[None, :] * (1 << (16 - BITS * (LEVEL + 1))) - 1
+            acc = tl.zeros([BLOCK, W], tl.int64)
             for i in range(0, SCHUNK, BLOCK):
                 v = c * SCHUNK + i + tl.arange(0, BLOCK)
                 x = tl.load(logits_ptr + b * stride_b + v, mask=v < V, other=float("-inf")).to(tl.float32)
                 q = (libdevice.exp(x * inv_t - top) * scale).to(tl.int64)
-                k = _order_key(x)
-                t += q
-                a1 += tl.where(k > cur + step - 1, q, 0)
-                a2 += tl.where(k > cur + 2 * step - 1, q, 0)
-                a3 += tl.where(k > cur + 3 * step - 1, q, 0)
-            out = parts_ptr + b * (LEVELS * NS * 4) + (LEVEL * NS + c) * 4
-            tl.store(out, tl.sum(t, axis=0))
-            tl.store(out + 1, tl.sum(a1, axis=0))
-            tl.store(out + 2, tl.sum(a2, axis=0))
-            tl.store(out + 3, tl.sum(a3, axis=0))
+                acc += tl.where(_order_key(x)[:, None] > starts, q[:, None], 0)
+            tl.store(parts_ptr + ((b * LEVELS + LEVEL) * NS + c) * W + tl.arange(0, W), tl.sum(acc, axis=0))
 
     @triton.jit
-    def _nucleus_threshold(parts_ptr, cur_ptr, top_p_ptr, b, inv_t, LEVELS: tl.constexpr, NS: tl.constexpr,
+    def _nucleus_threshold(parts_ptr, cur_ptr, top_p_ptr, b, inv_t, BITS: tl.constexpr, NS: tl.constexpr,
                            NS_P: tl.constexpr):
         """The smallest key K with mass(keys > K) < limit is the nucleus' smallest logit (see `_nucleus_bisect`):
         that logit times inv_t."""
-        k = _nucleus_choice(parts_ptr, cur_ptr, top_p_ptr, b, LEVELS, LEVELS, NS, NS_P)
+        k = _nucleus_choice(parts_ptr, cur_ptr, top_p_ptr, b, 16 // BITS, BITS, NS, NS_P)
         bits = tl.where(k >= 0x8000, k - 0x8000, 0xFFFF - k) << 16
         return bits.to(tl.float32, bitcast=True) * inv_t
 
     @triton.jit
-    def _nucleus_final_kernel(parts_ptr, cur_ptr, top_p_ptr, thresh_ptr, plan_ptr, inv_t, B, LEVELS: tl.constexpr,
+    def _nucleus_final_kernel(parts_ptr, cur_ptr, top_p_ptr, thresh_ptr, plan_ptr, inv_t, B, BITS: tl.constexpr,
                               NS: tl.constexpr, NS_P: tl.constexpr, PDL: tl.constexpr = False):
         """Program b: the planned row b's threshold (`_nucleus_threshold`) to thresh_ptr."""
         if PDL:  # wait for the kernel before (programmatic dependent launch)
             pdl_start()
         b = tl.program_id(0).to(tl.int64)
         if tl.load(plan_ptr + 1 + B + b) != 0:
-            tl.store(thresh_ptr + b, _nucleus_threshold(parts_ptr, cur_ptr, top_p_ptr, b, inv_t, LEVELS, NS, NS_P))
+            tl.store(thresh_ptr + b, _nucleus_threshold(parts_ptr, cur_ptr, top_p_ptr, b, inv_t, BITS, NS, NS_P))
 
     @triton.jit
     def _sample_chunk_kernel(logits_ptr, stride_b, keys_ptr, pos_ptr, thresh_ptr, best_val_ptr, best_idx_ptr,
@@ -235,7 +228,7 @@ if HAS_TRITON:
 
     @triton.jit
     def _nucleus_sample_kernel(logits_ptr, stride_b, keys_ptr, pos_ptr, parts_ptr, cur_ptr, top_p_ptr, plan_ptr,
-                               best_val_ptr, best_idx_ptr, V, inv_t, LEVELS: tl.constexpr, NS: tl.constexpr,
+                               best_val_ptr, best_idx_ptr, V, inv_t, BITS: tl.constexpr, NS: tl.constexpr,
                                NS_P: tl.constexpr, SCHUNK: tl.constexpr, BLOCK: tl.constexpr,
                                PDL: tl.constexpr = False):
         """The masked sampling pass of the planned rows, over the search's (row, chunk) pairs: each pair's best
@@ -245,7 +238,7 @@ if HAS_TRITON:
         for it in range(tl.program_id(0), tl.load(plan_ptr) * NS, tl.num_programs(0)):
             b = tl.load(plan_ptr + 1 + it // NS).to(tl.int64)
             c = it % NS
-            thresh = _nucleus_threshold(parts_ptr, cur_ptr, top_p_ptr, b, inv_t, LEVELS, NS, NS_P)
+            thresh = _nucleus_threshold(parts_ptr, cur_ptr, top_p_ptr, b, inv_t, BITS, NS, NS_P)
             best_val, best_idx, _, _ = _sample_chunk(logits_ptr, stride_b, keys_ptr, pos_ptr, V, inv_t, thresh, b,
                                                      c, SCHUNK, BLOCK, False, True)
             tl.store(best_val_ptr + b * NS + c, best_val)
@@ -343,7 +336,8 @@ _NUCLEUS_BLOCK = 1024
 _WARPS = 4
 
 
-_LEVELS = 8  # 2 bits of a bf16's 16-bit order key a level
+_BITS = 4  # bits of a bf16's 16-bit order key a search level finds (16 // _BITS levels)
+_SEARCH_BLOCK = 256  # logits a loop iteration of a search level (its [block, 2**_BITS] sums in registers)
 # The nucleus search and its masked pass run for the few rows whose first draw left the nucleus (`sample`), each
 # (row, chunk of _SEARCH_CHUNK logits) pair a program's work, so that those rows' passes spread over the GPU.
 _SEARCH_CHUNK = 2048
@@ -357,19 +351,20 @@ def _search_programs(B: int, V: int, device: torch.device) -> int:
 
 def _nucleus_search(logits: Tensor, top_p: Tensor, inv_t: float, scale: float, pmax: Tensor,
                     plan: Tensor) -> tuple[Tensor, Tensor]:
-    """The 8 levels of `_nucleus_bisect` over the rows of `plan` (`_nucleus_plan_kernel`'s layout); pmax: each
+    """The 16 // _BITS levels of `_nucleus_bisect` over the rows of `plan` (`_nucleus_plan_kernel`'s layout); pmax: each
     first-pass chunk's max(logits * inv_t). -> (parts, cur): what `_nucleus_threshold` reads."""
     B, V = logits.shape
     ns = triton.cdiv(V, _SEARCH_CHUNK)
-    parts = torch.empty(B, _LEVELS, ns, 4, dtype=torch.int64, device=logits.device)
-    cur = torch.empty(B, _LEVELS, dtype=torch.int32, device=logits.device)
+    levels = 16 // _BITS
+    parts = torch.empty(B, levels, ns, 1 << _BITS, dtype=torch.int64, device=logits.device)
+    cur = torch.empty(B, levels, dtype=torch.int32, device=logits.device)
     grid = (_search_programs(B, V, logits.device),)
     pdl = pdl_launch(logits)
-    for level in range(_LEVELS):  # no FMA: q rounds as the PyTorch ops' separate product and difference do
+    for level in range(levels):  # no FMA: q rounds as the PyTorch ops' separate product and difference do
         _nucleus_level_kernel[grid](logits, logits.stride(0), pmax, parts, cur, top_p, plan, V, inv_t, scale,
-                                    LEVEL=level, LEVELS=_LEVELS, NCH=pmax.shape[1],
+                                    LEVEL=level, BITS=_BITS, NCH=pmax.shape[1],
                                     NCH_P=triton.next_power_of_2(pmax.shape[1]), NS=ns,
-                                    NS_P=triton.next_power_of_2(ns), SCHUNK=_SEARCH_CHUNK, BLOCK=_NUCLEUS_BLOCK,
+                                    NS_P=triton.next_power_of_2(ns), SCHUNK=_SEARCH_CHUNK, BLOCK=_SEARCH_BLOCK,
                                     num_warps=_WARPS, enable_fp_fusion=False, **pdl)
     return parts, cur
 
@@ -379,10 +374,11 @@ def _nucleus_bisect(logits: Tensor, thresh: Tensor, top_p: Tensor, inv_t: float,
     ~0.3 ms of a 2.2-2.6 ms decode step, H200). `sampling._nucleus_threshold` keeps the sorted prefix whose
     preceding mass is below limit = ceil(top_p * total); its last logit is the smallest present value v with
     mass(logits > v) < limit, and since mass(> key) only falls with the key, the smallest 16-bit order key K with
-    mass(keys > K) < limit is that value's key. Found 2 bits a level from the top: each level sums the masses above
-    three cuts of its range, chunk by chunk, and the next level's programs each add up those integer sums (exact, so
-    in any order) and pick the sub-range (`_nucleus_search`). `sample` runs the levels for the rows that need them
-    and reads the threshold in its masked pass; this function (its GPU test's) plans every row and writes them."""
+    mass(keys > K) < limit is that value's key. Found _BITS bits a level from the top: each level sums the masses at
+    or above each of its 2**_BITS sub-ranges' starts, chunk by chunk, and the next level's programs each add up those
+    integer sums (exact, so in any order) and pick the sub-range (`_nucleus_search`). `sample` runs the levels for
+    the rows that need them and reads the threshold in its masked pass; this function (its GPU test's) plans every
+    row and writes them."""
     B, V = logits.shape
     dev = logits.device
     pdl = pdl_launch(logits)
@@ -393,7 +389,7 @@ def _nucleus_bisect(logits: Tensor, thresh: Tensor, top_p: Tensor, inv_t: float,
     plan = torch.cat([rows.new_full((1,), B), rows, torch.ones_like(rows)])
     parts, cur = _nucleus_search(logits, top_p, inv_t, scale, pmax, plan)
     ns = triton.cdiv(V, _SEARCH_CHUNK)
-    _nucleus_final_kernel[(B,)](parts, cur, top_p, thresh, plan, inv_t, B, LEVELS=_LEVELS, NS=ns,
+    _nucleus_final_kernel[(B,)](parts, cur, top_p, thresh, plan, inv_t, B, BITS=_BITS, NS=ns,
                                 NS_P=triton.next_power_of_2(ns), num_warps=1, **pdl)
 
 
@@ -473,7 +469,7 @@ def sample(logits: Tensor, keys: Tensor, positions: Tensor, temperature: float, 
     best_val, best_idx = best_val.new_empty(B, ns), best_idx.new_empty(B, ns)
     _nucleus_sample_kernel[(_search_programs(B, V, dev),)](
         logits, logits.stride(0), keys, positions, parts, cur, top_p_t, plan, best_val, best_idx, V, inv_t,
-        LEVELS=_LEVELS, NS=ns, NS_P=ns_p, SCHUNK=_SEARCH_CHUNK, BLOCK=min(_BLOCK, _SEARCH_CHUNK), num_warps=_WARPS,
+        BITS=_BITS, NS=ns, NS_P=ns_p, SCHUNK=_SEARCH_CHUNK, BLOCK=min(_BLOCK, _SEARCH_CHUNK), num_warps=_WARPS,
         **pdl)
     _nucleus_combine_kernel[(B,)](logits, logits.stride(0), best_val, best_idx, lse, plan, tokens, lps, inv_t, B,
                                   NS=ns, NS_P=ns_p, num_warps=1, **pdl)

@@ -43,11 +43,10 @@ class FusedKernelsLinear(Linear):
 
 
 def project(proj: nn.Module, x: Tensor) -> Tensor:
-    """proj(x) for a projection whose output only one kernel reads (q/k/v: the q/k pass; o_proj, down_proj: the
-    next residual add + norm); at a decode step's rows where splitting K pays (`decode_gemm.split_k_fits`:
-    Qwen3-0.6B's q/k/v, o and down products), its two fp32 K parts [2, T, N] instead, which that kernel sums as it
-    reads them (`add_norm`, `block_kernels.qk_norm_rope_write_kv_parts`). Only this class's projections: a
-    batch-invariant copy's (`BatchInvariantLinear`) keep the invariant GEMM."""
+    """proj(x) for a block's last projections (o_proj, down_proj), whose output only the next residual add + norm
+    reads; at a decode step's rows where splitting K pays (`decode_gemm.split_k_fits`: Qwen3-0.6B's 1024-column
+    products), its two fp32 K parts [2, T, N] instead, which that add sums (`add_norm`). Only this class's
+    projections: a batch-invariant copy's (`BatchInvariantLinear`) keep the invariant GEMM."""
     if (type(proj) is FusedKernelsLinear and proj.bias is None and not torch.is_grad_enabled()
             and matmul_invariant.faster_than_cublas(x) and decode_gemm.split_k_fits(x, proj.weight)):
         return decode_gemm.split_k_parts(x, proj.weight.to(x.dtype))
@@ -77,19 +76,12 @@ class FusedKernelsFinalNorm(RMSNorm):
 class FusedKernelsAttention(Attention):
     def forward(self, x: Tensor, cos: Tensor, sin: Tensor, ctx: AttentionContext, cache: Any) -> Tensor:
         T = x.shape[0]
-        slots = ctx.slot_mapping if cache is not None else None
-        qkv = project(self.qkv_proj, x) if self.fused and slots is not None else None
-        if qkv is not None and qkv.dim() == 3:  # a decode step's split-K parts: the q/k pass sums them as it reads
-            qw, kw = self.q_norm.weight.to(x.dtype), self.k_norm.weight.to(x.dtype)
-            q, k = block_kernels.qk_norm_rope_write_kv_parts(qkv, self.sizes, qw, kw, cos, sin, self.q_norm.eps,
-                                                             cache, slots)
-            # v: the pass wrote it to the cache (kv_written), attention reads it there
-            return project(self.o_proj, ctx.attend(q, k, k, cache, kv_written=True).flatten(1))
         if self.fused:  # column slices of one GEMM's output, read in place
-            q, k, v = (self.qkv_proj(x) if qkv is None else qkv).split(self.sizes, dim=-1)
+            q, k, v = self.qkv_proj(x).split(self.sizes, dim=-1)
         else:
             q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
         qw, kw, eps = self.q_norm.weight.to(q.dtype), self.k_norm.weight.to(q.dtype), self.q_norm.eps
+        slots = ctx.slot_mapping if cache is not None else None
         if slots is None:
             q, k = block_kernels.qk_norm_rope(q, k, qw, kw, cos, sin, eps)
         else:  # the generator: k and v go to the KV cache in the same pass

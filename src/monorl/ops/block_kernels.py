@@ -61,19 +61,18 @@ if HAS_TRITON:
         tl.store(o_ptr + row * D + offs, (w * y.to(tl.float32)).to(o_ptr.dtype.element_ty), mask=mask)
 
     @triton.jit
-    def _norm_rope_heads(src, w_ptr, c1, c2, s1, s2, dst, dst2, eps, part_stride, H: tl.constexpr,
-                         H_P: tl.constexpr, D: tl.constexpr, STORE2: tl.constexpr, PARTS: tl.constexpr):
+    def _norm_rope_heads(src, w_ptr, c1, c2, s1, s2, dst, dst2, eps, H: tl.constexpr, H_P: tl.constexpr,
+                         D: tl.constexpr, STORE2: tl.constexpr):
         """RMSNorm over each of H heads [D] at src (row stride D), then rotate-half RoPE; store at dst (and, if
-        STORE2, at dst2 in its dtype: a KV-cache slot). PARTS: src holds a split-K product's fp32 parts,
-        part_stride apart, each head's values their sum rounded to dst's dtype (`decode_gemm.sum_parts`)."""
+        STORE2, at dst2 in its dtype: a KV-cache slot)."""
         HALF: tl.constexpr = D // 2
         h = tl.arange(0, H_P)[:, None]
         d = tl.arange(0, HALF)[None, :]
         m = h < H
-        dt = dst.dtype.element_ty
-        x1 = _load_maybe_parts(src + h * D + d, m, part_stride, dt, PARTS)
-        x2 = _load_maybe_parts(src + h * D + HALF + d, m, part_stride, dt, PARTS)
+        x1 = tl.load(src + h * D + d, mask=m, other=0.0).to(tl.float32)
+        x2 = tl.load(src + h * D + HALF + d, mask=m, other=0.0).to(tl.float32)
         r = 1.0 / tl.sqrt((tl.sum(x1 * x1, axis=1) + tl.sum(x2 * x2, axis=1)) / D + eps)
+        dt = dst.dtype.element_ty
         w1 = tl.load(w_ptr + d).to(tl.float32)
         w2 = tl.load(w_ptr + HALF + d).to(tl.float32)
         y1 = (w1 * (x1 * r[:, None]).to(dt).to(tl.float32)).to(dt).to(tl.float32)
@@ -88,26 +87,15 @@ if HAS_TRITON:
             tl.store(dst2 + h * D + HALF + d, o2.to(dst2.dtype.element_ty), mask=m)
 
     @triton.jit
-    def _load_maybe_parts(ptr, mask, part_stride, dt: tl.constexpr, PARTS: tl.constexpr):
-        """The values at ptr in fp32; PARTS: two fp32 parts part_stride apart, summed and rounded to dt first."""
-        if PARTS:
-            x = (tl.load(ptr, mask=mask, other=0.0) + tl.load(ptr + part_stride, mask=mask, other=0.0)).to(dt)
-        else:
-            x = tl.load(ptr, mask=mask, other=0.0)
-        return x.to(tl.float32)
-
-    @triton.jit
     def _qk_norm_rope_kernel(qi_ptr, ki_ptr, qw_ptr, kw_ptr, cos_ptr, sin_ptr, q_ptr, k_ptr, stride_q, stride_k,
-                             v_ptr, stride_v, kc_ptr, vc_ptr, slot_ptr, eps, part_stride, HQ: tl.constexpr,
-                             HKV: tl.constexpr, HQ_P: tl.constexpr, HKV_P: tl.constexpr, D: tl.constexpr,
-                             WRITE_KV: tl.constexpr, SPLIT: tl.constexpr = False, PARTS: tl.constexpr = False,
-                             PDL: tl.constexpr = False):
+                             v_ptr, stride_v, kc_ptr, vc_ptr, slot_ptr, eps, HQ: tl.constexpr, HKV: tl.constexpr,
+                             HQ_P: tl.constexpr, HKV_P: tl.constexpr, D: tl.constexpr, WRITE_KV: tl.constexpr,
+                             SPLIT: tl.constexpr = False, PDL: tl.constexpr = False):
         """One token's q and k heads normed and rotated; with WRITE_KV, its k (as returned) and v also stored at
         its KV-cache slot (kc_ptr / vc_ptr: [slots, HKV, D]), so the generator needs no separate cache write.
         SPLIT (few tokens: a decode step): program (t, 0) does the q heads and (t, 1) the k heads, two short chains
         side by side (40 tokens: 2.42 -> 1.95 us a launch, H200); each is the same code on the same tile either
-        way, so the values do not depend on it. PARTS: q, k and v are a split-K product's two fp32 parts,
-        part_stride apart (`_load_maybe_parts`)."""
+        way, so the values do not depend on it."""
         if PDL:  # wait for the kernel before (programmatic dependent launch)
             pdl_start()
         t = tl.program_id(0).to(tl.int64)
@@ -118,20 +106,16 @@ if HAS_TRITON:
         s1 = tl.load(sin_ptr + t * D + d).to(tl.float32)
         s2 = tl.load(sin_ptr + t * D + HALF + d).to(tl.float32)
         if not SPLIT or tl.program_id(1) == 0:
-            _norm_rope_heads(qi_ptr + t * stride_q, qw_ptr, c1, c2, s1, s2, q_ptr + t * HQ * D, q_ptr, eps,
-                             part_stride, HQ, HQ_P, D, False, PARTS)
+            _norm_rope_heads(qi_ptr + t * stride_q, qw_ptr, c1, c2, s1, s2, q_ptr + t * HQ * D, q_ptr, eps, HQ, HQ_P,
+                             D, False)
         if not SPLIT or tl.program_id(1) == 1:
             slot = tl.load(slot_ptr + t).to(tl.int64) if WRITE_KV else t
             _norm_rope_heads(ki_ptr + t * stride_k, kw_ptr, c1, c2, s1, s2, k_ptr + t * HKV * D,
-                             kc_ptr + slot * HKV * D, eps, part_stride, HKV, HKV_P, D, WRITE_KV, PARTS)
+                             kc_ptr + slot * HKV * D, eps, HKV, HKV_P, D, WRITE_KV)
             if WRITE_KV:
                 h = tl.arange(0, HKV_P)[:, None]
                 dd = tl.arange(0, D)[None, :]
-                if PARTS:  # v as the product would have stored it (k's dtype), then as the cache keeps it
-                    v = _load_maybe_parts(v_ptr + t * stride_v + h * D + dd, h < HKV, part_stride,
-                                          k_ptr.dtype.element_ty, True).to(k_ptr.dtype.element_ty)
-                else:
-                    v = tl.load(v_ptr + t * stride_v + h * D + dd, mask=h < HKV)
+                v = tl.load(v_ptr + t * stride_v + h * D + dd, mask=h < HKV)
                 tl.store(vc_ptr + slot * HKV * D + h * D + dd, v.to(vc_ptr.dtype.element_ty), mask=h < HKV)
 
     @triton.jit
@@ -229,10 +213,8 @@ SPLIT_QK_TOKENS = 512  # up to this many tokens, q and k heads in separate progr
 
 
 def _qk_norm_rope(q: Tensor, k: Tensor, q_weight: Tensor, k_weight: Tensor, cos: Tensor, sin: Tensor, eps: float,
-                  kv: tuple[Tensor, Tensor, Tensor] | None = None, part_stride: int = 0) -> tuple[Tensor, Tensor]:
-    """`qk_norm_rope`; with kv = (v, cache, slots), k and v also written to the cache as `write_kv` would.
-    part_stride > 0: q, k and v are part 0 of a split-K product's fp32 parts, part 1 that many elements on (the
-    outputs then in q_weight's dtype)."""
+                  kv: tuple[Tensor, Tensor, Tensor] | None = None) -> tuple[Tensor, Tensor]:
+    """`qk_norm_rope`; with kv = (v, cache, slots), k and v also written to the cache as `write_kv` would."""
     T, D = q.shape[0], cos.shape[-1]
     Hq, Hkv = q.shape[-1] // D, k.shape[-1] // D
     if not use_triton(q):
@@ -246,8 +228,7 @@ def _qk_norm_rope(q: Tensor, k: Tensor, q_weight: Tensor, k_weight: Tensor, cos:
             write_kv(k, v.reshape(T, Hkv, D), cache, slots)
         return q, k
     q, k = unit_stride(q), unit_stride(k)
-    dtype = q_weight.dtype if part_stride else q.dtype
-    q_out, k_out = q.new_empty(T, Hq, D, dtype=dtype), k.new_empty(T, Hkv, D, dtype=dtype)
+    q_out, k_out = q.new_empty(T, Hq, D), k.new_empty(T, Hkv, D)
     if kv is None:  # unused pointers: any tensor
         v, kc, vc, slots = q, q, q, q
     else:
@@ -257,9 +238,9 @@ def _qk_norm_rope(q: Tensor, k: Tensor, q_weight: Tensor, k_weight: Tensor, cos:
         split = T <= SPLIT_QK_TOKENS
         _qk_norm_rope_kernel[(T, 2 if split else 1)](
             q, k, q_weight.contiguous(), k_weight.contiguous(), cos.contiguous(), sin.contiguous(), q_out, k_out,
-            q.stride(0), k.stride(0), v, v.stride(0), kc, vc, slots, eps, part_stride, HQ=Hq, HKV=Hkv,
+            q.stride(0), k.stride(0), v, v.stride(0), kc, vc, slots, eps, HQ=Hq, HKV=Hkv,
             HQ_P=triton.next_power_of_2(Hq), HKV_P=triton.next_power_of_2(Hkv), D=D, WRITE_KV=kv is not None,
-            SPLIT=split, PARTS=part_stride > 0, num_warps=4, enable_fp_fusion=False, **pdl_launch(q))
+            SPLIT=split, num_warps=4, enable_fp_fusion=False, **pdl_launch(q))
     return q_out, k_out
 
 
@@ -278,27 +259,6 @@ def qk_norm_rope_write_kv(q: Tensor, k: Tensor, v: Tensor, q_weight: Tensor, k_w
     """`qk_norm_rope`, and the returned k with v [T, Hkv * D] written to the KV cache `cache` [2, ..., Hkv, D] at
     `slots` [T] in the same pass (the generator's prefill and decode: one kernel instead of three)."""
     return _qk_norm_rope(q, k, q_weight, k_weight, cos, sin, eps, (v, cache, slots))
-
-
-@custom_op("monorl::qk_norm_rope_write_kv_parts", mutates_args=("cache",))
-def qk_norm_rope_write_kv_parts(qkv: Tensor, sizes: list[int], q_weight: Tensor, k_weight: Tensor, cos: Tensor,
-                                sin: Tensor, eps: float, cache: Tensor, slots: Tensor) -> tuple[Tensor, Tensor]:
-    """`qk_norm_rope_write_kv` of a fused q/k/v product given as its split-K parts qkv [2, T, sum(sizes)] (fp32,
-    `decode_gemm.split_k_parts`), each value summed and rounded to q_weight's dtype as it is read: what the kernel
-    would compute on `decode_gemm.sum_parts(qkv, q_weight.dtype)`. Returns q, k in q_weight's dtype."""
-    if not use_triton(qkv):
-        q, k, v = sum_parts(qkv, q_weight.dtype).split(sizes, dim=-1)
-        return _qk_norm_rope(q, k, q_weight, k_weight, cos, sin, eps, (v, cache, slots))
-    qkv = qkv.contiguous()
-    q, k, v = qkv[0].split(sizes, dim=-1)
-    return _qk_norm_rope(q, k, q_weight, k_weight, cos, sin, eps, (v, cache, slots), part_stride=qkv.stride(0))
-
-
-@qk_norm_rope_write_kv_parts.register_fake
-def _(qkv, sizes, q_weight, k_weight, cos, sin, eps, cache, slots):
-    T, D = qkv.shape[1], cos.shape[-1]
-    return qkv.new_empty(T, sizes[0] // D, D, dtype=q_weight.dtype), qkv.new_empty(T, sizes[1] // D, D,
-                                                                                    dtype=q_weight.dtype)
 
 
 @qk_norm_rope_write_kv.register_fake

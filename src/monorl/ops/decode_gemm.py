@@ -1,14 +1,17 @@
 """The default mode's decode-step GEMM for narrow products: x [M <= 64, K] @ w [N, K]^T with K split in two.
 
 Why: at decode rows every program of `matmul_invariant`'s decode tiling reads all of x's K columns (from L2) beside
-its own 16 weight rows, so a product of N = 1024 columns (Qwen3-0.6B's o and down projections) runs 64 programs
-that each move ~2K x (40 + 16) bytes: half the SMs idle, the others busy for the whole launch. Two K parts give
-twice the programs, each moving half that. The parts' fp32 sums are not added here: a reduction inside the launch
-(the last program of a column tile adding them, behind an acquire-release counter) cost ~2 us of its ~5-7 us
-(`benchmarks/tune_decode_gemm.py`, H200), so `split_k_parts` returns both and the kernel that reads the product
-next adds them (`block_kernels.add_rms_norm` takes them in place of its addend). The sum is p0 + p1 rounded to the
-output dtype: deterministic, but not the invariant GEMM's single K loop, so the batch-invariant mode never calls this
-(its generator's products must be the trainer's).
+its own weight rows, ~2K x (rows + tile columns) bytes, and a program moves them at ~30 KB/us whatever its shape
+(H200): a product of N = 1024 columns (Qwen3-0.6B's o and down projections) runs 64 programs of 16 columns, half
+the SMs idle. Two K parts give twice the programs, each moving half that; the q/k/v product (4096 columns, 128
+programs of 32) runs as 128 programs of 64 columns and half the K, ~28% fewer bytes each (`block_n`).
+
+The parts' fp32 sums are not added here: a reduction inside the launch (the last program of a column tile adding
+them, behind an acquire-release counter) cost ~2 us of a 5-7 us launch (`benchmarks/tune_decode_gemm.py`, H200), so
+`split_k_parts` returns both and the kernel that reads the product next adds them as it loads it (the residual add
++ norm, `block_kernels.add_parts_rms_norm`; the q/k norm + RoPE pass, `block_kernels.qk_norm_rope_write_kv_parts`).
+The sum is p0 + p1 rounded to the model's dtype: deterministic, but not the invariant GEMM's single K loop, so the
+batch-invariant mode never calls this (its generator's products must be the trainer's).
 """
 
 from __future__ import annotations
@@ -49,18 +52,27 @@ if HAS_TRITON:
 
 
 PARTS = 2
-BLOCK_N = 16
 BLOCK_K = 128
+MAX_BLOCK_N = 64
 MAX_ROWS = 64  # one 64-row tile
 
 
+def block_n(N: int, sms: int) -> int:
+    """The narrowest column tile, 16 to MAX_BLOCK_N, whose PARTS x tiles programs run in one wave on `sms` SMs (a
+    program's bytes are ~2K x (rows + tile) / PARTS: narrow tiles, as long as the programs fit); 0 if none does."""
+    bn = 16
+    while PARTS * -(-N // bn) > sms and bn < MAX_BLOCK_N:
+        bn *= 2
+    return bn if PARTS * -(-N // bn) <= sms else 0
+
+
 def split_k_fits(x: Tensor, w: Tensor) -> bool:
-    """Whether `split_k_parts` pays for x [M, K] @ w [N, K]^T: CUDA, at most MAX_ROWS rows, a product whose
-    16-column tiles fill at most half the SMs (twice the programs then still run in one wave), K of at least four K
-    blocks. Measured on Hopper only: callers also ask `matmul_invariant.faster_than_cublas`."""
+    """Whether `split_k_parts` runs x [M, K] @ w [N, K]^T: CUDA, at most MAX_ROWS rows, K of at least four K blocks,
+    a column tile within MAX_BLOCK_N (`block_n`). Measured on Hopper only: callers also ask
+    `matmul_invariant.faster_than_cublas`."""
     if not use_triton(x) or x.dim() != 2 or x.shape[0] > MAX_ROWS or x.shape[1] < 4 * BLOCK_K:
         return False
-    return PARTS * -(-w.shape[0] // BLOCK_N) <= sm_count(x.device.index or 0)
+    return block_n(w.shape[0], sm_count(x.device.index or 0)) > 0
 
 
 @custom_op("monorl::split_k_parts", mutates_args=())
@@ -72,8 +84,9 @@ def split_k_parts(x: Tensor, w: Tensor) -> Tensor:
     parts = torch.empty(PARTS, M, N, dtype=torch.float32, device=x.device)
     if M:
         ks = triton.cdiv(triton.cdiv(K, PARTS), BLOCK_K) * BLOCK_K
-        _split_k_kernel[(triton.cdiv(N, BLOCK_N), PARTS)](
-            x, w, parts, M, N, K, ks, x.stride(0), w.stride(0), BLOCK_M=64, BLOCK_N=BLOCK_N, BLOCK_K=BLOCK_K,
+        bn = block_n(N, sm_count(x.device.index or 0)) or MAX_BLOCK_N
+        _split_k_kernel[(triton.cdiv(N, bn), PARTS)](
+            x, w, parts, M, N, K, ks, x.stride(0), w.stride(0), BLOCK_M=64, BLOCK_N=bn, BLOCK_K=BLOCK_K,
             num_warps=4, num_stages=6, **pdl_launch(x))
     return parts
 

@@ -10,7 +10,8 @@ converted is untouched. Its projections take a decode step's few rows to the Tri
 Per layer the decode step then runs: RMSNorm, the q/k/v GEMM, q/k norm + RoPE with the KV write, attention,
 o_proj, residual add + RMSNorm, the gate/up GEMM with SiLU * up as its epilogue (`matmul_invariant.mm_silu_mul`, a
 fused copy's decode rows on Hopper; elsewhere the GEMM, then `silu_mul`), down_proj; the residual add after it runs
-in the next block's first norm (a converted block passes its output on as the pair (h, m), sum pending).
+in the next block's first norm (a converted block passes its output on as the pair (h, m), sum pending). At decode
+rows o_proj and down_proj may hand that add their product as two fp32 K parts (`project`, `monorl.ops.decode_gemm`).
 A copy with fused projections (`Qwen3ForCausalLM(fused=True)`, the generator's) hands the kernels column slices of
 one GEMM's output; an unfused model (the trainer's) its separate projections. Norm weights enter the kernels in the
 activations' dtype (the trainer's fp32 masters as exactly the generator's bf16 copy).

@@ -412,7 +412,7 @@ if [[ $what == ab ]]; then
   for side in ${THROUGHPUT-new base}; do
     src=$PWD; [[ $side == base ]] && src=$PWD/.base
     PYTHONPATH=$src/src:/tmp/site python3 "$src/benchmarks/bench_throughput.py" --no-compile \
-      --out "/tmp/ab_throughput_$side.json" 2>&1 | grep -v DEBUG | tail -2 | sed "s/^/$side: /"
+      --out "/tmp/ab_throughput_$side.json" 2>&1 | grep -E "tok/s|prefills|ring reads" | sed "s/^/$side: /"
   done
   if [[ -n ${WALL:-} ]]; then
     args=$(preset_args)

@@ -3,13 +3,15 @@
 Why: at decode rows every program of `matmul_invariant`'s decode tiling reads all of x's K columns (from L2) beside
 its own weight rows, ~2K x (rows + tile columns) bytes, and a program moves them at ~30 KB/us whatever its shape
 (H200): a product of N = 1024 columns (Qwen3-0.6B's o and down projections) runs 64 programs of 16 columns, half
-the SMs idle. Two K parts give twice the programs, each moving half that; the q/k/v product (4096 columns, 128
-programs of 32) runs as 128 programs of 64 columns and half the K, ~28% fewer bytes each (`block_n`).
+the SMs idle. Two K parts give twice the programs, each moving half that (Qwen3-1.7B's 2048-column o and down: 64
+programs of 32 columns, `block_n`). Measured at 40 rows (`benchmarks/tune_decode_gemm.py`, H200, weights cold): 0.6B
+o 5.38 -> 4.21 us, down 7.14 -> 5.27; 1.7B o 5.64 -> 4.71, down 12.64 -> 9.49. Not the q/k/v product (4096 columns,
+128 programs already): 4.67 -> 4.59 us in 64-column parts, and the q/k pass summing them got slower by as much.
 
 The parts' fp32 sums are not added here: a reduction inside the launch (the last program of a column tile adding
 them, behind an acquire-release counter) cost ~2 us of a 5-7 us launch (`benchmarks/tune_decode_gemm.py`, H200), so
 `split_k_parts` returns both and the kernel that reads the product next adds them as it loads it (the residual add
-+ norm, `block_kernels.add_parts_rms_norm`; the q/k norm + RoPE pass, `block_kernels.qk_norm_rope_write_kv_parts`).
++ norm, `block_kernels.add_parts_rms_norm`, also the final norm's: `fused_kernels.project`).
 The sum is p0 + p1 rounded to the model's dtype: deterministic, but not the invariant GEMM's single K loop, so the
 batch-invariant mode never calls this (its generator's products must be the trainer's).
 """

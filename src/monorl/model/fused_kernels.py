@@ -45,7 +45,7 @@ class FusedKernelsLinear(Linear):
 
 def project(proj: nn.Module, x: Tensor) -> Tensor:
     """proj(x) for a block's last projections (o_proj, down_proj), whose output only the next residual add + norm
-    reads; at a decode step's rows where splitting K pays (`decode_gemm.split_k_fits`: Qwen3-0.6B's 1024-column
+    reads; at a decode step's rows where splitting K pays (`decode_gemm.split_k_fits`: Qwen3-0.6B's and 1.7B's
     products), its two fp32 K parts [2, T, N] instead, which that add sums (`add_norm`). Only this class's
     projections: a batch-invariant copy's (`BatchInvariantLinear`) keep the invariant GEMM."""
     if (type(proj) is FusedKernelsLinear and proj.bias is None and not torch.is_grad_enabled()

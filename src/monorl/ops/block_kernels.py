@@ -150,12 +150,18 @@ def add_rms_norm(x: Tensor, a: Tensor, w: Tensor, eps: float) -> tuple[Tensor, T
     if not use_triton(x):
         h = x + a
         return h, rms_norm_rows(h, w, eps)
+    return _add_rms_norm_triton(x, a, w, eps, parts=False)
+
+
+def _add_rms_norm_triton(x: Tensor, a: Tensor, w: Tensor, eps: float, parts: bool) -> tuple[Tensor, Tensor]:
+    """One `_add_rms_norm_kernel` launch; parts: a is a split-K product's two fp32 parts [2, *x.shape]."""
     x, a = x.contiguous(), a.contiguous()
     D = x.shape[-1]
     h, out = torch.empty_like(x), torch.empty_like(x)
     rows = x.numel() // D
     if rows:
-        _add_rms_norm_kernel[(rows,)](x, a, w.contiguous(), h, out, D, eps, 0, BLOCK_D=triton.next_power_of_2(D),
+        _add_rms_norm_kernel[(rows,)](x, a, w.contiguous(), h, out, D, eps, rows * D if parts else 0,
+                                      BLOCK_D=triton.next_power_of_2(D), PARTS=parts,
                                       num_warps=4 if D <= 2048 else 8, enable_fp_fusion=False, **pdl_launch(x))
     return h, out
 
@@ -186,15 +192,7 @@ def add_parts_rms_norm(x: Tensor, parts: Tensor, w: Tensor, eps: float) -> tuple
     if not use_triton(x):
         h = x + sum_parts(parts, x.dtype)
         return h, rms_norm_rows(h, w, eps)
-    x, parts = x.contiguous(), parts.contiguous()
-    D = x.shape[-1]
-    h, out = torch.empty_like(x), torch.empty_like(x)
-    rows = x.numel() // D
-    if rows:
-        _add_rms_norm_kernel[(rows,)](x, parts, w.contiguous(), h, out, D, eps, rows * D,
-                                      BLOCK_D=triton.next_power_of_2(D), PARTS=True, num_warps=4 if D <= 2048 else 8,
-                                      enable_fp_fusion=False, **pdl_launch(x))
-    return h, out
+    return _add_rms_norm_triton(x, parts, w, eps, parts=True)
 
 
 @add_parts_rms_norm.register_fake

@@ -154,9 +154,11 @@ def main() -> None:
     ap.add_argument("--out", default="profile_decode_step.json")
     ap.add_argument("--sweep", default="", help="MODULE.NAME=V1,V2,...: the graphed step for each value in turns")
     ap.add_argument("--repeat", type=int, default=2, help="rounds of --sweep")
+    ap.add_argument("--variants", default="", help="'M.A=1;M.B=2|M.A=3;M.B=4': like --sweep, each variant setting "
+                    "several module constants (an empty variant: the constants as they are)")
     args = ap.parse_args()
     SAMPLES, TOP_P = args.samples, args.top_p
-    if args.sweep:
+    if args.sweep or args.variants:
         sweep(args)
         return
     res = [run_mode(m, args.steps, args.prompts, args.prompt_len) for m in args.mode.split(",")]
@@ -173,18 +175,37 @@ def main() -> None:
                   f"{row['us_step'] / max(1, row['launches']):.2f} |")
 
 
+def parse_assignments(text: str) -> list[tuple[object, str, object]]:
+    """'pkg.mod.NAME=V;...' -> [(module, NAME, V)] (V an int where it reads as one)."""
+    out = []
+    for item in filter(None, text.split(";")):
+        target, v = item.split("=")
+        out.append((importlib.import_module(target.rsplit(".", 1)[0]), target.rsplit(".", 1)[1],
+                    int(v) if v.lstrip("-").isdigit() else v))
+    return out
+
+
 def sweep(args: argparse.Namespace) -> None:
-    """The graphed decode step (no profile) for each value of one module constant, the values in turns."""
-    target, values = args.sweep.split("=")
-    module, name = importlib.import_module(target.rsplit(".", 1)[0]), target.rsplit(".", 1)[1]
-    values = [int(v) if v.lstrip("-").isdigit() else v for v in values.split(",")]
+    """The graphed decode step (no profile) for each value of one module constant (--sweep) or each variant
+    (--variants), in turns."""
+    if args.sweep:
+        target, values = args.sweep.split("=")
+        variants = [f"{target}={v}" for v in values.split(",")]
+    else:
+        variants = args.variants.split("|")
+    sets = [parse_assignments(v) for v in variants]
+    defaults = {(id(m), n): (m, n, getattr(m, n)) for s in sets for m, n, _ in s}
     res: dict = collections.defaultdict(list)
     for _ in range(args.repeat):
-        for v in values:
-            setattr(module, name, v)
+        for assigns in sets:
+            for m, n, v in defaults.values():
+                setattr(m, n, v)
+            for m, n, v in assigns:
+                setattr(m, n, v)
+            label = ";".join(f"{n}={v}" for _, n, v in assigns) or "as is"
             for m in args.mode.split(","):
                 r = run_mode(m, args.steps, args.prompts, args.prompt_len, profile_steps=False)
-                res[f"{m} {name}={v}"].append(r["graphed_decode_step_ms"])
+                res[f"{m} {label}"].append(r["graphed_decode_step_ms"])
     with open(args.out, "w") as f:
         json.dump(dict(device=torch.cuda.get_device_name(), torch=torch.__version__, sweep=res), f, indent=1)
     print(f"\n== {torch.cuda.get_device_name()}: graphed decode step (ms), {args.repeat} rounds in turns ==")

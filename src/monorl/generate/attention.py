@@ -27,6 +27,7 @@ from torch import Tensor
 from monorl.compile import mark_dynamic
 from monorl.model.attention import VarlenContext
 from monorl.ops import HAS_TRITON, attention_invariant, custom_op, sm_count
+from monorl.ops import attention_triton as attention_triton_ops
 from monorl.ops.attention_triton import attention_triton, decode_splits
 from monorl.ops.block_kernels import write_kv
 
@@ -134,7 +135,8 @@ def paged_decode_triton(q: Tensor, k_cache: Tensor, v_cache: Tensor, block_table
     programs (`decode_splits`: a function of the row count, so one CUDA graph per batch bucket keeps its
     launch)."""
     splits = paged_decode_splits(q.shape[0], k_cache.shape[-2], q.device)
-    return attention_triton(q, k_cache, v_cache, seq_lens, block_tables, splits)
+    return attention_triton(q, k_cache, v_cache, seq_lens, block_tables, splits, attention_triton_ops.DECODE_BLOCK_N,
+                            attention_triton_ops.DECODE_MIN_CHUNK)
 
 
 def paged_decode_splits(rows: int, kv_heads: int, device: torch.device) -> int:

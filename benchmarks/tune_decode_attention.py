@@ -39,9 +39,9 @@ def launch_each(caches, q, lens, bt, out, stages: int | None, warps: int, block_
         launch(q, kc, vc, lens, bt, out, stages, warps, block_n)
 
 
-def split_each(caches, q, lens, bt, splits: int, block_n: int = at.ATTN_BLOCK_N, min_chunk: int = 0) -> None:
+def split_each(caches, q, lens, bt, splits: int, block_n: int = at.ATTN_BLOCK_N) -> None:
     for kc, vc in caches:
-        at.attention_triton(q, kc, vc, lens, bt, splits, block_n, min_chunk)
+        at.attention_triton(q, kc, vc, lens, bt, splits, block_n)
 
 
 def main() -> None:
@@ -56,7 +56,7 @@ def main() -> None:
                          "a decode step's 28 layers read theirs")
     ap.add_argument("--splits", default="", help="also time `attention_triton` with these key splits (a comma list; "
                     "the default mode's decode, its merge included), 0 = what `decode_splits` picks; "
-                    "S/BLOCK_N/MIN_CHUNK for a key block and the in-kernel merge's smallest part")
+                    "S/BLOCK_N for another key block")
     ap.add_argument("--spread", action="store_true", help="contexts uniform in [ctx / 4, 7 ctx / 4], not ~ctx")
     ap.add_argument("--out", default="tune_decode_attention.json")
     a = ap.parse_args()
@@ -97,11 +97,11 @@ def main() -> None:
             print(f"| {B} | {ctx} | {block_n} | {stages or 'default'} | {warps} | {ms * 1e3:.2f} | "
                   f"{kv_bytes / ms / 1e6:,.0f} | {same} |", flush=True)
         for spec in filter(None, a.splits.split(",")):
-            S, bn, mc = (list(map(int, spec.split("/"))) + [at.ATTN_BLOCK_N, 0])[:3]
+            S, bn = (list(map(int, spec.split("/"))) + [at.ATTN_BLOCK_N])[:2]
             S = S or at.decode_splits(B, Hkv, torch.cuda.get_device_properties(0).multi_processor_count)
-            out = at.attention_triton(q, kc, vc, lens, bt, S, bn, mc)
+            out = at.attention_triton(q, kc, vc, lens, bt, S, bn)
             err = (out.float() - ref.float()).abs().max().item()
-            fn = functools.partial(split_each, caches, q, lens, bt, S, bn, mc)
+            fn = functools.partial(split_each, caches, q, lens, bt, S, bn)
             ms = do_bench_cudagraph(fn, rep=20) / a.copies
             res[f"{B},{ctx},splits{spec}"] = {"us": ms * 1e3, "gb_s": kv_bytes / ms / 1e6, "max_err": err}
             print(f"| {B} | {ctx} | splits {spec} | | | {ms * 1e3:.2f} | {kv_bytes / ms / 1e6:,.0f} | "

@@ -10,7 +10,7 @@ from monorl.compile import CompileConfig
 from monorl.generate import Generator, GeneratorConfig, SamplingParams
 from monorl.generate.attention import paged_decode_torch, paged_decode_triton, triton_decode_supported
 from monorl.model import build_model, model_shape
-from monorl.ops.attention_triton import attention_triton, split_counters
+from monorl.ops.attention_triton import attention_triton
 from tests.conftest import full_forward_logprobs
 
 pytestmark = pytest.mark.gpu
@@ -49,36 +49,9 @@ def test_triton_paged_decode_matches_torch(heads, kv_heads, D):
     for splits in (2, 4, 16):
         c = attention_triton(q, k, v, lens, tables, splits=splits).float()
         torch.testing.assert_close(c, b, atol=2e-2, rtol=2e-2)
-
-
-def test_paged_decode_parts_merged_in_kernel():
-    """min_chunk > 0: a row is split only into parts of >= min_chunk keys, merged by its last program to finish (a
-    counter per (row, kv head)): the portable path's output, bitwise the same launch after launch and in a CUDA
-    graph, the counters left at zero, and a row of one part is the unsplit launch's output exactly."""
-    torch.manual_seed(0)
-    H, Hkv, D, bs, B, W = 16, 8, 128, 16, 9, 48
-    k = torch.randn(B * W + 1, bs, Hkv, D, device="cuda", dtype=torch.bfloat16)
-    v = torch.randn_like(k)
-    q = torch.randn(B, H, D, device="cuda", dtype=torch.bfloat16)
-    tables = torch.randperm(B * W, device="cuda").view(B, W).int() + 1
-    lens = torch.tensor([1, 17, 128, 129, 300, 511, 512, 513, 767], device="cuda", dtype=torch.int32)
-    ref = paged_decode_torch(q, k, v, tables, lens).float()
-    for splits, block_n, min_chunk in [(8, 128, 256), (4, 64, 64), (16, 64, 128), (2, 128, 128)]:
-        a = attention_triton(q, k, v, lens, tables, splits, block_n, min_chunk)
-        torch.testing.assert_close(a.float(), ref, atol=2e-2, rtol=2e-2)
-        for _ in range(3):
-            assert torch.equal(attention_triton(q, k, v, lens, tables, splits, block_n, min_chunk), a)
-        assert not split_counters(q.device, B * Hkv)[:B * Hkv].any()
-        one_part = attention_triton(q, k, v, lens, tables, splits, block_n, 1024)  # every row below 1024 keys
-        assert torch.equal(one_part, attention_triton(q, k, v, lens, tables, 1, block_n))
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        out = attention_triton(q, k, v, lens, tables, 8, 128, 256)
-    for _ in range(3):
-        out.zero_()
-        graph.replay()
-        assert torch.equal(out, attention_triton(q, k, v, lens, tables, 8, 128, 256))
-    assert not split_counters(q.device, B * Hkv)[:B * Hkv].any()
+    for splits in (1, 4):  # the default mode's 128-key blocks (paged_decode_triton: 1 split at 5 rows here)
+        c = attention_triton(q, k, v, lens, tables, splits, block_n=128).float()
+        torch.testing.assert_close(c, b, atol=2e-2, rtol=2e-2)
 
 
 @pytest.mark.parametrize("compile", [False, True])

@@ -27,11 +27,13 @@ ATTN_ROWS = 16  # query rows per program (both layouts): the smallest tile of a 
 # inputs, but not in the model: the generator's log-probs then differed from the trainer's (by up to 0.039).
 ATTN_WARPS = 4
 # The generator's ordinary paged decode (the default mode; `monorl.generate.attention.paged_decode_triton`) walks
-# keys in blocks of DECODE_BLOCK_N and splits each row's keys over more programs when its (row, kv head) programs
-# are fewer than SPLIT_BELOW an SM (`decode_splits`): to ~SPLIT_TARGET an SM, at most MAX_SPLITS parts a row, and
-# only into parts of at least DECODE_MIN_CHUNK keys (0: always SPLITS parts, merged by a second launch).
-DECODE_BLOCK_N = 64
-DECODE_MIN_CHUNK = 0
+# keys in blocks of DECODE_BLOCK_N: a program then has twice the bytes in flight, which is what bounds a decode
+# launch whose rows leave few programs an SM. Measured (`benchmarks/tune_decode_attention.py --spread`, H200, us a
+# launch, 64 -> 128 keys): 34 rows of ~1460 keys 90.6 -> 70.2, 70 of ~1250 117 -> 103, 138 of ~1000 161 -> 149,
+# 256 of ~700 191 -> 183, 40 of ~180 14.2 -> 13.0. The batch-invariant path keeps ATTN_BLOCK_N (the varlen path's
+# key-block order). It splits each row's keys over more programs when its (row, kv head) programs are fewer than
+# SPLIT_BELOW an SM (`decode_splits`): to ~SPLIT_TARGET an SM, at most MAX_SPLITS parts a row.
+DECODE_BLOCK_N = 128
 SPLIT_BELOW_PROGRAMS_PER_SM = 2
 SPLIT_TARGET_PROGRAMS_PER_SM = 8
 MAX_SPLITS = 16
@@ -48,18 +50,14 @@ if HAS_TRITON:
                      stride_ot, stride_oh, scale, tiles, part_ptr, ml_ptr, lse_ptr, stride_lse,
                      PAGED: tl.constexpr, G: tl.constexpr, ROWS: tl.constexpr, TOKENS: tl.constexpr,
                      D: tl.constexpr, BS: tl.constexpr, BLOCK_N: tl.constexpr, SPLITS: tl.constexpr = 1,
-                     STORE_LSE: tl.constexpr = False, PDL: tl.constexpr = False, cnt_ptr=None,
-                     MIN_CHUNK: tl.constexpr = 0):
+                     STORE_LSE: tl.constexpr = False, PDL: tl.constexpr = False):
         if PDL:  # wait for the kernel before (programmatic dependent launch)
             pdl_start()
         # Rows are (token i < TOKENS of the tile, query head hk * G + g). Paged: program = one sequence's new
         # token (TOKENS = 1), n keys, all of them visible. Varlen: program = tile `pid % tiles` of sequence
         # `pid // tiles`; its token i sees keys 0..t0 + i of that sequence. SPLITS > 1 (paged only, not
         # invariant): program (pid, hk, split) walks the split-th of SPLITS equal runs of whole key blocks and
-        # writes its unnormalised state to part_ptr / ml_ptr for `_attn_combine_kernel`. MIN_CHUNK > 0: a row walks
-        # only as many parts as have MIN_CHUNK keys each (at most SPLITS; programs past them exit), a row of one
-        # part writes its output as unsplit, and the last program of a split row to finish (a counter a (row, kv
-        # head) at cnt_ptr, left at 0) merges the parts in part order: no combine launch. STORE_LSE: each row's
+        # writes its unnormalised state to part_ptr / ml_ptr for `_attn_combine_kernel`. STORE_LSE: each row's
         # log-sum-exp of its scaled scores (m + log l) at lse_ptr [Hq, rows], the softmax statistics flash
         # attention's backward takes, so that backward need not recompute them.
         pid = tl.program_id(0)
@@ -76,17 +74,10 @@ if HAS_TRITON:
             kv_end = n
             kbase = 0
             kv_start = 0
-            parts = SPLITS
-            if MIN_CHUNK > 0:
-                parts = tl.maximum(1, tl.minimum(SPLITS, tl.cdiv(n, MIN_CHUNK)))
             if SPLITS > 1:
-                chunk = tl.maximum(1, tl.cdiv(tl.cdiv(n, parts), BLOCK_N)) * BLOCK_N
+                chunk = tl.cdiv(tl.cdiv(n, SPLITS), BLOCK_N) * BLOCK_N
                 kv_start = tl.program_id(2) * chunk
                 kv_end = tl.minimum(n, kv_start + chunk)
-                if MIN_CHUNK > 0:
-                    parts = tl.maximum(1, tl.cdiv(n, chunk))  # the parts that have keys
-                    if tl.program_id(2) >= parts:
-                        return
         else:
             seq = pid // tiles
             t0 = (pid % tiles) * TOKENS
@@ -125,33 +116,13 @@ if HAS_TRITON:
             v = tl.load(v_ptr + off[:, None] + offs_d[None, :], mask=nmask[:, None], other=0.0)
             acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
             m_i = m_new
-        if SPLITS > 1 and (MIN_CHUNK == 0 or parts > 1):
-            # state of rows (pid, split, hq): m and l at ml_ptr [2, R, SPLITS, Hq], acc at part_ptr
+        if SPLITS > 1:  # state of rows (pid, split, hq): m and l at ml_ptr [2, R, SPLITS, Hq], acc at part_ptr
             nh = tl.num_programs(1) * G
-            ml_l = tl.num_programs(0) * SPLITS * nh
             at = (pid * SPLITS + tl.program_id(2)) * nh + hq
             tl.store(ml_ptr + at, m_i, mask=rmask)
-            tl.store(ml_ptr + ml_l + at, l_i, mask=rmask)
+            tl.store(ml_ptr + tl.num_programs(0) * SPLITS * nh + at, l_i, mask=rmask)
             tl.store(part_ptr + at[:, None].to(tl.int64) * D + offs_d[None, :], acc, mask=rmask[:, None])
-            if MIN_CHUNK == 0:
-                return
-            tl.debug_barrier()  # every thread's stores before the release below
-            cnt = cnt_ptr + pid * tl.num_programs(1) + hk
-            if tl.atomic_add(cnt, 1, sem="acq_rel", scope="gpu") != parts - 1:
-                return
-            tl.store(cnt, 0)  # the last part of the row: reset for the next launch, merge
-            base = pid * SPLITS * nh + hq
-            m_all = tl.full([ROWS], float("-inf"), dtype=tl.float32)
-            for sp in range(0, parts):
-                m_all = tl.maximum(m_all, tl.load(ml_ptr + base + sp * nh, mask=rmask, other=float("-inf"),
-                                                  cache_modifier=".cg"))
-            l_i = tl.zeros([ROWS], dtype=tl.float32)
-            acc = tl.zeros([ROWS, D], dtype=tl.float32)
-            for sp in range(0, parts):
-                w = tl.exp(tl.load(ml_ptr + base + sp * nh, mask=rmask, other=0.0, cache_modifier=".cg") - m_all)
-                l_i += w * tl.load(ml_ptr + ml_l + base + sp * nh, mask=rmask, other=0.0, cache_modifier=".cg")
-                acc += w[:, None] * tl.load(part_ptr + (base + sp * nh)[:, None].to(tl.int64) * D + offs_d[None, :],
-                                            mask=rmask[:, None], other=0.0, cache_modifier=".cg")
+            return
         out = acc / l_i[:, None]
         if STORE_LSE:
             tl.store(lse_ptr + hq * stride_lse + qrow, m_i + tl.log(l_i), mask=rmask)
@@ -198,30 +169,12 @@ def _tile(Hq: int, Hkv: int) -> tuple[int, int, int]:
     return G, rows, rows // G
 
 
-_split_counters: dict[torch.device, Tensor] = {}
-
-
-def split_counters(device: torch.device, n: int) -> Tensor | None:
-    """n int32 zeros on device, kept: the counters of a merge-in-kernel split decode, which its last program of a
-    (row, kv head) sets back to 0, so the same buffer serves every launch (one stream: two decodes running at once
-    on one device would share them). None where they must be made inside a CUDA graph capture (a buffer from the
-    graph's pool): the caller then merges in a second launch."""
-    have = _split_counters.get(device)
-    if have is None or have.numel() < n:
-        if torch.cuda.is_current_stream_capturing():
-            return None
-        have = _split_counters[device] = torch.zeros(max(n, 1 << 14), dtype=torch.int32, device=device)
-    return have
-
-
 def attention_triton(q: Tensor, k_cache: Tensor, v_cache: Tensor, lens: Tensor, block_tables: Tensor,
-                     splits: int = 1, block_n: int = ATTN_BLOCK_N, min_chunk: int = 0) -> Tensor:
+                     splits: int = 1, block_n: int = ATTN_BLOCK_N) -> Tensor:
     """Paged decode: q [R, Hq, D] (one token per sequence) attends the first lens[r] keys of row r's block table
     (caches [N, BS, Hkv, D]), in key blocks of block_n. splits > 1 (a power of two): each row's keys are walked in
-    that many parts by separate programs and merged after (`decode_splits`), which fills the GPU when rows are few;
-    the sums then round differently, so the batch-invariant ops keep 1 (and 64-key blocks, the varlen path's).
-    min_chunk > 0 (a multiple of block_n): a row takes only the parts that get min_chunk keys each, and they are
-    merged by the row's last program to finish, not a second launch (the default mode's decode)."""
+    that many parts by separate programs and merged after (`decode_splits`), which fills the GPU when rows are
+    few; the sums then round differently, so the batch-invariant ops keep 1 (and the varlen path's block_n)."""
     R, Hq, D = q.shape
     Hkv = k_cache.shape[-2]
     G, rows, _ = _tile(Hq, Hkv)
@@ -229,23 +182,17 @@ def attention_triton(q: Tensor, k_cache: Tensor, v_cache: Tensor, lens: Tensor, 
     out = torch.empty_like(q)
     if R == 0:
         return out
-    part = ml = cnt = out
+    part = ml = out
     if splits > 1:
         part = torch.empty(R, splits, Hq, D, dtype=torch.float32, device=q.device)
         ml = torch.empty(2, R, splits, Hq, dtype=torch.float32, device=q.device)
-        if min_chunk:
-            cnt = split_counters(q.device, R * Hkv)
-            if cnt is None:
-                cnt, min_chunk = out, 0
-    else:
-        min_chunk = 0
     _attn_kernel[(R, Hkv, splits)](
         q, k_cache, v_cache, out, lens, lens, block_tables,
         q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), block_tables.stride(0),
         out.stride(0), out.stride(1), D ** -0.5, 1, part, ml, out, 0,
         PAGED=True, G=G, ROWS=rows, TOKENS=1, D=D, BS=k_cache.shape[1], BLOCK_N=block_n, SPLITS=splits,
-        num_warps=ATTN_WARPS, cnt_ptr=cnt, MIN_CHUNK=min_chunk, **pdl_launch(q))
-    if splits > 1 and not min_chunk:
+        num_warps=ATTN_WARPS, **pdl_launch(q))
+    if splits > 1:
         _attn_combine_kernel[(R, Hq)](part, ml, out, out.stride(0), out.stride(1), R, Hq, SPLITS=splits, D=D,
                                       num_warps=1, **pdl_launch(q))
     return out

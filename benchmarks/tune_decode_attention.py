@@ -58,10 +58,13 @@ def main() -> None:
                     "the default mode's decode, its merge included), 0 = what `decode_splits` picks; "
                     "S/BLOCK_N for another key block")
     ap.add_argument("--spread", action="store_true", help="contexts uniform in [ctx / 4, 7 ctx / 4], not ~ctx")
+    ap.add_argument("--block-size", type=int, default=16, help="tokens a KV-cache block (the generator's: 16)")
+    ap.add_argument("--head-major", action="store_true", help="caches stored [N, Hkv, BS, D] (a kv head's keys of a "
+                    "block contiguous), passed as the [N, BS, Hkv, D] view the kernel takes by strides")
     ap.add_argument("--out", default="tune_decode_attention.json")
     a = ap.parse_args()
     torch.manual_seed(0)
-    B, Hq, Hkv, D, BS = a.batch, 16, 8, 128, 16
+    B, Hq, Hkv, D, BS = a.batch, 16, 8, 128, a.block_size
     res = {}
     stage_list = [None if x == "default" else int(x) for x in a.stages.split(",")]
     print("| batch | context | block_n | stages | warps | us per launch | GB/s (K+V read) | bitwise the default |\n"
@@ -69,8 +72,13 @@ def main() -> None:
     for ctx in map(int, a.contexts.split(",")):
         width = triton.cdiv(ctx * 7 // 4 if a.spread else ctx, BS)
         shape = (B * width + 1, BS, Hkv, D)
-        caches = [(torch.randn(shape, device="cuda", dtype=torch.bfloat16),
-                   torch.randn(shape, device="cuda", dtype=torch.bfloat16)) for _ in range(a.copies)]
+        def cache(shape: tuple = shape) -> torch.Tensor:
+            if a.head_major:
+                N, bs, h, d = shape
+                return torch.randn(N, h, bs, d, device="cuda", dtype=torch.bfloat16).transpose(1, 2)
+            return torch.randn(shape, device="cuda", dtype=torch.bfloat16)
+
+        caches = [(cache(), cache()) for _ in range(a.copies)]
         kc, vc = caches[0]
         bt = torch.randperm(B * width, device="cuda").view(B, width).int() + 1
         if a.spread:

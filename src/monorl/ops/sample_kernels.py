@@ -69,6 +69,14 @@ if HAS_TRITON:
         tl.store(thresh_ptr + b, last * inv_t)
 
     @triton.jit
+    def _load_block(row, start, i, V, CHUNK: tl.constexpr, BLOCK: tl.constexpr):
+        """Logits i .. i + BLOCK - 1 of the chunk at row (the chunk's first logit is the row's `start`-th) as fp32,
+        -inf past the chunk or the row. The passes below load block i + 1 before they work on block i (the loop's
+        loads are otherwise issued one at a time: each waits out its latency with nothing else in flight)."""
+        v = i + tl.arange(0, BLOCK)
+        return tl.load(row + v, mask=(v < CHUNK) & (start + v < V), other=float("-inf")).to(tl.float32)
+
+    @triton.jit
     def _order_key(x):
         """An fp32 holding a bf16 value -> the bf16's 16-bit order key (int32 in [0, 65535], ordered as the values)."""
         b = (x.to(tl.int32, bitcast=True) >> 16) & 0xFFFF
@@ -120,9 +128,11 @@ if HAS_TRITON:
         cut = _order_key(tl.load(logits_ptr + b * stride_b + tl.load(tok_ptr + b)).to(tl.float32))
         t = tl.zeros([BLOCK], tl.int64)
         a = tl.zeros([BLOCK], tl.int64)
+        row = logits_ptr + b * stride_b + c * CHUNK
+        x_next = _load_block(row, c * CHUNK, 0, V, CHUNK, BLOCK)
         for i in range(0, CHUNK, BLOCK):
-            v = c * CHUNK + i + tl.arange(0, BLOCK)
-            x = tl.load(logits_ptr + b * stride_b + v, mask=v < V, other=float("-inf")).to(tl.float32)
+            x = x_next
+            x_next = _load_block(row, c * CHUNK, i + BLOCK, V, CHUNK, BLOCK)  # in flight while x is summed
             q = (libdevice.exp(x * inv_t - top) * scale).to(tl.int64)
             t += q
             a += tl.where(_order_key(x) > cut, q, 0)
@@ -179,9 +189,11 @@ if HAS_TRITON:
                 tl.store(cur_ptr + b * LEVELS + LEVEL, cur)
             starts = cur + tl.arange(0, W)[None, :] * (1 << (16 - BITS * (LEVEL + 1))) - 1
             acc = tl.zeros([BLOCK, W], tl.int64)
+            row = logits_ptr + b * stride_b + c * SCHUNK
+            x_next = _load_block(row, c * SCHUNK, 0, V, SCHUNK, BLOCK)
             for i in range(0, SCHUNK, BLOCK):
-                v = c * SCHUNK + i + tl.arange(0, BLOCK)
-                x = tl.load(logits_ptr + b * stride_b + v, mask=v < V, other=float("-inf")).to(tl.float32)
+                x = x_next
+                x_next = _load_block(row, c * SCHUNK, i + BLOCK, V, SCHUNK, BLOCK)  # in flight while x is summed
                 q = (libdevice.exp(x * inv_t - top) * scale).to(tl.int64)
                 acc += tl.where(_order_key(x)[:, None] > starts, q[:, None], 0)
             tl.store(parts_ptr + ((b * LEVELS + LEVEL) * NS + c) * W + tl.arange(0, W), tl.sum(acc, axis=0))
@@ -255,10 +267,13 @@ if HAS_TRITON:
         best_idx = tl.zeros([], tl.int32)
         m = tl.full([], float("-inf"), tl.float32)
         acc = tl.zeros([], tl.float32)
+        row = logits_ptr + b * stride_b + c * CHUNK
+        x_next = _load_block(row, c * CHUNK, 0, V, CHUNK, BLOCK)
         for i in range(0, CHUNK, BLOCK):
             v = c * CHUNK + i + tl.arange(0, BLOCK)
             mask = v < V
-            x = tl.load(logits_ptr + b * stride_b + v, mask=mask, other=float("-inf")).to(tl.float32)
+            x = x_next
+            x_next = _load_block(row, c * CHUNK, i + BLOCK, V, CHUNK, BLOCK)  # in flight while x is sampled
             if GREEDY:
                 s = x
                 val = x

@@ -49,7 +49,7 @@ def test_triton_paged_decode_matches_torch(heads, kv_heads, D):
     for splits in (2, 4, 16):
         c = attention_triton(q, k, v, lens, tables, splits=splits).float()
         torch.testing.assert_close(c, b, atol=2e-2, rtol=2e-2)
-    for splits in (1, 4):  # the default mode's 128-key blocks (paged_decode_triton: 1 split at 5 rows here)
+    for splits in (1, 4):  # other key blocks (`attention_triton`'s block_n; the tuner's)
         c = attention_triton(q, k, v, lens, tables, splits, block_n=128).float()
         torch.testing.assert_close(c, b, atol=2e-2, rtol=2e-2)
 

@@ -27,7 +27,6 @@ from torch import Tensor
 from monorl.compile import mark_dynamic
 from monorl.model.attention import VarlenContext
 from monorl.ops import HAS_TRITON, attention_invariant, custom_op, sm_count
-from monorl.ops import attention_triton as attention_triton_ops
 from monorl.ops.attention_triton import attention_triton, decode_splits
 from monorl.ops.block_kernels import write_kv
 
@@ -131,11 +130,11 @@ def paged_decode_triton(q: Tensor, k_cache: Tensor, v_cache: Tensor, block_table
                         seq_lens: Tensor) -> Tensor:
     """Paged flash-decode: the one Triton attention kernel of monorl (`monorl.ops.attention_triton`), which the
     batch-invariant ops also run for varlen prefill/training. Programs per (sequence, kv head), keys in blocks of
-    `attention_triton.DECODE_BLOCK_N` (128; the batch-invariant path's 64) read through the block table; only
-    seq_len keys are read. Few sequences split their keys over several programs (`decode_splits`: a function of
-    the row count, so one CUDA graph per batch bucket keeps its launch)."""
+    64 read through the block table; only seq_len keys are read. Few sequences split their keys over several
+    programs (`decode_splits`: a function of the row count, so one CUDA graph per batch bucket keeps its
+    launch)."""
     splits = paged_decode_splits(q.shape[0], k_cache.shape[-2], q.device)
-    return attention_triton(q, k_cache, v_cache, seq_lens, block_tables, splits, attention_triton_ops.DECODE_BLOCK_N)
+    return attention_triton(q, k_cache, v_cache, seq_lens, block_tables, splits)
 
 
 def paged_decode_splits(rows: int, kv_heads: int, device: torch.device) -> int:

@@ -26,14 +26,12 @@ ATTN_ROWS = 16  # query rows per program (both layouts): the smallest tile of a 
 # sequences of 150-250 keys, H200, benchmarks/tune_decode_attention.py) and bitwise the 4-warp launch on random
 # inputs, but not in the model: the generator's log-probs then differed from the trainer's (by up to 0.039).
 ATTN_WARPS = 4
-# The generator's ordinary paged decode (the default mode; `monorl.generate.attention.paged_decode_triton`) walks
-# keys in blocks of DECODE_BLOCK_N: a program then has twice the bytes in flight, which is what bounds a decode
-# launch whose rows leave few programs an SM. Measured (`benchmarks/tune_decode_attention.py --spread`, H200, us a
-# launch, 64 -> 128 keys): 34 rows of ~1460 keys 90.6 -> 70.2, 70 of ~1250 117 -> 103, 138 of ~1000 161 -> 149,
-# 256 of ~700 191 -> 183, 40 of ~180 14.2 -> 13.0. The batch-invariant path keeps ATTN_BLOCK_N (the varlen path's
-# key-block order). It splits each row's keys over more programs when its (row, kv head) programs are fewer than
-# SPLIT_BELOW an SM (`decode_splits`): to ~SPLIT_TARGET an SM, at most MAX_SPLITS parts a row.
-DECODE_BLOCK_N = 128
+# Paged decode reads each key block's cache blocks from the block table one block ahead (see the loop). Measured
+# (`benchmarks/tune_decode_attention.py --spread`, H200, us a launch, 64-key blocks, without -> with): 34 rows of
+# ~1460 keys 90.9 -> 66.6, 138 of ~1000 161.6 -> 148.9, 256 of ~700 191.1 -> 182.0, 40 of ~180 14.2 -> 12.6. 128-key
+# blocks had been as fast without it (69.7, 149.3, 182.5, 13.0) and are slower with it (75.3, 165.8, 215.9, 18.9).
+# The generator's ordinary paged decode splits each row's keys over more programs when its (row, kv head) programs
+# are fewer than SPLIT_BELOW an SM (`decode_splits`): to ~SPLIT_TARGET an SM, at most MAX_SPLITS parts a row.
 SPLIT_BELOW_PROGRAMS_PER_SM = 2
 SPLIT_TARGET_PROGRAMS_PER_SM = 8
 MAX_SPLITS = 16
@@ -98,11 +96,16 @@ if HAS_TRITON:
         m_i = tl.full([ROWS], float("-inf"), dtype=tl.float32)
         l_i = tl.zeros([ROWS], dtype=tl.float32)
         acc = tl.zeros([ROWS, D], dtype=tl.float32)
+        if PAGED:  # each key block's cache blocks are read from the table one block ahead: the key and value
+            # loads then wait for no table load of their own
+            table = bt_ptr + pid * stride_btb
+            blk_next = tl.load(table + (kv_start + offs_n) // BS, mask=kv_start + offs_n < kv_end, other=0)
         for start_n in range(kv_start, kv_end, BLOCK_N):
             key = start_n + offs_n
             nmask = key < kv_end
             if PAGED:
-                blk = tl.load(bt_ptr + pid * stride_btb + key // BS, mask=nmask, other=0)
+                blk = blk_next
+                blk_next = tl.load(table + (key + BLOCK_N) // BS, mask=key + BLOCK_N < kv_end, other=0)
                 off = blk.to(tl.int64) * stride_kblk + (key % BS) * stride_ktok + hk * stride_kh
             else:
                 off = (kbase + key) * stride_ktok + hk * stride_kh

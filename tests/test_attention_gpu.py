@@ -35,3 +35,21 @@ def test_model_logits_flash_vs_sdpa():
     b = model.logits_for(seqs, backend="sdpa")
     for x, y in zip(a, b, strict=True):
         torch.testing.assert_close(x.float(), y.float(), atol=3e-2, rtol=3e-2)
+
+
+def test_flash_varlen_gqa_without_autograd_equals_expanded_heads():
+    """Outside autograd the flash kernel takes the kv heads as they are (torch 2.11's wrapper has no GQA flag): the
+    output is bitwise the one of kv heads expanded to the query heads."""
+    from monorl.model.attention import flash_varlen
+
+    lengths = [5, 17, 1, 300, 33]
+    g = torch.Generator(device="cuda").manual_seed(1)
+    T = sum(lengths)
+    q = torch.randn(T, 16, 128, device="cuda", dtype=torch.bfloat16, generator=g)
+    k = torch.randn(T, 8, 128, device="cuda", dtype=torch.bfloat16, generator=g)
+    v = torch.randn(T, 8, 128, device="cuda", dtype=torch.bfloat16, generator=g)
+    cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], device="cuda", dtype=torch.int32)
+    with torch.no_grad():
+        gqa = flash_varlen(q, k, v, cu, max(lengths))
+        expanded = flash_varlen(q, k.repeat_interleave(2, dim=1), v.repeat_interleave(2, dim=1), cu, max(lengths))
+    assert torch.equal(gqa, expanded)

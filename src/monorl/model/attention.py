@@ -103,6 +103,12 @@ def flash_varlen(q: Tensor, k: Tensor, v: Tensor, cu_seqlens: Tensor, max_seqlen
     if k.shape[1] != q.shape[1]:
         if takes_gqa:
             kw["enable_gqa"] = True
+        elif not torch.is_grad_enabled():
+            # the flash kernel itself takes fewer kv heads (query head h reads kv head h // group); only torch
+            # 2.11's wrapper has no flag for it. Without autograd, call the kernel: no expanded copies of k and v
+            # (two copies a layer, ~40 ms of a 0.45 s prefill total in benchmarks/bench_throughput.py, H200)
+            return torch.ops.aten._flash_attention_forward(q, k, v, cu_seqlens, cu_seqlens, max_seqlen, max_seqlen,
+                                                           0.0, True, False)[0]
         else:
             rep = q.shape[1] // k.shape[1]
             k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)

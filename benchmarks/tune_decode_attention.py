@@ -58,6 +58,8 @@ def main() -> None:
                     "the default mode's decode, its merge included), 0 = what `decode_splits` picks; "
                     "S/BLOCK_N for another key block")
     ap.add_argument("--spread", action="store_true", help="contexts uniform in [ctx / 4, 7 ctx / 4], not ~ctx")
+    ap.add_argument("--longest-first", action="store_true", help="rows ordered by length, longest first (the "
+                    "programs of long rows dispatched before the short ones)")
     ap.add_argument("--block-size", type=int, default=16, help="tokens a KV-cache block (the generator's: 16)")
     ap.add_argument("--head-major", action="store_true", help="caches stored [N, Hkv, BS, D] (a kv head's keys of a "
                     "block contiguous), passed as the [N, BS, Hkv, D] view the kernel takes by strides")
@@ -85,6 +87,8 @@ def main() -> None:
             lens = torch.randint(ctx // 4, ctx * 7 // 4 + 1, (B,), device="cuda", dtype=torch.int32)
         else:
             lens = torch.full((B,), ctx, device="cuda", dtype=torch.int32) - torch.arange(B, device="cuda").int() % 7
+        if a.longest_first:
+            lens = lens.sort(descending=True).values
         q = torch.randn(B, Hq, D, device="cuda", dtype=torch.bfloat16)
         ref = torch.empty_like(q)
         launch(q, kc, vc, lens, bt, ref, None, 4)  # as varlen launches it

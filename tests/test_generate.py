@@ -196,6 +196,27 @@ def test_more_sequences_than_slots(model):
             assert eng.blocks.num_free() == eng.blocks.usable_blocks
 
 
+def test_deferred_ring_reads_equal_reads_before_the_next_steps(model):
+    """Without stops the engine queues the next decode steps before it reads the last ones' tokens
+    (`Generator.defer_ring_reads`): tokens, log-probs and finish reasons are the ones of reading first, with slots
+    freed, moved and refilled by admissions mid-run, and every block comes back."""
+    prompts = prompts_of([5, 30, 2, 17, 9, 11, 4], model.config.vocab_size, seed=8)
+    sps = [SamplingParams(max_new_tokens=m, temperature=0.9, seed=s, ignore_eos=True)
+           for m, s in ((5, 1), (23, 2), (9, 3), (1, 4), (14, 5), (30, 6), (7, 7))]
+    outs = []
+    for defer in (True, False):
+        g = gen(model, max_num_seqs=4)
+        g.defer_ring_reads = defer
+        outs.append(g.generate(prompts, sps, n=2))
+        assert g.blocks.num_free() == g.blocks.usable_blocks
+    (a, b) = outs
+    for x, y in zip(a, b, strict=True):
+        assert [c.token_ids for c in x] == [c.token_ids for c in y]
+        assert [c.logprobs for c in x] == [c.logprobs for c in y]
+        assert [c.finish_reason for c in x] == [c.finish_reason for c in y] == ["length", "length"]
+    assert [len(x[0].token_ids) for x in a] == [sp.max_new_tokens for sp in sps]
+
+
 def test_per_prompt_sampling_params(model):
     prompts = prompts_of([6, 19, 4], model.config.vocab_size, seed=7)
     sps = [SamplingParams(max_new_tokens=m, temperature=0.9, seed=s, ignore_eos=True)

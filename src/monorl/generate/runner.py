@@ -102,6 +102,8 @@ class ModelRunner:
         self.prefill_seen: dict[tuple, int] = {}  # eager runs per shape
         self.prefill_pool: Any = None
         self.timings = {"compile_warmup_s": 0.0, "graph_capture_s": 0.0}
+        self.host_ring: list[tuple[Tensor, Tensor]] = []  # pinned copies of the ring (`copy_ring`), made at first use
+        self.host_turn = 0
         self.sample_fn = sample_fn
 
     # ---- prefill -----------------------------------------------------------------------------------
@@ -255,7 +257,32 @@ class ModelRunner:
     def read_ring(self, steps: int, live: int) -> tuple[list[list[int]], list[list[float]]]:
         """[slot][step] tokens and log-probs of the last `steps` steps (one host sync): a sequence's new tokens are
         one list, which the engine extends by whole (`Generator._extend`)."""
-        toks = self.ring_tok[:steps, :live].t().cpu().tolist()
-        lps = self.ring_lp[:steps, :live].t().cpu().tolist()
+        return self.copy_ring(steps, live)()
+
+    def copy_ring(self, steps: int, live: int) -> Callable[[], tuple[list[list[int]], list[list[float]]]]:
+        """`read_ring` without waiting for it: the last `steps` steps' ring rows are copied to pinned host memory
+        behind the work queued so far, and the ring index is reset; the returned function waits for that copy
+        alone (not for work queued after it) and gives `read_ring`'s lists. Two pinned buffers serve in turn, so
+        at most two copies may be outstanding (the engine reads each before it queues the one after the next).
+        On CPU the copy is the read."""
+        if self.device.type != "cuda":
+            toks, lps = self.ring_tok[:steps, :live].t().tolist(), self.ring_lp[:steps, :live].t().tolist()
+            self.ring_idx.zero_()
+            return lambda: (toks, lps)
+        if not self.host_ring:
+            self.host_ring = [(torch.empty(self.ring_tok.shape, dtype=torch.int64, pin_memory=True),
+                               torch.empty(self.ring_lp.shape, dtype=torch.float32, pin_memory=True))
+                              for _ in range(2)]
+        tok_h, lp_h = self.host_ring[self.host_turn]
+        self.host_turn ^= 1
+        tok_h[:steps].copy_(self.ring_tok[:steps], non_blocking=True)  # whole rows: contiguous copies
+        lp_h[:steps].copy_(self.ring_lp[:steps], non_blocking=True)
+        done = torch.cuda.Event()
+        done.record()
         self.ring_idx.zero_()
-        return toks, lps
+
+        def wait() -> tuple[list[list[int]], list[list[float]]]:
+            done.synchronize()
+            return tok_h[:steps, :live].t().tolist(), lp_h[:steps, :live].t().tolist()
+
+        return wait

@@ -33,6 +33,7 @@
 #   decode_profile: the generator batch's top kernels per mode; the invariant GEMM's tilings at decode rows
 #   attn:    the throughput run split, the paged decode attention's bandwidth (256 and 40 rows), the trainer's ATen
 #            ops by shape
+#   compiled_warm_profile: a warm run of the preset compiled (Inductor) under cProfile: its compile path
 #   warm_profile: a warm run of the preset (caches and kept kernel list written) under cProfile
 #   timeline: the preset cold, then twice warm with stamped output lines; TRAIN_PROFILE=1: the trainer's ATen ops
 #   warmup_profile: the warm-up alone under cProfile (benchmarks/profile_startup.py --only-warm-up), caches warm
@@ -48,7 +49,7 @@
 #   decode_step: benchmarks/profile_decode_step.py of this tree and of BASE (.base): the graphed decode step, then
 #            kernel by kernel (SIDES, MODES, ROWS)
 #   bi:      `monorl train` of the Qwen3-0.6B preset (random weights) with --batch_invariant true (trainer graphs on)
-# Usage on the device: bash scripts/gpu_check.sh [tests|trainer|profile|loop|compare|startup|scale|scale_compile|bi_cost|bi_cost_1.7b|bi_kernels|bi_default|bi_lora|kernels|wall|wall_user|cold|bwd|ahead|kept|decode_profile|decode_step|attn|warm_profile|warmup_profile|timeline|rl_step|ab|bi|all]   (logs, JSON under $OUT)
+# Usage on the device: bash scripts/gpu_check.sh [tests|trainer|profile|loop|compare|startup|scale|scale_compile|bi_cost|bi_cost_1.7b|bi_kernels|bi_default|bi_lora|kernels|wall|wall_user|cold|bwd|ahead|kept|decode_profile|decode_step|attn|compiled_warm_profile|warm_profile|warmup_profile|timeline|rl_step|ab|bi|all]   (logs, JSON under $OUT)
 set -uo pipefail
 OUT=${OUT:-/tmp/monorl_out}; mkdir -p "$OUT"
 # wheels the device lacks (jsonargparse) go first: .whl carried, installed to /tmp/site (device README)
@@ -342,6 +343,17 @@ if [[ $what == attn ]]; then  # where the throughput run's time goes: its prefil
     --stages default,2,4 --warps 4,8 --out "$OUT/tda_40.json" 2>&1 | grep -v DEBUG | tail -20
   python3 benchmarks/profile_train_step.py --variants bi_eager --profile bi_eager --rows 20 --shapes 45 \
     --out "$OUT/train_step.json" 2>&1 | grep -v DEBUG | cut -c1-230 | tail -100
+fi
+if [[ $what == compiled_warm_profile ]]; then  # where a warm compiled run's trainer compile goes: the preset with
+  # --compile.backend inductor once (caches written), then again under cProfile: cumulative time of the compile path
+  args="$(preset_args) --compile.backend inductor --compile.cache_dir /tmp/cc_cwp"
+  user_bytecode
+  python3 -m monorl.cli train $args --run_dir /tmp/cwp0 > "$OUT/cwp_prime.log" 2>&1
+  grep -E "^startup|compile:" "$OUT/cwp_prime.log"
+  profile_train "$OUT/cwp.prof" $args --run_dir /tmp/cwp1 > "$OUT/cwp_1.log" 2>&1
+  grep -E "^startup|compile:" "$OUT/cwp_1.log"
+  python3 -c "import pstats; s = pstats.Stats('$OUT/cwp.prof'); s.sort_stats('cumulative').print_stats(
+    'dynamo|inductor|functorch|aot|compile|triton|warm_up|import', 60)" | cut -c1-180 | tail -64
 fi
 if [[ $what == warm_profile ]]; then  # where a warm run's wall time goes: the preset once (Triton cache, kept
   # kernel list and bytecode written), then again under cProfile (main thread): cumulative and own time

@@ -19,8 +19,10 @@ import triton
 import triton.language as tl
 from triton.testing import do_bench_cudagraph
 
+from monorl.ops import decode_gemm
+
 SHAPES = {"0.6b qkv": (4096, 1024), "0.6b o": (1024, 2048), "0.6b gate/up": (6144, 1024), "0.6b down": (1024, 3072),
-          "0.6b lm head": (151936, 1024)}
+          "0.6b lm head": (151936, 1024), "1.7b o": (2048, 2048), "1.7b down": (2048, 6144)}
 COLD_BYTES = 256 << 20
 
 
@@ -57,13 +59,15 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--rows", default="128,256")
     ap.add_argument("--shapes", default=",".join(SHAPES))
+    ap.add_argument("--kept-only", action="store_true", help="cuBLAS against the kept launch only (no sweep)")
     ap.add_argument("--out", default="tune_mid_rows_gemm.json")
     a = ap.parse_args()
     g = torch.Generator(device="cuda").manual_seed(0)
     res: dict = {}
     print(f"device {torch.cuda.get_device_name()}; us per product, weights cold")
-    print("| shape | rows | cuBLAS | best parts kernel | its config (BM, BN, BK, P, warps, stages) | parts' extra MB |")
-    print("|---|---|---|---|---|---|")
+    print("| shape | rows | cuBLAS | kept launch (`decode_gemm.split_k_parts`, where it applies) | best parts kernel | "
+          "its config (BM, BN, BK, P, warps, stages) | parts' extra MB |")
+    print("|---|---|---|---|---|---|---|")
     configs = [(bm, bn, bk, P, 4 if bm == 64 else 8, 4)
                for bm, bn, bk, P in itertools.product((64, 128), (64, 128, 256), (64, 128), (1, 2, 4))]
     for name in a.shapes.split(","):
@@ -74,8 +78,12 @@ def main() -> None:
             x = torch.randn(M, K, device="cuda", generator=g).bfloat16()
             ref = x.float() @ ws[0].float().t()
             cublas = do_bench_cudagraph(lambda x=x, ws=ws: [x @ w.t() for w in ws], rep=20) / len(ws) * 1e3
+            kept = float("nan")
+            if decode_gemm.split_k_fits(x, ws[0]):
+                kept = do_bench_cudagraph(lambda x=x, ws=ws: [decode_gemm.split_k_parts(x, w) for w in ws],
+                                          rep=20) / len(ws) * 1e3
             best = (float("inf"), None)
-            for bm, bn, bk, P, warps, stages in configs:
+            for bm, bn, bk, P, warps, stages in [] if a.kept_only else configs:
                 if (bn == 256 and bk == 128) or N // bn * P < 32:
                     continue
                 parts = torch.empty(P, M, N, dtype=torch.float32, device="cuda")
@@ -90,8 +98,9 @@ def main() -> None:
                 if us < best[0]:
                     best = (us, (bm, bn, bk, P, warps, stages))
             extra = (best[1][3] - 1) * M * N * 4 / 1e6 if best[1] else 0.0
-            res[f"{name} {M}"] = {"cublas_us": cublas, "parts_us": best[0], "config": best[1], "extra_mb": extra}
-            print(f"| {name} | {M} | {cublas:.2f} | {best[0]:.2f} | {best[1]} | {extra:.2f} |", flush=True)
+            res[f"{name} {M}"] = {"cublas_us": cublas, "kept_us": kept, "parts_us": best[0], "config": best[1],
+                                  "extra_mb": extra}
+            print(f"| {name} | {M} | {cublas:.2f} | {kept:.2f} | {best[0]:.2f} | {best[1]} | {extra:.2f} |", flush=True)
     with open(a.out, "w") as f:
         json.dump({"device": torch.cuda.get_device_name(), "results": res}, f, indent=1)
 

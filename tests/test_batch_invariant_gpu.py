@@ -114,7 +114,7 @@ def test_matmul_tilings_agree_bitwise() -> None:
     """Every tiling `_mm_config` can pick computes each element identically: the property that lets the tiling
     follow M (decode vs pack). Should a Triton or GPU change break it, this fails before any parity test."""
     mi = matmul_invariant
-    if not mi._tiling_may_follow_m(0):
+    if not mi.tiling_may_follow_m(0):
         pytest.skip("the tiling follows M on Hopper only; elsewhere one tiling per weight shape")
     configs = sorted({mi._mm_config(m, n, k) for m in (1, 64, mi.DECODE_ROWS, mi.DECODE_ROWS + 1, 8192)
                       for n, k in MM_SHAPES})

@@ -6,6 +6,7 @@ and a generator on the kernels against an eager forward."""
 from __future__ import annotations
 
 import dataclasses
+import itertools
 
 import pytest
 import torch
@@ -274,9 +275,10 @@ def test_generator_on_fused_kernels_computes_the_model():
 @pytest.mark.gpu
 def test_split_k_decode_products_compute_the_model(monkeypatch):
     """At Qwen3-0.6B's widths (two layers, a small vocabulary) the default mode's decode step takes o_proj and
-    down_proj as two fp32 K parts (`fused_kernels.project`), summed by the next add + norm or the model's last add:
-    the generated tokens' log-probs equal an eager forward of the model, the graph path equals the eager one; the
-    parts sum to the product, and the add + norm of the parts equals the one of their sum, bitwise."""
+    down_proj as fp32 K parts (`fused_kernels.project`; two up to 64 rows, 2-4 up to 192), summed by the next add +
+    norm or the model's last add: the generated tokens' log-probs equal an eager forward of the model at 6 and 80
+    rows, the graph path equals the eager one; the parts sum to the product, and the add + norm of the parts equals
+    the one of their sum, bitwise."""
     import monorl.model.fused_kernels as fk
     from monorl.ops import decode_gemm
 
@@ -298,19 +300,39 @@ def test_split_k_decode_products_compute_the_model(monkeypatch):
         for c in comps:
             torch.testing.assert_close(torch.tensor(c.logprobs), full_forward_logprobs(model, p, c.token_ids, 0.8),
                                        atol=0.1, rtol=0)
-    for N, K in ((1024, 3072), (2048, 6144)):  # 16- and 32-column tiles (Qwen3-0.6B's and 1.7B's down)
-        x = torch.randn(40, K, device="cuda", generator=torch.Generator(device="cuda").manual_seed(1)).bfloat16()
+    # 16- and 32-column tiles (Qwen3-0.6B's and 1.7B's down) at 40 rows; 64-row tiles and 4 or 2 parts above
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    for (N, K), M in itertools.product(((1024, 3072), (2048, 6144)), (40, 65, 128, 192)):
+        x = torch.randn(M, K, device="cuda", generator=torch.Generator(device="cuda").manual_seed(1)).bfloat16()
         w = (torch.randn(N, K, device="cuda") / K ** 0.5).bfloat16()
-        assert decode_gemm.split_k_fits(x, w)
+        P = decode_gemm.parts_for(M, N, sms)
+        assert decode_gemm.split_k_fits(x, w) == (P > 1), (N, M, P)
+        if P == 1:
+            continue
         parts = split_k_parts(x, w)
-        assert torch.equal(split_k_parts(x, w), parts)
+        assert parts.shape == (P, M, N) and torch.equal(split_k_parts(x, w), parts)
         torch.testing.assert_close(parts.sum(0), x.float() @ w.float().t(), atol=1e-3, rtol=1e-3)
-    x = x[:, :3072].contiguous()
-    parts = split_k_parts(x, w[:1024, :3072].contiguous())
-    h, ln = torch.randn(40, 1024, device="cuda").bfloat16(), torch.rand(1024, device="cuda").bfloat16()
-    got = block_kernels.add_parts_rms_norm(h, parts, ln, 1e-6)
-    ref = block_kernels.add_rms_norm(h, decode_gemm.sum_parts(parts, h.dtype), ln, 1e-6)
-    assert torch.equal(got[0], ref[0]) and torch.equal(got[1], ref[1])
+        h, ln = torch.randn(M, N, device="cuda").bfloat16(), torch.rand(N, device="cuda").bfloat16()
+        got = block_kernels.add_parts_rms_norm(h, parts, ln, 1e-6)
+        ref = block_kernels.add_rms_norm(h, decode_gemm.sum_parts(parts, h.dtype), ln, 1e-6)
+        assert torch.equal(got[0], ref[0]) and torch.equal(got[1], ref[1])
+    assert not decode_gemm.split_k_fits(torch.zeros(decode_gemm.MID_ROWS_MAX + 1, 3072, device="cuda").bfloat16(),
+                                        w[:1024, :3072].contiguous())
+    # a decode step of 80 rows (4-part products): log-probs of the model, graphs equal eager
+    calls.clear()
+    ps = [torch.randint(2, cfg.vocab_size, (int(n),), generator=g).tolist() for n in torch.randint(3, 30, (40,))]
+    gcfg = GeneratorConfig(max_num_seqs=80, max_model_len=128)
+    gens = {graphs: Generator(model, gcfg, compile=CompileConfig(backend="none", decode_cuda_graphs=graphs))
+            for graphs in (True, False)}
+    sp = SamplingParams(max_new_tokens=6, temperature=0.8, top_p=0.95, seed=4, ignore_eos=True)
+    out = {graphs: x.generate(ps, sp, n=2) for graphs, x in gens.items()}
+    assert {(1024, 2048), (1024, 3072)} <= set(calls)
+    assert [[(c.token_ids, c.logprobs) for c in x] for x in out[True]] == \
+        [[(c.token_ids, c.logprobs) for c in x] for x in out[False]]
+    for p, comps in list(zip(ps, out[True], strict=True))[:8]:
+        for c in comps:
+            torch.testing.assert_close(torch.tensor(c.logprobs), full_forward_logprobs(model, p, c.token_ids, 0.8),
+                                       atol=0.1, rtol=0)
 
 
 @pytest.mark.gpu

@@ -11,7 +11,7 @@ Per layer the decode step then runs: RMSNorm, the q/k/v GEMM, q/k norm + RoPE wi
 o_proj, residual add + RMSNorm, the gate/up GEMM with SiLU * up as its epilogue (`matmul_invariant.mm_silu_mul`, a
 fused copy's decode rows on Hopper; elsewhere the GEMM, then `silu_mul`), down_proj; the residual add after it runs
 in the next block's first norm (a converted block passes its output on as the pair (h, m), sum pending). At decode
-rows o_proj and down_proj may hand that add their product as two fp32 K parts (`project`, `monorl.ops.decode_gemm`).
+rows o_proj and down_proj may hand that add their product as fp32 K parts (`project`, `monorl.ops.decode_gemm`).
 A copy with fused projections (`Qwen3ForCausalLM(fused=True)`, the generator's) hands the kernels column slices of
 one GEMM's output; an unfused model (the trainer's) its separate projections. Norm weights enter the kernels in the
 activations' dtype (the trainer's fp32 masters as exactly the generator's bf16 copy).
@@ -46,10 +46,10 @@ class FusedKernelsLinear(Linear):
 def project(proj: nn.Module, x: Tensor) -> Tensor:
     """proj(x) for a block's last projections (o_proj, down_proj), whose output only the next residual add + norm
     reads; at a decode step's rows where splitting K pays (`decode_gemm.split_k_fits`: Qwen3-0.6B's and 1.7B's
-    products), its two fp32 K parts [2, T, N] instead, which that add sums (`add_norm`). Only this class's
-    projections: a batch-invariant copy's (`BatchInvariantLinear`) keep the invariant GEMM."""
+    products, up to 256 rows), its fp32 K parts [P, T, N] instead, which that add sums (`add_norm`). Only this
+    class's projections: a batch-invariant copy's (`BatchInvariantLinear`) keep the invariant GEMM."""
     if (type(proj) is FusedKernelsLinear and proj.bias is None and not torch.is_grad_enabled()
-            and matmul_invariant.faster_than_cublas(x) and decode_gemm.split_k_fits(x, proj.weight)):
+            and decode_gemm.split_k_fits(x, proj.weight)):
         return decode_gemm.split_k_parts(x, proj.weight.to(x.dtype))
     return proj(x)
 

@@ -37,9 +37,9 @@ if HAS_TRITON:
 
     @triton.jit
     def _add_rms_norm_kernel(x_ptr, a_ptr, w_ptr, h_ptr, o_ptr, D, eps, part_stride, BLOCK_D: tl.constexpr,
-                             PARTS: tl.constexpr = False, PDL: tl.constexpr = False):
-        """PARTS: the addend is a split-K product's two fp32 parts (`decode_gemm.split_k_parts`, part_stride apart),
-        summed and rounded to x's dtype first, as `decode_gemm.sum_parts`."""
+                             PARTS: tl.constexpr = 0, PDL: tl.constexpr = False):
+        """PARTS > 0: the addend is a split-K product's PARTS fp32 parts (`decode_gemm.split_k_parts`, part_stride
+        apart), summed in order and rounded to x's dtype first, as `decode_gemm.sum_parts`."""
         if PDL:  # wait for the kernel before (programmatic dependent launch)
             pdl_start()
         row = tl.program_id(0).to(tl.int64)
@@ -47,8 +47,9 @@ if HAS_TRITON:
         mask = offs < D
         x = tl.load(x_ptr + row * D + offs, mask=mask, other=0.0).to(tl.float32)
         if PARTS:
-            a = (tl.load(a_ptr + row * D + offs, mask=mask, other=0.0)
-                 + tl.load(a_ptr + part_stride + row * D + offs, mask=mask, other=0.0))
+            a = tl.load(a_ptr + row * D + offs, mask=mask, other=0.0)
+            for i in tl.static_range(1, PARTS):
+                a += tl.load(a_ptr + i * part_stride + row * D + offs, mask=mask, other=0.0)
             a = a.to(h_ptr.dtype.element_ty).to(tl.float32)
         else:
             a = tl.load(a_ptr + row * D + offs, mask=mask, other=0.0).to(tl.float32)
@@ -150,17 +151,17 @@ def add_rms_norm(x: Tensor, a: Tensor, w: Tensor, eps: float) -> tuple[Tensor, T
     if not use_triton(x):
         h = x + a
         return h, rms_norm_rows(h, w, eps)
-    return _add_rms_norm_triton(x, a, w, eps, parts=False)
+    return _add_rms_norm_triton(x, a, w, eps, parts=0)
 
 
-def _add_rms_norm_triton(x: Tensor, a: Tensor, w: Tensor, eps: float, parts: bool) -> tuple[Tensor, Tensor]:
-    """One `_add_rms_norm_kernel` launch; parts: a is a split-K product's two fp32 parts [2, *x.shape]."""
+def _add_rms_norm_triton(x: Tensor, a: Tensor, w: Tensor, eps: float, parts: int) -> tuple[Tensor, Tensor]:
+    """One `_add_rms_norm_kernel` launch; parts > 0: a is a split-K product's fp32 parts [parts, *x.shape]."""
     x, a = x.contiguous(), a.contiguous()
     D = x.shape[-1]
     h, out = torch.empty_like(x), torch.empty_like(x)
     rows = x.numel() // D
     if rows:
-        _add_rms_norm_kernel[(rows,)](x, a, w.contiguous(), h, out, D, eps, rows * D if parts else 0,
+        _add_rms_norm_kernel[(rows,)](x, a, w.contiguous(), h, out, D, eps, rows * D,
                                       BLOCK_D=triton.next_power_of_2(D), PARTS=parts,
                                       num_warps=4 if D <= 2048 else 8, enable_fp_fusion=False, **pdl_launch(x))
     return h, out
@@ -187,12 +188,12 @@ add_rms_norm.register_autograd(_add_rms_norm_backward, setup_context=_add_rms_no
 
 @custom_op("monorl::add_parts_rms_norm", mutates_args=())
 def add_parts_rms_norm(x: Tensor, parts: Tensor, w: Tensor, eps: float) -> tuple[Tensor, Tensor]:
-    """`add_rms_norm` whose addend is a split-K product's two fp32 parts [2, *x.shape] (`decode_gemm.split_k_parts`,
+    """`add_rms_norm` whose addend is a split-K product's fp32 parts [P, *x.shape] (`decode_gemm.split_k_parts`,
     summed as `decode_gemm.sum_parts`). No backward: decode steps only."""
     if not use_triton(x):
         h = x + sum_parts(parts, x.dtype)
         return h, rms_norm_rows(h, w, eps)
-    return _add_rms_norm_triton(x, parts, w, eps, parts=True)
+    return _add_rms_norm_triton(x, parts, w, eps, parts=parts.shape[0])
 
 
 @add_parts_rms_norm.register_fake

@@ -84,7 +84,7 @@ GEMV_ROWS = 64  # up to this many rows, the decode tiling reads the weight faste
 
 
 @functools.cache
-def _tiling_may_follow_m(device_index: int) -> bool:
+def tiling_may_follow_m(device_index: int) -> bool:
     """Hopper (sm_90) only: the property below was checked there; elsewhere one tiling per weight shape."""
     return torch.cuda.get_device_capability(device_index)[0] == 9
 
@@ -92,7 +92,7 @@ def _tiling_may_follow_m(device_index: int) -> bool:
 def faster_than_cublas(x: Tensor) -> bool:
     """Whether `linear(x, w)` beats cuBLAS: up to GEMV_ROWS rows (a decode step) on a GPU whose tiling follows M
     (Hopper); elsewhere every row count runs the pack tiling, made for many rows."""
-    return use_triton(x) and x.numel() <= GEMV_ROWS * x.shape[-1] and _tiling_may_follow_m(x.device.index or 0)
+    return use_triton(x) and x.numel() <= GEMV_ROWS * x.shape[-1] and tiling_may_follow_m(x.device.index or 0)
 
 
 def _mm_config(M: int, N: int, K: int, follow_m: bool = True, sms: int = 132) -> tuple[int, int, int, int, int]:
@@ -127,7 +127,7 @@ def _mm_triton(x: Tensor, w: Tensor, config: tuple[int, int, int, int, int] | No
     if M == 0:
         return out
     index = x.device.index or 0
-    bm, bn, bk, nw, ns = config or _mm_config(M, N, K, _tiling_may_follow_m(index), sm_count(index))
+    bm, bn, bk, nw, ns = config or _mm_config(M, N, K, tiling_may_follow_m(index), sm_count(index))
     _mm_kernel[(triton.cdiv(M, bm), triton.cdiv(N, bn))](
         x, w, out, M, N, K, x.stride(0), w.stride(0), out.stride(0),
         BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, num_warps=nw, num_stages=ns, **pdl_launch(x))
@@ -153,7 +153,7 @@ def mm_silu_mul(x: Tensor, w: Tensor) -> Tensor:
         return out
     index = x.device.index or 0
     # the unfused product's tiling (its programs and pipeline), each program's columns split into gate and up
-    bm, bn, bk, nw, ns = _mm_config(M, 2 * N, K, _tiling_may_follow_m(index), sm_count(index))
+    bm, bn, bk, nw, ns = _mm_config(M, 2 * N, K, tiling_may_follow_m(index), sm_count(index))
     bn = max(16, bn // 2)
     _mm_silu_kernel[(triton.cdiv(M, bm), triton.cdiv(N, bn))](
         x, w, out, M, N, K, x.stride(0), w.stride(0), out.stride(0), BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk,

@@ -46,7 +46,7 @@ class FusedKernelsLinear(Linear):
 def project(proj: nn.Module, x: Tensor) -> Tensor:
     """proj(x) for a block's last projections (o_proj, down_proj), whose output only the next residual add + norm
     reads; at a decode step's rows where splitting K pays (`decode_gemm.split_k_fits`: Qwen3-0.6B's and 1.7B's
-    products, up to 256 rows), its fp32 K parts [P, T, N] instead, which that add sums (`add_norm`). Only this
+    products, up to 192 rows), its fp32 K parts [P, T, N] instead, which that add sums (`add_norm`). Only this
     class's projections: a batch-invariant copy's (`BatchInvariantLinear`) keep the invariant GEMM."""
     if (type(proj) is FusedKernelsLinear and proj.bias is None and not torch.is_grad_enabled()
             and decode_gemm.split_k_fits(x, proj.weight)):

@@ -1,4 +1,4 @@
-"""The default mode's decode-step GEMM for narrow products: x [M <= 256, K] @ w [N, K]^T with K split in parts.
+"""The default mode's decode-step GEMM for narrow products: x [M <= 192, K] @ w [N, K]^T with K split in parts.
 
 Why: at decode rows every program of `matmul_invariant`'s decode tiling reads all of x's K columns (from L2) beside
 its own weight rows, ~2K x (rows + tile columns) bytes, and a program moves them at ~30 KB/us whatever its shape

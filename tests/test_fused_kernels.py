@@ -285,7 +285,8 @@ def test_split_k_decode_products_compute_the_model(monkeypatch):
     cfg = dataclasses.replace(model_shape("qwen3-0.6b"), vocab_size=512, num_layers=2)
     model = build_model(cfg, device="cuda", dtype=torch.bfloat16, seed=0).eval().requires_grad_(False)
     calls, split_k_parts = [], decode_gemm.split_k_parts
-    monkeypatch.setattr(fk.decode_gemm, "split_k_parts", lambda x, w: calls.append(w.shape) or split_k_parts(x, w))
+    monkeypatch.setattr(fk.decode_gemm, "split_k_parts",
+                        lambda x, w: calls.append((x.shape[0], *w.shape)) or split_k_parts(x, w))
     g = torch.Generator().manual_seed(0)
     ps = [torch.randint(2, cfg.vocab_size, (n,), generator=g).tolist() for n in (5, 40, 17)]
     gcfg = GeneratorConfig(max_num_seqs=6, max_model_len=128)
@@ -293,7 +294,7 @@ def test_split_k_decode_products_compute_the_model(monkeypatch):
             for graphs in (True, False)}
     sp = SamplingParams(max_new_tokens=12, temperature=0.8, top_p=0.95, seed=3, ignore_eos=True)
     out = {graphs: x.generate(ps, sp, n=2) for graphs, x in gens.items()}
-    assert {(1024, 2048), (1024, 3072)} <= set(calls)  # o_proj and down_proj took the split path
+    assert {(1024, 2048), (1024, 3072)} <= {c[1:] for c in calls}  # o_proj and down_proj took the split path
     assert [[(c.token_ids, c.logprobs) for c in x] for x in out[True]] == \
         [[(c.token_ids, c.logprobs) for c in x] for x in out[False]]
     for p, comps in zip(ps, out[True], strict=True):
@@ -326,7 +327,7 @@ def test_split_k_decode_products_compute_the_model(monkeypatch):
             for graphs in (True, False)}
     sp = SamplingParams(max_new_tokens=6, temperature=0.8, top_p=0.95, seed=4, ignore_eos=True)
     out = {graphs: x.generate(ps, sp, n=2) for graphs, x in gens.items()}
-    assert {(1024, 2048), (1024, 3072)} <= set(calls)
+    assert {(80, 1024, 2048), (80, 1024, 3072)} <= set(calls)  # 80-row decode steps took the split path
     assert [[(c.token_ids, c.logprobs) for c in x] for x in out[True]] == \
         [[(c.token_ids, c.logprobs) for c in x] for x in out[False]]
     for p, comps in list(zip(ps, out[True], strict=True))[:8]:

@@ -1,9 +1,9 @@
-"""Decode products at 65-256 rows (the throughput run's steps before its rows drop to 64: cuBLAS today, 0.67 s of
-its 4.8 s of decode kernels on an H200) against a Triton split-K candidate: program (row tile, column tile, K part)
-writes its fp32 sums to parts [P, M, N] that the kernel reading the product next would add (as
-`monorl.ops.decode_gemm` does up to 64 rows). Weights cold (another copy each call, ~256 MB in turn). The sweep
-prints cuBLAS, the best candidate and its config per (shape, rows), plus the parts' extra bytes (P - 1) M N 4 that
-the consumer reads on top.
+"""Decode products at 65-256 rows (the throughput run's steps before its rows drop to 64: cuBLAS before 2026-11-26,
+0.67 s of its 4.8 s of decode kernels on an H200) against `monorl.ops.decode_gemm`'s split-K kernel in a sweep of
+tilings and against its kept launch (`split_k_parts`, where `split_k_fits`): program (column tile, K part, row tile)
+writes its fp32 sums to parts [P, M, N] that the kernel reading the product next adds. Weights cold (another copy
+each call, ~256 MB in turn). Prints cuBLAS, the kept launch, the best tiling and its config per (shape, rows), plus
+the parts' extra bytes (P - 1) M N 4 that the consumer reads on top.
 
   python benchmarks/tune_mid_rows_gemm.py --rows 128,256 --out tune_mid_rows_gemm.json
 """
@@ -16,7 +16,6 @@ import json
 
 import torch
 import triton
-import triton.language as tl
 from triton.testing import do_bench_cudagraph
 
 from monorl.ops import decode_gemm
@@ -26,32 +25,15 @@ SHAPES = {"0.6b qkv": (4096, 1024), "0.6b o": (1024, 2048), "0.6b gate/up": (614
 COLD_BYTES = 256 << 20
 
 
-@triton.jit(do_not_specialize=["M"])
-def _parts_kernel(a_ptr, b_ptr, p_ptr, M, N, K, KS, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                  BLOCK_K: tl.constexpr):
-    pid_m = tl.program_id(0)
-    pid_n = tl.program_id(1)
-    s = tl.program_id(2)
-    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    offs_k = tl.arange(0, BLOCK_K)
-    acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-    for k0 in range(s * KS, tl.minimum(K, s * KS + KS), BLOCK_K):
-        kk = k0 + offs_k
-        a = tl.load(a_ptr + offs_m[:, None] * K + kk[None, :], mask=offs_m[:, None] < M, other=0.0)
-        b = tl.load(b_ptr + offs_n[:, None] * K + kk[None, :], mask=offs_n[:, None] < N, other=0.0)
-        acc = tl.dot(a, tl.trans(b), acc)
-    tl.store(p_ptr + s * M * N + offs_m[:, None] * N + offs_n[None, :], acc,
-             mask=(offs_m[:, None] < M) & (offs_n[None, :] < N))
-
-
 def parts_product(x: torch.Tensor, w: torch.Tensor, parts: torch.Tensor, bm: int, bn: int, bk: int, P: int,
                   warps: int, stages: int) -> torch.Tensor:
+    """`decode_gemm`'s split-K kernel in one tiling (BM x BN tiles, BK-wide K steps, P parts) into parts [P, M, N]."""
     M, K = x.shape
     N = w.shape[0]
     ks = triton.cdiv(triton.cdiv(K, P), bk) * bk
-    _parts_kernel[(triton.cdiv(M, bm), triton.cdiv(N, bn), P)](x, w, parts, M, N, K, ks, BLOCK_M=bm, BLOCK_N=bn,
-                                                               BLOCK_K=bk, num_warps=warps, num_stages=stages)
+    decode_gemm._split_k_kernel[(triton.cdiv(N, bn), P, triton.cdiv(M, bm))](
+        x, w, parts, M, N, K, ks, x.stride(0), w.stride(0), BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, num_warps=warps,
+        num_stages=stages)
     return parts
 
 

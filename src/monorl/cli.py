@@ -17,6 +17,8 @@ from jsonargparse import ArgumentError, ArgumentParser, Namespace
 
 from monorl.cliargs import base_config, condense_error, config_file_text, config_parser, flag_value, parse_config
 from monorl.config import PRESETS, RunConfig, config_diff, config_from_dict, format_config_diff
+from monorl.config_paths import with_absolute_paths
+from monorl.console import best_effort
 from monorl.eval.run import checkpoint_base, eval_args, generate_args
 from monorl.parity import cmd_parity, parity_args
 
@@ -92,6 +94,7 @@ def cmd_train(cfg: RunConfig | None, args: Namespace) -> int:
     assert cfg is not None
     if args.resume is None and args.allow_config_change:
         raise ValueError("--allow-config-change only applies with --resume RUN_DIR")
+    cfg = with_absolute_paths(cfg)  # as the run stores them, so a resume's keys compare equal
     if args.resume is not None:
         run_dir, stored = _stored_config(args.resume)
         cfg = _check_resume(cfg, run_dir, stored, args.allow_config_change)
@@ -239,7 +242,13 @@ def verb_parser(name: str, argv: list[str]) -> tuple[ArgumentParser, RunConfig |
             verb.add_args(p)
         return p, None
     base = verb.base(argv)
-    return config_parser(prog, f"{verb.help}. Example: {verb.example}", base, verb.add_args), base
+    p = config_parser(prog, f"{verb.help}. Example: {verb.example}", base, verb.add_args)
+    if any(a in ("-h", "--help") for a in argv):  # the chosen task's arguments, with their descriptions
+        from monorl.tasks.arguments import task_args_help
+
+        name = flag_value(argv, "--task.name") or base.task.name
+        p.help_appendix = task_args_help(name, base.task.args if name == base.task.name else None)
+    return p, base
 
 
 def run_verb(name: str, argv: list[str]) -> int:
@@ -255,7 +264,12 @@ def run_verb(name: str, argv: list[str]) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
+    """`monorl VERB ...`; the console is best effort (`monorl.console`): a closed pipe ends no command."""
+    with best_effort():
+        return _main(sys.argv[1:] if argv is None else argv)
+
+
+def _main(argv: list[str]) -> int:
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     if not argv or argv[0] in ("-h", "--help", "help"):
         print(top_help())

@@ -81,10 +81,20 @@ def _defaults(cfg: RunConfig) -> dict[str, Any]:
     return out
 
 
+class ConfigParser(ArgumentParser):
+    """jsonargparse's parser, with a section printed verbatim after the generated help (the task's arguments,
+    which the config holds as one dict-valued key)."""
+
+    help_appendix = ""
+
+    def format_help(self) -> str:
+        return super().format_help() + (f"\n{self.help_appendix}" if self.help_appendix else "")
+
+
 def config_parser(prog: str, description: str, defaults: RunConfig,
-                  add_args: Callable[[ArgumentParser], None] | None = None) -> ArgumentParser:
+                  add_args: Callable[[ArgumentParser], None] | None = None) -> ConfigParser:
     """A parser of every config key (defaults from `defaults`) plus `--config FILE` and a verb's own arguments."""
-    p = ArgumentParser(prog=prog, description=description, usage=f"{prog} [options]", exit_on_error=False,
+    p = ConfigParser(prog=prog, description=description, usage=f"{prog} [options]", exit_on_error=False,
                        parser_mode="monorl")
     if add_args is not None:
         add_args(p)
@@ -128,10 +138,25 @@ def _lists_as_yaml(argv: list[str]) -> list[str]:
     return out
 
 
+_NEGATIVE_NUMBER = re.compile(r"^-(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?$")
+
+
+def _negatives_joined(argv: list[str]) -> list[str]:
+    """`--trainer.lr -1e-3` -> `--trainer.lr=-1e-3`: argparse takes a value like -1e-3 for an option (only plain
+    -3 and -0.5 pass as numbers), and would report the key as missing its value."""
+    out: list[str] = []
+    for a in argv:
+        if out and _NEGATIVE_NUMBER.match(a) and out[-1].startswith("--") and "=" not in out[-1]:
+            out[-1] = f"{out[-1]}={a}"
+        else:
+            out.append(a)
+    return out
+
+
 def parse_config(p: ArgumentParser, argv: list[str], base: RunConfig) -> tuple[RunConfig, Namespace]:
     """(the config: `base` + the file + the command line, validated; the verb's own arguments). A `task.name`
     other than the base's drops the base's task args (they belong to the other task) before `task.args.*` apply."""
-    argv = _lists_as_yaml(argv)
+    argv = _lists_as_yaml(_negatives_joined(argv))
     try:
         ns = p.parse_args(argv)
         if ns.task.name != base.task.name and base.task.args:

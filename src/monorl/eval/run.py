@@ -16,6 +16,7 @@ from jsonargparse import ArgumentParser, Namespace
 from monorl.cliargs import base_config, flag_value
 from monorl.config import RunConfig, config_from_dict
 from monorl.eval.passk import mean_at_k, mean_pass_at_k, pass_component_of, passes
+from monorl.model.hub import run_final_checkpoint
 
 
 def checkpoint_base(argv: list[str]) -> RunConfig:
@@ -25,6 +26,7 @@ def checkpoint_base(argv: list[str]) -> RunConfig:
     explicit = any(a.split("=", 1)[0] in ("--preset", "--config") for a in argv)
     if path is None or explicit:
         return base_config(argv)
+    path = str(run_final_checkpoint(path) or path)  # a run directory: its final checkpoint
     run_config = Path(path).expanduser().resolve().parent.parent / "config.json"
     if Path(path).expanduser().parent.name != "checkpoints" or not run_config.is_file():
         return base_config(argv)
@@ -54,7 +56,7 @@ def load_eval_policy(cfg: RunConfig, device: Any) -> tuple[Any, Any, str]:
     from monorl.model.qwen3 import Qwen3ForCausalLM
     from monorl.rl.loop import load_policy
 
-    path = cfg.model.path
+    path = cfg.model.path = str(run_final_checkpoint(cfg.model.path) or cfg.model.path) if cfg.model.path else None
     if not path or not (Path(path) / ADAPTER_CONFIG_FILE).is_file():
         return load_policy(cfg, device)
     adapter = load_adapter_config(path)  # what monorl cannot run is refused before the base is read
@@ -146,7 +148,9 @@ def eval_args(p: ArgumentParser) -> None:
                                                      "(at rollout.temperature / top_p / top_k; a completion passes "
                                                      "as validation.pass_component / pass_threshold say); 0: greedy "
                                                      "only")
-    p.add_argument("--out", default="eval.json", metavar="FILE", help="where the JSON results go")
+    p.add_argument("--out", default=None, metavar="FILE",
+                   help="where the JSON results go (replaced if it exists); default: eval.json, or eval-2.json, ... "
+                        "when taken")
 
 
 def _stats(groups: list, component: str, threshold: float) -> dict[str, Any]:
@@ -217,12 +221,20 @@ def eval_table(res: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def _unused_path(path: Path) -> Path:
+    """`path`, or the first of path-2, path-3, ... that does not exist (earlier results are never replaced)."""
+    found, n = path, 2
+    while found.exists():
+        found, n = path.with_name(f"{path.stem}-{n}{path.suffix}"), n + 1
+    return found
+
+
 def cmd_eval(cfg: RunConfig, args: Namespace) -> int:
     if args.k < 0:
         raise ValueError(f"--k must be >= 0, got {args.k}")
     res = evaluate(cfg, args.k)
     print(eval_table(res))
-    out = Path(args.out)
+    out = Path(args.out) if args.out else _unused_path(Path("eval.json"))  # --out FILE: that file, replaced
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({**res, "config": cfg.to_dict()}, indent=2, default=str) + "\n", encoding="utf-8")
     print(f"wrote {out}")

@@ -13,10 +13,22 @@ MODEL_FILES = ["*.json", "*.safetensors", "tokenizer*", "*.txt", "*.model"]
 _REPO_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 
 
+def run_final_checkpoint(path: str | Path) -> Path | None:
+    """RUN/checkpoints/final when `path` is a monorl run directory (a model path may name the run itself), else
+    None."""
+    local = Path(path).expanduser()
+    final = local / "checkpoints" / "final"
+    if final.is_dir() and not any(local.glob("*.safetensors")):
+        return final
+    return None
+
+
 def resolve_model_path(path: str) -> tuple[Path, str]:
     """(a local directory holding the model, a note on where it came from: '' for a local dir, else the hub name
     and whether the cache or a download served it). A missing path that is no hub name raises FileNotFoundError."""
     local = Path(path).expanduser()
+    if (final := run_final_checkpoint(local)) is not None:
+        return final, f" (the final checkpoint of run {local})"
     if local.exists() or not _REPO_ID.match(path):
         return local, ""  # load_config names what is missing
     try:

@@ -223,6 +223,10 @@ class HFTokenizer(Tokenizer):
         self.eos_token_ids = list(dict.fromkeys(eos + list(generation_eos or [])))
         if self.eos_token_id is None and self.eos_token_ids:
             self.eos_token_id = self.eos_token_ids[0]
+        # a vocabulary without byte fallback or an unknown token drops characters it lacks, silently: such a
+        # tokenizer (the saved CharTokenizer) checks each encoding covers its text, and raises as CharTokenizer does
+        probe = "\u00fc\u20ac"
+        self._may_drop = len(tok.encode(probe, add_special_tokens=False).ids) == 0
 
     @staticmethod
     def _add_config_tokens(tok: _HFTok, decoder: dict[str, Any]) -> None:
@@ -262,7 +266,14 @@ class HFTokenizer(Tokenizer):
                    generation_eos=gen_eos)
 
     def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
-        return self._tok.encode(text, add_special_tokens=add_special_tokens).ids
+        enc = self._tok.encode(text, add_special_tokens=add_special_tokens)
+        if self._may_drop and "".join(self._tok.decode(enc.ids).split()) != "".join(text.split()):
+            at = next((i for i, c in enumerate(text)
+                       if not c.isspace() and not self._tok.encode(c, add_special_tokens=False).ids), None)
+            if at is not None:
+                raise ValueError(f"the tokenizer cannot encode {text[at]!r} at position {at}: it is not in its "
+                                 "vocabulary")
+        return enc.ids
 
     def decode(self, ids: list[int], skip_special_tokens: bool = False) -> str:
         return self._tok.decode(list(ids), skip_special_tokens=skip_special_tokens)

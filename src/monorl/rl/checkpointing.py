@@ -170,6 +170,18 @@ def find_checkpoint(path: str | os.PathLike) -> Path:
     return found[-1][1]
 
 
+def check_resume_point(path: Path) -> None:
+    """Refuse to resume a run from a step checkpoint older than its newest: the run directory would then hold
+    checkpoints, `latest` and metrics of two histories. Resuming the newest (or the run dir) is what --resume is."""
+    found = step_checkpoints(path.parent)
+    if found and path.name.startswith(PREFIX) and found[-1][1].name != path.name:
+        step, newest = found[-1]
+        raise CheckpointError(f"{path} is older than the run's newest checkpoint {newest.name} (step {step}): "
+                              f"resuming from it would rewrite the run's history; resume the run "
+                              f"({path.parent.parent}), or branch: copy its config.json and checkpoints/{path.name} "
+                              "into a new directory and resume that")
+
+
 def _others(root: Path, but: Path | None = None) -> str:
     others = [p.name for _, p in step_checkpoints(root) if p != but]
     return f"; other checkpoints there (resume one with --resume <its path>): {', '.join(others)}" if others else ""

@@ -22,13 +22,15 @@ from tqdm import tqdm
 from monorl.compile import compile_blocks, compile_counters, is_compiled, setup_compile_cache
 from monorl.compile_auto import mark_compiled, resolve_auto_, run_aten_key, run_compile_key, run_kernels_key
 from monorl.config import RunConfig, resolve_batch_invariant_
+from monorl.config_paths import with_absolute_paths
+from monorl.console import best_effort
 from monorl.distributed.checkpoint import (
     full_policy_on_main,
     is_sharded_checkpoint,
     load_sharded_checkpoint,
     save_sharded_checkpoint,
 )
-from monorl.distributed.elastic import die_for_test, restart_resume_path
+from monorl.distributed.elastic import die_for_test, restart_count, restart_resume_path
 from monorl.distributed.fsdp import shard_model_
 from monorl.distributed.world import SINGLE, World, check_world, close_world, init_world, quiet_unless_main
 from monorl.fsutil import json_safe
@@ -56,6 +58,7 @@ from monorl.ops.precompile import (
 from monorl.ops.preload import AtenRecorder, Preload, save_ops, start_preload
 from monorl.plan import GiB, run_memory_plan
 from monorl.rl.checkpointing import (
+    check_resume_point,
     find_checkpoint,
     load_training_checkpoint,
     save_training_checkpoint,
@@ -166,6 +169,10 @@ class GRPORun:
         self.phase_s = {"warm_start_s": 0.0, "validation_s": 0.0, "checkpoint_s": 0.0}
         # a run dir or checkpoint dir to continue from; resolved first so a bad path fails before any work
         self.resume_from = find_checkpoint(resume) if resume is not None else None
+        if self.resume_from is not None:
+            check_resume_point(self.resume_from)
+        elif cfg.run_dir and restart_count() == 0:  # a restarted job (torchrun) starts over in its own directory
+            RunDir.check_new(cfg.run_dir)
         random.seed(cfg.seed)
         torch.manual_seed(cfg.seed)
         self.device = resolve_device(cfg.device, world)
@@ -185,15 +192,23 @@ class GRPORun:
         # fit before any weights are read
         self.model_config, self.tokenizer, self.model_source = resolve_model(cfg)
         self.task: Task = load_task(cfg.task.name, **cfg.task.args)
-        if cfg.warm_start.steps > 0 and not hasattr(self.task, "solution"):
-            raise ValueError(f"warm_start.steps={cfg.warm_start.steps} needs a task with solution(); "
-                             f"{self.task.name} has none")
+        # the default preset's warm start and validation need what a user's dataset may lack: skip them, saying so
+        self.warm_start_steps = cfg.warm_start.steps
+        if self.warm_start_steps > 0 and not hasattr(self.task, "solution"):
+            print(f"warm start: skipped (task {self.task.name!r} has no reference solutions; warm_start.steps="
+                  f"{cfg.warm_start.steps} is ignored)", flush=True)
+            self.warm_start_steps = 0
+        num_val = cfg.validation.num_prompts
+        if num_val > 0 and not self.task.has_held_out():
+            print(f"validation: skipped (task {self.task.name!r} has no held-out split; validation.num_prompts="
+                  f"{num_val} is ignored)", flush=True)
+            num_val = 0
         # prompt + completion must fit the generator's context
         self.max_len = cfg.generator.max_model_len or self.model_config.max_position_embeddings
         self.train_prompts = PromptStream(self.task, cfg.seed)  # knows its position, for checkpoints
         # (max_new_tokens, prompts, encode_prompts' result) of the next step's first prompts (`encode_ahead`)
         self.encoded_ahead: tuple[int, list, tuple[list, list[list[int]]]] | None = None
-        self.val_prompts = self.task.val_prompts(cfg.validation.num_prompts)
+        self.val_prompts = self.task.val_prompts(num_val)
         self.max_prompt_tokens = self.check_prompts_fit()
         self.components = self.check_components()
         self.pass_component = cfg.validation.pass_component or (self.task.reward_components or (None,))[0]
@@ -492,6 +507,8 @@ class GRPORun:
         """The held-out prompts, validation.k completions each: greedy for k = 1, else sampled as the rollouts
         are, with one fixed seed, so every validation of the run draws the same noise."""
         v, r = self.cfg.validation, self.cfg.rollout
+        if not self.val_prompts:
+            return summarize([], self.task.reward_components)
         max_new = v.max_new_tokens or r.max_new_tokens
         how = "greedy" if v.k == 1 else f"{v.k} samples each"
         print(f"validating: {len(self.val_prompts)} held-out prompts, {how}", flush=True)
@@ -508,13 +525,13 @@ class GRPORun:
 
     def warm_start(self) -> None:
         """Supervised steps on the task's reference solutions, so RL starts with some signal."""
-        ws = self.cfg.warm_start
-        if ws.steps <= 0:
+        ws, steps = self.cfg.warm_start, self.warm_start_steps
+        if steps <= 0:
             return
-        sft = Trainer(self.policy, TrainerConfig(lr=ws.lr, warmup_steps=max(1, ws.steps // 10), schedule="cosine",
+        sft = Trainer(self.policy, TrainerConfig(lr=ws.lr, warmup_steps=max(1, steps // 10), schedule="cosine",
                                                  micro_batch_tokens=self.cfg.trainer.micro_batch_tokens,
                                                  max_grad_norm=1.0),
-                      total_steps=ws.steps, attn_backend=self.trainer.attn_backend, world=self.world)
+                      total_steps=steps, attn_backend=self.trainer.attn_backend, world=self.world)
         eos = self.tokenizer.eos_token_id
         bar = tqdm(range(ws.steps), desc="warm start", disable=not self.progress, leave=False)
         every, t0 = max(1, ws.steps // 10), time.perf_counter()  # piped output: a line per tenth instead of a bar
@@ -574,7 +591,7 @@ class GRPORun:
         row = step_metrics(step, groups, self.components, tm, times,
                            extra={"num_tokens": self.num_tokens, **batch.metrics(ro.dynamic_sampling)})
         every = cfg.validation.every
-        if every > 0 and (step + 1) % every == 0 and step + 1 < cfg.steps:  # the last step's is the post-validation
+        if every > 0 and self.val_prompts and (step + 1) % every == 0 and step + 1 < cfg.steps:  # last: post
             with self.timed("validation_s"):
                 row.update(self.validate().metrics("val/"))
         self.run_dir.log_metrics(row)
@@ -715,7 +732,7 @@ class GRPORun:
         except KeyboardInterrupt:
             raise KeyboardInterrupt(self.interrupted_line()) from None
         finally:
-            self.run_dir.close_loggers()
+            self.run_dir.close()
 
     def interrupted_line(self) -> str:
         found = step_checkpoints(self.run_dir.checkpoints)
@@ -729,6 +746,13 @@ class GRPORun:
         return (f"{what} {where}; the last checkpoint is {path} (step {step}); continue with: "
                 f"monorl train --resume {self.run_dir.path}")
 
+    def write_summary(self, result: RunResult, stopped: str | None = None) -> None:
+        """summary.json (rank 0); `stopped`: why the run ended before its last step."""
+        if self.world.is_main:
+            write_summary(self.run_dir.path / "summary.json", result, phases=self.phase_s,
+                          wall_s=time.perf_counter() - self.t_start, compile_s=self.compile_s, trainer=self.trainer,
+                          device=self.device, memory=self.memory_report(), stopped=stopped)
+
     def rl_steps(self, start: int, pre: ValidationResult, result: RunResult) -> None:
         """Steps start..cfg.steps, each with its console line (ETA from this session's mean step time); a checkpoint
         every checkpoint.every steps, every checkpoint.every_minutes, at the end (checkpoint.final), and when
@@ -738,7 +762,14 @@ class GRPORun:
         last_saved = start
         with GracefulStop() as stop:
             for step in range(start, cfg.steps):
-                row = self.step(step)
+                try:
+                    row = self.step(step)
+                except RewardError as e:  # the reward cannot score anything: keep what the run has, then stop
+                    if step > last_saved:
+                        with self.timed("checkpoint_s"):
+                            self.save_training_checkpoint(step, pre)
+                    self.write_summary(result, stopped=str(e))
+                    raise
                 if step == start:
                     self.mark_memory("after the first step")
                 self.steps_done = done = step + 1
@@ -805,10 +836,7 @@ class GRPORun:
         if cfg.checkpoint.final:
             with self.timed("checkpoint_s"):
                 self.save_final()
-        if self.world.is_main:
-            write_summary(self.run_dir.path / "summary.json", result, phases=self.phase_s,
-                          wall_s=time.perf_counter() - self.t_start, compile_s=self.compile_s, trainer=self.trainer,
-                          device=self.device, memory=self.memory_report())
+        self.write_summary(result)
         self.run_dir.log_metrics({"validation/pre": pre.__dict__, "validation/post": post.__dict__}, step=cfg.steps)
         if self.device.type == "cuda":
             print(f"memory: peak {torch.cuda.max_memory_allocated(self.device) / GiB:.1f} GiB allocated "
@@ -826,11 +854,13 @@ def train(cfg: RunConfig, progress: bool = True, resume: str | Path | None = Non
     """Run GRPO; `resume` (a run dir or one of its checkpoints) continues a stopped run. Under torchrun, one
     rank of the run: rank 0 alone prints and writes the run directory, and a job torchrun restarted
     (--max-restarts) continues from the run directory's last complete checkpoint."""
+    cfg = with_absolute_paths(cfg)  # config.json must name the same files from any directory (resume, eval)
     world = init_world(cfg.device, cfg.distributed.timeout_s, cfg.distributed.backend)
     quiet_unless_main(world)
     if resume is None:
         resume = restart_resume_path(cfg, world.is_main)
     try:
-        return GRPORun(cfg, progress and world.is_main, resume=resume, world=world).run()
+        with best_effort():  # a closed console (`| head`, a dead `| tee`) never ends the run: console.log keeps it
+            return GRPORun(cfg, progress and world.is_main, resume=resume, world=world).run()
     finally:
         close_world(world)

@@ -9,8 +9,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from monorl.console import record_to, stop_recording
 from monorl.fsutil import json_safe, write_text_atomic
 from monorl.rl.loggers import MetricLogger, scalars
+
+CONFIG_FILE = "config.json"
 
 
 class RunDir:
@@ -25,6 +28,17 @@ class RunDir:
         self.samples_path = self.path / "samples.jsonl"
         self.checkpoints = self.path / "checkpoints"
         self.loggers: list[MetricLogger] = []  # TensorBoard / W&B: every metrics row goes to them too
+        self.console_log = record_to(self.path) if writer else None  # the console's lines, kept whatever it does
+
+    @staticmethod
+    def check_new(path: str | Path) -> None:
+        """Refuse to start a fresh run in a directory that holds a run: it would overwrite that run's config and
+        final checkpoint and mix two runs' metrics. An empty or unrelated directory is fine."""
+        p = Path(path)
+        marks = [name for name in (CONFIG_FILE, "metrics.jsonl", "checkpoints") if (p / name).exists()]
+        if marks:
+            raise ValueError(f"run_dir {p} already holds a run ({', '.join(marks)}): continue it with "
+                             f"`monorl train --resume {p}`, or give a new --run_dir (or remove that directory)")
 
     @staticmethod
     def default_path(preset: str) -> Path:
@@ -33,7 +47,7 @@ class RunDir:
     def write_config(self, cfg: dict[str, Any]) -> None:
         if not self.writer:
             return
-        (self.path / "config.json").write_text(json.dumps(json_safe(cfg), indent=2, sort_keys=True, default=str) + "\n")
+        (self.path / CONFIG_FILE).write_text(json.dumps(json_safe(cfg), indent=2, sort_keys=True, default=str) + "\n")
 
     def _append(self, path: Path, rows: list[dict[str, Any]]) -> None:
         if not self.writer:
@@ -53,10 +67,13 @@ class RunDir:
             for lg in self.loggers:
                 lg.log(flat, at)
 
-    def close_loggers(self) -> None:
+    def close(self) -> None:
+        """Close the loggers and stop copying the console to console.log."""
         for lg in self.loggers:
             lg.close()
         self.loggers = []
+        stop_recording(self.console_log)
+        self.console_log = None
 
     def log_samples(self, rows: list[dict[str, Any]]) -> None:
         self._append(self.samples_path, rows)

@@ -34,8 +34,11 @@ class ValidationResult:
     pass_at_k: float | None = None
     mean_at_k: float | None = None
     pass_component: str | None = None
+    skipped: bool = False  # no held-out prompts: nothing was validated
 
     def line(self) -> str:
+        if self.skipped:
+            return "skipped (no held-out prompts)"
         comps = ", ".join(f"{k}={_fmt(v)}" for k, v in self.components.items())
         line = f"mean_reward={self.mean_reward:+.3f} ({comps})"
         if self.pass_at_k is not None and self.mean_at_k is not None:
@@ -88,7 +91,7 @@ def summarize(groups: list[list[Rollout]], components: tuple[str, ...], pass_com
     `pass_component`, pass@k and mean@k with k the group size (see `ValidationResult`)."""
     flat = [r for g in groups for r in g]
     if not flat:
-        return ValidationResult(0.0, {c: None for c in components}, 0.0)
+        return ValidationResult(0.0, {c: None for c in components}, 0.0, skipped=not groups)
     comps = {c: _mean(component_values(flat, c)) for c in components}
     k = len(groups[0])
     result = ValidationResult(sum(r.reward for r in flat) / len(flat), comps,
@@ -206,7 +209,9 @@ def compile_roi(compile_s: float, eager_step_s: float | None, rows: list[dict[st
     """Compile time spent, and with a measured eager step time, the per-step saving and break-even."""
     if not compile_s:
         return None
-    times = sorted(r["time/step_s"] for r in rows[1:] if "time/step_s" in r) or [float("nan")]
+    times = sorted(r["time/step_s"] for r in rows[1:] if "time/step_s" in r)
+    if not times:  # 0 or 1 steps: no step after the first to call steady
+        return f"compile: {compile_s:.1f}s spent"
     step_s = times[len(times) // 2]
     line = f"compile: {compile_s:.1f}s spent; steady-state step {step_s:.3f}s"
     if eager_step_s:
@@ -217,9 +222,11 @@ def compile_roi(compile_s: float, eager_step_s: float | None, rows: list[dict[st
 
 
 def write_summary(file: Path, result: RunResult, *, phases: dict[str, float], wall_s: float, compile_s: float,
-                  trainer: Trainer, device: torch.device, memory: dict[str, Any] | None = None) -> None:
+                  trainer: Trainer, device: torch.device, memory: dict[str, Any] | None = None,
+                  stopped: str | None = None) -> None:
     """summary.json: the time split the benchmarks read. total_s = startup + the RL steps (generate, train,
-    sync); `phases` (warm start, validation, checkpoint writes) are reported beside it."""
+    sync); `phases` (warm start, validation, checkpoint writes) are reported beside it; `stopped`: why a run
+    ended early (null: it ran its steps)."""
     rows = [r for r in result.steps if "time/step_s" in r]
     steps = sorted(r["time/step_s"] for r in rows)
     startup = sum(result.startup.values())
@@ -240,5 +247,6 @@ def write_summary(file: Path, result: RunResult, *, phases: dict[str, float], wa
                         for r in result.steps if any(k.startswith("val/") for k in r)],
         "device": torch.cuda.get_device_name() if device.type == "cuda" else "cpu",
         "memory": memory,
+        "stopped": stopped,
     }
     file.write_text(json.dumps(summary, indent=2, default=str) + "\n")

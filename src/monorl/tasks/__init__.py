@@ -33,8 +33,22 @@ def load_task(spec: str, **kwargs: Any) -> Task:
     subclass (called with kwargs), or a factory (called with kwargs) that returns a `Task`. ``module`` may be an
     importable module name or a path to a ``.py`` file.
     """
+    obj = task_object(spec)
+    if isinstance(obj, Task):
+        if kwargs:
+            raise TaskError(f"task spec {spec!r} names a Task instance; it takes no arguments, got {sorted(kwargs)}")
+        return obj
+    task = _construct(obj, kwargs, spec)
+    if not isinstance(task, Task):
+        raise TaskError(f"task factory {spec!r} returned {type(task).__name__}, not a monorl.tasks.Task")
+    return task
+
+
+def task_object(spec: str) -> Any:
+    """What a task spec names, not yet called: a built-in's class, or the module's `Task` instance, `Task`
+    subclass or factory."""
     if spec in BUILTIN_TASKS:
-        return _construct(BUILTIN_TASKS[spec], kwargs, spec)
+        return BUILTIN_TASKS[spec]
     if ":" not in spec:
         raise TaskError(f"unknown task {spec!r}: use one of {sorted(BUILTIN_TASKS)} or 'module:object' "
                         f"(e.g. 'my_tasks:MyTask' or 'path/to/tasks.py:make_task')")
@@ -48,18 +62,13 @@ def load_task(spec: str, **kwargs: Any) -> Task:
             raise TaskError(f"task spec {spec!r}: {module_name!r} has no attribute {attr_path!r}")
         obj = getattr(obj, part)
     if isinstance(obj, Task):
-        if kwargs:
-            raise TaskError(f"task spec {spec!r} names a Task instance; it takes no arguments, got {sorted(kwargs)}")
         return obj
     if isinstance(obj, type) and not issubclass(obj, Task):
         raise TaskError(f"task spec {spec!r} names class {obj.__name__}, which is not a monorl.tasks.Task subclass")
     if not callable(obj):
         raise TaskError(f"task spec {spec!r} names a {type(obj).__name__}: expected a Task, a Task subclass or a "
                         "factory")
-    task = _construct(obj, kwargs, spec)
-    if not isinstance(task, Task):
-        raise TaskError(f"task factory {spec!r} returned {type(task).__name__}, not a monorl.tasks.Task")
-    return task
+    return obj
 
 
 def _construct(factory: Any, kwargs: dict[str, Any], spec: str) -> Any:

@@ -55,6 +55,11 @@ class Task(ABC):
     def val_prompts(self, n: int) -> list[Prompt]:
         """The first `n` held-out prompts: fixed (independent of any seed), never produced by `train_prompts`."""
 
+    def has_held_out(self) -> bool:
+        """Whether the task has held-out prompts to validate on (a dataset without a test split has none: the run
+        then trains without validation, as TRL does without an eval set)."""
+        return True
+
     @abstractmethod
     def reward(self, prompt: Prompt, completion: str) -> dict[str, float | None]:
         """Reward components for one completion, keyed by `reward_components` (None: the component does not

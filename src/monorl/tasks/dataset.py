@@ -170,6 +170,21 @@ class DatasetTask(Task):
                  test_fraction: float | None = None, format_pattern: str | None = None,
                  length_max: int | None = None, length_soft: int | None = None,
                  instruction: str | None = None) -> None:
+        """Load the data, resolve the reward functions and check they can be called on its columns.
+
+        Args:
+            path: the data: a .jsonl / .json / .parquet / .csv file or a save_to_disk directory
+            reward: reward functions, comma-separated: built-ins (accuracy, format, length) or FILE.py:fn /
+                module:fn (TRL's reward-function signature)
+            reward_weights: one weight per reward function (default: 1 each)
+            prompt_column: the column holding the prompt (a string, or a list of role/content messages)
+            test_path: held-out data for validation (a file as `path`)
+            test_fraction: or hold out this share of `path`'s rows (a fixed permutation)
+            format_pattern: the regex the `format` reward matches
+            length_max: the `length` reward's maximum completion length (tokens)
+            length_soft: the `length` reward's soft window before length_max (tokens)
+            instruction: text appended to each prompt's last user message (e.g. put your answer in \\boxed{})
+        """
         if reward is None:
             raise _task_error("the dataset task needs --task.args.reward: built-ins "
                               f"{', '.join(BUILTIN_REWARDS)} or 'module:function', comma-separated")
@@ -274,6 +289,9 @@ class DatasetTask(Task):
     def train_prompts(self, seed: int = 0, start: int = 0) -> Iterator[Prompt]:
         for index, epoch, row in shuffled_rows(len(self._train), seed, start):
             yield self._prompt(self._train[row], index=index, epoch=epoch, row=row, split="train")
+
+    def has_held_out(self) -> bool:
+        return self._test is not None
 
     def val_prompts(self, n: int) -> list[Prompt]:
         if n == 0:

@@ -87,7 +87,16 @@ def load_records(path: str | Path) -> list[dict[str, Any]]:
 
 class Gsm8kTask(Task):
     """GSM8K from local files: `train_path` (and `test_path` for validation), or a `data_dir` holding
-    ``train.jsonl`` / ``test.jsonl`` (or ``.parquet``)."""
+    ``train.jsonl`` / ``test.jsonl`` (or ``.parquet``).
+
+    Args:
+        train_path: training records (.jsonl or .parquet with question / answer)
+        test_path: held-out records, for validation
+        data_dir: a directory holding train.jsonl and test.jsonl (or .parquet)
+        answer_format: how the model is asked to give its answer: boxed or hash (#### <number>)
+        correctness_reward: reward of a correct answer
+        format_reward: reward of an answer in the asked format, right or wrong
+    """
 
     name = "gsm8k"
     reward_components = ("correctness", "format")

@@ -56,7 +56,20 @@ SOLUTION_STYLES = ("steps", "short", "mixed")
 
 
 class SumDigitsTask(Task):
-    """Digit sums of short lists of numbers. Defaults reproduce the reference (2-4 two-digit numbers)."""
+    """Digit sums of short lists of numbers. Defaults reproduce the reference (2-4 two-digit numbers).
+
+    Args:
+        min_numbers: fewest numbers in a problem
+        max_numbers: most numbers in a problem
+        min_digits: fewest digits of a number
+        max_digits: most digits of a number
+        instructions: prepend the instructions (answer format and a worked example) to each prompt
+        correctness_reward: reward of a correct answer
+        format_reward: reward of an answer in the [ANSWER] <number> format, right or wrong
+        val_seed: seed of the held-out problems
+        val_size: held-out problems (default: 64, fewer when the problem space is small)
+        solution_style: the warm start's reference solutions: steps, short or mixed
+    """
 
     name = "sum_digits"
     reward_components = ("correctness", "format")

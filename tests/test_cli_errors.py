@@ -3,6 +3,8 @@ the run stands; a model path always means its weights; a reward that always fail
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 
@@ -109,4 +111,8 @@ def test_reward_failing_everywhere_stops_the_run(tmp_path, caplog):
         run.run()
     rows = (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()
     assert sum('"step"' in r for r in rows) == 2  # steps 1 and 2 ran (and logged); step 3 stopped the run
+    # what ran is kept: a checkpoint of the 2 steps, and a summary saying why the run stopped
+    assert (tmp_path / "run" / "checkpoints" / "step_000002" / "meta.json").is_file()
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["steps"] == 2 and "failed on every completion of 3 steps" in summary["stopped"]
     assert "reward failed on 24 of 24 completions" in caplog.text

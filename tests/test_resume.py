@@ -80,6 +80,15 @@ def jsonl(path: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in path.read_text().splitlines()]
 
 
+def killed_copy(run_dir: Path, to: Path, step: int) -> None:
+    """A copy of a finished run as it stood after step `step`'s checkpoint (a resume continues the newest one)."""
+    shutil.copytree(run_dir, to)
+    for path in (to / "checkpoints").iterdir():
+        if path.is_dir() and path.name != f"step_{step:06d}":
+            shutil.rmtree(path)
+    (to / "checkpoints" / LATEST_FILE).write_text(f"step_{step:06d}\n")
+
+
 @pytest.fixture(scope="module")
 def uninterrupted(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """One uninterrupted 4-step run, checkpointing every step (keep_last=3): the reference."""
@@ -112,7 +121,7 @@ def test_resume_equals_uninterrupted(uninterrupted: Path, tmp_path: Path) -> Non
     """Resume the reference run from its step-2 checkpoint (a fresh GRPORun, in a process whose RNGs have
     moved on): steps 3 and 4 reproduce exactly, logs hold each step once, later checkpoints are rewritten."""
     run_dir = tmp_path / "resumed"
-    shutil.copytree(uninterrupted, run_dir)
+    killed_copy(uninterrupted, run_dir, 2)
     torch.manual_seed(12345)
     random.seed(12345)
     result = GRPORun(small_cfg(run_dir), progress=False, resume=run_dir / "checkpoints" / "step_000002").run()
@@ -171,7 +180,7 @@ def test_resume_keeps_the_kl_reference(tmp_path: Path) -> None:
     kl = {"trainer.loss.kl_coef": "0.1", "steps": "2"}
     full = GRPORun(small_cfg(tmp_path / "full", **kl), progress=False)
     full.run()
-    shutil.copytree(tmp_path / "full", tmp_path / "resumed")
+    killed_copy(tmp_path / "full", tmp_path / "resumed", 1)
     resumed = GRPORun(small_cfg(tmp_path / "resumed", **kl), progress=False,
                       resume=tmp_path / "resumed" / "checkpoints" / "step_000001")
     resumed.run()

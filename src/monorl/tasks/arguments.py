@@ -22,14 +22,15 @@ def _arg_docs(doc: str | None) -> dict[str, str]:
         start = next(i for i, line in enumerate(lines) if line.strip() in ("Args:", "Arguments:"))
     except StopIteration:
         return out
-    name = None
+    name, indent = None, None
     for line in lines[start + 1:]:
         if line and not line.startswith(" "):  # the next section
             break
-        if m := _ARG_LINE.match(line):
-            name = m.group(1)
+        depth = len(line) - len(line.lstrip())
+        if (m := _ARG_LINE.match(line)) and (indent is None or depth <= indent):
+            name, indent = m.group(1), depth
             out[name] = m.group(2).strip()
-        elif name and line.strip():
+        elif name and line.strip():  # deeper: the description goes on
             out[name] += " " + line.strip()
     return out
 

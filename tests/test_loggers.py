@@ -10,8 +10,11 @@ from pathlib import Path
 import pytest
 
 from monorl.cli import main
+from monorl.fsutil import install_hint
 from monorl.rl.loggers import scalars
 from tests.test_cli_errors import FAST
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def jsonl(path: Path) -> list[dict]:
@@ -114,5 +117,7 @@ def test_missing_extra_is_one_line_and_no_run_dir(tmp_path, monkeypatch, capsys)
     monkeypatch.setitem(sys.modules, "tensorboard", None)  # as if not installed
     assert main(["train", *FAST, "--run_dir", str(tmp_path / "run"), "--logging.tensorboard", "true"]) == 2
     err = capsys.readouterr().err.strip()
-    assert err == "monorl: error: logging.tensorboard needs tensorboard: pip install 'monorl[tensorboard]'"
+    assert err == f"monorl: error: logging.tensorboard needs tensorboard: {install_hint('tensorboard')}"
+    # an editable install (a checkout, as here and in CI) is told to install from the checkout
+    assert install_hint("tensorboard") in (f"pip install -e '{ROOT}[tensorboard]'", "pip install 'monorl[tensorboard]'")
     assert not (tmp_path / "run").exists()

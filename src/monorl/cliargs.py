@@ -110,9 +110,25 @@ def config_parser(prog: str, description: str, defaults: RunConfig,
     for key, group in p.groups.items():
         if key in CONFIG_KEYS:
             group.title, group.description = key, key_doc(RunConfig, key) or None
-        elif group.title and group.title.startswith("RunConfig("):  # the top-level keys
+        elif group.title and "RunConfig" in group.title:  # the top-level keys ("<class '...RunConfig'>")
             group.title, group.description = "run", None
+    _drop_leftovers(p)
     return p
+
+
+def _drop_leftovers(p: ArgumentParser) -> None:
+    """jsonargparse's own options this CLI does not offer (--print_config: `monorl config` prints configs; a
+    class-typed key's --KEY.help), and programmatic-only keys that `skip=` does not reach inside sections."""
+    for action in list(p._actions):
+        if not (action.dest == "print_config" or action.dest in SKIPPED_KEYS
+                or any(o.endswith(".help") for o in action.option_strings)):
+            continue
+        p._remove_action(action)
+        for option in action.option_strings:
+            p._option_string_actions.pop(option, None)
+        for group in p._action_groups:
+            if action in group._group_actions:
+                group._group_actions.remove(action)
 
 
 def _is_list(tp: Any) -> bool:
@@ -163,7 +179,10 @@ def parse_config(p: ArgumentParser, argv: list[str], base: RunConfig) -> tuple[R
             p.set_defaults({"task.args": {}})
             ns = p.parse_args(argv)
     except ArgumentError as e:
-        raise ValueError(condense_error(str(e))) from None
+        msg = condense_error(str(e))
+        if (files := _config_files(argv)) and re.search(r"(does not accept option|is not accepted)", str(e)):
+            msg = f"{files[-1]}: {msg}"  # a key only a config file can have given
+        raise ValueError(msg) from None
     data = ns.as_dict()
     merged = _merge(base.to_dict(), {k: v for k, v in data.items() if k in CONFIG_KEYS})
     cfg = config_from_dict(merged)  # runs every section's checks
@@ -217,10 +236,20 @@ def _unknown_key(token: str) -> str:
             f"valid keys there: {', '.join(there)} (monorl VERB --help lists them all)")
 
 
+def _config_files(argv: list[str]) -> list[str]:
+    """The --config files of a command line, in order."""
+    return [a.split("=", 1)[1] if "=" in a else argv[i + 1] for i, a in enumerate(argv)
+            if (a == "--config" and i + 1 < len(argv)) or a.startswith("--config=")]
+
+
 def condense_error(msg: str) -> str:
     """One line from a jsonargparse error (which may span several), in this CLI's words."""
     if m := re.match(r"unrecognized arguments: (\S+)", msg):
         return _unknown_key(m.group(1))
+    if m := re.search(r"Group '([\w.]+)' does not accept option '(\w+)'", msg):  # a config file's typo
+        return _unknown_key(f"--{m.group(1)}.{m.group(2)}")
+    if m := re.match(r"Option '(\w+)' is not accepted", msg):  # the same at the top level
+        return _unknown_key(f"--{m.group(1)}")
     if m := re.match(r"argument (\S+): expected one argument", msg):
         return f"missing value for {m.group(1)}"
     if m := re.match(r'Parser key "([^"]+)":', msg):

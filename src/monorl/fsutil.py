@@ -109,3 +109,19 @@ def json_safe(v: Any) -> Any:
     if isinstance(v, list | tuple):
         return [json_safe(x) for x in v]
     return v
+
+
+def install_hint(extra: str) -> str:
+    """The command that installs monorl's optional extra `extra` the way this monorl was installed: from a
+    checkout (an editable install: `pip install -e '/path/to/checkout[extra]'`) or from the index."""
+    from importlib.metadata import PackageNotFoundError, distribution
+
+    try:
+        direct = distribution("monorl").read_text("direct_url.json")
+    except PackageNotFoundError:
+        direct = None
+    if direct:
+        info = json.loads(direct)
+        if info.get("dir_info", {}).get("editable") and info.get("url", "").startswith("file://"):
+            return f"pip install -e '{info['url'].removeprefix('file://')}[{extra}]'"
+    return f"pip install 'monorl[{extra}]'"

@@ -13,8 +13,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-TENSORBOARD_HINT = "logging.tensorboard needs tensorboard: pip install 'monorl[tensorboard]'"
-WANDB_HINT = "logging.wandb needs wandb: pip install 'monorl[wandb]'"
+from monorl.fsutil import install_hint
+
+TENSORBOARD_HINT = f"logging.tensorboard needs tensorboard: {install_hint('tensorboard')}"
+WANDB_HINT = f"logging.wandb needs wandb: {install_hint('wandb')}"
 
 
 @dataclass

@@ -32,6 +32,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+from monorl.fsutil import install_hint
 from monorl.tasks.base import Prompt, Task
 from monorl.tasks.rewards import BUILTIN_REWARDS, accuracy, builtin_reward
 from monorl.tasks.stream import shuffled_rows
@@ -50,7 +51,7 @@ def _datasets() -> Any:
     try:
         import datasets
     except ImportError:
-        raise _task_error("the dataset task reads files with the datasets library: pip install monorl[data]") from None
+        raise _task_error(f"the dataset task reads files with the datasets library: {install_hint('data')}") from None
     return datasets
 
 

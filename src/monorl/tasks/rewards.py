@@ -23,6 +23,8 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
+from monorl.fsutil import install_hint
+
 DEFAULT_FORMAT_PATTERN = r"\\boxed\{.+?\}"
 
 
@@ -46,7 +48,7 @@ def _math_verify() -> tuple[Callable, Callable]:
     try:
         from math_verify import parse, verify
     except ImportError:
-        raise _task_error("the 'accuracy' reward needs math-verify: pip install monorl[math]") from None
+        raise _task_error(f"the 'accuracy' reward needs math-verify: {install_hint('math')}") from None
     return parse, verify
 
 

@@ -83,7 +83,8 @@ class ChatRenderer:
     """Renders conversations (lists of ``{"role", "content"}`` messages; ``tool`` messages carry ``name``) for
     one tokenizer; see the module docstring for the styles and what `delta` guarantees."""
 
-    def __init__(self, tokenizer: Any, style: str = "auto", template_kwargs: dict[str, Any] | None = None) -> None:
+    def __init__(self, tokenizer: Any, style: str = "auto", template_kwargs: dict[str, Any] | None = None,
+                 end_of_turn: str | None = None) -> None:
         self.tokenizer = tokenizer
         self.template_kwargs = dict(template_kwargs or {})
         if style == "auto":
@@ -96,9 +97,10 @@ class ChatRenderer:
         if style == "template" and not getattr(tokenizer, "has_chat_template", False):
             raise RenderError("render style 'template' needs a tokenizer with a chat template")
         self.style = style
-        specials = getattr(tokenizer, "special_tokens", {}) or {}
-        # the text that closes an assistant turn (what a model samples to stop)
-        self.end_of_turn = IM_END if style == "chatml" else specials.get("eos_token") or IM_END
+        # the text that closes an assistant turn (what a model samples to stop): ChatML's <|im_end|>, else eos
+        eos = (getattr(tokenizer, "special_tokens", {}) or {}).get("eos_token")
+        chatml = style == "chatml" or (style == "template" and IM_END in (tokenizer.chat_template or ""))
+        self.end_of_turn = end_of_turn or (IM_END if chatml else eos or IM_END)
 
     # -- whole conversations ----------------------------------------------------------------------------
     def render(self, messages: Sequence[dict[str, Any]], tools: Sequence[dict[str, Any]] | None = None,

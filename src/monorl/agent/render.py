@@ -17,7 +17,7 @@ Three styles, picked once per tokenizer (`ChatRenderer(tokenizer)`, or `style=` 
 
 - ``plain``: no template at all (the char tokenizer of the ``tiny`` preset): `Task.plain_prompt`'s ``Role: text``
   lines, each assistant turn closed by the end-of-turn token (eos), tools in a ``System:`` line's ``<tools>``
-  block, each result a ``Tool: <tool_response>...</tool_response>`` line; short, for a 128-token context.
+  block, each result a ``Tool: {result}`` line; short, so a tool episode fits the tiny preset's 128 tokens.
 
 `delta(new_messages)` is what the episode runner appends after the tokens the model sampled: the end of its turn
 (only if it did not sample the end-of-turn token itself: ``closed=False``), the new tool / user messages, and the
@@ -101,6 +101,12 @@ class ChatRenderer:
         eos = (getattr(tokenizer, "special_tokens", {}) or {}).get("eos_token")
         chatml = style == "chatml" or (style == "template" and IM_END in (tokenizer.chat_template or ""))
         self.end_of_turn = end_of_turn or (IM_END if chatml else eos or IM_END)
+
+    def closes_turn(self, sampled_ids: Sequence[int]) -> bool:
+        """Did the model's sampled tokens end its turn with the end-of-turn token(s)? (`delta`'s `closed`: False
+        when it stopped at a stop string, another eos id, or the token budget.)"""
+        eot = self.tokenizer.encode(self.end_of_turn)
+        return len(sampled_ids) >= len(eot) and list(sampled_ids[len(sampled_ids) - len(eot):]) == eot
 
     # -- whole conversations ----------------------------------------------------------------------------
     def render(self, messages: Sequence[dict[str, Any]], tools: Sequence[dict[str, Any]] | None = None,
@@ -202,7 +208,7 @@ def _render_plain(messages: list[dict[str, Any]], tools: list[dict[str, Any]] | 
         if role == "assistant":
             out.append(f"Assistant: {content}{_calls_text(m, content)}{eot}\n")
         elif role == "tool":
-            out.append(f"Tool: <tool_response>{content}</tool_response>\n")
+            out.append(f"Tool: {content}\n")
         else:
             out.append(f"{role.capitalize()}: {content}\n")
     if gen:

@@ -4,13 +4,13 @@ tool. Each problem has its own secret function ``f(x) = a*x + b`` (a in 2..9, b 
 
     User: f(3)=?
     Assistant: <tool_call>{"name":"f","arguments":{"x":3}}</tool_call><eos>
-    Tool: <tool_response>23</tool_response>
+    Tool: 23
     Assistant: 23<eos>
 
 ``correctness`` (1.0) needs both: the final answer (the last integer of the last assistant turn, a turn without a
 call) equals f(x), and the episode called ``f`` with that x successfully, so guessing (1 in ~80) scores nothing.
-The tool schemas are not rendered (`render_tools = False`): the whole episode is about 110 characters, so a
-generator context of 256 (``--generator.max_model_len 256``) leaves room. `solution_messages(prompt)` is the
+The tool schemas are not rendered (`render_tools = False`): the whole episode (plain rendering, one token a
+character) is about 100 tokens, inside the ``tiny`` preset's 128. `solution_messages(prompt)` is the
 right episode for a supervised warm start (assistant turns to train on, the tool turn masked).
 """
 

@@ -133,7 +133,7 @@ def test_gsm8k_python(gsm8k_file):
 
 def test_agent_tasks_load_by_spec_and_refuse_plain_rewards():
     task = load_task("monorl.agent.envs:TinyToolsTask", max_turns=2)
-    assert task.max_turns == 2 and set(AGENT_TASKS) == {"gsm8k_python", "guess_number", "tiny_tools"}
+    assert task.max_turns == 2 and set(AGENT_TASKS) == {"gsm8k_python", "guess_number", "tiny_tools", "agent_dataset"}
     with pytest.raises(TypeError, match="scores whole episodes"):
         task.reward(task.val_prompts(1)[0], "7")
 

@@ -225,5 +225,5 @@ def test_episode_metrics_names():
     m = episode_metrics([env.record, ok.record])
     assert m["tools/call_frequency"] == 1.0 and m["tools/failure_frequency"] == 0.5
     assert m["episodes/env_failure_ratio"] == 0.5 and m["episodes/truncated_env_error_ratio"] == 0.5
-    assert m["episodes/turns_mean"] == 1.5 and m["tools/nope/failure_frequency"] == 1.0
+    assert m["episodes/turns_mean"] == 1.5 and m["tools/unknown_tool/failure_frequency"] == 1.0
     assert episode_metrics([]) == {}

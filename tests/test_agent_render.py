@@ -161,3 +161,17 @@ def test_bad_input_is_one_line():
         ChatRenderer(CharTokenizer(), style="xml")
     with pytest.raises(RenderError, match="needs a tokenizer with a chat template"):
         ChatRenderer(CharTokenizer(), style="template")
+
+
+@pytest.mark.skipif(not SHARED_TOKENIZER.is_dir(), reason="no ../shared Qwen3 tokenizer")
+def test_template_rendering_equals_transformers():
+    """Our render (schemas from our converter) == transformers' apply_chat_template given the function itself."""
+    transformers = pytest.importorskip("transformers")
+    template = trl_template("qwen3.jinja")
+    hf = transformers.PreTrainedTokenizerFast.from_pretrained(str(SHARED_TOKENIZER))
+    ours = HFTokenizer.from_dir(SHARED_TOKENIZER)
+    ours.chat_template = template
+    messages = PROMPT + [{"role": "assistant", "content": THINKING_TURNS[0][0]}, *THINKING_TURNS[0][1]]
+    expected = hf.apply_chat_template(messages, tools=[add], chat_template=template, tokenize=False,
+                                      add_generation_prompt=True)
+    assert ChatRenderer(ours).render(messages, tools=TOOLS) == expected

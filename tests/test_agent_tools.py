@@ -212,7 +212,7 @@ def test_every_failure_is_a_message_and_a_counted_failure():
     got = [(r.name, r.ok) for r in results]
     assert got == [("add", True), ("add", True), ("nope", False), ("add", False), ("add", False), ("add", False),
                    ("broken", False), ("slow", False), ("huge", True), ("opaque", False), ("raw_bytes", False),
-                   ("structured", True), ("async_double", True), ("async_hang", False), ("<malformed>", False)]
+                   ("structured", True), ("async_double", True), ("async_hang", False), ("malformed_call", False)]
     text_of = [r.content for r in results]
     assert text_of[0] == "3" and text_of[1] == "6"
     assert "unknown tool 'nope'" in text_of[2] and "available tools: add" in text_of[2]
@@ -233,6 +233,7 @@ def test_every_failure_is_a_message_and_a_counted_failure():
     assert metrics["tools/call_frequency"] == len(results) / 2
     assert metrics["tools/failure_frequency"] == pytest.approx(10 / 15)
     assert metrics["tools/add/failure_frequency"] == 0.6 and metrics["tools/add/calls"] == 2.5
+    assert metrics["tools/unknown_tool/failure_frequency"] == 1.0 and "tools/nope/calls" not in metrics
 
 
 def test_load_tools_from_specs(tmp_path, monkeypatch):

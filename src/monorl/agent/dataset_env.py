@@ -85,7 +85,10 @@ class AgentDatasetTask(AgentTask):
         fns = [] if reward is None else (list(reward) if isinstance(reward, list | tuple) else
                                          [s.strip() for s in str(reward).split(",") if s.strip()]
                                          if isinstance(reward, str) else [reward])
-        probe = self.factory() if self.factory is not None else None
+        try:  # one instance up front, as TRL makes one: to know its class and whether it owns a reward
+            probe = self.factory() if self.factory is not None else None
+        except Exception as e:
+            raise TaskError(f"environment_factory {environment_factory!r} failed: {type(e).__name__}: {e}") from None
         if probe is not None and callable(getattr(probe, "get_reward", None)):
             fns.append(_env_reward_fn(type(probe).__name__))
         if not fns:

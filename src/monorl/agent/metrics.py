@@ -2,7 +2,8 @@
 
 Names follow TRL's GRPO trainer where it has them (``tools/call_frequency``: tool calls per episode,
 ``tools/failure_frequency``: failed calls / calls, as `GRPOTrainer._tool_call_loop` logs them); the rest are
-monorl's: per tool ``tools/<name>/calls`` and ``tools/<name>/failure_frequency``, ``episodes/*`` for turns, time
+monorl's: per tool ``tools/<name>/calls`` and ``tools/<name>/failure_frequency`` (calls that name no tool the
+episode has count as ``unknown_tool``, unparsable ones as ``malformed_call``), ``episodes/*`` for turns, time
 spent in tools and environments, why episodes stopped and how many environments failed.
 """
 
@@ -38,8 +39,8 @@ class EpisodeRecord:
 
     def add_tool_results(self, results: Iterable[Any]) -> None:
         for r in results:
-            self.tool_calls[r.name] += 1
-            self.tool_failures[r.name] += 0 if r.ok else 1
+            self.tool_calls[r.counted_as] += 1
+            self.tool_failures[r.counted_as] += 0 if r.ok else 1
             self.tool_seconds += r.seconds
 
     def to_dict(self) -> dict[str, Any]:

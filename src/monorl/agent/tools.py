@@ -24,7 +24,9 @@ from monorl.agent.schema import SchemaError, function_schema, tool_parameters
 
 DEFAULT_TIMEOUT_S = 10.0
 DEFAULT_MAX_RESULT_CHARS = 4096
-UNKNOWN_TOOL = "<malformed>"  # the name failures of calls without a usable name are counted under
+# what failures are counted under when the call names no tool it could run (one key, however many names a model
+# invents, so the metrics keep a fixed set of keys)
+MALFORMED_CALL, UNKNOWN_TOOL = "malformed_call", "unknown_tool"
 
 
 @dataclass
@@ -54,13 +56,18 @@ class Tool:
 
 @dataclass
 class ToolResult:
-    """One call's outcome: `content` is what the model reads (the result, or the error text)."""
+    """One call's outcome: `content` is what the model reads (the result, or the error text); `counted_as` the
+    tool it counts for in the metrics (`name`, or MALFORMED_CALL / UNKNOWN_TOOL)."""
 
     name: str
     content: str
     ok: bool
     seconds: float = 0.0
     truncated: bool = False
+    counted_as: str = ""
+
+    def __post_init__(self) -> None:
+        self.counted_as = self.counted_as or self.name
 
     def message(self) -> dict[str, str]:
         """The ``tool`` message for the conversation (the role chat templates render as a tool response)."""
@@ -111,13 +118,14 @@ class ToolSet:
 
     def call(self, call: ToolCall) -> ToolResult:
         start = time.perf_counter()
-        name = call.name or UNKNOWN_TOOL
+        name = call.name or MALFORMED_CALL
         if call.error is not None:
-            return ToolResult(name, f"Error: {call.error}", ok=False)
+            return ToolResult(name, f"Error: {call.error}", ok=False, counted_as=MALFORMED_CALL)
         tool = self.tools.get(name)
         if tool is None:
             known = ", ".join(sorted(self.tools)) or "none"
-            return ToolResult(name, f"Error: unknown tool {name!r}; available tools: {known}", ok=False)
+            return ToolResult(name, f"Error: unknown tool {name!r}; available tools: {known}", ok=False,
+                              counted_as=UNKNOWN_TOOL)
         timeout = tool.timeout if tool.timeout is not None else self.timeout
         try:
             kwargs = tool.bind(call.arguments)

@@ -111,11 +111,30 @@ def test_env_failure_in_reset_ends_the_episode(cls, error):
     assert env.finish() is None
 
 
+class TextReward(CounterEnv):
+    def get_reward(self) -> float:
+        return "high"  # type: ignore[return-value]
+
+
+class CountedReward(CounterEnv):
+    calls = 0
+
+    def get_reward(self) -> float:
+        CountedReward.calls += 1
+        return 2.0
+
+
 def test_env_failure_in_the_reward():
-    env = FactoryEnv(FailingReward)
+    for cls, error in [(FailingReward, "environment reward raised ValueError: no score"),
+                       (TextReward, "environment reward raised ValueError: could not convert")]:
+        env = FactoryEnv(cls)
+        env.start(PROMPT)
+        env.respond("no calls")
+        assert env.finish() is None and error in env.record.error
+    env = FactoryEnv(CountedReward)
     env.start(PROMPT)
     env.respond("no calls")
-    assert env.finish() is None and "environment reward raised ValueError: no score" in env.record.error
+    assert env.finish() == env.finish() == 2.0 and CountedReward.calls == 1
 
 
 class EchoGame:

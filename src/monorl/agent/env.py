@@ -88,6 +88,7 @@ class EpisodeEnv(ABC):
         self.prompt_messages = 0  # how many of `messages` the episode started with
         self.step_rewards: list[float] = []
         self.done = False
+        self._finished = False
         self.env_reward: float | None = None
 
     @property
@@ -122,10 +123,10 @@ class EpisodeEnv(ABC):
         last_turn = self.max_turns is not None and self.record.turns >= self.max_turns
         try:
             result = self._respond(assistant_text, last_turn)
+            if result.reward is not None:
+                self.step_rewards.append(float(result.reward))
         except Exception as e:  # noqa: BLE001
             return self._fail("step", e)
-        if result.reward is not None:
-            self.step_rewards.append(float(result.reward))
         if not result.done and last_turn:  # the model would go on: the turn limit stops it here
             result = TurnResult(done=True, reward=result.reward)
             self.record.truncation = "max_turns"
@@ -141,18 +142,17 @@ class EpisodeEnv(ABC):
 
     def finish(self) -> float | None:
         """End the episode and return the environment's reward: `_finish`'s, else the sum of the turns' rewards
-        (None when the environment gave none). Called once, after the last turn."""
+        (None when the environment gave none). The first call computes it; later calls return it again."""
         self.done = True
-        if self.record.error is None:
+        if self.record.error is None and not self._finished:
+            self._finished = True
             try:
                 reward = self._finish()
-            except Exception as e:  # noqa: BLE001
-                self._fail("reward", e)
-                reward = None
-            else:
                 if reward is None and self.step_rewards:
                     reward = sum(self.step_rewards)
                 self.env_reward = None if reward is None else float(reward)
+            except Exception as e:  # noqa: BLE001
+                self._fail("reward", e)
         return self.env_reward
 
     # -- what subclasses implement ------------------------------------------------------------------------

@@ -246,3 +246,20 @@ def test_episode_metrics_names():
     assert m["episodes/env_failure_ratio"] == 0.5 and m["episodes/truncated_env_error_ratio"] == 0.5
     assert m["episodes/turns_mean"] == 1.5 and m["tools/unknown_tool/failure_frequency"] == 1.0
     assert episode_metrics([]) == {}
+
+
+def test_blocking_on_the_agent_loop_from_inside_it_is_an_error_not_a_deadlock():
+    async def tool_coro() -> int:
+        return 1
+
+    class CallsSyncInsideAsync(EchoGame):
+        async def step(self, message):
+            from monorl.agent.executor import call_with_timeout
+
+            call_with_timeout(tool_coro, timeout=1.0)  # blocks the loop it runs on: refused
+            return [], 1.0, True
+
+    env = MessageEnvAdapter(CallsSyncInsideAsync(), env_timeout=5.0)
+    env.start(PROMPT)
+    turn = env.respond("x")
+    assert turn.done and "RuntimeError" in turn.error and "await it instead" in turn.error

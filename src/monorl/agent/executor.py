@@ -79,7 +79,17 @@ def _await(awaitable: Any, timeout: float | None) -> Any:
     async def run() -> Any:
         return await asyncio.wait_for(awaitable, timeout)
 
-    future = asyncio.run_coroutine_threadsafe(run(), event_loop())
+    loop = event_loop()
+    try:
+        running = asyncio.get_running_loop()
+    except RuntimeError:
+        running = None
+    if running is loop:  # blocking here would wait on the loop this very call is holding up
+        if inspect.iscoroutine(awaitable):
+            awaitable.close()
+        raise RuntimeError("an async tool or environment was called synchronously from inside the agent's event "
+                           "loop (an async environment calling it without await); await it instead")
+    future = asyncio.run_coroutine_threadsafe(run(), loop)
     try:
         return future.result()
     except TimeoutError:

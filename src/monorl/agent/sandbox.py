@@ -120,7 +120,8 @@ class SandboxResult:
             notes.append(f"exit code {self.returncode}")
         out = self.output
         if notes:
-            out = f"{out}{'' if not out or out.endswith(chr(10)) else chr(10)}[{'; '.join(notes)}]"
+            sep = "" if not out or out.endswith("\n") else "\n"
+            out = f"{out}{sep}[{'; '.join(notes)}]"
         return out if out else "[no output]"
 
 
@@ -141,10 +142,10 @@ def _user_tasks() -> int:
 
 
 def _child_env(scratch: str) -> dict[str, str]:
-    env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": scratch, "TMPDIR": scratch, "LANG": "C.UTF-8",
+    """The child's whole environment: nothing of the parent's (tokens, CUDA_VISIBLE_DEVICES, PYTHONPATH)."""
+    return {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": scratch, "TMPDIR": scratch, "LANG": "C.UTF-8",
            "PYTHONIOENCODING": "utf-8", "PYTHONDONTWRITEBYTECODE": "1", "CUDA_VISIBLE_DEVICES": "",
            "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
-    return env
 
 
 def run_python(code: str, limits: SandboxLimits | None = None) -> SandboxResult:

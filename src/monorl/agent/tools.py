@@ -11,7 +11,6 @@ functions, a hung one keeps its thread); code the model writes runs in the `pyth
 
 from __future__ import annotations
 
-import inspect
 import json
 import time
 from collections.abc import Callable, Iterable, Sequence
@@ -193,7 +192,10 @@ def load_tools(spec: str | Sequence[Any]) -> list[Callable[..., Any]]:
                 if not hasattr(obj, part):
                     raise TaskError(f"tool spec {item!r}: {module_name!r} has no attribute {name!r}")
                 obj = getattr(obj, part)
-            if not (inspect.isfunction(obj) or inspect.ismethod(obj) or callable(obj)):
+            if isinstance(obj, type):
+                raise TaskError(f"tool spec {item!r}: {name!r} is a class; tools are functions (a class whose "
+                                "methods are tools is an environment_factory)")
+            if not callable(obj):
                 raise TaskError(f"tool spec {item!r}: {name!r} is a {type(obj).__name__}, not a function")
             out.append(obj)
     for fn in out:  # a function that cannot become a schema fails here, with its name, not at the first call

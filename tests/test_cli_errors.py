@@ -15,6 +15,7 @@ from monorl.model.qwen3 import build_model
 from monorl.model.tokenizer import CharTokenizer
 from monorl.rl.loop import GRPORun, load_policy
 from monorl.tasks.base import RewardError
+from monorl.tasks.reward_context import RewardFunctionError
 from tests.conftest import DigitsTask, digits_cfg
 
 # a cut-down tiny run (seconds on CPU): what the cases below add to it is the only thing wrong
@@ -110,3 +111,20 @@ def test_reward_failing_everywhere_stops_the_run(tmp_path, caplog):
     rows = (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()
     assert sum('"step"' in r for r in rows) == 2  # steps 1 and 2 ran (and logged); step 3 stopped the run
     assert "reward failed on 24 of 24 completions" in caplog.text
+
+
+class ShortBatch(DigitsTask):
+    def score_batch(self, prompts, completions, completion_ids, context=None):
+        return super().score_batch(prompts, completions, completion_ids)[1:]  # one result short
+
+
+def test_wrong_shaped_reward_stops_the_run_at_the_first_step(tmp_path):
+    """A reward of the wrong shape is a bug in user code: the first step raises RewardFunctionError (a ValueError:
+    one line from the CLI), instead of scoring 0 and warning every step."""
+    cfg = digits_cfg(tmp_path, steps=3)
+    cfg.task.name = "tests.test_cli_errors:ShortBatch"
+    cfg.validation.num_prompts = 0
+    run = GRPORun(cfg, progress=False)
+    with pytest.raises(RewardFunctionError, match=r"task 'digits': score_batch returned 23 results for 24 completions"):
+        run.run()
+    assert '"step"' not in (tmp_path / "run" / "metrics.jsonl").read_text()

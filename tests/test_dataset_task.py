@@ -5,6 +5,7 @@ import math
 from itertools import islice
 
 import pytest
+import torch
 
 from monorl.model.tokenizer import CharTokenizer
 from monorl.rl.loop import GRPORun
@@ -239,6 +240,10 @@ def test_wrong_shape_or_type_is_a_bug_raised_at_once(tmp_path):
     np = pytest.importorskip("numpy")
     odd = _task(tmp_path, reward=[lambda completions, **kw: [1, True, np.float32(0.5)]])
     assert [v["<lambda>"] for v, _ in _batch(odd, ["a", "b", "c"])[1]] == [1.0, 1.0, 0.5]
+    tensor = _task(tmp_path, reward=[lambda completions, **kw: torch.tensor([0.0, 1.0])])  # a 1-d tensor is a list
+    assert [v["<lambda>"] for v, _ in _batch(tensor, ["a", "b"])[1]] == [0.0, 1.0]
+    with pytest.raises(RewardFunctionError, match="returned Tensor tensor\\(1.\\) for 2 completions"):
+        _batch(_task(tmp_path, reward=[lambda completions, **kw: torch.tensor(1.0)]), ["a", "b"])
 
 
 async def async_scalar(completions, **kwargs):
@@ -454,8 +459,6 @@ def test_short_run_on_a_jsonl_dataset_with_two_reward_functions(tmp_path):
 def test_reward_functions_see_text_without_special_tokens(tmp_path):
     """Completions are decoded with special tokens skipped, as TRL decodes them for its reward functions: a sampled
     <pad> / <bos> is in completion_ids, not in the text (the reward's, and samples.jsonl's)."""
-    import torch
-
     from monorl.generate import Generator, GeneratorConfig, SamplingParams
     from monorl.model.config import model_shape
     from monorl.model.qwen3 import build_model

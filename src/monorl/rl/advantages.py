@@ -1,7 +1,8 @@
 """Advantages: each completion's reward against a baseline (its group's, or the batch's).
 
 GRPO (DeepSeekMath; TRL, verl): ``A = (r - mean_group(r)) / (std_group(r) + eps)`` with the *sample* standard
-deviation (Bessel-corrected, ``torch.std``'s default, as TRL and verl use).
+deviation (Bessel-corrected, ``torch.std``'s default, as TRL and verl use). ``eps`` is 1e-6 here, as verl's;
+TRL 1.16 adds 1e-4.
 
 Dr. GRPO (Liu et al. 2025) and the TorchTitan RL reference drop the std division: ``A = r - mean_group(r)``
 (``normalize_std=False``). The reference's `rl_grpo_qwen3_0_6b` loop computes exactly that mean-only

@@ -173,10 +173,13 @@ def _checked_values(name: str, out: Any, size: int) -> list[float | None]:
     """A reward function's return as one float (maybe NaN / inf) or None per completion, or `RewardFunctionError`
     naming the function and what it returned (a wrong shape or type is a bug in its code, not a failed
     completion)."""
-    if isinstance(out, str | bytes | Mapping) or not isinstance(out, Iterable):
+    try:
+        if isinstance(out, str | bytes | Mapping) or not isinstance(out, Iterable):
+            raise TypeError
+        out = list(out)  # a 0-d tensor or array is Iterable, and raises here
+    except TypeError:
         raise RewardFunctionError(f"reward function {name!r} returned {type(out).__name__} {_short(out)} for "
-                                  f"{size} completions; return a list of float or None, one per completion")
-    out = list(out)
+                                  f"{size} completions; return a list of float or None, one per completion") from None
     if len(out) != size:
         raise RewardFunctionError(f"reward function {name!r} returned {len(out)} values for {size} completions")
     values: list[float | None] = []

@@ -137,7 +137,9 @@ OVERLONG = "overlong"  # the reward component rollout.overlong_buffer adds
 def add_overlong_penalty(groups: list[list[Rollout]], max_new_tokens: int, buffer: int, factor: float) -> None:
     """DAPO's soft overlong punishment (Yu et al. 2025, arXiv:2503.14476, eq. 13) as reward component
     `OVERLONG`, weighted by `factor`: 0 up to max_new_tokens - buffer completion tokens, then linear down to -1
-    at max_new_tokens (`monorl.tasks.rewards.soft_overlong_penalty`). Any task's rollouts take it."""
+    at max_new_tokens (`monorl.tasks.rewards.soft_overlong_penalty`). Any task's rollouts take it. It applies to
+    every completion, so with it no completion is unscorable (as with TRL's soft overlong punishment among the
+    reward functions)."""
     if not groups:
         return
     weights = {**groups[0][0].weights, OVERLONG: factor}

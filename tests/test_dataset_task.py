@@ -456,22 +456,27 @@ def test_short_run_on_a_jsonl_dataset_with_two_reward_functions(tmp_path):
     assert summary["post"]["pass_at_k"] is not None and summary["post"]["pass_component"] == "digits"
 
 
+def _tiny_generator(tok):
+    from monorl.generate import Generator, GeneratorConfig
+    from monorl.model.config import model_shape
+    from monorl.model.qwen3 import build_model
+
+    model = build_model(model_shape("tiny"), "cpu", torch.float32, seed=0)
+    return Generator(model, GeneratorConfig(max_num_seqs=8, max_model_len=128, block_size=4), tokenizer=tok,
+                     eos_token_ids=())  # no stop: every token stays in the completion
+
+
 def test_reward_functions_see_text_without_special_tokens(tmp_path):
     """Completions are decoded with special tokens skipped, as TRL decodes them for its reward functions: a sampled
     <pad> / <bos> is in completion_ids, not in the text (the reward's, and samples.jsonl's)."""
-    from monorl.generate import Generator, GeneratorConfig, SamplingParams
-    from monorl.model.config import model_shape
-    from monorl.model.qwen3 import build_model
+    from monorl.generate import SamplingParams
     from monorl.rl.rollouts import generate_rollouts
 
     tok = CharTokenizer()
-    model = build_model(model_shape("tiny"), "cpu", torch.float32, seed=0)
-    gen = Generator(model, GeneratorConfig(max_num_seqs=8, max_model_len=128, block_size=4), tokenizer=tok,
-                    eos_token_ids=())  # no stop: every token stays in the completion
     task = _task(tmp_path, reward=[sees_columns])
     prompts = list(islice(task.train_prompts(0), 2))
-    groups = generate_rollouts(gen, tok, task, prompts, SamplingParams(max_new_tokens=40, temperature=1.0, seed=3),
-                               4, 128)
+    groups = generate_rollouts(_tiny_generator(tok), tok, task, prompts,
+                               SamplingParams(max_new_tokens=40, temperature=1.0, seed=3), 4, 128)
     rollouts = [r for g in groups for r in g]
     assert SEEN["completions"] == [r.text for r in rollouts]
     assert SEEN["completion_ids"] == [r.completion_ids for r in rollouts]  # unchanged: every token
@@ -479,3 +484,26 @@ def test_reward_functions_see_text_without_special_tokens(tmp_path):
     special = [r for r in rollouts if {0, 2} & set(r.completion_ids)]
     assert special, "the seed must sample a special token for this test to check anything"
     assert all(tok.decode(r.completion_ids) != r.text and "<pad>" not in r.text for r in special)
+
+
+def test_logged_metrics_and_columns_through_the_rollouts_of_every_rank(tmp_path):
+    """generate_rollouts hands the step's context to the rewards: log_extra's column lands in each rollout's extra,
+    and log_metric's values of every rank (here rank 0 of 2, the other rank's part scripted) join the context."""
+    from monorl.distributed.world import World
+    from monorl.generate import SamplingParams
+    from monorl.rl.rollouts import generate_rollouts
+
+    class RankZeroOfTwo(World):
+        def gather_lists(self, items):
+            return items + [([], {"my_metric": [100.0]})]  # rank 1: no groups here, one logged value
+
+    tok = CharTokenizer()
+    task = _task(tmp_path, reward=[shaped_by_progress])
+    prompts = list(islice(task.train_prompts(0), 4))
+    ctx = RewardContext(global_step=1, max_steps=4, data_position=3)
+    groups = generate_rollouts(_tiny_generator(tok), tok, task, prompts, SamplingParams(max_new_tokens=6, seed=1),
+                               2, 128, world=RankZeroOfTwo(rank=0, size=2), context=ctx)
+    assert len(groups) == 2  # rank 0's share of the 4 prompts
+    assert ctx.metrics == {"my_metric": [4.0, 100.0]} and ctx.metric_means() == {"my_metric": 52.0}
+    assert [r.extra for g in groups for r in g] == [{"why": f"len {len(r.text)}"} for g in groups for r in g]
+    assert all(r.rewards["shaped_by_progress"] == 1 / 4 + 3 / 12 for g in groups for r in g)

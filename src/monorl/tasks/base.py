@@ -90,7 +90,7 @@ class Task(ABC):
         scores each completion with `safe_reward`; a task whose reward is cheaper batched (one call to a
         verifier, a reward model, TRL-style reward functions) overrides it, keeping those semantics: a failed
         completion scores 0.0 on every component and its error string says why. `context`: the run's position
-        and the step's logging sinks (`monorl.tasks.reward_context`; None outside a training step); an override
+        and the step's logging sinks (`monorl.tasks.reward_context`; None outside a run: `monorl eval`); an override
         may leave the parameter out, and is then called without it."""
         return [safe_reward(self, p, c) for p, c in zip(prompts, completions, strict=True)]
 

@@ -236,6 +236,28 @@ def test_rloo_hand_computed():
         rloo_advantages([1.0, 2.0], 1)
 
 
+def test_rloo_unscorable_follow_trl():
+    """NaN (unscorable): advantage 0, and out of the others' leave-one-out means, as TRL 1.16's RLOOTrainer
+    computes them (its formula, from rloo_trainer.py: nansum of the others over the scorable count - 1)."""
+    nan = float("nan")
+    r = torch.tensor([[1.0, nan, 0.0, 4.0], [nan, 2.0, nan, nan]])
+    adv = rloo_advantages(r, 4)
+    # group 0 as if the NaN were not there: 1 - 2, 0 - 2.5, 4 - 0.5; group 1: one scorable, no baseline: 0
+    torch.testing.assert_close(adv, torch.tensor([[-1.0, 0.0, -2.5, 3.5], [0.0, 0.0, 0.0, 0.0]]))
+    count = (~r.isnan()).sum(dim=1, keepdim=True)
+    trl = torch.nan_to_num(r - (torch.nansum(r, dim=1, keepdim=True) - r) / (count - 1), nan=0.0)
+    torch.testing.assert_close(adv, trl)
+
+
+def test_reinforce_pp_unscorable_left_out():
+    nan = float("nan")
+    for baseline in (False, True):
+        adv = reinforce_pp_advantages([1.0, nan, 0.0, 3.0, nan, 1.0], 3, baseline=baseline, eps=0.0)
+        without = reinforce_pp_advantages([1.0, 0.0, 3.0, 1.0], 2, baseline=baseline, eps=0.0)
+        assert adv[1] == 0 and adv[4] == 0
+        torch.testing.assert_close(adv[[0, 2, 3, 5]], without)
+
+
 def test_reinforce_pp_hand_computed():
     # raw rewards, normalised over the batch: mean 2/3, centred [1/3, -2/3, -2/3, 1/3, 1/3, 1/3],
     # sample var (4 / 9 + 2 * 4 / 9) / 5 = 4 / 15

@@ -54,12 +54,18 @@ class RolloutSection:
     # advantage "grpo" only: divide by the group std (GRPO paper, TRL); the reference uses mean only, and the
     # dr_grpo loss turns it off (Dr. GRPO)
     advantage_std_norm: bool = True
-    # DAPO's dynamic sampling (Yu et al. 2025, arXiv:2503.14476): groups whose rewards are all equal (zero
-    # advantage, no signal) are dropped and further prompts sampled until prompts_per_step groups carry signal,
-    # in at most max_sampling_rounds generation rounds (the first included); short of that, the step trains on
-    # the groups it has (all of the first round's when none had signal)
+    # DAPO's dynamic sampling (Yu et al. 2025, arXiv:2503.14476): groups whose dynamic_sampling_metric is the same
+    # for every completion (all correct or all wrong: no signal) are dropped and further prompts sampled until
+    # prompts_per_step groups carry signal, in at most max_sampling_rounds generation rounds (the first
+    # included); short of that, the step trains on the groups it has (all of the first round's when none had
+    # signal)
     dynamic_sampling: bool = False
     max_sampling_rounds: int = 4  # dynamic sampling: generation rounds per step at most (the first included)
+    # dynamic sampling: what must differ within a group for it to count as signal: a reward component, or
+    # "reward" for the total (the overlong penalty included, so an all-wrong group of different lengths counts);
+    # default: the pass component (validation.pass_component, else the task's first), as DAPO and verl filter on
+    # accuracy
+    dynamic_sampling_metric: str | None = None
     # DAPO's overlong filtering: completions cut by max_new_tokens (no EOS) get zero loss weight; they still
     # count in their group's reward statistics
     mask_truncated: bool = False
@@ -76,7 +82,7 @@ class RolloutSection:
             if getattr(self, k) < 1:
                 raise ValueError(f"rollout.{k} must be >= 1, got {getattr(self, k)}")
         if self.dynamic_sampling and self.group_size < 2:
-            raise ValueError("rollout.dynamic_sampling drops groups whose rewards are all equal: it needs "
+            raise ValueError("rollout.dynamic_sampling drops groups whose completions all scored the same: it needs "
                              f"rollout.group_size >= 2, got {self.group_size}")
         if not 0 <= self.overlong_buffer <= self.max_new_tokens:
             raise ValueError(f"rollout.overlong_buffer must be in [0, max_new_tokens={self.max_new_tokens}] "
@@ -257,8 +263,8 @@ def _qwen3_0_6b_gsm8k_dataset() -> RunConfig:
 
 def _qwen3_0_6b_gsm8k_dapo() -> RunConfig:
     """DAPO's recipe (Yu et al. 2025, arXiv:2503.14476) on GSM8K at 0.6B scale: clip-higher (0.2 / 0.28),
-    token-mean loss (the `dapo` kind), no KL, dynamic sampling (groups with signal only, up to 4 generation
-    rounds), the soft overlong punishment over the last quarter of the 512-token budget, accuracy as the only
+    token-mean loss (the `dapo` kind), no KL, dynamic sampling (groups whose accuracy varies only, up to 4
+    generation rounds), the soft overlong punishment over the last quarter of the 512-token budget, accuracy as the only
     reward, 16 completions per prompt; validated every 20 steps with 4 samples per prompt (pass@4, mean@4)."""
     cfg = _qwen3_0_6b_gsm8k_dataset()
     cfg.preset = "qwen3_0_6b_gsm8k_dapo"

@@ -65,6 +65,8 @@ class Completion:
     token_ids: list[int]
     logprobs: list[float]
     finish_reason: str  # "stop" | "length"
+    # decoded with special tokens skipped (what TRL's reward functions and vLLM's default text hold), cut before a
+    # stop string and without the stop token; None without a tokenizer. token_ids keep every token.
     text: str | None = None
 
 
@@ -415,7 +417,9 @@ class Generator:
             ids = seq.tokens
             if seq.finish_reason == "stop" and ids and ids[-1] in seq.group.stop_ids:
                 ids = ids[:-1]  # the stop token stays in token_ids (the policy must learn to emit it), not in text
-            text = self.tokenizer.decode(ids, skip_special_tokens=False)
+            # stop strings are matched on the raw text as generated (`_hit_stop_string`), cut here in the text
+            # without special tokens
+            text = self.tokenizer.decode(ids, skip_special_tokens=True)
             if sampling.stop_strings:
                 cut = [text.find(s) for s in sampling.stop_strings if s in text]
                 if cut:

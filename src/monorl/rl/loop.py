@@ -64,7 +64,7 @@ from monorl.rl.checkpointing import (
     save_training_checkpoint,
     step_checkpoints,
 )
-from monorl.rl.dynamic_sampling import fill_batch
+from monorl.rl.dynamic_sampling import fill_batch, sampling_metric
 from monorl.rl.loggers import check_loggers, open_loggers
 from monorl.rl.rollouts import (
     OVERLONG,
@@ -91,6 +91,7 @@ from monorl.rl.summary import (
 from monorl.rl.weight_sync import sync_weights_
 from monorl.tasks import load_task
 from monorl.tasks.base import RewardError, Task
+from monorl.tasks.reward_context import RewardContext
 from monorl.tasks.stream import PromptStream
 from monorl.train.packing import TrainSequence
 from monorl.train.trainer import Trainer, TrainerConfig
@@ -212,6 +213,9 @@ class GRPORun:
         self.max_prompt_tokens = self.check_prompts_fit()
         self.components = self.check_components()
         self.pass_component = cfg.validation.pass_component or (self.task.reward_components or (None,))[0]
+        # what dynamic sampling's filter reads (default: the pass component, as DAPO filters on accuracy)
+        self.sampling_metric = sampling_metric(cfg.rollout.dynamic_sampling_metric, self.components,
+                                               self.pass_component)
         on_gpu = self.device.type == "cuda"
         if why := resolve_batch_invariant_(cfg, self.device):  # before the plan and the compile key, which read it
             print(why, flush=True)
@@ -517,7 +521,7 @@ class GRPORun:
         else:
             sp = dataclasses.replace(self.sampling(0), max_new_tokens=max_new, seed=self.cfg.seed * 1_000_003 - 1)
         groups = generate_rollouts(self.generator, self.tokenizer, self.task, self.val_prompts, sp, v.k, self.max_len,
-                                   self.world)
+                                   self.world, context=self.reward_context())
         return summarize(groups, self.task.reward_components, self.pass_component, v.pass_threshold)
 
     def sync_weights(self) -> None:
@@ -554,8 +558,9 @@ class GRPORun:
         cfg, ro = self.cfg, self.cfg.rollout
         self.join_aten_preload()  # a step may capture CUDA graphs; without `warm_up` the thread may still run
         t0 = time.perf_counter()
-        batch = fill_batch(lambda n, round_: self.rollouts(step, n, round_), ro.prompts_per_step,
-                           ro.dynamic_sampling, ro.max_sampling_rounds)
+        context = self.reward_context()  # the rewards' trainer_state, and what they log over the step's rounds
+        batch = fill_batch(lambda n, round_: self.rollouts(step, n, round_, context), ro.prompts_per_step,
+                           ro.dynamic_sampling, ro.max_sampling_rounds, metric=self.sampling_metric)
         groups = batch.groups
         if ro.dynamic_sampling and len(groups) < ro.prompts_per_step and not self.warned_short_batch:
             self.warned_short_batch = True  # once: the step line says it every step
@@ -589,7 +594,8 @@ class GRPORun:
         self.num_tokens += sum(len(r.prompt_ids) + len(r.completion_ids) for r in rollouts if not
                                (ro.mask_truncated and r.truncated))
         row = step_metrics(step, groups, self.components, tm, times,
-                           extra={"num_tokens": self.num_tokens, **batch.metrics(ro.dynamic_sampling)})
+                           extra={**context.metric_means(), "num_tokens": self.num_tokens,
+                                  **batch.metrics(ro.dynamic_sampling)})
         every = cfg.validation.every
         if every > 0 and self.val_prompts and (step + 1) % every == 0 and step + 1 < cfg.steps:  # last: post
             with self.timed("validation_s"):
@@ -598,7 +604,12 @@ class GRPORun:
         self.run_dir.log_samples(sample_rows(step, rollouts[: cfg.samples_per_step]))
         return row
 
-    def rollouts(self, step: int, n: int, round_: int = 0) -> list[list[Rollout]]:
+    def reward_context(self) -> RewardContext:
+        """What the task's rewards are told now (TRL's trainer_state: trainer steps done, the run's steps, prompts
+        drawn) and where their log_metric / log_extra go."""
+        return RewardContext(self.trainer.step_count, self.cfg.steps, self.train_prompts.position)
+
+    def rollouts(self, step: int, n: int, round_: int = 0, context: RewardContext | None = None) -> list[list[Rollout]]:
         """The next `n` training prompts' groups, scored (with the overlong penalty when configured)."""
         ro = self.cfg.rollout
         prompts = list(itertools.islice(self.train_prompts, n))
@@ -609,7 +620,7 @@ class GRPORun:
                 all(a is b for a, b in zip(ahead[1], prompts, strict=True)):
             encoded = ahead[2]
         groups = generate_rollouts(self.generator, self.tokenizer, self.task, prompts, sampling,
-                                   ro.group_size, self.max_len, self.world, encoded=encoded)
+                                   ro.group_size, self.max_len, self.world, encoded=encoded, context=context)
         if ro.overlong_buffer > 0:
             add_overlong_penalty(groups, ro.max_new_tokens, ro.overlong_buffer, ro.overlong_penalty)
         return groups

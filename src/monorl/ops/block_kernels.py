@@ -28,6 +28,7 @@ from torch import Tensor
 from monorl.ops import HAS_TRITON, custom_op, pdl_launch, unit_stride, use_triton
 from monorl.ops.decode_gemm import sum_parts
 from monorl.ops.rmsnorm_invariant import rms_norm_backward, rms_norm_rows
+from monorl.ops.rope import apply_rope
 
 if HAS_TRITON:
     import triton
@@ -217,8 +218,6 @@ def _qk_norm_rope(q: Tensor, k: Tensor, q_weight: Tensor, k_weight: Tensor, cos:
     T, D = q.shape[0], cos.shape[-1]
     Hq, Hkv = q.shape[-1] // D, k.shape[-1] // D
     if not use_triton(q):
-        from monorl.model.qwen3 import apply_rope  # the model's own formula (imported here: ops load before models)
-
         q = rms_norm_rows(q.reshape(T, Hq, D), q_weight, eps)
         k = rms_norm_rows(k.reshape(T, Hkv, D), k_weight, eps)
         q, k = apply_rope(q, cos, sin).to(q.dtype), apply_rope(k, cos, sin).to(k.dtype)

@@ -132,7 +132,7 @@ def rms_norm_rows(x: Tensor, w: Tensor, eps: float) -> Tensor:
 
 
 def _rope_backward(g: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
-    """The gradient of RoPE's input (`monorl.model.qwen3.apply_rope`) from its output's g [T, H, D] (fp32): g * cos
+    """The gradient of RoPE's input (`rope.apply_rope`) from its output's g [T, H, D] (fp32): g * cos
     + rotate-half's transpose of g * sin."""
     half = g.shape[-1] // 2
     u = g * sin[:, None, :].float()

@@ -84,7 +84,8 @@ _HOPPER: dict[str, Tunable] = {
                                  "5.64 -> 4.71, down 12.64 -> 9.49 at 40 rows (benchmarks/tune_decode_gemm.py, H200, "
                                  "weights cold, ed88930 / b373588, 2026-11-26)", shapes=_O_DOWN, bitwise=_SPLIT_SUM),
     "decode_gemm.block_k": Tunable(128, "(ed88930, 2026-11-26, H200, tune_decode_gemm.py; kept by "
-                                   "tune_mid_rows_gemm.py's sweep, 1b911e1)", shapes=_O_DOWN),
+                                   "tune_mid_rows_gemm.py's sweep, 1b911e1)", shapes=_O_DOWN,
+                                   bitwise="the K parts are whole blocks: where each part's sum starts"),
     "decode_gemm.min_k_blocks": Tunable(4, "K below this many blocks stays on the other paths (ed88930, 2026-11-26)"),
     "decode_gemm.max_block_n": Tunable(64, "the widest column tile of the up-to-max_rows path; 1.7B's 2048 columns "
                                        "in 32-column tiles (b373588, 2026-11-26, H200, tune_decode_gemm.py)",
@@ -130,9 +131,11 @@ _HOPPER: dict[str, Tunable] = {
     "block.split_qk_tokens": Tunable(512, "q and k heads in separate programs up to 512 tokens: 40 tokens 2.42 -> "
                                      "1.95 us a launch; packs keep one program a token (trainer step 0.077 against "
                                      "0.076 s) (H200, 7081bdc, 2026-11-26)"),
-    "block.qk_warps": Tunable(4, _NOT_SWEPT.format("26f99f1, 2026-11-23")),
+    "block.qk_warps": Tunable(4, _NOT_SWEPT.format("26f99f1, 2026-11-23"),
+                              bitwise="the q/k norms' row sum tree (both sides of the batch-invariant mode run it)"),
     "block.norm_warps": Tunable(((2048, 4), (None, 8)), "(widest row D, warps) of the add + norm: "
-                                + _NOT_SWEPT.format("26f99f1, 2026-11-23")),
+                                + _NOT_SWEPT.format("26f99f1, 2026-11-23"),
+                                bitwise="the norm's row sum tree (both sides of the batch-invariant mode run it)"),
     "block.silu_block": Tunable(1024, _NOT_SWEPT.format("26f99f1, 2026-11-23; the backward's 9fcc63e")),
     "block.silu_warps": Tunable(4, _NOT_SWEPT.format("26f99f1, 2026-11-23")),
     # ---- logprob_invariant: batch-invariant token log-probs ----
@@ -155,7 +158,8 @@ _HOPPER: dict[str, Tunable] = {
     "rmsnorm.backward_programs_per_sm": Tunable(2, "(tune_rms_backward.py, H100, 24dd59e, 2026-11-25)",
                                                 shapes=((1024,), (128,)), bitwise="the weight gradient's partials"),
     "rmsnorm.sum_rows_block": Tunable((64, 64, 4), "(rows, widest columns, warps) of the partials' fixed-order sum: "
-                                      + _NOT_SWEPT.format("24dd59e, 2026-11-25")),
+                                      + _NOT_SWEPT.format("24dd59e, 2026-11-25"),
+                                      bitwise="the weight gradient's sum order"),
     # ---- sample_kernels: the fused sampler ----
     "sampler.chunk": Tunable(8192, "top-p sampler at 40 rows 175.6 -> ~142 us with (8192, 2048, 1024, 4) against "
                              "(16384, 2048, 2048, 8) (benchmarks/tune_sampler.py, H100, CUDA graph, cd8a1e7, "
@@ -182,8 +186,8 @@ _HOPPER: dict[str, Tunable] = {
     # ---- the decode step's bookkeeping, the entropy metric, shared-prompt gradients ----
     "decode_state.step_warps": Tunable(1, _NOT_SWEPT.format("decode_state.py, 2026-11-26")),
     "decode_state.commit_warps": Tunable(4, _NOT_SWEPT.format("decode_state.py, 2026-11-26")),
-    "entropy.block": Tunable(2048, _NOT_SWEPT.format("6fea232, 2026-11-25")),
-    "entropy.warps": Tunable(8, _NOT_SWEPT.format("6fea232, 2026-11-25")),
+    "entropy.block": Tunable(2048, _NOT_SWEPT.format("6fea232, 2026-11-25"), bitwise="the metric's sum order"),
+    "entropy.warps": Tunable(8, _NOT_SWEPT.format("6fea232, 2026-11-25"), bitwise="the metric's sum order"),
     "row_copies.warps": Tunable(4, _NOT_SWEPT.format("row_copies.py, 2026-11-25")),
 }
 

@@ -343,21 +343,17 @@ def _fp32(x: float) -> float:
     return struct.unpack("f", struct.pack("f", x))[0]
 
 
-# The launch (ops/tunables.py's `sampler.*`; `benchmarks/tune_sampler.py` sweeps it): a program walks `chunk` logits
-# of one row (a row of 151,936: 19 chunks, so 40 rows make 760 programs) `block` at a time (`nucleus_block` in the
-# nucleus search's passes) on `warps` warps. The nucleus search finds `bits` bits of a bf16's 16-bit order key a level
-# (16 // bits levels), `search_block` logits a loop iteration (its [block, 2**bits] sums in registers). It and its
-# masked pass run for the few rows whose first draw left the nucleus (`sample`), each (row, chunk of `search_chunk`
-# logits) pair a program's work, so that those rows' passes spread over the GPU.
+# The launch is ops/tunables.py's `sampler.*` (`benchmarks/tune_sampler.py` sweeps it): a program walks `chunk` logits
+# of a row `block` at a time. The nucleus search (`bits` of a bf16's order key a level) and its masked pass run for the
+# few rows whose first draw left the nucleus (`sample`), a (row, `search_chunk` logits) pair a program's work.
 
 
 def _search_programs(B: int, V: int, device: torch.device) -> int:
     """Programs of a search level (they walk the planned rows' chunks): two an SM, or fewer where B rows' chunks
     are fewer. A function of B alone, so a CUDA graph keeps it."""
-    index = device.index or 0
-    chip = chip_of(index)
+    chip, sms = chip_of(device.index or 0), sm_count(device.index or 0)
     return min(B * triton.cdiv(V, tuned("sampler.search_chunk", chip)),
-               tuned("sampler.search_programs_per_sm", chip) * sm_count(index))
+               tuned("sampler.search_programs_per_sm", chip) * sms)
 
 
 def _nucleus_search(logits: Tensor, top_p: Tensor, inv_t: float, scale: float, pmax: Tensor,
@@ -405,8 +401,7 @@ def _nucleus_bisect(logits: Tensor, thresh: Tensor, top_p: Tensor, inv_t: float,
     parts, cur = _nucleus_search(logits, top_p, inv_t, scale, pmax, plan)
     ns = triton.cdiv(V, tuned("sampler.search_chunk", chip))
     _nucleus_final_kernel[(B,)](parts, cur, top_p, thresh, plan, inv_t, B, BITS=tuned("sampler.bits", chip), NS=ns,
-                                NS_P=triton.next_power_of_2(ns), num_warps=tuned("sampler.combine_warps", chip),
-                                **pdl)
+                                NS_P=triton.next_power_of_2(ns), num_warps=tuned("sampler.combine_warps", chip), **pdl)
 
 
 _TOP_P: dict[tuple[float, torch.device], Tensor] = {}

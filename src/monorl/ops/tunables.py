@@ -30,7 +30,9 @@ DEFAULT = "default"
 class Tunable:
     value: Any
     measured: str  # chip, shapes, benchmark, date / commit; or why the value was never swept
-    shapes: tuple[tuple[int, ...], ...] = ()  # the dims (as the kernel sees them) it was measured at; (): any
+    # the dims it was measured at, as its kernel sees them (a product's (N, K), a vocabulary (V,), a norm's row
+    # (D,)); (): not tied to shapes
+    shapes: tuple[tuple[int, ...], ...] = ()
     bitwise: str = ""  # why changing it changes results ("": timing only)
 
 
@@ -214,15 +216,19 @@ def chip_for(t: torch.Tensor) -> str:
     return chip_of(t.device.index or 0)
 
 
+def _entry(name: str, chip: str) -> Tunable:
+    try:
+        return TABLE[chip][name]
+    except KeyError:
+        raise KeyError(f"no tunable {name!r} for chip {chip!r}; chips: {', '.join(TABLE)}; "
+                       f"names: {', '.join(sorted(_HOPPER))}") from None
+
+
 def tuned(name: str, chip: str) -> Any:
     """The value of tunable `name` on `chip` (a tuning script's override first)."""
     if name in _OVERRIDES:
         return _OVERRIDES[name]
-    try:
-        return TABLE[chip][name].value
-    except KeyError:
-        raise KeyError(f"no tunable {name!r} for chip {chip!r}; chips: {', '.join(TABLE)}; "
-                       f"names: {', '.join(sorted(_HOPPER))}") from None
+    return _entry(name, chip).value
 
 
 def threshold_pick(pairs: tuple[tuple[int | None, Any], ...], x: int) -> Any:
@@ -240,10 +246,7 @@ class Resolved:
 def lookup(name: str, chip: str, shape: tuple[int, ...] | None = None) -> Resolved:
     """`tuned`'s value with where it comes from: the measurement, or the stated default path for a chip or a
     shape (the dims as the kernel sees them, e.g. a product's (N, K)) that was never measured."""
-    t = TABLE[chip][name] if chip in TABLE and name in TABLE[chip] else None
-    if t is None:
-        tuned(name, chip)  # raises, naming what exists
-    assert t is not None
+    t = _entry(name, chip)
     if chip != HOPPER:
         return Resolved(t.value, False, f"default path: {t.measured}")
     if shape is not None and t.shapes and tuple(shape) not in t.shapes:

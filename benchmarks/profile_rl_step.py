@@ -80,11 +80,11 @@ def main() -> None:
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     from bench_memory import model_dir  # the benchmarks' shared model-directory helper
 
-    from monorl.config import apply_overrides, preset
+    from monorl.cliargs import run_config
     from monorl.rl.loop import GRPORun
 
     work = Path(tempfile.mkdtemp(prefix="profile_rl_step_"))
-    cfg = apply_overrides(preset("qwen3_0_6b_sum_digits"), {
+    cfg = run_config("qwen3_0_6b_sum_digits", {
         "model.path": str(model_dir(Path(args.model_dir), "qwen3-0.6b")), "model.random_init": "true",
         "rollout.ignore_eos": "true", "checkpoint.final": "false", "checkpoint.every_minutes": "0",
         "steps": str(args.steps + args.profile * (2 if args.cprofile else 1) + 1), "run_dir": str(work / "run"),

@@ -6,7 +6,8 @@ import math
 import pytest
 import torch
 
-from monorl.config import RolloutSection, RunConfig, apply_overrides, preset
+from monorl.cliargs import run_config
+from monorl.config import RolloutSection, RunConfig, preset
 from monorl.rl.advantages import (
     ADVANTAGE_KINDS,
     compute_advantages,
@@ -326,13 +327,13 @@ def test_advantage_config_key_and_group_size_rule():
         with pytest.raises(ValueError, match="group_size must be >= 2") as e:
             RunConfig(rollout=RolloutSection(group_size=1, advantage=kind))
         assert "\n" not in str(e.value)
-    cfg = apply_overrides(preset("tiny"), {"rollout.advantage": "reinforce_pp", "rollout.group_size": "1",
-                                           "trainer.loss.kind": "cispo", "trainer.loss.kl_estimator": "k2",
-                                           "trainer.loss.kl_coef": "0.1", "trainer.loss.kl_in_loss": "false"})
+    cfg = run_config("tiny", {"rollout.advantage": "reinforce_pp", "rollout.group_size": "1",
+                              "trainer.loss.kind": "cispo", "trainer.loss.kl_estimator": "k2",
+                              "trainer.loss.kl_coef": "0.1", "trainer.loss.kl_in_loss": "false"})
     assert (cfg.rollout.advantage, cfg.rollout.group_size, cfg.trainer.loss.kind) == ("reinforce_pp", 1, "cispo")
     assert (cfg.trainer.loss.kl_estimator, cfg.trainer.loss.kl_in_loss) == ("k2", False)
     with pytest.raises(ValueError, match="group_size must be >= 2"):
-        apply_overrides(preset("tiny"), {"rollout.advantage": "rloo", "rollout.group_size": "1"})
+        run_config("tiny", {"rollout.advantage": "rloo", "rollout.group_size": "1"})
     # the presets keep their advantage (qwen3_0_6b_sum_digits: mean-only group advantages)
     ref = preset("qwen3_0_6b_sum_digits")
     assert (ref.rollout.advantage, ref.rollout.advantage_std_norm) == ("grpo", False)

@@ -10,7 +10,7 @@ import torch
 
 import monorl.rl.loop as loop
 from monorl.cli import main
-from monorl.config import apply_overrides, parse_override_args, preset
+from monorl.cliargs import run_config
 from monorl.model.checkpoint import save_checkpoint
 from monorl.model.config import model_shape
 from monorl.model.qwen3 import build_model
@@ -72,7 +72,7 @@ def test_model_path_means_its_weights(tmp_path):
     weights, unless --model.random_init true asks for random weights of the path's config.json."""
     saved = build_model(model_shape("tiny"), seed=5)
     save_checkpoint(saved, tmp_path / "ckpt", tokenizer=CharTokenizer())
-    cfg = apply_overrides(preset("tiny"), parse_override_args(["--model.path", str(tmp_path / "ckpt")]))
+    cfg = run_config("tiny", ["--model.path", str(tmp_path / "ckpt")])
     model, _, source = load_policy(cfg, torch.device("cpu"))
     assert source == f"weights of {tmp_path / 'ckpt'}"
     for (name, p), q in zip(model.named_parameters(), saved.parameters(), strict=True):

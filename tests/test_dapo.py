@@ -7,7 +7,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from monorl.config import PRESETS, RolloutSection, apply_overrides, parse_override_args, preset
+from monorl.cliargs import run_config
+from monorl.config import PRESETS, RolloutSection, preset
 from monorl.model.config import model_shape
 from monorl.model.qwen3 import build_model
 from monorl.rl.dynamic_sampling import fill_batch, has_signal, round_size, sampling_metric
@@ -209,13 +210,12 @@ def test_mask_truncated_gives_zero_loss_weight():
 ])
 def test_config_errors_are_one_line(args, match):
     with pytest.raises(ValueError, match=match) as e:
-        apply_overrides(preset("tiny"), parse_override_args(args))
+        run_config("tiny", args)
     assert "\n" not in str(e.value)
 
 
 def test_kl_as_metric_only_with_kl_coef():
-    cfg = apply_overrides(preset("tiny"), parse_override_args(
-        ["--trainer.loss.kl_in_loss", "false", "--trainer.loss.kl_coef", "0.1"]))
+    cfg = run_config("tiny", ["--trainer.loss.kl_in_loss", "false", "--trainer.loss.kl_coef", "0.1"])
     assert cfg.trainer.loss.kl_in_loss is False and cfg.trainer.loss.kl_coef == 0.1
     assert RolloutSection().dynamic_sampling is False and RolloutSection().overlong_buffer == 0
 

@@ -1,12 +1,11 @@
-"""Run configuration: nested dataclasses, named presets, `--a.b value` overrides, and what differs between two
-configs (checked when a run is resumed)."""
+"""Run configuration: nested dataclasses, named presets, and what differs between two configs (checked when a run
+is resumed). The command line's `--a.b value` overrides are read by `cliargs.py` (`run_config`)."""
 
 from __future__ import annotations
 
 import dataclasses
 import json
 import math
-import types
 import typing
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -307,113 +306,6 @@ def preset(name: str) -> RunConfig:
     return PRESETS[name]()
 
 
-# ---- overrides -----------------------------------------------------------------------------------
-
-def _parse_value(raw: str, tp: Any, key: str) -> Any:
-    origin = typing.get_origin(tp)
-    args = typing.get_args(tp)
-    if origin in (typing.Union, types.UnionType):
-        if raw.lower() in ("none", "null") and type(None) in args:
-            return None
-        errors = []
-        for a in args:
-            if a is type(None):
-                continue
-            try:
-                return _parse_value(raw, a, key)
-            except ValueError as e:
-                errors.append(str(e))
-        raise ValueError(f"bad value {raw!r} for --{key}: {'; '.join(errors)}")
-    if origin is typing.Literal:
-        if raw in args:
-            return raw
-        raise ValueError(f"{key} must be one of {', '.join(map(str, args))}, got {raw!r}")
-    if tp is bool:
-        if raw.lower() in ("1", "true", "yes", "on"):
-            return True
-        if raw.lower() in ("0", "false", "no", "off"):
-            return False
-        raise ValueError(f"bad value {raw!r} for --{key}: expected true/false")
-    if tp in (int, float):
-        try:
-            v = tp(raw)
-        except ValueError:
-            raise ValueError(f"bad value {raw!r} for --{key}: expected {tp.__name__}") from None
-        if not math.isfinite(v):  # nan / inf pass every `x > 0` check and poison the run silently
-            raise ValueError(f"bad value {raw!r} for --{key}: expected a finite number")
-        return v
-    if tp is str:
-        return raw
-    if origin is tuple:
-        items = [x for x in raw.split(",") if x != ""]
-        inner = args[0] if args else str
-        return tuple(_parse_value(x, inner, key) for x in items)
-    if origin is dict or tp is dict:
-        try:
-            v = json.loads(raw)
-        except json.JSONDecodeError:
-            raise ValueError(f"bad value {raw!r} for --{key}: expected a JSON object") from None
-        if not isinstance(v, dict):
-            raise ValueError(f"bad value {raw!r} for --{key}: expected a JSON object")
-        return v
-    raise ValueError(f"--{key}: cannot parse values of type {tp}")
-
-
-def _loose_value(raw: str) -> Any:
-    """Values of free-form dict entries (task args): JSON when it parses, else the string."""
-    try:
-        return json.loads(raw)
-    except json.JSONDecodeError:
-        return raw
-
-
-def _fields(obj: Any) -> dict[str, Any]:
-    hints = typing.get_type_hints(type(obj))
-    return {f.name: hints[f.name] for f in dataclasses.fields(obj)}
-
-
-def apply_overrides(cfg: RunConfig, overrides: dict[str, str]) -> RunConfig:
-    """Set dotted keys (`trainer.lr` -> cfg.trainer.lr). Unknown keys and bad values raise ValueError.
-    Switching `task.name` drops the preset's task args (they belong to the other task); `task.args.*`
-    overrides then apply to the new task, in whatever order they were given."""
-    if "task.name" in overrides and overrides["task.name"] != cfg.task.name:
-        cfg.task.name, cfg.task.args = overrides["task.name"], {}
-    for key, raw in overrides.items():
-        parts = key.split(".")
-        obj: Any = cfg
-        for i, part in enumerate(parts):
-            if isinstance(obj, dict):  # free-form dict (task.args.x)
-                if i != len(parts) - 1:
-                    obj = obj.setdefault(part, {})
-                    continue
-                obj[part] = _loose_value(raw)
-                break
-            fields = _fields(obj)
-            if part not in fields:
-                where = ".".join(parts[:i]) or "the run config"
-                raise ValueError(f"unknown config key --{key}: {where} has no {part!r}; "
-                                 f"valid keys there: {', '.join(sorted(fields))}")
-            if i == len(parts) - 1:
-                if dataclasses.is_dataclass(getattr(obj, part)):
-                    raise ValueError(f"--{key} is a section; set one of its keys, e.g. --{key}.<name>")
-                setattr(obj, part, _parse_value(raw, fields[part], key))
-            else:
-                obj = getattr(obj, part)
-    validate(cfg)
-    return cfg
-
-
-def validate(obj: Any) -> None:
-    """Re-run every section's __post_init__ checks after overrides."""
-    for f in dataclasses.fields(obj):
-        v = getattr(obj, f.name)
-        if dataclasses.is_dataclass(v):
-            validate(v)
-    post = getattr(obj, "__post_init__", None)
-    if post is not None:
-        post()
-
-
 # Keys older config.json files hold that no longer exist (the run's compile policy now drives the generator
 # through `compile.*`): dropped when a run dir is read back, so its checkpoints still resume.
 RETIRED_CONFIG_KEYS = ("generator.compile", "generator.compile_backend", "generator.compile_mode",
@@ -439,26 +331,6 @@ def config_from_dict(data: dict[str, Any], cls: type = RunConfig, where: str = "
         else:
             kw[name] = v
     return cls(**kw)
-
-
-def parse_override_args(args: list[str]) -> dict[str, str]:
-    """['--trainer.lr', '1e-6', '--steps=3'] -> {'trainer.lr': '1e-6', 'steps': '3'}"""
-    out: dict[str, str] = {}
-    i = 0
-    while i < len(args):
-        a = args[i]
-        if not a.startswith("--"):
-            raise ValueError(f"expected --key value, got {a!r}")
-        if "=" in a:
-            k, v = a[2:].split("=", 1)
-            i += 1
-        else:
-            if i + 1 >= len(args):
-                raise ValueError(f"missing value for {a}")
-            k, v = a[2:], args[i + 1]
-            i += 2
-        out[k] = v
-    return out
 
 
 # ---- config changes on resume ---------------------------------------------------------------------

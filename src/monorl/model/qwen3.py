@@ -21,6 +21,7 @@ from monorl.model import logprobs
 from monorl.model.attention import AttentionContext
 from monorl.model.config import ModelConfig
 from monorl.ops import custom_op, decode_gemm
+from monorl.ops.rope import apply_rope
 
 
 class RMSNorm(nn.Module):
@@ -68,13 +69,6 @@ def rope_cos_sin(positions: Tensor, head_dim: int, theta: float, dtype: torch.dt
 def _(positions, head_dim, theta, dtype):
     shape = (positions.shape[0], head_dim)
     return positions.new_empty(shape, dtype=dtype), positions.new_empty(shape, dtype=dtype)
-
-
-def apply_rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
-    """x: [T, H, D]; cos/sin: [T, D]. Non-interleaved (rotate-half) RoPE as in HF."""
-    half = x.shape[-1] // 2
-    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-    return x * cos[:, None, :] + rotated * sin[:, None, :]
 
 
 # The generator's copy is built fused: q/k/v as one `qkv_proj` and gate/up as one `gate_up_proj` (one GEMM

@@ -16,9 +16,13 @@ is runnable and returns the turns that ended.
             new_ids = environment(ev)                       # None: the episode is over
             engine.finish(ev.episode_id) if new_ids is None else engine.resume(ev.episode_id, new_ids)
 
-Memory: an episode reserves the KV blocks for `max_episode_tokens` when it is admitted and keeps them until
-`finish`, so a running episode never runs out of KV memory (no preemption) and its block table never changes,
-which keeps the decode step the same CUDA-graphed step as `Generator.generate`'s. Episodes that do not fit wait.
+Memory: a turn is admitted with the KV blocks for its whole budget (up to min(tokens + max_new_tokens,
+max_episode_tokens)), so a running turn never runs out of KV memory and its block table never changes while it
+decodes -- the decode step is `Generator.generate`'s CUDA-graphed step. At the turn's end the blocks past its tokens
+go back; a paused episode holds only what its tokens use. When a turn's blocks are not free, episodes are
+preempted, the most recently paused first, then the queued ones behind it: their blocks are freed, and their whole
+conversation is prefilled again when they next run (the same tokens: the noise is keyed by position, and in
+batch-invariant mode a re-prefilled token's K/V are bitwise the cached ones). Running turns are never preempted.
 
 Sampling: an episode's key comes from (seed, its id); the noise of the token at position p is a function of
 (key, p) alone (`monorl.generate.sampling`), so an episode's tokens do not depend on what else runs, nor on whether
@@ -73,8 +77,9 @@ class Episode:
     logprobs: list[float] = field(default_factory=list)  # per token: its log-prob if sampled, else 0.0
     versions: list[int] = field(default_factory=list)  # per token: the policy version that sampled it, else -1
     state: str = "queued"  # queued (tokens to prefill) | running (in a decode slot) | paused
-    table: list[int] = field(default_factory=list)  # KV blocks, reserved at admission for max_episode_tokens
+    table: list[int] = field(default_factory=list)  # KV blocks: its tokens', and a running turn's budget
     cached: int = 0  # positions 0..cached-1 hold this episode's K/V
+    paused_at: int = 0  # when it last paused (the engine's turn counter), for the preemption order
     turn: int = 0
     turn_start: int = 0  # index in `tokens` of the current turn's first sampled token
     last_event: TurnEvent | None = None
@@ -114,15 +119,17 @@ class EpisodeEngine:
         if not 2 <= self.max_episode_tokens <= generator.max_model_len:
             raise ValueError(f"max_episode_tokens {self.max_episode_tokens} must be in [2, max_model_len "
                              f"{generator.max_model_len}]")
-        self.blocks_per_episode = blocks_for(self.max_episode_tokens, self.block_size)
-        if self.blocks_per_episode > self.blocks.usable_blocks:
-            raise ValueError(f"an episode of {self.max_episode_tokens} tokens needs {self.blocks_per_episode} KV "
-                             f"blocks, the cache has {self.blocks.usable_blocks} (lower max_episode_tokens)")
+        need = blocks_for(self.max_episode_tokens, self.block_size)
+        if need > self.blocks.usable_blocks:
+            raise ValueError(f"an episode of {self.max_episode_tokens} tokens needs {need} KV blocks, the cache has "
+                             f"{self.blocks.usable_blocks} (lower max_episode_tokens)")
         self.policy_version = 0  # recorded per sampled token; whoever updates the weights bumps it
         self.episodes: dict[Hashable, Episode] = {}
         self.queue: deque[Episode] = deque()  # tokens to prefill (new or resumed), in arrival order
         self.running: list[Episode] = []  # running[i] decodes in slot i
         self.default_seed = int(torch.randint(0, 2**31 - 1, ()).item())
+        self.turns_ended = 0
+        self.preemptions = 0  # episodes whose KV was dropped to admit a turn (each costs a re-prefill)
 
     # ---- the caller's side -------------------------------------------------------------------------
     def add(self, episode_id: Hashable, prompt_ids: list[int], sampling: SamplingParams,
@@ -175,12 +182,18 @@ class EpisodeEngine:
             self.queue.remove(ep)
         elif ep.state == "running":
             self._release_slots([e is not ep for e in self.running])
-        if ep.table:
-            self.blocks.release(ep.table)
-            ep.table = []
+        self._drop_kv(ep)
         ep.state = "finished"
         del self.episodes[episode_id]
         return ep
+
+    def preempt(self, episode_id: Hashable) -> None:
+        """Free a paused or queued episode's KV blocks now (e.g. to leave them to `Generator.generate`); its whole
+        conversation is prefilled again when it next runs."""
+        ep = self._get(episode_id)
+        if ep.state == "running":
+            raise ValueError(f"episode {episode_id!r} is running (a running turn keeps its blocks)")
+        self._drop_kv(ep)
 
     def episode(self, episode_id: Hashable) -> Episode:
         return self._get(episode_id)
@@ -218,8 +231,8 @@ class EpisodeEngine:
         return events
 
     def _admit(self, events: list[TurnEvent]) -> None:
-        """Move queued episodes into free slots, in order (a new one waits while its blocks are not free, without
-        holding back the resumed ones behind it), up to max_prefill_tokens new tokens (one episode at least)."""
+        """Move queued episodes into free slots, in order, with their turn's blocks (preempting others for them),
+        up to max_prefill_tokens new tokens (one episode at least)."""
         cfg, fresh, resumed, budget = self.gen.config, [], [], 0
         for ep in list(self.queue):
             if len(self.running) + len(fresh) + len(resumed) >= cfg.max_num_seqs:
@@ -227,15 +240,16 @@ class EpisodeEngine:
             n = len(ep.tokens) - ep.cached
             if (fresh or resumed) and budget + n > cfg.max_prefill_tokens:
                 break
-            if not ep.table:
-                if not self.blocks.can_allocate(self.blocks_per_episode):
-                    continue
-                ep.table = self.blocks.allocate(self.blocks_per_episode)
+            need = blocks_for(min(len(ep.tokens) + ep.sampling.max_new_tokens, self.max_episode_tokens),
+                              self.block_size) - len(ep.table)
+            if not self._make_room(need, ep):
+                break
+            ep.table += self.blocks.allocate(need)
             self.queue.remove(ep)
             (resumed if ep.cached else fresh).append(ep)
-            budget += n
+            budget += len(ep.tokens) - ep.cached  # a preempted episode is prefilled whole
         if not fresh and not resumed:
-            if self.queue and not self.running and not any(e.state == "paused" for e in self.episodes.values()):
+            if self.queue and not self.running:
                 raise RuntimeError("no queued episode could be admitted (KV cache accounting bug)")
             return
         bs, rows = self.block_size, []
@@ -270,6 +284,24 @@ class EpisodeEngine:
         self._set_slots(len(self.running), go_on)
         self.running += go_on
 
+    def _make_room(self, need: int, ep: Episode) -> bool:
+        """Free `need` blocks for `ep`'s turn if they are not: preempt paused episodes, the most recently paused
+        first, then the queued ones behind `ep` (the queue's last first)."""
+        victims = sorted((e for e in self.episodes.values() if e.state == "paused" and e.table),
+                         key=lambda e: -e.paused_at)
+        victims += [e for e in reversed(self.queue) if e is not ep and e.table]
+        for victim in victims:
+            if self.blocks.can_allocate(need):
+                break
+            self._drop_kv(victim)
+            self.preemptions += 1
+        return self.blocks.can_allocate(need)
+
+    def _drop_kv(self, ep: Episode) -> None:
+        if ep.table:
+            self.blocks.release(ep.table)
+        ep.table, ep.cached = [], 0
+
     # ---- per-token bookkeeping ---------------------------------------------------------------------
     def _append(self, ep: Episode, tok: int, lp: float, events: list[TurnEvent]) -> bool:
         """Record a sampled token; at its turn's end pause the episode, add its event and return True."""
@@ -281,6 +313,11 @@ class EpisodeEngine:
         if reason is None:
             return False
         ep.state, ep.cached = "paused", len(ep.tokens) - 1  # the last sampled token was never fed
+        keep = blocks_for(len(ep.tokens), self.block_size)  # the turn's unused blocks go back
+        self.blocks.release(ep.table[keep:])
+        del ep.table[keep:]
+        self.turns_ended += 1
+        ep.paused_at = self.turns_ended
         ep.last_event = TurnEvent(ep.id, ep.turn, ep.tokens[ep.turn_start:], ep.logprobs[ep.turn_start:], reason, stop)
         events.append(ep.last_event)
         return True

@@ -264,6 +264,28 @@ def test_preempted_episodes_recompute_the_same_tokens(invariant_model):
         assert runs[11][i].logprobs == runs[None][i].logprobs
 
 
+def test_a_group_shares_its_prompts_kv(invariant_model):
+    """Episodes with one prompt (a GRPO group; two slots, so the third starts a turn later) share the prompt's
+    full blocks, and each is the episode it is alone, bit for bit."""
+    prompt = scripted(6, [0], invariant_model.config.vocab_size)[0][0][:3] * 7  # 21 tokens: 2 blocks shared
+    inserts = {(0, j): [[2 + j] * (j + 1), [9, 9]] for j in range(3)}
+    sp = SamplingParams(max_new_tokens=4, temperature=0.9, seed=4, ignore_eos=True)
+    gen = generator(invariant_model, max_num_seqs=2)
+    engine = EpisodeEngine(gen, max_episode_tokens=64)
+    tables = []
+
+    def environment(ep: Episode, ev: TurnEvent) -> list[int] | None:
+        tables.append(list(ep.table))
+        return inserts[ep.id][ev.turn] if ev.turn < TURNS - 1 else None
+
+    group = run_episodes(engine, {i: prompt for i in inserts}, sp, environment)
+    assert gen.blocks.num_free() == gen.blocks.usable_blocks and not engine.by_prompt
+    assert len({tuple(t[:2]) for t in tables}) == 1 and len({t[2] for t in tables}) > 1
+    for i in inserts:
+        alone = run_episodes(engine, {i: prompt}, sp, environment)[i]
+        assert alone.tokens == group[i].tokens and alone.logprobs == group[i].logprobs
+
+
 def test_finish_frees_queued_and_running_episodes(model):
     gen = generator(model, max_num_seqs=2)
     engine = EpisodeEngine(gen, max_episode_tokens=64)

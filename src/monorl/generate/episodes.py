@@ -23,6 +23,9 @@ go back; a paused episode holds only what its tokens use. When a turn's blocks a
 preempted, the most recently paused first, then the queued ones behind it: their blocks are freed, and their whole
 conversation is prefilled again when they next run (the same tokens: the noise is keyed by position, and in
 batch-invariant mode a re-prefilled token's K/V are bitwise the cached ones). Running turns are never preempted.
+Episodes added with the same prompt (a GRPO group) share its KV: a later one takes the full blocks of one already
+prefilled (refcounted; positions before a token's own are never rewritten), a copy of the partial block, and
+prefills the prompt's last token alone.
 
 Sampling: an episode's key comes from (seed, its id); the noise of the token at position p is a function of
 (key, p) alone (`monorl.generate.sampling`), so an episode's tokens do not depend on what else runs, nor on whether
@@ -65,7 +68,7 @@ class TurnEvent:
     stop: int | tuple[int, ...] | str | None = None  # what matched, for the stop reasons
 
 
-@dataclass
+@dataclass(eq=False)  # identity: episodes are found in lists and queues by `is`
 class Episode:
     id: Hashable
     key: int  # sampling key (`sequence_key`)
@@ -80,6 +83,7 @@ class Episode:
     table: list[int] = field(default_factory=list)  # KV blocks: its tokens', and a running turn's budget
     cached: int = 0  # positions 0..cached-1 hold this episode's K/V
     paused_at: int = 0  # when it last paused (the engine's turn counter), for the preemption order
+    prompt_len: int = 0
     turn: int = 0
     turn_start: int = 0  # index in `tokens` of the current turn's first sampled token
     last_event: TurnEvent | None = None
@@ -87,7 +91,7 @@ class Episode:
     def __post_init__(self) -> None:
         n = len(self.tokens)
         self.sampled, self.logprobs, self.versions = [False] * n, [0.0] * n, [-1] * n
-        self.turn_start = n
+        self.turn_start = self.prompt_len = n
 
     @property
     def turn_tokens(self) -> list[int]:
@@ -129,6 +133,7 @@ class EpisodeEngine:
         self.running: list[Episode] = []  # running[i] decodes in slot i
         self.default_seed = int(torch.randint(0, 2**31 - 1, ()).item())
         self.turns_ended = 0
+        self.by_prompt: dict[tuple[int, ...], list[Episode]] = {}  # live episodes by their prompt (KV sharing)
         self.preemptions = 0  # episodes whose KV was dropped to admit a turn (each costs a re-prefill)
 
     # ---- the caller's side -------------------------------------------------------------------------
@@ -149,6 +154,7 @@ class EpisodeEngine:
         ep = Episode(id=episode_id, key=episode_key(seed, episode_id), sampling=sampling, stop_sequences=stops,
                      stop_ids=self._stop_ids(sampling), tokens=prompt)
         self.episodes[episode_id] = ep
+        self.by_prompt.setdefault(tuple(prompt), []).append(ep)
         self.queue.append(ep)
 
     def resume(self, episode_id: Hashable, new_token_ids: list[int], sampling: SamplingParams | None = None,
@@ -185,6 +191,10 @@ class EpisodeEngine:
         self._drop_kv(ep)
         ep.state = "finished"
         del self.episodes[episode_id]
+        key = tuple(ep.tokens[:ep.prompt_len])
+        self.by_prompt[key].remove(ep)
+        if not self.by_prompt[key]:
+            del self.by_prompt[key]
         return ep
 
     def preempt(self, episode_id: Hashable) -> None:
@@ -233,21 +243,29 @@ class EpisodeEngine:
     def _admit(self, events: list[TurnEvent]) -> None:
         """Move queued episodes into free slots, in order, with their turn's blocks (preempting others for them),
         up to max_prefill_tokens new tokens (one episode at least)."""
-        cfg, fresh, resumed, budget = self.gen.config, [], [], 0
+        cfg, fresh, resumed, copies, budget = self.gen.config, [], [], [], 0
         for ep in list(self.queue):
             if len(self.running) + len(fresh) + len(resumed) >= cfg.max_num_seqs:
                 break
-            n = len(ep.tokens) - ep.cached
+            donor, shared = self._prompt_donor(ep, fresh) if not ep.table else (None, 0)
+            n = 1 if donor else len(ep.tokens) - ep.cached  # a preempted episode is prefilled whole
             if (fresh or resumed) and budget + n > cfg.max_prefill_tokens:
                 break
             need = blocks_for(min(len(ep.tokens) + ep.sampling.max_new_tokens, self.max_episode_tokens),
-                              self.block_size) - len(ep.table)
-            if not self._make_room(need, ep):
+                              self.block_size) - len(ep.table) - shared
+            if not self._make_room(need, (ep, donor)):
                 break
-            ep.table += self.blocks.allocate(need)
+            if donor is not None:
+                self.blocks.incref(donor.table[:shared])
+                ep.table = donor.table[:shared] + self.blocks.allocate(need)
+                ep.cached = len(ep.tokens) - 1
+                if shared * self.block_size < ep.cached:  # positions up to the last one's are in a partial block
+                    copies.append((donor.table[shared], ep.table[shared]))
+            else:
+                ep.table += self.blocks.allocate(need)
             self.queue.remove(ep)
             (resumed if ep.cached else fresh).append(ep)
-            budget += len(ep.tokens) - ep.cached  # a preempted episode is prefilled whole
+            budget += n
         if not fresh and not resumed:
             if self.queue and not self.running:
                 raise RuntimeError("no queued episode could be admitted (KV cache accounting bug)")
@@ -256,6 +274,7 @@ class EpisodeEngine:
         if fresh:
             rows.append(self.runner.prefill([ep.tokens for ep in fresh],
                                             [slot_mapping(ep.table, 0, len(ep.tokens), bs) for ep in fresh]))
+        self.gen.kv.copy_blocks([c[0] for c in copies], [c[1] for c in copies])  # after the donors' prefill
         if resumed:
             rows.append(self.runner.prefill_cached([ep.tokens[ep.cached:] for ep in resumed],
                                                    [ep.cached for ep in resumed], [ep.table for ep in resumed]))
@@ -263,6 +282,17 @@ class EpisodeEngine:
         for ep in admitted:
             ep.cached = len(ep.tokens)
         self._sample_first(admitted, torch.cat(rows), events)
+
+    def _prompt_donor(self, ep: Episode, fresh: list[Episode]) -> tuple[Episode | None, int]:
+        """An episode whose KV holds `ep`'s tokens but the last (its prompt's, or one being prefilled in this round),
+        and how many of its blocks `ep` can share: those wholly before the last token, which `ep` prefills itself."""
+        last = len(ep.tokens) - 1
+        if last == 0:
+            return None, 0
+        for d in self.by_prompt.get(tuple(ep.tokens), ()):
+            if d is not ep and d.table and (d.cached >= last or any(d is f for f in fresh)):
+                return d, last // self.block_size
+        return None, 0
 
     def _sample_first(self, admitted: list[Episode], logits: torch.Tensor, events: list[TurnEvent]) -> None:
         """Each admitted episode's first token of the turn from its last prefilled row; those whose turn goes on
@@ -284,13 +314,15 @@ class EpisodeEngine:
         self._set_slots(len(self.running), go_on)
         self.running += go_on
 
-    def _make_room(self, need: int, ep: Episode) -> bool:
-        """Free `need` blocks for `ep`'s turn if they are not: preempt paused episodes, the most recently paused
-        first, then the queued ones behind `ep` (the queue's last first)."""
+    def _make_room(self, need: int, keep: tuple[Episode | None, ...]) -> bool:
+        """Free `need` blocks for a turn if they are not: preempt paused episodes, the most recently paused first,
+        then the queued ones behind it (the queue's last first); never those in `keep`."""
         victims = sorted((e for e in self.episodes.values() if e.state == "paused" and e.table),
                          key=lambda e: -e.paused_at)
-        victims += [e for e in reversed(self.queue) if e is not ep and e.table]
+        victims += [e for e in reversed(self.queue) if e.table]
         for victim in victims:
+            if any(victim is k for k in keep):
+                continue
             if self.blocks.can_allocate(need):
                 break
             self._drop_kv(victim)

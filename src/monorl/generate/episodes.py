@@ -387,6 +387,8 @@ class EpisodeEngine:
                               table_tensor([ep.table for ep in eps], self.runner.width, dev))
 
     def _release_slots(self, live: list[bool]) -> None:
+        if all(live):
+            return
         self.running, (src, dst) = compact_slots(self.running, live)
         self.runner.move_slots(src, dst)
         self.runner.reset_slots(len(self.running))

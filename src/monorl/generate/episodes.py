@@ -32,7 +32,9 @@ Sampling: an episode's key comes from (seed, its id); the noise of the token at 
 its prefix was cached or prefilled anew. Id (i, j) draws generate()'s noise for sample j of prompt i.
 
 Per token the episode records whether the model sampled it (`sampled`), its log-prob (0.0 for inserted tokens) and
-the `policy_version` the engine held when it was sampled (-1 for inserted tokens).
+the `policy_version` the engine held when it was sampled (-1 for inserted tokens). Weights may change between steps
+(`Generator.load_weights_`, in place): a paused episode's cached K/V stay those of the weights that computed them
+(as in-flight weight updates do elsewhere); `preempt` makes one recompute them.
 """
 
 from __future__ import annotations
@@ -198,8 +200,8 @@ class EpisodeEngine:
         return ep
 
     def preempt(self, episode_id: Hashable) -> None:
-        """Free a paused or queued episode's KV blocks now (e.g. to leave them to `Generator.generate`); its whole
-        conversation is prefilled again when it next runs."""
+        """Free a paused or queued episode's KV blocks now (to leave them to `Generator.generate`, or to recompute its
+        K/V under new weights); its whole conversation is prefilled again when it next runs."""
         ep = self._get(episode_id)
         if ep.state == "running":
             raise ValueError(f"episode {episode_id!r} is running (a running turn keeps its blocks)")

@@ -257,6 +257,7 @@ class Generator:
             for s in seqs:
                 sched.add(s)
         runner = self.runner
+        runner.slot_owner = self  # an EpisodeEngine sharing this runner restores its slots before its next step
         if runner.use_graphs and runner.graph_key != sampling.sampler_key():
             runner.select_graphs(sampling)  # nothing is live yet (see ModelRunner.select_graphs)
         runner.reset_slots(0)
@@ -395,10 +396,7 @@ class Generator:
             seq.finish_reason = "length"
 
     def _hit_stop_string(self, seq: Sequence, stops: tuple[str, ...]) -> bool:
-        # Decode only a tail window: a stop string of c characters spans at most ~c tokens.
-        window = max(len(s) for s in stops) + 8
-        tail = self.tokenizer.decode(seq.tokens[-window:], skip_special_tokens=False)
-        return any(s in tail for s in stops)
+        return stop_string_hit(self.tokenizer, seq.tokens, stops) is not None
 
     def _reap(self, sched: Scheduler) -> None:
         done = [s for s in sched.running if s.finish_reason is not None]
@@ -426,3 +424,11 @@ class Generator:
                     text = text[:min(cut)]
         return Completion(token_ids=list(seq.tokens), logprobs=list(seq.logprobs),
                           finish_reason=seq.finish_reason or "length", text=text)
+
+
+def stop_string_hit(tokenizer, tokens: list[int], stops: tuple[str, ...]) -> str | None:
+    """The first of `stops` found in the decoded tail of `tokens`, or None. Decodes only a tail window: a stop string
+    of c characters spans at most ~c tokens."""
+    window = max(len(s) for s in stops) + 8
+    tail = tokenizer.decode(tokens[-window:], skip_special_tokens=False)
+    return next((s for s in stops if s in tail), None)

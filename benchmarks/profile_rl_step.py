@@ -46,18 +46,19 @@ def _phases(run) -> None:
     wrap(run.trainer, "_my_micro_batches", "phase:pack")
     wrap(run.trainer, "_apply_gradients", "phase:optimizer")
     wrap(run.trainer, "_reduce_metrics", "phase:metrics_sync")
-    wrap(run, "sync_weights", "phase:sync_weights")
+    wrap(run.consumer, "publish", "phase:sync_weights")
     # finer host pieces, for what lies inside an idle gap (the table's "host pieces")
-    import monorl.rl.loop as loop_mod
+    import monorl.rl.consumer as consumer_mod
+    import monorl.rl.producer as producer_mod
     import monorl.rl.rollouts as rollouts_mod
     import monorl.train.trainer as trainer_mod
 
     pieces = [(run.generator, "_admit"), (run.generator, "_reap"), (run.generator, "_completion"),
               (run.generator.runner, "read_ring"), (run.generator.runner, "prefill"),
               (run.generator.runner, "reset_slots"), (run.generator.runner, "set_slots"),
-              (run.generator.kv, "copy_blocks"), (run, "check_rewards"), (run.trainer, "_ensure_graph"),
-              (rollouts_mod, "encode_prompts"), (loop_mod, "encode_prompts"), (rollouts_mod, "safe_score_batch"),
-              (loop_mod, "assign_advantages"), (trainer_mod.LossNorm, "for_step")]
+              (run.generator.kv, "copy_blocks"), (run.producer, "check_rewards"), (run.trainer, "_ensure_graph"),
+              (rollouts_mod, "encode_prompts"), (producer_mod, "encode_prompts"), (rollouts_mod, "safe_score_batch"),
+              (consumer_mod, "assign_advantages"), (trainer_mod.LossNorm, "for_step")]
     if run.trainer.graphs is not None:
         pieces.append((run.trainer.graphs, "install_grads"))
     for obj, name in pieces:

@@ -364,17 +364,18 @@ def test_trainer_accumulation_is_exact(kind):
 
 
 def test_loop_passes_the_advantage_kind_and_keeps_dr_grpos_rule(tmp_path, monkeypatch):
+    import monorl.rl.consumer as consumer
     import monorl.rl.loop as loop
     from tests.conftest import digits_cfg
 
     calls = []
-    real = loop.assign_advantages
+    real = consumer.assign_advantages
 
     def spy(groups, normalize_std, kind="grpo"):
         calls.append((normalize_std, kind))
         real(groups, normalize_std, kind)
 
-    monkeypatch.setattr(loop, "assign_advantages", spy)
+    monkeypatch.setattr(consumer, "assign_advantages", spy)
     for adv, loss, want in (("grpo", "dr_grpo", (False, "grpo")), ("grpo", "gspo", (True, "grpo")),
                             ("rloo", "cispo", (True, "rloo"))):
         cfg = digits_cfg(tmp_path / f"{adv}-{loss}", steps=1)

@@ -14,8 +14,9 @@ from monorl.cliargs import run_config
 from monorl.model.checkpoint import save_checkpoint
 from monorl.model.config import model_shape
 from monorl.model.qwen3 import build_model
+from monorl.model.source import load_policy
 from monorl.model.tokenizer import CharTokenizer
-from monorl.rl.loop import GRPORun, load_policy
+from monorl.rl.loop import GRPORun
 from monorl.tasks.base import RewardError
 from monorl.tasks.reward_context import RewardFunctionError
 from tests.conftest import DigitsTask, digits_cfg
@@ -73,12 +74,12 @@ def test_model_path_means_its_weights(tmp_path):
     saved = build_model(model_shape("tiny"), seed=5)
     save_checkpoint(saved, tmp_path / "ckpt", tokenizer=CharTokenizer())
     cfg = run_config("tiny", ["--model.path", str(tmp_path / "ckpt")])
-    model, _, source = load_policy(cfg, torch.device("cpu"))
+    model, _, source = load_policy(cfg.model, torch.device("cpu"))
     assert source == f"weights of {tmp_path / 'ckpt'}"
     for (name, p), q in zip(model.named_parameters(), saved.parameters(), strict=True):
         assert torch.equal(p, q), name
     cfg.model.random_init = True
-    model, _, source = load_policy(cfg, torch.device("cpu"))
+    model, _, source = load_policy(cfg.model, torch.device("cpu"))
     assert source.startswith("random init (seed 0) of ") and "model.random_init=true" in source
     assert not all(torch.equal(p, q) for p, q in zip(model.parameters(), saved.parameters(), strict=True))
 

@@ -127,9 +127,9 @@ def test_dynamic_sampling_keeps_the_batch_size_in_the_loop(tmp_path):
     r.dynamic_sampling, r.max_sampling_rounds, r.overlong_buffer, r.overlong_penalty = True, 6, 4, 0.5
     r.mask_truncated = True
     run = GRPORun(cfg, progress=False)
-    assert run.components == ("digits", OVERLONG) and run.sampling_metric == "digits"  # the pass component
+    assert run.spec.components == ("digits", OVERLONG) and run.producer.metric == "digits"  # the pass component
     trained, sampled = [], []
-    train_step, rollouts = run.trainer.step, run.rollouts
+    train_step, rollouts = run.trainer.step, run.producer.rollouts
     run.trainer.step = lambda seqs, **kw: trained.append(list(seqs)) or train_step(seqs, **kw)
 
     def recording_rollouts(*args):
@@ -137,7 +137,7 @@ def test_dynamic_sampling_keeps_the_batch_size_in_the_loop(tmp_path):
         sampled.extend(groups)
         return groups
 
-    run.rollouts = recording_rollouts
+    run.producer.rollouts = recording_rollouts
     result = run.run()
     samples = [json.loads(line) for line in (tmp_path / "run" / "samples.jsonl").read_text().splitlines()]
     drawn = 0
@@ -154,7 +154,7 @@ def test_dynamic_sampling_keeps_the_batch_size_in_the_loop(tmp_path):
     # the even prompts' flat groups were dropped and made up for by further rounds
     assert sum(r["dynamic_sampling/rounds"] for r in result.steps) > len(result.steps)
     assert all(r["frac_reward_zero_std"] > 0 for r in result.steps if r["dynamic_sampling/rounds"] > 1)
-    assert run.train_prompts.position == drawn == len(sampled)  # every prompt drawn was consumed
+    assert run.producer.stream.position == drawn == len(sampled)  # every prompt drawn was consumed
     for r in (r for g in sampled for r in g):  # the soft overlong punishment: max_new_tokens 12, buffer 4
         penalty = soft_overlong_penalty(len(r.completion_ids), 12, 4)
         assert r.rewards[OVERLONG] == penalty and r.reward == pytest.approx(r.rewards["digits"] + 0.5 * penalty)

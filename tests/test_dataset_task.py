@@ -422,7 +422,7 @@ def test_short_run_on_a_jsonl_dataset_with_two_reward_functions(tmp_path):
     cfg.trainer.loss.kl_coef = 0.01
     cfg.validation.every, cfg.validation.k = 2, 2  # after step 2 of 3, 2 samples per prompt
     run = GRPORun(cfg, progress=False)
-    assert run.task.reward_components == ("digits", "says_target") and run.pass_component == "digits"
+    assert run.task.reward_components == ("digits", "says_target") and run.spec.pass_component == "digits"
     result = run.run()
     assert len(result.steps) == 3
     samples = [json.loads(line) for line in (tmp_path / "run" / "samples.jsonl").read_text().splitlines()]

@@ -16,7 +16,7 @@ from monorl.generate.sampling import SamplingParams
 from monorl.rl.advantages import compute_advantages
 from monorl.tasks.base import Prompt, Task, safe_score_batch
 from monorl.tasks.reward_context import RewardContext
-from monorl.tasks.rewards import soft_overlong_penalty
+from monorl.tasks.rewards import OVERLONG, soft_overlong_penalty
 from monorl.train.packing import TrainSequence
 
 log = logging.getLogger(__name__)
@@ -131,7 +131,6 @@ def assign_advantages(groups: list[list[Rollout]], normalize_std: bool, kind: st
             r.advantage = v
 
 
-OVERLONG = "overlong"  # the reward component rollout.overlong_buffer adds
 
 
 def add_overlong_penalty(groups: list[list[Rollout]], max_new_tokens: int, buffer: int, factor: float) -> None:

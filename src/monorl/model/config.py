@@ -143,6 +143,9 @@ class ModelConfig:
             raise ValueError(f"config.json: num_attention_heads ({num_heads}) must be a multiple of "
                              f"num_key_value_heads ({num_kv_heads}{origin})")
         hidden_size = positive_int("hidden_size")
+        if fam.hidden_multiple_of_heads and hidden_size % num_heads:
+            raise ValueError(f"config.json: hidden_size ({hidden_size}) must be a multiple of num_attention_heads "
+                             f"({num_heads})")
         if defaults["head_dim"] is None and hf.get("head_dim") is None:
             head_dim = hidden_size // num_heads  # HF: getattr(config, "head_dim", None) or hidden // heads
         else:

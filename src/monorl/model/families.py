@@ -29,6 +29,8 @@ class Family:
     defaults: Mapping[str, Any] = field(default_factory=dict)
     # boolean keys monorl does not implement when true (a one-line refusal names the key)
     unsupported_flags: tuple[str, ...] = ()
+    # hidden_size must be a multiple of num_attention_heads (LlamaConfig's own check)
+    hidden_multiple_of_heads: bool = False
     # keys `ModelConfig.to_hf` writes for this family beyond the shared ones
     extra_hf: Mapping[str, Any] = field(default_factory=dict)
 
@@ -54,7 +56,7 @@ LLAMA = Family(
         **_COMMON_DEFAULTS, "vocab_size": 32000, "hidden_size": 4096, "intermediate_size": 11008,
         "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": None, "head_dim": None,
         "max_position_embeddings": 2048, "bos_token_id": 1, "eos_token_id": 2, "mlp_bias": False}),
-    unsupported_flags=("mlp_bias",),
+    unsupported_flags=("mlp_bias",), hidden_multiple_of_heads=True,
     extra_hf=MappingProxyType({"mlp_bias": False, "pretraining_tp": 1}),
 )
 # transformers' Qwen2Config (Qwen2, Qwen2.5): q/k/v biases, no q/k norm

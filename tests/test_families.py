@@ -240,3 +240,19 @@ def test_rope_op_backward_is_the_rotations_transpose():
     assert torch.autograd.gradcheck(lambda a, b: rope(a, b, cos, sin), (q, k))
     out_q, out_k = rope(q, k, cos, sin)
     assert torch.equal(out_q, apply_rope(q, cos, sin)) and torch.equal(out_k, apply_rope(k, cos, sin))
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen2"])
+def test_parity_verb_on_a_family_checkpoint(tmp_path, family):
+    """`monorl parity` (the RL loop's own trainer and generator) on a checkpoint of another family: bitwise."""
+    from monorl.config import preset
+    from monorl.model.tokenizer import CharTokenizer
+    from monorl.parity import check_parity
+
+    model = build_model(model_shape("tiny").with_family(family), seed=1)
+    save_checkpoint(model, tmp_path / "ckpt", tokenizer=CharTokenizer())
+    cfg = preset("tiny")
+    cfg.device, cfg.batch_invariant, cfg.model.path = "cpu", True, str(tmp_path / "ckpt")
+    cfg.rollout.max_new_tokens, cfg.validation.num_prompts = 6, 2
+    r = check_parity(cfg, num_prompts=2, samples=2)
+    assert r.passed and r.tokens_checked > 0 and r.max_abs_diff == 0.0

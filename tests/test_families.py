@@ -213,6 +213,8 @@ def test_plan_counts_every_parameter(name):
     ({"model_type": "mistral"}, "unsupported architecture: model_type='mistral'"),
     ({"model_type": "llama", "architectures": ["Qwen2ForCausalLM"]}, "unsupported architecture"),
     ({"model_type": "llama", "hidden_act": "gelu"}, "unsupported hidden_act 'gelu'"),
+    ({"model_type": "llama", "rope_parameters": {"rope_type": "default", "partial_rotary_factor": 0.5}},
+     "unsupported partial_rotary_factor 0.5"),
 ])
 def test_unsupported_configs_are_refused_in_one_line(hf, match):
     with pytest.raises(ValueError, match=match) as e:

@@ -218,6 +218,9 @@ def _rope_from_hf(hf: dict[str, Any], default_theta: float) -> tuple[float, Llam
     rope_type = rope.get("rope_type", rope.get("type", "default"))
     if rope_type not in (*ROPE_TYPES, None):
         raise ValueError(f"unsupported rope_type {rope_type!r} (monorl implements {', '.join(ROPE_TYPES)})")
+    partial = rope.get("partial_rotary_factor", hf.get("partial_rotary_factor", 1.0))
+    if partial not in (1, 1.0, None):
+        raise ValueError(f"unsupported partial_rotary_factor {partial!r} (monorl rotates whole heads)")
     theta = rope.get("rope_theta", hf.get("rope_theta", default_theta))
     if not (_is_number(theta) and theta > 0):
         raise ValueError(f"config.json: rope_theta must be a positive number, got {theta!r}")

@@ -93,9 +93,10 @@ def random_k_blocks(rows: int, cols: int, qtype, seed: int) -> np.ndarray:
 
 
 def write_gguf(path: Path, family: str, cfg, state: dict[str, torch.Tensor], tokens: list[str], merges: list[str],
-               pre: str, types: dict[str, object] | None = None) -> dict[str, torch.Tensor]:
-    """Write `state` (HF names, fp32) as llama.cpp would; returns the tensors as written (before quantization)
-    under HF names, un-permuted: what an exact loader of the plain-float tensors must give back."""
+               pre: str, types: dict[str, object] | None = None, add_bos: bool = False) -> dict[str, torch.Tensor]:
+    """Write `state` (HF names, fp32) as llama.cpp would (add_bos: tokenizer.ggml.add_bos_token); returns the
+    tensors as written (before quantization) under HF names, un-permuted: what an exact loader of the plain-float
+    tensors must give back."""
     types = TYPES if types is None else types
     w = gguf.GGUFWriter(path, family)
     w.add_name("tiny test model")
@@ -118,7 +119,7 @@ def write_gguf(path: Path, family: str, cfg, state: dict[str, torch.Tensor], tok
     w.add_bos_token_id(1)
     w.add_eos_token_id(2)
     w.add_pad_token_id(0)
-    w.add_add_bos_token(False)
+    w.add_add_bos_token(add_bos)
     w.add_chat_template(CHAT_TEMPLATE)
     for i, (name, t) in enumerate(state.items()):
         g = gguf_name(name)
@@ -169,7 +170,8 @@ def tiny_gguf(request, vocab, tmp_path_factory) -> tuple[Path, dict[str, torch.T
     model = build_model(cfg, seed=3)
     state = {n: t * (1.0 if n.endswith("norm.weight") else 3.0) for n, t in model.state_dict().items()}
     path = tmp_path_factory.mktemp(f"gguf_{family}") / "tiny.gguf"
-    return path, write_gguf(path, family, cfg, state, tokens, merges, PRE[family])
+    # one file whose tokenizer adds BOS (encode with add_special_tokens=True must then match transformers' too)
+    return path, write_gguf(path, family, cfg, state, tokens, merges, PRE[family], add_bos=family == "qwen3")
 
 
 def hf_gguf_model(file: Path) -> torch.nn.Module:
@@ -210,6 +212,8 @@ def test_tokenizer_and_chat_template_equal_transformers(tiny_gguf):
         ids = ours.encode(text)
         assert ours.decode(ids) == theirs.decode(ids) == text
     assert len({tuple(ours.encode(t)) for t in TEXTS}) == len(TEXTS)
+    adds_bos = load_config(file).model_type == "qwen3"  # the one file written with add_bos_token
+    assert (ours.encode("x", add_special_tokens=True)[0] == ours.bos_token_id) == adds_bos
     assert (ours.bos_token_id, ours.eos_token_id, ours.pad_token_id) == (theirs.bos_token_id, theirs.eos_token_id,
                                                                        theirs.pad_token_id) == (1, 2, 0)
     messages = [{"role": "user", "content": "What is 2+3?"}, {"role": "assistant", "content": "5"},

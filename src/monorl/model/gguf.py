@@ -123,8 +123,9 @@ def gguf_config(file: str | os.PathLike) -> ModelConfig:
     if q is None:
         raise GGUFError(f"{file}: tensor blk.0.attn_q.weight is missing")
     head_dim = int(q.shape[1]) // heads  # GGUF shapes list the inner dimension first
-    tokens = _field(reader, "tokenizer.ggml.tokens") or []
-    vocab = int(meta("vocab_size", len(tokens) or int(tensors["token_embd.weight"].shape[1]), required=False))
+    if "token_embd.weight" not in tensors:
+        raise GGUFError(f"{file}: tensor token_embd.weight is missing")
+    vocab = int(meta("vocab_size", int(tensors["token_embd.weight"].shape[1]), required=False))
     qkv_bias = "blk.0.attn_q.bias" in tensors
     o_bias = "blk.0.attn_output.bias" in tensors
     if fam.qkv_bias and not qkv_bias:

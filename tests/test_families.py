@@ -258,3 +258,23 @@ def test_parity_verb_on_a_family_checkpoint(tmp_path, family):
     cfg.rollout.max_new_tokens, cfg.validation.num_prompts = 6, 2
     r = check_parity(cfg, num_prompts=2, samples=2)
     assert r.passed and r.tokens_checked > 0 and r.max_abs_diff == 0.0
+
+
+def test_compiled_invariant_llama_equals_eager_bitwise():
+    """The opaque `rope` op under torch.compile (its fake and autograd registrations): a compiled batch-invariant
+    Llama forward and backward give eager's bits."""
+    torch._dynamo.reset()
+    model = make_batch_invariant_(family_model("llama", seed=4))
+    seqs = [torch.tensor(p) for p in prompts_of([7, 4], model.config.vocab_size, seed=5)]
+
+    def loss_and_grads(m) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        model.zero_grad(set_to_none=True)
+        ctx = VarlenContext.from_lengths([len(s) for s in seqs], "cpu")
+        loss = model.compute_logits(m(torch.cat(seqs), ctx.positions, ctx)).logsumexp(-1).sum()
+        loss.backward()
+        return loss.detach(), [p.grad.clone() for p in model.parameters()]
+
+    eager = loss_and_grads(model)
+    compiled = loss_and_grads(torch.compile(model, backend="aot_eager"))
+    assert torch.equal(compiled[0], eager[0])
+    assert all(torch.equal(a, b) for a, b in zip(compiled[1], eager[1], strict=True))

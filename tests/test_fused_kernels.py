@@ -18,9 +18,9 @@ from monorl.model.batch_invariant import make_batch_invariant_
 from monorl.model.config import model_shape
 from monorl.model.fused_kernels import use_fused_kernels_, uses_fused_kernels
 from monorl.model.qwen3 import build_model
+from monorl.model.weight_sync import sync_weights_
 from monorl.ops import block_kernels
 from monorl.ops.tunables import chip_of, tuned
-from monorl.rl.weight_sync import sync_weights_
 from tests.conftest import full_forward_logprobs
 
 

@@ -13,7 +13,7 @@ from monorl.model.attention import VarlenContext
 from monorl.model.checkpoint import load_checkpoint
 from monorl.model.logprobs import token_logprobs
 from monorl.model.tokenizer import eos_ids
-from monorl.rl.weight_sync import weight_pairs
+from monorl.model.weight_sync import weight_pairs
 from monorl.train.packing import bucket_size
 
 PROMPT_LENS = [3, 17, 9, 33, 1]

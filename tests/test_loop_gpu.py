@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from monorl.compile import CompileConfig, compile_counters
+from monorl.model.weight_sync import weight_pairs
 from monorl.rl.loop import GRPORun
-from monorl.rl.weight_sync import weight_pairs
 from tests.conftest import digits_cfg
 
 pytestmark = pytest.mark.gpu

@@ -77,7 +77,8 @@ def param_counts(m: ModelConfig) -> dict[str, int]:
     """Parameters by kind: `linear` (the layers' projections), `lm_head` (0 when tied), `embed`, `norm`."""
     q, kv = m.num_heads * m.head_dim, m.num_kv_heads * m.head_dim
     per_layer_linear = m.hidden_size * (2 * q + 2 * kv) + 3 * m.hidden_size * m.intermediate_size
-    per_layer_norm = 2 * m.hidden_size + 2 * m.head_dim
+    per_layer_linear += (q + 2 * kv) * m.qkv_bias + m.hidden_size * m.o_bias  # the family's biases
+    per_layer_norm = 2 * m.hidden_size + 2 * m.head_dim * m.qk_norm
     return {
         "linear": m.num_layers * per_layer_linear,
         "lm_head": 0 if m.tie_word_embeddings else m.vocab_size * m.hidden_size,

@@ -38,7 +38,7 @@ from monorl.model.fused_kernels import use_fused_kernels_
 from monorl.model.lora import LoRAConfig, apply_lora_
 from monorl.model.qwen3 import Qwen3ForCausalLM, build_model
 from monorl.model.tokenizer import eos_ids
-from monorl.rl.weight_sync import share_frozen_, sync_weights_
+from monorl.model.weight_sync import share_frozen_, sync_weights_
 
 _CPU_DEFAULT_KV_BYTES = 256 << 20
 
@@ -196,7 +196,7 @@ class Generator:
     # ---- weights -----------------------------------------------------------------------------------
     def load_weights_(self, src: nn.Module) -> None:
         """Copy src's parameters (HF names, e.g. the trainer's fp32 masters) into the generator's copy, in
-        place: captured CUDA graphs stay valid (`monorl.rl.weight_sync`)."""
+        place: captured CUDA graphs stay valid (`monorl.model.weight_sync`)."""
         sync_weights_(self.model, src)
 
     # ---- generate ----------------------------------------------------------------------------------

@@ -21,7 +21,7 @@ from monorl.generate.attention import DecodeContext, PrefillContext
 from monorl.generate.kv_cache import KVCache, blocks_for, slot_mapping, table_tensor
 from monorl.generate.sampling import SamplingParams, sample
 from monorl.model.attention import VarlenContext, resolve_backend
-from monorl.model.qwen3 import Qwen3ForCausalLM, rope_cos_sin
+from monorl.model.qwen3 import Qwen3ForCausalLM, model_rope
 from monorl.ops.decode_state import commit_step, step_inputs
 from monorl.train.packing import bucket_size, filler_lengths, static_max_seqlen
 
@@ -82,8 +82,7 @@ class ModelRunner:
         self.rope_tables = None
         if dev.type == "cuda":
             cfg, dtype = model.config, model.model.embed_tokens.weight.dtype
-            self.rope_tables = rope_cos_sin(torch.arange(max_blocks_per_seq * self.block_size, device=dev),
-                                            cfg.head_dim, cfg.rope_theta, dtype)
+            self.rope_tables = model_rope(cfg, torch.arange(max_blocks_per_seq * self.block_size, device=dev), dtype)
         self.use_graphs = cuda_graphs and self.device.type == "cuda"
         # one set of graphs per sampler configuration (e.g. greedy validation and sampled rollouts), kept
         # so that alternating between them does not re-capture. A bucket's graph is captured when a decode step

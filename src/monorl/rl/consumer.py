@@ -12,9 +12,9 @@ import torch
 
 from monorl.config import RunConfig
 from monorl.generate.engine import Generator
+from monorl.model.weight_sync import sync_weights_
 from monorl.rl.producer import RolloutBatch
 from monorl.rl.rollouts import assign_advantages
-from monorl.rl.weight_sync import sync_weights_
 from monorl.train.trainer import Trainer
 
 

@@ -399,7 +399,7 @@ class Trainer:
         if self.ref_model is None:
             return
         if is_sharded(self.model):  # the reference is a full copy on every rank: gather into it
-            from monorl.rl.weight_sync import sync_weights_
+            from monorl.model.weight_sync import sync_weights_
 
             sync_weights_(self.ref_model, self.model)
         else:

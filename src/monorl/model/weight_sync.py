@@ -1,0 +1,181 @@
+"""Weight sync: one copy of the model's parameters -> another (the trainer's -> the generator's), in place.
+
+The trainer holds fp32 masters under HF names (`q_proj`, `k_proj`, ..., `gate_proj`, `up_proj`); the
+generator's copy is built in its own dtype with fused projections (`qkv_proj`, `gate_up_proj`), whose row
+blocks are the HF projections in the order `PACKED_MODULES` gives (weights and, where a family has them, the
+q/k/v biases alike). It lives with the model it maps; the RL loop, the generator and the trainer call it.
+`sync_weights_` copies (and casts) every source parameter into its place: a whole destination parameter, or a
+row block of a fused one. Nothing is reallocated, so CUDA graphs captured over the destination stay valid. Names
+may carry the `_orig_mod.` prefix of a `torch.compile`d module. A name without a place, a destination left
+partly unwritten, or a shape that does not fit is a `ValueError` of one line.
+
+LoRA (`monorl.model.lora`): a source projection with adapters whose destination has none (the generator's
+fused copy) sends its merged weight W + scale * B @ A there, computed in fp32 at sync time one projection at a
+time and cast once; its `lora_A` / `lora_B` have no place of their own. Where the destination has the same
+adapters (an unmerged copy), the adapters are copied as ordinary same-name parameters, and the frozen base can be
+shared instead of copied (`share_frozen_`): the generator then reads the trainer's own base tensors.
+
+An FSDP2-sharded source (`monorl.distributed.fsdp`, several ranks) is gathered one unit at a time: a block's
+full parameters exist only while its slice of the plan is copied, so the extra memory is one block's (plus the
+root's embeddings and LM head, last). Every rank runs the same gathers, so every rank's copy gets the full
+weights.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import torch
+from torch import Tensor, nn
+
+from monorl.distributed.fsdp import fsdp_units, unsharded
+from monorl.model.lora import LoRALinear, lora_modules
+
+# The generator's copy is built fused: q/k/v as one `qkv_proj` and gate/up as one `gate_up_proj` (one GEMM
+# each). The trainer's copy and checkpoints keep HF's separate projections. This table says which HF projection
+# is which row block of a fused one, in row order.
+PACKED_MODULES: dict[str, tuple[str, int]] = {
+    "q_proj": ("qkv_proj", 0), "k_proj": ("qkv_proj", 1), "v_proj": ("qkv_proj", 2),
+    "gate_proj": ("gate_up_proj", 0), "up_proj": ("gate_up_proj", 1),
+}
+
+Source = Tensor | LoRALinear  # a source parameter, or a LoRA projection whose merged weight is the source
+
+
+def strip_compile_prefix(name: str) -> str:
+    return name.replace("_orig_mod.", "")
+
+
+def _shape(s: Source) -> torch.Size:
+    return s.weight.shape if isinstance(s, LoRALinear) else s.shape
+
+
+def _plan(dst: nn.Module, src: nn.Module,
+          packed: Mapping[str, tuple[str, int]] = PACKED_MODULES) -> list[tuple[str, Tensor, Source]]:
+    """`weight_pairs`, with a LoRA projection to merge standing for its merged weight (computed at copy time)."""
+    dst_params = {strip_compile_prefix(n): p for n, p in dst.named_parameters()}
+    merge: dict[str, LoRALinear] = {}  # source LoRA projections whose destination has no adapters
+    if src_lora := lora_modules(src):
+        dst_lora = None
+        for mname, m in src_lora.items():
+            if f"{mname}.lora_A.weight" not in dst_params:
+                merge[mname] = m
+                continue
+            dst_lora = lora_modules(dst) if dst_lora is None else dst_lora
+            dm = dst_lora.get(mname)
+            if dm is None or dm.scale != m.scale:
+                raise ValueError(f"weight sync: {mname} has LoRA scale {m.scale:g}, the destination's "
+                                 + ("is no LoRA projection" if dm is None else f"{dm.scale:g}"))
+    parts: dict[str, dict[int | None, tuple[str, Source]]] = {}  # destination name -> shard -> source
+    for raw, p in src.named_parameters():
+        name = strip_compile_prefix(raw)
+        target, shard = name, None
+        module, _, leaf = name.rpartition(".")  # "model.layers.0.self_attn.q_proj", "weight"
+        parent, _, proj = module.rpartition(".")
+        if merge and proj in ("lora_A", "lora_B") and parent in merge:
+            continue  # merged into its projection's weight
+        s: Source = merge[module] if merge and leaf == "weight" and module in merge else p
+        if name not in dst_params and proj in packed:
+            fused, shard = packed[proj]
+            target = f"{parent}.{fused}.{leaf}" if parent else f"{fused}.{leaf}"
+        if target not in dst_params:
+            raise ValueError(f"weight sync: the destination has no parameter for {name}"
+                             + (f" (looked for {target})" if target != name else ""))
+        parts.setdefault(target, {})[shard] = (name, s)
+    shards_of: dict[str, list[tuple[int, str]]] = {}  # fused name -> [(shard, projection)] in row order
+    for proj, (fused, shard) in packed.items():
+        shards_of.setdefault(fused, []).append((shard, proj))
+    out = []
+    for target, d in dst_params.items():
+        got = parts.get(target)
+        if got is None:
+            raise ValueError(f"weight sync: no source parameter for the destination's {target}")
+        if None in got:  # same name on both sides
+            name, s = got[None]
+            if (shape := _shape(s)) != d.shape:
+                raise ValueError(f"weight sync: {name} has shape {tuple(shape)}, the destination's {tuple(d.shape)}")
+            out.append((name, d, s))
+            continue
+        row = 0
+        module, _, leaf = target.rpartition(".")
+        for shard, proj in sorted(shards_of[module.rpartition(".")[2]]):
+            if shard not in got:
+                raise ValueError(f"weight sync: no source parameter for {proj} (row block {shard} of {target})")
+            name, s = got[shard]
+            rows = _shape(s)
+            view = d[row:row + rows[0]]
+            if view.shape != rows:
+                raise ValueError(f"weight sync: {name} has shape {tuple(rows)}, but rows {row}: of {target} "
+                                 f"{tuple(d.shape)} leave {tuple(view.shape)}")
+            out.append((name, view, s))
+            row += rows[0]
+        if row != d.shape[0]:
+            srcs = ", ".join(f"{got[i][0]} {tuple(_shape(got[i][1]))}" for i in sorted(got))
+            raise ValueError(f"weight sync: {srcs} fill {row} of the {d.shape[0]} rows of {target} {tuple(d.shape)}")
+    return out
+
+
+def weight_pairs(dst: nn.Module, src: nn.Module,
+                 packed: Mapping[str, tuple[str, int]] = PACKED_MODULES) -> list[tuple[str, Tensor, Tensor]]:
+    """(source name, destination view, source tensor) for every parameter of `src`: the view is the whole
+    destination parameter of the same name, or, for a packed projection (`packed[proj] = (fused, shard)`),
+    its row block of the destination's `fused` parameter. Every destination row is covered exactly once.
+    The source tensor is the source parameter, or for a LoRA projection merged into a destination without
+    adapters its merged weight (fp32, computed here: all of them at once, so for checks; `sync_weights_`
+    merges one at a time)."""
+    with torch.no_grad():
+        return [(n, v, s.merged_weight() if isinstance(s, LoRALinear) else s) for n, v, s in _plan(dst, src, packed)]
+
+
+@torch.no_grad()
+def sync_weights_(dst: nn.Module, src: nn.Module, packed: Mapping[str, tuple[str, int]] = PACKED_MODULES) -> None:
+    """Copy `src`'s parameters into `dst`'s in place, cast to their dtype (see the module docstring); a parameter
+    `share_frozen_` made the source's own is skipped."""
+    plan = _plan(dst, src, packed)
+    if units := fsdp_units(src):
+        _sync_sharded_(plan, src, units)
+        return
+    for _, view, s in plan:
+        if isinstance(s, Tensor) and view.data_ptr() == s.data_ptr() and view.shape == s.shape:
+            continue
+        view.copy_(s.merged_weight() if isinstance(s, LoRALinear) else s.detach())
+
+
+def _sync_sharded_(plan: list[tuple[str, Tensor, Source]], src: nn.Module, units: list) -> None:
+    """`plan`'s copies, one FSDP unit gathered at a time (blocks, then the root). A gathered unit's parameters
+    are other tensors than the sharded ones `plan` holds, so they are looked up again by name (a LoRA
+    projection reads its gathered weights itself)."""
+    from torch.distributed.tensor import DTensor  # here, not at the top: a one-process run never needs it (~1.5 s)
+
+    todo = {name: (view, s) for name, view, s in plan}
+    prefix_of = {id(m): n for n, m in src.named_modules()}
+    for unit in units:
+        prefix = prefix_of[id(unit)]
+        with unsharded(unit):
+            full = {strip_compile_prefix(f"{prefix}.{n}" if prefix else n): p
+                    for n, p in unit.named_parameters()}
+            for name in [n for n in todo if n in full and not isinstance(full[n], DTensor)]:
+                view, s = todo.pop(name)
+                view.copy_(s.merged_weight() if isinstance(s, LoRALinear) else full[name].detach())
+    if todo:
+        raise ValueError(f"weight sync: no FSDP unit gathered {', '.join(sorted(todo)[:3])}")
+
+
+def share_frozen_(dst: nn.Module, src: nn.Module) -> int:
+    """Make every frozen parameter of `src` (a LoRA policy's base) that `dst` holds under the same name, shape,
+    dtype and device the very same tensor in `dst`, instead of a copy; returns the bytes no longer duplicated.
+    For an unfused, unmerged destination (a batch-invariant LoRA run's generator): a fused or merged copy has
+    other tensors. Frozen means never written, so nothing needs syncing and captured graphs stay valid."""
+    mods = {strip_compile_prefix(n): m for n, m in src.named_modules()}
+    saved = 0
+    for name, m in dst.named_modules():
+        sm = mods.get(strip_compile_prefix(name))
+        if sm is None:
+            continue
+        for pname, p in list(m._parameters.items()):
+            sp = sm._parameters.get(pname)
+            if (p is not None and sp is not None and not sp.requires_grad and sp.shape == p.shape
+                    and sp.dtype == p.dtype and sp.device == p.device):
+                m._parameters[pname] = sp
+                saved += p.numel() * p.element_size()
+    return saved

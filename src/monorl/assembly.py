@@ -153,7 +153,7 @@ def build_run(cfg: RunConfig, device: torch.device, world: World = SINGLE, plan:
     model_config, tokenizer, source = resolve_model(cfg.model)
     task: Task = load_task(cfg.task.name, **cfg.task.args)
     warm_start_steps = cfg.warm_start.steps
-    if warm_start_steps > 0 and not hasattr(task, "solution"):
+    if warm_start_steps > 0 and not (hasattr(task, "solution") or hasattr(task, "solution_messages")):
         print(f"warm start: skipped (task {task.name!r} has no reference solutions; warm_start.steps="
               f"{cfg.warm_start.steps} is ignored)", flush=True)
         warm_start_steps = 0

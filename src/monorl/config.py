@@ -207,6 +207,18 @@ def _tiny() -> RunConfig:
     )
 
 
+def _tiny_tools() -> RunConfig:
+    """Agentic RL on CPU: the tiny model must call a tool to answer (`tiny_tools`: f(x) of a secret function only the
+    tool f knows), in two-turn episodes whose tool results are inserted tokens (context only). The warm start shows
+    both the tool episode and a direct guess that never scores; GRPO has to prefer the tool."""
+    cfg = _tiny()
+    cfg.preset = "tiny_tools"
+    cfg.task = TaskSection(name="tiny_tools", args={"solution_style": "mixed"})
+    cfg.rollout = RolloutSection(prompts_per_step=8, group_size=8, max_new_tokens=64, temperature=1.0, top_p=1.0)
+    cfg.warm_start = WarmStartSection(steps=150, batch_size=32, lr=2e-3)
+    return cfg
+
+
 def _qwen3_0_6b_sum_digits() -> RunConfig:
     """The reference's rl_grpo_qwen3_0_6b: 10 steps, 5 prompts x 8, 100 tokens, T=0.8, top_p=0.95,
     lr 2e-6 with 2 warmup steps then linear decay, 20 validation prompts. Batch-invariant mode auto: on for full
@@ -281,6 +293,7 @@ def _qwen3_0_6b_gsm8k_dapo() -> RunConfig:
 
 PRESETS: dict[str, typing.Callable[[], RunConfig]] = {
     "tiny": _tiny,
+    "tiny_tools": _tiny_tools,
     "qwen3_0_6b_sum_digits": _qwen3_0_6b_sum_digits,
     "qwen3_0_6b_gsm8k": _qwen3_0_6b_gsm8k,
     "qwen3_0_6b_gsm8k_dataset": _qwen3_0_6b_gsm8k_dataset,

@@ -40,6 +40,7 @@ from monorl.model.tokenizer import eos_ids
 from monorl.plan import GiB
 from monorl.rl.checkpointing import check_resume_point, find_checkpoint, step_checkpoints
 from monorl.rl.consumer import TrainerConsumer
+from monorl.rl.episodes import solution_sequence
 from monorl.rl.loggers import check_loggers, open_loggers
 from monorl.rl.producer import RolloutProducer
 from monorl.rl.run_checkpoints import RunCheckpoints
@@ -204,11 +205,16 @@ class GRPORun:
                                                  max_grad_norm=1.0),
                       total_steps=steps, attn_backend=self.trainer.attn_backend, world=self.world)
         eos = self.tokenizer.eos_token_id
+        episodes = self.producer.episodes  # an agent task's reference episodes: assistant turns train, the rest not
         bar = tqdm(range(steps), desc="warm start", disable=not self.progress, leave=False)
         every, t0 = max(1, steps // 10), time.perf_counter()  # piped output: a line per tenth instead of a bar
         for i in bar:
             seqs = []
             for p in itertools.islice(self.producer.stream, ws.batch_size):
+                if episodes is not None:
+                    ids, sol, mask = solution_sequence(episodes.renderer, self.task, p)
+                    seqs.append(TrainSequence(ids, sol, [0.0] * len(sol), 0.0, completion_mask=mask))
+                    continue
                 ids = self.tokenizer.encode(self.task.render(p, self.tokenizer))
                 sol = self.tokenizer.encode(self.task.solution(p)) + [eos]
                 seqs.append(TrainSequence(ids, sol, [0.0] * len(sol), 0.0))
@@ -236,7 +242,7 @@ class GRPORun:
         self.num_tokens += sum(len(r.prompt_ids) + len(r.completion_ids) for r in rollouts
                                if not (cfg.rollout.mask_truncated and r.truncated))
         row = step_metrics(step, batch.groups, self.spec.components, train_metrics, times,
-                           extra={**batch.context.metric_means(), "num_tokens": self.num_tokens,
+                           extra={**batch.context.metric_means(), **batch.metrics, "num_tokens": self.num_tokens,
                                   **batch.sampled.metrics(cfg.rollout.dynamic_sampling)})
         every = cfg.validation.every
         if every > 0 and self.spec.val_prompts and (step + 1) % every == 0 and step + 1 < cfg.steps:  # last: post

@@ -13,13 +13,17 @@ import dataclasses
 import itertools
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
+from monorl.agent.metrics import EpisodeRecord, episode_metrics
+from monorl.agent.task import AgentTask
 from monorl.assembly import RunSpec, rollout_sampling, validation_sampling
 from monorl.distributed.world import World
 from monorl.generate.engine import Generator
 from monorl.generate.sampling import SamplingParams
 from monorl.rl.dynamic_sampling import SampledBatch, fill_batch, sampling_metric
+from monorl.rl.episodes import EpisodeRunner, generate_episodes
 from monorl.rl.rollouts import Rollout, add_overlong_penalty, encode_prompts, generate_rollouts
 from monorl.rl.summary import ValidationResult, summarize
 from monorl.tasks.base import Prompt, RewardError
@@ -37,6 +41,7 @@ class RolloutBatch:
     sampled: SampledBatch  # the groups, and dynamic sampling's rounds
     context: RewardContext  # what the rewards logged (log_metric means go into the step's metrics)
     policy_version: int  # the trainer steps behind the weights that generated every group
+    metrics: dict[str, Any] = field(default_factory=dict)  # the episodes' (turns, tool calls and failures, ...)
 
     @property
     def groups(self) -> list[list[Rollout]]:
@@ -57,6 +62,10 @@ class RolloutProducer:
         self.encoded_ahead: tuple[int, list[Prompt], tuple[list, list[list[int]]]] | None = None
         self.reward_failed_steps = 0  # consecutive steps whose reward failed on every completion
         self.warned_short_batch = False
+        # an agent task's prompts are played as multi-turn episodes (`rl/episodes.py`)
+        self.episodes = (EpisodeRunner(generator, spec.tokenizer, spec.task, spec.max_len)
+                         if isinstance(spec.task, AgentTask) else None)
+        self.records: list[EpisodeRecord] = []  # the step's episodes so far (over dynamic sampling's rounds)
 
     def restart_at(self, position: int) -> None:
         """Continue the prompt stream from `position` (a resumed run's data position)."""
@@ -73,6 +82,7 @@ class RolloutProducer:
         ro = self.cfg.rollout
         context = self.reward_context()  # the rewards' trainer_state, and what they log over the step's rounds
         version = self.policy_version()
+        self.records = []
         sampled = fill_batch(lambda n, round_: self.rollouts(step, n, round_, context), ro.prompts_per_step,
                              ro.dynamic_sampling, ro.max_sampling_rounds, metric=self.metric)
         if ro.dynamic_sampling and len(sampled.groups) < ro.prompts_per_step and not self.warned_short_batch:
@@ -85,24 +95,35 @@ class RolloutProducer:
             raise ValueError(f"step {step + 1}: every prompt was skipped: none fits generator.max_model_len="
                              f"{self.spec.max_len} with {ro.max_new_tokens} new tokens")
         self.check_rewards(rollouts)
-        return RolloutBatch(step, sampled, context, version)
+        return RolloutBatch(step, sampled, context, version, metrics=episode_metrics(self.records))
 
     def rollouts(self, step: int, n: int, round_: int = 0,
                  context: RewardContext | None = None) -> list[list[Rollout]]:
         """The next `n` training prompts' groups, scored (with the overlong penalty when configured)."""
-        ro, spec = self.cfg.rollout, self.spec
+        ro = self.cfg.rollout
         prompts = list(itertools.islice(self.stream, n))
         sampling = rollout_sampling(self.cfg, step, round_)
+        if self.episodes is not None:
+            groups, records = generate_episodes(self.episodes, prompts, sampling, ro.group_size, self.world)
+            self.records += records
+        else:
+            groups = self._completions(prompts, sampling, context)
+        if ro.overlong_buffer > 0:
+            add_overlong_penalty(groups, ro.max_new_tokens, ro.overlong_buffer, ro.overlong_penalty)
+        return groups
+
+    def _completions(self, prompts: list[Prompt], sampling: SamplingParams,
+                     context: RewardContext | None) -> list[list[Rollout]]:
+        """Single-turn groups: one completion per sample, scored (prompts encoded ahead when they were)."""
+        spec = self.spec
         ahead, self.encoded_ahead = self.encoded_ahead, None
         encoded = None
         if ahead is not None and ahead[0] == sampling.max_new_tokens and len(ahead[1]) == len(prompts) and \
                 all(a is b for a, b in zip(ahead[1], prompts, strict=True)):
             encoded = ahead[2]
-        groups = generate_rollouts(self.generator, spec.tokenizer, spec.task, prompts, sampling, ro.group_size,
-                                   spec.max_len, self.world, encoded=encoded, context=context)
-        if ro.overlong_buffer > 0:
-            add_overlong_penalty(groups, ro.max_new_tokens, ro.overlong_buffer, ro.overlong_penalty)
-        return groups
+        return generate_rollouts(self.generator, spec.tokenizer, spec.task, prompts, sampling,
+                                 self.cfg.rollout.group_size, spec.max_len, self.world, encoded=encoded,
+                                 context=context)
 
     def encode_ahead(self, step: int) -> None:
         """Render and tokenize the prompts step `step` will draw first (`PromptStream.peek`: the stream's position
@@ -110,6 +131,8 @@ class RolloutProducer:
         run with the GPU idle at the start of that step."""
         spec, ro = self.spec, self.cfg.rollout
         self.encoded_ahead = None
+        if self.episodes is not None:  # an episode's prompt is its environment's first observation
+            return
         try:
             prompts = self.stream.peek(ro.prompts_per_step)
             max_new = rollout_sampling(self.cfg, step).max_new_tokens
@@ -134,6 +157,10 @@ class RolloutProducer:
             return summarize([], spec.task.reward_components)
         how = "greedy" if v.k == 1 else f"{v.k} samples each"
         print(f"validating: {len(spec.val_prompts)} held-out prompts, {how}", flush=True)
+        if self.episodes is not None:
+            groups, _ = generate_episodes(self.episodes, spec.val_prompts, validation_sampling(self.cfg), v.k,
+                                          self.world)
+            return summarize(groups, spec.task.reward_components, spec.pass_component, v.pass_threshold)
         groups = generate_rollouts(self.generator, spec.tokenizer, spec.task, spec.val_prompts,
                                    validation_sampling(self.cfg), v.k, spec.max_len, self.world,
                                    context=self.reward_context())

@@ -35,6 +35,8 @@ class Rollout:
     advantage: float = 0.0
     weights: Mapping[str, float] = field(default_factory=dict)  # of the components in `reward`; absent: 1.0
     extra: dict[str, Any] = field(default_factory=dict)  # what the reward logged for it (`log_extra`), by column
+    # an episode's: 1 on sampled tokens, 0 on inserted ones (tool results, environment messages: context only)
+    completion_mask: list[int] | None = None
 
     @property
     def reward(self) -> float:
@@ -56,7 +58,8 @@ class Rollout:
         """The trainer's view; `mask_truncated` gives a truncated completion zero loss weight; `group`: the index of
         its prompt group in the step (the trainer packs a group's prompt once)."""
         return TrainSequence(self.prompt_ids, self.completion_ids, self.logprobs, self.advantage,
-                             masked=mask_truncated and self.truncated, group=group)
+                             masked=mask_truncated and self.truncated, group=group,
+                             completion_mask=self.completion_mask)
 
 
 def encode_prompts(task: Task, tokenizer, prompts: Sequence[Prompt], max_len: int,

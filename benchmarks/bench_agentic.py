@@ -1,0 +1,126 @@
+"""Multi-turn episodes on one GPU (#42): sampled tokens/s of the same episodes three ways.
+
+- kv_reuse: monorl's request-level engine (`EpisodeEngine`): each turn pauses holding its KV, the environment's
+  tokens are appended and only they are prefilled, then decoding goes on;
+- reprefill: a request per turn, as a client of an engine without prefix caching does: every turn prefills the
+  whole conversation so far (`Generator.generate` on prompt + history), then decodes the turn;
+- single_turn: one decode of the same sampled length per episode (turns x turn tokens), no environment: the ceiling.
+
+A scripted environment forces the turn structure on random weights (Qwen3-0.6B shapes): every turn samples exactly
+`--turn-tokens` (ignore_eos), the environment answers with `--inserted` fixed tokens. Prints a table last and writes
+JSON (benchmarks/results/agentic.json).
+
+    python benchmarks/bench_agentic.py --episodes 64 --turns 4 --turn-tokens 128 --inserted 64
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import time
+from pathlib import Path
+
+import torch
+
+from monorl.compile import CompileConfig
+from monorl.generate import EpisodeEngine, Generator, GeneratorConfig, SamplingParams
+from monorl.model import build_model, model_shape
+
+
+def sync() -> None:
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+
+
+def kv_reuse(gen: Generator, prompts: list[list[int]], env: list[list[int]], sp: SamplingParams, turns: int) -> float:
+    engine = EpisodeEngine(gen, max_episode_tokens=gen.max_model_len)
+    for i, p in enumerate(prompts):
+        engine.add(i, p, sp)
+    done_turns = dict.fromkeys(range(len(prompts)), 0)
+    t = time.perf_counter()
+    while engine.has_work():
+        for ev in engine.step():
+            done_turns[ev.episode_id] += 1
+            if done_turns[ev.episode_id] == turns:
+                engine.finish(ev.episode_id)
+            else:
+                engine.resume(ev.episode_id, env[ev.episode_id])
+    sync()
+    return time.perf_counter() - t
+
+
+def reprefill(gen: Generator, prompts: list[list[int]], env: list[list[int]], sp: SamplingParams,
+              turns: int) -> float:
+    history = [list(p) for p in prompts]
+    t = time.perf_counter()
+    for turn in range(turns):
+        outs = gen.generate(history, sp, n=1)
+        for h, comps, e in zip(history, outs, env, strict=True):
+            h += list(comps[0].token_ids) + (e if turn + 1 < turns else [])
+    sync()
+    return time.perf_counter() - t
+
+
+def single_turn(gen: Generator, prompts: list[list[int]], sp: SamplingParams, turns: int) -> float:
+    long = SamplingParams(**{**sp.__dict__, "max_new_tokens": sp.max_new_tokens * turns})
+    t = time.perf_counter()
+    gen.generate(prompts, long, n=1)
+    sync()
+    return time.perf_counter() - t
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--shape", default="qwen3-0.6b")
+    ap.add_argument("--episodes", type=int, default=64)
+    ap.add_argument("--turns", type=int, default=4)
+    ap.add_argument("--turn-tokens", type=int, default=128)
+    ap.add_argument("--inserted", type=int, default=64)
+    ap.add_argument("--prompt-tokens", type=int, default=128)
+    ap.add_argument("--runs", type=int, default=2)
+    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    ap.add_argument("--out", default="benchmarks/results/agentic.json")
+    a = ap.parse_args()
+    cfg = model_shape(a.shape)
+    dtype = torch.bfloat16 if a.device == "cuda" else torch.float32
+    rng = random.Random(0)
+    prompts = [[rng.randrange(10, cfg.vocab_size - 10) for _ in range(a.prompt_tokens)] for _ in range(a.episodes)]
+    env = [[rng.randrange(10, cfg.vocab_size - 10) for _ in range(a.inserted)] for _ in range(a.episodes)]
+    max_len = a.prompt_tokens + a.turns * (a.turn_tokens + a.inserted) + 16
+    model = build_model(cfg, device=a.device, dtype=dtype, seed=0)
+    gen = Generator(model, GeneratorConfig(max_num_seqs=a.episodes, max_model_len=max_len),
+                    compile=CompileConfig(backend="none"))
+    del model
+    sp = SamplingParams(max_new_tokens=a.turn_tokens, temperature=1.0, ignore_eos=True, seed=1)
+    sampled = a.episodes * a.turns * a.turn_tokens
+    ways = {"kv_reuse": lambda: kv_reuse(gen, prompts, env, sp, a.turns),
+            "reprefill": lambda: reprefill(gen, prompts, env, sp, a.turns),
+            "single_turn": lambda: single_turn(gen, prompts, sp, a.turns)}
+    for fn in ways.values():  # warm-up: graphs captured, kernels compiled
+        fn()
+    results = {}
+    for name, fn in ways.items():
+        times = [fn() for _ in range(a.runs)]
+        best = min(times)
+        results[name] = {"seconds": times, "best_s": best, "sampled_tokens_per_s": sampled / best}
+    peak = torch.cuda.max_memory_allocated() / 2**30 if a.device == "cuda" else None
+    out = {"date": time.strftime("%Y-%m-%d"), "device": torch.cuda.get_device_name() if a.device == "cuda" else "cpu",
+           "args": vars(a), "sampled_tokens": sampled, "peak_gib": peak, "results": results,
+           "kv_reuse_vs_single_turn": results["kv_reuse"]["sampled_tokens_per_s"]
+           / results["single_turn"]["sampled_tokens_per_s"],
+           "kv_reuse_vs_reprefill": results["kv_reuse"]["sampled_tokens_per_s"]
+           / results["reprefill"]["sampled_tokens_per_s"]}
+    Path(a.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(a.out).write_text(json.dumps(out, indent=2) + "\n")
+    print(f"{a.episodes} episodes x {a.turns} turns x {a.turn_tokens} sampled + {a.inserted} inserted, {a.shape}, "
+          f"{out['device']}, peak {peak if peak is None else round(peak, 1)} GiB")
+    print(f"{'way':<12} {'best s':>8} {'sampled tok/s':>14}")
+    for name, r in results.items():
+        print(f"{name:<12} {r['best_s']:>8.3f} {r['sampled_tokens_per_s']:>14.0f}")
+    print(f"kv_reuse / single_turn = {out['kv_reuse_vs_single_turn']:.2f}x (target >= 0.9); "
+          f"kv_reuse / reprefill = {out['kv_reuse_vs_reprefill']:.2f}x (target >= 2)")
+
+
+if __name__ == "__main__":
+    main()

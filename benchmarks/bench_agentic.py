@@ -81,6 +81,7 @@ def main() -> None:
     ap.add_argument("--runs", type=int, default=2)
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--out", default="benchmarks/results/agentic.json")
+    ap.add_argument("--profile", action="store_true", help="cProfile one kv_reuse run: where its host time goes")
     a = ap.parse_args()
     cfg = model_shape(a.shape)
     dtype = torch.bfloat16 if a.device == "cuda" else torch.float32
@@ -104,6 +105,13 @@ def main() -> None:
         times = [fn() for _ in range(a.runs)]
         best = min(times)
         results[name] = {"seconds": times, "best_s": best, "sampled_tokens_per_s": sampled / best}
+    if a.profile:
+        import cProfile
+        import pstats
+
+        prof = cProfile.Profile()
+        prof.runcall(ways["kv_reuse"])
+        pstats.Stats(prof).sort_stats("cumulative").print_stats(25)
     peak = torch.cuda.max_memory_allocated() / 2**30 if a.device == "cuda" else None
     out = {"date": time.strftime("%Y-%m-%d"), "device": torch.cuda.get_device_name() if a.device == "cuda" else "cpu",
            "args": vars(a), "sampled_tokens": sampled, "peak_gib": peak, "results": results,

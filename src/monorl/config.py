@@ -214,7 +214,8 @@ def _tiny_tools() -> RunConfig:
     cfg = _tiny()
     cfg.preset = "tiny_tools"
     cfg.task = TaskSection(name="tiny_tools", args={"solution_style": "mixed"})
-    cfg.rollout = RolloutSection(prompts_per_step=8, group_size=8, max_new_tokens=64, temperature=1.0, top_p=1.0)
+    # an episode: the call (~45 characters), the tool turn (~25, inserted), the answer; within the 128-token context
+    cfg.rollout = RolloutSection(prompts_per_step=8, group_size=8, max_new_tokens=96, temperature=1.0, top_p=1.0)
     cfg.warm_start = WarmStartSection(steps=150, batch_size=32, lr=2e-3)
     return cfg
 

@@ -21,6 +21,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import logging
+import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -170,7 +171,9 @@ class Trainer:
         lr = self.optimizer.param_groups[0]["lr"]
         norm, skipped = clip_and_step(list(self.model.parameters()), self.optimizer, self.cfg.max_grad_norm,
                                       on_device=self._update_on_device())
-        self.scheduler.step()
+        with warnings.catch_warnings():  # a skipped update (non-finite norm) still counts as a step of the schedule
+            warnings.filterwarnings("ignore", message=r"Detected call of `lr_scheduler.step\(\)` before")
+            self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=self.graphs is None)  # graphs write into the fixed .grad buffers
         self.step_count += 1
         return norm, skipped, lr

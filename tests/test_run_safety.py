@@ -156,3 +156,15 @@ def test_a_saved_char_vocabulary_refuses_characters_it_lacks(tmp_path):
 
 def test_compile_line_of_a_one_step_run_has_no_nan():
     assert compile_roi(3.0, None, [{"time/step_s": 0.5}]) == "compile: 3.0s spent"
+
+
+def test_path_lists_are_made_absolute_part_by_part(tmp_path, monkeypatch):
+    from monorl.config_paths import absolute_value
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "tools.py").write_text("")
+    t = tmp_path / "tools.py"
+    assert absolute_value("python tools.py:lookup") == f"python {t}:lookup"  # a tools spec: built-in + file
+    assert absolute_value("tools.py:a,b") == f"{t}:a,b"
+    assert absolute_value("accuracy,tools.py:f") == f"accuracy,{t}:f"
+    assert absolute_value("Qwen/Qwen3-0.6B") == "Qwen/Qwen3-0.6B"  # not a local path: a Hub name, as given

@@ -249,6 +249,8 @@ def verb_parser(name: str, argv: list[str]) -> tuple[ArgumentParser, RunConfig |
 
         name = flag_value(argv, "--task.name") or base.task.name
         p.help_appendix = task_args_help(name, base.task.args if name == base.task.name else None)
+        if name != base.task.name:  # the base's task args belong to its own task (`parse_config` drops them too)
+            p.set_defaults({"task.args": {}})
     return p, base
 
 

@@ -10,6 +10,7 @@ directory, or the file of a `FILE:object` spec; comma-separated lists part by pa
 from __future__ import annotations
 
 import dataclasses
+import re
 from pathlib import Path
 from typing import Any
 
@@ -22,8 +23,9 @@ def _absolute(value: str) -> str:
     file, colon, obj = value.partition(":")
     if colon and file and Path(file).is_file():  # FILE.py:fn (tools: FILE.py:fn1,fn2 -- the file is the first part)
         return f"{Path(file).resolve()}:{obj}"
-    if "," in value:
-        return ",".join(_absolute(part) for part in value.split(","))
+    parts = re.split(r"(\s+|,)", value)  # lists: "a.py:f,b.py:g", "python my_tools.py:lookup"
+    if len(parts) > 1:
+        return "".join(p if i % 2 else _absolute(p) for i, p in enumerate(parts))
     return value
 
 

@@ -15,8 +15,8 @@ from jsonargparse import ArgumentParser, Namespace
 
 from monorl.cliargs import base_config, flag_value
 from monorl.config import RunConfig, config_from_dict
-from monorl.eval.passk import mean_at_k, mean_pass_at_k, pass_component_of, passes
 from monorl.model.hub import run_final_checkpoint
+from monorl.rl.passk import mean_at_k, mean_pass_at_k, pass_component_of, passes
 
 
 def checkpoint_base(argv: list[str]) -> RunConfig:
@@ -163,7 +163,7 @@ def _stats(groups: list, component: str, threshold: float) -> dict[str, Any]:
 
 def evaluate(cfg: RunConfig, k: int) -> dict[str, Any]:
     """Greedy, and with k > 0 also k sampled completions per prompt, on the task's first validation.num_prompts
-    held-out prompts: mean reward and components, pass@1 / pass@k, mean@k (monorl.eval.passk), lengths."""
+    held-out prompts: mean reward and components, pass@1 / pass@k, mean@k (monorl.rl.passk), lengths."""
     from monorl.rl.rollouts import generate_rollouts
 
     gen, tok, task, source = load_generator(cfg)

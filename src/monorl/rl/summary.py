@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from monorl.compile import compile_counters, compile_phase_times
-from monorl.eval.passk import mean_at_k, mean_pass_at_k, passes
+from monorl.rl.passk import mean_at_k, mean_pass_at_k, passes
 from monorl.rl.rollouts import Rollout
 
 if TYPE_CHECKING:

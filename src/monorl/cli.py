@@ -43,7 +43,7 @@ def _train_args(p: ArgumentParser) -> None:
                    action="store_true", help="with --resume: accept keys that differ from the stored config")
     p.add_argument("--nproc", type=int, default=None, metavar="N",
                    help="run as N ranks (one per GPU) on this machine: torchrun --standalone --nproc_per_node N; "
-                        "several nodes: torchrun on each (README \"Several GPUs\")")
+                        "several nodes: torchrun on each (docs/guides/several-gpus.md)")
 
 
 def _stored_config(resume: str) -> tuple[Path, RunConfig]:

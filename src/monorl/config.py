@@ -157,7 +157,7 @@ class RunConfig:
     device: str = "auto"  # auto (cuda if available) | cpu | cuda | cuda:N
     run_dir: str | None = None  # default: runs/<preset>-<time>
     samples_per_step: int = 4  # rollouts written to samples.jsonl each step
-    # generator and trainer log-probs equal bit for bit (invariant kernels; README "Batch-invariant mode"). auto (the
+    # generator and trainer log-probs equal bit for bit (invariant kernels; docs/guides/parity.md). auto (the
     # Qwen3 presets'): on for full fine-tuning on CUDA, where it costs 1.02-1.14x of a step (Qwen3-0.6B/1.7B, H200);
     # off with LoRA (1.65x: unmerged adapters) and on CPU (reference code); `resolve_batch_invariant_`
     batch_invariant: bool | Literal["auto"] = False
@@ -167,7 +167,7 @@ class RunConfig:
     generator: GeneratorConfig = field(default_factory=GeneratorConfig)  # the generation engine (KV cache, slots)
     compile: CompileConfig = field(default_factory=CompileConfig)  # torch.compile and CUDA graphs, both sides
     trainer: TrainerConfig = field(default_factory=TrainerConfig)  # optimizer, lr schedule, packing, loss
-    lora: LoRAConfig = field(default_factory=LoRAConfig)  # rank > 0: train adapters on a frozen base (README "LoRA")
+    lora: LoRAConfig = field(default_factory=LoRAConfig)  # rank > 0: adapters on a frozen base (docs/guides/memory.md)
     validation: ValidationSection = field(default_factory=ValidationSection)  # held-out evaluation: greedy, or pass@k
     warm_start: WarmStartSection = field(default_factory=WarmStartSection)
     checkpoint: CheckpointSection = field(default_factory=CheckpointSection)

@@ -1,7 +1,7 @@
 """`monorl train --nproc N`: the run as N processes on this machine, through torchrun's own entry point
 (`torch.distributed.run`), i.e. `torchrun --standalone --nproc_per_node N -m monorl.cli train --config FILE`, FILE
 being the config this process resolved (so every rank runs exactly it). Several nodes: run torchrun yourself on
-each (README "Several GPUs")."""
+each (docs/guides/several-gpus.md)."""
 
 from __future__ import annotations
 

@@ -24,7 +24,7 @@ Backend = Literal["auto", "nccl", "gloo"]
 
 @dataclass
 class DistributedSection:
-    """Runs on several GPUs or nodes, launched by torchrun or `monorl train --nproc N` (README "Several GPUs")."""
+    """Runs on several GPUs or nodes, launched by torchrun or `monorl train --nproc N` (docs/guides/several-gpus.md)."""
 
     timeout_s: float = 600.0  # collective timeout: a dead or stuck rank fails the others after this, never a hang
     backend: Backend = "auto"  # process group backend: auto is nccl on CUDA, gloo on CPU

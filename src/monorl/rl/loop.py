@@ -84,7 +84,15 @@ class GRPORun:
         if self.resume_from is not None:
             check_resume_point(self.resume_from)
         elif cfg.run_dir and restart_count() == 0:  # a restarted job (torchrun) starts over in its own directory
-            RunDir.check_new(cfg.run_dir)
+            # rank 0 looks, before any rank could have written there, and every rank gets its verdict
+            refused = ""
+            if world.is_main:
+                try:
+                    RunDir.check_new(cfg.run_dir)
+                except ValueError as e:
+                    refused = str(e)
+            if refused := world.broadcast(refused):
+                raise ValueError(refused)
         random.seed(cfg.seed)
         torch.manual_seed(cfg.seed)
         self.device = device = resolve_device(cfg.device, world)

@@ -51,7 +51,7 @@ from monorl.model.fused_kernels import (
 )
 from monorl.model.lora import LoRALinear
 from monorl.model.qwen3 import Linear, Qwen3ForCausalLM, RMSNorm
-from monorl.ops import logprob_invariant, matmul_invariant, rmsnorm_invariant
+from monorl.ops import decode_gemm, logprob_invariant, matmul_invariant, rmsnorm_invariant
 
 
 class BatchInvariantLinear(Linear):
@@ -75,6 +75,19 @@ class BatchInvariantRMSNorm(RMSNorm):
         return rmsnorm_invariant.rms_norm(x, self.weight, self.eps)
 
 
+class BatchInvariantFinalNorm(BatchInvariantRMSNorm):
+    """A fused-kernels model's final norm in the mode: the last block's pending pair (h, m) summed first (m a
+    product, or its split-K parts: `monorl.ops.decode_gemm.sum_parts`), then the invariant norm."""
+
+    takes_pending = True  # `Qwen3ForCausalLM.forward` hands it the last block's output as it is
+
+    def forward(self, x: Tensor | tuple[Tensor, Tensor]) -> Tensor:
+        if isinstance(x, tuple):
+            h, m = x
+            x = h + m if m.dim() == h.dim() else h + decode_gemm.sum_parts(m, h.dtype)
+        return super().forward(x)
+
+
 class BatchInvariantEmbedding(nn.Embedding):
     def forward(self, input_ids: Tensor) -> Tensor:
         x = super().forward(input_ids)
@@ -95,7 +108,7 @@ class BatchInvariantQwen3ForCausalLM(Qwen3ForCausalLM):
 
 _CONVERTED = {Linear: BatchInvariantLinear, FusedKernelsLinear: BatchInvariantLinear,
               LoRALinear: BatchInvariantLoRALinear, RMSNorm: BatchInvariantRMSNorm,
-              FusedKernelsFinalNorm: BatchInvariantRMSNorm,
+              FusedKernelsFinalNorm: BatchInvariantFinalNorm,
               nn.Embedding: BatchInvariantEmbedding, Qwen3ForCausalLM: BatchInvariantQwen3ForCausalLM}
 
 

@@ -151,6 +151,9 @@ def use_fused_kernels_(model: Qwen3ForCausalLM) -> Qwen3ForCausalLM:
             raise TypeError(f"use_fused_kernels_: no fused-kernel form of {type(m).__name__}")
     if type(model.model.norm) is RMSNorm:  # the blocks' norms run inside their kernels; this one runs alone
         model.model.norm.__class__ = FusedKernelsFinalNorm
+    elif not getattr(model.model.norm, "takes_pending", False):  # it must take the last block's pending pair
+        raise TypeError(f"use_fused_kernels_: the final norm is a {type(model.model.norm).__name__}: convert to fused "
+                        "kernels before any other conversion (batch invariance)")
     return model
 
 

@@ -23,7 +23,7 @@ from monorl.compile import mark_dynamic
 from monorl.model import logprobs
 from monorl.model.attention import AttentionContext
 from monorl.model.config import Llama3RopeScaling, ModelConfig
-from monorl.ops import custom_op, decode_gemm
+from monorl.ops import custom_op
 from monorl.ops.rope import apply_rope
 
 
@@ -241,10 +241,7 @@ class Qwen3ForCausalLM(nn.Module):
                 x = checkpoint(layer, x, cos, sin, ctx, cache, use_reentrant=False, preserve_rng_state=False)
             else:
                 x = layer(x, cos, sin, ctx, cache)
-        if isinstance(x, tuple) and not getattr(self.model.norm, "takes_pending", False):
-            h, m = x  # a fused-kernels block's pair, its residual add pending; m a product, or its split-K parts
-            x = h + m if m.dim() == h.dim() else h + decode_gemm.sum_parts(m, h.dtype)  # (`monorl.ops.decode_gemm`)
-        return self.model.norm(x)
+        return self.model.norm(x)  # a fused-kernels model's norm takes the last block's pending (h, m) pair itself
 
     def compute_logits(self, hidden: Tensor, weight: Tensor | None = None) -> Tensor:
         """Logits of `hidden` by the LM head; `weight`: that head's weight already in the compute dtype (the

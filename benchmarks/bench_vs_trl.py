@@ -18,7 +18,8 @@ max_completion_length, seed, beta = kl_coef, scale_rewards from advantage_std_no
 token-mean kinds (token_grpo, dapo) are TRL's loss_type "dapo" (token-level, normalised by the active tokens of
 the whole batch) with epsilon / epsilon_high = clip_low / clip_high; monorl's grpo (one ratio per sequence) is
 TRL's loss_type "grpo" with importance_sampling_level "sequence". TRL trains with bf16 autocast over fp32 weights
-on CUDA, as monorl's trainer does; TRL generates with transformers' generate (no vLLM on the device).
+on CUDA, as monorl's trainer does, without activation checkpointing (TRL's default is on; monorl's plan leaves it
+off for a model this small); TRL generates with transformers' generate (no vLLM on the device).
 
 Prints a table last (per side: pass@1 before / after with Wilson 95% intervals, reward of the first / last 5
 steps, wall times) and writes JSON (default benchmarks/results/vs_trl_<date>.json). `--sides trl` runs one side
@@ -68,7 +69,8 @@ def wilson(k: int, n: int, z: float = 1.96) -> tuple[float, float]:
         return (0.0, 1.0)
     p = k / n
     centre, half = p + z * z / (2 * n), z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n))
-    return ((centre - half) / (1 + z * z / n), (centre + half) / (1 + z * z / n))
+    # clamped: at k = 0 or n the bound is 0 or 1 exactly, which rounding would otherwise miss by 1e-17
+    return (max(0.0, (centre - half) / (1 + z * z / n)), min(1.0, (centre + half) / (1 + z * z / n)))
 
 
 def set_key(cfg: RunConfig, key: str, value: Any) -> None:
@@ -183,6 +185,18 @@ def hf_pass_at_1(model: Any, tokenizer: Any, task: Task, prompts: list[Prompt], 
     return pass_stats(passed)
 
 
+def trainable_copy(model: Any) -> Any:
+    """The GGUF model transformers loaded (weights dequantized to fp32, but flagged as quantized, which its Trainer
+    refuses to fine-tune) as a plain model of the same class and config holding the same weights."""
+    config = model.config
+    if hasattr(config, "quantization_config"):
+        del config.quantization_config
+    plain = type(model)(config)
+    plain.load_state_dict(model.state_dict())
+    plain.generation_config = model.generation_config
+    return plain
+
+
 def trl_config(cfg: RunConfig, task: Task, output_dir: str, cuda: bool) -> Any:
     from trl import GRPOConfig
 
@@ -201,6 +215,9 @@ def trl_config(cfg: RunConfig, task: Task, output_dir: str, cuda: bool) -> Any:
         logging_steps=1, shuffle_dataset=False, remove_unused_columns=False, bf16=cuda, use_cpu=not cuda,
         per_device_train_batch_size=ro.prompts_per_step * ro.group_size, num_generations=ro.group_size,
         gradient_accumulation_steps=1, num_iterations=1,
+        # TRL defaults to activation checkpointing; monorl turns it on only when the memory plan says the run does
+        # not fit without it (a 135M model fits): off on both sides, so TRL is not timed recomputing activations
+        gradient_checkpointing=bool(tr.activation_checkpointing),
         learning_rate=tr.lr, lr_scheduler_type=schedule, warmup_steps=tr.warmup_steps, weight_decay=tr.weight_decay,
         adam_beta1=tr.beta1, adam_beta2=tr.beta2, adam_epsilon=tr.eps, max_grad_norm=tr.max_grad_norm,
         temperature=ro.temperature, top_p=ro.top_p, top_k=ro.top_k, max_completion_length=ro.max_new_tokens,
@@ -226,7 +243,8 @@ def run_trl_phase(args: argparse.Namespace) -> None:
     model_file = Path(args.model).resolve()
     t0 = time.perf_counter()
     tokenizer = AutoTokenizer.from_pretrained(model_file.parent, gguf_file=model_file.name)
-    model = AutoModelForCausalLM.from_pretrained(model_file.parent, gguf_file=model_file.name, dtype=torch.float32)
+    model = trainable_copy(AutoModelForCausalLM.from_pretrained(model_file.parent, gguf_file=model_file.name,
+                                                                dtype=torch.float32))
     model.to("cuda" if cuda else "cpu")
     load_s = time.perf_counter() - t0
     v = cfg.validation

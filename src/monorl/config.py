@@ -275,16 +275,16 @@ def _qwen3_0_6b_gsm8k_dapo() -> RunConfig:
 
 
 def _tiny_arith() -> RunConfig:
-    """`tiny` on the arith task, cut to a CI-sized CPU run: 1-digit additions asked as plain ``User: What is 3 + 4?``
-    (no shots), a warm start on answers in two styles of which only ``Answer: n`` is rewarded, then GRPO finds the
-    rewarded format (the reward rises within a few steps)."""
+    """`tiny` on the arith task, cut to a CI-sized CPU run (~1 minute): 1-digit additions asked as plain ``User: What
+    is 3 + 4?``, a warm start on answers in two styles of which only ``Answer: n`` is rewarded, then 10 GRPO steps
+    at T=0.7 that move the model to the rewarded format (the training reward rises within the first steps)."""
     cfg = _tiny()
-    cfg.preset, cfg.steps = "tiny_arith", 12
+    cfg.preset, cfg.steps = "tiny_arith", 10
     cfg.task = TaskSection(name="arith", args={"ops": "+", "add_digits": 1, "shots": 0, "instruction": "",
                                                "format_reward": 0.5, "solution_style": "mixed"})
-    cfg.rollout = RolloutSection(prompts_per_step=8, group_size=8, max_new_tokens=12, temperature=1.0, top_p=1.0)
-    cfg.validation = ValidationSection(num_prompts=20)
-    cfg.warm_start = WarmStartSection(steps=60, batch_size=32, lr=2e-3)
+    cfg.rollout = RolloutSection(prompts_per_step=8, group_size=8, max_new_tokens=12, temperature=0.7, top_p=1.0)
+    cfg.trainer.lr = 5e-4
+    cfg.warm_start = WarmStartSection(steps=50, batch_size=32, lr=2e-3)
     return cfg
 
 

@@ -5,10 +5,15 @@
 # Source it or prefix commands with `PYTHONPATH=$PWD/src:$PWD/.device/site` (this script prints the line).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-if compgen -G ".device/wheels/*.whl" >/dev/null && [ ! -f .device/site/.installed ]; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target .device/site \
-    .device/wheels/*.whl
-  touch .device/site/.installed
+# (re)installed when the carried wheels differ from the ones installed last
+if compgen -G ".device/wheels/*.whl" >/dev/null; then
+  want=$(ls .device/wheels | sort | sha256sum | cut -c1-16)
+  if [ "$(cat .device/site/.installed 2>/dev/null)" != "$want" ]; then
+    rm -rf .device/site
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target .device/site \
+      .device/wheels/*.whl
+    echo "$want" > .device/site/.installed
+  fi
 fi
 [ -f .device/site/.installed ] || { echo "device_setup.sh: no wheels installed yet (carry .device/wheels)" >&2; exit 1; }
 name=$(awk '{print $2}' .device/gguf.sha256)

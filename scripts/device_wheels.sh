@@ -6,6 +6,8 @@
 #   .device/parts/a, .device/parts/b   the GGUF file in two halves (98 MB > the 64 MiB one call carries)
 #   .device/gguf.sha256                the whole file's checksum, checked when scripts/device_setup.sh joins them
 # Usage: bash scripts/device_wheels.sh [path/to/SmolLM2-135M-Instruct.Q4_1.gguf]
+#   EXTRA="fsspec==2026.9.0" bash scripts/device_wheels.sh   also fetches these (if the device's copy is too old
+#   for datasets / trl: device_setup.sh's import check says); pyarrow (~40 MiB) then needs a call of its own
 # Then on the device, in two calls (the machine keeps ignored paths between calls):
 #   1. carry .device/wheels .device/parts/a .device/gguf.sha256 : bash scripts/device_setup.sh
 #   2. carry .device/parts/b : bash scripts/device_setup.sh && python3 benchmarks/bench_vs_trl.py ...
@@ -18,7 +20,7 @@ rm -rf .device/wheels .device/parts && mkdir -p .device/wheels .device/parts
 python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
   --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
   -d .device/wheels \
-  trl==1.16.0 datasets==5.2.0 dill==0.4.1 multiprocess==0.70.19 gguf==0.19.0 jsonargparse==4.53.0
+  trl==1.16.0 datasets==5.2.0 dill==0.4.1 multiprocess==0.70.19 gguf==0.19.0 jsonargparse==4.53.0 ${EXTRA:-}
 size=$(stat -c %s "$gguf")
 half=$(( (size + 1) / 2 ))
 head -c "$half" "$gguf" > .device/parts/a

@@ -15,7 +15,7 @@ import torch
 from monorl.generate import Generator, GeneratorConfig, SamplingParams
 from monorl.model import batch_invariant, build_model, model_shape
 from monorl.model.batch_invariant import make_batch_invariant_
-from monorl.ops import matmul_invariant
+from monorl.ops.tunables import overridden
 from monorl.train.packing import TrainSequence
 from monorl.train.trainer import Trainer, TrainerConfig
 
@@ -47,7 +47,6 @@ def run_mode(mode: bool, runs: int, shape: str, tiles: str = "auto", ops: bool =
              profile: bool = False) -> dict:
     """ops: the mode as it was before the block kernels (an unfused generator copy; norms, RoPE and SiLU as the
     model's PyTorch ops on both sides; the PyTorch sampler), for comparison in the same process."""
-    matmul_invariant.MM_TILES = tiles
     torch.manual_seed(0)
     model = build_model(model_shape(shape), "cuda", torch.float32, seed=0)
     rng = random.Random(0)
@@ -92,7 +91,8 @@ def main() -> None:
     torch.cuda.empty_cache()  # the first mode's generator and KV cache are gone with its frame
     for tiles in args.mm_tiles:
         torch.cuda.empty_cache()
-        rows.append(run_mode(True, args.runs, args.shape, tiles, profile=args.profile))
+        with overridden({"matmul.tiles": tiles}):  # the invariant GEMM's tiling (ops/tunables.py)
+            rows.append(run_mode(True, args.runs, args.shape, tiles, profile=args.profile))
     if args.ops:
         torch.cuda.empty_cache()
         rows.append(run_mode(True, args.runs, args.shape, ops=True, profile=args.profile))

@@ -29,6 +29,7 @@ import triton.language as tl
 from triton.testing import do_bench_cudagraph
 
 from monorl.ops import attention_triton as at
+from monorl.ops.tunables import chip_of, tuned
 
 
 @triton.jit
@@ -122,7 +123,8 @@ def paged_rows(batch: int, ctx: int, copies: int) -> list[dict]:
     def paged():
         for k, v in caches:
             _paged_kernel[(batch, Hkv)](k, v, lens, bt, out, kc.stride(0), kc.stride(1), kc.stride(2), bt.stride(0),
-                                        D=D, BS=BS, BLOCK_N=at.ATTN_BLOCK_N, num_warps=at.ATTN_WARPS)
+                                        D=D, BS=BS, BLOCK_N=tuned("attention.block_n", chip_of(0)),
+                                        num_warps=tuned("attention.warps", chip_of(0)))
 
     def attn():
         for k, v in caches:

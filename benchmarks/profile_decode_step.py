@@ -11,14 +11,17 @@ says what a step would save if a group took no time, so its rows rank what is wo
   python benchmarks/profile_decode_step.py [--mode default,invariant] --out profile_decode_step.json
   python benchmarks/profile_decode_step.py --mode default --prompts 128 --samples 1 --prompt-len 560 --top-p 1
       # a throughput-like step (bench_throughput.py's rows: distinct prompts, temperature alone)
-  python benchmarks/profile_decode_step.py --sweep monorl.ops.sample_kernels._CHUNK=4096,8192 --repeat 2
-      # the graphed step only, for each value of a module constant in turns (each value its own generator)
+  python benchmarks/profile_decode_step.py --sweep sampler.chunk=4096,8192 --repeat 2
+      # the graphed step only, for each value of a kernel tunable (ops/tunables.py) or a module constant
+      # (pkg.mod.NAME) in turns (each value its own generator)
 """
 
 from __future__ import annotations
 
 import argparse
+import ast
 import collections
+import contextlib
 import importlib
 import json
 import statistics
@@ -30,6 +33,7 @@ import monorl.ops
 from monorl.generate import Generator, GeneratorConfig, SamplingParams
 from monorl.model import build_model, model_shape
 from monorl.model.batch_invariant import make_batch_invariant_
+from monorl.ops import tunables
 
 NEW = 100
 SAMPLES = 8  # a prompt's samples (--samples): they share its KV blocks
@@ -152,7 +156,8 @@ def main() -> None:
     ap.add_argument("--top-p", type=float, default=TOP_P, help="1: temperature alone, as bench_throughput.py")
     ap.add_argument("--prompt-len", type=int, default=110, help="tokens a prompt, +-5")
     ap.add_argument("--out", default="profile_decode_step.json")
-    ap.add_argument("--sweep", default="", help="MODULE.NAME=V1,V2,...: the graphed step for each value in turns")
+    ap.add_argument("--sweep", default="", help="TUNABLE=V1,V2,... or MODULE.NAME=V1,V2,...: the graphed step for "
+                    "each value in turns")
     ap.add_argument("--repeat", type=int, default=2, help="rounds of --sweep")
     ap.add_argument("--variants", default="", help="'M.A=1;M.B=2|M.A=3;M.B=4': like --sweep, each variant setting "
                     "several module constants (an empty variant: the constants as they are)")
@@ -176,12 +181,19 @@ def main() -> None:
 
 
 def parse_assignments(text: str) -> list[tuple[object, str, object]]:
-    """'pkg.mod.NAME=V;...' -> [(module, NAME, V)] (V an int where it reads as one)."""
+    """'NAME=V;...' -> [(module, NAME, V)]: a kernel tunable (ops/tunables.py, module None) or pkg.mod.NAME (V a
+    Python literal where it reads as one: 4096, (64, 64, 128, 4, 4), else the string)."""
     out = []
     for item in filter(None, text.split(";")):
         target, v = item.split("=")
-        out.append((importlib.import_module(target.rsplit(".", 1)[0]), target.rsplit(".", 1)[1],
-                    int(v) if v.lstrip("-").isdigit() else v))
+        try:
+            value = ast.literal_eval(v)
+        except (ValueError, SyntaxError):
+            value = v
+        if target in tunables.TABLE[tunables.HOPPER]:
+            out.append((None, target, value))
+        else:
+            out.append((importlib.import_module(target.rsplit(".", 1)[0]), target.rsplit(".", 1)[1], value))
     return out
 
 
@@ -194,18 +206,21 @@ def sweep(args: argparse.Namespace) -> None:
     else:
         variants = args.variants.split("|")
     sets = [parse_assignments(v) for v in variants]
-    defaults = {(id(m), n): (m, n, getattr(m, n)) for s in sets for m, n, _ in s}
+    defaults = {(id(m), n): (m, n, getattr(m, n)) for s in sets for m, n, _ in s if m is not None}
     res: dict = collections.defaultdict(list)
     for _ in range(args.repeat):
         for assigns in sets:
             for m, n, v in defaults.values():
                 setattr(m, n, v)
             for m, n, v in assigns:
-                setattr(m, n, v)
+                if m is not None:
+                    setattr(m, n, v)
+            tuned = {n: v for m, n, v in assigns if m is None}
             label = ";".join(f"{n}={v}" for _, n, v in assigns) or "as is"
-            for m in args.mode.split(","):
-                r = run_mode(m, args.steps, args.prompts, args.prompt_len, profile_steps=False)
-                res[f"{m} {label}"].append(r["graphed_decode_step_ms"])
+            with tunables.overridden(tuned) if tuned else contextlib.nullcontext():
+                for m in args.mode.split(","):
+                    r = run_mode(m, args.steps, args.prompts, args.prompt_len, profile_steps=False)
+                    res[f"{m} {label}"].append(r["graphed_decode_step_ms"])
     with open(args.out, "w") as f:
         json.dump(dict(device=torch.cuda.get_device_name(), torch=torch.__version__, sweep=res), f, indent=1)
     print(f"\n== {torch.cuda.get_device_name()}: graphed decode step (ms), {args.repeat} rounds in turns ==")

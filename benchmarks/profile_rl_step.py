@@ -46,18 +46,19 @@ def _phases(run) -> None:
     wrap(run.trainer, "_my_micro_batches", "phase:pack")
     wrap(run.trainer, "_apply_gradients", "phase:optimizer")
     wrap(run.trainer, "_reduce_metrics", "phase:metrics_sync")
-    wrap(run, "sync_weights", "phase:sync_weights")
+    wrap(run.consumer, "publish", "phase:sync_weights")
     # finer host pieces, for what lies inside an idle gap (the table's "host pieces")
-    import monorl.rl.loop as loop_mod
+    import monorl.rl.consumer as consumer_mod
+    import monorl.rl.producer as producer_mod
     import monorl.rl.rollouts as rollouts_mod
     import monorl.train.trainer as trainer_mod
 
     pieces = [(run.generator, "_admit"), (run.generator, "_reap"), (run.generator, "_completion"),
               (run.generator.runner, "read_ring"), (run.generator.runner, "prefill"),
               (run.generator.runner, "reset_slots"), (run.generator.runner, "set_slots"),
-              (run.generator.kv, "copy_blocks"), (run, "check_rewards"), (run.trainer, "_ensure_graph"),
-              (rollouts_mod, "encode_prompts"), (loop_mod, "encode_prompts"), (rollouts_mod, "safe_score_batch"),
-              (loop_mod, "assign_advantages"), (trainer_mod.LossNorm, "for_step")]
+              (run.generator.kv, "copy_blocks"), (run.producer, "check_rewards"), (run.trainer, "_ensure_graph"),
+              (rollouts_mod, "encode_prompts"), (producer_mod, "encode_prompts"), (rollouts_mod, "safe_score_batch"),
+              (consumer_mod, "assign_advantages"), (trainer_mod.LossNorm, "for_step")]
     if run.trainer.graphs is not None:
         pieces.append((run.trainer.graphs, "install_grads"))
     for obj, name in pieces:
@@ -80,11 +81,11 @@ def main() -> None:
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     from bench_memory import model_dir  # the benchmarks' shared model-directory helper
 
-    from monorl.config import apply_overrides, preset
+    from monorl.cliargs import run_config
     from monorl.rl.loop import GRPORun
 
     work = Path(tempfile.mkdtemp(prefix="profile_rl_step_"))
-    cfg = apply_overrides(preset("qwen3_0_6b_sum_digits"), {
+    cfg = run_config("qwen3_0_6b_sum_digits", {
         "model.path": str(model_dir(Path(args.model_dir), "qwen3-0.6b")), "model.random_init": "true",
         "rollout.ignore_eos": "true", "checkpoint.final": "false", "checkpoint.every_minutes": "0",
         "steps": str(args.steps + args.profile * (2 if args.cprofile else 1) + 1), "run_dir": str(work / "run"),

@@ -22,11 +22,15 @@ import triton
 from triton.testing import do_bench_cudagraph
 
 from monorl.ops import attention_triton as at
+from monorl.ops.tunables import chip_of, tuned
+
+CHIP = chip_of(0)
+KEPT_BLOCK_N = tuned("attention.block_n", CHIP)  # keys a block of the kept launch (ops/tunables.py)
 
 
-def launch(q, kc, vc, lens, bt, out, stages: int | None, warps: int, block_n: int = at.ATTN_BLOCK_N) -> None:
+def launch(q, kc, vc, lens, bt, out, stages: int | None, warps: int, block_n: int = KEPT_BLOCK_N) -> None:
     R, Hq, D = q.shape
-    G, rows, _ = at._tile(Hq, kc.shape[-2])
+    G, rows, _ = at._tile(Hq, kc.shape[-2], CHIP)
     kw = {} if stages is None else {"num_stages": stages}
     at._attn_kernel[(R, kc.shape[-2])](
         q, kc, vc, out, lens, lens, bt, q.stride(0), q.stride(1), kc.stride(0), kc.stride(1), kc.stride(2),
@@ -39,7 +43,7 @@ def launch_each(caches, q, lens, bt, out, stages: int | None, warps: int, block_
         launch(q, kc, vc, lens, bt, out, stages, warps, block_n)
 
 
-def split_each(caches, q, lens, bt, splits: int, block_n: int = at.ATTN_BLOCK_N) -> None:
+def split_each(caches, q, lens, bt, splits: int, block_n: int = KEPT_BLOCK_N) -> None:
     for kc, vc in caches:
         at.attention_triton(q, kc, vc, lens, bt, splits, block_n)
 
@@ -50,7 +54,7 @@ def main() -> None:
     ap.add_argument("--contexts", default="150,250,600")
     ap.add_argument("--stages", default="default,1,2,3,4,5")
     ap.add_argument("--warps", default="4,2,8")
-    ap.add_argument("--block-n", default=str(at.ATTN_BLOCK_N), help="keys per block (a comma list)")
+    ap.add_argument("--block-n", default=str(KEPT_BLOCK_N), help="keys per block (a comma list)")
     ap.add_argument("--copies", type=int, default=1,
                     help="launch on this many KV caches in turn (time per launch): caches that fit L2 read cold, as "
                          "a decode step's 28 layers read theirs")
@@ -109,8 +113,8 @@ def main() -> None:
             print(f"| {B} | {ctx} | {block_n} | {stages or 'default'} | {warps} | {ms * 1e3:.2f} | "
                   f"{kv_bytes / ms / 1e6:,.0f} | {same} |", flush=True)
         for spec in filter(None, a.splits.split(",")):
-            S, bn = (list(map(int, spec.split("/"))) + [at.ATTN_BLOCK_N])[:2]
-            S = S or at.decode_splits(B, Hkv, torch.cuda.get_device_properties(0).multi_processor_count)
+            S, bn = (list(map(int, spec.split("/"))) + [KEPT_BLOCK_N])[:2]
+            S = S or at.decode_splits(B, Hkv, torch.cuda.get_device_properties(0).multi_processor_count, chip=CHIP)
             out = at.attention_triton(q, kc, vc, lens, bt, S, bn)
             err = (out.float() - ref.float()).abs().max().item()
             fn = functools.partial(split_each, caches, q, lens, bt, S, bn)

@@ -12,6 +12,7 @@ default's twice in a row bitwise (deterministic).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import itertools
 import json
 
@@ -19,6 +20,9 @@ import torch
 from triton.testing import do_bench_cudagraph
 
 from monorl.ops import rmsnorm_invariant as rn
+
+# what a launch sets (ops/tunables.py)
+LAUNCH = ("rmsnorm.backward_tile_elements", "rmsnorm.backward_warps", "rmsnorm.backward_programs_per_sm")
 
 SHAPES = {  # name: (rows of tokens, heads, D, residual, rope)
     "layer norm + residual (1024)": (9216, 1, 1024, True, False),
@@ -63,8 +67,12 @@ def main() -> None:
     ap.add_argument("--bandwidth", type=float, default=3.35e12, help="bytes/s for the floor column")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
-    tunable = hasattr(rn, "BACKWARD_TILE_ELEMENTS")  # an older tree (PYTHONPATH=.base/src): its launch alone
-    default = (rn.BACKWARD_TILE_ELEMENTS, rn.BACKWARD_WARPS, rn.BACKWARD_PROGRAMS_PER_SM) if tunable else "fixed"
+    try:  # an older tree (PYTHONPATH=.base/src) has no table: its launch alone
+        from monorl.ops.tunables import chip_of, overridden, tuned
+        default = tuple(tuned(name, chip_of(0)) for name in LAUNCH)
+        tunable = True
+    except ImportError:
+        tunable, default = False, "fixed"
     launches = list(itertools.product(*(map(int, v.split(",")) for v in (args.elements, args.warps, args.per_sm))))
     launches = launches if tunable else [default]
     results = {}
@@ -76,14 +84,11 @@ def main() -> None:
         floor = bytes_moved(a) / args.bandwidth * 1e6
         row = {"floor_us": floor, "us": {}}
         for launch in launches:
-            if tunable:
-                rn.BACKWARD_TILE_ELEMENTS, rn.BACKWARD_WARPS, rn.BACKWARD_PROGRAMS_PER_SM = launch
-            gx, gw = run(a)
-            torch.testing.assert_close(gx.float(), ref[0].float(), atol=2e-2, rtol=2e-2)
-            torch.testing.assert_close(gw.float(), ref[1].float(), atol=1e-1, rtol=2e-2)
-            row["us"][str(launch)] = time_us(a)
-        if tunable:
-            rn.BACKWARD_TILE_ELEMENTS, rn.BACKWARD_WARPS, rn.BACKWARD_PROGRAMS_PER_SM = default
+            with overridden(dict(zip(LAUNCH, launch, strict=True))) if tunable else contextlib.nullcontext():
+                gx, gw = run(a)
+                torch.testing.assert_close(gx.float(), ref[0].float(), atol=2e-2, rtol=2e-2)
+                torch.testing.assert_close(gw.float(), ref[1].float(), atol=1e-1, rtol=2e-2)
+                row["us"][str(launch)] = time_us(a)
         results[name] = row
     cols = [str(c) for c in launches]
     print(f"\nus a call (elements, warps, programs an SM); default {default}\n")

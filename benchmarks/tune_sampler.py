@@ -18,6 +18,9 @@ import torch
 from triton.testing import do_bench_cudagraph
 
 from monorl.ops import sample_kernels as sk
+from monorl.ops.tunables import chip_of, overridden, tuned
+
+LAUNCH = ("sampler.chunk", "sampler.block", "sampler.nucleus_block", "sampler.warps")  # what a launch sets
 
 V = 151936
 
@@ -43,7 +46,7 @@ def main() -> None:
     ap.add_argument("--warps", default="4,8")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
-    kept = (sk._CHUNK, sk._BLOCK, sk._NUCLEUS_BLOCK, sk._WARPS)
+    kept = tuple(tuned(name, chip_of(0)) for name in LAUNCH)
     launches = [kept] + [c for c in itertools.product(*(map(int, v.split(",")) for v in
                                                           (args.chunks, args.blocks, args.nucleus_blocks, args.warps)))
                          if c != kept and max(c[1], c[2]) <= c[0]]
@@ -56,18 +59,18 @@ def main() -> None:
         row = {}
         ref = None
         for launch in launches:
-            sk._CHUNK, sk._BLOCK, sk._NUCLEUS_BLOCK, sk._WARPS = launch
-            tok, lp = sk.sample(x, keys, pos, 0.8, 0.95)
-            if ref is None:
-                ref = (tok, lp)
-            assert torch.equal(tok, ref[0]), f"{name} {launch}: tokens differ from the kept launch's"
-            torch.testing.assert_close(lp, ref[1], rtol=0, atol=1e-4)
-            nucleus, plain, greedy = (time_us(x, keys, pos, t, p) for t, p in ((0.8, 0.95), (0.8, 1.0), (0.0, 1.0)))
+            with overridden(dict(zip(LAUNCH, launch, strict=True))):
+                tok, lp = sk.sample(x, keys, pos, 0.8, 0.95)
+                if ref is None:
+                    ref = (tok, lp)
+                assert torch.equal(tok, ref[0]), f"{name} {launch}: tokens differ from the kept launch's"
+                torch.testing.assert_close(lp, ref[1], rtol=0, atol=1e-4)
+                nucleus, plain, greedy = (time_us(x, keys, pos, t, p)
+                                          for t, p in ((0.8, 0.95), (0.8, 1.0), (0.0, 1.0)))
             row[str(launch)] = {"top_p": nucleus, "no_top_p": plain, "greedy": greedy}
             print(f"{name} | {launch} | top-p {nucleus:7.1f} us | "
                   f"T only {plain:6.1f} | greedy {greedy:6.1f}", flush=True)
         results[name] = row
-        sk._CHUNK, sk._BLOCK, sk._NUCLEUS_BLOCK, sk._WARPS = kept
     print("\n| shape | kept (top-p / T only / greedy us) | best top-p | its launch |\n|---|---|---|---|")
     for name, row in results.items():
         k = row[str(kept)]

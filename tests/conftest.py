@@ -35,27 +35,38 @@ def randomize_hf_model(model: torch.nn.Module, seed: int = 0, std: float = 0.1) 
         p.copy_(1.0 + 0.2 * noise if name.endswith("norm.weight") else std * noise)
 
 
+# monorl's families (`monorl.model.families`) -> transformers' (config class, model class): the oracles
+HF_FAMILY_CLASSES = {"qwen3": ("Qwen3Config", "Qwen3ForCausalLM"), "llama": ("LlamaConfig", "LlamaForCausalLM"),
+                     "qwen2": ("Qwen2Config", "Qwen2ForCausalLM")}
+
+
 @pytest.fixture
 def make_hf_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Callable[..., Path]:
-    """Factory: a tiny random HF Qwen3ForCausalLM saved with `save_pretrained`; returns its directory.
+    """Factory: a tiny random HF model of a family (`family`: qwen3, llama or qwen2; transformers' own class)
+    saved with `save_pretrained`; returns its directory.
 
-    Keywords: any Qwen3Config field (tie_word_embeddings, num_attention_heads, num_key_value_heads,
-    head_dim, vocab_size, ...), plus dtype (stored dtype, default fp32), max_shard_size (passed to
-    save_pretrained: int bytes or "20KB"), seed, path (where to save; default a fresh tmp dir).
+    Keywords: any field of the family's config class (tie_word_embeddings, num_attention_heads,
+    num_key_value_heads, head_dim, vocab_size, rope_parameters, attention_bias, ...), plus dtype (stored dtype,
+    default fp32), max_shard_size (passed to save_pretrained: int bytes or "20KB"), seed, path (where to save;
+    default a fresh tmp dir).
     """
     import transformers
 
-    def make(*, dtype: torch.dtype = torch.float32, max_shard_size: int | str | None = None, seed: int = 0,
-             path: Path | None = None, **config_kw: Any) -> Path:
+    def make(*, family: str = "qwen3", dtype: torch.dtype = torch.float32,
+             max_shard_size: int | str | None = None, seed: int = 0, path: Path | None = None,
+             **config_kw: Any) -> Path:
         kw: dict[str, Any] = dict(
             vocab_size=96, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-            num_key_value_heads=2, head_dim=16, max_position_embeddings=256, rms_norm_eps=1e-6,
+            num_key_value_heads=2, max_position_embeddings=256, rms_norm_eps=1e-6,
             tie_word_embeddings=False, rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
             bos_token_id=None, eos_token_id=1,
         )
+        if family == "qwen3":
+            kw["head_dim"] = 16
         kw.update(config_kw)
         torch.manual_seed(seed)
-        model = transformers.Qwen3ForCausalLM(transformers.Qwen3Config(**kw))
+        config_cls, model_cls = HF_FAMILY_CLASSES[family]
+        model = getattr(transformers, model_cls)(getattr(transformers, config_cls)(**kw))
         randomize_hf_model(model, seed)
         model = model.to(dtype)
         out = path or tmp_path_factory.mktemp("hf_ckpt")
@@ -72,7 +83,7 @@ def load_hf_model() -> Callable[..., torch.nn.Module]:
     import transformers
 
     def load(path: Path, dtype: torch.dtype = torch.float32) -> torch.nn.Module:
-        return transformers.Qwen3ForCausalLM.from_pretrained(path, dtype=dtype).eval()
+        return transformers.AutoModelForCausalLM.from_pretrained(path, dtype=dtype).eval()
 
     return load
 

@@ -61,5 +61,39 @@ def test_errors():
         group_advantages(torch.zeros(2, 3), 4)
     with pytest.raises(ValueError, match="group_size"):
         group_advantages([1.0], 0)
-    with pytest.raises(ValueError, match="NaN"):
-        group_advantages([1.0, float("nan")], 2)
+    with pytest.raises(ValueError, match="inf"):
+        group_advantages([1.0, float("inf")], 2)
+
+
+NAN = float("nan")
+
+
+def _trl_grpo(rewards: torch.Tensor, group_size: int, scale: bool) -> torch.Tensor:
+    """TRL 1.16's GRPO advantage (GRPOTrainer._generate_and_score_completions, "sum_then_normalize", scale_rewards
+    "group" / "none"), step by step from its source, with TRL's own nanstd: NaN marks an unscorable completion."""
+    from trl.trainer.utils import nanstd
+
+    mean = torch.nanmean(rewards.view(-1, group_size), dim=1).repeat_interleave(group_size, dim=0)
+    std = nanstd(rewards.view(-1, group_size), dim=1).repeat_interleave(group_size, dim=0)
+    adv = rewards - mean
+    if scale:
+        adv = adv / (std + 1e-4)
+    return torch.nan_to_num(adv, nan=0.0)
+
+
+@pytest.mark.parametrize("normalize_std", [True, False])
+def test_unscorable_completions_follow_trl(normalize_std):
+    """A completion no reward applied to (NaN) gets advantage exactly 0 and is left out of its group's mean and
+    std: the others' advantages are those of their group without it, and equal TRL 1.16's computation."""
+    pytest.importorskip("trl")
+    rewards = torch.tensor([1.0, NAN, 0.0, 0.5,   # one unscorable
+                            NAN, NAN, NAN, NAN,   # none scorable
+                            NAN, 2.0, NAN, NAN,   # one scorable: no signal
+                            0.0, 3.0, 1.0, 2.0])  # all scorable
+    adv = group_advantages(rewards, 4, normalize_std=normalize_std, eps=1e-4)
+    assert (adv[rewards.isnan()] == 0).all() and (adv[4:12] == 0).all()
+    without = group_advantages([1.0, 0.0, 0.5], 3, normalize_std=normalize_std, eps=1e-4)
+    torch.testing.assert_close(adv[[0, 2, 3]], without)
+    torch.testing.assert_close(adv, _trl_grpo(rewards, 4, normalize_std))
+    # what monorl did before: unscorable as reward 0, inside the baseline -- a different, nonzero advantage
+    assert group_advantages([1.0, 0.0, 0.0, 0.5], 4, normalize_std=normalize_std)[1] != 0

@@ -200,15 +200,13 @@ def call(name: str, **arguments: Any) -> str:
 
 
 def test_every_failure_is_a_message_and_a_counted_failure():
-    tools = ToolSet([add, slow, broken, huge, opaque, raw_bytes, structured, async_double, async_hang], timeout=0.5,
+    tools = ToolSet([add, slow, broken, huge, opaque, raw_bytes, structured, async_double, async_hang], timeout=5.0,
                     max_result_chars=1000)
     text = "".join([call("add", a=1), call("add", a=1, b=5), call("nope", a=1), call("add", a="one"),
                     call("add", b=1), call("add", a=1, c=2), call("broken", x=1), call("slow", seconds=30),
                     call("huge", n=3_000_000), call("opaque", x=1), call("raw_bytes", x=1), call("structured", x=4),
                     call("async_double", x=21), call("async_hang", x=1), "<tool_call>{oops}</tool_call>"])
-    start = time.monotonic()
-    results = tools.run(text)
-    assert time.monotonic() - start < 20  # the hung calls were cut at their deadline (not a timing assertion)
+    results = tools.run(text)  # the hung calls are cut at their deadline (the test would hang otherwise)
     got = [(r.name, r.ok) for r in results]
     assert got == [("add", True), ("add", True), ("nope", False), ("add", False), ("add", False), ("add", False),
                    ("broken", False), ("slow", False), ("huge", True), ("opaque", False), ("raw_bytes", False),
@@ -219,7 +217,7 @@ def test_every_failure_is_a_message_and_a_counted_failure():
     assert "bad arguments" in text_of[3] and "expected int" in text_of[3]
     assert "missing required argument 'a'" in text_of[4] and "no argument 'c'" in text_of[5]
     assert "RuntimeError: disk on fire" in text_of[6]
-    assert "timed out after 0.5 s" in text_of[7] and "timed out" in text_of[13]
+    assert "timed out after 5 s" in text_of[7] and "timed out" in text_of[13]
     assert results[8].truncated and len(text_of[8]) < 1100 and "[truncated: 3000000 characters]" in text_of[8]
     assert "neither text nor JSON-serialisable" in text_of[9] and "bytes" in text_of[10]
     assert text_of[11] == '{"x": 4, "list": [1, 2]}' and text_of[12] == "42"

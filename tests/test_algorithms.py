@@ -6,7 +6,8 @@ import math
 import pytest
 import torch
 
-from monorl.config import RolloutSection, RunConfig, apply_overrides, preset
+from monorl.cliargs import run_config
+from monorl.config import RolloutSection, RunConfig, preset
 from monorl.rl.advantages import (
     ADVANTAGE_KINDS,
     compute_advantages,
@@ -236,6 +237,28 @@ def test_rloo_hand_computed():
         rloo_advantages([1.0, 2.0], 1)
 
 
+def test_rloo_unscorable_follow_trl():
+    """NaN (unscorable): advantage 0, and out of the others' leave-one-out means, as TRL 1.16's RLOOTrainer
+    computes them (its formula, from rloo_trainer.py: nansum of the others over the scorable count - 1)."""
+    nan = float("nan")
+    r = torch.tensor([[1.0, nan, 0.0, 4.0], [nan, 2.0, nan, nan]])
+    adv = rloo_advantages(r, 4)
+    # group 0 as if the NaN were not there: 1 - 2, 0 - 2.5, 4 - 0.5; group 1: one scorable, no baseline: 0
+    torch.testing.assert_close(adv, torch.tensor([[-1.0, 0.0, -2.5, 3.5], [0.0, 0.0, 0.0, 0.0]]))
+    count = (~r.isnan()).sum(dim=1, keepdim=True)
+    trl = torch.nan_to_num(r - (torch.nansum(r, dim=1, keepdim=True) - r) / (count - 1), nan=0.0)
+    torch.testing.assert_close(adv, trl)
+
+
+def test_reinforce_pp_unscorable_left_out():
+    nan = float("nan")
+    for baseline in (False, True):
+        adv = reinforce_pp_advantages([1.0, nan, 0.0, 3.0, nan, 1.0], 3, baseline=baseline, eps=0.0)
+        without = reinforce_pp_advantages([1.0, 0.0, 3.0, 1.0], 2, baseline=baseline, eps=0.0)
+        assert adv[1] == 0 and adv[4] == 0
+        torch.testing.assert_close(adv[[0, 2, 3, 5]], without)
+
+
 def test_reinforce_pp_hand_computed():
     # raw rewards, normalised over the batch: mean 2/3, centred [1/3, -2/3, -2/3, 1/3, 1/3, 1/3],
     # sample var (4 / 9 + 2 * 4 / 9) / 5 = 4 / 15
@@ -304,13 +327,13 @@ def test_advantage_config_key_and_group_size_rule():
         with pytest.raises(ValueError, match="group_size must be >= 2") as e:
             RunConfig(rollout=RolloutSection(group_size=1, advantage=kind))
         assert "\n" not in str(e.value)
-    cfg = apply_overrides(preset("tiny"), {"rollout.advantage": "reinforce_pp", "rollout.group_size": "1",
-                                           "trainer.loss.kind": "cispo", "trainer.loss.kl_estimator": "k2",
-                                           "trainer.loss.kl_coef": "0.1", "trainer.loss.kl_in_loss": "false"})
+    cfg = run_config("tiny", {"rollout.advantage": "reinforce_pp", "rollout.group_size": "1",
+                              "trainer.loss.kind": "cispo", "trainer.loss.kl_estimator": "k2",
+                              "trainer.loss.kl_coef": "0.1", "trainer.loss.kl_in_loss": "false"})
     assert (cfg.rollout.advantage, cfg.rollout.group_size, cfg.trainer.loss.kind) == ("reinforce_pp", 1, "cispo")
     assert (cfg.trainer.loss.kl_estimator, cfg.trainer.loss.kl_in_loss) == ("k2", False)
     with pytest.raises(ValueError, match="group_size must be >= 2"):
-        apply_overrides(preset("tiny"), {"rollout.advantage": "rloo", "rollout.group_size": "1"})
+        run_config("tiny", {"rollout.advantage": "rloo", "rollout.group_size": "1"})
     # the presets keep their advantage (qwen3_0_6b_sum_digits: mean-only group advantages)
     ref = preset("qwen3_0_6b_sum_digits")
     assert (ref.rollout.advantage, ref.rollout.advantage_std_norm) == ("grpo", False)
@@ -341,17 +364,18 @@ def test_trainer_accumulation_is_exact(kind):
 
 
 def test_loop_passes_the_advantage_kind_and_keeps_dr_grpos_rule(tmp_path, monkeypatch):
+    import monorl.rl.consumer as consumer
     import monorl.rl.loop as loop
     from tests.conftest import digits_cfg
 
     calls = []
-    real = loop.assign_advantages
+    real = consumer.assign_advantages
 
     def spy(groups, normalize_std, kind="grpo"):
         calls.append((normalize_std, kind))
         real(groups, normalize_std, kind)
 
-    monkeypatch.setattr(loop, "assign_advantages", spy)
+    monkeypatch.setattr(consumer, "assign_advantages", spy)
     for adv, loss, want in (("grpo", "dr_grpo", (False, "grpo")), ("grpo", "gspo", (True, "grpo")),
                             ("rloo", "cispo", (True, "rloo"))):
         cfg = digits_cfg(tmp_path / f"{adv}-{loss}", steps=1)

@@ -268,10 +268,12 @@ def test_conversion_leaves_other_models_alone() -> None:
 
 def test_rms_backward_launch_covers_the_rows() -> None:
     """The norm backward's grid-stride launch (`_backward_launch`): no more programs than tiles (each writes a
-    weight-gradient partial), at most BACKWARD_PROGRAMS_PER_SM an SM, none for no rows -- whose weight gradient is
-    then the sum of no partials, zeros (`sum_rows`)."""
+    weight-gradient partial), at most `rmsnorm.backward_programs_per_sm` an SM, none for no rows -- whose weight
+    gradient is then the sum of no partials, zeros (`sum_rows`)."""
+    from monorl.ops.tunables import HOPPER, tuned
+
     launch = rmsnorm_invariant._backward_launch
-    per_sm = rmsnorm_invariant.BACKWARD_PROGRAMS_PER_SM
+    per_sm = tuned("rmsnorm.backward_programs_per_sm", HOPPER)
     for rows, half_p, sms in [(9216, 512, 132), (147456, 64, 132), (37, 64, 3), (1, 2048, 132), (0, 64, 132)]:
         programs, tile, _ = launch(rows, half_p, sms)
         assert tile >= 1 and programs <= min(-(-rows // tile), per_sm * sms)

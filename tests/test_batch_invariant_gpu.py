@@ -18,6 +18,7 @@ from monorl.model.batch_invariant import make_batch_invariant_
 from monorl.model.config import model_shape
 from monorl.model.qwen3 import build_model
 from monorl.ops import matmul_invariant
+from monorl.ops.tunables import chip_of, tuned
 from monorl.train.packing import TrainSequence, make_micro_batches
 from monorl.train.trainer import Trainer, TrainerConfig
 
@@ -98,13 +99,13 @@ MM_SHAPES = [(1024, 1024), (3072, 1024), (1024, 3072), (6144, 2048), (151936, 10
 @pytest.mark.parametrize("n_k", MM_SHAPES)
 def test_matmul_rows_invariant_across_m(n_k: tuple[int, int]) -> None:
     """Rows of a 600-row product equal the same rows computed alone or in smaller batches, on both sides of
-    the decode/pack tiling switch (`matmul_invariant.DECODE_ROWS`)."""
+    the decode/pack tiling switch (`matmul.decode_rows`)."""
     N, K = n_k
     g = torch.Generator(device="cuda").manual_seed(0)
     x = torch.randn(600, K, device="cuda", generator=g).bfloat16()
     w = torch.randn(N, K, device="cuda", generator=g).bfloat16()
     full = matmul_invariant.linear(x, w)
-    edge = matmul_invariant.DECODE_ROWS
+    edge = tuned("matmul.decode_rows", chip_of(0))
     for m in (1, 2, 17, 64, 65, edge, edge + 1, 300):
         assert torch.equal(matmul_invariant.linear(x[:m], w), full[:m]), m
     torch.testing.assert_close(full.float(), (x.float() @ w.float().t()), rtol=2e-2, atol=2e-2)
@@ -116,8 +117,8 @@ def test_matmul_tilings_agree_bitwise() -> None:
     mi = matmul_invariant
     if not mi.tiling_may_follow_m(0):
         pytest.skip("the tiling follows M on Hopper only; elsewhere one tiling per weight shape")
-    configs = sorted({mi._mm_config(m, n, k) for m in (1, 64, mi.DECODE_ROWS, mi.DECODE_ROWS + 1, 8192)
-                      for n, k in MM_SHAPES})
+    edge = tuned("matmul.decode_rows", chip_of(0))
+    configs = sorted({mi._mm_config(m, n, k) for m in (1, 64, edge, edge + 1, 8192) for n, k in MM_SHAPES})
     assert len(configs) > 1
     g = torch.Generator(device="cuda").manual_seed(1)
     for N, K in MM_SHAPES:

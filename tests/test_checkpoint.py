@@ -190,11 +190,11 @@ def test_error_unparsable_config(ckpt):
 
 def test_error_unsupported_architecture(ckpt):
     cfg = json.loads((ckpt / "config.json").read_text())
-    cfg.update(model_type="llama", architectures=["LlamaForCausalLM"])
+    cfg.update(model_type="mistral", architectures=["MistralForCausalLM"])
     (ckpt / "config.json").write_text(json.dumps(cfg))
     with pytest.raises(CheckpointError, match="unsupported architecture") as e:
         load_config(ckpt)
-    assert str(ckpt / "config.json") in str(e.value) and "LlamaForCausalLM" in str(e.value)
+    assert str(ckpt / "config.json") in str(e.value) and "MistralForCausalLM" in str(e.value)
 
 
 def test_error_shape_mismatch(ckpt):

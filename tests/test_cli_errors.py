@@ -10,13 +10,15 @@ import torch
 
 import monorl.rl.loop as loop
 from monorl.cli import main
-from monorl.config import apply_overrides, parse_override_args, preset
+from monorl.cliargs import run_config
 from monorl.model.checkpoint import save_checkpoint
 from monorl.model.config import model_shape
 from monorl.model.qwen3 import build_model
+from monorl.model.source import load_policy
 from monorl.model.tokenizer import CharTokenizer
-from monorl.rl.loop import GRPORun, load_policy
+from monorl.rl.loop import GRPORun
 from monorl.tasks.base import RewardError
+from monorl.tasks.reward_context import RewardFunctionError
 from tests.conftest import DigitsTask, digits_cfg
 
 # a cut-down tiny run (seconds on CPU): what the cases below add to it is the only thing wrong
@@ -71,13 +73,13 @@ def test_model_path_means_its_weights(tmp_path):
     weights, unless --model.random_init true asks for random weights of the path's config.json."""
     saved = build_model(model_shape("tiny"), seed=5)
     save_checkpoint(saved, tmp_path / "ckpt", tokenizer=CharTokenizer())
-    cfg = apply_overrides(preset("tiny"), parse_override_args(["--model.path", str(tmp_path / "ckpt")]))
-    model, _, source = load_policy(cfg, torch.device("cpu"))
+    cfg = run_config("tiny", ["--model.path", str(tmp_path / "ckpt")])
+    model, _, source = load_policy(cfg.model, torch.device("cpu"))
     assert source == f"weights of {tmp_path / 'ckpt'}"
     for (name, p), q in zip(model.named_parameters(), saved.parameters(), strict=True):
         assert torch.equal(p, q), name
     cfg.model.random_init = True
-    model, _, source = load_policy(cfg, torch.device("cpu"))
+    model, _, source = load_policy(cfg.model, torch.device("cpu"))
     assert source.startswith("random init (seed 0) of ") and "model.random_init=true" in source
     assert not all(torch.equal(p, q) for p, q in zip(model.parameters(), saved.parameters(), strict=True))
 
@@ -116,3 +118,20 @@ def test_reward_failing_everywhere_stops_the_run(tmp_path, caplog):
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert summary["steps"] == 2 and "failed on every completion of 3 steps" in summary["stopped"]
     assert "reward failed on 24 of 24 completions" in caplog.text
+
+
+class ShortBatch(DigitsTask):
+    def score_batch(self, prompts, completions, completion_ids, context=None):
+        return super().score_batch(prompts, completions, completion_ids)[1:]  # one result short
+
+
+def test_wrong_shaped_reward_stops_the_run_at_the_first_step(tmp_path):
+    """A reward of the wrong shape is a bug in user code: the first step raises RewardFunctionError (a ValueError:
+    one line from the CLI), instead of scoring 0 and warning every step."""
+    cfg = digits_cfg(tmp_path, steps=3)
+    cfg.task.name = "tests.test_cli_errors:ShortBatch"
+    cfg.validation.num_prompts = 0
+    run = GRPORun(cfg, progress=False)
+    with pytest.raises(RewardFunctionError, match=r"task 'digits': score_batch returned 23 results for 24 completions"):
+        run.run()
+    assert '"step"' not in (tmp_path / "run" / "metrics.jsonl").read_text()

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import torch
 
+from monorl.cliargs import run_config
 from monorl.compile_auto import (
     COLD_COMPILE_S,
     SAVED_PER_STEP_S,
@@ -16,7 +17,6 @@ from monorl.compile_auto import (
     compile_key,
     mark_compiled,
 )
-from monorl.config import apply_overrides, preset
 from monorl.rl.loop import GRPORun
 
 CUDA = torch.device("cuda")  # a device object only: auto_backend reads its type, no GPU needed
@@ -46,8 +46,8 @@ def test_auto_compiles_when_the_steps_pay_for_it(tmp_path: Path) -> None:
 
 
 def test_auto_resolves_before_the_run_and_is_recorded(tmp_path: Path) -> None:
-    cfg = apply_overrides(preset("tiny"), {"compile.backend": "auto", "compile.cache_dir": str(tmp_path / "cache"),
-                                           "run_dir": str(tmp_path / "run"), "steps": "1"})
+    cfg = run_config("tiny", {"compile.backend": "auto", "compile.cache_dir": str(tmp_path / "cache"),
+                              "run_dir": str(tmp_path / "run"), "steps": "1"})
     run = GRPORun(cfg, progress=False)
     assert run.cfg.compile.backend == "none" and not run.cfg.compile.enabled  # on CPU (resolved before the plan)
     assert '"backend": "none"' in (tmp_path / "run" / "config.json").read_text()

@@ -1,7 +1,8 @@
 import pytest
 
 from monorl.cli import main
-from monorl.config import PRESETS, apply_overrides, parse_override_args, preset
+from monorl.cliargs import run_config
+from monorl.config import PRESETS, preset
 
 
 def test_presets_build():
@@ -26,23 +27,32 @@ def test_batch_invariant_auto_resolves_per_run():
 
     cuda, cpu = torch.device("cuda"), torch.device("cpu")  # device objects only: no GPU needed
     for device, lora, want in ((cuda, 0, True), (cuda, 16, False), (cpu, 0, False)):
-        cfg = apply_overrides(preset("qwen3_0_6b_sum_digits"), {"lora.rank": str(lora)})
+        cfg = run_config("qwen3_0_6b_sum_digits", {"lora.rank": str(lora)})
         assert "batch_invariant auto" in resolve_batch_invariant_(cfg, device)
         assert cfg.batch_invariant is want, (device, lora)
     for value in ("true", "false"):
-        cfg = apply_overrides(preset("qwen3_0_6b_sum_digits"), {"batch_invariant": value})
+        cfg = run_config("qwen3_0_6b_sum_digits", {"batch_invariant": value})
         assert resolve_batch_invariant_(cfg, cuda) is None and cfg.batch_invariant is (value == "true")
-    cfg = apply_overrides(preset("tiny"), {"batch_invariant": "auto"})
+    cfg = run_config("tiny", {"batch_invariant": "auto"})
     assert cfg.batch_invariant == "auto"
 
 
 def test_overrides_typed():
-    cfg = apply_overrides(preset("tiny"), parse_override_args(
-        ["--trainer.lr", "1e-6", "--steps=3", "--model.random_init", "false", "--model.path", "/x",
-         "--trainer.loss.kind", "dapo", "--task.args.max_value", "5", "--generator.max_model_len", "none"]))
+    cfg = run_config("tiny", ["--trainer.lr", "1e-6", "--steps=3", "--model.random_init", "false", "--model.path",
+                              "/x", "--trainer.loss.kind", "dapo", "--task.args.max_value", "5",
+                              "--generator.max_model_len", "none"])
     assert cfg.trainer.lr == 1e-6 and cfg.steps == 3 and cfg.model.random_init is False
     assert cfg.model.path == "/x" and cfg.trainer.loss.kind == "dapo"
     assert cfg.task.args["max_value"] == 5 and cfg.generator.max_model_len is None
+    assert cfg.task.args["max_digits"] == preset("tiny").task.args["max_digits"]  # the preset's other args stay
+    # the same keys as {dotted key: value}, and a preset other than tiny, as `monorl train --preset NAME` reads them
+    as_dict = run_config("tiny", {"trainer.lr": "1e-6", "steps": "3", "model.random_init": "false",
+                                  "model.path": "/x", "trainer.loss.kind": "dapo", "task.args.max_value": "5",
+                                  "generator.max_model_len": "none"})
+    assert as_dict == cfg
+    gsm = run_config("qwen3_0_6b_gsm8k", {"trainer.lr": "3e-6"})
+    assert gsm.preset == "qwen3_0_6b_gsm8k" and gsm.trainer.lr == 3e-6 and gsm.task.name == "gsm8k"
+    assert gsm.trainer.loss == preset("qwen3_0_6b_gsm8k").trainer.loss
 
 
 @pytest.mark.parametrize("args, match", [
@@ -51,13 +61,14 @@ def test_overrides_typed():
     (["--trainer.lr", "fast"], "bad value 'fast' for --trainer.lr"),
     (["--trainer.lr", "-1"], "trainer.lr must be > 0"),
     (["--rollout.top_p", "1.5"], "top_p"),
-    (["--model.random_init", "maybe"], "expected true/false"),
+    (["--model.random_init", "maybe"], "bad value 'maybe' for --model.random_init: expected bool"),
+    (["--rollout.temperature", "nan"], "expected a finite number"),
     (["--trainer", "1"], "is a section"),
     (["--steps"], "missing value"),
 ])
 def test_bad_overrides(args, match):
     with pytest.raises(ValueError, match=match):
-        apply_overrides(preset("tiny"), parse_override_args(args))
+        run_config("tiny", args)
 
 
 def test_cli_errors_are_one_line(capsys):

@@ -7,10 +7,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from monorl.config import PRESETS, RolloutSection, apply_overrides, parse_override_args, preset
+from monorl.cliargs import run_config
+from monorl.config import PRESETS, RolloutSection, preset
 from monorl.model.config import model_shape
 from monorl.model.qwen3 import build_model
-from monorl.rl.dynamic_sampling import fill_batch, round_size
+from monorl.rl.dynamic_sampling import fill_batch, has_signal, round_size, sampling_metric
 from monorl.rl.loop import GRPORun
 from monorl.rl.rollouts import OVERLONG, Rollout, add_overlong_penalty
 from monorl.tasks.base import Prompt
@@ -69,6 +70,36 @@ def test_fill_batch_cap_fallback_and_off():
     assert [round_size(4, 0, 4), round_size(4, 3, 4), round_size(8, 1, 8), round_size(8, 7, 8)] == [4, 2, 8, 2]
 
 
+def test_all_wrong_group_of_different_lengths_is_filtered_on_accuracy():
+    """DAPO eq. 11 / verl's recipe: the filter reads accuracy (the pass component), so an all-wrong group whose
+    completions differ only in length -- and so in the overlong penalty, and the total reward -- is dropped; with
+    dynamic_sampling_metric "reward" it would count as signal."""
+    def group(tag, accs, lengths):
+        return [Rollout(Prompt(tag, None), [1], [2] * n, [0.0] * n, "stop", "", {"accuracy": a},
+                        weights={"accuracy": 1.0}) for a, n in zip(accs, lengths, strict=True)]
+
+    wrong = group("wrong", [0.0, 0.0, 0.0, 0.0], [4, 8, 10, 12])
+    mixed = group("mixed", [1.0, 0.0, 0.0, 0.0], [4, 4, 4, 4])
+    add_overlong_penalty([wrong, mixed], max_new_tokens=12, buffer=4, factor=1.0)
+    assert len({r.reward for r in wrong}) > 1  # the total reward differs: the old filter kept this group
+    assert not has_signal(wrong, "accuracy") and has_signal(wrong, "reward") and has_signal(mixed, "accuracy")
+    metric = sampling_metric(None, ("accuracy", OVERLONG), pass_component="accuracy")
+    assert metric == "accuracy"
+    calls = iter([[wrong, mixed], [mixed, mixed]])
+    b = fill_batch(lambda n, round_: next(calls), 2, dynamic=True, max_rounds=2, metric=metric)
+    assert [g[0].prompt.text for g in b.groups] == ["mixed", "mixed"] and b.rounds == 2
+    calls = iter([[wrong, mixed]])
+    b = fill_batch(lambda n, round_: next(calls), 2, dynamic=True, max_rounds=2, metric="reward")
+    assert [g[0].prompt.text for g in b.groups] == ["wrong", "mixed"] and b.rounds == 1
+    # None (not applicable) values are no signal: only the values the component applies to are compared
+    assert not has_signal(group("none", [None, 1.0, None, 1.0], [1, 1, 1, 1]), "accuracy")
+    # the config key: a component of the run or "reward"; default the pass component, else "reward"
+    assert sampling_metric("reward", ("accuracy",), "accuracy") == "reward"
+    assert sampling_metric(None, (), None) == "reward" and sampling_metric(OVERLONG, ("a", OVERLONG), "a") == OVERLONG
+    with pytest.raises(ValueError, match="dynamic_sampling_metric 'acc' is neither 'reward' nor a reward component"):
+        sampling_metric("acc", ("accuracy", OVERLONG), "accuracy")
+
+
 class HalfFlat(DigitsTask):
     """Prompts with an even number score 0.25 whatever the completion (zero variance: dropped by dynamic
     sampling); odd ones score the share of digits."""
@@ -96,9 +127,9 @@ def test_dynamic_sampling_keeps_the_batch_size_in_the_loop(tmp_path):
     r.dynamic_sampling, r.max_sampling_rounds, r.overlong_buffer, r.overlong_penalty = True, 6, 4, 0.5
     r.mask_truncated = True
     run = GRPORun(cfg, progress=False)
-    assert run.components == ("digits", OVERLONG)
+    assert run.spec.components == ("digits", OVERLONG) and run.producer.metric == "digits"  # the pass component
     trained, sampled = [], []
-    train_step, rollouts = run.trainer.step, run.rollouts
+    train_step, rollouts = run.trainer.step, run.producer.rollouts
     run.trainer.step = lambda seqs, **kw: trained.append(list(seqs)) or train_step(seqs, **kw)
 
     def recording_rollouts(*args):
@@ -106,7 +137,7 @@ def test_dynamic_sampling_keeps_the_batch_size_in_the_loop(tmp_path):
         sampled.extend(groups)
         return groups
 
-    run.rollouts = recording_rollouts
+    run.producer.rollouts = recording_rollouts
     result = run.run()
     samples = [json.loads(line) for line in (tmp_path / "run" / "samples.jsonl").read_text().splitlines()]
     drawn = 0
@@ -123,7 +154,7 @@ def test_dynamic_sampling_keeps_the_batch_size_in_the_loop(tmp_path):
     # the even prompts' flat groups were dropped and made up for by further rounds
     assert sum(r["dynamic_sampling/rounds"] for r in result.steps) > len(result.steps)
     assert all(r["frac_reward_zero_std"] > 0 for r in result.steps if r["dynamic_sampling/rounds"] > 1)
-    assert run.train_prompts.position == drawn == len(sampled)  # every prompt drawn was consumed
+    assert run.producer.stream.position == drawn == len(sampled)  # every prompt drawn was consumed
     for r in (r for g in sampled for r in g):  # the soft overlong punishment: max_new_tokens 12, buffer 4
         penalty = soft_overlong_penalty(len(r.completion_ids), 12, 4)
         assert r.rewards[OVERLONG] == penalty and r.reward == pytest.approx(r.rewards["digits"] + 0.5 * penalty)
@@ -179,13 +210,12 @@ def test_mask_truncated_gives_zero_loss_weight():
 ])
 def test_config_errors_are_one_line(args, match):
     with pytest.raises(ValueError, match=match) as e:
-        apply_overrides(preset("tiny"), parse_override_args(args))
+        run_config("tiny", args)
     assert "\n" not in str(e.value)
 
 
 def test_kl_as_metric_only_with_kl_coef():
-    cfg = apply_overrides(preset("tiny"), parse_override_args(
-        ["--trainer.loss.kl_in_loss", "false", "--trainer.loss.kl_coef", "0.1"]))
+    cfg = run_config("tiny", ["--trainer.loss.kl_in_loss", "false", "--trainer.loss.kl_coef", "0.1"])
     assert cfg.trainer.loss.kl_in_loss is False and cfg.trainer.loss.kl_coef == 0.1
     assert RolloutSection().dynamic_sampling is False and RolloutSection().overlong_buffer == 0
 
@@ -194,6 +224,9 @@ def test_unknown_pass_component_and_overlong_name_clash(tmp_path):
     cfg = digits_cfg(tmp_path)
     cfg.validation.pass_component = "nope"
     with pytest.raises(ValueError, match="validation.pass_component 'nope' is not a reward component"):
+        GRPORun(cfg, progress=False)
+    cfg.validation.pass_component, cfg.rollout.dynamic_sampling_metric = None, "nope"
+    with pytest.raises(ValueError, match="dynamic_sampling_metric 'nope' is neither 'reward' nor a reward component"):
         GRPORun(cfg, progress=False)
     assert not (tmp_path / "run").exists()  # refused before the run directory
 
@@ -206,6 +239,8 @@ def test_presets():
     assert dapo.trainer.loss.kind == "dapo" and (dapo.trainer.loss.floor, dapo.trainer.loss.ceiling) == (0.2, 0.28)
     assert dapo.rollout.dynamic_sampling and dapo.rollout.overlong_buffer > 0 and dapo.trainer.loss.kl_coef == 0
     assert dapo.task.name == "dataset" and dapo.task.args["reward"] == "accuracy"
+    # the filter reads accuracy, DAPO's eq. 11 (the default: the pass component), not the overlong-penalised total
+    assert dapo.rollout.dynamic_sampling_metric is None and dapo.validation.pass_component == "accuracy"
     gsm = preset("qwen3_0_6b_gsm8k_dataset")
     assert gsm.task.name == "dataset" and gsm.task.args["path"] == "../shared/data/gsm8k/train.jsonl"
     assert gsm.task.args["prompt_column"] == "question" and gsm.validation.pass_component == "accuracy"

@@ -5,12 +5,14 @@ import math
 from itertools import islice
 
 import pytest
+import torch
 
 from monorl.model.tokenizer import CharTokenizer
 from monorl.rl.loop import GRPORun
 from monorl.rl.rollouts import Rollout
 from monorl.tasks import DatasetTask, Prompt, Task, TaskError, load_task
 from monorl.tasks.base import safe_score_batch
+from monorl.tasks.reward_context import RewardContext, RewardFunctionError
 from monorl.tasks.rewards import accuracy
 from tests.conftest import digits_cfg
 
@@ -138,7 +140,8 @@ def test_columns_reach_reward_functions_once_per_batch(tmp_path):
     assert SEEN["prompts"] == [p.text for p in prompts]
     assert SEEN["completions"] == ["2", "x", "y"] and SEEN["completion_ids"] == [[7], [7], [7]]
     assert SEEN["solution"] == [p.meta["columns"]["solution"] for p in prompts]
-    assert SEEN["level"] == [p.meta["columns"]["level"] for p in prompts] and SEEN["kwargs"] == {}
+    assert SEEN["level"] == [p.meta["columns"]["level"] for p in prompts]
+    assert set(SEEN["kwargs"]) == {"trainer_state", "log_metric", "log_extra"}  # TRL's extras, nothing else
     assert [vals for vals, _ in out] == [{"sees_columns": float(p.meta["columns"]["solution"] == c)}
                                         for p, c in zip(prompts, ["2", "x", "y"], strict=True)]
 
@@ -195,10 +198,93 @@ def test_failing_reward_names_itself_and_scores_zero(tmp_path):
         assert vals == {"async_len": 0.0, "raises": 0.0}
         assert err == "reward 'raises' raised RuntimeError: boom"
     bad = _task(tmp_path, reward=[lambda completions, **kw: [1.0, float("nan")]])
-    (ok, e0), (zero, e1) = _batch(bad, ["a", "b"])[1]
+    (ok, e0), (zero, e1) = _batch(bad, ["a", "b"])[1]  # NaN: that completion fails (counted), the others score
     assert e0 is None and ok == {"<lambda>": 1.0} and zero == {"<lambda>": 0.0} and "not a finite number" in e1
-    short = _task(tmp_path, reward=[lambda completions, **kw: [1.0]])
-    assert all("1 values for 2 completions" in e for _, e in _batch(short, ["a", "b"])[1])
+
+
+def short(completions, **kwargs):
+    return [1.0] * (len(completions) - 1)
+
+
+def scalar(completions, **kwargs):
+    return 1.0
+
+
+def text(completions, **kwargs):
+    return ["1.0"] + [1.0] * (len(completions) - 1)
+
+
+def nested(completions, **kwargs):
+    return [1.0, [0.5]] + [1.0] * (len(completions) - 2)
+
+
+def test_wrong_shape_or_type_is_a_bug_raised_at_once(tmp_path):
+    """A reward function of the wrong shape or type fails the run at its first batch with one line naming it
+    (not a warning per step and scores of 0): RewardFunctionError, a ValueError the CLI prints as one line."""
+    cases = [(short, "reward function 'short' returned 2 values for 3 completions"),
+             (scalar, "reward function 'scalar' returned float 1.0 for 3 completions; return a list of float or None"),
+             (text, "reward function 'text' returned str '1.0' at index 0; return a list of float or None"),
+             (nested, "reward function 'nested' returned list [0.5] at index 1"),
+             (async_scalar, "reward function 'async_scalar' returned float 2.0 for 3 completions")]
+    for fn, msg in cases:
+        with pytest.raises(RewardFunctionError) as e:
+            _batch(_task(tmp_path, reward=["format", fn]), ["a", "b", "c"])
+        assert msg in _one_line(e), str(e.value)
+        assert isinstance(e.value, ValueError)
+    # safe_score_batch (what the rollouts call) lets it through instead of scoring 0
+    task = _task(tmp_path, reward=[text])
+    prompts = list(islice(task.train_prompts(0), 2))
+    with pytest.raises(RewardFunctionError, match="returned str"):
+        safe_score_batch(task, prompts, ["a", "b"], [[1], [1]])
+    # numbers of any numeric type are fine: ints, bools, numpy / torch scalars
+    np = pytest.importorskip("numpy")
+    odd = _task(tmp_path, reward=[lambda completions, **kw: [1, True, np.float32(0.5)]])
+    assert [v["<lambda>"] for v, _ in _batch(odd, ["a", "b", "c"])[1]] == [1.0, 1.0, 0.5]
+    tensor = _task(tmp_path, reward=[lambda completions, **kw: torch.tensor([0.0, 1.0])])  # a 1-d tensor is a list
+    assert [v["<lambda>"] for v, _ in _batch(tensor, ["a", "b"])[1]] == [0.0, 1.0]
+    with pytest.raises(RewardFunctionError, match="returned Tensor tensor\\(1.\\) for 2 completions"):
+        _batch(_task(tmp_path, reward=[lambda completions, **kw: torch.tensor(1.0)]), ["a", "b"])
+
+
+async def async_scalar(completions, **kwargs):
+    return 2.0
+
+
+def shaped_by_progress(completions, trainer_state, log_metric, log_extra, **kwargs):
+    """A TRL reward that reads the trainer's state and logs: a metric and a column."""
+    log_metric("my_metric", float(len(completions)))
+    log_extra("why", [f"len {len(c)}" for c in completions])
+    return [trainer_state.global_step / max(1, trainer_state.max_steps) + trainer_state.epoch for _ in completions]
+
+
+def test_trainer_state_log_metric_and_log_extra(tmp_path):
+    """TRL's extras: trainer_state (global_step, max_steps, epoch) is accepted at startup and filled from the
+    context; log_metric values gather in the context (the step's row gets their mean), log_extra's column comes
+    back one value per completion."""
+    task = _task(tmp_path, reward=[shaped_by_progress])  # named trainer_state: not refused as "not a column"
+    prompts = list(islice(task.train_prompts(0), 3))
+    ctx = RewardContext(global_step=2, max_steps=8, data_position=6)  # 6 of the 12 rows drawn: epoch 0.5
+    out = task.score_batch(prompts, ["a", "bb", "ccc"], [[1]] * 3, context=ctx)
+    assert [v["shaped_by_progress"] for v, _ in out] == [2 / 8 + 0.5] * 3
+    task.score_batch(prompts[:1], ["a"], [[1]], context=ctx)
+    assert ctx.metrics == {"my_metric": [3.0, 1.0]} and ctx.metric_means() == {"my_metric": 2.0}
+    assert ctx.take_columns(1) == [{"why": "len 1"}] and ctx.columns == {}  # the last call's, then cleared
+    # a column of the wrong length or a metric that is not a number is a bug in the reward: raised, naming it
+
+    def bad_extra(completions, log_extra, **kw):
+        log_extra("x", [1])
+        return [0.0] * len(completions)
+
+    def bad_metric(completions, log_metric, **kw):
+        log_metric("m", "high")
+        return [0.0] * len(completions)
+
+    with pytest.raises(RewardFunctionError, match="'bad_extra': log_extra\\('x'\\) got 1 values for 2 completions"):
+        _task(tmp_path, reward=[bad_extra]).score_batch(prompts[:2], ["a", "b"], [[1], [1]], context=RewardContext())
+    with pytest.raises(RewardFunctionError, match="'bad_metric': log_metric\\('m'\\) got str 'high'"):
+        _task(tmp_path, reward=[bad_metric]).score_batch(prompts[:1], ["a"], [[1]])
+    with pytest.raises(TaskError, match="'trainer_state' shadows a reward function argument"):
+        _task(tmp_path, [{"prompt": "p", "trainer_state": 1}])
 
 
 def test_default_score_batch_is_safe_reward_per_completion():
@@ -220,11 +306,19 @@ def test_default_score_batch_is_safe_reward_per_completion():
     assert safe_score_batch(Half(), [p, p], ["ok", "bad"], [[1], [2]]) == [({"x": 0.5}, None),
                                                                          ({"x": 0.0}, "ValueError: no")]
 
+    class Batched(Half):
+        def score_batch(self, prompts, completions, completion_ids):  # an override without `context`: still called
+            return [({"x": 1.0}, None)] * len(completions)
+
+    out = safe_score_batch(Batched(), [p, p], ["a", "b"], [[]] * 2, context=RewardContext())
+    assert out == [({"x": 1.0}, None)] * 2
+
     class Broken(Half):
         def score_batch(self, prompts, completions, completion_ids):
-            return [({"x": 1.0}, None)]  # one result for two completions
+            return [({"x": 1.0}, None)]  # one result for two completions: a bug, raised
 
-    assert all(e and "1 results for 2" in e for _, e in safe_score_batch(Broken(), [p, p], ["a", "b"], [[], []]))
+    with pytest.raises(RewardFunctionError, match="task 'half': score_batch returned 1 results for 2 completions"):
+        safe_score_batch(Broken(), [p, p], ["a", "b"], [[], []], context=RewardContext())
 
 
 @pytest.mark.parametrize("gold,completion,expected", [
@@ -297,7 +391,9 @@ def needs_gold(completions, gold):
 # -- end to end -------------------------------------------------------------------------------------------------
 
 REWARDS_PY = '''
-def digits(completions, **kwargs):
+def digits(completions, trainer_state, log_metric, log_extra, **kwargs):  # TRL's extras: state and logging
+    log_metric("seen/global_step", trainer_state.global_step)
+    log_extra("state", [f"{trainer_state.global_step}/{trainer_state.max_steps}"] * len(completions))
     return [sum(ch.isdigit() for ch in c) / max(1, len(c)) for c in completions]
 
 
@@ -326,7 +422,7 @@ def test_short_run_on_a_jsonl_dataset_with_two_reward_functions(tmp_path):
     cfg.trainer.loss.kl_coef = 0.01
     cfg.validation.every, cfg.validation.k = 2, 2  # after step 2 of 3, 2 samples per prompt
     run = GRPORun(cfg, progress=False)
-    assert run.task.reward_components == ("digits", "says_target") and run.pass_component == "digits"
+    assert run.task.reward_components == ("digits", "says_target") and run.spec.pass_component == "digits"
     result = run.run()
     assert len(result.steps) == 3
     samples = [json.loads(line) for line in (tmp_path / "run" / "samples.jsonl").read_text().splitlines()]
@@ -337,6 +433,10 @@ def test_short_run_on_a_jsonl_dataset_with_two_reward_functions(tmp_path):
         assert math.isfinite(row["loss"]) and row["entropy"] > 0 and row["kl"] >= 0
         mine = [s for s in samples if s["step"] == row["step"]]
         assert len(mine) == 24 and all(set(s["rewards"]) == {"digits", "says_target"} for s in mine)
+        # trainer_state.global_step: the steps trained before this one; log_metric -> the row, log_extra -> samples
+        assert row["seen/global_step"] == row["step"]
+        assert all(s["extra"] == {"state": f"{row['step']}/3"} for s in mine)
+        assert all("<pad>" not in s["completion"] and "<eos>" not in s["completion"] for s in mine)
         # each function's raw mean over the completions it applies to (None left out), as TRL logs it
         for name in ("digits", "says_target"):
             vals = [s["rewards"][name] for s in mine if s["rewards"][name] is not None]
@@ -354,3 +454,56 @@ def test_short_run_on_a_jsonl_dataset_with_two_reward_functions(tmp_path):
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert [v["step"] for v in summary["validations"]] == [2] and summary["post"]["k"] == 2
     assert summary["post"]["pass_at_k"] is not None and summary["post"]["pass_component"] == "digits"
+
+
+def _tiny_generator(tok):
+    from monorl.generate import Generator, GeneratorConfig
+    from monorl.model.config import model_shape
+    from monorl.model.qwen3 import build_model
+
+    model = build_model(model_shape("tiny"), "cpu", torch.float32, seed=0)
+    return Generator(model, GeneratorConfig(max_num_seqs=8, max_model_len=128, block_size=4), tokenizer=tok,
+                     eos_token_ids=())  # no stop: every token stays in the completion
+
+
+def test_reward_functions_see_text_without_special_tokens(tmp_path):
+    """Completions are decoded with special tokens skipped, as TRL decodes them for its reward functions: a sampled
+    <pad> / <bos> is in completion_ids, not in the text (the reward's, and samples.jsonl's)."""
+    from monorl.generate import SamplingParams
+    from monorl.rl.rollouts import generate_rollouts
+
+    tok = CharTokenizer()
+    task = _task(tmp_path, reward=[sees_columns])
+    prompts = list(islice(task.train_prompts(0), 2))
+    groups = generate_rollouts(_tiny_generator(tok), tok, task, prompts,
+                               SamplingParams(max_new_tokens=40, temperature=1.0, seed=3), 4, 128)
+    rollouts = [r for g in groups for r in g]
+    assert SEEN["completions"] == [r.text for r in rollouts]
+    assert SEEN["completion_ids"] == [r.completion_ids for r in rollouts]  # unchanged: every token
+    assert all(r.text == tok.decode(r.completion_ids, skip_special_tokens=True) for r in rollouts)
+    special = [r for r in rollouts if {0, 2} & set(r.completion_ids)]
+    assert special, "the seed must sample a special token for this test to check anything"
+    assert all(tok.decode(r.completion_ids) != r.text and "<pad>" not in r.text for r in special)
+
+
+def test_logged_metrics_and_columns_through_the_rollouts_of_every_rank(tmp_path):
+    """generate_rollouts hands the step's context to the rewards: log_extra's column lands in each rollout's extra,
+    and log_metric's values of every rank (here rank 0 of 2, the other rank's part scripted) join the context."""
+    from monorl.distributed.world import World
+    from monorl.generate import SamplingParams
+    from monorl.rl.rollouts import generate_rollouts
+
+    class RankZeroOfTwo(World):
+        def gather_lists(self, items):
+            return items + [([], {"my_metric": [100.0]})]  # rank 1: no groups here, one logged value
+
+    tok = CharTokenizer()
+    task = _task(tmp_path, reward=[shaped_by_progress])
+    prompts = list(islice(task.train_prompts(0), 4))
+    ctx = RewardContext(global_step=1, max_steps=4, data_position=3)
+    groups = generate_rollouts(_tiny_generator(tok), tok, task, prompts, SamplingParams(max_new_tokens=6, seed=1),
+                               2, 128, world=RankZeroOfTwo(rank=0, size=2), context=ctx)
+    assert len(groups) == 2  # rank 0's share of the 4 prompts
+    assert ctx.metrics == {"my_metric": [4.0, 100.0]} and ctx.metric_means() == {"my_metric": 52.0}
+    assert [r.extra for g in groups for r in g] == [{"why": f"len {len(r.text)}"} for g in groups for r in g]
+    assert all(r.rewards["shaped_by_progress"] == 1 / 4 + 3 / 12 for g in groups for r in g)

@@ -27,7 +27,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from monorl.config import apply_overrides, preset
+from monorl.cliargs import run_config
 from monorl.distributed.elastic import DIE_ENV
 from monorl.distributed.world import World, check_world
 from monorl.rl.loop import GRPORun, train
@@ -99,7 +99,7 @@ def one_thread() -> Any:
 @pytest.fixture(scope="module")
 def one_rank(tmp_path_factory: pytest.TempPathFactory) -> Path:
     d = tmp_path_factory.mktemp("one") / "run"
-    train(apply_overrides(preset("tiny"), {**OVERRIDES, "run_dir": str(d)}), progress=False)
+    train(run_config("tiny", {**OVERRIDES, "run_dir": str(d)}), progress=False)
     return d
 
 
@@ -133,7 +133,7 @@ def test_two_ranks_equal_one_rank(one_rank: Path, two_ranks: Path) -> None:
 def test_sharded_checkpoint_resumes_on_one_process(two_ranks: Path, tmp_path: Path) -> None:
     d = tmp_path / "run"
     shutil.copytree(two_ranks, d)
-    cfg = apply_overrides(preset("tiny"), {**OVERRIDES, "run_dir": str(d)})
+    cfg = run_config("tiny", {**OVERRIDES, "run_dir": str(d)})
     GRPORun(cfg, progress=False, resume=d / "checkpoints" / "step_000001").run()
     assert_rows_close(step_rows(d), step_rows(two_ranks))  # step 1 kept, step 2 recomputed on one process
     assert_weights_close(weights(d), weights(two_ranks))
@@ -215,7 +215,7 @@ def test_hung_rank_times_out_the_job(tmp_path: Path) -> None:
 
 
 def test_rank_count_must_divide_the_prompts(tmp_path: Path) -> None:
-    cfg = apply_overrides(preset("tiny"), {**OVERRIDES, "run_dir": str(tmp_path)})
+    cfg = run_config("tiny", {**OVERRIDES, "run_dir": str(tmp_path)})
     check_world(cfg, World(rank=1, size=2))
     with pytest.raises(ValueError, match=r"prompts_per_step=4 does not divide over 3 ranks"):
         check_world(cfg, World(rank=0, size=3))

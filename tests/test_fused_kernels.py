@@ -18,8 +18,9 @@ from monorl.model.batch_invariant import make_batch_invariant_
 from monorl.model.config import model_shape
 from monorl.model.fused_kernels import use_fused_kernels_, uses_fused_kernels
 from monorl.model.qwen3 import build_model
+from monorl.model.weight_sync import sync_weights_
 from monorl.ops import block_kernels
-from monorl.rl.weight_sync import sync_weights_
+from monorl.ops.tunables import chip_of, tuned
 from tests.conftest import full_forward_logprobs
 
 
@@ -231,7 +232,7 @@ def test_kv_write_in_the_qk_pass_equals_the_separate_write(T, Hq, Hkv, D):
 
 @pytest.mark.gpu
 def test_decode_rows_take_the_triton_gemm():
-    """On Hopper a converted projection runs up to GEMV_ROWS rows on the Triton GEMM (bitwise
+    """On Hopper a converted projection runs up to `matmul.gemv_rows` rows on the Triton GEMM (bitwise
     `matmul_invariant.linear`, close to cuBLAS) and more rows on cuBLAS (bitwise F.linear)."""
     from monorl.model.fused_kernels import FusedKernelsLinear
     from monorl.ops import matmul_invariant
@@ -240,8 +241,8 @@ def test_decode_rows_take_the_triton_gemm():
     proj = model.model.layers[0].mlp.down_proj
     assert type(proj) is FusedKernelsLinear
     g = torch.Generator(device="cuda").manual_seed(0)
-    x = torch.randn(matmul_invariant.GEMV_ROWS + 1, proj.in_features, device="cuda", generator=g).bfloat16()
-    rows = matmul_invariant.GEMV_ROWS
+    rows = tuned("matmul.gemv_rows", chip_of(0))
+    x = torch.randn(rows + 1, proj.in_features, device="cuda", generator=g).bfloat16()
     if not matmul_invariant.faster_than_cublas(x[:rows]):
         pytest.skip("the decode tiling follows the row count on Hopper only; elsewhere cuBLAS runs every product")
     assert not matmul_invariant.faster_than_cublas(x)
@@ -303,10 +304,11 @@ def test_split_k_decode_products_compute_the_model(monkeypatch):
                                        atol=0.1, rtol=0)
     # 16- and 32-column tiles (Qwen3-0.6B's and 1.7B's down) at 40 rows; 64-row tiles and 4 or 2 parts above
     sms = torch.cuda.get_device_properties(0).multi_processor_count
+    chip = chip_of(0)
     for (N, K), M in itertools.product(((1024, 3072), (2048, 6144)), (40, 65, 128, 192)):
         x = torch.randn(M, K, device="cuda", generator=torch.Generator(device="cuda").manual_seed(1)).bfloat16()
         w = (torch.randn(N, K, device="cuda") / K ** 0.5).bfloat16()
-        P = decode_gemm.parts_for(M, N, sms)
+        P = decode_gemm.parts_for(M, N, sms, chip=chip)
         assert decode_gemm.split_k_fits(x, w) == (P > 1), (N, M, P)
         if P == 1:
             continue
@@ -317,8 +319,9 @@ def test_split_k_decode_products_compute_the_model(monkeypatch):
         got = block_kernels.add_parts_rms_norm(h, parts, ln, 1e-6)
         ref = block_kernels.add_rms_norm(h, decode_gemm.sum_parts(parts, h.dtype), ln, 1e-6)
         assert torch.equal(got[0], ref[0]) and torch.equal(got[1], ref[1])
-    assert not decode_gemm.split_k_fits(torch.zeros(decode_gemm.MID_ROWS_MAX + 1, 3072, device="cuda").bfloat16(),
-                                        w[:1024, :3072].contiguous())
+    above = tuned("decode_gemm.mid_rows_max", chip) + 1
+    x = torch.zeros(above, 3072, device="cuda").bfloat16()
+    assert not decode_gemm.split_k_fits(x, w[:1024, :3072].contiguous())
     # a decode step of 80 rows (4-part products): log-probs of the model, graphs equal eager
     calls.clear()
     ps = [torch.randint(2, cfg.vocab_size, (int(n),), generator=g).tolist() for n in torch.randint(3, 30, (40,))]
@@ -437,7 +440,8 @@ def test_nucleus_without_sort_equals_the_sorted_scan(B):
     g = torch.Generator(device="cuda").manual_seed(B)
     V = 151936
     scale = float(2 ** (62 - V.bit_length()))
-    nch = -(-V // sk._CHUNK)
+    chip = chip_of(0)
+    nch = -(-V // tuned("sampler.chunk", chip))
     for spread in (0.05, 1.0, 4.0, 16.0):
         logits = (spread * torch.randn(B, V, device="cuda", generator=g)).to(torch.bfloat16)
         logits[0, :500] = 0.0
@@ -449,7 +453,8 @@ def test_nucleus_without_sort_equals_the_sorted_scan(B):
             got, ref = torch.empty(B, device="cuda"), torch.empty(B, device="cuda")
             sk._nucleus_bisect(logits, got, top_p, inv_t, scale, nch)
             srt = torch.sort(logits, dim=-1, descending=True).values.contiguous()
-            sk._nucleus_kernel[(B,)](srt, ref, top_p, inv_t, scale, V=V, BLOCK=sk._BLOCK, num_warps=8)
+            sk._nucleus_kernel[(B,)](srt, ref, top_p, inv_t, scale, V=V, BLOCK=tuned("sampler.block", chip),
+                                     num_warps=tuned("sampler.sort_path_warps", chip))
             assert torch.equal(got, ref), (spread, T, p)
 
 

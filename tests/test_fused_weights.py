@@ -1,5 +1,5 @@
 """Fused q/k/v and gate/up projections: the generator's copy is built with `qkv_proj` / `gate_up_proj` (one GEMM
-each) and filled from the trainer's HF-named parameters by `monorl.rl.weight_sync`, in place. CPU tests in fp32;
+each) and filled from the trainer's HF-named parameters by `monorl.model.weight_sync`, in place. CPU tests in fp32;
 one GPU test (bf16, CUDA graphs)."""
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ from monorl.generate import Generator, GeneratorConfig, SamplingParams
 from monorl.generate.runner import graph_buckets
 from monorl.model.attention import VarlenContext
 from monorl.model.config import model_shape
-from monorl.model.qwen3 import PACKED_MODULES, build_model
-from monorl.rl.weight_sync import sync_weights_, weight_pairs
+from monorl.model.qwen3 import build_model
+from monorl.model.weight_sync import PACKED_MODULES, sync_weights_, weight_pairs
 from monorl.train.packing import TrainSequence
 from monorl.train.trainer import Trainer, TrainerConfig
 from tests.conftest import full_forward_logprobs

@@ -13,7 +13,7 @@ from monorl.model.attention import VarlenContext
 from monorl.model.checkpoint import load_checkpoint
 from monorl.model.logprobs import token_logprobs
 from monorl.model.tokenizer import eos_ids
-from monorl.rl.weight_sync import weight_pairs
+from monorl.model.weight_sync import weight_pairs
 from monorl.train.packing import bucket_size
 
 PROMPT_LENS = [3, 17, 9, 33, 1]
@@ -345,9 +345,11 @@ def test_trace_kernels_leaves_the_generator_as_it_was(model):
 def test_decode_splits_fill_idle_sms_only():
     """The default mode's decode splits a row's keys only when rows * kv heads leave SMs idle: a power of two,
     capped, 1 once the rows fill the GPU (the batch-invariant decode never splits)."""
-    from monorl.ops.attention_triton import MAX_SPLITS, decode_splits
+    from monorl.ops.attention_triton import decode_splits
+    from monorl.ops.tunables import HOPPER, tuned
 
-    picks = {rows: decode_splits(rows, 8, 132) for rows in (1, 8, 32, 40, 64, 128, 256, 1024)}
+    MAX_SPLITS = tuned("attention.max_splits", HOPPER)
+    picks = {rows: decode_splits(rows, 8, 132, chip=HOPPER) for rows in (1, 8, 32, 40, 64, 128, 256, 1024)}
     assert picks[40] == picks[256] == picks[1024] == 1 and picks[1] == MAX_SPLITS and picks[32] == 8
     assert all(s & (s - 1) == 0 and 1 <= s <= MAX_SPLITS for s in picks.values())
     assert list(picks.values()) == sorted(picks.values(), reverse=True)

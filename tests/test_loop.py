@@ -39,8 +39,8 @@ def test_short_loop_end_to_end(tmp_path, capsys):
 
 
 def test_prompts_encoded_ahead_change_nothing(tmp_path, monkeypatch):
-    """The next step's prompts are tokenized during the trainer step (`GRPORun.encode_ahead`) and taken by the next
-    step's rollouts instead of encoding there; the run's rollouts and metrics are those of a run without it."""
+    """The next step's prompts are tokenized during the trainer step (`RolloutProducer.encode_ahead`) and taken by
+    the next step's rollouts instead of encoding there; the run's rollouts and metrics are those of a run without it."""
     import monorl.rl.rollouts as rollouts_mod
 
     encodes = []
@@ -52,12 +52,12 @@ def test_prompts_encoded_ahead_change_nothing(tmp_path, monkeypatch):
         cfg.validation.every = 0
         run = GRPORun(cfg, progress=False)
         if not ahead:
-            run.encode_ahead = lambda step: None
+            run.producer.encode_ahead = lambda step: None
         encodes.clear()
         result = run.run()
         # in the rollouts: validations before and after, and (with it) the first step only
         assert len(encodes) == (2 + 1 if ahead else 2 + cfg.steps)
-        assert run.train_prompts.position == cfg.steps * cfg.rollout.prompts_per_step
+        assert run.producer.stream.position == cfg.steps * cfg.rollout.prompts_per_step
         samples = (tmp_path / str(ahead) / "run" / "samples.jsonl").read_text()
         rows[ahead] = ([{k: v for k, v in r.items() if not k.startswith("time/") and "per_s" not in k}
                         for r in result.steps], samples)

@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from monorl.compile import CompileConfig, compile_counters
+from monorl.model.weight_sync import weight_pairs
 from monorl.rl.loop import GRPORun
-from monorl.rl.weight_sync import weight_pairs
 from tests.conftest import digits_cfg
 
 pytestmark = pytest.mark.gpu
@@ -69,9 +69,9 @@ def test_kernels_compiled_ahead_cover_the_warm_up(tmp_path, monkeypatch):
     from triton import knobs
 
     from monorl.ops.precompile import COMPILE_THREADS, _NoLaunch, monorl_kernels
-    from monorl.rl import loop
+    from monorl.rl import startup
 
-    monkeypatch.setattr(loop, "specs_path", lambda key: tmp_path / "specs" / f"{key}.json")
+    monkeypatch.setattr(startup, "specs_path", lambda key: tmp_path / "specs" / f"{key}.json")
     kernels = monorl_kernels()
     for kept in (False, True):
         for k in kernels:

@@ -26,7 +26,7 @@ from monorl.model.lora import (
     save_merged_checkpoint,
 )
 from monorl.model.qwen3 import build_model
-from monorl.rl.weight_sync import sync_weights_, weight_pairs
+from monorl.model.weight_sync import sync_weights_, weight_pairs
 
 CFG = LoRAConfig(rank=4, alpha=8.0)  # scale 2
 TINY = ModelConfig(vocab_size=96, hidden_size=64, intermediate_size=128, num_layers=2, num_heads=4, num_kv_heads=2,

@@ -11,7 +11,8 @@ import torch
 
 import monorl.plan as plan_mod
 from monorl.cli import main
-from monorl.config import apply_overrides, preset
+from monorl.cliargs import run_config
+from monorl.config import preset
 from monorl.model.attention import VarlenContext
 from monorl.model.config import ModelConfig, model_shape
 from monorl.model.lora import LoRAConfig, apply_lora_
@@ -139,6 +140,6 @@ def test_plan_verb(capsys) -> None:
 def test_lora_target_names() -> None:
     m = build_model(model_shape("tiny"), "cpu", torch.float32, seed=0)
     apply_lora_(m, LoRAConfig(rank=2, targets=("q", "v")))
-    cfg = apply_overrides(preset("tiny"), {"lora.rank": "2", "lora.targets": "q,v"})
+    cfg = run_config("tiny", {"lora.rank": "2", "lora.targets": "q,v"})
     planned = plan_mod.lora_param_count(model_shape("tiny"), cfg.lora)
     assert planned == sum(p.numel() for p in m.parameters() if p.requires_grad)

@@ -19,6 +19,28 @@ def _r(rewards, n_tokens=1, finish="stop", weights=None):
     return Rollout(None, [1, 2], [3] * n_tokens, [0.0] * n_tokens, finish, "", rewards, weights=weights or {})
 
 
+def test_unscorable_rollouts_get_zero_advantage_and_stay_out_of_the_stats():
+    """TRL 1.16's rule through the rollouts: a completion every component returned None for (reward 0.0 by the sum)
+    gets advantage exactly 0, the others' advantages are their group's without it, and the reward metrics leave it
+    out (as TRL's reward / frac_reward_zero_std do)."""
+    from monorl.rl.advantages import group_advantages
+    from monorl.rl.rollouts import assign_advantages
+
+    none = {"a": None, "b": None}
+    g0 = [_r({"a": 1.0, "b": None}), _r(none), _r({"a": 0.0, "b": 0.5}), _r({"a": 0.0, "b": None})]
+    g1 = [_r(none), _r({"a": 1.0, "b": None}), _r(none), _r(none)]  # one scorable: no signal
+    assert [r.scorable for r in g0] == [True, False, True, True]
+    assign_advantages([g0, g1], normalize_std=True)
+    assert g0[1].advantage == 0.0 and all(r.advantage == 0.0 for r in g1)
+    want = group_advantages([1.0, 0.5, 0.0], 3).tolist()
+    assert [g0[i].advantage for i in (0, 2, 3)] == pytest.approx(want)
+    m = reward_metrics([g0, g1], ("a", "b"))
+    assert m["reward"] == pytest.approx((1.0 + 0.5 + 0.0 + 1.0) / 4)  # the 4 scorable of 8
+    assert m["frac_reward_zero_std"] == 0.5  # g1 has no signal
+    assert math.isnan(reward_metrics([[_r(none)] * 2], ("a", "b"))["reward"])  # none scorable: NaN, as TRL
+    assert summarize([g0, g1], ("a", "b")).mean_reward == m["reward"]
+
+
 def test_reward_and_completion_metrics_by_hand():
     w = {"a": 1.0, "b": 0.5}
     # rewards: 1 + (n/a), 0 + 0.5 * 2 = 1  -> zero std | 1 + 0.5 * 0 = 1, 0 + (n/a) = 0

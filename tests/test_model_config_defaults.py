@@ -1,7 +1,8 @@
-"""ModelConfig.from_hf resolves every key a config.json leaves out the way transformers' Qwen3Config does.
+"""ModelConfig.from_hf resolves every key a config.json leaves out the way transformers' config class of the family
+does (Qwen3Config, LlamaConfig, Qwen2Config).
 
-transformers is the oracle here (a test dependency only): each full Qwen3 config below is read with one key
-dropped at a time, and monorl's resolved values must equal Qwen3Config's. The old from_hf derived a missing
+transformers is the oracle here (a test dependency only): each full config below is read with one key
+dropped at a time, and monorl's resolved values must equal the config class's. The old from_hf derived a missing
 head_dim as hidden_size // num_attention_heads (HF: 128), so loading such a checkpoint ended in a tensor-shape
 error far from the cause.
 """
@@ -17,6 +18,8 @@ import pytest
 
 from monorl.model.checkpoint import load_checkpoint
 from monorl.model.config import HF_QWEN3_DEFAULTS, ModelConfig, model_shape
+from monorl.model.families import FAMILIES
+from tests.conftest import HF_FAMILY_CLASSES
 
 transformers = pytest.importorskip("transformers")
 
@@ -34,25 +37,74 @@ QWEN3_0_6B = {
 # non-default values everywhere (so that dropping any key changes something).
 MONORL_8B = model_shape("qwen3-8b").replace(rope_theta=500_000.0, rms_norm_eps=1e-5, max_position_embeddings=8192,
                                             eos_token_id=[151645, 151643]).to_hf()
-FULL_CONFIGS = {"qwen3-0.6b-released": QWEN3_0_6B, "monorl-to_hf-8b": MONORL_8B}
+# SmolLM2-135M-Instruct's shape (Llama: no head_dim, 9 / 3 heads, tied, theta 1e5), a Llama 3.2-style config with
+# llama3 RoPE scaling, and a Qwen2.5-0.5B-style one (q/k/v biases implied by the family)
+SMOLLM2_135M = {
+    "architectures": ["LlamaForCausalLM"], "attention_bias": False, "attention_dropout": 0.0, "bos_token_id": 1,
+    "eos_token_id": 2, "hidden_act": "silu", "hidden_size": 576, "initializer_range": 0.041666666666666664,
+    "intermediate_size": 1536, "max_position_embeddings": 8192, "mlp_bias": False, "model_type": "llama",
+    "num_attention_heads": 9, "num_hidden_layers": 30, "num_key_value_heads": 3, "pretraining_tp": 1,
+    "rms_norm_eps": 1e-05, "rope_scaling": None, "rope_theta": 100000, "tie_word_embeddings": True,
+    "torch_dtype": "bfloat16", "use_cache": True, "vocab_size": 49152,
+}
+LLAMA_3_2_STYLE = {
+    "architectures": ["LlamaForCausalLM"], "attention_bias": False, "bos_token_id": 128000,
+    "eos_token_id": [128001, 128008, 128009], "head_dim": 64, "hidden_act": "silu", "hidden_size": 2048,
+    "intermediate_size": 8192, "max_position_embeddings": 131072, "mlp_bias": False, "model_type": "llama",
+    "num_attention_heads": 32, "num_hidden_layers": 16, "num_key_value_heads": 8, "rms_norm_eps": 1e-05,
+    "rope_scaling": {"factor": 32.0, "high_freq_factor": 4.0, "low_freq_factor": 1.0,
+                     "original_max_position_embeddings": 8192, "rope_type": "llama3"},
+    "rope_theta": 500000.0, "tie_word_embeddings": True, "vocab_size": 128256,
+}
+QWEN2_5_STYLE = {
+    "architectures": ["Qwen2ForCausalLM"], "attention_dropout": 0.0, "bos_token_id": 151643, "eos_token_id": 151645,
+    "hidden_act": "silu", "hidden_size": 896, "intermediate_size": 4864, "max_position_embeddings": 32768,
+    "max_window_layers": 21, "model_type": "qwen2", "num_attention_heads": 14, "num_hidden_layers": 24,
+    "num_key_value_heads": 2, "rms_norm_eps": 1e-06, "rope_theta": 1000000.0, "sliding_window": 32768,
+    "tie_word_embeddings": True, "use_sliding_window": False, "vocab_size": 151936,
+}
+FULL_CONFIGS = {"qwen3-0.6b-released": QWEN3_0_6B, "monorl-to_hf-8b": MONORL_8B, "smollm2-135m": SMOLLM2_135M,
+                "llama-3.2-style": LLAMA_3_2_STYLE, "qwen2.5-style": QWEN2_5_STYLE,
+                "monorl-to_hf-llama3": ModelConfig.from_hf(LLAMA_3_2_STYLE).to_hf(),
+                "monorl-to_hf-qwen2": ModelConfig.from_hf(QWEN2_5_STYLE).to_hf()}
+
+
+def hf_config(d: dict[str, Any]) -> Any:
+    """transformers' config class of the family of `d` (its model_type; Qwen3 without one), built from `d`."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return getattr(transformers, HF_FAMILY_CLASSES[d.get("model_type", "qwen3")][0])(**d)
 
 
 def hf_resolved(d: dict[str, Any]) -> dict[str, Any]:
-    """The values transformers.Qwen3Config(**d) resolves, under ModelConfig's field names."""
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        c = transformers.Qwen3Config(**d)
+    """The values transformers' config class resolves for `d`, under ModelConfig's field names."""
+    c = hf_config(d)
+    family = FAMILIES[c.model_type]
+    rope = c.rope_parameters
+    scaling = None
+    if rope.get("rope_type") == "llama3":
+        scaling = {k: rope[k] for k in ("factor", "low_freq_factor", "high_freq_factor",
+                                        "original_max_position_embeddings")}
+    bias = getattr(c, "attention_bias", False)
     return dict(
         vocab_size=c.vocab_size, hidden_size=c.hidden_size, intermediate_size=c.intermediate_size,
         num_layers=c.num_hidden_layers, num_heads=c.num_attention_heads, num_kv_heads=c.num_key_value_heads,
-        head_dim=c.head_dim, rope_theta=c.rope_parameters["rope_theta"], rms_norm_eps=c.rms_norm_eps,
+        head_dim=getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads,
+        rope_theta=rope["rope_theta"], rms_norm_eps=c.rms_norm_eps,
         max_position_embeddings=c.max_position_embeddings, tie_word_embeddings=c.tie_word_embeddings,
-        bos_token_id=c.bos_token_id, eos_token_id=c.eos_token_id,
+        bos_token_id=c.bos_token_id, eos_token_id=c.eos_token_id, model_type=c.model_type, qk_norm=family.qk_norm,
+        qkv_bias=bool(family.qkv_bias or bias), o_bias=bool(bias and family.qkv_bias is None), rope_scaling=scaling,
     )
 
 
 def assert_same_as_hf(d: dict[str, Any]) -> None:
-    expected = hf_resolved(d)
+    try:
+        expected = hf_resolved(d)
+    except Exception as e:  # noqa: BLE001 (HF's strict dataclass error type is private to huggingface_hub)
+        assert "hidden size" in str(e)  # LlamaConfig: hidden_size must be a multiple of num_attention_heads
+        with pytest.raises(ValueError, match="hidden_size .* must be a multiple of num_attention_heads"):
+            ModelConfig.from_hf(d)
+        return
     if expected["num_heads"] % expected["num_kv_heads"]:
         # HF builds such a config but no model from it (num_key_value_groups would be 0); monorl says why.
         with pytest.raises(ValueError, match="num_key_value_heads") as e:
@@ -63,13 +115,23 @@ def assert_same_as_hf(d: dict[str, Any]) -> None:
     assert got == expected  # (an int rope_theta in config.json is the same number as monorl's float)
 
 
-def test_hard_coded_defaults_are_transformers_defaults():
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        c = transformers.Qwen3Config()
-    for key, value in HF_QWEN3_DEFAULTS.items():
-        hf_value = c.rope_parameters["rope_theta"] if key == "rope_theta" else getattr(c, key)
+@pytest.mark.parametrize("model_type", sorted(FAMILIES))
+def test_hard_coded_defaults_are_transformers_defaults(model_type):
+    family = FAMILIES[model_type]
+    cls = getattr(transformers, HF_FAMILY_CLASSES[model_type][0])
+    fields = cls.__dataclass_fields__  # the class's own defaults (None where __post_init__ derives the value)
+    for key, value in family.defaults.items():
+        if key == "rope_theta":
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                hf_value = cls().rope_parameters["rope_theta"]
+        elif key in fields:
+            hf_value = fields[key].default
+        else:  # a key the class does not declare (Qwen2's head_dim, attention_bias): HF ignores it or reads it with
+            assert value in (None, False), key  # getattr(config, key, None); monorl's default must be "none" too
+            continue
         assert (hf_value, type(hf_value)) == (value, type(value)), key
+    assert HF_QWEN3_DEFAULTS == dict(FAMILIES["qwen3"].defaults)
 
 
 @pytest.mark.parametrize("name", sorted(FULL_CONFIGS))
@@ -78,7 +140,7 @@ def test_full_config_matches_hf(name):
 
 
 @pytest.mark.parametrize("name,key", [(n, k) for n in sorted(FULL_CONFIGS) for k in FULL_CONFIGS[n]
-                                      if k != "model_type"])  # model_type is how monorl recognises Qwen3
+                                      if k != "model_type"])  # model_type is how monorl recognises the family
 def test_each_key_dropped_matches_hf(name, key):
     d = {k: v for k, v in FULL_CONFIGS[name].items() if k != key}
     assert_same_as_hf(d)
@@ -94,7 +156,13 @@ def test_empty_config_matches_hf():
     assert dataclasses.asdict(ModelConfig.from_hf({"model_type": "qwen3"})) == dict(
         vocab_size=151936, hidden_size=4096, intermediate_size=22016, num_layers=32, num_heads=32, num_kv_heads=32,
         head_dim=128, rope_theta=10000.0, rms_norm_eps=1e-6, max_position_embeddings=32768,
-        tie_word_embeddings=False, bos_token_id=None, eos_token_id=None)
+        tie_word_embeddings=False, bos_token_id=None, eos_token_id=None, model_type="qwen3", qk_norm=True,
+        qkv_bias=False, o_bias=False, rope_scaling=None)
+
+
+@pytest.mark.parametrize("model_type", ["llama", "qwen2"])
+def test_empty_config_of_each_family_matches_hf(model_type):
+    assert_same_as_hf({"model_type": model_type})
 
 
 def test_num_key_value_heads_absent_or_null():

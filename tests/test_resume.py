@@ -19,7 +19,8 @@ import pytest
 import torch
 
 from monorl.cli import main
-from monorl.config import apply_overrides, config_diff, config_from_dict, preset
+from monorl.cliargs import run_config
+from monorl.config import config_diff, config_from_dict, preset
 from monorl.model.checkpoint import CheckpointError
 from monorl.model.config import model_shape
 from monorl.model.qwen3 import build_model
@@ -50,7 +51,7 @@ class DigitShareTask(SumDigitsTask):
                 "format": float(any(c in completion for c in "=+"))}
 
 
-# A cut-down tiny run: seconds on CPU. Strings, so the same dict drives apply_overrides and the CLI.
+# A cut-down tiny run: seconds on CPU. Strings, so the same dict drives run_config and the CLI.
 OVERRIDES = {
     "steps": "4", "device": "cpu", "model.shape": "tiny-untied", "task.name": f"{__file__}:DigitShareTask",
     "warm_start.steps": "1", "warm_start.batch_size": "4", "validation.num_prompts": "2",
@@ -63,7 +64,7 @@ OVERRIDES = {
 
 
 def small_cfg(run_dir: Path, **extra: str):
-    return apply_overrides(preset("tiny"), {**OVERRIDES, "run_dir": str(run_dir), **extra})
+    return run_config("tiny", {**OVERRIDES, "run_dir": str(run_dir), **extra})
 
 
 def cli_args(run_dir: Path) -> list[str]:
@@ -281,7 +282,7 @@ def test_resume_config_from_an_older_monorl(uninterrupted: Path, tmp_path: Path)
 
 def test_config_diff_and_roundtrip() -> None:
     a = preset("tiny")
-    b = apply_overrides(preset("tiny"), {"trainer.loss.kind": "dapo", "run_dir": "/elsewhere"})
+    b = run_config("tiny", {"trainer.loss.kind": "dapo", "run_dir": "/elsewhere"})
     assert config_diff(a.to_dict(), b.to_dict()) == [("trainer.loss.kind", "grpo", "dapo")]  # run_dir ignored
     assert config_from_dict(json.loads(json.dumps(b.to_dict()))) == b
     with pytest.raises(ValueError, match="unknown config keys: trainer.nope"):

@@ -8,7 +8,7 @@ import math
 import pytest
 import torch
 
-from monorl.config import apply_overrides, preset
+from monorl.cliargs import run_config
 from monorl.model.config import model_shape
 from monorl.model.qwen3 import build_model
 from monorl.train.losses import LOSS_KINDS, LossConfig, LossNorm, policy_loss
@@ -134,8 +134,8 @@ def test_config_validation_and_overrides():
     with pytest.raises(ValueError, match="rollout_rs_threshold_lower < rollout_rs_threshold"):
         RolloutCorrectionConfig(rollout_rs="token", rollout_rs_threshold=2.0, rollout_rs_threshold_lower=3.0)
     assert not LossConfig().rollout_correction.enabled  # off by default
-    cfg = apply_overrides(preset("tiny"), {"trainer.loss.rollout_correction.rollout_is": "geometric",
-                                           "trainer.loss.rollout_correction.rollout_is_threshold": "3"})
+    cfg = run_config("tiny", {"trainer.loss.rollout_correction.rollout_is": "geometric",
+                              "trainer.loss.rollout_correction.rollout_is_threshold": "3"})
     rc = cfg.trainer.loss.rollout_correction
     assert rc.rollout_is == "geometric" and rc.rollout_is_threshold == 3.0 and rc.enabled
 

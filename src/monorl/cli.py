@@ -158,7 +158,8 @@ def _plan_args(p: ArgumentParser) -> None:
 def cmd_plan(cfg: RunConfig | None, args: Namespace) -> int:
     import torch
 
-    from monorl.plan import GiB, plan_report
+    from monorl.plan import GiB
+    from monorl.plan_report import plan_report
 
     assert cfg is not None
     if args.gpu_memory_gb is not None:

@@ -12,7 +12,7 @@ import json
 import math
 import re
 import typing
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -139,7 +139,7 @@ LIST_KEYS = {k for k, tp in CONFIG_KEYS.items() if _is_list(tp)}
 
 
 def _lists_as_yaml(argv: list[str]) -> list[str]:
-    """`--key a,b` for a list-valued key means the list [a,b] (as `apply_overrides` reads it); YAML wants brackets."""
+    """`--key a,b` for a list-valued key means the list [a,b]; YAML wants brackets."""
     out, i = list(argv), 0
     while i < len(out):
         key, eq, value = out[i].partition("=")
@@ -189,6 +189,20 @@ def parse_config(p: ArgumentParser, argv: list[str], base: RunConfig) -> tuple[R
     check_finite(cfg)
     verb_args = Namespace({k: v for k, v in data.items() if k not in CONFIG_KEYS and k != "config"})
     return cfg, verb_args
+
+
+def run_config(preset_name: str = DEFAULT_PRESET, overrides: Mapping[str, str] | Sequence[str] = ()) -> RunConfig:
+    """The config `monorl train --preset NAME --a.b value ...` runs: preset `preset_name` + `overrides`, given as
+    {dotted key: value string} ({"trainer.lr": "1e-6"}) or as command-line words (["--trainer.lr", "1e-6"]), read by
+    the CLI's own parser. Unknown keys and bad values raise ValueError with the CLI's one-line message."""
+    if isinstance(overrides, str):
+        raise TypeError(f"run_config: overrides are a dict or a list of words, got the string {overrides!r}")
+    if isinstance(overrides, Mapping):
+        overrides = [word for k, v in overrides.items() for word in (f"--{k}", str(v))]
+    argv = ["--preset", preset_name, *overrides]
+    base = base_config(argv)
+    cfg, _ = parse_config(config_parser("monorl", "", base), argv, base)
+    return cfg
 
 
 def _merge(base: dict[str, Any], new: dict[str, Any], prefix: str = "") -> dict[str, Any]:

@@ -40,6 +40,9 @@ class CompileConfig:
     # monorl's Triton kernels for the warm-ups compiled ahead in this many threads (monorl.ops.precompile);
     # 0: one per CPU core (shared by a node's ranks, at most 16); 1: none ahead, each at its first launch
     kernel_compile_threads: int = 0
+    # CUDA start-up speed-ups (monorl/rl/startup.py): Triton's cache key in a child process, monorl's kernels
+    # compiled ahead in threads, an earlier run's ATen kernels replayed in a thread; false: each at first launch
+    startup_speedups: bool = True
 
     def __post_init__(self) -> None:
         if self.backend not in COMPILE_BACKENDS:

@@ -1,12 +1,11 @@
-"""Run configuration: nested dataclasses, named presets, `--a.b value` overrides, and what differs between two
-configs (checked when a run is resumed)."""
+"""Run configuration: nested dataclasses, named presets, and what differs between two configs (checked when a run
+is resumed). The command line's `--a.b value` overrides are read by `cliargs.py` (`run_config`)."""
 
 from __future__ import annotations
 
 import dataclasses
 import json
 import math
-import types
 import typing
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -54,12 +53,18 @@ class RolloutSection:
     # advantage "grpo" only: divide by the group std (GRPO paper, TRL); the reference uses mean only, and the
     # dr_grpo loss turns it off (Dr. GRPO)
     advantage_std_norm: bool = True
-    # DAPO's dynamic sampling (Yu et al. 2025, arXiv:2503.14476): groups whose rewards are all equal (zero
-    # advantage, no signal) are dropped and further prompts sampled until prompts_per_step groups carry signal,
-    # in at most max_sampling_rounds generation rounds (the first included); short of that, the step trains on
-    # the groups it has (all of the first round's when none had signal)
+    # DAPO's dynamic sampling (Yu et al. 2025, arXiv:2503.14476): groups whose dynamic_sampling_metric is the same
+    # for every completion (all correct or all wrong: no signal) are dropped and further prompts sampled until
+    # prompts_per_step groups carry signal, in at most max_sampling_rounds generation rounds (the first
+    # included); short of that, the step trains on the groups it has (all of the first round's when none had
+    # signal)
     dynamic_sampling: bool = False
     max_sampling_rounds: int = 4  # dynamic sampling: generation rounds per step at most (the first included)
+    # dynamic sampling: what must differ within a group for it to count as signal: a reward component, or
+    # "reward" for the total (the overlong penalty included, so an all-wrong group of different lengths counts);
+    # default: the pass component (validation.pass_component, else the task's first), as DAPO and verl filter on
+    # accuracy
+    dynamic_sampling_metric: str | None = None
     # DAPO's overlong filtering: completions cut by max_new_tokens (no EOS) get zero loss weight; they still
     # count in their group's reward statistics
     mask_truncated: bool = False
@@ -76,7 +81,7 @@ class RolloutSection:
             if getattr(self, k) < 1:
                 raise ValueError(f"rollout.{k} must be >= 1, got {getattr(self, k)}")
         if self.dynamic_sampling and self.group_size < 2:
-            raise ValueError("rollout.dynamic_sampling drops groups whose rewards are all equal: it needs "
+            raise ValueError("rollout.dynamic_sampling drops groups whose completions all scored the same: it needs "
                              f"rollout.group_size >= 2, got {self.group_size}")
         if not 0 <= self.overlong_buffer <= self.max_new_tokens:
             raise ValueError(f"rollout.overlong_buffer must be in [0, max_new_tokens={self.max_new_tokens}] "
@@ -202,6 +207,18 @@ def _tiny() -> RunConfig:
     )
 
 
+def _tiny_tools() -> RunConfig:
+    """Agentic RL on CPU: the tiny model must call a tool to answer (`tiny_tools`: f(x) of a secret function only the
+    tool f knows), in two-turn episodes whose tool results are inserted tokens (context only). The warm start shows
+    both the tool episode and a direct guess that never scores; GRPO has to prefer the tool."""
+    cfg = _tiny()
+    cfg.preset = "tiny_tools"
+    cfg.task = TaskSection(name="tiny_tools", args={"solution_style": "mixed"})
+    cfg.rollout = RolloutSection(prompts_per_step=8, group_size=8, max_new_tokens=64, temperature=1.0, top_p=1.0)
+    cfg.warm_start = WarmStartSection(steps=150, batch_size=32, lr=2e-3)
+    return cfg
+
+
 def _qwen3_0_6b_sum_digits() -> RunConfig:
     """The reference's rl_grpo_qwen3_0_6b: 10 steps, 5 prompts x 8, 100 tokens, T=0.8, top_p=0.95,
     lr 2e-6 with 2 warmup steps then linear decay, 20 validation prompts. Batch-invariant mode auto: on for full
@@ -257,8 +274,8 @@ def _qwen3_0_6b_gsm8k_dataset() -> RunConfig:
 
 def _qwen3_0_6b_gsm8k_dapo() -> RunConfig:
     """DAPO's recipe (Yu et al. 2025, arXiv:2503.14476) on GSM8K at 0.6B scale: clip-higher (0.2 / 0.28),
-    token-mean loss (the `dapo` kind), no KL, dynamic sampling (groups with signal only, up to 4 generation
-    rounds), the soft overlong punishment over the last quarter of the 512-token budget, accuracy as the only
+    token-mean loss (the `dapo` kind), no KL, dynamic sampling (groups whose accuracy varies only, up to 4
+    generation rounds), the soft overlong punishment over the last quarter of the 512-token budget, accuracy as the only
     reward, 16 completions per prompt; validated every 20 steps with 4 samples per prompt (pass@4, mean@4)."""
     cfg = _qwen3_0_6b_gsm8k_dataset()
     cfg.preset = "qwen3_0_6b_gsm8k_dapo"
@@ -307,6 +324,7 @@ def _smollm2_135m_arith() -> RunConfig:
 
 PRESETS: dict[str, typing.Callable[[], RunConfig]] = {
     "tiny": _tiny,
+    "tiny_tools": _tiny_tools,
     "qwen3_0_6b_sum_digits": _qwen3_0_6b_sum_digits,
     "qwen3_0_6b_gsm8k": _qwen3_0_6b_gsm8k,
     "qwen3_0_6b_gsm8k_dataset": _qwen3_0_6b_gsm8k_dataset,
@@ -334,113 +352,6 @@ def preset(name: str) -> RunConfig:
     return PRESETS[name]()
 
 
-# ---- overrides -----------------------------------------------------------------------------------
-
-def _parse_value(raw: str, tp: Any, key: str) -> Any:
-    origin = typing.get_origin(tp)
-    args = typing.get_args(tp)
-    if origin in (typing.Union, types.UnionType):
-        if raw.lower() in ("none", "null") and type(None) in args:
-            return None
-        errors = []
-        for a in args:
-            if a is type(None):
-                continue
-            try:
-                return _parse_value(raw, a, key)
-            except ValueError as e:
-                errors.append(str(e))
-        raise ValueError(f"bad value {raw!r} for --{key}: {'; '.join(errors)}")
-    if origin is typing.Literal:
-        if raw in args:
-            return raw
-        raise ValueError(f"{key} must be one of {', '.join(map(str, args))}, got {raw!r}")
-    if tp is bool:
-        if raw.lower() in ("1", "true", "yes", "on"):
-            return True
-        if raw.lower() in ("0", "false", "no", "off"):
-            return False
-        raise ValueError(f"bad value {raw!r} for --{key}: expected true/false")
-    if tp in (int, float):
-        try:
-            v = tp(raw)
-        except ValueError:
-            raise ValueError(f"bad value {raw!r} for --{key}: expected {tp.__name__}") from None
-        if not math.isfinite(v):  # nan / inf pass every `x > 0` check and poison the run silently
-            raise ValueError(f"bad value {raw!r} for --{key}: expected a finite number")
-        return v
-    if tp is str:
-        return raw
-    if origin is tuple:
-        items = [x for x in raw.split(",") if x != ""]
-        inner = args[0] if args else str
-        return tuple(_parse_value(x, inner, key) for x in items)
-    if origin is dict or tp is dict:
-        try:
-            v = json.loads(raw)
-        except json.JSONDecodeError:
-            raise ValueError(f"bad value {raw!r} for --{key}: expected a JSON object") from None
-        if not isinstance(v, dict):
-            raise ValueError(f"bad value {raw!r} for --{key}: expected a JSON object")
-        return v
-    raise ValueError(f"--{key}: cannot parse values of type {tp}")
-
-
-def _loose_value(raw: str) -> Any:
-    """Values of free-form dict entries (task args): JSON when it parses, else the string."""
-    try:
-        return json.loads(raw)
-    except json.JSONDecodeError:
-        return raw
-
-
-def _fields(obj: Any) -> dict[str, Any]:
-    hints = typing.get_type_hints(type(obj))
-    return {f.name: hints[f.name] for f in dataclasses.fields(obj)}
-
-
-def apply_overrides(cfg: RunConfig, overrides: dict[str, str]) -> RunConfig:
-    """Set dotted keys (`trainer.lr` -> cfg.trainer.lr). Unknown keys and bad values raise ValueError.
-    Switching `task.name` drops the preset's task args (they belong to the other task); `task.args.*`
-    overrides then apply to the new task, in whatever order they were given."""
-    if "task.name" in overrides and overrides["task.name"] != cfg.task.name:
-        cfg.task.name, cfg.task.args = overrides["task.name"], {}
-    for key, raw in overrides.items():
-        parts = key.split(".")
-        obj: Any = cfg
-        for i, part in enumerate(parts):
-            if isinstance(obj, dict):  # free-form dict (task.args.x)
-                if i != len(parts) - 1:
-                    obj = obj.setdefault(part, {})
-                    continue
-                obj[part] = _loose_value(raw)
-                break
-            fields = _fields(obj)
-            if part not in fields:
-                where = ".".join(parts[:i]) or "the run config"
-                raise ValueError(f"unknown config key --{key}: {where} has no {part!r}; "
-                                 f"valid keys there: {', '.join(sorted(fields))}")
-            if i == len(parts) - 1:
-                if dataclasses.is_dataclass(getattr(obj, part)):
-                    raise ValueError(f"--{key} is a section; set one of its keys, e.g. --{key}.<name>")
-                setattr(obj, part, _parse_value(raw, fields[part], key))
-            else:
-                obj = getattr(obj, part)
-    validate(cfg)
-    return cfg
-
-
-def validate(obj: Any) -> None:
-    """Re-run every section's __post_init__ checks after overrides."""
-    for f in dataclasses.fields(obj):
-        v = getattr(obj, f.name)
-        if dataclasses.is_dataclass(v):
-            validate(v)
-    post = getattr(obj, "__post_init__", None)
-    if post is not None:
-        post()
-
-
 # Keys older config.json files hold that no longer exist (the run's compile policy now drives the generator
 # through `compile.*`): dropped when a run dir is read back, so its checkpoints still resume.
 RETIRED_CONFIG_KEYS = ("generator.compile", "generator.compile_backend", "generator.compile_mode",
@@ -466,26 +377,6 @@ def config_from_dict(data: dict[str, Any], cls: type = RunConfig, where: str = "
         else:
             kw[name] = v
     return cls(**kw)
-
-
-def parse_override_args(args: list[str]) -> dict[str, str]:
-    """['--trainer.lr', '1e-6', '--steps=3'] -> {'trainer.lr': '1e-6', 'steps': '3'}"""
-    out: dict[str, str] = {}
-    i = 0
-    while i < len(args):
-        a = args[i]
-        if not a.startswith("--"):
-            raise ValueError(f"expected --key value, got {a!r}")
-        if "=" in a:
-            k, v = a[2:].split("=", 1)
-            i += 1
-        else:
-            if i + 1 >= len(args):
-                raise ValueError(f"missing value for {a}")
-            k, v = a[2:], args[i + 1]
-            i += 2
-        out[k] = v
-    return out
 
 
 # ---- config changes on resume ---------------------------------------------------------------------

@@ -77,7 +77,8 @@ def param_counts(m: ModelConfig) -> dict[str, int]:
     """Parameters by kind: `linear` (the layers' projections), `lm_head` (0 when tied), `embed`, `norm`."""
     q, kv = m.num_heads * m.head_dim, m.num_kv_heads * m.head_dim
     per_layer_linear = m.hidden_size * (2 * q + 2 * kv) + 3 * m.hidden_size * m.intermediate_size
-    per_layer_norm = 2 * m.hidden_size + 2 * m.head_dim
+    per_layer_linear += (q + 2 * kv) * m.qkv_bias + m.hidden_size * m.o_bias  # the family's biases
+    per_layer_norm = 2 * m.hidden_size + 2 * m.head_dim * m.qk_norm
     return {
         "linear": m.num_layers * per_layer_linear,
         "lm_head": 0 if m.tie_word_embeddings else m.vocab_size * m.hidden_size,
@@ -379,43 +380,3 @@ def run_memory_plan(cfg: RunConfig, m: ModelConfig, max_prompt_tokens: int, devi
                               f"{plan.reserve_bytes / GiB:.1f} GiB context and slack > {device_bytes / GiB:.1f} GiB; "
                               f"cheapest change that fits: {plan.advice[0]}")
     return plan
-
-
-def plan_report(cfg: RunConfig, device_bytes: int, sample: int = 32, ranks: int = 1) -> tuple[str, bool]:
-    """`monorl plan`: the table, the verdict and (when it does not fit) the cheapest change, for `cfg` on one GPU
-    of `device_bytes` (of `ranks` GPUs: an FSDP run's per-GPU plan); reads the model's config.json and tokenizer
-    (never its weights) and the task's prompts. Returns (text, fits)."""
-    from monorl.distributed.world import World, check_world
-
-    check_world(cfg, World(size=ranks))  # a rank count that does not divide the step: the run's own one-line error
-
-    import itertools
-
-    from monorl.compile_auto import resolve_auto_
-    from monorl.config import resolve_batch_invariant_
-    from monorl.rl.loop import resolve_model
-    from monorl.tasks import load_task
-
-    m, tok, source = resolve_model(cfg)
-    task = load_task(cfg.task.name, **cfg.task.args)
-    limit = (cfg.generator.max_model_len or m.max_position_embeddings) - cfg.rollout.max_new_tokens
-    prompts = itertools.islice(task.train_prompts(seed=cfg.seed), sample)
-    lengths = [len(tok.encode(task.render(p, tok))) for p in prompts]
-    fitting = [n for n in lengths if n <= limit]
-    if not fitting:
-        raise ValueError(f"none of the first {len(lengths)} training prompts fits generator.max_model_len with "
-                         f"{cfg.rollout.max_new_tokens} new tokens")
-    longest = max(fitting)
-    bi_why = resolve_batch_invariant_(cfg, torch.device("cuda"))  # auto settings as a run on a GPU resolves them
-    why = resolve_auto_(cfg, m, torch.device("cuda"))
-    ac = auto_checkpointing(cfg, m, longest, device_bytes, ranks=ranks)
-    plan = plan_memory(cfg, m, longest, device_bytes, activation_checkpointing=ac, ranks=ranks)
-    lines = [f"model: {source}", f"longest of the first {len(lengths)} training prompts: {longest} tokens",
-             *([bi_why] if bi_why else []), *([why] if why else []),
-             *([f"one GPU of {ranks} (FSDP2)"] if ranks > 1 else [])]
-    if ac and cfg.trainer.activation_checkpointing is None:
-        lines.append("trainer.activation_checkpointing: on (auto: the run does not fit without it)")
-    lines.append(plan.table())
-    if not plan.fits:
-        lines.append("cheapest change that fits: " + advise(cfg, m, longest, device_bytes, ranks)[0])
-    return "\n".join(lines), bool(plan.fits)

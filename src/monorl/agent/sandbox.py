@@ -115,7 +115,9 @@ class SandboxResult:
         elif self.returncode is not None and self.returncode < 0:
             sig = -self.returncode
             name = signal.Signals(sig).name if sig in signal.Signals._value2member_map_ else str(sig)
-            notes.append(f"killed by signal {name}")
+            # RLIMIT_CPU sends SIGXCPU at the soft limit and SIGKILL at the hard one
+            why = " (the CPU time limit, most likely)" if sig in (signal.SIGXCPU, signal.SIGKILL) else ""
+            notes.append(f"killed by signal {name}{why}")
         elif self.returncode:
             notes.append(f"exit code {self.returncode}")
         out = self.output

@@ -8,5 +8,5 @@
     launch.py      `monorl train --nproc N`: re-exec through torch.distributed.run
 
 Where the rest of monorl meets it: the trainer trains its share of the step (`train/trainer.py`), rollouts
-generate theirs (`rl/rollouts.py`), the weight sync gathers block by block (`rl/weight_sync.py`).
+generate theirs (`rl/rollouts.py`), the weight sync gathers block by block (`model/weight_sync.py`).
 """

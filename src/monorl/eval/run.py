@@ -54,16 +54,16 @@ def load_eval_policy(cfg: RunConfig, device: Any) -> tuple[Any, Any, str]:
         merged_state_dict,
     )
     from monorl.model.qwen3 import Qwen3ForCausalLM
-    from monorl.rl.loop import load_policy
+    from monorl.model.source import load_policy
 
     path = cfg.model.path = str(run_final_checkpoint(cfg.model.path) or cfg.model.path) if cfg.model.path else None
     if not path or not (Path(path) / ADAPTER_CONFIG_FILE).is_file():
-        return load_policy(cfg, device)
+        return load_policy(cfg.model, device)
     adapter = load_adapter_config(path)  # what monorl cannot run is refused before the base is read
     base = copy.deepcopy(cfg)
     base.model.path = json.loads((Path(path) / ADAPTER_CONFIG_FILE).read_text(encoding="utf-8")).get(
         "base_model_name_or_path")
-    model, tok, source = load_policy(base, device)
+    model, tok, source = load_policy(base.model, device)
     apply_lora_(model, adapter)
     load_adapter_(model, path)
     with torch.device("meta"):
@@ -74,10 +74,10 @@ def load_eval_policy(cfg: RunConfig, device: Any) -> tuple[Any, Any, str]:
 
 def load_generator(cfg: RunConfig) -> tuple[Any, Any, Any, str]:
     """(generator, tokenizer, task, where the weights came from) for `cfg`'s model and task."""
+    from monorl.assembly import resolve_device
     from monorl.compile import CompileConfig
     from monorl.generate.engine import Generator
     from monorl.model.tokenizer import eos_ids
-    from monorl.rl.loop import resolve_device
     from monorl.tasks import load_task
 
     task = load_task(cfg.task.name, **cfg.task.args)
@@ -90,12 +90,10 @@ def load_generator(cfg: RunConfig) -> tuple[Any, Any, Any, str]:
 
 
 def _sampling(cfg: RunConfig, temperature: float, n_tokens: int | None = None):
-    from monorl.generate.sampling import SamplingParams
+    from monorl.assembly import sampling_params
 
-    r = cfg.rollout
-    return SamplingParams(max_new_tokens=n_tokens or cfg.validation.max_new_tokens or r.max_new_tokens,
-                          temperature=temperature, top_p=r.top_p if temperature > 0 else 1.0,
-                          top_k=r.top_k if temperature > 0 else 0, seed=cfg.seed)
+    return sampling_params(cfg, temperature=temperature,
+                           max_new_tokens=n_tokens or cfg.validation.max_new_tokens or cfg.rollout.max_new_tokens)
 
 
 # ---- generate ----------------------------------------------------------------------------------------------

@@ -29,6 +29,7 @@ from monorl.model.attention import VarlenContext
 from monorl.ops import HAS_TRITON, attention_invariant, custom_op, sm_count
 from monorl.ops.attention_triton import attention_triton, decode_splits
 from monorl.ops.block_kernels import write_kv
+from monorl.ops.tunables import chip_of
 
 
 @custom_op("monorl::prefill_attention", mutates_args=("cache",))
@@ -140,4 +141,4 @@ def paged_decode_triton(q: Tensor, k_cache: Tensor, v_cache: Tensor, block_table
 def paged_decode_splits(rows: int, kv_heads: int, device: torch.device) -> int:
     """How many parts `paged_decode_triton` splits each row's keys into, for `rows` sequences on `device`."""
     index = device.index if device.index is not None else torch.cuda.current_device()
-    return decode_splits(rows, kv_heads, sm_count(index))
+    return decode_splits(rows, kv_heads, sm_count(index), chip=chip_of(index))

@@ -38,7 +38,7 @@ from monorl.model.fused_kernels import use_fused_kernels_
 from monorl.model.lora import LoRAConfig, apply_lora_
 from monorl.model.qwen3 import Qwen3ForCausalLM, build_model
 from monorl.model.tokenizer import eos_ids
-from monorl.rl.weight_sync import share_frozen_, sync_weights_
+from monorl.model.weight_sync import share_frozen_, sync_weights_
 
 _CPU_DEFAULT_KV_BYTES = 256 << 20
 
@@ -65,6 +65,8 @@ class Completion:
     token_ids: list[int]
     logprobs: list[float]
     finish_reason: str  # "stop" | "length"
+    # decoded with special tokens skipped (what TRL's reward functions and vLLM's default text hold), cut before a
+    # stop string and without the stop token; None without a tokenizer. token_ids keep every token.
     text: str | None = None
 
 
@@ -194,7 +196,7 @@ class Generator:
     # ---- weights -----------------------------------------------------------------------------------
     def load_weights_(self, src: nn.Module) -> None:
         """Copy src's parameters (HF names, e.g. the trainer's fp32 masters) into the generator's copy, in
-        place: captured CUDA graphs stay valid (`monorl.rl.weight_sync`)."""
+        place: captured CUDA graphs stay valid (`monorl.model.weight_sync`)."""
         sync_weights_(self.model, src)
 
     # ---- generate ----------------------------------------------------------------------------------
@@ -255,6 +257,7 @@ class Generator:
             for s in seqs:
                 sched.add(s)
         runner = self.runner
+        runner.slot_owner = self  # an EpisodeEngine sharing this runner restores its slots before its next step
         if runner.use_graphs and runner.graph_key != sampling.sampler_key():
             runner.select_graphs(sampling)  # nothing is live yet (see ModelRunner.select_graphs)
         runner.reset_slots(0)
@@ -393,10 +396,7 @@ class Generator:
             seq.finish_reason = "length"
 
     def _hit_stop_string(self, seq: Sequence, stops: tuple[str, ...]) -> bool:
-        # Decode only a tail window: a stop string of c characters spans at most ~c tokens.
-        window = max(len(s) for s in stops) + 8
-        tail = self.tokenizer.decode(seq.tokens[-window:], skip_special_tokens=False)
-        return any(s in tail for s in stops)
+        return stop_string_hit(self.tokenizer, seq.tokens, stops) is not None
 
     def _reap(self, sched: Scheduler) -> None:
         done = [s for s in sched.running if s.finish_reason is not None]
@@ -415,10 +415,20 @@ class Generator:
             ids = seq.tokens
             if seq.finish_reason == "stop" and ids and ids[-1] in seq.group.stop_ids:
                 ids = ids[:-1]  # the stop token stays in token_ids (the policy must learn to emit it), not in text
-            text = self.tokenizer.decode(ids, skip_special_tokens=False)
+            # stop strings are matched on the raw text as generated (`_hit_stop_string`), cut here in the text
+            # without special tokens
+            text = self.tokenizer.decode(ids, skip_special_tokens=True)
             if sampling.stop_strings:
                 cut = [text.find(s) for s in sampling.stop_strings if s in text]
                 if cut:
                     text = text[:min(cut)]
         return Completion(token_ids=list(seq.tokens), logprobs=list(seq.logprobs),
                           finish_reason=seq.finish_reason or "length", text=text)
+
+
+def stop_string_hit(tokenizer, tokens: list[int], stops: tuple[str, ...]) -> str | None:
+    """The first of `stops` found in the decoded tail of `tokens`, or None. Decodes only a tail window: a stop string
+    of c characters spans at most ~c tokens."""
+    window = max(len(s) for s in stops) + 8
+    tail = tokenizer.decode(tokens[-window:], skip_special_tokens=False)
+    return next((s for s in stops if s in tail), None)

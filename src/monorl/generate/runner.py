@@ -18,10 +18,10 @@ from torch import Tensor
 
 from monorl.compile import capture_cuda_graph, clone_tensors, copy_into, is_compiled
 from monorl.generate.attention import DecodeContext, PrefillContext
-from monorl.generate.kv_cache import KVCache
+from monorl.generate.kv_cache import KVCache, blocks_for, slot_mapping, table_tensor
 from monorl.generate.sampling import SamplingParams, sample
 from monorl.model.attention import VarlenContext, resolve_backend
-from monorl.model.qwen3 import Qwen3ForCausalLM, rope_cos_sin
+from monorl.model.qwen3 import Qwen3ForCausalLM, model_rope
 from monorl.ops.decode_state import commit_step, step_inputs
 from monorl.train.packing import bucket_size, filler_lengths, static_max_seqlen
 
@@ -82,8 +82,7 @@ class ModelRunner:
         self.rope_tables = None
         if dev.type == "cuda":
             cfg, dtype = model.config, model.model.embed_tokens.weight.dtype
-            self.rope_tables = rope_cos_sin(torch.arange(max_blocks_per_seq * self.block_size, device=dev),
-                                            cfg.head_dim, cfg.rope_theta, dtype)
+            self.rope_tables = model_rope(cfg, torch.arange(max_blocks_per_seq * self.block_size, device=dev), dtype)
         self.use_graphs = cuda_graphs and self.device.type == "cuda"
         # one set of graphs per sampler configuration (e.g. greedy validation and sampled rollouts), kept
         # so that alternating between them does not re-capture. A bucket's graph is captured when a decode step
@@ -105,6 +104,7 @@ class ModelRunner:
         self.host_ring: list[tuple[Tensor, Tensor]] = []  # pinned copies of the ring (`copy_ring`), made at first use
         self.host_turn = 0
         self.sample_fn = sample_fn
+        self.slot_owner: object | None = None  # who set the slot state last (a Generator or an EpisodeEngine)
 
     # ---- prefill -----------------------------------------------------------------------------------
     @torch.inference_mode()
@@ -154,6 +154,36 @@ class ModelRunner:
         ctx = PrefillContext(varlen=varlen, slot_mapping=slot_mapping)
         hidden = self.model(ids, varlen.positions, ctx, self.kv.layers)
         last = varlen.cu_seqlens[1:P + 1].long() - 1
+        return self.model.compute_logits(hidden[last])
+
+    @torch.inference_mode()
+    def prefill_cached(self, chunks: list[list[int]], starts: list[int], tables: list[list[int]]) -> Tensor:
+        """Run each sequence's new tokens chunks[i] at positions starts[i].. over the K/V its block table already
+        holds for the positions before (an episode's next turn), write their K/V; return each sequence's last-token
+        logits [P, V]. Attention is the decode step's paged attention with one row per new token (its seq_len: its
+        position + 1; every row's K/V is written before any row attends), so a token's result is the decode step's
+        function of its keys -- in batch-invariant mode the varlen prefill's too, bit for bit. Eager; on CUDA the
+        Triton paged decode reads only each row's own keys (cost ~ new tokens x context, no graph)."""
+        if not chunks or any(not c for c in chunks):
+            raise ValueError("prefill_cached needs a non-empty token list per sequence")
+        dev, bs = self.device, self.block_size
+        lengths = [len(c) for c in chunks]
+        ids = [t for c in chunks for t in c]
+        positions = [p for s, n in zip(starts, lengths, strict=True) for p in range(s, s + n)]
+        slots = [x for c, s, t in zip(chunks, starts, tables, strict=True) for x in slot_mapping(t, s, s + len(c), bs)]
+        width = max(blocks_for(s + n, bs) for s, n in zip(starts, lengths, strict=True))
+        rows = table_tensor([t[:width] for t in tables], width, dev)
+        rows = rows.repeat_interleave(torch.tensor(lengths, device=dev), dim=0)
+        if len(ids) == 1 and dev.type == "cuda":
+            # a second row (the scratch block's slot 0): a compiled model specialises a size-1 dimension
+            ids, positions, slots = ids + [0], positions + [0], slots + [0]
+            rows = torch.cat([rows, torch.zeros_like(rows)])
+        pos = torch.tensor(positions, dtype=torch.int64).to(dev, non_blocking=True)
+        ctx = DecodeContext(block_tables=rows, seq_lens=(pos + 1).to(torch.int32),
+                            slot_mapping=torch.tensor(slots, dtype=torch.int64).to(dev, non_blocking=True),
+                            backend=self.decode_backend)
+        hidden = self.model(torch.tensor(ids, dtype=torch.int64).to(dev, non_blocking=True), pos, ctx, self.kv.layers)
+        last = torch.tensor(lengths, device=dev).cumsum(0) - 1
         return self.model.compute_logits(hidden[last])
 
     # ---- decode ------------------------------------------------------------------------------------

@@ -112,12 +112,17 @@ class Scheduler:
     def compact(self) -> tuple[list[int], list[int]]:
         """Drop finished sequences from `running`; returns the (src, dst) slot moves that keep the
         live ones in slots 0..live-1."""
-        live = [i for i, s in enumerate(self.running) if s.finish_reason is None]
-        n = len(live)
-        holes = [i for i in range(n) if self.running[i].finish_reason is not None]
-        movers = [i for i in live if i >= n]
-        new = list(self.running)
-        for h, m in zip(holes, movers, strict=True):
-            new[h] = self.running[m]
-        self.running = new[:n]
-        return movers, holes
+        self.running, moves = compact_slots(self.running, [s.finish_reason is None for s in self.running])
+        return moves
+
+
+def compact_slots(items: list, live: list[bool]) -> tuple[list, tuple[list[int], list[int]]]:
+    """Slot compaction: items[i] lives in slot i. Returns (the live items, each now at its new slot index, and the
+    (src, dst) slot moves that put them there): the last live items move into the holes, so live slots are 0..n-1."""
+    n = sum(live)
+    holes = [i for i in range(n) if not live[i]]
+    movers = [i for i in range(n, len(items)) if live[i]]
+    new = list(items)
+    for h, m in zip(holes, movers, strict=True):
+        new[h] = items[m]
+    return new[:n], (movers, holes)

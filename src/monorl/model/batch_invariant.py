@@ -58,13 +58,16 @@ class BatchInvariantLinear(Linear):
     decode_rows_on_triton = True  # every product on the invariant GEMM (see `FusedKernelsLinear`)
 
     def forward(self, x: Tensor) -> Tensor:
-        return matmul_invariant.linear(x, self.weight)
+        y = matmul_invariant.linear(x, self.weight)
+        return y if self.bias is None else y + self.bias.to(y.dtype)  # a row-local add (q/k/v biases)
 
 
 class BatchInvariantLoRALinear(LoRALinear):
     def forward(self, x: Tensor) -> Tensor:
         a = matmul_invariant.linear(x, self.lora_A.weight)
-        return matmul_invariant.linear(x, self.weight) + matmul_invariant.linear(a, self.lora_B.weight) * self.scale
+        y = matmul_invariant.linear(x, self.weight)
+        y = y if self.bias is None else y + self.bias.to(y.dtype)
+        return y + matmul_invariant.linear(a, self.lora_B.weight) * self.scale
 
 
 class BatchInvariantRMSNorm(RMSNorm):
@@ -107,8 +110,6 @@ def make_batch_invariant_(model: Qwen3ForCausalLM) -> Qwen3ForCausalLM:
             m.__class__ = _CONVERTED[type(m)]
         elif isinstance(m, nn.Linear | nn.Embedding) and type(m) not in _CONVERTED.values():
             raise TypeError(f"make_batch_invariant_: no batch-invariant form of {type(m).__name__}")
-        if isinstance(m, nn.Linear) and m.bias is not None:
-            raise TypeError("make_batch_invariant_: the invariant matmul has no bias")
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
     torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction = False

@@ -1,8 +1,9 @@
-"""HF-format checkpoints in and out: `config.json` + safetensors (one file or sharded with an index).
+"""HF-format checkpoints in and out: `config.json` + safetensors (one file or sharded with an index); GGUF files in
+(a path to a .gguf file, or a directory holding one: `monorl.model.gguf`).
 
 Loading builds the model on the meta device and reads each tensor straight to its target device and
 dtype, so the weights exist once. Saving writes a directory that `transformers` loads as
-`Qwen3ForCausalLM`, atomically (`monorl.fsutil.write_dir_atomic`: a temp dir beside the target, then one
+the family's `*ForCausalLM`, atomically (`monorl.fsutil.write_dir_atomic`: a temp dir beside the target, then one
 rename).
 """
 
@@ -48,8 +49,25 @@ def _check_dir(path: str | os.PathLike) -> Path:
     return p
 
 
+def _gguf(path: str | os.PathLike) -> Path | None:
+    """The GGUF file `path` names (`monorl.model.gguf.gguf_file`), or None for an HF directory."""
+    from monorl.model.gguf import GGUFError, gguf_file  # imports the tokenizers library: only where needed
+
+    try:
+        return gguf_file(path)
+    except GGUFError as e:
+        raise CheckpointError(str(e)) from None
+
+
 def load_config(path: str | os.PathLike) -> ModelConfig:
-    """The `ModelConfig` of an HF checkpoint directory (its `config.json`)."""
+    """The `ModelConfig` of an HF checkpoint directory (its `config.json`) or of a GGUF file."""
+    if (file := _gguf(path)) is not None:
+        from monorl.model.gguf import GGUFError, gguf_config
+
+        try:
+            return gguf_config(file)
+        except GGUFError as e:
+            raise CheckpointError(str(e)) from None
     p = _check_dir(path)
     hf = read_json(p / CONFIG_FILE, CheckpointError)
     try:
@@ -130,12 +148,22 @@ def load_state_dict(path: str | os.PathLike, expected: dict[str, Tensor], device
 
 def load_checkpoint(path: str | os.PathLike, device: torch.device | str = "cpu",
                     dtype: torch.dtype | None = None) -> Qwen3ForCausalLM:
-    """A Qwen3 model from an HF checkpoint directory. dtype=None keeps the stored dtype (of the embedding,
-    so a checkpoint with mixed dtypes still gives a model of one dtype)."""
+    """A model from an HF checkpoint directory or a GGUF file. dtype=None keeps the stored dtype (of the
+    embedding, so a checkpoint with mixed dtypes still gives a model of one dtype; a GGUF file's: fp32, in which
+    its dequantized values are exact)."""
     cfg = load_config(path)
     with torch.device("meta"):
         model = Qwen3ForCausalLM(cfg)
     expected = model.state_dict()
+    if (file := _gguf(path)) is not None:
+        from monorl.model.gguf import GGUFError, gguf_state_dict
+
+        try:
+            state = gguf_state_dict(file, cfg, expected, device=device, dtype=dtype or torch.float32)
+        except GGUFError as e:
+            raise CheckpointError(str(e)) from None
+        model.load_state_dict(state, strict=True, assign=True)
+        return model.eval()
     if dtype is None:
         dtype = _stored_dtype(path, "model.embed_tokens.weight")
     # Tied checkpoints may still carry lm_head.weight (a copy of the embedding): read past it.
@@ -161,7 +189,7 @@ def _stored_dtype(path: str | os.PathLike, name: str) -> torch.dtype | None:
 
 def load_pretrained(path: str | os.PathLike, device: torch.device | str = "cpu",
                     dtype: torch.dtype | None = None) -> tuple[Qwen3ForCausalLM, Tokenizer]:
-    """Model and tokenizer from one HF checkpoint directory."""
+    """Model and tokenizer from one HF checkpoint directory or GGUF file."""
     model = load_checkpoint(path, device=device, dtype=dtype)
     return model, load_tokenizer(path)
 

@@ -1,4 +1,5 @@
-"""Qwen3 dense architecture hyper-parameters, named shapes, and the HF config.json mapping."""
+"""Decoder hyper-parameters (one `ModelConfig` for every family in `monorl.model.families`), named shapes, and the
+HF config.json mapping."""
 
 from __future__ import annotations
 
@@ -6,30 +7,16 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
-SUPPORTED_ARCHITECTURES = ("Qwen3ForCausalLM",)
+from monorl.model.families import FAMILIES, QWEN3, Family, family, family_of_hf
 
-# transformers' Qwen3Config defaults (models/qwen3/configuration_qwen3.py; the rope_theta default is
-# RotaryEmbeddingConfigMixin.default_theta): what HF uses for a key that config.json leaves out. Hard-coded, as
-# monorl never imports transformers at runtime; tests/test_model_config_defaults.py checks every one against the
-# installed transformers. They are HF's generic defaults, not those of a released Qwen3 model (see MODEL_SHAPES).
-HF_QWEN3_DEFAULTS: dict[str, Any] = {
-    "vocab_size": 151936,
-    "hidden_size": 4096,
-    "intermediate_size": 22016,
-    "num_hidden_layers": 32,
-    "num_attention_heads": 32,
-    "num_key_value_heads": 32,  # when absent; an explicit null means num_attention_heads
-    "head_dim": 128,  # not hidden_size // num_attention_heads
-    "rope_theta": 10000.0,  # when neither rope_parameters / rope_scaling nor a top-level rope_theta gives one
-    "rms_norm_eps": 1e-6,
-    "max_position_embeddings": 32768,
-    "tie_word_embeddings": False,
-    "bos_token_id": None,
-    "eos_token_id": None,
-    "hidden_act": "silu",
-    "attention_bias": False,
-    "use_sliding_window": False,
-}
+SUPPORTED_ARCHITECTURES = tuple(f.architecture for f in FAMILIES.values())
+
+# transformers' Qwen3Config defaults: what HF uses for a key that a Qwen3 config.json leaves out (each family's
+# are in `monorl.model.families`). Hard-coded, as monorl never imports transformers at runtime;
+# tests/test_model_config_defaults.py checks every one against the installed transformers. They are HF's generic
+# defaults, not those of a released model (see MODEL_SHAPES).
+HF_QWEN3_DEFAULTS: dict[str, Any] = dict(QWEN3.defaults)
+ROPE_TYPES = ("default", "llama3")
 
 
 def _is_int(v: Any) -> bool:
@@ -42,6 +29,21 @@ def _is_number(v: Any) -> bool:
 
 def _is_token_ids(v: Any) -> bool:
     return v is None or _is_int(v) or (isinstance(v, list) and all(map(_is_int, v)))
+
+
+@dataclass(frozen=True)
+class Llama3RopeScaling:
+    """Llama 3.1's RoPE frequency scaling (HF rope_type "llama3"): wavelengths beyond
+    original_max_position_embeddings / low_freq_factor divided by factor, those below
+    original_max_position_embeddings / high_freq_factor kept, a smooth blend between."""
+
+    factor: float
+    low_freq_factor: float
+    high_freq_factor: float
+    original_max_position_embeddings: int
+
+    def to_hf(self) -> dict[str, Any]:
+        return {"rope_type": "llama3", **dataclasses.asdict(self)}
 
 
 @dataclass(frozen=True)
@@ -59,6 +61,12 @@ class ModelConfig:
     tie_word_embeddings: bool = True
     bos_token_id: int | None = None
     eos_token_id: int | list[int] | None = None
+    # the family (`monorl.model.families`) and what it decides; `with_family` sets all four together
+    model_type: str = "qwen3"
+    qk_norm: bool = True  # per-head RMSNorm of q and k (Qwen3)
+    qkv_bias: bool = False  # biases on q_proj / k_proj / v_proj
+    o_bias: bool = False  # a bias on o_proj
+    rope_scaling: Llama3RopeScaling | None = None
 
     def __post_init__(self) -> None:
         if self.num_heads % self.num_kv_heads:
@@ -67,26 +75,40 @@ class ModelConfig:
             )
         if self.head_dim % 2:
             raise ValueError(f"head_dim must be even for RoPE, got {self.head_dim}")
+        fam = family(self.model_type)
+        if self.qk_norm != fam.qk_norm:
+            raise ValueError(f"qk_norm={self.qk_norm} is not {fam.model_type}'s (use ModelConfig.with_family)")
+        if fam.qkv_bias and (not self.qkv_bias or self.o_bias) or not fam.qkv_bias and self.qkv_bias != self.o_bias:
+            raise ValueError(f"qkv_bias={self.qkv_bias}, o_bias={self.o_bias} is no {fam.model_type} "
+                             "attention (use ModelConfig.with_family)")
+
+    @property
+    def family(self) -> Family:
+        return family(self.model_type)
+
+    def with_family(self, model_type: str, attention_bias: bool = False) -> ModelConfig:
+        """This shape as another family: its q/k norm and biases (attention_bias: HF's flag, q/k/v and o biases
+        for Llama and Qwen3; Qwen2 always has q/k/v biases)."""
+        fam = family(model_type)
+        bias = fam.qkv_bias if fam.qkv_bias is not None else attention_bias
+        return self.replace(model_type=model_type, qk_norm=fam.qk_norm, qkv_bias=bias,
+                            o_bias=bias and fam.qkv_bias is None)
 
     # ---- HF config.json ------------------------------------------------------------------------
     @classmethod
     def from_hf(cls, hf: dict[str, Any]) -> ModelConfig:
         """Build from a parsed HF `config.json`; raises ValueError (one line, naming the key) for other
-        architectures and for values HF's Qwen3Config would reject or monorl does not implement.
+        architectures and for values HF would reject or monorl does not implement.
 
-        A key absent from `config.json` takes transformers' Qwen3Config default (`HF_QWEN3_DEFAULTS`), exactly
-        as HF resolves it, so monorl and transformers read every config.json the same way.
+        The family comes from `model_type` (`monorl.model.families`); a key absent from `config.json` takes that
+        family's transformers config default, exactly as HF resolves it, so monorl and transformers read every
+        config.json the same way.
         """
-        archs = hf.get("architectures") or []
-        model_type = hf.get("model_type")
-        if model_type != "qwen3" or (archs and not set(archs) & set(SUPPORTED_ARCHITECTURES)):
-            raise ValueError(
-                f"unsupported architecture: model_type={model_type!r}, architectures={archs}; "
-                f"monorl supports {list(SUPPORTED_ARCHITECTURES)} (model_type 'qwen3')"
-            )
+        fam = family_of_hf(hf)
+        defaults = fam.defaults
 
         def get(key: str, check: Any, expected: str) -> Any:
-            value = hf.get(key, HF_QWEN3_DEFAULTS[key])
+            value = hf.get(key, defaults[key])
             if not check(value):
                 raise ValueError(f"config.json: {key} must be {expected}, got {value!r}")
             return value
@@ -97,39 +119,42 @@ class ModelConfig:
         def positive_number(key: str) -> float:
             return float(get(key, lambda v: _is_number(v) and v > 0, "a positive number"))
 
-        # HF: rope_scaling (legacy name), when set, wins over rope_parameters; rope_theta comes from that dict,
-        # else the top-level rope_theta, else the default.
-        rope = hf.get("rope_scaling") or hf.get("rope_parameters") or {}
-        if not isinstance(rope, dict):
-            raise ValueError(f"config.json: rope_parameters must be an object, got {rope!r}")
-        rope_type = rope.get("rope_type", rope.get("type", "default"))
-        if rope_type not in ("default", None):
-            raise ValueError(f"unsupported rope_type {rope_type!r} (only 'default' RoPE is implemented)")
-        theta = rope.get("rope_theta", hf.get("rope_theta", HF_QWEN3_DEFAULTS["rope_theta"]))
-        if not (_is_number(theta) and theta > 0):
-            raise ValueError(f"config.json: rope_theta must be a positive number, got {theta!r}")
-        if get("attention_bias", lambda v: isinstance(v, bool), "true or false"):
-            raise ValueError("unsupported: attention_bias=true (Qwen3 has no attention bias)")
-        if get("use_sliding_window", lambda v: isinstance(v, bool), "true or false"):
-            raise ValueError("unsupported: use_sliding_window=true")
-        if (act := hf.get("hidden_act", HF_QWEN3_DEFAULTS["hidden_act"])) != "silu":
+        def flag(key: str) -> bool:
+            return get(key, lambda v: isinstance(v, bool), "true or false")
+
+        theta, scaling = _rope_from_hf(hf, defaults["rope_theta"])
+        attention_bias = flag("attention_bias")
+        if attention_bias and fam.qkv_bias:
+            raise ValueError(f"unsupported: attention_bias=true ({fam.model_type} has q/k/v biases only)")
+        for key in fam.unsupported_flags:
+            if flag(key):
+                raise ValueError(f"unsupported: {key}=true")
+        if (act := hf.get("hidden_act", defaults["hidden_act"])) != "silu":
             raise ValueError(f"unsupported hidden_act {act!r}")
 
         num_heads = positive_int("num_attention_heads")
-        if "num_key_value_heads" in hf and hf["num_key_value_heads"] is None:
-            num_kv_heads = num_heads  # HF: an explicit null means one KV head per attention head
+        if hf.get("num_key_value_heads", defaults["num_key_value_heads"]) is None:
+            num_kv_heads = num_heads  # HF: null (Llama's default too) means one KV head per attention head
         else:
             num_kv_heads = positive_int("num_key_value_heads")
         if num_heads % num_kv_heads:
-            origin = "" if "num_key_value_heads" in hf else ", HF's Qwen3Config default: config.json does not set it"
+            origin = ("" if "num_key_value_heads" in hf else
+                      f", HF's {fam.architecture[:-len('ForCausalLM')]}Config default: config.json does not set it")
             raise ValueError(f"config.json: num_attention_heads ({num_heads}) must be a multiple of "
                              f"num_key_value_heads ({num_kv_heads}{origin})")
-        head_dim = positive_int("head_dim")
+        hidden_size = positive_int("hidden_size")
+        if fam.hidden_multiple_of_heads and hidden_size % num_heads:
+            raise ValueError(f"config.json: hidden_size ({hidden_size}) must be a multiple of num_attention_heads "
+                             f"({num_heads})")
+        if defaults["head_dim"] is None and hf.get("head_dim") is None:
+            head_dim = hidden_size // num_heads  # HF: getattr(config, "head_dim", None) or hidden // heads
+        else:
+            head_dim = positive_int("head_dim")
         if head_dim % 2:
             raise ValueError(f"config.json: head_dim must be even for RoPE, got {head_dim}")
-        return cls(
+        base = cls(
             vocab_size=positive_int("vocab_size"),
-            hidden_size=positive_int("hidden_size"),
+            hidden_size=hidden_size,
             intermediate_size=positive_int("intermediate_size"),
             num_layers=positive_int("num_hidden_layers"),
             num_heads=num_heads,
@@ -138,16 +163,22 @@ class ModelConfig:
             rope_theta=float(theta),
             rms_norm_eps=positive_number("rms_norm_eps"),
             max_position_embeddings=positive_int("max_position_embeddings"),
-            tie_word_embeddings=get("tie_word_embeddings", lambda v: isinstance(v, bool), "true or false"),
+            tie_word_embeddings=flag("tie_word_embeddings"),
             bos_token_id=get("bos_token_id", lambda v: v is None or _is_int(v), "an integer or null"),
             eos_token_id=get("eos_token_id", _is_token_ids, "an integer, a list of integers, or null"),
+            rope_scaling=scaling,
         )
+        return base.with_family(fam.model_type, attention_bias)
 
     def to_hf(self, dtype: str = "bfloat16") -> dict[str, Any]:
-        """The HF `config.json` dict that transformers' Qwen3ForCausalLM loads."""
-        return {
-            "architectures": ["Qwen3ForCausalLM"],
-            "model_type": "qwen3",
+        """The HF `config.json` dict that transformers loads as this family's class."""
+        fam = self.family
+        rope = {"rope_type": "default", "rope_theta": self.rope_theta}
+        if self.rope_scaling is not None:
+            rope = {**self.rope_scaling.to_hf(), "rope_theta": self.rope_theta}
+        out = {
+            "architectures": [fam.architecture],
+            "model_type": fam.model_type,
             "vocab_size": self.vocab_size,
             "hidden_size": self.hidden_size,
             "intermediate_size": self.intermediate_size,
@@ -159,21 +190,52 @@ class ModelConfig:
             "max_position_embeddings": self.max_position_embeddings,
             "rms_norm_eps": self.rms_norm_eps,
             "rope_theta": self.rope_theta,
-            "rope_parameters": {"rope_type": "default", "rope_theta": self.rope_theta},
-            "rope_scaling": None,
-            "attention_bias": False,
+            "rope_parameters": rope,
+            # transformers 4 reads the scaling from here (5 reads it from here too when set)
+            "rope_scaling": None if self.rope_scaling is None else self.rope_scaling.to_hf(),
             "attention_dropout": 0.0,
-            "use_sliding_window": False,
-            "sliding_window": None,
             "tie_word_embeddings": self.tie_word_embeddings,
             "bos_token_id": self.bos_token_id,
             "eos_token_id": self.eos_token_id,
             "torch_dtype": dtype,
             "dtype": dtype,
+            **fam.extra_hf,
         }
+        if fam.qkv_bias is None:
+            out["attention_bias"] = self.o_bias
+        return out
 
     def replace(self, **kw: Any) -> ModelConfig:
         return dataclasses.replace(self, **kw)
+
+
+def _rope_from_hf(hf: dict[str, Any], default_theta: float) -> tuple[float, Llama3RopeScaling | None]:
+    """(rope_theta, scaling) as HF resolves them: rope_scaling (legacy name), when set, wins over rope_parameters;
+    rope_theta comes from that dict, else the top-level rope_theta, else the default."""
+    rope = hf.get("rope_scaling") or hf.get("rope_parameters") or {}
+    if not isinstance(rope, dict):
+        raise ValueError(f"config.json: rope_parameters must be an object, got {rope!r}")
+    rope_type = rope.get("rope_type", rope.get("type", "default"))
+    if rope_type not in (*ROPE_TYPES, None):
+        raise ValueError(f"unsupported rope_type {rope_type!r} (monorl implements {', '.join(ROPE_TYPES)})")
+    partial = rope.get("partial_rotary_factor", hf.get("partial_rotary_factor", 1.0))
+    if partial not in (1, 1.0, None):
+        raise ValueError(f"unsupported partial_rotary_factor {partial!r} (monorl rotates whole heads)")
+    theta = rope.get("rope_theta", hf.get("rope_theta", default_theta))
+    if not (_is_number(theta) and theta > 0):
+        raise ValueError(f"config.json: rope_theta must be a positive number, got {theta!r}")
+    if rope_type != "llama3":
+        return theta, None
+    values = []
+    for key in ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"):
+        v = rope.get(key)
+        if not (_is_number(v) and v > 0):
+            raise ValueError(f"config.json: rope_scaling.{key} must be a positive number for llama3 RoPE, got {v!r}")
+        values.append(v)
+    factor, low, high, original = values
+    if high <= low:
+        raise ValueError(f"config.json: rope_scaling.high_freq_factor ({high}) must exceed low_freq_factor ({low})")
+    return theta, Llama3RopeScaling(float(factor), float(low), float(high), int(original))
 
 
 _QWEN3_VOCAB = 151936

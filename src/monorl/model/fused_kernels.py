@@ -7,7 +7,8 @@ and have a backward, so trainer and generator share them.
 The conversion gives each block's pieces a subclass whose forward calls the fused kernels (`module.__class__ =
 ...`, as `monorl.model.batch_invariant` does): parameters, names and weight sync are untouched, and a model not
 converted is untouched. Its projections take a decode step's few rows to the Triton GEMM (`FusedKernelsLinear`).
-Per layer the decode step then runs: RMSNorm, the q/k/v GEMM, q/k norm + RoPE with the KV write, attention,
+Per layer the decode step then runs: RMSNorm, the q/k/v GEMM, q/k norm + RoPE with the KV write (a family
+without a q/k norm: RoPE as one op, the attention context writes the KV cache), attention,
 o_proj, residual add + RMSNorm, the gate/up GEMM with SiLU * up as its epilogue (`matmul_invariant.mm_silu_mul`, a
 fused copy's decode rows on Hopper; elsewhere the GEMM, then `silu_mul`), down_proj; the residual add after it runs
 in the next block's first norm (a converted block passes its output on as the pair (h, m), sum pending). At decode
@@ -25,7 +26,7 @@ import torch
 from torch import Tensor, nn
 
 from monorl.model.attention import AttentionContext
-from monorl.model.qwen3 import MLP, Attention, Linear, Qwen3ForCausalLM, RMSNorm, TransformerBlock
+from monorl.model.qwen3 import MLP, Attention, Linear, Qwen3ForCausalLM, RMSNorm, TransformerBlock, rope
 from monorl.ops import block_kernels, decode_gemm, matmul_invariant, rmsnorm_invariant
 
 
@@ -81,6 +82,11 @@ class FusedKernelsAttention(Attention):
             q, k, v = self.qkv_proj(x).split(self.sizes, dim=-1)
         else:
             q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
+        if self.q_norm is None:  # a family without q/k norm (Llama, Qwen2): RoPE alone, one opaque op
+            q, k = rope(q.view(T, self.num_heads, self.head_dim), k.view(T, self.num_kv_heads, self.head_dim),
+                        cos.to(q.dtype), sin.to(q.dtype))
+            v = v.view(T, self.num_kv_heads, self.head_dim)
+            return project(self.o_proj, ctx.attend(q, k, v, cache).flatten(1))
         qw, kw, eps = self.q_norm.weight.to(q.dtype), self.k_norm.weight.to(q.dtype), self.q_norm.eps
         slots = ctx.slot_mapping if cache is not None else None
         if slots is None:

@@ -16,7 +16,7 @@ No dropout: RL post-training uses none (the rollouts' log-probs must be those of
 and no rslora, DoRA, bias or per-layer rank: `save_adapter` writes a PEFT adapter (`adapter_config.json` +
 `adapter_model.safetensors`) that `peft.PeftModel.from_pretrained` loads, and `load_adapter_` reads one back
 (also one PEFT saved, of the same kind). `save_merged_checkpoint` writes a plain HF checkpoint of
-W + scale * B @ A. The generator's copy gets the merged weights through `monorl.rl.weight_sync`.
+W + scale * B @ A. The generator's copy gets the merged weights through `monorl.model.weight_sync`.
 """
 
 from __future__ import annotations
@@ -93,7 +93,7 @@ class LoRALinear(Linear):
 
     def forward(self, x: Tensor) -> Tensor:
         a = F.linear(x, self.lora_A.weight.to(x.dtype))
-        return F.linear(x, self.weight) + F.linear(a, self.lora_B.weight.to(x.dtype)) * self.scale
+        return F.linear(x, self.weight, self.bias) + F.linear(a, self.lora_B.weight.to(x.dtype)) * self.scale
 
     @property
     def rank(self) -> int:

@@ -1,13 +1,16 @@
-"""The one Qwen3 dense model definition, used by both the trainer and the generator.
+"""The one decoder model definition, used by both the trainer and the generator, for every family in
+`monorl.model.families` (Qwen3, Llama, Qwen2): the config says which pieces a family has (a q/k norm, q/k/v and
+o biases, Llama 3 RoPE scaling, a tied head); the class keeps the name it had when Qwen3 was the only one.
 
 Inputs are always flat: `input_ids [T]`, `positions [T]` and an `AttentionContext` that says how
 the T tokens are laid out (packed sequences, a prefill, or one token per live decode sequence).
-Parameter names equal HF transformers' `Qwen3ForCausalLM`, so checkpoints map one to one (the generator's
-inference copy alone is built with fused projections: `PACKED_MODULES`).
+Parameter names equal HF transformers' `*ForCausalLM` of the family, so checkpoints map one to one (the
+generator's inference copy alone is built with fused projections: `monorl.model.weight_sync.PACKED_MODULES`).
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from typing import Any
 
@@ -19,8 +22,9 @@ from torch.utils.checkpoint import checkpoint
 from monorl.compile import mark_dynamic
 from monorl.model import logprobs
 from monorl.model.attention import AttentionContext
-from monorl.model.config import ModelConfig
+from monorl.model.config import Llama3RopeScaling, ModelConfig
 from monorl.ops import custom_op, decode_gemm
+from monorl.ops.rope import apply_rope
 
 
 class RMSNorm(nn.Module):
@@ -54,36 +58,74 @@ def embedding(num: int, dim: int) -> nn.Embedding:
 
 
 @custom_op("monorl::rope_cos_sin", mutates_args=())
-def rope_cos_sin(positions: Tensor, head_dim: int, theta: float, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
-    """cos/sin [T, head_dim] for the given positions (computed in fp32, cast like HF does). A custom op, so these
-    are eager's values under `torch.compile` too (Inductor's pow, divide and cos may round differently): a
-    whole-model compiled trainer and an uncompiled generator then rotate by the same bits (batch-invariant mode)."""
+def rope_cos_sin(positions: Tensor, head_dim: int, theta: float, dtype: torch.dtype,
+                 llama3: list[float] | None = None) -> tuple[Tensor, Tensor]:
+    """cos/sin [T, head_dim] for the given positions (computed in fp32, cast like HF does); llama3: Llama 3's
+    frequency scaling (factor, low_freq_factor, high_freq_factor, original_max_position_embeddings). A custom op,
+    so these are eager's values under `torch.compile` too (Inductor's pow, divide and cos may round differently):
+    a whole-model compiled trainer and an uncompiled generator then rotate by the same bits (batch-invariant
+    mode). `model_rope` passes a config's parameters."""
     inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, device=positions.device, dtype=torch.float32) / head_dim))
+    if llama3 is not None:
+        inv_freq = _llama3_inv_freq(inv_freq, *llama3)
     freqs = positions.float()[:, None] * inv_freq[None, :]
     emb = torch.cat((freqs, freqs), dim=-1)
     return emb.cos().to(dtype), emb.sin().to(dtype)
 
 
 @rope_cos_sin.register_fake
-def _(positions, head_dim, theta, dtype):
+def _(positions, head_dim, theta, dtype, llama3=None):
     shape = (positions.shape[0], head_dim)
     return positions.new_empty(shape, dtype=dtype), positions.new_empty(shape, dtype=dtype)
 
 
-def apply_rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
-    """x: [T, H, D]; cos/sin: [T, D]. Non-interleaved (rotate-half) RoPE as in HF."""
-    half = x.shape[-1] // 2
-    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-    return x * cos[:, None, :] + rotated * sin[:, None, :]
+def _llama3_inv_freq(inv_freq: Tensor, factor: float, low: float, high: float, original: float) -> Tensor:
+    """HF's `_compute_llama3_parameters`, in its operation order (so the same fp32 values): long wavelengths
+    divided by factor, short ones kept, the band between blended."""
+    low_wavelen, high_wavelen = original / low, original / high
+    wavelen = 2 * math.pi / inv_freq
+    scaled = torch.where(wavelen > low_wavelen, inv_freq / factor, inv_freq)
+    smooth = (original / wavelen - low) / (high - low)
+    smoothed = (1 - smooth) * scaled / factor + smooth * scaled
+    medium = ~(wavelen < high_wavelen) * ~(wavelen > low_wavelen)
+    return torch.where(medium, smoothed, scaled)
 
 
-# The generator's copy is built fused: q/k/v as one `qkv_proj` and gate/up as one `gate_up_proj` (one GEMM
-# each). The trainer's copy and checkpoints keep HF's separate projections. This table says which HF projection
-# is which row block of a fused one, in row order; `monorl.rl.weight_sync` copies through it.
-PACKED_MODULES: dict[str, tuple[str, int]] = {
-    "q_proj": ("qkv_proj", 0), "k_proj": ("qkv_proj", 1), "v_proj": ("qkv_proj", 2),
-    "gate_proj": ("gate_up_proj", 0), "up_proj": ("gate_up_proj", 1),
-}
+def model_rope(cfg: ModelConfig, positions: Tensor, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
+    """`rope_cos_sin` with the config's RoPE parameters."""
+    s: Llama3RopeScaling | None = cfg.rope_scaling
+    llama3 = None if s is None else [s.factor, s.low_freq_factor, s.high_freq_factor,
+                                     float(s.original_max_position_embeddings)]
+    return rope_cos_sin(positions, cfg.head_dim, cfg.rope_theta, dtype, llama3)
+
+
+@custom_op("monorl::rope", mutates_args=())
+def rope(q: Tensor, k: Tensor, cos: Tensor, sin: Tensor) -> tuple[Tensor, Tensor]:
+    """`apply_rope` of q [T, Hq, D] and k [T, Hkv, D], in their dtype, as one op opaque to `torch.compile`: the
+    fused-kernels block of a family without a q/k norm (`monorl.model.fused_kernels`) rotates with it, so that a
+    compiled trainer rounds RoPE's products and sum as the eager generator does (Inductor would fuse them into
+    one rounding; the q/k norm families' kernel does the same for its RoPE)."""
+    return apply_rope(q, cos, sin).to(q.dtype), apply_rope(k, cos, sin).to(k.dtype)
+
+
+@rope.register_fake
+def _(q, k, cos, sin):
+    return q.new_empty(q.shape), k.new_empty(k.shape)
+
+
+def _rope_setup(ctx, inputs, output) -> None:
+    ctx.save_for_backward(inputs[2], inputs[3])
+    ctx.dtypes = inputs[0].dtype, inputs[1].dtype
+
+
+def _rope_backward(ctx, grad_q: Tensor, grad_k: Tensor) -> tuple[Tensor, Tensor, None, None]:
+    # the rotation's transpose is the rotation by -angle (cos / sin repeat each half: rotate-half RoPE)
+    cos, sin = ctx.saved_tensors
+    return (apply_rope(grad_q, cos, -sin).to(ctx.dtypes[0]), apply_rope(grad_k, cos, -sin).to(ctx.dtypes[1]),
+            None, None)
+
+
+rope.register_autograd(_rope_backward, setup_context=_rope_setup)
 
 
 class Attention(nn.Module):
@@ -92,15 +134,17 @@ class Attention(nn.Module):
         self.num_heads, self.num_kv_heads, self.head_dim = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
         self.fused = fused
         self.sizes = (cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim)
-        if fused:
-            self.qkv_proj = Linear(cfg.hidden_size, sum(self.sizes), bias=False)
+        bias = cfg.qkv_bias
+        if fused:  # (biases fused the same way: q, k, v row blocks of one vector)
+            self.qkv_proj = Linear(cfg.hidden_size, sum(self.sizes), bias=bias)
         else:
-            self.q_proj = Linear(cfg.hidden_size, self.sizes[0], bias=False)
-            self.k_proj = Linear(cfg.hidden_size, self.sizes[1], bias=False)
-            self.v_proj = Linear(cfg.hidden_size, self.sizes[2], bias=False)
-        self.o_proj = Linear(cfg.num_heads * cfg.head_dim, cfg.hidden_size, bias=False)
-        self.q_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps)
-        self.k_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps)
+            self.q_proj = Linear(cfg.hidden_size, self.sizes[0], bias=bias)
+            self.k_proj = Linear(cfg.hidden_size, self.sizes[1], bias=bias)
+            self.v_proj = Linear(cfg.hidden_size, self.sizes[2], bias=bias)
+        self.o_proj = Linear(cfg.num_heads * cfg.head_dim, cfg.hidden_size, bias=cfg.o_bias)
+        # a per-head norm of q and k (Qwen3); None for the families without one
+        self.q_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps) if cfg.qk_norm else None
+        self.k_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps) if cfg.qk_norm else None
 
     def forward(self, x: Tensor, cos: Tensor, sin: Tensor, ctx: AttentionContext, cache: Any) -> Tensor:
         T = x.shape[0]
@@ -108,8 +152,9 @@ class Attention(nn.Module):
             q, k, v = self.qkv_proj(x).split(self.sizes, dim=-1)
         else:
             q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
-        q = self.q_norm(q.view(T, self.num_heads, self.head_dim))
-        k = self.k_norm(k.view(T, self.num_kv_heads, self.head_dim))
+        q, k = q.view(T, self.num_heads, self.head_dim), k.view(T, self.num_kv_heads, self.head_dim)
+        if self.q_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
         v = v.view(T, self.num_kv_heads, self.head_dim)
         # under autocast the fp32 norm weights promote q/k to fp32; attention runs in the projections' dtype
         q, k = apply_rope(q, cos, sin).to(v.dtype), apply_rope(k, cos, sin).to(v.dtype)
@@ -160,11 +205,13 @@ class Qwen3Model(nn.Module):
 
 
 class Qwen3ForCausalLM(nn.Module):
-    """Qwen3 dense. `forward` returns final hidden states [T, hidden]; `compute_logits` applies the
-    LM head, so callers can chunk it (the trainer never materialises a whole pack's logits).
+    """The decoder of every family (see the module docstring). `forward` returns final hidden states [T, hidden];
+    `compute_logits` applies the LM head, so callers can chunk it (the trainer never materialises a whole pack's
+    logits).
 
-    fused: q/k/v and gate/up as one projection each (`PACKED_MODULES`), for an inference copy whose weights
-    come from an unfused model through `monorl.rl.weight_sync`; unfused (the default), names equal HF's."""
+    fused: q/k/v and gate/up as one projection each (`monorl.model.weight_sync.PACKED_MODULES`), for an
+    inference copy whose weights come from an unfused model through `monorl.model.weight_sync`; unfused (the
+    default), names equal HF's."""
 
     # recompute each block in backward instead of keeping its activations (set by the trainer's memory plan)
     activation_checkpointing: bool = False
@@ -185,8 +232,7 @@ class Qwen3ForCausalLM(nn.Module):
         positions' `rope_cos_sin` in the activations' dtype, where the caller has them (the generator's decode
         step gathers them from tables of every position: `monorl.ops.decode_state`)."""
         x = self.model.embed_tokens(input_ids)
-        cos, sin = rope if rope is not None else rope_cos_sin(positions, self.config.head_dim, self.config.rope_theta,
-                                                              x.dtype)
+        cos, sin = rope if rope is not None else model_rope(self.config, positions, x.dtype)
         mark_dynamic(x, cos, sin, dims=(0,))  # token counts vary (packs, prefills, decode buckets)
         checkpointed = self.activation_checkpointing and torch.is_grad_enabled()
         for i, layer in enumerate(self.model.layers):
@@ -223,7 +269,7 @@ class Qwen3ForCausalLM(nn.Module):
 
     @torch.no_grad()
     def init_weights(self, seed: int = 0, std: float = 0.02) -> Qwen3ForCausalLM:
-        """Random init (normal(0, std) matrices, unit norms), deterministic for a seed and device type.
+        """Random init (normal(0, std) matrices and biases, unit norms), deterministic for a seed and device type.
         Drawn on the parameters' device: 0.6B normal samples on a CPU take seconds of startup."""
         gens: dict[torch.device, torch.Generator] = {}
         for name, p in self.named_parameters():

@@ -8,6 +8,7 @@ neither on the other rows of the batch nor on the layout (decode step vs full-se
   ordinary paged decode runs it too.
 - `attention_invariant`: the invariant attention ops (that kernel on CUDA, an exact CPU path elsewhere).
 - `tree_sum`: the fixed-order sum every CPU path is built from.
+- `rope`: RoPE's formula (the model's, and the fused kernels' CPU path).
 - `block_kernels`, `sample_kernels`: the generator's fused Triton kernels (a block's elementwise work; the
   sampler), so its CUDA-graph decode step is fast without `torch.compile`. Row-local, rounding as eager.
 

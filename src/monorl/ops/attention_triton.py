@@ -1,17 +1,15 @@
 """The one Triton attention kernel of monorl: varlen-causal (packed sequences) and paged decode (keys read
 through a block table) in one code path.
 
-Every query row walks its keys in blocks of `ATTN_BLOCK_N` from position 0 with the same online-softmax
-update; only the addressing differs between the layouts. A program holds a tile of `ATTN_ROWS` query rows
-of one kv head, (token, query head) pairs: in decode the G query heads of one sequence's token (the rest
-padding), in a varlen forward the G heads of `ATTN_ROWS // G` consecutive tokens of one sequence, which then
-share every key and value block they load (one load per tile instead of one per token). The tile's shapes,
-and so its dot products, are the same in both layouts, and a row's keys past its own position are masked to
--inf: a block the row does not reach leaves its softmax state exactly unchanged (p = 0, rescale by exp(0) =
-1). So a token's output is the same function of its q and its keys in both, which is what makes
-`attention_invariant` batch-invariant; the generator's ordinary paged decode (`monorl.generate.attention`)
-runs the same kernel for its speed: it reads only each sequence's `seq_len` keys.
-"""
+Every query row walks its keys in blocks of `attention.block_n` (ops/tunables.py) from position 0 with the same
+online-softmax update; only the addressing differs between the layouts. A program holds a tile of `attention.rows` query
+rows of one kv head, (token, query head) pairs: in decode the G query heads of one sequence's token (the rest padding),
+in a varlen forward the G heads of `rows // G` consecutive tokens of one sequence, which then share every key and value
+block they load (one load per tile instead of one per token). The tile's shapes, and so its dot products, are the same
+in both layouts, and a row's keys past its own position are masked to -inf: a block the row does not reach leaves its
+softmax state exactly unchanged (p = 0, rescale by exp(0) = 1). So a token's output is the same function of its q and
+its keys in both, which is what makes `attention_invariant` batch-invariant; the generator's ordinary paged decode
+(`monorl.generate.attention`) runs the same kernel for its speed: it reads only each sequence's `seq_len` keys."""
 
 from __future__ import annotations
 
@@ -19,22 +17,13 @@ import torch
 from torch import Tensor
 
 from monorl.ops import HAS_TRITON, pdl_launch
+from monorl.ops.tunables import HOPPER, chip_for, tuned
 
-ATTN_BLOCK_N = 64  # keys per block (both layouts)
-ATTN_ROWS = 16  # query rows per program (both layouts): the smallest tile of a tensor-core dot
-# 4 warps in both layouts: paged decode with 2 was faster (9.2-11.5 us a launch against 10.4-12.8 us at 40
-# sequences of 150-250 keys, H200, benchmarks/tune_decode_attention.py) and bitwise the 4-warp launch on random
-# inputs, but not in the model: the generator's log-probs then differed from the trainer's (by up to 0.039).
-ATTN_WARPS = 4
-# Paged decode reads each key block's cache blocks from the block table one block ahead (see the loop). Measured
-# (`benchmarks/tune_decode_attention.py --spread`, H200, us a launch, 64-key blocks, without -> with): 34 rows of
-# ~1460 keys 90.9 -> 66.6, 138 of ~1000 161.6 -> 148.9, 256 of ~700 191.1 -> 182.0, 40 of ~180 14.2 -> 12.6. 128-key
-# blocks had been as fast without it (69.7, 149.3, 182.5, 13.0) and are slower with it (75.3, 165.8, 215.9, 18.9).
-# The generator's ordinary paged decode splits each row's keys over more programs when its (row, kv head) programs
-# are fewer than SPLIT_BELOW an SM (`decode_splits`): to ~SPLIT_TARGET an SM, at most MAX_SPLITS parts a row.
-SPLIT_BELOW_PROGRAMS_PER_SM = 2
-SPLIT_TARGET_PROGRAMS_PER_SM = 8
-MAX_SPLITS = 16
+# The launch values (keys a block, query rows a program, warps, the default mode's key splits) are in
+# ops/tunables.py (`attention.*`), each with its measurement. Warps and tile shapes must be the same in both layouts
+# (the batch-invariant mode's equality); paged decode reads each key block's cache blocks from the block table one
+# block ahead (see the loop): 34 rows of ~1460 keys 90.9 -> 66.6 us a launch, 138 of ~1000 161.6 -> 148.9
+# (`benchmarks/tune_decode_attention.py --spread`, H200, 64-key blocks; 128-key blocks were slower with it).
 
 if HAS_TRITON:
     import triton
@@ -151,36 +140,37 @@ if HAS_TRITON:
         tl.store(o_ptr + r.to(tl.int64) * stride_ot + h * stride_oh + tl.arange(0, D), out.to(o_ptr.dtype.element_ty))
 
 
-def decode_splits(rows: int, kv_heads: int, sms: int) -> int:
-    """Key splits of a paged decode (not batch-invariant). 1 once rows * kv_heads reach SPLIT_BELOW_PROGRAMS_PER_SM
-    programs an SM; below, a power of two that brings them to about SPLIT_TARGET_PROGRAMS_PER_SM, at most
-    MAX_SPLITS. Measured on an H100 (`benchmarks/tune_decode_attention.py --splits`, cold caches, us a launch):
-    8 rows of ~1000 keys 53 -> 20 (16 splits), 32 of ~1500 95 -> 73 (8); but 40 rows of 200-400 keys gained at
-    most 8% alone and left the reference decode step (40 rows, 4 splits then) at 1.59 ms, the merge being one more
-    launch a layer; 128 rows of ~800 keys gained 3%."""
+def decode_splits(rows: int, kv_heads: int, sms: int, *, chip: str = HOPPER) -> int:
+    """Key splits of a paged decode (not batch-invariant). 1 once rows * kv_heads reach
+    `attention.split_below_programs_per_sm` programs an SM; below, a power of two that brings them to about
+    `split_target_programs_per_sm`, at most `max_splits`. Measured on an H100 (`benchmarks/tune_decode_attention.py
+    --splits`, cold caches, us a launch): 8 rows of ~1000 keys 53 -> 20 (16 splits), 32 of ~1500 95 -> 73 (8); but 40
+    rows of 200-400 keys gained at most 8% alone and left the reference decode step (40 rows, 4 splits then) at 1.59 ms,
+    the merge being one more launch a layer; 128 rows of ~800 keys gained 3%."""
     programs = rows * kv_heads
-    if programs >= SPLIT_BELOW_PROGRAMS_PER_SM * sms:
+    if programs >= tuned("attention.split_below_programs_per_sm", chip) * sms:
         return 1
-    want = -(-SPLIT_TARGET_PROGRAMS_PER_SM * sms // max(1, programs))
-    return min(MAX_SPLITS, 1 << (want - 1).bit_length())
+    want = -(-tuned("attention.split_target_programs_per_sm", chip) * sms // max(1, programs))
+    return min(tuned("attention.max_splits", chip), 1 << (want - 1).bit_length())
 
 
-def _tile(Hq: int, Hkv: int) -> tuple[int, int, int]:
+def _tile(Hq: int, Hkv: int, chip: str) -> tuple[int, int, int]:
     """(G, rows, tokens per varlen tile) for a model's head counts."""
     G = Hq // Hkv
-    rows = max(ATTN_ROWS, triton.next_power_of_2(G))
+    rows = max(tuned("attention.rows", chip), triton.next_power_of_2(G))
     return G, rows, rows // G
 
 
 def attention_triton(q: Tensor, k_cache: Tensor, v_cache: Tensor, lens: Tensor, block_tables: Tensor,
-                     splits: int = 1, block_n: int = ATTN_BLOCK_N) -> Tensor:
-    """Paged decode: q [R, Hq, D] (one token per sequence) attends the first lens[r] keys of row r's block table
-    (caches [N, BS, Hkv, D]), in key blocks of block_n. splits > 1 (a power of two): each row's keys are walked in
-    that many parts by separate programs and merged after (`decode_splits`), which fills the GPU when rows are
-    few; the sums then round differently, so the batch-invariant ops keep 1 (and the varlen path's block_n)."""
+                     splits: int = 1, block_n: int | None = None) -> Tensor:
+    """Paged decode: q [R, Hq, D] (one token per sequence) attends the first lens[r] keys of row r's block table (caches
+    [N, BS, Hkv, D]), in key blocks of block_n (default `attention.block_n`). splits > 1 (a power of two): each row's
+    keys are walked in that many parts by separate programs and merged after (`decode_splits`), which fills the GPU when
+    rows are few; the sums then round differently, so the batch-invariant ops keep 1 (and the varlen path's block_n)."""
     R, Hq, D = q.shape
     Hkv = k_cache.shape[-2]
-    G, rows, _ = _tile(Hq, Hkv)
+    chip = chip_for(q)
+    G, rows, _ = _tile(Hq, Hkv, chip)
     q = q.contiguous()
     out = torch.empty_like(q)
     if R == 0:
@@ -193,11 +183,12 @@ def attention_triton(q: Tensor, k_cache: Tensor, v_cache: Tensor, lens: Tensor, 
         q, k_cache, v_cache, out, lens, lens, block_tables,
         q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), block_tables.stride(0),
         out.stride(0), out.stride(1), D ** -0.5, 1, part, ml, out, 0,
-        PAGED=True, G=G, ROWS=rows, TOKENS=1, D=D, BS=k_cache.shape[1], BLOCK_N=block_n, SPLITS=splits,
-        num_warps=ATTN_WARPS, **pdl_launch(q))
+        PAGED=True, G=G, ROWS=rows, TOKENS=1, D=D, BS=k_cache.shape[1],
+        BLOCK_N=block_n or tuned("attention.block_n", chip), SPLITS=splits, num_warps=tuned("attention.warps", chip),
+        **pdl_launch(q))
     if splits > 1:
         _attn_combine_kernel[(R, Hq)](part, ml, out, out.stride(0), out.stride(1), R, Hq, SPLITS=splits, D=D,
-                                      num_warps=1, **pdl_launch(q))
+                                      num_warps=tuned("attention.combine_warps", chip), **pdl_launch(q))
     return out
 
 
@@ -209,7 +200,8 @@ def varlen_attention_triton(q: Tensor, k: Tensor, v: Tensor, cu_seqlens: Tensor,
     layout; the outputs are the same with or without it."""
     T, Hq, D = q.shape
     Hkv = k.shape[1]
-    G, rows, tokens = _tile(Hq, Hkv)
+    chip = chip_for(q)
+    G, rows, tokens = _tile(Hq, Hkv, chip)
     q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
     out = torch.empty_like(q)
     if T == 0:
@@ -221,6 +213,6 @@ def varlen_attention_triton(q: Tensor, k: Tensor, v: Tensor, cu_seqlens: Tensor,
         q, k, v, out, cu_seqlens, cu_seqlens, cu_seqlens,
         q.stride(0), q.stride(1), 0, k.stride(0), k.stride(1), 0, out.stride(0), out.stride(1), D ** -0.5, tiles,
         out, out, out if lse is None else lse, 0 if lse is None else lse.stride(0),
-        PAGED=False, G=G, ROWS=rows, TOKENS=tokens, D=D, BS=1, BLOCK_N=ATTN_BLOCK_N, STORE_LSE=lse is not None,
-        num_warps=ATTN_WARPS, **pdl_launch(q))
+        PAGED=False, G=G, ROWS=rows, TOKENS=tokens, D=D, BS=1, BLOCK_N=tuned("attention.block_n", chip),
+        STORE_LSE=lse is not None, num_warps=tuned("attention.warps", chip), **pdl_launch(q))
     return out

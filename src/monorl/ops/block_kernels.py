@@ -28,6 +28,8 @@ from torch import Tensor
 from monorl.ops import HAS_TRITON, custom_op, pdl_launch, unit_stride, use_triton
 from monorl.ops.decode_gemm import sum_parts
 from monorl.ops.rmsnorm_invariant import rms_norm_backward, rms_norm_rows
+from monorl.ops.rope import apply_rope
+from monorl.ops.tunables import chip_for, threshold_pick, tuned
 
 if HAS_TRITON:
     import triton
@@ -161,9 +163,10 @@ def _add_rms_norm_triton(x: Tensor, a: Tensor, w: Tensor, eps: float, parts: int
     h, out = torch.empty_like(x), torch.empty_like(x)
     rows = x.numel() // D
     if rows:
+        warps = threshold_pick(tuned("block.norm_warps", chip_for(x)), D)
         _add_rms_norm_kernel[(rows,)](x, a, w.contiguous(), h, out, D, eps, rows * D,
-                                      BLOCK_D=triton.next_power_of_2(D), PARTS=parts,
-                                      num_warps=4 if D <= 2048 else 8, enable_fp_fusion=False, **pdl_launch(x))
+                                      BLOCK_D=triton.next_power_of_2(D), PARTS=parts, num_warps=warps,
+                                      enable_fp_fusion=False, **pdl_launch(x))
     return h, out
 
 
@@ -208,17 +211,12 @@ def write_kv(k: Tensor, v: Tensor, cache: Tensor, slots: Tensor) -> None:
     cache[1].view(-1, Hkv, D).index_copy_(0, slots, v.to(cache.dtype))
 
 
-SPLIT_QK_TOKENS = 512  # up to this many tokens, q and k heads in separate programs (`_qk_norm_rope_kernel`)
-
-
 def _qk_norm_rope(q: Tensor, k: Tensor, q_weight: Tensor, k_weight: Tensor, cos: Tensor, sin: Tensor, eps: float,
                   kv: tuple[Tensor, Tensor, Tensor] | None = None) -> tuple[Tensor, Tensor]:
     """`qk_norm_rope`; with kv = (v, cache, slots), k and v also written to the cache as `write_kv` would."""
     T, D = q.shape[0], cos.shape[-1]
     Hq, Hkv = q.shape[-1] // D, k.shape[-1] // D
     if not use_triton(q):
-        from monorl.model.qwen3 import apply_rope  # the model's own formula (imported here: ops load before models)
-
         q = rms_norm_rows(q.reshape(T, Hq, D), q_weight, eps)
         k = rms_norm_rows(k.reshape(T, Hkv, D), k_weight, eps)
         q, k = apply_rope(q, cos, sin).to(q.dtype), apply_rope(k, cos, sin).to(k.dtype)
@@ -234,12 +232,13 @@ def _qk_norm_rope(q: Tensor, k: Tensor, q_weight: Tensor, k_weight: Tensor, cos:
         v, cache, slots = kv
         v, kc, vc = unit_stride(v), cache[0], cache[1]
     if T:
-        split = T <= SPLIT_QK_TOKENS
+        chip = chip_for(q)
+        split = T <= tuned("block.split_qk_tokens", chip)  # q and k heads in separate programs
         _qk_norm_rope_kernel[(T, 2 if split else 1)](
             q, k, q_weight.contiguous(), k_weight.contiguous(), cos.contiguous(), sin.contiguous(), q_out, k_out,
             q.stride(0), k.stride(0), v, v.stride(0), kc, vc, slots, eps, HQ=Hq, HKV=Hkv,
             HQ_P=triton.next_power_of_2(Hq), HKV_P=triton.next_power_of_2(Hkv), D=D, WRITE_KV=kv is not None,
-            SPLIT=split, num_warps=4, enable_fp_fusion=False, **pdl_launch(q))
+            SPLIT=split, num_warps=tuned("block.qk_warps", chip), enable_fp_fusion=False, **pdl_launch(q))
     return q_out, k_out
 
 
@@ -297,9 +296,11 @@ def silu_mul(gate: Tensor, up: Tensor) -> Tensor:
     T, N = gate.shape
     out = gate.new_empty(T, N)
     if T:
-        block = 1024
+        chip = chip_for(gate)
+        block = tuned("block.silu_block", chip)
         _silu_mul_kernel[(T, triton.cdiv(N, block))](gate, up, out, N, gate.stride(0), up.stride(0), BLOCK=block,
-                                                      num_warps=4, enable_fp_fusion=False, **pdl_launch(gate))
+                                                      num_warps=tuned("block.silu_warps", chip),
+                                                      enable_fp_fusion=False, **pdl_launch(gate))
     return out
 
 
@@ -322,9 +323,11 @@ def _silu_mul_backward_op(grad: Tensor, gate: Tensor, up: Tensor) -> tuple[Tenso
     T, N = gate.shape
     d_gate, d_up = gate.new_empty(T, N), up.new_empty(T, N)
     if T:
-        block = 1024
+        chip = chip_for(grad)
+        block = tuned("block.silu_block", chip)
         _silu_mul_backward_kernel[(T, triton.cdiv(N, block))](grad, gate, up, d_gate, d_up, N, gate.stride(0),
-                                                               up.stride(0), BLOCK=block, num_warps=4)
+                                                               up.stride(0), BLOCK=block,
+                                                               num_warps=tuned("block.silu_warps", chip))
     return d_gate, d_up
 
 

@@ -8,15 +8,15 @@ programs of 32 columns, `block_n`). Measured at 40 rows (`benchmarks/tune_decode
 o 5.38 -> 4.21 us, down 7.14 -> 5.27; 1.7B o 5.64 -> 4.71, down 12.64 -> 9.49. Not the q/k/v product (4096 columns,
 128 programs already): 4.67 -> 4.59 us in 64-column parts, and the q/k pass summing them got slower by as much.
 
-From 65 to MID_ROWS_MAX rows (the throughput run's steps) the same kernel runs 64-row tiles of MID_BLOCK_N columns in
-place of cuBLAS, whose launches there take a few microseconds over their bytes (Qwen3-0.6B's four layer products 26.6
-us at 128 rows against ~6.7 us of weight at 4.67 TB/s), with as many K parts (up to MAX_MID_PARTS, at least 2) as
-fill the SMs once (`parts_for`). Measured alone (`benchmarks/tune_mid_rows_gemm.py`, H200, weights cold, cuBLAS -> 4
-parts): o 6.12 -> 4.54 us at 128 rows, down 8.46 -> 5.36. In the graphed decode step (`profile_decode_step.py
---variants`, Qwen3-0.6B, ms, cuBLAS / 4 parts / 2 parts): 96 rows 2.98 / 2.85 / 2.91, 128 rows 3.47 / 3.35 (4), 192
-rows 4.25-4.30 / 4.41-4.43 / 4.23, 256 rows 5.05-5.13 / 5.11-5.15 / 5.13-5.26; hence 4 parts to 128 rows, 2 to 192,
-cuBLAS above. The wide products (q/k/v, gate/up) stay on cuBLAS, faster there alone (5.57 against 6.04 us, 6.43
-against 7.69 at 128 rows).
+From 65 to `decode_gemm.mid_rows_max` rows (192; the launch values are in ops/tunables.py; the throughput run's steps)
+the same kernel runs 64-row tiles of `mid_block_n` columns in place of cuBLAS, whose launches there take a few
+microseconds over their bytes (Qwen3-0.6B's four layer products 26.6 us at 128 rows against ~6.7 us of weight at 4.67
+TB/s), with as many K parts (up to `max_mid_parts`, at least 2) as fill the SMs once (`parts_for`). Measured alone
+(`benchmarks/tune_mid_rows_gemm.py`, H200, weights cold, cuBLAS -> 4 parts): o 6.12 -> 4.54 us at 128 rows, down 8.46 ->
+5.36. In the graphed decode step (`profile_decode_step.py --variants`, Qwen3-0.6B, ms, cuBLAS / 4 parts / 2 parts): 96
+rows 2.98 / 2.85 / 2.91, 128 rows 3.47 / 3.35 (4), 192 rows 4.25-4.30 / 4.41-4.43 / 4.23, 256 rows 5.05-5.13 / 5.11-5.15
+/ 5.13-5.26; hence 4 parts to 128 rows, 2 to 192, cuBLAS above. The wide products (q/k/v, gate/up) stay on cuBLAS,
+faster there alone (5.57 against 6.04 us, 6.43 against 7.69 at 128 rows).
 
 The parts' fp32 sums are not added here: a reduction inside the launch (the last program of a column tile adding
 them, behind an acquire-release counter) cost ~2 us of a 5-7 us launch (`benchmarks/tune_decode_gemm.py`, H200), so
@@ -32,7 +32,7 @@ import torch
 from torch import Tensor
 
 from monorl.ops import HAS_TRITON, custom_op, pdl_launch, sm_count, use_triton
-from monorl.ops.matmul_invariant import tiling_may_follow_m
+from monorl.ops.tunables import HOPPER, chip_of, tuned
 
 if HAS_TRITON:
     import triton
@@ -64,43 +64,44 @@ if HAS_TRITON:
                  mask=(offs_m[:, None] < M) & (offs_n[None, :] < N))
 
 
-PARTS = 2  # K parts up to 64 rows (one row tile)
-BLOCK_K = 128
-MAX_BLOCK_N = 64
-MAX_ROWS = 64  # one 64-row tile
-MID_ROWS_MAX = 192  # 65..MID_ROWS_MAX rows: 64-row tiles of MID_BLOCK_N columns (0: cuBLAS there)
-MID_BLOCK_N = 64
-MAX_MID_PARTS = 4
+def parts_for(rows: int, n: int, sms: int, *, chip: str = HOPPER) -> int:
+    """How many K parts `split_k_parts` writes for `rows` x `n` outputs on `sms` SMs: `decode_gemm.parts` up to
+    `max_rows`; above, as many as make the (row tile, column tile, part) programs fill the SMs once, at most
+    `max_mid_parts` (1: none)."""
+    if rows <= tuned("decode_gemm.max_rows", chip):
+        return tuned("decode_gemm.parts", chip)
+    tiles = -(-rows // tuned("decode_gemm.block_m", chip)) * -(-n // tuned("decode_gemm.mid_block_n", chip))
+    return max(1, min(tuned("decode_gemm.max_mid_parts", chip), sms // tiles))
 
 
-def parts_for(rows: int, n: int, sms: int) -> int:
-    """How many K parts `split_k_parts` writes for `rows` x `n` outputs on `sms` SMs: PARTS up to MAX_ROWS; above,
-    as many as make the (row tile, column tile, part) programs fill the SMs once, at most MAX_MID_PARTS (1: none)."""
-    if rows <= MAX_ROWS:
-        return PARTS
-    return max(1, min(MAX_MID_PARTS, sms // (-(-rows // 64) * -(-n // MID_BLOCK_N))))
-
-
-def block_n(N: int, sms: int) -> int:
-    """The narrowest column tile, 16 to MAX_BLOCK_N, whose PARTS x tiles programs run in one wave on `sms` SMs (a
-    program's bytes are ~2K x (rows + tile) / PARTS: narrow tiles, as long as the programs fit); 0 if none does."""
+def block_n(N: int, sms: int, *, chip: str = HOPPER) -> int:
+    """The narrowest column tile, 16 to `decode_gemm.max_block_n`, whose `parts` x tiles programs run in one wave on
+    `sms` SMs (a program's bytes are ~2K x (rows + tile) / parts: narrow tiles, as long as the programs fit); 0 if
+    none does."""
+    parts, widest = tuned("decode_gemm.parts", chip), tuned("decode_gemm.max_block_n", chip)
     bn = 16
-    while PARTS * -(-N // bn) > sms and bn < MAX_BLOCK_N:
+    while parts * -(-N // bn) > sms and bn < widest:
         bn *= 2
-    return bn if PARTS * -(-N // bn) <= sms else 0
+    return bn if parts * -(-N // bn) <= sms else 0
 
 
 def split_k_fits(x: Tensor, w: Tensor) -> bool:
-    """Whether `split_k_parts` runs x [M, K] @ w [N, K]^T: CUDA, K of at least four K blocks, and either at most
-    MAX_ROWS rows with a column tile within MAX_BLOCK_N (`block_n`), or at most MID_ROWS_MAX rows where two or more
-    parts fill the SMs (`parts_for`: Qwen3-0.6B's o and down; 1.7B's to 128 rows). Measured on Hopper only
-    (`matmul_invariant.tiling_may_follow_m`)."""
-    if not use_triton(x) or x.dim() != 2 or x.shape[1] < 4 * BLOCK_K or not tiling_may_follow_m(x.device.index or 0):
+    """Whether `split_k_parts` runs x [M, K] @ w [N, K]^T: CUDA, K of at least `decode_gemm.min_k_blocks` K blocks,
+    and either at most `max_rows` rows with a column tile within `max_block_n` (`block_n`), or at most
+    `mid_rows_max` rows where two or more parts fill the SMs (`parts_for`: Qwen3-0.6B's o and down; 1.7B's to 128
+    rows). Measured on Hopper only (`decode_gemm.enabled`)."""
+    if not use_triton(x) or x.dim() != 2:
         return False
-    sms = sm_count(x.device.index or 0)
-    if x.shape[0] <= MAX_ROWS:
-        return block_n(w.shape[0], sms) > 0
-    return x.shape[0] <= MID_ROWS_MAX and parts_for(x.shape[0], w.shape[0], sms) > 1
+    index = x.device.index or 0
+    chip = chip_of(index)
+    if not tuned("decode_gemm.enabled", chip) or \
+            x.shape[1] < tuned("decode_gemm.min_k_blocks", chip) * tuned("decode_gemm.block_k", chip):
+        return False
+    sms = sm_count(index)
+    if x.shape[0] <= tuned("decode_gemm.max_rows", chip):
+        return block_n(w.shape[0], sms, chip=chip) > 0
+    return x.shape[0] <= tuned("decode_gemm.mid_rows_max", chip) and parts_for(x.shape[0], w.shape[0], sms,
+                                                                               chip=chip) > 1
 
 
 @custom_op("monorl::split_k_parts", mutates_args=())
@@ -109,24 +110,28 @@ def split_k_parts(x: Tensor, w: Tensor) -> Tensor:
     x, w = x.contiguous(), w.contiguous()
     M, K = x.shape
     N = w.shape[0]
-    sms = sm_count(x.device.index or 0)
-    P = parts_for(M, N, sms)
+    index = x.device.index or 0
+    sms, chip = sm_count(index), chip_of(index)
+    P = parts_for(M, N, sms, chip=chip)
     parts = torch.empty(P, M, N, dtype=torch.float32, device=x.device)
     if M:
-        ks = triton.cdiv(triton.cdiv(K, P), BLOCK_K) * BLOCK_K
-        if M <= MAX_ROWS:  # one row tile: a deep pipeline, one program an SM
-            bn, stages = block_n(N, sms) or MAX_BLOCK_N, 6
+        bm, bk = tuned("decode_gemm.block_m", chip), tuned("decode_gemm.block_k", chip)
+        ks = triton.cdiv(triton.cdiv(K, P), bk) * bk
+        if M <= tuned("decode_gemm.max_rows", chip):  # one row tile: a deep pipeline, one program an SM
+            bn = block_n(N, sms, chip=chip) or tuned("decode_gemm.max_block_n", chip)
+            stages = tuned("decode_gemm.stages_one_tile", chip)
         else:
-            bn, stages = MID_BLOCK_N, 4
-        _split_k_kernel[(triton.cdiv(N, bn), P, triton.cdiv(M, 64))](
-            x, w, parts, M, N, K, ks, x.stride(0), w.stride(0), BLOCK_M=64, BLOCK_N=bn, BLOCK_K=BLOCK_K,
-            num_warps=4, num_stages=stages, **pdl_launch(x))
+            bn, stages = tuned("decode_gemm.mid_block_n", chip), tuned("decode_gemm.stages_mid", chip)
+        _split_k_kernel[(triton.cdiv(N, bn), P, triton.cdiv(M, bm))](
+            x, w, parts, M, N, K, ks, x.stride(0), w.stride(0), BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk,
+            num_warps=tuned("decode_gemm.warps", chip), num_stages=stages, **pdl_launch(x))
     return parts
 
 
 @split_k_parts.register_fake
 def _(x: Tensor, w: Tensor) -> Tensor:
-    P = parts_for(x.shape[0], w.shape[0], sm_count(x.device.index or 0))
+    index = x.device.index or 0
+    P = parts_for(x.shape[0], w.shape[0], sm_count(index), chip=chip_of(index))
     return x.new_empty(P, x.shape[0], w.shape[0], dtype=torch.float32)
 
 

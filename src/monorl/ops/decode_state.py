@@ -16,6 +16,7 @@ import torch
 from torch import Tensor
 
 from monorl.ops import HAS_TRITON, pdl_launch, use_triton
+from monorl.ops.tunables import chip_for, tuned
 
 if HAS_TRITON:
     import triton
@@ -78,7 +79,8 @@ def step_inputs(pos: Tensor, block_tables: Tensor, block_size: int, rope_tables:
     lens = torch.empty(B, dtype=torch.int32, device=pos.device)
     cos, sin = cos_t.new_empty(B, D), sin_t.new_empty(B, D)
     _step_inputs_kernel[(B,)](pos, block_tables, block_tables.stride(0), W, slots, lens, nxt, cos_t, sin_t, cos,
-                              sin, cos_t.shape[0], BS=block_size, D=D, ROPE=True, num_warps=1, **pdl_launch(pos))
+                              sin, cos_t.shape[0], BS=block_size, D=D, ROPE=True,
+                              num_warps=tuned("decode_state.step_warps", chip_for(pos)), **pdl_launch(pos))
     return slots, lens, nxt, (cos, sin)
 
 
@@ -96,5 +98,6 @@ def commit_step(tokens: Tensor, logprobs: Tensor, ring_tok: Tensor, ring_lp: Ten
         pos[:B].add_(1)
         return
     _commit_kernel[(1,)](tokens, logprobs, ring_tok, ring_lp, ring_tok.stride(0), ring_lp.stride(0), ring_idx, tok,
-                         pos, B, ring_size, BLOCK=max(16, triton.next_power_of_2(B)), num_warps=4,
+                         pos, B, ring_size, BLOCK=max(16, triton.next_power_of_2(B)),
+                         num_warps=tuned("decode_state.commit_warps", chip_for(tokens)),
                          **pdl_launch(tokens))

@@ -11,6 +11,7 @@ import torch
 from torch import Tensor
 
 from monorl.ops import HAS_TRITON, unit_stride, use_triton
+from monorl.ops.tunables import chip_for, tuned
 
 if HAS_TRITON:
     import triton
@@ -48,7 +49,9 @@ def token_entropy(logits: Tensor, temperature: float = 1.0, block: int = 256) ->
         x = unit_stride(logits)
         out = torch.empty(N, dtype=torch.float32, device=x.device)
         if N:
-            _entropy_kernel[(N,)](x, out, V, x.stride(0), 1.0 / float(temperature), BLOCK_V=2048, num_warps=8)
+            chip = chip_for(x)
+            _entropy_kernel[(N,)](x, out, V, x.stride(0), 1.0 / float(temperature),
+                                  BLOCK_V=tuned("entropy.block", chip), num_warps=tuned("entropy.warps", chip))
         return out
     out = []
     with torch.no_grad():

@@ -3,10 +3,10 @@ reduction order over the vocabulary per row (Triton on CUDA, a tree sum on CPU).
 CUDA one pass over the logits that takes each row's log-sum-exp from the forward's output (one-hot and softmax
 materialised in fp32 were ~18 ms of a Qwen3-0.6B trainer step).
 
-On CUDA a row's vocabulary is cut into LP_SEGMENTS segments whose length depends on V alone: a program per (row,
-segment) finds the segment's max and its sum of exp(z - max) (its lanes in a fixed order), and a second kernel
-merges a row's segments in order. The order is a function of V only, never of the row count, and the trainer
-and the generator run the same two kernels. One program per row walking all of V took ~40 us at the decode
+On CUDA a row's vocabulary is cut into `logprob.segments` (ops/tunables.py) segments whose length depends on V alone: a
+program per (row, segment) finds the segment's max and its sum of exp(z - max) (its lanes in a fixed order), and a
+second kernel merges a row's segments in order. The order is a function of V only, never of the row count, and the
+trainer and the generator run the same two kernels. One program per row walking all of V took ~40 us at the decode
 step's 40 rows (40 programs on 132 SMs); the segments give the GPU 8x the programs."""
 
 from __future__ import annotations
@@ -17,9 +17,7 @@ from torch import Tensor
 
 from monorl.ops import HAS_TRITON, custom_op, pdl_launch, unit_stride, use_triton
 from monorl.ops.tree_sum import tree_sum
-
-LP_SEGMENTS = 8  # vocabulary segments a row's sums are cut into (CUDA); fixed, so the sum order depends on V alone
-LP_BLOCK = 1024  # logits a segment program reads an iteration
+from monorl.ops.tunables import chip_for, tuned
 
 if HAS_TRITON:
     import triton
@@ -92,12 +90,17 @@ def bi_token_logprobs(logits: Tensor, tokens: Tensor, temperature: float) -> Ten
         logits, tokens = logits.contiguous(), tokens.contiguous().long()
         out = torch.empty(N, dtype=torch.float32, device=logits.device)
         if N:
-            seg_len = triton.cdiv(triton.cdiv(V, LP_SEGMENTS), LP_BLOCK) * LP_BLOCK  # whole blocks: V alone decides
-            part = torch.empty(N, LP_SEGMENTS, 2, dtype=torch.float32, device=logits.device)
-            _logprob_segment_kernel[(N, LP_SEGMENTS)](logits, part, V, logits.stride(0), float(temperature), seg_len,
-                                                      BLOCK_V=LP_BLOCK, num_warps=4, **pdl_launch(logits))
+            # vocabulary segments a row's sums are cut into, each a whole number of blocks: V alone decides the order
+            chip = chip_for(logits)
+            segments, block = tuned("logprob.segments", chip), tuned("logprob.block", chip)
+            seg_len = triton.cdiv(triton.cdiv(V, segments), block) * block
+            part = torch.empty(N, segments, 2, dtype=torch.float32, device=logits.device)
+            _logprob_segment_kernel[(N, segments)](logits, part, V, logits.stride(0), float(temperature), seg_len,
+                                                   BLOCK_V=block, num_warps=tuned("logprob.warps", chip),
+                                                   **pdl_launch(logits))
             _logprob_combine_kernel[(N,)](logits, tokens, part, out, logits.stride(0), float(temperature),
-                                          SEGMENTS=LP_SEGMENTS, num_warps=1, **pdl_launch(logits))
+                                          SEGMENTS=segments, num_warps=tuned("logprob.combine_warps", chip),
+                                          **pdl_launch(logits))
         return out
     z = logits.float()
     if temperature != 1.0:
@@ -129,10 +132,11 @@ def _lp_backward_op(logits: Tensor, tokens: Tensor, logprobs: Tensor, grad: Tens
     logits = unit_stride(logits)
     out = torch.empty(N, V, dtype=logits.dtype, device=logits.device)
     if N:
-        block = 2048
+        chip = chip_for(logits)
+        block = tuned("logprob.backward_block", chip)
         _logprob_backward_kernel[(N, triton.cdiv(V, block))](
             logits, tokens.contiguous().long(), logprobs.contiguous(), grad.float().contiguous(), out, V,
-            logits.stride(0), float(temperature), BLOCK_V=block, num_warps=4)
+            logits.stride(0), float(temperature), BLOCK_V=block, num_warps=tuned("logprob.backward_warps", chip))
     return out
 
 

@@ -9,13 +9,12 @@ torch.compile); backward is ordinary math: only forward values have to match the
 
 from __future__ import annotations
 
-import functools
-
 import torch
 from torch import Tensor
 
 from monorl.ops import HAS_TRITON, custom_op, pdl_launch, sm_count, use_triton
 from monorl.ops.tree_sum import tree_sum
+from monorl.ops.tunables import HOPPER, chip_of, threshold_pick, tuned
 
 if HAS_TRITON:
     import triton
@@ -78,46 +77,44 @@ if HAS_TRITON:
                  mask=(offs_m[:, None] < M) & (offs_n[None, :] < N))
 
 
-MM_TILES = "auto"  # "auto" | "large" (128x128 tiles everywhere; benchmarks/bench_batch_invariant.py --mm-tiles)
-DECODE_ROWS = 128  # up to this many rows (decode steps), tiles that spread a GEMV-like product over the SMs
-GEMV_ROWS = 64  # up to this many rows, the decode tiling reads the weight faster than cuBLAS (see _mm_config)
-
-
-@functools.cache
 def tiling_may_follow_m(device_index: int) -> bool:
-    """Hopper (sm_90) only: the property below was checked there; elsewhere one tiling per weight shape."""
-    return torch.cuda.get_device_capability(device_index)[0] == 9
+    """Whether the tiling may follow M on this GPU (`matmul.tiling_follows_m`: the property `_mm_config` relies on
+    was checked on Hopper only); elsewhere one tiling per weight shape."""
+    return tuned("matmul.tiling_follows_m", chip_of(device_index))
 
 
 def faster_than_cublas(x: Tensor) -> bool:
-    """Whether `linear(x, w)` beats cuBLAS: up to GEMV_ROWS rows (a decode step) on a GPU whose tiling follows M
-    (Hopper); elsewhere every row count runs the pack tiling, made for many rows."""
-    return use_triton(x) and x.numel() <= GEMV_ROWS * x.shape[-1] and tiling_may_follow_m(x.device.index or 0)
+    """Whether `linear(x, w)` beats cuBLAS: up to `matmul.gemv_rows` rows (a decode step) on a GPU whose tiling
+    follows M (Hopper); elsewhere every row count runs the pack tiling, made for many rows."""
+    if not use_triton(x):
+        return False
+    chip = chip_of(x.device.index or 0)
+    return x.numel() <= tuned("matmul.gemv_rows", chip) * x.shape[-1] and tuned("matmul.tiling_follows_m", chip)
 
 
-def _mm_config(M: int, N: int, K: int, follow_m: bool = True, sms: int = 132) -> tuple[int, int, int, int, int]:
-    """(BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages). Every tiling here has 64 rows per 4 warps, so Hopper
-    runs it as 64-row wgmma (one per warpgroup) accumulating K in 16-wide steps in order into one fp32
-    accumulator: an element's value does not depend on BLOCK_N, BLOCK_K, stages or the number of warpgroups
-    (`tests/test_batch_invariant_gpu.py` checks every pair bitwise), which is what lets the tiling follow M --
-    narrow N tiles for decode, 128x128 on 8 warps for packs (6-17% faster than 64x128 on 4 at 8192 rows of
-    Qwen3-0.6B's shapes, H100, `benchmarks/tune_bi_matmul.py --warps 4,8`; cuBLAS is still ~1.3x faster) -- and
-    rows stay invariant. follow_m=False (other GPUs): one tiling for every M.
+def _mm_config(M: int, N: int, K: int, sms: int = 132, *, chip: str = HOPPER) -> tuple[int, int, int, int, int]:
+    """(BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages) on `chip` (ops/tunables.py's `matmul.*`). Every tiling here
+    has 64 rows per 4 warps, so Hopper runs it as 64-row wgmma (one per warpgroup) accumulating K in 16-wide steps in
+    order into one fp32 accumulator: an element's value does not depend on BLOCK_N, BLOCK_K, stages or the number of
+    warpgroups (`tests/test_batch_invariant_gpu.py` checks every pair bitwise), which is what lets the tiling follow
+    M -- narrow N tiles for decode, 128x128 on 8 warps for packs -- and rows stay invariant. Where the tiling may not
+    follow M (other GPUs): one tiling for every M.
 
     Decode rows are a GEMV with its weight read once from HBM: what bounds a launch is the bytes each SM keeps in
-    flight, so a product whose output tiles fit on the `sms` SMs in one wave runs a 6-deep pipeline (one CTA per
-    SM), and wider products fewer stages, leaving room for a second CTA per SM. Timed with the weights cold in L2
-    (`benchmarks/tune_bi_matmul.py --cold`, H100): Qwen3-0.6B's four layer GEMMs at 40 rows 31.6 -> 24.4 us (cuBLAS
-    28.4), at 128 rows 35.1 -> 27.4 us (cuBLAS 28.0)."""
-    if MM_TILES == "large" or (M > DECODE_ROWS and follow_m):  # packs and prefills on Hopper
-        return 128, 128, 64, 8, 3
+    flight, so a product whose output tiles fit on the `sms` SMs in one wave runs a deep pipeline (one CTA per SM),
+    and wider products fewer stages, leaving room for a second CTA per SM (`matmul.decode_stages`)."""
+    follow_m = tuned("matmul.tiling_follows_m", chip)
+    if tuned("matmul.tiles", chip) == "large" or (M > tuned("matmul.decode_rows", chip) and follow_m):
+        return tuned("matmul.pack_tiling", chip)  # packs and prefills on Hopper
     if not follow_m:  # other GPUs
-        return 64, 128, 64, 4, 3
-    if N >= 32768:  # an LM head at decode rows: Qwen3-0.6B's at 40 rows 115.6 -> 111.5 us (cold, H100; 64x128x64 on 3)
-        return 64, 128, 128, 4, 4
-    bn = 16 if N <= 2048 else 32 if N <= 4096 else 64  # Qwen3-0.6B's gate/up at 40 rows 6.4 -> 5.9 us (H200, cold)
-    tiles = -(-M // 64) * -(-N // bn)
-    return 64, bn, 128, 4, 6 if tiles <= sms else 4 if tiles <= 2 * sms else 3
+        return tuned("matmul.fixed_tiling", chip)
+    if N >= tuned("matmul.lm_head_min_n", chip):  # an LM head at decode rows
+        return tuned("matmul.lm_head_tiling", chip)
+    bm, bk, warps = tuned("matmul.decode_tile", chip)
+    bn = threshold_pick(tuned("matmul.decode_block_n", chip), N)
+    tiles = -(-M // bm) * -(-N // bn)
+    stages = threshold_pick(tuned("matmul.decode_stages", chip), -(-tiles // sms))
+    return bm, bn, bk, warps, stages
 
 
 def _mm_triton(x: Tensor, w: Tensor, config: tuple[int, int, int, int, int] | None = None) -> Tensor:
@@ -127,7 +124,7 @@ def _mm_triton(x: Tensor, w: Tensor, config: tuple[int, int, int, int, int] | No
     if M == 0:
         return out
     index = x.device.index or 0
-    bm, bn, bk, nw, ns = config or _mm_config(M, N, K, tiling_may_follow_m(index), sm_count(index))
+    bm, bn, bk, nw, ns = config or _mm_config(M, N, K, sm_count(index), chip=chip_of(index))
     _mm_kernel[(triton.cdiv(M, bm), triton.cdiv(N, bn))](
         x, w, out, M, N, K, x.stride(0), w.stride(0), out.stride(0),
         BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, num_warps=nw, num_stages=ns, **pdl_launch(x))
@@ -153,7 +150,7 @@ def mm_silu_mul(x: Tensor, w: Tensor) -> Tensor:
         return out
     index = x.device.index or 0
     # the unfused product's tiling (its programs and pipeline), each program's columns split into gate and up
-    bm, bn, bk, nw, ns = _mm_config(M, 2 * N, K, tiling_may_follow_m(index), sm_count(index))
+    bm, bn, bk, nw, ns = _mm_config(M, 2 * N, K, sm_count(index), chip=chip_of(index))
     bn = max(16, bn // 2)
     _mm_silu_kernel[(triton.cdiv(M, bm), triton.cdiv(N, bn))](
         x, w, out, M, N, K, x.stride(0), w.stride(0), out.stride(0), BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk,

@@ -12,6 +12,7 @@ from torch import Tensor
 
 from monorl.ops import HAS_TRITON, custom_op, pdl_launch, sm_count, unit_stride, use_triton
 from monorl.ops.tree_sum import tree_sum
+from monorl.ops.tunables import HOPPER, chip_for, tuned
 
 if HAS_TRITON:
     import triton
@@ -106,8 +107,8 @@ def bi_rms_norm(x: Tensor, w: Tensor, eps: float) -> Tensor:
         out = torch.empty_like(x)
         rows = x.numel() // D
         if rows:
-            _rms_kernel[(rows,)](x, w.contiguous(), out, D, eps, BLOCK_D=triton.next_power_of_2(D), num_warps=4,
-                                 **pdl_launch(x))
+            _rms_kernel[(rows,)](x, w.contiguous(), out, D, eps, BLOCK_D=triton.next_power_of_2(D),
+                                 num_warps=tuned("rmsnorm.warps", chip_for(x)), **pdl_launch(x))
         return out
     return rms_norm_rows(x, w, eps)
 
@@ -132,25 +133,22 @@ def rms_norm_rows(x: Tensor, w: Tensor, eps: float) -> Tensor:
 
 
 def _rope_backward(g: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
-    """The gradient of RoPE's input (`monorl.model.qwen3.apply_rope`) from its output's g [T, H, D] (fp32): g * cos
+    """The gradient of RoPE's input (`rope.apply_rope`) from its output's g [T, H, D] (fp32): g * cos
     + rotate-half's transpose of g * sin."""
     half = g.shape[-1] // 2
     u = g * sin[:, None, :].float()
     return g * cos[:, None, :].float() + torch.cat((u[..., half:], -u[..., :half]), dim=-1)
 
 
-# the backward kernel's launch (`_backward_launch`): elements a half-row tile holds, its warps, programs an SM
-BACKWARD_TILE_ELEMENTS, BACKWARD_WARPS, BACKWARD_PROGRAMS_PER_SM = 2048, 8, 2
-
-
-def _backward_launch(R: int, half_p: int, sms: int) -> tuple[int, int, int]:
-    """(programs, rows a tile, warps) of the backward kernel: tiles of BACKWARD_TILE_ELEMENTS a half, at most
-    BACKWARD_PROGRAMS_PER_SM programs an SM, each walking its share of the tiles. The weight's gradient is then
+def _backward_launch(R: int, half_p: int, sms: int, *, chip: str = HOPPER) -> tuple[int, int, int]:
+    """(programs, rows a tile, warps) of the backward kernel: tiles of `rmsnorm.backward_tile_elements` a half, at
+    most `backward_programs_per_sm` programs an SM, each walking its share of the tiles. The weight's gradient is then
     summed over at most that many partials (`sum_rows`), not one per 16 rows: ATen's column sum of 576 partials of
     1024 took 45 us, about what a norm's whole backward should (RESULTS.md, 2026-11-25 evening)."""
-    tile = max(1, BACKWARD_TILE_ELEMENTS // half_p)
-    programs = min(-(-R // tile), BACKWARD_PROGRAMS_PER_SM * sms)  # none for no rows: the sum of no partials is 0
-    return programs, tile, BACKWARD_WARPS
+    tile = max(1, tuned("rmsnorm.backward_tile_elements", chip) // half_p)
+    # none for no rows: the sum of no partials is 0
+    programs = min(-(-R // tile), tuned("rmsnorm.backward_programs_per_sm", chip) * sms)
+    return programs, tile, tuned("rmsnorm.backward_warps", chip)
 
 
 def sum_rows(p: Tensor) -> Tensor:
@@ -159,8 +157,9 @@ def sum_rows(p: Tensor) -> Tensor:
     if not use_triton(p) or P == 0:
         return p.sum(0)
     out = torch.empty(D, dtype=torch.float32, device=p.device)
-    block_d = min(64, triton.next_power_of_2(D))
-    _sum_rows_kernel[(triton.cdiv(D, block_d),)](p, out, P, D, BLOCK_P=64, BLOCK_D=block_d, num_warps=4)
+    block_p, widest, warps = tuned("rmsnorm.sum_rows_block", chip_for(p))
+    block_d = min(widest, triton.next_power_of_2(D))
+    _sum_rows_kernel[(triton.cdiv(D, block_d),)](p, out, P, D, BLOCK_P=block_p, BLOCK_D=block_d, num_warps=warps)
     return out
 
 
@@ -187,7 +186,7 @@ def _rms_norm_backward(x: Tensor, w: Tensor, grad: Tensor, grad_residual: Tensor
     g = grad.contiguous()
     gx = torch.empty(x.shape, dtype=x.dtype, device=x.device)
     half_p = triton.next_power_of_2(D // 2)
-    programs, tile, warps = _backward_launch(R, half_p, sm_count(x.device.index or 0))
+    programs, tile, warps = _backward_launch(R, half_p, sm_count(x.device.index or 0), chip=chip_for(x))
     gw = torch.empty(programs, D, dtype=torch.float32, device=x.device)  # every program has a tile
     if R:
         res = g if grad_residual is None else grad_residual.contiguous()

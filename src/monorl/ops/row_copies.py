@@ -10,6 +10,7 @@ import torch
 from torch import Tensor
 
 from monorl.ops import HAS_TRITON, use_triton
+from monorl.ops.tunables import chip_for, tuned
 
 if HAS_TRITON:
     import triton
@@ -38,7 +39,8 @@ def sum_row_copies(x: Tensor, copies: Tensor) -> Tensor:
         cols = x[0].numel() if N else 0
         out = x.new_empty(T, *x.shape[1:])
         _sum_copies_kernel[(T,)](x, copies.contiguous(), out, N, W=W, COLS=cols,
-                                 BLOCK=triton.next_power_of_2(max(cols, 16)), num_warps=4)
+                                 BLOCK=triton.next_power_of_2(max(cols, 16)),
+                                 num_warps=tuned("row_copies.warps", chip_for(x)))
         return out
     padded = torch.cat([x, x.new_zeros(1, *x.shape[1:])])
     return padded[copies.clamp(max=N)].sum(1, dtype=torch.float32).to(x.dtype)

@@ -26,6 +26,7 @@ import torch
 from torch import Tensor
 
 from monorl.ops import HAS_TRITON, custom_op, pdl_launch, sm_count, unit_stride
+from monorl.ops.tunables import chip_for, chip_of, tuned
 
 if HAS_TRITON:
     import triton
@@ -342,70 +343,65 @@ def _fp32(x: float) -> float:
     return struct.unpack("f", struct.pack("f", x))[0]
 
 
-# The launch (`benchmarks/tune_sampler.py` sweeps it; H100, CUDA graph, 2026-11-25): a program walks CHUNK logits of
-# one row (a row of 151,936: 19 chunks, so 40 rows make 760 programs) BLOCK at a time (NUCLEUS_BLOCK in the nucleus
-# search's passes) on WARPS warps. The top-p sampler at 40 rows took 175.6 us with (16384, 2048, 2048, 8).
-_CHUNK = 8192
-_BLOCK = 2048
-_NUCLEUS_BLOCK = 1024
-_WARPS = 4
-
-
-_BITS = 4  # bits of a bf16's 16-bit order key a search level finds (16 // _BITS levels)
-_SEARCH_BLOCK = 256  # logits a loop iteration of a search level (its [block, 2**_BITS] sums in registers)
-# The nucleus search and its masked pass run for the few rows whose first draw left the nucleus (`sample`), each
-# (row, chunk of _SEARCH_CHUNK logits) pair a program's work, so that those rows' passes spread over the GPU.
-_SEARCH_CHUNK = 2048
+# The launch is ops/tunables.py's `sampler.*` (`benchmarks/tune_sampler.py` sweeps it): a program walks `chunk` logits
+# of a row `block` at a time. The nucleus search (`bits` of a bf16's order key a level) and its masked pass run for the
+# few rows whose first draw left the nucleus (`sample`), a (row, `search_chunk` logits) pair a program's work.
 
 
 def _search_programs(B: int, V: int, device: torch.device) -> int:
     """Programs of a search level (they walk the planned rows' chunks): two an SM, or fewer where B rows' chunks
     are fewer. A function of B alone, so a CUDA graph keeps it."""
-    return min(B * triton.cdiv(V, _SEARCH_CHUNK), 2 * sm_count(device.index or 0))
+    chip, sms = chip_of(device.index or 0), sm_count(device.index or 0)
+    return min(B * triton.cdiv(V, tuned("sampler.search_chunk", chip)),
+               tuned("sampler.search_programs_per_sm", chip) * sms)
 
 
 def _nucleus_search(logits: Tensor, top_p: Tensor, inv_t: float, scale: float, pmax: Tensor,
                     plan: Tensor) -> tuple[Tensor, Tensor]:
-    """The 16 // _BITS levels of `_nucleus_bisect` over the rows of `plan` (`_nucleus_plan_kernel`'s layout); pmax: each
-    first-pass chunk's max(logits * inv_t). -> (parts, cur): what `_nucleus_threshold` reads."""
+    """The 16 // `sampler.bits` levels of `_nucleus_bisect` over the rows of `plan` (`_nucleus_plan_kernel`'s layout);
+    pmax: each first-pass chunk's max(logits * inv_t). -> (parts, cur): what `_nucleus_threshold` reads."""
     B, V = logits.shape
-    ns = triton.cdiv(V, _SEARCH_CHUNK)
-    levels = 16 // _BITS
-    parts = torch.empty(B, levels, ns, 1 << _BITS, dtype=torch.int64, device=logits.device)
+    chip = chip_for(logits)
+    bits, schunk = tuned("sampler.bits", chip), tuned("sampler.search_chunk", chip)
+    ns = triton.cdiv(V, schunk)
+    levels = 16 // bits
+    parts = torch.empty(B, levels, ns, 1 << bits, dtype=torch.int64, device=logits.device)
     cur = torch.empty(B, levels, dtype=torch.int32, device=logits.device)
     grid = (_search_programs(B, V, logits.device),)
     pdl = pdl_launch(logits)
     for level in range(levels):  # no FMA: q rounds as the PyTorch ops' separate product and difference do
         _nucleus_level_kernel[grid](logits, logits.stride(0), pmax, parts, cur, top_p, plan, V, inv_t, scale,
-                                    LEVEL=level, BITS=_BITS, NCH=pmax.shape[1],
+                                    LEVEL=level, BITS=bits, NCH=pmax.shape[1],
                                     NCH_P=triton.next_power_of_2(pmax.shape[1]), NS=ns,
-                                    NS_P=triton.next_power_of_2(ns), SCHUNK=_SEARCH_CHUNK, BLOCK=_SEARCH_BLOCK,
-                                    num_warps=_WARPS, enable_fp_fusion=False, **pdl)
+                                    NS_P=triton.next_power_of_2(ns), SCHUNK=schunk,
+                                    BLOCK=tuned("sampler.search_block", chip), num_warps=tuned("sampler.warps", chip),
+                                    enable_fp_fusion=False, **pdl)
     return parts, cur
 
 
 def _nucleus_bisect(logits: Tensor, thresh: Tensor, top_p: Tensor, inv_t: float, scale: float, nch: int) -> None:
-    """The nucleus threshold of every row of bf16 logits without sorting them (a sort of 40 x 151,936 logits took
-    ~0.3 ms of a 2.2-2.6 ms decode step, H200). `sampling._nucleus_threshold` keeps the sorted prefix whose
-    preceding mass is below limit = ceil(top_p * total); its last logit is the smallest present value v with
-    mass(logits > v) < limit, and since mass(> key) only falls with the key, the smallest 16-bit order key K with
-    mass(keys > K) < limit is that value's key. Found _BITS bits a level from the top: each level sums the masses at
-    or above each of its 2**_BITS sub-ranges' starts, chunk by chunk, and the next level's programs each add up those
-    integer sums (exact, so in any order) and pick the sub-range (`_nucleus_search`). `sample` runs the levels for
-    the rows that need them and reads the threshold in its masked pass; this function (its GPU test's) plans every
-    row and writes them."""
+    """The nucleus threshold of every row of bf16 logits without sorting them (a sort of 40 x 151,936 logits took ~0.3
+    ms of a 2.2-2.6 ms decode step, H200). `sampling._nucleus_threshold` keeps the sorted prefix whose preceding mass is
+    below limit = ceil(top_p * total); its last logit is the smallest present value v with mass(logits > v) < limit, and
+    since mass(> key) only falls with the key, the smallest 16-bit order key K with mass(keys > K) < limit is that
+    value's key. Found `sampler.bits` bits a level from the top: each level sums the masses at or above each of its
+    2**bits sub-ranges' starts, chunk by chunk, and the next level's programs each add up those integer sums (exact, so
+    in any order) and pick the sub-range (`_nucleus_search`). `sample` runs the levels for the rows that need them and
+    reads the threshold in its masked pass; this function (its GPU test's) plans every row and writes them."""
     B, V = logits.shape
     dev = logits.device
+    chip = chip_for(logits)
     pdl = pdl_launch(logits)
     pmax = torch.empty(B, nch, dtype=torch.float32, device=dev)
-    _row_max_kernel[(B, nch)](logits, logits.stride(0), pmax, V, inv_t, CHUNK=_CHUNK, BLOCK=_NUCLEUS_BLOCK,
-                              num_warps=_WARPS, **pdl)
+    _row_max_kernel[(B, nch)](logits, logits.stride(0), pmax, V, inv_t, CHUNK=tuned("sampler.chunk", chip),
+                              BLOCK=tuned("sampler.nucleus_block", chip), num_warps=tuned("sampler.warps", chip),
+                              **pdl)
     rows = torch.arange(B, dtype=torch.int32, device=dev)
     plan = torch.cat([rows.new_full((1,), B), rows, torch.ones_like(rows)])
     parts, cur = _nucleus_search(logits, top_p, inv_t, scale, pmax, plan)
-    ns = triton.cdiv(V, _SEARCH_CHUNK)
-    _nucleus_final_kernel[(B,)](parts, cur, top_p, thresh, plan, inv_t, B, BITS=_BITS, NS=ns,
-                                NS_P=triton.next_power_of_2(ns), num_warps=1, **pdl)
+    ns = triton.cdiv(V, tuned("sampler.search_chunk", chip))
+    _nucleus_final_kernel[(B,)](parts, cur, top_p, thresh, plan, inv_t, B, BITS=tuned("sampler.bits", chip), NS=ns,
+                                NS_P=triton.next_power_of_2(ns), num_warps=tuned("sampler.combine_warps", chip), **pdl)
 
 
 _TOP_P: dict[tuple[float, torch.device], Tensor] = {}
@@ -435,8 +431,11 @@ def sample(logits: Tensor, keys: Tensor, positions: Tensor, temperature: float, 
     # one rounded to fp32 (float64 carries more than twice fp32's bits), so no tensor is built per call.
     inv_t = 1.0 if greedy else _fp32(1.0 / _fp32(temperature))
     dev = logits.device
+    chip = chip_for(logits)
+    chunk, block, warps = tuned("sampler.chunk", chip), tuned("sampler.block", chip), tuned("sampler.warps", chip)
+    combine_warps = tuned("sampler.combine_warps", chip)
     thresh = torch.empty(B, dtype=torch.float32, device=dev)
-    nch, nch_p = triton.cdiv(V, _CHUNK), triton.next_power_of_2(triton.cdiv(V, _CHUNK))
+    nch, nch_p = triton.cdiv(V, chunk), triton.next_power_of_2(triton.cdiv(V, chunk))
     best_val = torch.empty(B, nch, dtype=torch.float32, device=dev)
     best_idx = torch.empty(B, nch, dtype=torch.int32, device=dev)
     part_max, part_sum = torch.empty_like(best_val), torch.empty_like(best_val)
@@ -451,10 +450,10 @@ def sample(logits: Tensor, keys: Tensor, positions: Tensor, temperature: float, 
     def sampling_pass(nucleus: bool) -> None:
         """The sampling pass over every row (masked by `thresh` if nucleus) and its combine."""
         _sample_chunk_kernel[(B, nch)](logits, logits.stride(0), keys, positions, thresh, best_val, best_idx,
-                                       part_max, part_sum, V, inv_t, CHUNK=_CHUNK, BLOCK=_BLOCK, GREEDY=greedy,
-                                       NUCLEUS=nucleus, num_warps=_WARPS, **pdl)
+                                       part_max, part_sum, V, inv_t, CHUNK=chunk, BLOCK=block, GREEDY=greedy,
+                                       NUCLEUS=nucleus, num_warps=warps, **pdl)
         _sample_combine_kernel[(B,)](logits, logits.stride(0), best_val, best_idx, part_max, part_sum, tokens, lps,
-                                     lse, inv_t, NCH=nch, NCH_P=nch_p, num_warps=1, **pdl)
+                                     lse, inv_t, NCH=nch, NCH_P=nch_p, num_warps=combine_warps, **pdl)
 
     if greedy or top_p >= 1.0:
         sampling_pass(False)
@@ -463,7 +462,8 @@ def sample(logits: Tensor, keys: Tensor, positions: Tensor, temperature: float, 
     top_p_t = _top_p_tensor(top_p, dev)
     if logits.dtype != torch.bfloat16:
         srt = torch.sort(logits, dim=-1, descending=True).values.contiguous()
-        _nucleus_kernel[(B,)](srt, thresh, top_p_t, inv_t, scale, V=V, BLOCK=_BLOCK, num_warps=8)
+        _nucleus_kernel[(B,)](srt, thresh, top_p_t, inv_t, scale, V=V, BLOCK=block,
+                              num_warps=tuned("sampler.sort_path_warps", chip))
         sampling_pass(True)
         return tokens, lps
     # Gumbel-max over every logit first: where that token is in the nucleus, it is also the nucleus' Gumbel-max (a
@@ -474,20 +474,22 @@ def sample(logits: Tensor, keys: Tensor, positions: Tensor, temperature: float, 
     sampling_pass(False)
     check = torch.empty(B, nch, 2, dtype=torch.int64, device=dev)
     _nucleus_check_kernel[(B, nch)](logits, logits.stride(0), part_max, tokens, check, V, inv_t, scale, NCH=nch,
-                                    NCH_P=nch_p, CHUNK=_CHUNK, BLOCK=_NUCLEUS_BLOCK, num_warps=_WARPS,
-                                    enable_fp_fusion=False, **pdl)
+                                    NCH_P=nch_p, CHUNK=chunk, BLOCK=tuned("sampler.nucleus_block", chip),
+                                    num_warps=warps, enable_fp_fusion=False, **pdl)
     plan = torch.empty(1 + 2 * B, dtype=torch.int32, device=dev)
-    _nucleus_plan_kernel[(1,)](check, top_p_t, plan, B, NCH=nch, RB=128, num_warps=4, **pdl)
+    _nucleus_plan_kernel[(1,)](check, top_p_t, plan, B, NCH=nch, RB=tuned("sampler.plan_rows", chip),
+                               num_warps=tuned("sampler.plan_warps", chip), **pdl)
     parts, cur = _nucleus_search(logits, top_p_t, inv_t, scale, part_max, plan)
-    ns = triton.cdiv(V, _SEARCH_CHUNK)
+    schunk = tuned("sampler.search_chunk", chip)
+    ns = triton.cdiv(V, schunk)
     ns_p = triton.next_power_of_2(ns)
     best_val, best_idx = best_val.new_empty(B, ns), best_idx.new_empty(B, ns)
     _nucleus_sample_kernel[(_search_programs(B, V, dev),)](
         logits, logits.stride(0), keys, positions, parts, cur, top_p_t, plan, best_val, best_idx, V, inv_t,
-        BITS=_BITS, NS=ns, NS_P=ns_p, SCHUNK=_SEARCH_CHUNK, BLOCK=min(_BLOCK, _SEARCH_CHUNK), num_warps=_WARPS,
+        BITS=tuned("sampler.bits", chip), NS=ns, NS_P=ns_p, SCHUNK=schunk, BLOCK=min(block, schunk), num_warps=warps,
         **pdl)
     _nucleus_combine_kernel[(B,)](logits, logits.stride(0), best_val, best_idx, lse, plan, tokens, lps, inv_t, B,
-                                  NS=ns, NS_P=ns_p, num_warps=1, **pdl)
+                                  NS=ns, NS_P=ns_p, num_warps=combine_warps, **pdl)
     return tokens, lps
 
 

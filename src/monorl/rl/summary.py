@@ -87,14 +87,15 @@ def component_values(rollouts: list[Rollout], component: str) -> list[float]:
 
 def summarize(groups: list[list[Rollout]], components: tuple[str, ...], pass_component: str | None = None,
               pass_threshold: float = 1.0) -> ValidationResult:
-    """Mean reward, each component's mean over the completions it applies to, mean length; with a
-    `pass_component`, pass@k and mean@k with k the group size (see `ValidationResult`)."""
+    """Mean reward (over the scorable completions; 0.0 when none is), each component's mean over the completions
+    it applies to, mean length; with a `pass_component`, pass@k and mean@k with k the group size (see
+    `ValidationResult`)."""
     flat = [r for g in groups for r in g]
     if not flat:
         return ValidationResult(0.0, {c: None for c in components}, 0.0, skipped=not groups)
     comps = {c: _mean(component_values(flat, c)) for c in components}
     k = len(groups[0])
-    result = ValidationResult(sum(r.reward for r in flat) / len(flat), comps,
+    result = ValidationResult(_mean(scored_rewards(flat)) or 0.0, comps,
                               sum(len(r.completion_ids) for r in flat) / len(flat), k=k)
     if pass_component is not None:
         passed = [[passes(r.rewards, pass_component, pass_threshold) for r in g] for g in groups]
@@ -104,21 +105,30 @@ def summarize(groups: list[list[Rollout]], components: tuple[str, ...], pass_com
     return result
 
 
+def scored_rewards(rollouts: list[Rollout]) -> list[float]:
+    """The rewards of the scorable rollouts (unscorable ones are left out, TRL 1.16's rule: `Rollout.scorable`)."""
+    return [r.reward for r in rollouts if r.scorable]
+
+
 def zero_std(group: list[Rollout]) -> bool:
-    """All of the group's rewards are equal: its advantages are 0 and it carries no learning signal."""
-    return all(r.reward == group[0].reward for r in group)
+    """The group's scorable rewards are all equal (or fewer than two): its advantages are 0 and it carries no
+    learning signal."""
+    rewards = scored_rewards(group)
+    return all(x == rewards[0] for x in rewards)
 
 
 # ---- one step ------------------------------------------------------------------------------------------
 
 def reward_metrics(groups: list[list[Rollout]], components: tuple[str, ...]) -> dict[str, Any]:
-    """TRL's reward metrics: reward (mean), reward_std (the mean over groups of each group's sample std),
-    frac_reward_zero_std (share of groups whose rewards are all equal), and per component
-    rewards/<c>/mean and /std over the completions it applies to (None where it applies to none)."""
+    """Reward metrics under TRL's names: reward (the mean over the scorable completions, NaN when none is, as TRL
+    1.16), reward_std (monorl's: the mean over groups of each group's sample std over its scorable completions;
+    TRL 1.16 logs the whole batch's std), frac_reward_zero_std (share of groups without signal: `zero_std`), and
+    per component rewards/<c>/mean and /std over the completions it applies to (None where it applies to none),
+    as TRL's."""
     flat = [r for g in groups for r in g]
     out: dict[str, Any] = {
-        "reward": sum(r.reward for r in flat) / len(flat),
-        "reward_std": sum(_std([r.reward for r in g]) or 0.0 for g in groups) / len(groups),
+        "reward": _mean(scored_rewards(flat)) if any(r.scorable for r in flat) else math.nan,
+        "reward_std": sum(_std(scored_rewards(g)) or 0.0 for g in groups) / len(groups),
         "frac_reward_zero_std": sum(zero_std(g) for g in groups) / len(groups),
     }
     for c in components:
@@ -166,9 +176,25 @@ def step_metrics(step: int, groups: list[list[Rollout]], components: tuple[str, 
 
 
 def sample_rows(step: int, rollouts: list[Rollout]) -> list[dict[str, Any]]:
-    """samples.jsonl rows: what was asked, what was answered, and how it scored."""
-    return [{"step": step, "prompt": r.prompt.text, "completion": r.text, "rewards": r.rewards,
-             "advantage": r.advantage, "finish_reason": r.finish_reason} for r in rollouts]
+    """samples.jsonl rows: what was asked, what was answered (the text the reward saw: special tokens skipped),
+    how it scored, and what the reward logged for it (`extra`: log_extra's columns, when it logged any; a value
+    JSON cannot hold as its repr)."""
+    rows = []
+    for r in rollouts:
+        row = {"step": step, "prompt": r.prompt.text, "completion": r.text, "rewards": r.rewards,
+               "advantage": r.advantage, "finish_reason": r.finish_reason}
+        if r.extra:
+            row["extra"] = {k: _json_value(v) for k, v in r.extra.items()}
+        rows.append(row)
+    return rows
+
+
+def _json_value(v: Any) -> Any:
+    try:
+        json.dumps(v)
+    except (TypeError, ValueError):
+        return repr(v)
+    return v
 
 
 def step_line(row: dict[str, Any], steps: int, eta_s: float | None = None) -> str:

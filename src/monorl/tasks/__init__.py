@@ -52,8 +52,12 @@ def task_object(spec: str) -> Any:
     if spec in BUILTIN_TASKS:
         return BUILTIN_TASKS[spec]
     if ":" not in spec:
-        raise TaskError(f"unknown task {spec!r}: use one of {sorted(BUILTIN_TASKS)} or 'module:object' "
-                        f"(e.g. 'my_tasks:MyTask' or 'path/to/tasks.py:make_task')")
+        from monorl.agent.envs import AGENT_TASKS  # agent tasks (tools, environments): imported when named
+
+        if spec in AGENT_TASKS:
+            return AGENT_TASKS[spec]
+        raise TaskError(f"unknown task {spec!r}: use one of {sorted([*BUILTIN_TASKS, *AGENT_TASKS])} or "
+                        f"'module:object' (e.g. 'my_tasks:MyTask' or 'path/to/tasks.py:make_task')")
     module_name, _, attr_path = spec.rpartition(":")
     if not module_name or not attr_path:
         raise TaskError(f"task spec {spec!r} must look like 'module:object'")

@@ -6,12 +6,15 @@ for the tokenizer, score a completion. A user task is any `Task` subclass, loade
 
 from __future__ import annotations
 
+import inspect
 import math
 from abc import ABC, abstractmethod
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any, Protocol
+
+from monorl.tasks.reward_context import RewardContext, RewardFunctionError
 
 
 @dataclass
@@ -63,7 +66,9 @@ class Task(ABC):
     @abstractmethod
     def reward(self, prompt: Prompt, completion: str) -> dict[str, float | None]:
         """Reward components for one completion, keyed by `reward_components` (None: the component does not
-        apply to it); the run's reward is the sum of the components that apply, weighted by `reward_weights`."""
+        apply to it); the run's reward is the sum of the components that apply, weighted by `reward_weights`. A
+        completion no component applies to is unscorable: advantage 0, left out of its group's baseline and the
+        reward metrics (TRL 1.16's rule)."""
 
     def plain_prompt(self, prompt: Prompt) -> str:
         """The prompt string for tokenizers without a chat template (tiny char-level models): one
@@ -83,12 +88,15 @@ class Task(ABC):
 
 
     def score_batch(self, prompts: Sequence[Prompt], completions: Sequence[str],
-                    completion_ids: Sequence[Sequence[int]]) -> list[tuple[dict[str, float | None], str | None]]:
+                    completion_ids: Sequence[Sequence[int]],
+                    context: RewardContext | None = None) -> list[tuple[dict[str, float | None], str | None]]:
         """Rewards of a whole batch of completions (`prompts[i]` is the prompt of `completions[i]`), called once
         per rollout batch: `(components, error)` per completion, as `safe_reward` returns them. The default
         scores each completion with `safe_reward`; a task whose reward is cheaper batched (one call to a
         verifier, a reward model, TRL-style reward functions) overrides it, keeping those semantics: a failed
-        completion scores 0.0 on every component and its error string says why."""
+        completion scores 0.0 on every component and its error string says why. `context`: the run's position
+        and the step's logging sinks (`monorl.tasks.reward_context`; None outside a run: `monorl eval`); an override
+        may leave the parameter out, and is then called without it."""
         return [safe_reward(self, p, c) for p, c in zip(prompts, completions, strict=True)]
 
 
@@ -99,7 +107,8 @@ def messages_of(prompt: Prompt) -> list[dict[str, str]]:
 
 
 class RewardError(ValueError):
-    """A task's reward failed on every completion for several steps: the run stops (a user error, one line)."""
+    """A task's reward failed on every completion for several steps: the run stops (a user error, one line).
+    A reward of the wrong shape or type stops it at once: `RewardFunctionError` (`monorl.tasks.reward_context`)."""
 
 
 def _components(task: Task, out: Any, who: str) -> dict[str, float | None]:
@@ -126,16 +135,30 @@ def safe_reward(task: Task, prompt: Prompt, completion: str) -> tuple[dict[str, 
         return {k: 0.0 for k in task.reward_components}, f"{type(e).__name__}: {e}"
 
 
+def _takes_context(task: Task) -> bool:
+    try:
+        params = inspect.signature(task.score_batch).parameters
+    except (TypeError, ValueError):
+        return False
+    return "context" in params or any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
+
+
 def safe_score_batch(task: Task, prompts: Sequence[Prompt], completions: Sequence[str],
-                     completion_ids: Sequence[Sequence[int]]) -> list[tuple[dict[str, float | None], str | None]]:
-    """`task.score_batch`, guarded like `safe_reward`: if the call itself raises or returns something other
-    than one ``(components, error)`` pair per completion with exactly the task's components as finite numbers
-    (or None), every completion scores 0.0 on every component with that error."""
+                     completion_ids: Sequence[Sequence[int]],
+                     context: RewardContext | None = None) -> list[tuple[dict[str, float | None], str | None]]:
+    """`task.score_batch` (given `context` when it takes one), guarded like `safe_reward`: if the call itself
+    raises or returns a pair whose components are not exactly the task's as finite numbers (or None), every
+    completion scores 0.0 on every component with that error. A result of the wrong length, or a
+    `RewardFunctionError` from the task, is a bug in its code: raised (`RewardFunctionError`), not scored."""
     zeros: dict[str, float | None] = {k: 0.0 for k in task.reward_components}
     try:
-        out = list(task.score_batch(prompts, completions, completion_ids))
+        if context is not None and _takes_context(task):
+            out = list(task.score_batch(prompts, completions, completion_ids, context=context))
+        else:
+            out = list(task.score_batch(prompts, completions, completion_ids))
         if len(out) != len(completions):
-            raise ValueError(f"score_batch returned {len(out)} results for {len(completions)} completions")
+            raise RewardFunctionError(f"task {task.name!r}: score_batch returned {len(out)} results for "
+                                      f"{len(completions)} completions")
         checked: list[tuple[dict[str, float | None], str | None]] = []
         for vals, err in out:
             if err is not None:
@@ -146,5 +169,7 @@ def safe_score_batch(task: Task, prompts: Sequence[Prompt], completions: Sequenc
             else:
                 checked.append((_components(task, vals, "score_batch"), None))
         return checked
+    except RewardFunctionError:
+        raise
     except Exception as e:  # noqa: BLE001 -- as safe_reward: a user reward can fail in any way; the run goes on
         return [(zeros.copy(), f"{type(e).__name__}: {e}") for _ in completions]

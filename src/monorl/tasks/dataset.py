@@ -16,9 +16,15 @@
   ``[{"role": "assistant", "content": ...}]``. None means "does not apply to this completion". Each function
   is a reward component named after it, kept and logged as it returned it (``rewards/<name>/mean``: the mean
   of its non-None values, as TRL logs it); the reward is the weighted sum of the non-None values
-  (``reward_weights``, default 1.0 each: `Task.reward_weights`). A function that raises
-  or returns something unusable fails the completions it scored: 0.0 on every component, with an error
-  naming the function (a reward that fails on everything for 3 steps stops the run).
+  (``reward_weights``, default 1.0 each: `Task.reward_weights`). A completion every function returned None
+  for is unscorable: advantage 0, left out of its group's baseline (TRL 1.16's rule). A function that raises
+  fails the completions it scored, and a NaN / inf value the completion it was returned for: 0.0 on every
+  component, with an error naming the function (a reward that fails on everything for 3 steps stops the run).
+  A function that returns the wrong number of values, a scalar, or a value that is not a number or None has a
+  bug: the run stops at once with one line naming it (`RewardFunctionError`).
+- TRL's extras: ``trainer_state`` (``global_step``, ``max_steps``, ``epoch``: `TrainerState`), ``log_metric(name,
+  value)`` (the step's metrics row gets ``name``: the mean of the step's values) and ``log_extra(column, values)``
+  (one value per completion, in its samples.jsonl row under ``extra``): `monorl.tasks.reward_context`.
 """
 
 from __future__ import annotations
@@ -27,18 +33,20 @@ import asyncio
 import inspect
 import math
 import random
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 from monorl.fsutil import install_hint
 from monorl.tasks.base import Prompt, Task
+from monorl.tasks.reward_context import RewardContext, RewardFunctionError, TrainerState
 from monorl.tasks.rewards import BUILTIN_REWARDS, accuracy, builtin_reward
 from monorl.tasks.stream import shuffled_rows
 
 _BUILDERS = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".csv": "csv"}
-_RESERVED = ("prompts", "completions", "completion_ids")  # the reward functions' own arguments
+# the reward functions' own arguments, as TRL passes them
+_RESERVED = ("prompts", "completions", "completion_ids", "trainer_state", "log_metric", "log_extra")
 
 
 def _task_error(msg: str) -> ValueError:
@@ -155,6 +163,39 @@ def _run_coroutines(coros: list[Any]) -> list[Any]:
         return asyncio.run(gather())
     with ThreadPoolExecutor(1) as pool:
         return pool.submit(asyncio.run, gather()).result()
+
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 40 else f"{text[:37]}..."
+
+
+def _checked_values(name: str, out: Any, size: int) -> list[float | None]:
+    """A reward function's return as one float (maybe NaN / inf) or None per completion, or `RewardFunctionError`
+    naming the function and what it returned (a wrong shape or type is a bug in its code, not a failed
+    completion)."""
+    try:
+        if isinstance(out, str | bytes | Mapping) or not isinstance(out, Iterable):
+            raise TypeError
+        out = list(out)  # a 0-d tensor or array is Iterable, and raises here
+    except TypeError:
+        raise RewardFunctionError(f"reward function {name!r} returned {type(out).__name__} {_short(out)} for "
+                                  f"{size} completions; return a list of float or None, one per completion") from None
+    if len(out) != size:
+        raise RewardFunctionError(f"reward function {name!r} returned {len(out)} values for {size} completions")
+    values: list[float | None] = []
+    for i, v in enumerate(out):
+        if v is None:
+            values.append(None)
+            continue
+        try:
+            if isinstance(v, str | bytes):
+                raise TypeError
+            values.append(float(v))
+        except (TypeError, ValueError):
+            raise RewardFunctionError(f"reward function {name!r} returned {type(v).__name__} {_short(v)} at index "
+                                      f"{i}; return a list of float or None") from None
+    return values
 
 
 class DatasetTask(Task):
@@ -307,9 +348,13 @@ class DatasetTask(Task):
 
     # -- rewards --------------------------------------------------------------------------------------------
     def score_batch(self, prompts: Sequence[Prompt], completions: Sequence[str],
-                    completion_ids: Sequence[Sequence[int]]) -> list[tuple[dict[str, float | None], str | None]]:
-        """Each reward function called once on the whole batch (TRL's convention); see the module docstring."""
+                    completion_ids: Sequence[Sequence[int]],
+                    context: RewardContext | None = None) -> list[tuple[dict[str, float | None], str | None]]:
+        """Each reward function called once on the whole batch (TRL's convention), with TRL's extras built from
+        `context` (default: step 0 of an unknown run, its logs dropped); see the module docstring. A function that
+        returns the wrong number of values or a value that is not a number or None raises `RewardFunctionError`."""
         size = len(completions)
+        ctx = context if context is not None else RewardContext()
         chat = ["messages" in p.meta for p in prompts]
         names = list(dict.fromkeys(k for p in prompts for k in p.meta.get("columns", {})))
         kwargs = {
@@ -318,6 +363,9 @@ class DatasetTask(Task):
                             for t, c in zip(completions, chat, strict=True)],
             "completion_ids": [list(ids) for ids in completion_ids],
             **{k: [p.meta.get("columns", {}).get(k) for p in prompts] for k in names},
+            "trainer_state": TrainerState(ctx.global_step, ctx.max_steps, ctx.data_position / len(self._train)),
+            "log_metric": ctx.log_metric,
+            "log_extra": lambda column, values: ctx.log_extra(column, values, size=size),
         }
         results: list[Any] = []
         pending: dict[int, Any] = {}
@@ -336,28 +384,17 @@ class DatasetTask(Task):
         values: list[list[float | None]] = [[None] * len(self._fns) for _ in range(size)]
         errors: list[list[str]] = [[] for _ in range(size)]
         for j, (f, out) in enumerate(zip(self._fns, results, strict=True)):
+            if isinstance(out, RewardFunctionError):  # from log_extra / log_metric: a bug, as a wrong return
+                raise RewardFunctionError(f"reward function {f.name!r}: {out}") from None
             if isinstance(out, BaseException):
                 for e in errors:
                     e.append(f"reward {f.name!r} raised {type(out).__name__}: {out}")
                 continue
-            try:
-                out = list(out)
-                if len(out) != size:
-                    raise ValueError(f"{len(out)} values for {size} completions")
-            except (TypeError, ValueError) as e:
-                for err in errors:
-                    err.append(f"reward {f.name!r} returned {type(out).__name__}, expected one float or None "
-                               f"per completion ({e})")
-                continue
-            for i, v in enumerate(out):
-                if v is None:
+            for i, x in enumerate(_checked_values(f.name, out, size)):
+                if x is None:
                     continue
-                try:
-                    x = float(v)
-                    if not math.isfinite(x):
-                        raise ValueError
-                except (TypeError, ValueError):
-                    errors[i].append(f"reward {f.name!r} returned {v!r}, not a finite number or None")
+                if not math.isfinite(x):  # a per-completion failure (counted), not a bug in the function's shape
+                    errors[i].append(f"reward {f.name!r} returned {x!r}, not a finite number or None")
                     continue
                 values[i][j] = x
         scored = []

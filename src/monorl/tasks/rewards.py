@@ -93,6 +93,9 @@ def format_reward(pattern: str = DEFAULT_FORMAT_PATTERN) -> Callable[..., list[f
     return format
 
 
+OVERLONG = "overlong"  # the reward component rollout.overlong_buffer adds (DAPO's soft overlong punishment)
+
+
 def soft_overlong_penalty(length: int, length_max: int, soft: int) -> float:
     """DAPO's R_length: 0 for length <= length_max - soft, (length_max - soft - length) / soft up to
     length_max, -1 beyond."""

@@ -44,12 +44,26 @@ class TrainSequence:
     # zero loss weight (rollout.mask_truncated: DAPO's overlong filtering): never packed, and 0 response tokens
     # in the step's normalisers, so it neither adds to the loss nor dilutes a token mean
     masked: bool = False
+    # per completion token: 1 trains (the model sampled it), 0 is context only (an episode's tool results,
+    # environment messages and turn headers): no loss, no gradient, out of every normaliser, no entropy / KL /
+    # log-prob diff. None: every completion token trains
+    completion_mask: list[int] | None = None
 
     def __post_init__(self) -> None:
         if len(self.old_logprobs) != len(self.completion_ids):
             raise ValueError(f"{len(self.old_logprobs)} log-probs for {len(self.completion_ids)} completion tokens")
         if not self.prompt_ids:
             raise ValueError("a training sequence needs at least one prompt token")
+        if self.completion_mask is not None and len(self.completion_mask) != len(self.completion_ids):
+            raise ValueError(f"{len(self.completion_mask)} mask entries for {len(self.completion_ids)} completion "
+                             "tokens")
+
+    @property
+    def trained_tokens(self) -> int:
+        """Completion tokens that train (0 for a masked sequence): what the step's normalisers count."""
+        if self.masked:
+            return 0
+        return len(self.completion_ids) if self.completion_mask is None else sum(self.completion_mask)
 
     def __len__(self) -> int:
         return len(self.prompt_ids) + len(self.completion_ids)
@@ -180,6 +194,7 @@ def pack(seqs: Sequence[TrainSequence], indices: Sequence[int], buckets: Sequenc
     logit_index: list[int] = []
     targets: list[int] = []
     old: list[float] = []
+    mask: list[float] = []  # 1 trains, 0 context only (an episode's inserted tokens)
     ref: list[float] = []
     seq_ids: list[int] = []
     for i in indices:
@@ -204,6 +219,7 @@ def pack(seqs: Sequence[TrainSequence], indices: Sequence[int], buckets: Sequenc
         # hidden state at position t predicts token t+1
         logit_index += rows[p - 1:len(s) - 1]
         targets += s.completion_ids
+        mask += s.completion_mask if s.completion_mask is not None else [1.0] * len(s.completion_ids)
         old += s.old_logprobs
         if s.ref_logprobs is not None:
             ref += s.ref_logprobs
@@ -250,7 +266,7 @@ def pack(seqs: Sequence[TrainSequence], indices: Sequence[int], buckets: Sequenc
         old_logprobs=rows(old, 0.0, torch.float32),
         ref_logprobs=rows(ref, 0.0, torch.float32) if has_ref else None,
         seq_ids=rows(seq_ids, indices[0], torch.long),
-        token_mask=rows([1.0] * num_targets, 0.0, torch.float32),
+        token_mask=rows([float(m) for m in mask], 0.0, torch.float32),
         num_real_tokens=full_real,
         num_targets=num_targets,
     )

@@ -325,7 +325,7 @@ class Trainer:
         """One supervised step: mean negative log-likelihood of the completion tokens (warm start)."""
         self.model.train()
         mbs, _ = self._my_micro_batches(seqs)
-        ntok = sum(len(s.completion_ids) for s in seqs if not s.masked)  # the whole step's, on every rank
+        ntok = max(1, sum(s.trained_tokens for s in seqs))  # the whole step's, on every rank
         total = torch.zeros(1, dtype=torch.float64, device=self.device)
         for mb in mbs:
             lp = self.response_logprobs(self.model, mb, 1.0)
@@ -350,7 +350,7 @@ class Trainer:
         if self.ref_model is not None and cfg.loss.kl_coef > 0:
             self.ref_logprobs(seqs, temperature, range(*self.world.share(len(seqs))))
         self.model.train()
-        norm = LossNorm.for_step(cfg.loss, [0 if s.masked else len(s.completion_ids) for s in seqs], self.device)
+        norm = LossNorm.for_step(cfg.loss, [s.trained_tokens for s in seqs], self.device)
         advantages = torch.tensor([s.advantage for s in seqs], dtype=torch.float32, device=self.device)
         mbs, real = self._my_micro_batches(seqs)
         keys: list[tuple | None] = [None] * len(mbs)
@@ -399,7 +399,7 @@ class Trainer:
         if self.ref_model is None:
             return
         if is_sharded(self.model):  # the reference is a full copy on every rank: gather into it
-            from monorl.rl.weight_sync import sync_weights_
+            from monorl.model.weight_sync import sync_weights_
 
             sync_weights_(self.ref_model, self.model)
         else:

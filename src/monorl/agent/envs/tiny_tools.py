@@ -57,8 +57,18 @@ class TinyToolsTask(AgentTask):
     reward_components = ("correctness",)
     render_tools = False
 
-    def __init__(self, max_turns: int = 3, val_seed: int = 99, val_size: int = 64) -> None:
-        self.max_turns, self.val_seed = int(max_turns), val_seed
+    def __init__(self, max_turns: int = 3, val_seed: int = 99, val_size: int = 64,
+                 solution_style: str = "tool") -> None:
+        """Args:
+            max_turns: assistant turns an episode may take
+            val_seed: seed of the held-out problems
+            val_size: held-out problems
+            solution_style: the warm start's episodes: tool (call f, then answer) or mixed (every other one
+                answers at once with a guess, which the reward never accepts: RL has to prefer the tool)
+        """
+        if solution_style not in ("tool", "mixed"):
+            raise ValueError(f"solution_style must be tool or mixed, got {solution_style!r}")
+        self.max_turns, self.val_seed, self.solution_style = int(max_turns), val_seed, solution_style
         self._val = held_out(_draw, val_seed, val_size, space=8 * 10 * 10)
         self._val_keys = set(self._val)
 
@@ -88,7 +98,10 @@ class TinyToolsTask(AgentTask):
         return {"correctness": 1.0 if (right and called) else 0.0}
 
     def solution_messages(self, prompt: Prompt) -> list[dict[str, str]]:
-        """The right episode after the prompt: the call, the tool's answer, the final answer."""
+        """The right episode after the prompt: the call, the tool's answer, the final answer (solution_style mixed:
+        every other prompt a direct guess instead, a*x without b, which scores 0)."""
+        if self.solution_style == "mixed" and prompt.meta.get("index", 0) % 2:
+            return [{"role": "assistant", "content": str(prompt.meta["a"] * prompt.meta["x"])}]
         call = format_tool_call("f", {"x": prompt.meta["x"]}, compact=True)
         return [{"role": "assistant", "content": call},
                 {"role": "tool", "name": "f", "content": str(prompt.answer)},

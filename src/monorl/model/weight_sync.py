@@ -1,12 +1,13 @@
-"""Weight sync: the trainer's parameters -> the generator's copy, in place.
+"""Weight sync: one copy of the model's parameters -> another (the trainer's -> the generator's), in place.
 
 The trainer holds fp32 masters under HF names (`q_proj`, `k_proj`, ..., `gate_proj`, `up_proj`); the
 generator's copy is built in its own dtype with fused projections (`qkv_proj`, `gate_up_proj`), whose row
-blocks are the HF projections in the order `monorl.model.qwen3.PACKED_MODULES` gives. `sync_weights_`
-copies (and casts) every source parameter into its place: a whole destination parameter, or a row block of a
-fused one. Nothing is reallocated, so CUDA graphs captured over the destination stay valid. Names may carry
-the `_orig_mod.` prefix of a `torch.compile`d module. A name without a place, a destination left partly
-unwritten, or a shape that does not fit is a `ValueError` of one line.
+blocks are the HF projections in the order `PACKED_MODULES` gives (weights and, where a family has them, the
+q/k/v biases alike). It lives with the model it maps; the RL loop, the generator and the trainer call it.
+`sync_weights_` copies (and casts) every source parameter into its place: a whole destination parameter, or a
+row block of a fused one. Nothing is reallocated, so CUDA graphs captured over the destination stay valid. Names
+may carry the `_orig_mod.` prefix of a `torch.compile`d module. A name without a place, a destination left
+partly unwritten, or a shape that does not fit is a `ValueError` of one line.
 
 LoRA (`monorl.model.lora`): a source projection with adapters whose destination has none (the generator's
 fused copy) sends its merged weight W + scale * B @ A there, computed in fp32 at sync time one projection at a
@@ -29,7 +30,14 @@ from torch import Tensor, nn
 
 from monorl.distributed.fsdp import fsdp_units, unsharded
 from monorl.model.lora import LoRALinear, lora_modules
-from monorl.model.qwen3 import PACKED_MODULES
+
+# The generator's copy is built fused: q/k/v as one `qkv_proj` and gate/up as one `gate_up_proj` (one GEMM
+# each). The trainer's copy and checkpoints keep HF's separate projections. This table says which HF projection
+# is which row block of a fused one, in row order.
+PACKED_MODULES: dict[str, tuple[str, int]] = {
+    "q_proj": ("qkv_proj", 0), "k_proj": ("qkv_proj", 1), "v_proj": ("qkv_proj", 2),
+    "gate_proj": ("gate_up_proj", 0), "up_proj": ("gate_up_proj", 1),
+}
 
 Source = Tensor | LoRALinear  # a source parameter, or a LoRA projection whose merged weight is the source
 

@@ -1,0 +1,178 @@
+"""Assembly: a run's decisions, each made once, before anything heavy is built. `resolve_config` turns the
+config a user gave into the one the run executes (a copy: paths absolute, `auto` settings decided); `build_run`
+adds what the run reads before loading weights (architecture, tokenizer, task, prompts, memory plan). `train`,
+`plan`, `eval`, `generate` and `parity` all start here.
+
+Layering: assembly sits above the packages it assembles (model, generate, train, tasks, plan) and below `rl/`,
+`eval/` and the CLI, which call it.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import itertools
+import logging
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from monorl.compile_auto import resolve_auto_
+from monorl.config import RunConfig, resolve_batch_invariant_
+from monorl.config_paths import with_absolute_paths
+from monorl.distributed.world import SINGLE, World
+from monorl.generate.sampling import SamplingParams
+from monorl.model.config import ModelConfig
+from monorl.model.source import resolve_model
+from monorl.plan import MemoryPlan, run_memory_plan
+from monorl.tasks import load_task
+from monorl.tasks.base import Prompt, Task
+from monorl.tasks.rewards import OVERLONG
+
+log = logging.getLogger("monorl")
+
+
+def resolve_device(name: str, world: World = SINGLE) -> torch.device:
+    """The run's device; on several ranks each takes its node's GPU LOCAL_RANK (`init_world` selected it)."""
+    if world.size > 1 and (name.startswith("cuda") or (name == "auto" and torch.cuda.is_available())):
+        return torch.device("cuda", world.local_rank)
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    dev = torch.device(name)
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"device {name!r} requested but CUDA is not available")
+    return dev
+
+
+def resolve_config(cfg: RunConfig, model_config: ModelConfig, device: torch.device,
+                   world: World = SINGLE) -> tuple[RunConfig, list[str]]:
+    """The config the run executes, as a copy of `cfg`: paths absolute (config.json names the same files from any
+    directory), batch_invariant and compile.backend `auto` decided for this device (rank 0's choice on every rank),
+    Dr.GRPO's normaliser defaulted to max_new_tokens. Returns (config, lines saying what `auto` chose)."""
+    cfg = with_absolute_paths(copy.deepcopy(cfg))
+    notes = [why for why in (resolve_batch_invariant_(cfg, device), resolve_auto_(cfg, model_config, device)) if why]
+    cfg.compile.backend = world.broadcast(cfg.compile.backend)  # rank 0's choice (its node's cache marker)
+    loss = cfg.trainer.loss
+    if loss.kind == "dr_grpo" and loss.dr_grpo_norm is None:
+        loss.dr_grpo_norm = float(cfg.rollout.max_new_tokens)  # Dr.GRPO's constant normaliser
+    return cfg, notes
+
+
+def sampling_params(cfg: RunConfig, *, temperature: float | None = None, max_new_tokens: int | None = None,
+                    seed: int | None = None) -> SamplingParams:
+    """The one place `rollout.*` becomes a sampler: the rollouts' (defaults), validation's and eval's (another
+    temperature: 0 is greedy, top-p / top-k off)."""
+    r = cfg.rollout
+    t = r.temperature if temperature is None else temperature
+    return SamplingParams(max_new_tokens=max_new_tokens or r.max_new_tokens, temperature=t,
+                          top_p=r.top_p if t > 0 else 1.0, top_k=r.top_k if t > 0 else 0, ignore_eos=r.ignore_eos,
+                          seed=cfg.seed if seed is None else seed)
+
+
+def rollout_sampling(cfg: RunConfig, step: int, round_: int = 0) -> SamplingParams:
+    """The rollout sampler of a step's generation round (dynamic sampling's later rounds get seeds of their own,
+    far from any step's)."""
+    return sampling_params(cfg, seed=cfg.seed * 1_000_003 + step + round_ * 1_000_000_007)
+
+
+def validation_sampling(cfg: RunConfig) -> SamplingParams:
+    """Validation's sampler: greedy for validation.k = 1, else sampled as the rollouts are with one fixed seed (every
+    validation of the run draws the same noise)."""
+    v = cfg.validation
+    max_new = v.max_new_tokens or cfg.rollout.max_new_tokens
+    if v.k == 1:
+        return sampling_params(cfg, temperature=0.0, max_new_tokens=max_new)
+    return sampling_params(cfg, max_new_tokens=max_new, seed=cfg.seed * 1_000_003 - 1)
+
+
+def longest_fitting_prompt(task: Task, tokenizer: Any, prompts: list[Prompt], max_len: int, new_tokens: int,
+                           what: str) -> int | None:
+    """The one prompt-fit check: refuse a context that fits none of `prompts` with room for `new_tokens` (every
+    step would skip everything), warn when only some fit. Returns the longest fitting prompt's length in tokens
+    (None for no prompts)."""
+    if not prompts:
+        return None
+    lengths = [len(tokenizer.encode(task.render(p, tokenizer))) for p in prompts]
+    fit = [n for n in lengths if n + new_tokens <= max_len]
+    if not fit:
+        raise ValueError(f"generator.max_model_len={max_len} fits none of the first {len(prompts)} {what} prompts: "
+                         f"the shortest is {min(lengths)} tokens and {new_tokens} new tokens must fit after it; raise "
+                         f"generator.max_model_len to at least {min(lengths) + new_tokens} or lower max_new_tokens")
+    if len(fit) < len(prompts):
+        log.warning("%d of the first %d %s prompts do not fit generator.max_model_len=%d with %d new tokens; they will "
+                    "be skipped", len(prompts) - len(fit), len(prompts), what, max_len, new_tokens)
+    return max(fit)
+
+
+def reward_components(cfg: RunConfig, task: Task) -> tuple[str, ...]:
+    """The training reward's components: the task's, and `OVERLONG` with rollout.overlong_buffer. Refuses a
+    validation.pass_component the task does not have, and a task component named `OVERLONG`."""
+    comps, v = task.reward_components, cfg.validation
+    if v.pass_component is not None and v.pass_component not in comps:
+        raise ValueError(f"validation.pass_component {v.pass_component!r} is not a reward component of task "
+                         f"{task.name!r} ({', '.join(comps) or 'none'})")
+    if cfg.rollout.overlong_buffer > 0:
+        if OVERLONG in comps:
+            raise ValueError(f"rollout.overlong_buffer adds a reward component {OVERLONG!r}, which task "
+                             f"{task.name!r} already has")
+        comps = (*comps, OVERLONG)
+    return comps
+
+
+@dataclass
+class RunSpec:
+    """What a run decided before loading weights (`build_run`)."""
+
+    cfg: RunConfig  # resolved (`resolve_config`)
+    device: torch.device
+    model_config: ModelConfig
+    tokenizer: Any
+    model_source: str  # where the weights come from, in words
+    task: Task
+    max_len: int  # the generator's context: prompt + completion must fit
+    val_prompts: list[Prompt]
+    max_prompt_tokens: int  # the longest training prompt that fits (what the memory plan sizes packs with)
+    components: tuple[str, ...]  # the training reward's components
+    pass_component: str | None  # validation's pass/fail component (accuracy)
+    warm_start_steps: int  # 0 when the task has no reference solutions
+    plan: MemoryPlan | None = None
+    notes: list[str] = field(default_factory=list)  # what resolving `auto` settings chose
+
+    def with_plan(self, plan: MemoryPlan) -> RunSpec:
+        return dataclasses.replace(self, plan=plan)
+
+
+def build_run(cfg: RunConfig, device: torch.device, world: World = SINGLE, plan: bool = True,
+              sample: int = 32) -> RunSpec:
+    """Resolve `cfg` and read what the run needs before any weights: the architecture and tokenizer, the task,
+    the validation prompts, the prompt-fit check (the first `sample` training prompts of the seed's stream, which
+    also surfaces a task's refusal of the seed), and (plan=True) the memory plan, which refuses a run that cannot
+    fit. A default preset's warm start and validation need what a user's dataset may lack: they are skipped, saying
+    so, rather than refused."""
+    model_config, tokenizer, source = resolve_model(cfg.model)
+    task: Task = load_task(cfg.task.name, **cfg.task.args)
+    warm_start_steps = cfg.warm_start.steps
+    if warm_start_steps > 0 and not (hasattr(task, "solution") or hasattr(task, "solution_messages")):
+        print(f"warm start: skipped (task {task.name!r} has no reference solutions; warm_start.steps="
+              f"{cfg.warm_start.steps} is ignored)", flush=True)
+        warm_start_steps = 0
+    num_val = cfg.validation.num_prompts
+    if num_val > 0 and not task.has_held_out():
+        print(f"validation: skipped (task {task.name!r} has no held-out split; validation.num_prompts={num_val} is "
+              "ignored)", flush=True)
+        num_val = 0
+    max_len = cfg.generator.max_model_len or model_config.max_position_embeddings
+    val_prompts = task.val_prompts(num_val)
+    r, v = cfg.rollout, cfg.validation
+    train = list(itertools.islice(task.train_prompts(seed=cfg.seed), sample))
+    longest = longest_fitting_prompt(task, tokenizer, train, max_len, r.max_new_tokens, "training") or 1
+    longest_fitting_prompt(task, tokenizer, val_prompts, max_len, v.max_new_tokens or r.max_new_tokens, "validation")
+    components = reward_components(cfg, task)
+    pass_component = v.pass_component or (task.reward_components or (None,))[0]
+    cfg, notes = resolve_config(cfg, model_config, device, world)  # before the plan, which reads what it decides
+    spec = RunSpec(cfg, device, model_config, tokenizer, source, task, max_len, val_prompts, longest, components,
+                   pass_component, warm_start_steps, notes=notes)
+    if plan:
+        spec.plan = run_memory_plan(cfg, model_config, longest, device, world.size)
+    return spec

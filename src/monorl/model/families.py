@@ -1,0 +1,103 @@
+"""The model families monorl runs, keyed by a checkpoint's `model_type`: what each states that differs from the
+shared decoder (`monorl.model.qwen3.Qwen3ForCausalLM`, parameterised by `ModelConfig`).
+
+Every family is a Llama-shaped dense decoder: RMSNorm, rotate-half RoPE, GQA attention, a SiLU-gated MLP. They
+differ in a per-head q/k RMSNorm (Qwen3), biases on q/k/v (Qwen2 always; Llama and Qwen3 on q/k/v/o with
+`attention_bias`), what a config.json key left out means (transformers' config class defaults, including
+head_dim: Qwen3Config's 128, the others hidden_size // num_attention_heads), and the GGUF architecture name.
+Everything else (the generator's fused projections, LoRA, batch invariance, checkpoints, the memory plan) reads
+the resulting `ModelConfig` fields and is the same code for all.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Any
+
+
+@dataclass(frozen=True)
+class Family:
+    model_type: str  # config.json's model_type
+    architecture: str  # config.json's architectures[0] (the transformers class)
+    gguf_arch: str  # a GGUF file's general.architecture
+    qk_norm: bool  # a per-head RMSNorm on q and k before RoPE
+    qkv_bias: bool | None  # True: q/k/v always have biases (o_proj none); None: config.json's attention_bias
+    # transformers' config class defaults: what a key config.json leaves out means (None for head_dim:
+    # hidden_size // num_attention_heads; for num_key_value_heads: num_attention_heads)
+    defaults: Mapping[str, Any] = field(default_factory=dict)
+    # boolean keys monorl does not implement when true (a one-line refusal names the key)
+    unsupported_flags: tuple[str, ...] = ()
+    # hidden_size must be a multiple of num_attention_heads (LlamaConfig's own check)
+    hidden_multiple_of_heads: bool = False
+    # keys `ModelConfig.to_hf` writes for this family beyond the shared ones
+    extra_hf: Mapping[str, Any] = field(default_factory=dict)
+
+
+_COMMON_DEFAULTS = {"hidden_act": "silu", "rms_norm_eps": 1e-6, "tie_word_embeddings": False,
+                    "rope_theta": 10000.0, "attention_bias": False}
+
+# transformers' Qwen3Config (models/qwen3/configuration_qwen3.py; rope_theta: RotaryEmbeddingConfigMixin's
+# default_theta). tests/test_model_config_defaults.py checks each family's against the installed transformers.
+QWEN3 = Family(
+    model_type="qwen3", architecture="Qwen3ForCausalLM", gguf_arch="qwen3", qk_norm=True, qkv_bias=None,
+    defaults=MappingProxyType({
+        **_COMMON_DEFAULTS, "vocab_size": 151936, "hidden_size": 4096, "intermediate_size": 22016,
+        "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 32, "head_dim": 128,
+        "max_position_embeddings": 32768, "bos_token_id": None, "eos_token_id": None, "use_sliding_window": False}),
+    unsupported_flags=("use_sliding_window",),
+    extra_hf=MappingProxyType({"use_sliding_window": False, "sliding_window": None}),
+)
+# transformers' LlamaConfig (Llama 2 / 3.x, SmolLM2, ...)
+LLAMA = Family(
+    model_type="llama", architecture="LlamaForCausalLM", gguf_arch="llama", qk_norm=False, qkv_bias=None,
+    defaults=MappingProxyType({
+        **_COMMON_DEFAULTS, "vocab_size": 32000, "hidden_size": 4096, "intermediate_size": 11008,
+        "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": None, "head_dim": None,
+        "max_position_embeddings": 2048, "bos_token_id": 1, "eos_token_id": 2, "mlp_bias": False}),
+    unsupported_flags=("mlp_bias",), hidden_multiple_of_heads=True,
+    extra_hf=MappingProxyType({"mlp_bias": False, "pretraining_tp": 1}),
+)
+# transformers' Qwen2Config (Qwen2, Qwen2.5): q/k/v biases, no q/k norm
+QWEN2 = Family(
+    model_type="qwen2", architecture="Qwen2ForCausalLM", gguf_arch="qwen2", qk_norm=False, qkv_bias=True,
+    defaults=MappingProxyType({
+        **_COMMON_DEFAULTS, "vocab_size": 151936, "hidden_size": 4096, "intermediate_size": 22016,
+        "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 32, "head_dim": None,
+        "max_position_embeddings": 32768, "bos_token_id": None, "eos_token_id": None, "use_sliding_window": False}),
+    unsupported_flags=("use_sliding_window",),
+    extra_hf=MappingProxyType({"use_sliding_window": False, "sliding_window": None}),
+)
+
+FAMILIES: dict[str, Family] = {f.model_type: f for f in (QWEN3, LLAMA, QWEN2)}
+
+
+def family(model_type: str) -> Family:
+    """The family of a `model_type`; ValueError (one line) naming the supported ones."""
+    try:
+        return FAMILIES[model_type]
+    except KeyError:
+        raise ValueError(f"unsupported model_type {model_type!r}; monorl supports {sorted(FAMILIES)}") from None
+
+
+def family_of_hf(hf: Mapping[str, Any]) -> Family:
+    """The family of a parsed config.json: its `model_type`, whose architecture `architectures` (when given) must
+    name."""
+    model_type = hf.get("model_type")
+    archs = hf.get("architectures") or []
+    fam = FAMILIES.get(model_type) if isinstance(model_type, str) else None
+    if fam is None or (archs and fam.architecture not in archs):
+        supported = ", ".join(f"{f.model_type} ({f.architecture})" for f in FAMILIES.values())
+        raise ValueError(f"unsupported architecture: model_type={model_type!r}, architectures={archs}; "
+                         f"monorl supports {supported}")
+    return fam
+
+
+def family_of_gguf(arch: str) -> Family:
+    """The family of a GGUF file's `general.architecture`."""
+    for fam in FAMILIES.values():
+        if fam.gguf_arch == arch:
+            return fam
+    raise ValueError(f"unsupported GGUF architecture {arch!r}; monorl reads "
+                     f"{sorted(f.gguf_arch for f in FAMILIES.values())}")

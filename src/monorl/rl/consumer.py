@@ -1,0 +1,57 @@
+"""The trainer consumer: a producer's scored groups -> group advantages -> one trainer step -> the new weights
+published to the generator. Colocated (one process holds both), publishing is an in-place refresh of the
+generator's copy (`sync_weights_`: its CUDA graphs stay valid), queued on the GPU behind the update."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from monorl.config import RunConfig
+from monorl.generate.engine import Generator
+from monorl.model.weight_sync import sync_weights_
+from monorl.rl.producer import RolloutBatch
+from monorl.rl.rollouts import assign_advantages
+from monorl.train.trainer import Trainer
+
+
+class TrainerConsumer:
+    def __init__(self, cfg: RunConfig, trainer: Trainer, generator: Generator, device: torch.device) -> None:
+        self.cfg, self.trainer, self.generator, self.device = cfg, trainer, generator, device
+
+    @property
+    def policy_version(self) -> int:
+        """The version of the weights the trainer holds (and has published): its optimizer steps so far."""
+        return self.trainer.step_count
+
+    def publish(self) -> None:
+        """The trainer's weights into the generator's copy, in place (its CUDA graphs stay valid)."""
+        sync_weights_(self.generator.model, self.trainer.model)
+
+    def consume(self, batch: RolloutBatch, after_publish: Callable[[], None] | None = None
+                ) -> tuple[dict[str, Any], dict[str, float]]:
+        """Advantages, the trainer step and the weight publication for `batch`; `after_publish` runs right after the
+        publication is queued, before the trainer's host sync (host work for the next step, e.g. its prompts'
+        tokenization, while the GPU trains). Returns (the trainer's metrics, the step's train/sync seconds)."""
+        cfg, ro = self.cfg, self.cfg.rollout
+        t0 = time.perf_counter()
+        assign_advantages(batch.groups, normalize_std=ro.advantage_std_norm and cfg.trainer.loss.kind != "dr_grpo",
+                          kind=ro.advantage)
+        sync = {"s": 0.0}
+
+        def after_update() -> None:  # queued behind the update, before the trainer's host sync (`Trainer.step`)
+            t = time.perf_counter()
+            self.publish()
+            sync["s"] = time.perf_counter() - t
+            if after_publish is not None:
+                after_publish()
+
+        seqs = [r.train_sequence(ro.mask_truncated, group=gi) for gi, g in enumerate(batch.groups) for r in g]
+        metrics = self.trainer.step(seqs, temperature=ro.temperature, after_update=after_update)
+        if self.device.type == "cuda":
+            torch.cuda.synchronize()
+        # sync_s: the host time of queuing the weight sync, which runs on the GPU within train_s
+        return metrics, {"train_s": time.perf_counter() - t0 - sync["s"], "sync_s": sync["s"]}

@@ -1,0 +1,233 @@
+"""Multi-turn rollouts: a step's prompts played as episodes of an `AgentTask`, token in / token out.
+
+Every episode runs on the generator's request-level engine (`generate.episodes.EpisodeEngine`): its first turn
+decodes from the rendered prompt; when a turn ends (end-of-turn token, a `</tool_call>` close, the turn budget) the
+episode pauses holding its KV, its environment answers in a worker thread (`agent.executor.AgentExecutor`: a slow
+tool stalls only its own episode, the others keep decoding), and the answer's tokens (`ChatRenderer.delta_ids`:
+the tool / environment messages and the next assistant header, never a re-rendering of the model's text) are
+appended and prefilled over the cached prefix. The trajectory is the exact token sequence the model saw: sampled
+tokens (mask 1, with their log-probs) and inserted ones (mask 0: context only, never trained). The completion
+budget (rollout.max_new_tokens) counts inserted tokens too, as TRL's max_completion_length does.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import dataclasses
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from monorl.agent.env import EpisodeEnv, TurnResult
+from monorl.agent.executor import AgentExecutor
+from monorl.agent.metrics import EpisodeRecord
+from monorl.agent.render import ChatRenderer
+from monorl.agent.task import AgentTask, safe_score_episodes
+from monorl.distributed.world import SINGLE, World
+from monorl.generate.engine import Generator
+from monorl.generate.episodes import ContextOverflowError, EpisodeEngine, TurnEvent
+from monorl.generate.sampling import SamplingParams
+from monorl.rl.rollouts import Rollout
+from monorl.tasks.base import Prompt
+
+log = logging.getLogger("monorl")
+TOOL_CALL_CLOSE = "</tool_call>"  # a Hermes tool call's close tag ends the turn: the tool runs at once
+
+
+@dataclass
+class _Live:
+    """One episode in flight: its prompt, environment, tool schemas and the environment call it waits for."""
+
+    prompt: Prompt
+    env: EpisodeEnv
+    tools: list[dict[str, Any]] | None
+    prompt_len: int
+    waiting: cf.Future | None = None
+    closed: bool = True  # its last turn ended with the end-of-turn token
+    truncated: bool = False
+    finish_reason: str = "stop"
+    tokens: list[int] = field(default_factory=list)
+    mask: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+
+
+class EpisodeRunner:
+    """Plays episodes of one `AgentTask` on one generator; reused across steps (its engine and threads)."""
+
+    def __init__(self, generator: Generator, tokenizer: Any, task: AgentTask, max_len: int,
+                 max_workers: int = 32) -> None:
+        self.gen, self.tokenizer, self.task = generator, tokenizer, task
+        self.renderer = ChatRenderer(tokenizer)
+        self.max_len = max_len
+        self.engine: EpisodeEngine | None = None  # built at first use (it needs the generator's KV cache)
+        self.executor = AgentExecutor(max_workers=max_workers)
+        eot = tokenizer.encode(self.renderer.end_of_turn)
+        self.end_of_turn = tuple(eot)
+        close = tokenizer.encode(TOOL_CALL_CLOSE)
+        self.stop_sequences = [close] if close and tokenizer.decode(close) == TOOL_CALL_CLOSE else []
+
+    def close(self) -> None:
+        self.executor.close(wait=False)
+
+    def play(self, prompts: Sequence[Prompt], sampling: SamplingParams, n: int,
+             first_prompt_index: int = 0) -> list[list[tuple[_Live, EpisodeRecord]]]:
+        """`n` episodes of each prompt; [prompt][sample] (finished: environment finished, reward readable)."""
+        if self.engine is None:
+            self.engine = EpisodeEngine(self.gen, max_episode_tokens=self.max_len)
+        engine, budget = self.engine, sampling.max_new_tokens
+        stop_ids = tuple(dict.fromkeys((*sampling.stop_token_ids, *self.end_of_turn[-1:])))
+        live: dict[tuple[int, int], _Live] = {}
+        for i, p in enumerate(prompts):
+            for j in range(n):
+                env = self.task.make_env(p)
+                key = (first_prompt_index + i, j)
+                live[key] = _Live(p, env, None, 0)
+                live[key].waiting = self.executor.submit(env.start, p)
+        order = list(live)
+        while any(not lv.env.done or lv.waiting is not None for lv in live.values()) or engine.has_work():
+            for key, lv in live.items():  # environment answers that arrived
+                if lv.waiting is not None and lv.waiting.done():
+                    turn, lv.waiting = lv.waiting.result(), None
+                    self._answer(key, lv, turn, sampling, stop_ids, budget)
+            if engine.has_work():
+                for ev in engine.step():
+                    self._turn_ended(live[ev.episode_id], ev, budget)
+            else:
+                waiting = [lv.waiting for lv in live.values() if lv.waiting is not None]
+                if waiting:
+                    self.executor.wait_any(waiting, timeout=1.0)
+                elif not engine.has_work():
+                    break
+        out = []
+        for i in range(len(prompts)):
+            out.append([(live[k], live[k].env.record) for k in order if k[0] == first_prompt_index + i])
+        return out
+
+    def _answer(self, key: tuple[int, int], lv: _Live, turn: TurnResult, sampling: SamplingParams,
+                stop_ids: tuple[int, ...], budget: int) -> None:
+        """The environment answered (its first observation, or a turn's tool results / messages)."""
+        engine = self.engine
+        assert engine is not None
+        if turn.done:  # the environment ended the episode (or failed)
+            self._finish(key, lv)
+            return
+        if not lv.tokens:  # the first observation: the episode's prompt
+            lv.tools = self.task.tool_schemas(lv.env)
+            lv.tokens = list(self.tokenizer.encode(self.renderer.render(turn.messages, tools=lv.tools)))
+            lv.prompt_len = len(lv.tokens)
+            sp = _turn_sampling(sampling, budget, stop_ids)
+            try:
+                engine.add(key, lv.tokens, sp, stop_sequences=self.stop_sequences)
+            except ContextOverflowError as e:
+                lv.env.truncate("context")
+                lv.truncated, lv.finish_reason = True, "length"
+                log.warning("episode %s: %s", key, e)
+                self._finish(key, lv)
+            return
+        inserted = self.renderer.delta_ids(turn.messages, tools=lv.tools, closed=lv.closed)
+        left = budget - (len(lv.tokens) - lv.prompt_len) - len(inserted)
+        if left <= 0:  # no room for the answer and another turn (TRL drops a tool result that overflows)
+            lv.env.truncate("length")
+            lv.truncated, lv.finish_reason = True, "length"
+            self._finish(key, lv)
+            return
+        try:
+            engine.resume(key, inserted, sampling=_turn_sampling(sampling, left, stop_ids))
+        except ContextOverflowError:
+            lv.env.truncate("context")
+            lv.truncated, lv.finish_reason = True, "length"
+            self._finish(key, lv)
+            return
+        lv.tokens += inserted
+        lv.mask += [0] * len(inserted)
+        lv.logprobs += [0.0] * len(inserted)
+
+    def _turn_ended(self, lv: _Live, ev: TurnEvent, budget: int) -> None:
+        """A turn's sampled tokens are in: hand the text to the environment, or end the episode at its budget."""
+        lv.tokens += ev.token_ids
+        lv.mask += [1] * len(ev.token_ids)
+        lv.logprobs += ev.logprobs
+        lv.closed = tuple(ev.token_ids[-len(self.end_of_turn):]) == self.end_of_turn
+        used = len(lv.tokens) - lv.prompt_len
+        if ev.reason == "context" or (ev.reason == "length" and used >= budget):
+            lv.env.truncate("length")  # cut mid-turn: nothing to answer
+            lv.truncated, lv.finish_reason = True, "length"
+            self._finish(ev.episode_id, lv)
+            return
+        text = self.tokenizer.decode(ev.token_ids[: len(ev.token_ids) - (len(self.end_of_turn) if lv.closed else 0)],
+                                     skip_special_tokens=True)
+        lv.waiting = self.executor.submit(lv.env.respond, text)
+
+    def _finish(self, key: tuple[int, int], lv: _Live) -> None:
+        if self.engine is not None and key in self.engine.episodes:
+            self.engine.finish(key)
+        lv.env.finish()
+        if not lv.tokens:  # the environment failed or ended before any turn: an empty episode
+            lv.tokens = list(self.tokenizer.encode(self.renderer.render([{"role": "user", "content": ""}])))
+            lv.prompt_len = len(lv.tokens)
+
+
+def solution_sequence(renderer: ChatRenderer, task: AgentTask, prompt: Prompt) -> tuple[list[int], list[int],
+                                                                                   list[int]]:
+    """A reference episode (`task.solution_messages(prompt)`) as the runner would have built it: (prompt ids,
+    completion ids, mask): assistant turns (with their end-of-turn) 1, the inserted tool / environment tokens 0. A
+    supervised warm start trains on the assistant turns only."""
+    env = task.make_env(prompt)
+    first = env.start(prompt)
+    tools = task.tool_schemas(env)
+    env.finish()
+    tok = renderer.tokenizer
+    prompt_ids = list(tok.encode(renderer.render(first.messages, tools=tools)))
+    ids: list[int] = []
+    mask: list[int] = []
+    pending: list[dict[str, Any]] = []
+    for m in task.solution_messages(prompt):
+        if m["role"] != "assistant":
+            pending.append(m)
+            continue
+        if pending:
+            inserted = renderer.delta_ids(pending, tools=tools, closed=True)
+            ids, mask, pending = ids + inserted, mask + [0] * len(inserted), []
+        turn = list(tok.encode(m["content"] + renderer.end_of_turn))
+        ids, mask = ids + turn, mask + [1] * len(turn)
+    return prompt_ids, ids, mask
+
+
+def _turn_sampling(sampling: SamplingParams, max_new: int, stop_ids: tuple[int, ...]) -> SamplingParams:
+    return dataclasses.replace(sampling, max_new_tokens=max(1, max_new), stop_token_ids=stop_ids)
+
+
+def generate_episodes(runner: EpisodeRunner, prompts: Sequence[Prompt], sampling: SamplingParams, n: int,
+                      world: World = SINGLE) -> tuple[list[list[Rollout]], list[EpisodeRecord]]:
+    """[prompt][sample] rollouts of `n` episodes per prompt, scored, with their episode records. On several ranks
+    each plays its contiguous share of the prompt groups (keyed by the group's index in the whole batch) and every
+    rank gets all groups back, as `generate_rollouts` does."""
+    lo, hi = world.share(len(prompts))
+    mine = list(prompts[lo:hi])
+    groups: list[list[Rollout]] = []
+    records: list[EpisodeRecord] = []
+    if mine:
+        played = runner.play(mine, sampling, n, first_prompt_index=lo)
+        flat = [(p, lv, rec) for p, eps in zip(mine, played, strict=True) for lv, rec in eps]
+        scores = iter(safe_score_episodes(runner.task, [p for p, _, _ in flat], [lv.env for _, lv, _ in flat],
+                                          [lv.tokens[lv.prompt_len:] for _, lv, _ in flat]))
+        weights = dict(runner.task.reward_weights)
+        tok = runner.tokenizer
+        for p, eps in zip(mine, played, strict=True):
+            group = []
+            for lv, rec in eps:
+                rewards, error = next(scores)
+                completion = lv.tokens[lv.prompt_len:]
+                text = tok.decode(completion, skip_special_tokens=False)  # the conversation, role markers included
+                group.append(Rollout(p, lv.tokens[:lv.prompt_len], completion, lv.logprobs, lv.finish_reason, text,
+                                     rewards, error, weights=weights, completion_mask=lv.mask,
+                                     extra={"episode": rec.to_dict()}))
+                records.append(rec)
+            groups.append(group)
+        failed = [r.reward_error for g in groups for r in g if r.reward_error is not None]
+        if failed:
+            log.warning("task %r: %d of %d episodes failed, scored 0.0 (first: %s)", runner.task.name, len(failed),
+                        sum(map(len, groups)), failed[0])
+    parts = world.gather_lists([(groups, records)])
+    return [g for part, _ in parts for g in part], [r for _, recs in parts for r in recs]

@@ -1,0 +1,341 @@
+"""EpisodeEngine on CPU: an episode decoded with KV reuse across turns equals one whose whole conversation is
+prefilled anew at every turn (bit for bit in batch-invariant mode), pauses (stop token / sequence / string, turn
+budget, episode capacity), interleaving, context overflow, and block accounting. Tiny random models."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+from monorl.generate.engine import Generator, GeneratorConfig
+from monorl.generate.episodes import (
+    CONTEXT,
+    LENGTH,
+    STOP_SEQUENCE,
+    STOP_STRING,
+    STOP_TOKEN,
+    ContextOverflowError,
+    Episode,
+    EpisodeEngine,
+    TurnEvent,
+    run_episodes,
+)
+from monorl.generate.kv_cache import bytes_per_block, slot_mapping
+from monorl.generate.sampling import SamplingParams
+from monorl.model.batch_invariant import make_batch_invariant_
+from monorl.model.config import model_shape
+from monorl.model.qwen3 import build_model
+from tests.test_generate import LetterTokenizer
+
+TURNS = 3
+
+
+@pytest.fixture(scope="module")
+def model():
+    return build_model(model_shape("tiny"), seed=3)
+
+
+@pytest.fixture(scope="module")
+def invariant_model():
+    # the smaller shape: the invariant ops' CPU forms are slow
+    return make_batch_invariant_(build_model(model_shape("tiny-untied"), seed=3))
+
+
+def generator(model, tokenizer=None, **kw) -> Generator:
+    cfg = dict(max_num_seqs=4, max_model_len=128, block_size=8)
+    cfg.update(kw)
+    gen = Generator(model, GeneratorConfig(**cfg), tokenizer=tokenizer, eos_token_ids=(1,))
+    if model.__class__ is not gen.model.__class__:  # the generator's copy converted too, as the RL loop does
+        make_batch_invariant_(gen.model)
+    return gen
+
+
+def scripted(seed: int, ids: list, vocab: int) -> tuple[dict, dict]:
+    """Prompts and, per episode, the token lists its 'environment' inserts after turns 0..TURNS-2."""
+    rng = random.Random(seed)
+    prompts = {i: [rng.randrange(2, vocab) for _ in range(rng.randint(3, 20))] for i in ids}
+    inserts = {i: [[rng.randrange(2, vocab) for _ in range(rng.randint(1, 5))] for _ in range(TURNS - 1)] for i in ids}
+    return prompts, inserts
+
+
+def turn_starts(ep: Episode) -> list[int]:
+    return [k for k in range(len(ep.tokens)) if ep.sampled[k] and not ep.sampled[k - 1]]
+
+
+def reprefilled_turn(engine: EpisodeEngine, ep: Episode, start: int, sp: SamplingParams) -> TurnEvent:
+    """The turn that starts at tokens[start], from an episode whose prompt is the whole conversation before it."""
+    engine.add(ep.id, ep.tokens[:start], sp)
+    events: list[TurnEvent] = []
+    while not events:
+        events = engine.step()
+    engine.finish(ep.id)
+    return events[0]
+
+
+@pytest.mark.parametrize("invariant", [True, False])
+def test_kv_reuse_equals_reprefill_every_turn(model, invariant_model, invariant):
+    m = invariant_model if invariant else model
+    gen = generator(m, stop_check_interval=3)  # episodes decode past their stops between checks
+    engine = EpisodeEngine(gen, max_episode_tokens=80)
+    free = gen.blocks.num_free()
+    prompts, inserts = scripted(0, [0, 1, 2], m.config.vocab_size)
+    # frequent stop tokens, so that some turns end on one and the others at the budget
+    sp = SamplingParams(max_new_tokens=6, temperature=0.9, seed=5, stop_token_ids=tuple(range(2, 14)))
+
+    def environment(ep: Episode, ev: TurnEvent) -> list[int] | None:
+        engine.policy_version += 1  # a weight update after every turn
+        return inserts[ep.id][ev.turn] if ev.turn < TURNS - 1 else None
+
+    reasons: list[str] = []
+
+    def recording(ep: Episode, ev: TurnEvent) -> list[int] | None:
+        reasons.append(ev.reason)
+        return environment(ep, ev)
+
+    done = run_episodes(engine, prompts, sp, recording)
+    assert gen.blocks.num_free() == free
+    assert {STOP_TOKEN, LENGTH} <= set(reasons)
+    assert max(v for ep in done.values() for v in ep.versions) >= 3  # later turns saw the updates
+    for i, ep in done.items():
+        starts = turn_starts(ep)
+        assert len(starts) == TURNS and ep.tokens[:starts[0]] == prompts[i]
+        for t, s in enumerate(starts):
+            end = starts[t + 1] - len(inserts[i][t]) if t + 1 < TURNS else len(ep.tokens)
+            assert all(ep.sampled[s:end]) and ep.versions[s:end] == sorted(ep.versions[s:end])
+            assert ep.versions[s] >= (ep.versions[s - 1] if t else 0)
+            if t + 1 < TURNS:
+                assert ep.tokens[end:starts[t + 1]] == inserts[i][t] and not any(ep.sampled[end:starts[t + 1]])
+                assert ep.versions[end:starts[t + 1]] == [-1] * len(inserts[i][t])
+            if t == 0:
+                continue  # turn 0 is a plain prefill in both
+            ref = reprefilled_turn(engine, ep, s, sp)
+            assert ref.token_ids == ep.tokens[s:end], (i, t)
+            if invariant:
+                assert ref.logprobs == ep.logprobs[s:end], (i, t)
+            else:
+                torch.testing.assert_close(torch.tensor(ref.logprobs), torch.tensor(ep.logprobs[s:end]),
+                                           rtol=0, atol=1e-5)
+    assert gen.blocks.num_free() == free
+
+
+def test_first_turn_is_generates_completion(invariant_model):
+    """Episode (i, j) draws generate()'s noise for sample j of prompt i: its first turn is that completion."""
+    gen = generator(invariant_model)
+    prompts, _ = scripted(1, [0, 1], invariant_model.config.vocab_size)
+    sp = SamplingParams(max_new_tokens=8, temperature=0.9, seed=7)
+    ref = gen.generate([prompts[0], prompts[1]], sp, n=2)
+    engine = EpisodeEngine(gen, max_episode_tokens=64)
+    done = run_episodes(engine, {(i, j): prompts[i] for i in range(2) for j in range(2)}, sp, lambda ep, ev: None)
+    for (i, j), ep in done.items():
+        assert ep.last_event.token_ids == ref[i][j].token_ids
+        assert ep.last_event.logprobs == ref[i][j].logprobs
+
+
+def test_paused_episode_waits_while_others_decode(invariant_model):
+    """Episode 0 waits for its 'tool' for several steps while 1 and 2 decode on (and a generate() call takes the
+    decode slots between two of their steps); every result is that of a run where each episode resumes at once."""
+    gen = generator(invariant_model)
+    prompts, inserts = scripted(2, [0, 1, 2], invariant_model.config.vocab_size)
+    sp = SamplingParams(max_new_tokens=4, temperature=0.9, seed=5)  # eos may stop a turn: one token a step
+
+    def environment(ep: Episode, ev: TurnEvent) -> list[int] | None:
+        return inserts[ep.id][ev.turn] if ev.turn < TURNS - 1 else None
+
+    engine = EpisodeEngine(gen, max_episode_tokens=64)
+    ref = run_episodes(engine, prompts, sp, environment)
+    for i, p in prompts.items():
+        engine.add(i, p, sp)
+    held, held_steps, others_meanwhile, generated, done = None, 0, 0, False, {}
+    while len(done) < 3:
+        if held is not None and (held_steps == 6 or not engine.has_work()):
+            engine.resume(0, environment(engine.episode(0), held))
+            held = None
+        events = engine.step()
+        if held is not None:
+            held_steps += 1
+            assert engine.episode(0).state == "paused" and engine.episode(0).table
+            if not generated and any(e.state == "running" for e in engine.episodes.values()):
+                gen.generate([[5, 6, 7]], SamplingParams(max_new_tokens=4, temperature=0.0))
+                generated = True
+        for ev in events:
+            new = environment(engine.episode(ev.episode_id), ev)
+            if new is None:
+                done[ev.episode_id] = engine.finish(ev.episode_id)
+            elif ev.episode_id == 0 and ev.turn == 0:
+                held, held_steps = ev, 0
+            else:
+                engine.resume(ev.episode_id, new)
+            others_meanwhile += held is not None and ev.episode_id != 0
+    assert generated and others_meanwhile > 0
+    for i in range(3):
+        assert done[i].tokens == ref[i].tokens
+        assert done[i].logprobs == ref[i].logprobs
+    assert gen.blocks.num_free() == gen.blocks.usable_blocks
+
+
+def test_pauses_on_budget_stop_token_sequence_and_string(model):
+    tok = LetterTokenizer()
+    gen = generator(model, tokenizer=tok)
+    engine = EpisodeEngine(gen, max_episode_tokens=96)
+    prompt = scripted(3, [0], model.config.vocab_size)[0][0]
+    fixed = dict(temperature=1.0, seed=11, ignore_eos=True)  # seeded: the same tokens every time
+
+    def turn(sp: SamplingParams, stops=()) -> TurnEvent:
+        engine.add("x", prompt, sp, stops)
+        events: list[TurnEvent] = []
+        while not events:
+            events = engine.step()
+        engine.finish("x")
+        [ev] = events
+        return ev
+
+    free = turn(SamplingParams(max_new_tokens=12, **fixed))
+    assert free.reason == LENGTH and len(free.token_ids) == 12 and free.stop is None
+    toks = free.token_ids
+    assert len(set(toks)) > 3  # not degenerate
+    seq = tuple(toks[4:6])
+    cut = next(k for k in range(2, 12) if tuple(toks[k - 2:k]) == seq)
+    ev = turn(SamplingParams(max_new_tokens=12, **fixed), [(127, 127, 127), seq])
+    assert (ev.reason, ev.stop, ev.token_ids) == (STOP_SEQUENCE, seq, toks[:cut])
+    ev = turn(SamplingParams(max_new_tokens=12, stop_token_ids=(toks[5],), **fixed))
+    assert (ev.reason, ev.stop, ev.token_ids) == (STOP_TOKEN, toks[5], toks[:toks.index(toks[5]) + 1])
+    text = tok.decode(toks)
+    stop_str = text[6:8]
+    ev = turn(SamplingParams(max_new_tokens=12, stop_strings=(stop_str,), **fixed))
+    assert (ev.reason, ev.stop, ev.token_ids) == (STOP_STRING, stop_str, toks[:text.index(stop_str) + 2])
+    # a stop only matches within the turn: the prompt's last token does not complete a sequence
+    assert (prompt[-1], toks[0]) not in zip(toks, toks[1:], strict=False)
+    ev = turn(SamplingParams(max_new_tokens=12, **fixed), [(prompt[-1], toks[0])])
+    assert ev.reason == LENGTH
+    assert gen.blocks.num_free() == gen.blocks.usable_blocks
+
+
+def test_resume_overflow_and_full_context(model):
+    gen = generator(model)
+    engine = EpisodeEngine(gen, max_episode_tokens=32)
+    start = gen.blocks.num_free()
+    engine.add(0, list(range(2, 22)), SamplingParams(max_new_tokens=6, temperature=0.0, ignore_eos=True))
+    [ev] = engine.step()
+    ep = engine.episode(0)
+    assert ev.reason == LENGTH and len(ep.tokens) == 26 and ep.state == "paused"
+    before = list(ep.tokens)
+    with pytest.raises(ContextOverflowError, match="26 tokens \\+ 6 appended = 32"):
+        engine.resume(0, [5] * 6)
+    assert ep.tokens == before and ep.state == "paused" and len(ep.sampled) == len(ep.logprobs) == 26
+    engine.resume(0, [5, 6, 7], SamplingParams(max_new_tokens=20, temperature=0.0, ignore_eos=True))
+    [ev] = engine.step()
+    assert ev.reason == CONTEXT and len(ep.tokens) == 32 and len(ev.token_ids) == 3
+    with pytest.raises(ContextOverflowError):
+        engine.resume(0, [])
+    engine.finish(0)
+    assert gen.blocks.num_free() == start and not engine.episodes
+    with pytest.raises(ContextOverflowError, match="no room"):
+        engine.add(1, list(range(2, 34)), SamplingParams())
+
+
+def test_preempted_episodes_recompute_the_same_tokens(invariant_model):
+    """A KV cache too small for every episode's turns at once: turns are admitted by preempting paused episodes
+    (their conversation prefilled again later), and every episode is the one an ample cache gives, bit for bit."""
+    prompts, inserts = scripted(4, range(4), invariant_model.config.vocab_size)
+    sp = SamplingParams(max_new_tokens=5, temperature=0.9, seed=2, ignore_eos=True)
+    per_block = bytes_per_block(invariant_model.config, 8, torch.float32)
+
+    def run(blocks: int | None) -> dict:
+        gen = generator(invariant_model, kv_cache_bytes=blocks and blocks * per_block)
+        engine = EpisodeEngine(gen, max_episode_tokens=64)
+        held: list[int] = []
+
+        def environment(ep: Episode, ev: TurnEvent) -> list[int] | None:
+            assert len(ep.table) == -(-len(ep.tokens) // 8)  # a paused episode keeps only its tokens' blocks
+            held.append(gen.blocks.usable_blocks - gen.blocks.num_free())
+            return inserts[ep.id][ev.turn] if ev.turn < TURNS - 1 else None
+
+        done = run_episodes(engine, prompts, sp, environment)
+        assert gen.blocks.num_free() == gen.blocks.usable_blocks
+        if blocks:
+            assert engine.preemptions > 0 and max(held) <= 10
+        return done
+
+    runs = {blocks: run(blocks) for blocks in (None, 11)}  # 11: 10 usable blocks of 8 tokens; an episode reaches 6
+    for i in prompts:
+        assert runs[11][i].tokens == runs[None][i].tokens
+        assert runs[11][i].logprobs == runs[None][i].logprobs
+
+
+def test_a_group_shares_its_prompts_kv(invariant_model):
+    """Episodes with one prompt (a GRPO group; two slots, so the third starts a turn later) share the prompt's
+    full blocks, and each is the episode it is alone, bit for bit."""
+    prompt = scripted(6, [0], invariant_model.config.vocab_size)[0][0][:3] * 7  # 21 tokens: 2 blocks shared
+    inserts = {(0, j): [[2 + j] * (j + 1), [9, 9]] for j in range(3)}
+    sp = SamplingParams(max_new_tokens=4, temperature=0.9, seed=4, ignore_eos=True)
+    gen = generator(invariant_model, max_num_seqs=2)
+    engine = EpisodeEngine(gen, max_episode_tokens=64)
+    tables = []
+
+    def environment(ep: Episode, ev: TurnEvent) -> list[int] | None:
+        tables.append(list(ep.table))
+        return inserts[ep.id][ev.turn] if ev.turn < TURNS - 1 else None
+
+    group = run_episodes(engine, {i: prompt for i in inserts}, sp, environment)
+    assert gen.blocks.num_free() == gen.blocks.usable_blocks and not engine.by_prompt
+    assert len({tuple(t[:2]) for t in tables}) == 1 and len({t[2] for t in tables}) > 1
+    for i in inserts:
+        alone = run_episodes(engine, {i: prompt}, sp, environment)[i]
+        assert alone.tokens == group[i].tokens and alone.logprobs == group[i].logprobs
+
+
+def test_finish_frees_queued_and_running_episodes(model):
+    gen = generator(model, max_num_seqs=2)
+    engine = EpisodeEngine(gen, max_episode_tokens=64)
+    sp = SamplingParams(max_new_tokens=8, temperature=0.9, seed=1)  # eos may stop a turn: one token a step
+    for i, p in scripted(5, range(4), model.config.vocab_size)[0].items():
+        engine.add(i, p, sp)
+    engine.step()
+    states = {e.state for e in engine.episodes.values()}
+    assert "queued" in states and states & {"running", "paused"}
+    engine.preempt(3)
+    for i in range(4):
+        engine.finish(i)
+    assert gen.blocks.num_free() == gen.blocks.usable_blocks and not engine.has_work()
+
+
+def test_bad_input_is_refused(model):
+    engine = EpisodeEngine(generator(model), max_episode_tokens=64)
+    sp = SamplingParams(max_new_tokens=4, temperature=0.9)
+    engine.add(0, [2, 3], sp)
+    with pytest.raises(ValueError, match="exists"):
+        engine.add(0, [2, 3], sp)
+    with pytest.raises(ValueError, match="empty prompt"):
+        engine.add(1, [], sp)
+    with pytest.raises(ValueError, match="outside"):
+        engine.add(1, [2, 500], sp)
+    with pytest.raises(ValueError, match="temperature / top_p / top_k"):
+        engine.add(1, [2, 3], SamplingParams(temperature=0.5))
+    with pytest.raises(ValueError, match="tokenizer"):
+        engine.add(1, [2, 3], SamplingParams(temperature=0.9, stop_strings=("x",)))
+    with pytest.raises(ValueError, match="empty stop sequence"):
+        engine.add(1, [2, 3], sp, [()])
+    with pytest.raises(TypeError, match="episode ids"):
+        engine.add(1.5, [2, 3], sp)
+    with pytest.raises(ValueError, match="queued, not paused"):
+        engine.resume(0, [4])
+    with pytest.raises(KeyError, match="no episode 7"):
+        engine.finish(7)
+    with pytest.raises(ValueError, match="max_episode_tokens"):
+        EpisodeEngine(generator(model), max_episode_tokens=1000)
+
+
+def test_prefill_cached_equals_prefill_in_invariant_mode(invariant_model):
+    """The runner's piece alone: a prompt's last logits from a plain prefill, and from a prefill of its first part
+    then of the rest over the cached prefix, are equal bit for bit."""
+    gen = generator(invariant_model)
+    runner, bs = gen.runner, gen.kv.block_size
+    p = scripted(5, [0], invariant_model.config.vocab_size)[0][0] + [7] * 9
+    t1, t2 = gen.blocks.allocate(4), gen.blocks.allocate(4)
+    whole = runner.prefill([p], [slot_mapping(t1, 0, len(p), bs)])
+    runner.prefill([p[:5]], [slot_mapping(t2, 0, 5, bs)])
+    part = runner.prefill_cached([p[5:]], [5], [t2])
+    assert torch.equal(whole, part)
+    assert torch.equal(gen.kv.kv[:, :, t1], gen.kv.kv[:, :, t2])  # the same keys and values were cached

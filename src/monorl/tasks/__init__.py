@@ -11,15 +11,17 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from monorl.tasks.arith import ArithTask
 from monorl.tasks.base import Prompt, Task, safe_reward
 from monorl.tasks.dataset import DatasetTask
 from monorl.tasks.gsm8k import Gsm8kTask
 from monorl.tasks.sum_digits import SumDigitsTask
 
-BUILTIN_TASKS: dict[str, type[Task]] = {"sum_digits": SumDigitsTask, "gsm8k": Gsm8kTask, "dataset": DatasetTask}
+BUILTIN_TASKS: dict[str, type[Task]] = {"sum_digits": SumDigitsTask, "gsm8k": Gsm8kTask, "dataset": DatasetTask,
+                                       "arith": ArithTask}
 
-__all__ = ["BUILTIN_TASKS", "DatasetTask", "Gsm8kTask", "Prompt", "SumDigitsTask", "Task", "TaskError", "load_task",
-           "safe_reward"]
+__all__ = ["BUILTIN_TASKS", "ArithTask", "DatasetTask", "Gsm8kTask", "Prompt", "SumDigitsTask", "Task", "TaskError",
+           "load_task", "safe_reward"]
 
 
 class TaskError(ValueError):

@@ -9,6 +9,7 @@ import torch
 
 from monorl.model.checkpoint import load_checkpoint, load_config
 from monorl.model.config import MODEL_SHAPES, ModelConfig, model_shape
+from monorl.model.gguf import gguf_file
 from monorl.model.hub import resolve_model_path
 from monorl.model.qwen3 import Qwen3ForCausalLM, build_model
 from monorl.model.tokenizer import TOKENIZER_FILE, CharTokenizer, load_tokenizer
@@ -25,7 +26,8 @@ def resolve_model(m: ModelSection) -> tuple[ModelConfig, Any, str]:
     if m.path:
         path, origin = resolve_model_path(m.path)  # a local directory, or a Hub name through its cache
         mcfg = load_config(path)  # names a missing directory or config.json first
-        if not (path / TOKENIZER_FILE).is_file():  # the char tokenizer would silently mis-tokenize a real vocab
+        # the char tokenizer would silently mis-tokenize a real vocab (a GGUF file carries its tokenizer)
+        if gguf_file(path) is None and not (path / TOKENIZER_FILE).is_file():
             raise FileNotFoundError(f"model.path {path} has no {TOKENIZER_FILE}: copy the model's tokenizer files "
                                     "there (tokenizer.json, tokenizer_config.json)")
         tok = load_tokenizer(path)

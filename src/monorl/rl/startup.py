@@ -160,8 +160,11 @@ class Startup:
         torch.compile runs a model (those passes would compile it here). The traced list is kept beside Triton's
         cache; a later run with the same shapes, settings and code loads it instead of tracing. Rank-local (each
         rank traces the same passes; FSDP's collectives in them run on every rank)."""
+        # the generator's trace pass skips Triton launches and runs its PyTorch ops on what they left: a family
+        # without the fused q/k-norm kernel rotates with PyTorch ops there (`monorl::rope`), which then read
+        # garbage indices (a device-side assert on H200, SmolLM2): its kernels compile at first launch instead
         traced = {"trainer": is_batch_invariant(policy) and not is_compiled(policy),
-                  "generator": not is_compiled(generator.model)}
+                  "generator": not is_compiled(generator.model) and spec.model_config.qk_norm}
         if self.threads == 1 or not any(traced.values()):
             return
         kept = specs_path(run_kernels_key(self.cfg, spec.model_config, self.world.size, traced))

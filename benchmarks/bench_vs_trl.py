@@ -243,6 +243,8 @@ def run_trl_phase(args: argparse.Namespace) -> None:
     model_file = Path(args.model).resolve()
     t0 = time.perf_counter()
     tokenizer = AutoTokenizer.from_pretrained(model_file.parent, gguf_file=model_file.name)
+    if tokenizer.pad_token is None:  # some transformers versions read no pad token from the GGUF (SmolLM2: pad = eos)
+        tokenizer.pad_token = tokenizer.eos_token
     model = trainable_copy(AutoModelForCausalLM.from_pretrained(model_file.parent, gguf_file=model_file.name,
                                                                 dtype=torch.float32))
     model.to("cuda" if cuda else "cpu")

@@ -15,7 +15,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import shutil
 import socket
 import subprocess
 import sys
@@ -31,6 +30,7 @@ from monorl.cliargs import run_config
 from monorl.distributed.elastic import DIE_ENV
 from monorl.distributed.world import World, check_world
 from monorl.rl.loop import GRPORun, train
+from tests.test_resume import killed_copy
 
 ROOT = Path(__file__).resolve().parents[1]
 OVERRIDES = {
@@ -132,7 +132,7 @@ def test_two_ranks_equal_one_rank(one_rank: Path, two_ranks: Path) -> None:
 
 def test_sharded_checkpoint_resumes_on_one_process(two_ranks: Path, tmp_path: Path) -> None:
     d = tmp_path / "run"
-    shutil.copytree(two_ranks, d)
+    killed_copy(two_ranks, d, 1)  # as if killed after step 1's checkpoint
     cfg = run_config("tiny", {**OVERRIDES, "run_dir": str(d)})
     GRPORun(cfg, progress=False, resume=d / "checkpoints" / "step_000001").run()
     assert_rows_close(step_rows(d), step_rows(two_ranks))  # step 1 kept, step 2 recomputed on one process

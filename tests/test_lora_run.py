@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import random
-import shutil
 from pathlib import Path
 
 import pytest
@@ -14,7 +13,7 @@ import torch
 from monorl.cli import main
 from monorl.model.lora import is_lora, lora_parameters
 from monorl.rl.loop import GRPORun
-from tests.test_resume import small_cfg, step_rows
+from tests.test_resume import killed_copy, small_cfg, step_rows
 
 LORA = {"lora.rank": "8", "lora.alpha": "16", "trainer.lr": "3e-2", "warm_start.steps": "0"}
 
@@ -27,7 +26,7 @@ def lora_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def test_lora_run_learns_and_trains_only_adapters(tmp_path: Path) -> None:
-    cfg = small_cfg(tmp_path / "learn", **LORA, **{"steps": "10", "rollout.prompts_per_step": "4",
+    cfg = small_cfg(tmp_path / "learn", **LORA, **{"steps": "16", "rollout.prompts_per_step": "4",
                                                    "rollout.group_size": "8", "rollout.max_new_tokens": "8",
                                                    "checkpoint.every": "0", "checkpoint.final": "false"})
     run = GRPORun(cfg, progress=False)
@@ -37,8 +36,8 @@ def test_lora_run_learns_and_trains_only_adapters(tmp_path: Path) -> None:
     base = {n: p.detach().clone() for n, p in run.policy.named_parameters() if not p.requires_grad}
     result = run.run()
     rewards = [r["reward"] for r in result.steps]
-    # the untrained tiny model's digit share rises under LoRA alone (seeded: 0.24 over the first three steps,
-    # 0.36 over the last three on torch 2.13 CPU)
+    # the untrained tiny model's digit share rises under LoRA alone (seeded: 0.245 over the first three steps,
+    # 0.348 over the last three on torch 2.13 CPU; 16 steps since rewards see text without special tokens, #41)
     assert sum(rewards[-3:]) / 3 > sum(rewards[:3]) / 3 + 0.05
     assert result.post.mean_reward > result.pre.mean_reward
     for n, p in run.policy.named_parameters():  # the frozen base never moved
@@ -59,7 +58,7 @@ def test_lora_checkpoints_are_peft_adapters(lora_run: Path) -> None:
 
 def test_lora_resume_equals_uninterrupted(lora_run: Path, tmp_path: Path) -> None:
     run_dir = tmp_path / "resumed"
-    shutil.copytree(lora_run, run_dir)
+    killed_copy(lora_run, run_dir, 2)  # as if killed after step 2's checkpoint
     torch.manual_seed(12345)
     random.seed(12345)
     GRPORun(small_cfg(run_dir, **LORA, **{"checkpoint.merged": "true"}), progress=False,

@@ -38,12 +38,12 @@ def test_tiny_tools_reward_needs_the_tool():
     assert prompt.text == f"f({x})=?" and prompt.answer == a * x + b
     good = [format_tool_call("f", {"x": x}, compact=True), lambda new: new[0]["content"]]
     env, (score, err) = play(task, prompt, good)
-    assert err is None and score == {"correctness": 1.0} and env.record.tool_calls == {"f": 1}
+    assert err is None and score == {"correctness": 1.0, "tool": 0.2} and env.record.tool_calls == {"f": 1}
     # the right number without calling f, f called with another x, a wrong answer after the call
-    for turns in ([str(prompt.answer)],
-                  [format_tool_call("f", {"x": (x + 1) % 10}, compact=True), str(prompt.answer)],
-                  [format_tool_call("f", {"x": x}, compact=True), str(prompt.answer + 1)]):
-        assert play(task, prompt, turns)[1] == ({"correctness": 0.0}, None)
+    for turns, tool in (([str(prompt.answer)], 0.0),
+                        ([format_tool_call("f", {"x": (x + 1) % 10}, compact=True), str(prompt.answer)], 0.2),
+                        ([format_tool_call("f", {"x": x}, compact=True), str(prompt.answer + 1)], 0.2)):
+        assert play(task, prompt, turns)[1] == ({"correctness": 0.0, "tool": tool}, None)
     assert [m["role"] for m in task.solution_messages(prompt)] == ["assistant", "tool", "assistant"]
 
 
@@ -141,12 +141,12 @@ def test_agent_tasks_load_by_spec_and_refuse_plain_rewards():
 def test_safe_score_episode_guards_a_failing_score():
     class Broken(TinyToolsTask):
         def score_episode(self, prompt, episode):
-            return {"correctness": float("nan")}
+            return {"correctness": float("nan"), "tool": 0.0}
 
     task = Broken()
     prompt = task.val_prompts(1)[0]
     _, (score, err) = play(task, prompt, ["7"])
-    assert score == {"correctness": 0.0} and "non-finite" in err
+    assert score == {"correctness": 0.0, "tool": 0.0} and "non-finite" in err
 
 
 def scripted_model(tok, turns):
@@ -168,7 +168,7 @@ def test_play_episode_token_in_token_out():
     call = format_tool_call("f", {"x": prompt.meta["x"]}, compact=True)
     answer = lambda context: context.rsplit("Tool: ", 1)[1].split("\n")[0]  # noqa: E731 -- reads the tool's reply
     traj, env = play_episode(task, prompt, renderer, scripted_model(tok, [call, answer]), max_new_tokens=100)
-    assert safe_score_episode(task, prompt, env) == ({"correctness": 1.0}, None)
+    assert safe_score_episode(task, prompt, env) == ({"correctness": 1.0, "tool": 0.2}, None)
     whole = renderer.render(env.messages[:-1], tools=None) + env.messages[-1]["content"] + "<eos>"
     assert traj.ids == tok.encode(whole)  # the tokens the model saw are the whole conversation's
     sampled = [t for t, m in zip(traj.completion_ids, traj.mask, strict=True) if m]
@@ -178,7 +178,8 @@ def test_play_episode_token_in_token_out():
     # a budget too small for the tool's reply ends the episode without it
     traj, env = play_episode(task, prompt, renderer, scripted_model(tok, [call, answer]), max_new_tokens=60)
     assert env.record.truncation == "length" and sum(traj.mask) == len(traj.completion_ids) == len(call) + 1
-    assert safe_score_episode(task, prompt, env)[0] == {"correctness": 0.0}
+    # no answer: correctness 0; the call itself was made (the environment ran f), so `tool` pays
+    assert safe_score_episode(task, prompt, env)[0] == {"correctness": 0.0, "tool": 0.2}
     # a budget that ends inside the first turn
     traj, env = play_episode(task, prompt, renderer, scripted_model(tok, [call, answer]), max_new_tokens=30)
     assert env.record.truncation == "length" and traj.mask == [1] * 30 and env.record.turns == 0

@@ -54,21 +54,23 @@ class TinyToolsTask(AgentTask):
     """f(x) of a per-problem secret linear function, reachable only through the tool ``f``."""
 
     name = "tiny_tools"
-    reward_components = ("correctness",)
+    reward_components = ("correctness", "tool")
     render_tools = False
 
     def __init__(self, max_turns: int = 3, val_seed: int = 99, val_size: int = 64,
-                 solution_style: str = "tool") -> None:
+                 solution_style: str = "tool", tool_reward: float = 0.2) -> None:
         """Args:
             max_turns: assistant turns an episode may take
             val_seed: seed of the held-out problems
             val_size: held-out problems
             solution_style: the warm start's episodes: tool (call f, then answer) or mixed (every other one
                 answers at once with a guess, which the reward never accepts: RL has to prefer the tool)
+            tool_reward: the `tool` component of an episode that called f successfully (any x)
         """
         if solution_style not in ("tool", "mixed"):
             raise ValueError(f"solution_style must be tool or mixed, got {solution_style!r}")
         self.max_turns, self.val_seed, self.solution_style = int(max_turns), val_seed, solution_style
+        self.tool_reward = float(tool_reward)
         self._val = held_out(_draw, val_seed, val_size, space=8 * 10 * 10)
         self._val_keys = set(self._val)
 
@@ -95,7 +97,10 @@ class TinyToolsTask(AgentTask):
         final = episode.completion
         answers = _INT.findall(final) if "<tool_call>" not in final else []
         right = bool(answers) and int(answers[-1]) == int(prompt.answer)
-        return {"correctness": 1.0 if (right and called) else 0.0}
+        # `tool`: a successful call of f with any x, a shaping reward (as sum_digits' format reward): a tiny model
+        # rarely gets a whole episode right at first, but it can be told that calling the tool is the way
+        return {"correctness": 1.0 if (right and called) else 0.0,
+                "tool": self.tool_reward if _called_f(episode.messages) else 0.0}
 
     def solution_messages(self, prompt: Prompt) -> list[dict[str, str]]:
         """The right episode after the prompt: the call, the tool's answer, the final answer (solution_style mixed:
@@ -106,6 +111,11 @@ class TinyToolsTask(AgentTask):
         return [{"role": "assistant", "content": call},
                 {"role": "tool", "name": "f", "content": str(prompt.answer)},
                 {"role": "assistant", "content": str(prompt.answer)}]
+
+
+def _called_f(messages: list[dict[str, Any]]) -> bool:
+    """Did an assistant turn call f (any x) and get a result back?"""
+    return any(_called_f_with(messages, x) for x in range(10))
 
 
 def _called_f_with(messages: list[dict[str, Any]], x: int) -> bool:

@@ -100,3 +100,13 @@ def test_tiny_tools_resume_equals_uninterrupted(tiny_tools_run: Path, tmp_path: 
     GRPORun(run_config("tiny_tools", {**FAST, "run_dir": str(run_dir)}), progress=False,
             resume=run_dir).run()
     assert _rows(run_dir) == _rows(tiny_tools_run)
+
+
+def test_eval_plays_episodes(tiny_tools_run: Path, tmp_path: Path):
+    from monorl.cli import main
+
+    out = tmp_path / "eval.json"
+    assert main(["eval", "--model.path", str(tiny_tools_run), "--k", "0", "--validation.num_prompts", "2",
+                 "--out", str(out), "--batch_invariant", "false"]) == 0
+    res = json.loads(out.read_text())
+    assert res["task"] == "tiny_tools" and res["num_prompts"] == 2 and "tool" in res["greedy"]["components"]

@@ -164,9 +164,19 @@ def _stats(groups: list, component: str, threshold: float) -> dict[str, Any]:
 def evaluate(cfg: RunConfig, k: int) -> dict[str, Any]:
     """Greedy, and with k > 0 also k sampled completions per prompt, on the task's first validation.num_prompts
     held-out prompts: mean reward and components, pass@1 / pass@k, mean@k (monorl.rl.passk), lengths."""
+    from monorl.agent.task import AgentTask
+    from monorl.rl.episodes import EpisodeRunner, generate_episodes
     from monorl.rl.rollouts import generate_rollouts
 
     gen, tok, task, source = load_generator(cfg)
+    if isinstance(task, AgentTask):  # an agent task's prompts are played as episodes, as validation plays them
+        runner = EpisodeRunner(gen, tok, task, gen.max_model_len)
+
+        def play(prompts: list, sampling: Any, n: int) -> list:
+            return generate_episodes(runner, prompts, sampling, n)[0]
+    else:
+        def play(prompts: list, sampling: Any, n: int) -> list:
+            return generate_rollouts(gen, tok, task, prompts, sampling, n, gen.max_model_len)
     component = pass_component_of(task.reward_components, cfg.validation.pass_component)
     threshold = cfg.validation.pass_threshold
     prompts = task.val_prompts(cfg.validation.num_prompts)
@@ -175,7 +185,7 @@ def evaluate(cfg: RunConfig, k: int) -> dict[str, Any]:
                          f"{cfg.validation.num_prompts})")
     out: dict[str, Any] = {"model": source, "model_path": cfg.model.path, "task": task.name,
                            "num_prompts": len(prompts), "pass_component": component, "pass_threshold": threshold}
-    greedy_groups = generate_rollouts(gen, tok, task, prompts, _sampling(cfg, 0.0), 1, gen.max_model_len)
+    greedy_groups = play(prompts, _sampling(cfg, 0.0), 1)
     greedy = _stats(greedy_groups, component, threshold)
     passed = greedy.pop("passed")
     out["greedy"] = {**greedy, "pass@1": mean_pass_at_k(passed, 1)}
@@ -183,7 +193,7 @@ def evaluate(cfg: RunConfig, k: int) -> dict[str, Any]:
                    "greedy_rewards": g[0].rewards} for g in greedy_groups]
     if k > 0:
         r = cfg.rollout
-        groups = generate_rollouts(gen, tok, task, prompts, _sampling(cfg, r.temperature), k, gen.max_model_len)
+        groups = play(prompts, _sampling(cfg, r.temperature), k)
         sampled = _stats(groups, component, threshold)
         passed = sampled.pop("passed")
         out["sampled"] = {"k": k, "temperature": r.temperature, "top_p": r.top_p, "top_k": r.top_k, **sampled,

@@ -46,16 +46,11 @@ class _EpisodeRewards(DatasetTask):
 def _factory(spec: Any) -> Callable[[], Any]:
     if callable(spec):
         return spec
-    from monorl.tasks import TaskError, _import
+    from monorl.tasks import TaskError, import_object
 
     if not isinstance(spec, str) or ":" not in spec:
         raise TaskError(f"environment_factory {spec!r} must look like 'FILE.py:Class' or 'module:Class'")
-    module_name, _, attr = spec.rpartition(":")
-    obj: Any = _import(module_name, spec, what="environment_factory")
-    for part in attr.split("."):
-        if not hasattr(obj, part):
-            raise TaskError(f"environment_factory {spec!r}: {module_name!r} has no attribute {attr!r}")
-        obj = getattr(obj, part)
+    obj = import_object(spec, "environment_factory")
     if not callable(obj):
         raise TaskError(f"environment_factory {spec!r} names a {type(obj).__name__}, not a class or factory")
     return obj

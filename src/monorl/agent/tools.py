@@ -165,7 +165,7 @@ def builtin_tools() -> dict[str, Callable[[], Callable[..., Any]]]:
 def load_tools(spec: str | Sequence[Any]) -> list[Callable[..., Any]]:
     """Tool functions from a spec: ``"FILE.py:fn1,fn2"``, ``"module:fn"``, a built-in name (``"python"``), several
     of those separated by spaces or ``;``, or a list of such strings and callables."""
-    from monorl.tasks import TaskError, _import  # the import helper of load_task (a module name or a .py path)
+    from monorl.tasks import TaskError, import_object  # load_task's (monorl.tasks imports the agent lazily)
 
     items: list[Any] = spec.replace(";", " ").split() if isinstance(spec, str) else list(spec)
     out: list[Callable[..., Any]] = []
@@ -185,13 +185,8 @@ def load_tools(spec: str | Sequence[Any]) -> list[Callable[..., Any]]:
         module_name, _, names = item.rpartition(":")
         if not module_name or not names:
             raise TaskError(f"tool spec {item!r} must look like 'FILE.py:fn1,fn2' or 'module:fn'")
-        module = _import(module_name, item, what="tool spec")
         for name in (n.strip() for n in names.split(",") if n.strip()):
-            obj: Any = module
-            for part in name.split("."):
-                if not hasattr(obj, part):
-                    raise TaskError(f"tool spec {item!r}: {module_name!r} has no attribute {name!r}")
-                obj = getattr(obj, part)
+            obj = import_object(item, "tool spec", attr=name)
             if isinstance(obj, type):
                 raise TaskError(f"tool spec {item!r}: {name!r} is a class; tools are functions (a class whose "
                                 "methods are tools is an environment_factory)")

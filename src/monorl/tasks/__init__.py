@@ -58,15 +58,7 @@ def task_object(spec: str) -> Any:
             return AGENT_TASKS[spec]
         raise TaskError(f"unknown task {spec!r}: use one of {sorted([*BUILTIN_TASKS, *AGENT_TASKS])} or "
                         f"'module:object' (e.g. 'my_tasks:MyTask' or 'path/to/tasks.py:make_task')")
-    module_name, _, attr_path = spec.rpartition(":")
-    if not module_name or not attr_path:
-        raise TaskError(f"task spec {spec!r} must look like 'module:object'")
-    module = _import(module_name, spec)
-    obj: Any = module
-    for part in attr_path.split("."):
-        if not hasattr(obj, part):
-            raise TaskError(f"task spec {spec!r}: {module_name!r} has no attribute {attr_path!r}")
-        obj = getattr(obj, part)
+    obj = import_object(spec, "task spec")
     if isinstance(obj, Task):
         return obj
     if isinstance(obj, type) and not issubclass(obj, Task):
@@ -94,6 +86,22 @@ def _construct(factory: Any, kwargs: dict[str, Any], spec: str) -> Any:
         return factory(**kwargs)
     except (TypeError, ValueError) as e:
         raise TaskError(f"task {spec!r}: {e}") from e
+
+
+def import_object(spec: str, what: str, attr: str | None = None) -> Any:
+    """What a `module:object` spec names (module: an importable name or a path to a .py file; object: a dotted
+    attribute path), every failure one TaskError naming `what` and the spec. `attr`: the object to look up in the
+    spec's module instead of the spec's own (a spec naming several: 'FILE.py:fn1,fn2')."""
+    module_name, _, attr_path = spec.rpartition(":")
+    if not module_name or not attr_path:
+        raise TaskError(f"{what} {spec!r} must look like 'module:object' (or 'path/to/file.py:object')")
+    attr_path = attr if attr is not None else attr_path
+    obj: Any = _import(module_name, spec, what)
+    for part in attr_path.split("."):
+        if not hasattr(obj, part):
+            raise TaskError(f"{what} {spec!r}: {module_name!r} has no attribute {attr_path!r}")
+        obj = getattr(obj, part)
+    return obj
 
 
 def _import(module_name: str, spec: str, what: str = "task spec") -> Any:

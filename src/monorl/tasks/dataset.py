@@ -135,16 +135,9 @@ def _resolve(spec: Any, options: dict[str, Any]) -> Callable[..., Any]:
         raise _task_error(f"reward {spec!r}: expected a name, 'module:function' or a callable")
     if ":" not in spec or spec in BUILTIN_REWARDS:
         return builtin_reward(spec, **options)
-    from monorl.tasks import _import  # the import helper of load_task (a module name or a .py path)
+    from monorl.tasks import import_object  # load_task's (here: monorl.tasks imports this module)
 
-    module_name, _, attr_path = spec.rpartition(":")
-    if not module_name or not attr_path:
-        raise _task_error(f"reward {spec!r} must look like 'module:function'")
-    obj: Any = _import(module_name, spec, what="reward")
-    for part in attr_path.split("."):
-        if not hasattr(obj, part):
-            raise _task_error(f"reward {spec!r}: {module_name!r} has no attribute {attr_path!r}")
-        obj = getattr(obj, part)
+    obj = import_object(spec, "reward")
     if not callable(obj):
         raise _task_error(f"reward {spec!r} names a {type(obj).__name__}, not a function")
     return obj

@@ -210,13 +210,17 @@ def _tiny() -> RunConfig:
 def _tiny_tools() -> RunConfig:
     """Agentic RL on CPU: the tiny model must call a tool to answer (`tiny_tools`: f(x) of a secret function only the
     tool f knows), in two-turn episodes whose tool results are inserted tokens (context only). The warm start shows
-    both the tool episode and a direct guess that never scores; GRPO has to prefer the tool."""
+    both the tool episode and a direct guess that never scores; GRPO has to prefer the tool (validated sampled:
+    mean@4 at the rollouts' temperature)."""
     cfg = _tiny()
     cfg.preset = "tiny_tools"
     cfg.task = TaskSection(name="tiny_tools", args={"solution_style": "mixed"})
     # an episode: the call (~45 characters), the tool turn (~25, inserted), the answer; within the 128-token context
     cfg.rollout = RolloutSection(prompts_per_step=8, group_size=8, max_new_tokens=96, temperature=1.0, top_p=1.0)
-    cfg.warm_start = WarmStartSection(steps=150, batch_size=32, lr=2e-3)
+    cfg.warm_start = WarmStartSection(steps=400, batch_size=32, lr=2e-3)
+    # greedy decoding already takes the tool after the warm start: validate the sampled policy (mean@4), which GRPO
+    # moves from guessing to calling the tool
+    cfg.validation = ValidationSection(num_prompts=20, k=4)
     return cfg
 
 

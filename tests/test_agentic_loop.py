@@ -110,3 +110,16 @@ def test_eval_plays_episodes(tiny_tools_run: Path, tmp_path: Path):
                  "--out", str(out), "--batch_invariant", "false"]) == 0
     res = json.loads(out.read_text())
     assert res["task"] == "tiny_tools" and res["num_prompts"] == 2 and "tool" in res["greedy"]["components"]
+
+
+def test_tiny_tools_preset_learns(tmp_path: Path):
+    """The preset cut down (300 warm-start steps, 10 GRPO steps, no validation; ~75 s on 2 CPU cores): the rollouts'
+    reward rises as GRPO moves the warm-started policy from guessing to calling the tool (seeded, 2026-11-27:
+    0.225, 0.309 over the first two steps, 0.475, 0.428 at the last two)."""
+    cfg = run_config("tiny_tools", {"device": "cpu", "warm_start.steps": "300", "steps": "10",
+                                    "validation.num_prompts": "0", "checkpoint.final": "false",
+                                    "run_dir": str(tmp_path / "run")})
+    rows = GRPORun(cfg, progress=False).run().steps
+    rewards = [r["reward"] for r in rows]
+    assert sum(rewards[-3:]) / 3 > sum(rewards[:2]) / 2 + 0.1, rewards
+    assert rows[-1]["rewards/tool/mean"] > rows[0]["rewards/tool/mean"]

@@ -70,12 +70,14 @@ class EpisodeRunner:
     def close(self) -> None:
         self.executor.close(wait=False)
 
-    def play(self, prompts: Sequence[Prompt], sampling: SamplingParams, n: int,
-             first_prompt_index: int = 0) -> list[list[tuple[_Live, EpisodeRecord]]]:
-        """`n` episodes of each prompt; [prompt][sample] (finished: environment finished, reward readable)."""
+    def play(self, prompts: Sequence[Prompt], sampling: SamplingParams, n: int, first_prompt_index: int = 0,
+             policy_version: int = 0) -> list[list[tuple[_Live, EpisodeRecord]]]:
+        """`n` episodes of each prompt; [prompt][sample] (finished: environment finished, reward readable).
+        policy_version: the generator's weights' version, recorded with every sampled token."""
         if self.engine is None:
             self.engine = EpisodeEngine(self.gen, max_episode_tokens=self.max_len)
         engine, budget = self.engine, sampling.max_new_tokens
+        engine.policy_version = policy_version
         stop_ids = tuple(dict.fromkeys((*sampling.stop_token_ids, *self.end_of_turn[-1:])))
         live: dict[tuple[int, int], _Live] = {}
         for i, p in enumerate(prompts):
@@ -199,7 +201,8 @@ def _turn_sampling(sampling: SamplingParams, max_new: int, stop_ids: tuple[int, 
 
 
 def generate_episodes(runner: EpisodeRunner, prompts: Sequence[Prompt], sampling: SamplingParams, n: int,
-                      world: World = SINGLE) -> tuple[list[list[Rollout]], list[EpisodeRecord]]:
+                      world: World = SINGLE, policy_version: int = 0,
+                      ) -> tuple[list[list[Rollout]], list[EpisodeRecord]]:
     """[prompt][sample] rollouts of `n` episodes per prompt, scored, with their episode records. On several ranks
     each plays its contiguous share of the prompt groups (keyed by the group's index in the whole batch) and every
     rank gets all groups back, as `generate_rollouts` does."""
@@ -208,7 +211,7 @@ def generate_episodes(runner: EpisodeRunner, prompts: Sequence[Prompt], sampling
     groups: list[list[Rollout]] = []
     records: list[EpisodeRecord] = []
     if mine:
-        played = runner.play(mine, sampling, n, first_prompt_index=lo)
+        played = runner.play(mine, sampling, n, first_prompt_index=lo, policy_version=policy_version)
         flat = [(p, lv, rec) for p, eps in zip(mine, played, strict=True) for lv, rec in eps]
         scores = iter(safe_score_episodes(runner.task, [p for p, _, _ in flat], [lv.env for _, lv, _ in flat],
                                           [lv.tokens[lv.prompt_len:] for _, lv, _ in flat]))

@@ -104,7 +104,8 @@ class RolloutProducer:
         prompts = list(itertools.islice(self.stream, n))
         sampling = rollout_sampling(self.cfg, step, round_)
         if self.episodes is not None:
-            groups, records = generate_episodes(self.episodes, prompts, sampling, ro.group_size, self.world)
+            groups, records = generate_episodes(self.episodes, prompts, sampling, ro.group_size, self.world,
+                                                policy_version=self.policy_version())
             self.records += records
         else:
             groups = self._completions(prompts, sampling, context)

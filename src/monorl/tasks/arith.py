@@ -20,6 +20,7 @@ import re
 from collections.abc import Iterator, Sequence
 
 from monorl.tasks.base import Prompt, Task
+from monorl.tasks.seeded import train_stream
 
 OPS = {"+": lambda a, b: a + b, "*": lambda a, b: a * b}
 INSTRUCTION = "Give only the final answer as: Answer: <number>"
@@ -130,19 +131,9 @@ class ArithTask(Task):
                       meta={"op": op, "a": a, "b": b, "messages": turns, **meta})
 
     def train_prompts(self, seed: int = 42, start: int = 0) -> Iterator[Prompt]:
-        if seed == self.val_seed:
-            raise ValueError(f"train seed {seed} equals the validation seed; pick another")
-        if start < 0:
-            raise ValueError(f"start must be >= 0, got {start}")
-        rng = random.Random(seed)
-        index = 0
-        while True:
-            problem = self._draw(rng)
-            if problem in self._held_out:  # never train on a validation problem (or on a worked example)
-                continue
-            if index >= start:  # resuming replays the stream up to `start` (microseconds per problem)
-                yield self._prompt(problem, index=index, split="train")
-            index += 1
+        # never a validation problem (or a worked example); resuming replays the stream up to `start`
+        for index, problem in train_stream(self._draw, seed, start, self.val_seed, self._held_out):
+            yield self._prompt(problem, index=index, split="train")
 
     def val_prompts(self, n: int) -> list[Prompt]:
         if not 0 <= n <= self.val_size:

@@ -31,6 +31,7 @@ import re
 from collections.abc import Iterator
 
 from monorl.tasks.base import Prompt, Task
+from monorl.tasks.seeded import train_stream
 
 INSTRUCTIONS = """\
 You are a helpful assistant. Solve the problem step by step.
@@ -125,19 +126,10 @@ class SumDigitsTask(Task):
         return Prompt(text=text, answer=digit_sum(numbers), meta={"numbers": list(numbers), **meta})
 
     def train_prompts(self, seed: int = 42, start: int = 0) -> Iterator[Prompt]:
-        if seed == self.val_seed:
-            raise ValueError(f"train seed {seed} equals the validation seed; pick another")
-        if start < 0:
-            raise ValueError(f"start must be >= 0, got {start}")
-        rng = random.Random(seed)
-        index = 0
-        while True:
-            numbers = self._draw(rng)
-            if tuple(numbers) in self._val_keys:  # held out: never train on a validation problem
-                continue
-            if index >= start:  # resuming replays the stream up to `start` (cheap: microseconds per problem)
-                yield self._prompt(numbers, index=index, split="train")
-            index += 1
+        # held out: never train on a validation problem; resuming replays the stream up to `start` (microseconds)
+        draw = lambda rng: tuple(self._draw(rng))  # noqa: E731 -- hashable, as the held-out keys are
+        for index, numbers in train_stream(draw, seed, start, self.val_seed, self._val_keys):
+            yield self._prompt(list(numbers), index=index, split="train")
 
     def val_prompts(self, n: int) -> list[Prompt]:
         if not 0 <= n <= self.val_size:

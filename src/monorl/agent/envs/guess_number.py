@@ -19,9 +19,9 @@ from typing import Any
 
 from monorl.agent.env import EpisodeEnv
 from monorl.agent.environments import MessageEnvAdapter
-from monorl.agent.envs.seeded import held_out, train_stream
 from monorl.agent.task import AgentTask
 from monorl.tasks.base import Prompt
+from monorl.tasks.seeded import held_out, train_stream
 
 _INT = re.compile(r"-?\d+")
 _THINK = re.compile(r"<think>.*?</think>", re.DOTALL)

@@ -23,10 +23,10 @@ from typing import Any
 
 from monorl.agent.calls import format_tool_call, parse_tool_calls
 from monorl.agent.env import EpisodeEnv, ToolEnv
-from monorl.agent.envs.seeded import held_out, train_stream
 from monorl.agent.task import AgentTask
 from monorl.agent.tools import ToolSet
 from monorl.tasks.base import Prompt
+from monorl.tasks.seeded import held_out, train_stream
 
 _INT = re.compile(r"-?\d+")
 Problem = tuple[int, int, int]  # (a, b, x)

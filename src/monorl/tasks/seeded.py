@@ -1,5 +1,5 @@
 """Seeded problem streams for generated tasks: a fixed held-out set and a training stream that never repeats it
-(the scheme of `monorl.tasks.sum_digits`), so a resumed run draws the same problems from its position."""
+(sum_digits, arith and the agent tasks draw theirs from here), so a resumed run draws the same problems from its position."""
 
 from __future__ import annotations
 

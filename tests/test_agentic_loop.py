@@ -8,6 +8,7 @@ from __future__ import annotations
 import copy
 import json
 import shutil
+import sys
 from pathlib import Path
 
 import pytest
@@ -123,3 +124,20 @@ def test_tiny_tools_preset_learns(tmp_path: Path):
     rewards = [r["reward"] for r in rows]
     assert sum(rewards[-3:]) / 3 > sum(rewards[:2]) / 2 + 0.1, rewards
     assert rows[-1]["rewards/tool/mean"] > rows[0]["rewards/tool/mean"]
+
+
+def test_two_ranks_play_the_same_episodes(tiny_tools_run: Path, tmp_path: Path):
+    """`--nproc 2` (gloo): each rank plays its share of the prompt groups, keyed by the group's index in the whole
+    step, and every rank gets all of them back: the first step's episodes (before any update) and their rewards
+    are those of the one-rank run, bit for bit in batch-invariant mode."""
+    from tests.test_distributed import run
+
+    args = [a for k, v in {**FAST, "run_dir": str(tmp_path / "run"), "steps": "1"}.items() for a in (f"--{k}", v)]
+    r = run([sys.executable, "-m", "monorl.cli", "train", "--preset", "tiny_tools", "--nproc", "2", *args],
+            timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    two = [json.loads(line) for line in (tmp_path / "run" / "samples.jsonl").read_text().splitlines()]
+    one = [json.loads(line) for line in (tiny_tools_run / "samples.jsonl").read_text().splitlines()]
+    key = ("prompt", "completion", "rewards")
+    assert [{k: s[k] for k in key} for s in two] == [{k: s[k] for k in key} for s in one if s["step"] == 0]
+    assert _rows(tmp_path / "run")[0]["reward"] == _rows(tiny_tools_run)[0]["reward"]

@@ -1,5 +1,5 @@
-"""Seeded problem streams for generated tasks: a fixed held-out set and a training stream that never repeats it
-(sum_digits, arith and the agent tasks draw theirs from here), so a resumed run draws the same problems from its position."""
+"""Seeded problem streams for generated tasks (sum_digits, arith, the agent tasks): a fixed held-out set and a
+training stream that never repeats it, so a resumed run draws the same problems from its position."""
 
 from __future__ import annotations
 

@@ -333,6 +333,7 @@ class GRPORun:
         except KeyboardInterrupt:
             raise KeyboardInterrupt(self.interrupted_line()) from None
         finally:
+            self.producer.close()
             self.run_dir.close()
 
     def rl_steps(self, start: int, pre: ValidationResult, result: RunResult) -> None:

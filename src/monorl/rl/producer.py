@@ -67,6 +67,11 @@ class RolloutProducer:
                          if isinstance(spec.task, AgentTask) else None)
         self.records: list[EpisodeRecord] = []  # the step's episodes so far (over dynamic sampling's rounds)
 
+    def close(self) -> None:
+        """Let the episodes' worker threads go (an agent task's tool and environment calls)."""
+        if self.episodes is not None:
+            self.episodes.close()
+
     def restart_at(self, position: int) -> None:
         """Continue the prompt stream from `position` (a resumed run's data position)."""
         self.stream = PromptStream(self.spec.task, self.cfg.seed, start=position)

@@ -10,7 +10,6 @@ Layering: assembly sits above the packages it assembles (model, generate, train,
 from __future__ import annotations
 
 import copy
-import dataclasses
 import itertools
 import logging
 from dataclasses import dataclass, field
@@ -138,9 +137,6 @@ class RunSpec:
     warm_start_steps: int  # 0 when the task has no reference solutions
     plan: MemoryPlan | None = None
     notes: list[str] = field(default_factory=list)  # what resolving `auto` settings chose
-
-    def with_plan(self, plan: MemoryPlan) -> RunSpec:
-        return dataclasses.replace(self, plan=plan)
 
 
 def build_run(cfg: RunConfig, device: torch.device, world: World = SINGLE, plan: bool = True,

@@ -79,6 +79,7 @@ def check_parity(cfg: RunConfig, num_prompts: int = 4, samples: int = 2, toleran
     """Sample `samples` completions for each of the task's first `num_prompts` held-out prompts with the run's
     generator, re-score them with the run's trainer, and compare (see the module docstring). `cfg` is not changed;
     the run directory the loop writes goes to a temporary directory."""
+    from monorl.assembly import rollout_sampling
     from monorl.rl.loop import GRPORun
     from monorl.rl.rollouts import generate_rollouts
 
@@ -91,8 +92,8 @@ def check_parity(cfg: RunConfig, num_prompts: int = 4, samples: int = 2, toleran
         run = GRPORun(cfg, progress=False)
         run.policy.train()  # as a training step runs it
         prompts = run.task.val_prompts(num_prompts)
-        groups = generate_rollouts(run.generator, run.tokenizer, run.task, prompts, run.sampling(0), samples,
-                                   run.max_len)
+        groups = generate_rollouts(run.generator, run.tokenizer, run.task, prompts, rollout_sampling(run.cfg, 0),
+                                   samples, run.max_len)
         seqs = [r.train_sequence() for g in groups for r in g if r.completion_ids]
         if not seqs:
             raise ValueError("parity: no prompt fits generator.max_model_len with rollout.max_new_tokens")

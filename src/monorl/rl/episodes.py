@@ -45,7 +45,6 @@ class _Live:
     prompt_len: int
     waiting: cf.Future | None = None
     closed: bool = True  # its last turn ended with the end-of-turn token
-    truncated: bool = False
     finish_reason: str = "stop"
     tokens: list[int] = field(default_factory=list)
     mask: list[int] = field(default_factory=list)
@@ -122,24 +121,18 @@ class EpisodeRunner:
             try:
                 engine.add(key, lv.tokens, sp, stop_sequences=self.stop_sequences)
             except ContextOverflowError as e:
-                lv.env.truncate("context")
-                lv.truncated, lv.finish_reason = True, "length"
                 log.warning("episode %s: %s", key, e)
-                self._finish(key, lv)
+                self._cut(key, lv, "context")
             return
         inserted = self.renderer.delta_ids(turn.messages, tools=lv.tools, closed=lv.closed)
         left = budget - (len(lv.tokens) - lv.prompt_len) - len(inserted)
         if left <= 0:  # no room for the answer and another turn (TRL drops a tool result that overflows)
-            lv.env.truncate("length")
-            lv.truncated, lv.finish_reason = True, "length"
-            self._finish(key, lv)
+            self._cut(key, lv, "length")
             return
         try:
             engine.resume(key, inserted, sampling=_turn_sampling(sampling, left, stop_ids))
         except ContextOverflowError:
-            lv.env.truncate("context")
-            lv.truncated, lv.finish_reason = True, "length"
-            self._finish(key, lv)
+            self._cut(key, lv, "context")
             return
         lv.tokens += inserted
         lv.mask += [0] * len(inserted)
@@ -153,13 +146,17 @@ class EpisodeRunner:
         lv.closed = tuple(ev.token_ids[-len(self.end_of_turn):]) == self.end_of_turn
         used = len(lv.tokens) - lv.prompt_len
         if ev.reason == "context" or (ev.reason == "length" and used >= budget):
-            lv.env.truncate("length")  # cut mid-turn: nothing to answer
-            lv.truncated, lv.finish_reason = True, "length"
-            self._finish(ev.episode_id, lv)
+            self._cut(ev.episode_id, lv, "length")  # cut mid-turn: nothing to answer
             return
         text = self.tokenizer.decode(ev.token_ids[: len(ev.token_ids) - (len(self.end_of_turn) if lv.closed else 0)],
                                      skip_special_tokens=True)
         lv.waiting = self.executor.submit(lv.env.respond, text)
+
+    def _cut(self, key: tuple[int, int], lv: _Live, why: str) -> None:
+        """End an episode that ran out of room (`why`: its budget, "length", or its context, "context")."""
+        lv.env.truncate(why)
+        lv.finish_reason = "length"
+        self._finish(key, lv)
 
     def _finish(self, key: tuple[int, int], lv: _Live) -> None:
         if self.engine is not None and key in self.engine.episodes:

@@ -22,7 +22,7 @@ from typing import Any
 import torch
 from tqdm import tqdm
 
-from monorl.assembly import RunSpec, build_run, resolve_device, rollout_sampling
+from monorl.assembly import RunSpec, build_run, resolve_device
 from monorl.compile import compile_blocks, compile_counters, setup_compile_cache
 from monorl.config import RunConfig
 from monorl.console import best_effort
@@ -31,7 +31,6 @@ from monorl.distributed.fsdp import shard_model_
 from monorl.distributed.world import World, check_world, close_world, init_world, quiet_unless_main
 from monorl.fsutil import json_safe
 from monorl.generate.engine import Generator
-from monorl.generate.sampling import SamplingParams
 from monorl.model.attention import resolve_backend
 from monorl.model.batch_invariant import make_batch_invariant_
 from monorl.model.lora import apply_lora_
@@ -188,9 +187,6 @@ class GRPORun:
     @property
     def startup(self) -> dict[str, float]:
         return self.boot.timings
-
-    def sampling(self, step: int, round_: int = 0) -> SamplingParams:
-        return rollout_sampling(self.cfg, step, round_)
 
     # ---- start-up, validation, warm start -----------------------------------------------------------------------
 

@@ -15,9 +15,6 @@ from typing import Any, Protocol
 
 from monorl.fsutil import install_hint
 
-TENSORBOARD_HINT = f"logging.tensorboard needs tensorboard: {install_hint('tensorboard')}"
-WANDB_HINT = f"logging.wandb needs wandb: {install_hint('wandb')}"
-
 
 @dataclass
 class LoggingSection:
@@ -102,12 +99,12 @@ def check_loggers(cfg: LoggingSection) -> None:
         try:
             import tensorboard  # noqa: F401  (torch.utils.tensorboard needs it)
         except ImportError:
-            raise ImportError(TENSORBOARD_HINT) from None
+            raise ImportError(f"logging.tensorboard needs tensorboard: {install_hint('tensorboard')}") from None
     if cfg.wandb:
         try:
             import wandb  # noqa: F401
         except ImportError:
-            raise ImportError(WANDB_HINT) from None
+            raise ImportError(f"logging.wandb needs wandb: {install_hint('wandb')}") from None
 
 
 def open_loggers(cfg: LoggingSection, run_dir: Path, config: dict[str, Any]) -> list[MetricLogger]:

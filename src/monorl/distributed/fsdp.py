@@ -12,7 +12,7 @@ from __future__ import annotations
 import contextlib
 import sys
 from collections.abc import Iterator
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
@@ -25,15 +25,19 @@ if TYPE_CHECKING:
 # can be an FSDPModule.
 
 
-def shard_model_(model: nn.Module, device: torch.device) -> None:
+def shard_model_(model: nn.Module, device: torch.device, group: Any = None) -> None:
     """Apply FSDP2 in place: every block of `model.model.layers`, then the root. Call before building the
-    optimizer (it must see the sharded parameters)."""
+    optimizer (it must see the sharded parameters). group: the ranks to shard over (default: every rank; a
+    disaggregated run's trainer group, `monorl.distributed.placement`)."""
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
-    mp = None
+    kw: dict[str, Any] = {}
     if device.type == "cuda":
-        mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
-    kw = {"mp_policy": mp} if mp is not None else {}
+        kw["mp_policy"] = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+    if group is not None:
+        from torch.distributed.device_mesh import DeviceMesh
+
+        kw["mesh"] = DeviceMesh.from_group(group, device.type)
     for block in model.model.layers:
         fully_shard(block, **kw)
     fully_shard(model, **kw)

@@ -12,7 +12,7 @@ import contextlib
 import datetime
 import os
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Literal, TypeVar
 
 import torch
@@ -41,6 +41,9 @@ class World:
     rank: int = 0
     size: int = 1
     local_rank: int = 0  # the rank's GPU on its node
+    # the process group the collectives below run in: None is the whole job's; a sub-group (the trainer ranks of
+    # a disaggregated run, `monorl.distributed.placement`) makes this World those ranks alone, rank and size in it
+    group: Any = field(default=None, compare=False, repr=False)
 
     @property
     def is_main(self) -> bool:
@@ -58,21 +61,21 @@ class World:
         if self.size == 1:
             return items
         parts: list[Any] = [None] * self.size
-        dist.all_gather_object(parts, items)
+        dist.all_gather_object(parts, items, group=self.group)
         return [x for p in parts for x in p]
 
     def broadcast(self, obj: T) -> T:
-        """Rank 0's `obj` on every rank (picklable)."""
+        """Rank 0's `obj` (rank 0 of `group`) on every rank (picklable)."""
         if self.size == 1:
             return obj
         box = [obj]
-        dist.broadcast_object_list(box, src=0)
+        dist.broadcast_object_list(box, group=self.group, group_src=0)
         return box[0]
 
     def all_reduce_(self, t: torch.Tensor, op: str = "sum") -> torch.Tensor:
         """In place: the sum (or max) of `t` over ranks."""
         if self.size > 1:
-            dist.all_reduce(t, op=dist.ReduceOp.MAX if op == "max" else dist.ReduceOp.SUM)
+            dist.all_reduce(t, op=dist.ReduceOp.MAX if op == "max" else dist.ReduceOp.SUM, group=self.group)
         return t
 
     def max_int(self, n: int) -> int:
@@ -90,7 +93,7 @@ class World:
 
     def barrier(self) -> None:
         if self.size > 1:
-            dist.barrier()
+            dist.barrier(group=self.group)
 
     @contextlib.contextmanager
     def main_first(self) -> Iterator[None]:

@@ -7,7 +7,9 @@ q/k/v biases alike). It lives with the model it maps; the RL loop, the generator
 `sync_weights_` copies (and casts) every source parameter into its place: a whole destination parameter, or a
 row block of a fused one. Nothing is reallocated, so CUDA graphs captured over the destination stay valid. Names
 may carry the `_orig_mod.` prefix of a `torch.compile`d module. A name without a place, a destination left
-partly unwritten, or a shape that does not fit is a `ValueError` of one line.
+partly unwritten, or a shape that does not fit is a `ValueError` of one line. The mapping is two functions that
+a copy in another process (`monorl.distributed.weight_broadcast`) uses too: `sources` (what the source sends,
+under which names) and `destination_views` (where each name goes, from names and shapes alone).
 
 LoRA (`monorl.model.lora`): a source projection with adapters whose destination has none (the generator's
 fused copy) sends its merged weight W + scale * B @ A there, computed in fp32 at sync time one projection at a
@@ -23,7 +25,7 @@ weights.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 
 import torch
 from torch import Tensor, nn
@@ -46,42 +48,63 @@ def strip_compile_prefix(name: str) -> str:
     return name.replace("_orig_mod.", "")
 
 
-def _shape(s: Source) -> torch.Size:
+def source_shape(s: Source) -> torch.Size:
     return s.weight.shape if isinstance(s, LoRALinear) else s.shape
 
 
-def _plan(dst: nn.Module, src: nn.Module,
-          packed: Mapping[str, tuple[str, int]] = PACKED_MODULES) -> list[tuple[str, Tensor, Source]]:
-    """`weight_pairs`, with a LoRA projection to merge standing for its merged weight (computed at copy time)."""
-    dst_params = {strip_compile_prefix(n): p for n, p in dst.named_parameters()}
+def destination_lora(dst: nn.Module) -> tuple[set[str], dict[str, float]]:
+    """What `sources` needs to know of a destination: its parameter names and its LoRA projections' scales."""
+    return ({strip_compile_prefix(n) for n, _ in dst.named_parameters()},
+            {n: m.scale for n, m in lora_modules(dst).items()})
+
+
+def sources(src: nn.Module, dst_names: Collection[str], dst_lora_scales: Mapping[str, float]
+            ) -> list[tuple[str, Source]]:
+    """What `src` sends to a destination with these parameter names and LoRA scales (`destination_lora`), under
+    its names (compile prefix dropped), in `src`'s order: every parameter, except that a LoRA projection whose
+    destination has no adapters stands for its merged weight (under its `.weight` name; its `lora_A` / `lora_B`
+    are not sent)."""
     merge: dict[str, LoRALinear] = {}  # source LoRA projections whose destination has no adapters
-    if src_lora := lora_modules(src):
-        dst_lora = None
-        for mname, m in src_lora.items():
-            if f"{mname}.lora_A.weight" not in dst_params:
-                merge[mname] = m
-                continue
-            dst_lora = lora_modules(dst) if dst_lora is None else dst_lora
-            dm = dst_lora.get(mname)
-            if dm is None or dm.scale != m.scale:
-                raise ValueError(f"weight sync: {mname} has LoRA scale {m.scale:g}, the destination's "
-                                 + ("is no LoRA projection" if dm is None else f"{dm.scale:g}"))
-    parts: dict[str, dict[int | None, tuple[str, Source]]] = {}  # destination name -> shard -> source
+    for mname, m in lora_modules(src).items():
+        if f"{mname}.lora_A.weight" not in dst_names:
+            merge[mname] = m
+            continue
+        scale = dst_lora_scales.get(mname)
+        if scale is None or scale != m.scale:
+            raise ValueError(f"weight sync: {mname} has LoRA scale {m.scale:g}, the destination's "
+                             + ("is no LoRA projection" if scale is None else f"{scale:g}"))
+    out: list[tuple[str, Source]] = []
     for raw, p in src.named_parameters():
         name = strip_compile_prefix(raw)
-        target, shard = name, None
         module, _, leaf = name.rpartition(".")  # "model.layers.0.self_attn.q_proj", "weight"
         parent, _, proj = module.rpartition(".")
         if merge and proj in ("lora_A", "lora_B") and parent in merge:
             continue  # merged into its projection's weight
-        s: Source = merge[module] if merge and leaf == "weight" and module in merge else p
+        out.append((name, merge[module] if merge and leaf == "weight" and module in merge else p))
+    return out
+
+
+def destination_views(dst: nn.Module, shapes: Mapping[str, tuple[int, ...]],
+                      packed: Mapping[str, tuple[str, int]] = PACKED_MODULES) -> list[tuple[str, Tensor]]:
+    """The one mapping from source names to the destination: (source name, destination view) for every entry of
+    `shapes` (source name -> shape, HF names), in the destination's parameter order. The view is the whole
+    destination parameter of the same name or, for a packed projection (`packed[proj] = (fused, shard)`), its row
+    block of the destination's `fused` parameter. Every destination row is covered exactly once, or a one-line
+    `ValueError` says what is missing or does not fit. Names and shapes alone: the colocated copy
+    (`sync_weights_`) and the receiver of a broadcast (`monorl.distributed.weight_broadcast`) both use it."""
+    dst_params = {strip_compile_prefix(n): p for n, p in dst.named_parameters()}
+    parts: dict[str, dict[int | None, str]] = {}  # destination name -> shard -> source name
+    for name in shapes:
+        target, shard = name, None
+        module, _, leaf = name.rpartition(".")
+        parent, _, proj = module.rpartition(".")
         if name not in dst_params and proj in packed:
             fused, shard = packed[proj]
             target = f"{parent}.{fused}.{leaf}" if parent else f"{fused}.{leaf}"
         if target not in dst_params:
             raise ValueError(f"weight sync: the destination has no parameter for {name}"
                              + (f" (looked for {target})" if target != name else ""))
-        parts.setdefault(target, {})[shard] = (name, s)
+        parts.setdefault(target, {})[shard] = name
     shards_of: dict[str, list[tuple[int, str]]] = {}  # fused name -> [(shard, projection)] in row order
     for proj, (fused, shard) in packed.items():
         shards_of.setdefault(fused, []).append((shard, proj))
@@ -91,28 +114,36 @@ def _plan(dst: nn.Module, src: nn.Module,
         if got is None:
             raise ValueError(f"weight sync: no source parameter for the destination's {target}")
         if None in got:  # same name on both sides
-            name, s = got[None]
-            if (shape := _shape(s)) != d.shape:
-                raise ValueError(f"weight sync: {name} has shape {tuple(shape)}, the destination's {tuple(d.shape)}")
-            out.append((name, d, s))
+            name = got[None]
+            if (shape := tuple(shapes[name])) != tuple(d.shape):
+                raise ValueError(f"weight sync: {name} has shape {shape}, the destination's {tuple(d.shape)}")
+            out.append((name, d))
             continue
         row = 0
         module, _, leaf = target.rpartition(".")
         for shard, proj in sorted(shards_of[module.rpartition(".")[2]]):
             if shard not in got:
                 raise ValueError(f"weight sync: no source parameter for {proj} (row block {shard} of {target})")
-            name, s = got[shard]
-            rows = _shape(s)
+            name = got[shard]
+            rows = tuple(shapes[name])
             view = d[row:row + rows[0]]
-            if view.shape != rows:
-                raise ValueError(f"weight sync: {name} has shape {tuple(rows)}, but rows {row}: of {target} "
+            if tuple(view.shape) != rows:
+                raise ValueError(f"weight sync: {name} has shape {rows}, but rows {row}: of {target} "
                                  f"{tuple(d.shape)} leave {tuple(view.shape)}")
-            out.append((name, view, s))
+            out.append((name, view))
             row += rows[0]
         if row != d.shape[0]:
-            srcs = ", ".join(f"{got[i][0]} {tuple(_shape(got[i][1]))}" for i in sorted(got))
+            srcs = ", ".join(f"{got[i]} {tuple(shapes[got[i]])}" for i in sorted(got))
             raise ValueError(f"weight sync: {srcs} fill {row} of the {d.shape[0]} rows of {target} {tuple(d.shape)}")
     return out
+
+
+def _plan(dst: nn.Module, src: nn.Module,
+          packed: Mapping[str, tuple[str, int]] = PACKED_MODULES) -> list[tuple[str, Tensor, Source]]:
+    """`weight_pairs`, with a LoRA projection to merge standing for its merged weight (computed at copy time)."""
+    sent = dict(sources(src, *destination_lora(dst)))
+    views = destination_views(dst, {n: tuple(source_shape(s)) for n, s in sent.items()}, packed)
+    return [(name, view, sent[name]) for name, view in views]
 
 
 def weight_pairs(dst: nn.Module, src: nn.Module,

@@ -1,0 +1,111 @@
+"""Which ranks generate and which train: colocated (every rank does both, the default) or disaggregated
+(`placement.generator_ranks G`: G ranks generate, the others train the FSDP2-sharded policy).
+
+Disaggregated, the trainers are the first N - G ranks and the generators the last G. Rank 0 is then a trainer:
+the rank that prints, writes the run directory, the DCP checkpoints and the HF export (all trainer state) is one
+that holds that state, and a trainer's rank in the trainer group equals its rank in the job (so a trainer is
+also rank 0 of every transfer group below: the broadcast's source, see `weight_broadcast`).
+
+`Placement.build` creates the process groups on every rank, in one fixed order (torch requires every rank to
+call `new_group` for every group, in the same order, members or not):
+
+    trainers                  FSDP2's mesh and the trainer step's collectives (`trainer_world`)
+    generators                the generators' own decisions (their share of the step's prompt groups)
+    weights[t], t < T         {trainer t} + generators: trainer t broadcasts its shard of each update
+    rollouts[g], g < G        {generator g} + trainers: generator g broadcasts its scored groups
+
+Colocated, no group is created: `trainer_world` and `generator_world` are the job's `World` itself.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from monorl.distributed.world import World
+
+Role = Literal["both", "trainer", "generator"]
+
+
+@dataclass
+class PlacementSection:
+    """Where generation and training run (docs/guides/several-gpus.md)."""
+
+    # 0: colocated, every rank generates and trains. G > 0: the last G ranks generate (bf16 copies with their CUDA
+    # graphs), the others train (FSDP2) and broadcast each update to them
+    generator_ranks: int = 0
+
+    def __post_init__(self) -> None:
+        g = self.generator_ranks
+        if isinstance(g, bool) or not isinstance(g, int) or g < 0:
+            raise ValueError(f"placement.generator_ranks must be an integer >= 0 (0: colocated), got {g!r}")
+
+    @property
+    def disaggregated(self) -> bool:
+        return self.generator_ranks > 0
+
+
+def check_placement(section: PlacementSection, world_size: int) -> None:
+    """Refuse, in one line, a generator count this job cannot place (before any process group is made)."""
+    g, n = section.generator_ranks, world_size
+    if g == 0:
+        return
+    if n == 1:
+        raise ValueError(f"placement.generator_ranks={g} needs several processes (torchrun, or --nproc > {g}): "
+                         "one process generates and trains colocated (generator_ranks 0)")
+    if g >= n:
+        raise ValueError(f"placement.generator_ranks={g} leaves no trainer among {n} ranks: use at most {n - 1}")
+
+
+@dataclass(frozen=True)
+class Placement:
+    world: World  # the whole job
+    trainers: tuple[int, ...]  # world ranks, in order
+    generators: tuple[int, ...]
+    trainer_world: World  # this rank among the trainers (its group's collectives); meaningless on a generator
+    generator_world: World  # this rank among the generators
+    weight_groups: tuple[Any, ...] = field(default=(), repr=False)  # [t]: trainer t + the generators
+    rollout_groups: tuple[Any, ...] = field(default=(), repr=False)  # [g]: generator g + the trainers
+
+    @property
+    def disaggregated(self) -> bool:
+        return bool(self.weight_groups)
+
+    @property
+    def role(self) -> Role:
+        if not self.disaggregated:
+            return "both"
+        return "trainer" if self.world.rank in self.trainers else "generator"
+
+    @property
+    def trainer_index(self) -> int:
+        """This trainer's index among the trainers (its world rank, the trainers being first)."""
+        return self.trainers.index(self.world.rank)
+
+    @property
+    def generator_index(self) -> int:
+        return self.generators.index(self.world.rank)
+
+    @classmethod
+    def build(cls, world: World, section: PlacementSection) -> Placement:
+        """Assign the roles and create the groups (module docstring). Call on every rank, at the same point."""
+        check_placement(section, world.size)
+        everyone = tuple(range(world.size))
+        if not section.disaggregated:
+            return cls(world, everyone, everyone, world, world)
+        import torch.distributed as dist
+
+        n_train = world.size - section.generator_ranks
+        trainers, generators = everyone[:n_train], everyone[n_train:]
+        trainer_group = dist.new_group(list(trainers))
+        generator_group = dist.new_group(list(generators))
+        weight_groups = tuple(dist.new_group([t, *generators]) for t in trainers)
+        rollout_groups = tuple(dist.new_group([*trainers, g]) for g in generators)
+
+        def sub_world(ranks: tuple[int, ...], group: Any) -> World:
+            if world.rank not in ranks:
+                return World(rank=-1, size=len(ranks), local_rank=world.local_rank, group=group)
+            return World(rank=ranks.index(world.rank), size=len(ranks), local_rank=world.local_rank, group=group)
+
+        return cls(world, trainers, generators, sub_world(trainers, trainer_group),
+                   sub_world(generators, generator_group), weight_groups, rollout_groups)

@@ -1,0 +1,203 @@
+"""Disaggregated placement on CPU (gloo, three real processes): one generator rank and two FSDP2 trainer ranks.
+After a trainer step the generator's fused bf16 copy, written in place by `WeightBroadcast`, equals bitwise what
+`sync_weights_` writes from the full trainer model in one process; the version travels with it; LoRA's merged
+weights too; a copy that does not fit is the same one-line error on every rank. Bad placements are refused in one
+line before any process group exists."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import socket
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+import torch.multiprocessing as mp
+
+from monorl.distributed.placement import Placement, PlacementSection, check_placement
+from monorl.distributed.weight_broadcast import shard_rows
+from monorl.model.config import model_shape
+from monorl.model.lora import LoRAConfig, apply_lora_
+from monorl.model.qwen3 import build_model
+from monorl.model.weight_sync import sync_weights_
+from monorl.train.packing import TrainSequence
+from monorl.train.trainer import Trainer, TrainerConfig
+
+WORLD = 3  # trainers 0 and 1, generator 2
+CONFIG = dataclasses.replace(model_shape("tiny-untied"), vocab_size=129)  # odd rows: FSDP2's uneven split
+LORA = LoRAConfig(rank=4, alpha=8.0)
+SEQS = [TrainSequence([5, 9, 2, 7, 11], [3, 4, 5, 6], [0.0] * 4, 0.0),
+        TrainSequence([8, 1, 3], [12, 40, 7, 7, 2, 9], [0.0] * 6, 0.0)]
+
+
+def policy(lora: bool) -> torch.nn.Module:
+    model = build_model(CONFIG, seed=0)
+    if lora:
+        apply_lora_(model, LORA, seed=1)
+        with torch.no_grad():  # B starts at zero: make the merge visible from the first publication
+            for n, p in model.named_parameters():
+                if "lora_B" in n:
+                    p.normal_(0.0, 0.1, generator=torch.Generator().manual_seed(len(n)))
+    return model
+
+
+def train_step(model: torch.nn.Module, world: Any = None) -> None:
+    cfg = TrainerConfig(lr=1e-2, warmup_steps=1, schedule="constant")
+    tr = Trainer(model, cfg, total_steps=1, **({"world": world} if world is not None else {}))
+    tr.sft_step(SEQS)
+
+
+def generator_copy(config: Any = CONFIG) -> torch.nn.Module:
+    return build_model(config, dtype=torch.bfloat16, seed=None, fused=True).requires_grad_(False).eval()
+
+
+def state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    return {n: p.detach().clone() for n, p in model.named_parameters()}
+
+
+def worker(rank: int, port: int, out: str) -> None:
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(WORLD),
+                      LOCAL_RANK=str(rank))
+    torch.set_num_threads(1)
+    from monorl.distributed.fsdp import shard_model_
+    from monorl.distributed.weight_broadcast import WeightBroadcast
+    from monorl.distributed.world import close_world, init_world
+
+    world = init_world("cpu", timeout_s=60)
+    placement = Placement.build(world, PlacementSection(generator_ranks=1))
+    result: dict[str, Any] = {"role": placement.role, "trainers": placement.trainers,
+                              "generators": placement.generators}
+    for lora in (False, True):
+        key = "lora" if lora else "full"
+        if placement.role == "trainer":
+            model = policy(lora)
+            shard_model_(model, torch.device("cpu"), group=placement.trainer_world.group)
+            wb = WeightBroadcast(placement, model)
+            wb.send_(0)
+            train_step(model, placement.trainer_world)
+            wb.send_(1)
+            full = {n: p.full_tensor() for n, p in model.named_parameters()}  # a trainer-group collective
+            if placement.trainer_index == 0:
+                result[key] = {"trained": full}
+        else:
+            gen = generator_copy()
+            ptrs = [p.data_ptr() for p in gen.parameters()]
+            wb = WeightBroadcast(placement, gen)
+            v0 = wb.receive_()
+            first = state(gen)
+            v1 = wb.receive_()
+            result[key] = {"versions": (v0, v1), "first": first, "second": state(gen),
+                           "in_place": [p.data_ptr() for p in gen.parameters()] == ptrs,
+                           "bytes": (wb.publication_bytes(True), wb.publication_bytes(False)),
+                           "buffer_bytes": wb.buffer_bytes}
+    # a copy that does not fit: the generator finds it, every rank raises its one line
+    try:
+        WeightBroadcast(placement, policy(False) if placement.role == "trainer"
+                        else generator_copy(dataclasses.replace(CONFIG, intermediate_size=96)))
+    except ValueError as e:
+        result["error"] = str(e)
+    torch.save(result, Path(out) / f"rank{rank}.pt")
+    close_world(world)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def ranks(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
+    out = tmp_path_factory.mktemp("bcast")
+    mp.spawn(worker, args=(free_port(), str(out)), nprocs=WORLD, join=True)
+    return [torch.load(out / f"rank{r}.pt", weights_only=False) for r in range(WORLD)]
+
+
+def colocated(trained: dict[str, torch.Tensor] | None, lora: bool) -> dict[str, torch.Tensor]:
+    """What `sync_weights_` writes in one process from the full trainer model (`trained`: its weights after the
+    step, gathered from the trainers; None: the seed's)."""
+    model = policy(lora)
+    if trained is not None:
+        model.load_state_dict(trained)
+    gen = generator_copy()
+    sync_weights_(gen, model)
+    return state(gen)
+
+
+def assert_bitwise(got: dict[str, torch.Tensor], want: dict[str, torch.Tensor]) -> None:
+    assert got.keys() == want.keys()
+    for n in want:
+        assert got[n].dtype == torch.bfloat16 and torch.equal(got[n], want[n]), n
+
+
+def test_roles(ranks: list[dict[str, Any]]) -> None:
+    assert [r["role"] for r in ranks] == ["trainer", "trainer", "generator"]
+    assert ranks[0]["trainers"] == (0, 1) and ranks[0]["generators"] == (2,)
+
+
+@pytest.mark.parametrize("kind", ["full", "lora"])
+def test_generator_copy_equals_colocated_sync_bitwise(ranks: list[dict[str, Any]], kind: str) -> None:
+    gen, trained = ranks[2][kind], ranks[0][kind]["trained"]
+    assert gen["versions"] == (0, 1)
+    assert gen["in_place"]  # same storage: the generator's CUDA graphs stay valid
+    assert_bitwise(gen["first"], colocated(None, kind == "lora"))
+    assert_bitwise(gen["second"], colocated(trained, kind == "lora"))
+    # the step changed what the generator holds (a transfer that sent nothing would fail above or here)
+    assert any(not torch.equal(gen["first"][n], gen["second"][n]) for n in gen["first"])
+
+
+def test_two_trainers_train_as_one(ranks: list[dict[str, Any]]) -> None:
+    """The FSDP2 step on the trainer group is the one-process step (up to the order of the gradient sum,
+    which AdamW magnifies where a gradient is near zero: a trainer group summing the wrong gradients is off by ~lr)."""
+    model = policy(False)
+    train_step(model)
+    for n, p in model.named_parameters():
+        torch.testing.assert_close(ranks[0]["full"]["trained"][n], p.detach(), rtol=1e-3, atol=1e-4)
+
+
+def test_frozen_weights_are_sent_once(ranks: list[dict[str, Any]]) -> None:
+    full_bytes, later = ranks[2]["full"]["bytes"]
+    assert later == full_bytes  # full fine-tuning: every weight changes
+    c = CONFIG
+    q, kv = c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim
+    projections = c.hidden_size * (q + 2 * kv) + q * c.hidden_size + 3 * c.intermediate_size * c.hidden_size
+    lora_full, lora_later = ranks[2]["lora"]["bytes"]
+    assert lora_full == full_bytes and lora_later == c.num_layers * projections * 2  # the merged projections, bf16
+    # the buffer holds one message: one trainer's share of a layer (the largest unit of this model)
+    assert projections <= ranks[2]["full"]["buffer_bytes"] < projections + 256
+
+
+def test_a_copy_that_does_not_fit_fails_every_rank_in_one_line(ranks: list[dict[str, Any]]) -> None:
+    errors = {r["error"] for r in ranks}
+    assert len(errors) == 1
+    msg = errors.pop()
+    assert "\n" not in msg and msg.startswith("weight sync: ") and "gate_up_proj" in msg
+
+
+@pytest.mark.parametrize("g, n, words", [(1, 1, "needs several processes"), (3, 3, "leaves no trainer among 3"),
+                                         (5, 2, "use at most 1")])
+def test_bad_placements_are_one_line(g: int, n: int, words: str) -> None:
+    with pytest.raises(ValueError) as e:
+        check_placement(PlacementSection(generator_ranks=g), n)
+    assert words in str(e.value) and "\n" not in str(e.value)
+    for bad in (-1, 1.5, True):
+        with pytest.raises(ValueError, match="generator_ranks must be an integer >= 0"):
+            PlacementSection(generator_ranks=bad)  # type: ignore[arg-type]
+
+
+def test_colocated_placement_has_one_role() -> None:
+    from monorl.distributed.world import SINGLE
+
+    p = Placement.build(SINGLE, PlacementSection())
+    assert p.role == "both" and not p.disaggregated and p.trainer_world is SINGLE
+
+
+@pytest.mark.parametrize("rows, parts", [(129, 2), (64, 2), (5, 3), (2, 4), (0, 2)])
+def test_shard_rows_is_fsdp2_split(rows: int, parts: int) -> None:
+    chunks = torch.arange(rows).chunk(parts) if rows else ()
+    for t in range(parts):
+        lo, hi = shard_rows(rows, t, parts)
+        want = chunks[t].tolist() if t < len(chunks) else []
+        assert list(range(lo, hi)) == want

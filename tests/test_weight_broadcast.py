@@ -62,6 +62,7 @@ def worker(rank: int, port: int, out: str) -> None:
                       LOCAL_RANK=str(rank))
     torch.set_num_threads(1)
     from monorl.distributed.fsdp import shard_model_
+    from monorl.distributed.rollout_transfer import recv_rollouts, send_rollouts
     from monorl.distributed.weight_broadcast import WeightBroadcast
     from monorl.distributed.world import close_world, init_world
 
@@ -92,6 +93,11 @@ def worker(rank: int, port: int, out: str) -> None:
                            "in_place": [p.data_ptr() for p in gen.parameters()] == ptrs,
                            "bytes": (wb.publication_bytes(True), wb.publication_bytes(False)),
                            "buffer_bytes": wb.buffer_bytes}
+    # the step's rollouts: the generator's share to every trainer
+    if placement.role == "generator":
+        send_rollouts(placement, [{"tokens": [1, 2, 3], "reward": 0.5}, {"tokens": [4], "reward": -1.0}])
+    else:
+        result["rollouts"] = recv_rollouts(placement)
     # a copy that does not fit: the generator finds it, every rank raises its one line
     try:
         WeightBroadcast(placement, policy(False) if placement.role == "trainer"
@@ -167,6 +173,11 @@ def test_frozen_weights_are_sent_once(ranks: list[dict[str, Any]]) -> None:
     assert lora_full == full_bytes and lora_later == c.num_layers * projections * 2  # the merged projections, bf16
     # the buffer holds one message: one trainer's share of a layer (the largest unit of this model)
     assert projections <= ranks[2]["full"]["buffer_bytes"] < projections + 256
+
+
+def test_rollouts_reach_every_trainer(ranks: list[dict[str, Any]]) -> None:
+    want = [{"tokens": [1, 2, 3], "reward": 0.5}, {"tokens": [4], "reward": -1.0}]
+    assert ranks[0]["rollouts"] == want and ranks[1]["rollouts"] == want
 
 
 def test_a_copy_that_does_not_fit_fails_every_rank_in_one_line(ranks: list[dict[str, Any]]) -> None:

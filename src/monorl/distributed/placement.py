@@ -12,7 +12,8 @@ call `new_group` for every group, in the same order, members or not):
     trainers                  FSDP2's mesh and the trainer step's collectives (`trainer_world`)
     generators                the generators' own decisions (their share of the step's prompt groups)
     weights[t], t < T         {trainer t} + generators: trainer t broadcasts its shard of each update
-    rollouts[g], g < G        {generator g} + trainers: generator g broadcasts its scored groups
+    rollouts[g], g < G        {generator g} + trainers (gloo): generator g sends its scored groups
+                              (`rollout_transfer`)
 
 Colocated, no group is created: `trainer_world` and `generator_world` are the job's `World` itself.
 """
@@ -80,10 +81,14 @@ class Placement:
     @property
     def trainer_index(self) -> int:
         """This trainer's index among the trainers (its world rank, the trainers being first)."""
+        if self.world.rank not in self.trainers:
+            raise ValueError(f"rank {self.world.rank} generates: it has no trainer index")
         return self.trainers.index(self.world.rank)
 
     @property
     def generator_index(self) -> int:
+        if self.world.rank not in self.generators:
+            raise ValueError(f"rank {self.world.rank} trains: it has no generator index")
         return self.generators.index(self.world.rank)
 
     @classmethod
@@ -100,7 +105,8 @@ class Placement:
         trainer_group = dist.new_group(list(trainers))
         generator_group = dist.new_group(list(generators))
         weight_groups = tuple(dist.new_group([t, *generators]) for t in trainers)
-        rollout_groups = tuple(dist.new_group([*trainers, g]) for g in generators)
+        # host objects: gloo, off the GPU's NCCL streams the weight broadcasts use
+        rollout_groups = tuple(dist.new_group([*trainers, g], backend="gloo") for g in generators)
 
         def sub_world(ranks: tuple[int, ...], group: Any) -> World:
             if world.rank not in ranks:

@@ -17,7 +17,7 @@ import torch
 import torch.multiprocessing as mp
 
 from monorl.distributed.placement import Placement, PlacementSection, check_placement
-from monorl.distributed.weight_broadcast import shard_rows
+from monorl.distributed.weight_broadcast import Entry, plan_messages, shard_rows
 from monorl.model.config import model_shape
 from monorl.model.lora import LoRAConfig, apply_lora_
 from monorl.model.qwen3 import build_model
@@ -212,3 +212,24 @@ def test_shard_rows_is_fsdp2_split(rows: int, parts: int) -> None:
         lo, hi = shard_rows(rows, t, parts)
         want = chunks[t].tolist() if t < len(chunks) else []
         assert list(range(lo, hi)) == want
+
+
+def test_messages_cover_every_row_once_and_a_big_matrix_goes_in_layer_sized_chunks() -> None:
+    manifest = [Entry("model.embed_tokens.weight", (101, 8), "model.embed_tokens.weight", True),
+                Entry("model.layers.0.mlp.down_proj.weight", (8, 6), "model.layers.0", False),
+                Entry("model.layers.0.input_layernorm.weight", (8,), "model.layers.0", True),
+                Entry("model.norm.weight", (8,), "model.norm.weight", True)]
+    dtypes = [torch.bfloat16, torch.bfloat16, torch.float32, torch.bfloat16]
+    for full in (True, False):
+        msgs = plan_messages(manifest, dtypes, 3, full)
+        layer = [m.nbytes for m in msgs if m.unit == "model.layers.0"]
+        assert max(m.nbytes for m in msgs) == max(layer)  # the embedding (101 x 8) comes in layer-sized chunks
+        rows: dict[tuple[int, int], list[int]] = {}
+        for m in msgs:
+            for p in m.pieces:
+                assert p.offset % 16 == 0
+                rows.setdefault((p.entry, m.trainer), []).extend(range(p.lo, p.hi))
+        for i, e in enumerate(manifest):
+            for t in range(3):
+                want = list(range(*shard_rows(e.shape[0], t, 3))) if full or not e.frozen else []
+                assert rows.get((i, t), []) == want, (e.name, t)

@@ -15,9 +15,10 @@ parameter (a LoRA run's base) never changes: it is sent in the first publication
 Messages: one per (unit, trainer), a unit being a decoder layer (`model.layers.i`) or one parameter outside the
 layers (embeddings, final norm, LM head), in the trainers' parameter order. A message is a flat byte buffer of
 its pieces (each 16-byte aligned, in its destination's dtype), received into one buffer and copied into the
-destination rows. Peak extra memory, on either side: `buffer_bytes`, the largest message (one trainer's share of a
-decoder layer, or of the embedding matrix: vocab x hidden x 2 / T bytes in bf16, the largest on most models),
-allocated once; a sharded LoRA source also gathers one block at a time, as `sync_weights_` does.
+destination rows. A tensor outside the layers larger than a layer's share (the embedding matrix, the LM head)
+goes in row chunks of at most that. Peak extra memory, on either side: `buffer_bytes`, the largest message: one
+trainer's share of one decoder layer in the destination's dtype (Qwen3-0.6B: 15.7M parameters, 31.5 MB in bf16,
+over T trainers), allocated once; a sharded LoRA source also gathers one block at a time, as `sync_weights_` does.
 
 A publication starts with a header [version, full] from trainer 0: the version (the trainer's step count) travels
 with the weights. Every generator takes part in every message, so generators receive each update together.
@@ -94,26 +95,45 @@ def unit_of(name: str) -> str:
     return m.group(1) if m else name
 
 
+def _aligned(n: int) -> int:
+    return -(-n // ALIGN) * ALIGN
+
+
 def plan_messages(manifest: list[Entry], dtypes: list[torch.dtype], trainers: int, full: bool) -> list[Message]:
     """Every message of one publication, in send order (units in manifest order, then trainers); empty ones are
-    left out on both sides alike. A non-full publication leaves the frozen entries out."""
-    units: dict[str, list[int]] = {}
-    for i, e in enumerate(manifest):
-        if full or not e.frozen:
-            units.setdefault(e.unit, []).append(i)
-    out = []
-    for unit, idx in units.items():
-        for t in range(trainers):
-            pieces, off = [], 0
-            for i in idx:
-                e = manifest[i]
-                lo, hi = shard_rows(e.shape[0], t, trainers)
-                if hi == lo:
-                    continue
+    left out on both sides alike. A non-full publication leaves the frozen entries out. A message is at most one
+    trainer's share of the largest decoder layer: a larger tensor outside the layers (the embedding matrix, the
+    LM head) goes in row chunks of that size, so memory is bounded by a layer, not by the vocabulary."""
+    row_bytes = [math.prod(e.shape[1:]) * dtypes[i].itemsize for i, e in enumerate(manifest)]
+
+    def share(idx: list[int], t: int) -> tuple[list[Piece], int]:
+        pieces, off = [], 0
+        for i in idx:
+            lo, hi = shard_rows(manifest[i].shape[0], t, trainers)
+            if hi > lo:
                 pieces.append(Piece(i, lo, hi, off))
-                off += -(-((hi - lo) * math.prod(e.shape[1:]) * dtypes[i].itemsize) // ALIGN) * ALIGN
-            if off:
-                out.append(Message(unit, t, tuple(pieces), off))
+                off += _aligned((hi - lo) * row_bytes[i])
+        return pieces, off
+
+    every: dict[str, list[int]] = {}
+    for i, e in enumerate(manifest):
+        every.setdefault(e.unit, []).append(i)
+    cap = max((share(idx, t)[1] for u, idx in every.items() if _LAYER.match(u + ".") for t in range(trainers)),
+              default=0)
+    out = []
+    for unit, idx in every.items():
+        idx = [i for i in idx if full or not manifest[i].frozen]
+        for t in range(trainers):
+            pieces, nbytes = share(idx, t)
+            if nbytes <= cap or len(pieces) != 1:
+                if nbytes:
+                    out.append(Message(unit, t, tuple(pieces), nbytes))
+                continue
+            (p,) = pieces  # one tensor outside the layers: rows of at most `cap` bytes a message
+            step = max(1, cap // row_bytes[p.entry])
+            for lo in range(p.lo, p.hi, step):
+                hi = min(p.hi, lo + step)
+                out.append(Message(unit, t, (Piece(p.entry, lo, hi, 0),), _aligned((hi - lo) * row_bytes[p.entry])))
     return out
 
 

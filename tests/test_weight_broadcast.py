@@ -69,7 +69,9 @@ def worker(rank: int, port: int, out: str) -> None:
     world = init_world("cpu", timeout_s=60)
     placement = Placement.build(world, PlacementSection(generator_ranks=1))
     result: dict[str, Any] = {"role": placement.role, "trainers": placement.trainers,
-                              "generators": placement.generators}
+                              "generators": placement.generators, "from_rank0": world.broadcast(f"r{rank}")}
+    if placement.role == "trainer":  # the trainer World's collectives run among the trainers alone
+        result["trainer_sum"] = int(placement.trainer_world.all_reduce_(torch.tensor([rank + 1])).item())
     for lora in (False, True):
         key = "lora" if lora else "full"
         if placement.role == "trainer":
@@ -141,6 +143,8 @@ def assert_bitwise(got: dict[str, torch.Tensor], want: dict[str, torch.Tensor]) 
 def test_roles(ranks: list[dict[str, Any]]) -> None:
     assert [r["role"] for r in ranks] == ["trainer", "trainer", "generator"]
     assert ranks[0]["trainers"] == (0, 1) and ranks[0]["generators"] == (2,)
+    assert [r["from_rank0"] for r in ranks] == ["r0"] * 3
+    assert ranks[0]["trainer_sum"] == ranks[1]["trainer_sum"] == 1 + 2
 
 
 @pytest.mark.parametrize("kind", ["full", "lora"])

@@ -26,7 +26,8 @@ from monorl.train.packing import TrainSequence
 from monorl.train.trainer import Trainer, TrainerConfig
 
 WORLD = 3  # trainers 0 and 1, generator 2
-CONFIG = dataclasses.replace(model_shape("tiny-untied"), vocab_size=129)  # odd rows: FSDP2's uneven split
+# odd rows: FSDP2's uneven split; the embedding and LM head each larger than a layer: they go in row chunks
+CONFIG = dataclasses.replace(model_shape("tiny-untied"), vocab_size=1025)
 LORA = LoRAConfig(rank=4, alpha=8.0)
 SEQS = [TrainSequence([5, 9, 2, 7, 11], [3, 4, 5, 6], [0.0] * 4, 0.0),
         TrainSequence([8, 1, 3], [12, 40, 7, 7, 2, 9], [0.0] * 6, 0.0)]
@@ -177,6 +178,7 @@ def test_frozen_weights_are_sent_once(ranks: list[dict[str, Any]]) -> None:
     assert lora_full == full_bytes and lora_later == c.num_layers * projections * 2  # the merged projections, bf16
     # the buffer holds one message: one trainer's share of a layer (the largest unit of this model)
     assert projections <= ranks[2]["full"]["buffer_bytes"] < projections + 256
+    assert projections < -(-c.vocab_size // 2) * c.hidden_size * 2  # so a trainer's embedding share went in chunks
 
 
 def test_rollouts_reach_every_trainer(ranks: list[dict[str, Any]]) -> None:

@@ -226,8 +226,10 @@ class WeightBroadcast:
         LoRA weight (its block is gathered by then)."""
         if isinstance(s, LoRALinear):
             return s.merged_weight()[lo:hi]
-        local = s.to_local() if hasattr(s, "to_local") else s[lo:hi]  # a DTensor (FSDP2) holds just [lo, hi)
-        return local.detach()
+        if hasattr(s, "to_local"):  # a DTensor (FSDP2): this trainer holds its `shard_rows` alone
+            first, _ = shard_rows(s.shape[0], self.placement.trainer_index, len(self.placement.trainers))
+            return s.to_local().detach()[lo - first:hi - first]
+        return s.detach()[lo:hi]
 
     @torch.no_grad()
     def send_(self, version: int, full: bool | None = None) -> None:

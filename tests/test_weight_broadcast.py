@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import socket
+import time
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +30,7 @@ WORLD = 3  # trainers 0 and 1, generator 2
 # odd rows: FSDP2's uneven split; the embedding and LM head each larger than a layer: they go in row chunks
 CONFIG = dataclasses.replace(model_shape("tiny-untied"), vocab_size=1025)
 LORA = LoRAConfig(rank=4, alpha=8.0)
+ROLLOUTS = [{"tokens": [1, 2, 3], "reward": 0.5}, {"tokens": [4], "reward": -1.0}]  # a generator's share
 SEQS = [TrainSequence([5, 9, 2, 7, 11], [3, 4, 5, 6], [0.0] * 4, 0.0),
         TrainSequence([8, 1, 3], [12, 40, 7, 7, 2, 9], [0.0] * 6, 0.0)]
 
@@ -80,27 +82,31 @@ def worker(rank: int, port: int, out: str) -> None:
             shard_model_(model, torch.device("cpu"), group=placement.trainer_world.group)
             wb = WeightBroadcast(placement, model)
             wb.send_(0)
+            rollouts = recv_rollouts(placement)  # the generator's step, made with version 0
             train_step(model, placement.trainer_world)
             wb.send_(1)
             full = {n: p.full_tensor() for n, p in model.named_parameters()}  # a trainer-group collective
+            result[f"{key} rollouts"] = rollouts
             if placement.trainer_index == 0:
                 result[key] = {"trained": full}
         else:
             gen = generator_copy()
             ptrs = [p.data_ptr() for p in gen.parameters()]
             wb = WeightBroadcast(placement, gen)
+            deadline = time.monotonic() + 60
+            while not wb.pending():  # polled as between decode steps: version 0 is announced by now or soon
+                assert time.monotonic() < deadline, "version 0 never announced"
+                time.sleep(0.01)
             v0 = wb.receive_()
             first = state(gen)
+            # the trainers wait for this step's rollouts before they train: nothing can be announced yet
+            quiet = not wb.pending()
+            send_rollouts(placement, ROLLOUTS)
             v1 = wb.receive_()
-            result[key] = {"versions": (v0, v1), "first": first, "second": state(gen),
+            result[key] = {"versions": (v0, v1), "first": first, "second": state(gen), "quiet": quiet,
                            "in_place": [p.data_ptr() for p in gen.parameters()] == ptrs,
                            "bytes": (wb.publication_bytes(True), wb.publication_bytes(False)),
                            "buffer_bytes": wb.buffer_bytes}
-    # the step's rollouts: the generator's share to every trainer
-    if placement.role == "generator":
-        send_rollouts(placement, [{"tokens": [1, 2, 3], "reward": 0.5}, {"tokens": [4], "reward": -1.0}])
-    else:
-        result["rollouts"] = recv_rollouts(placement)
     # a copy that does not fit: the generator finds it, every rank raises its one line
     try:
         WeightBroadcast(placement, policy(False) if placement.role == "trainer"
@@ -151,7 +157,7 @@ def test_roles(ranks: list[dict[str, Any]]) -> None:
 @pytest.mark.parametrize("kind", ["full", "lora"])
 def test_generator_copy_equals_colocated_sync_bitwise(ranks: list[dict[str, Any]], kind: str) -> None:
     gen, trained = ranks[2][kind], ranks[0][kind]["trained"]
-    assert gen["versions"] == (0, 1)
+    assert gen["versions"] == (0, 1) and gen["quiet"]  # `pending` polls without blocking: no update yet
     assert gen["in_place"]  # same storage: the generator's CUDA graphs stay valid
     assert_bitwise(gen["first"], colocated(None, kind == "lora"))
     assert_bitwise(gen["second"], colocated(trained, kind == "lora"))
@@ -182,8 +188,7 @@ def test_frozen_weights_are_sent_once(ranks: list[dict[str, Any]]) -> None:
 
 
 def test_rollouts_reach_every_trainer(ranks: list[dict[str, Any]]) -> None:
-    want = [{"tokens": [1, 2, 3], "reward": 0.5}, {"tokens": [4], "reward": -1.0}]
-    assert ranks[0]["rollouts"] == want and ranks[1]["rollouts"] == want
+    assert all(r[f"{k} rollouts"] == ROLLOUTS for r in ranks[:2] for k in ("full", "lora"))
 
 
 def test_a_copy_that_does_not_fit_fails_every_rank_in_one_line(ranks: list[dict[str, Any]]) -> None:

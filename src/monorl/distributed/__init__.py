@@ -6,6 +6,10 @@
     checkpoint.py  sharded training checkpoints (DCP), resumable on another rank count; the HF export
     elastic.py     a job torchrun restarted resumes from its last complete checkpoint
     launch.py      `monorl train --nproc N`: re-exec through torch.distributed.run
+    placement.py   colocated, or disaggregated (`placement.generator_ranks G`): which ranks generate, which
+                   train, and their process groups
+    weight_broadcast.py  disaggregated: each update from the trainers' shards into the generators' copies, in place
+    rollout_transfer.py  disaggregated: each generator's scored groups to every trainer
 
 Where the rest of monorl meets it: the trainer trains its share of the step (`train/trainer.py`), rollouts
 generate theirs (`rl/rollouts.py`), the weight sync gathers block by block (`model/weight_sync.py`).

@@ -12,6 +12,8 @@ call `new_group` for every group, in the same order, members or not):
     trainers                  FSDP2's mesh and the trainer step's collectives (`trainer_world`)
     generators                the generators' own decisions (their share of the step's prompt groups)
     weights[t], t < T         {trainer t} + generators: trainer t broadcasts its shard of each update
+    announce                  {trainer 0} + generators (gloo): each update's header, which a generator polls
+                              on the host between decode steps without blocking
     rollouts[g], g < G        {generator g} + trainers (gloo): generator g sends its scored groups
                               (`rollout_transfer`)
 
@@ -66,6 +68,7 @@ class Placement:
     trainer_world: World  # this rank among the trainers (its group's collectives); meaningless on a generator
     generator_world: World  # this rank among the generators
     weight_groups: tuple[Any, ...] = field(default=(), repr=False)  # [t]: trainer t + the generators
+    announce_group: Any = field(default=None, repr=False)  # trainer 0 + the generators, gloo
     rollout_groups: tuple[Any, ...] = field(default=(), repr=False)  # [g]: generator g + the trainers
 
     @property
@@ -106,6 +109,7 @@ class Placement:
         generator_group = dist.new_group(list(generators))
         weight_groups = tuple(dist.new_group([t, *generators]) for t in trainers)
         # host objects: gloo, off the GPU's NCCL streams the weight broadcasts use
+        announce_group = dist.new_group([trainers[0], *generators], backend="gloo")
         rollout_groups = tuple(dist.new_group([*trainers, g], backend="gloo") for g in generators)
 
         def sub_world(ranks: tuple[int, ...], group: Any) -> World:
@@ -114,4 +118,4 @@ class Placement:
             return World(rank=ranks.index(world.rank), size=len(ranks), local_rank=world.local_rank, group=group)
 
         return cls(world, trainers, generators, sub_world(trainers, trainer_group),
-                   sub_world(generators, generator_group), weight_groups, rollout_groups)
+                   sub_world(generators, generator_group), weight_groups, announce_group, rollout_groups)

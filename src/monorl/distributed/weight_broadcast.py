@@ -20,8 +20,11 @@ goes in row chunks of at most that. Peak extra memory, on either side: `buffer_b
 trainer's share of one decoder layer in the destination's dtype (Qwen3-0.6B: 15.7M parameters, 31.5 MB in bf16,
 over T trainers), allocated once; a sharded LoRA source also gathers one block at a time, as `sync_weights_` does.
 
-A publication starts with a header [version, full] from trainer 0: the version (the trainer's step count) travels
-with the weights. Every generator takes part in every message, so generators receive each update together.
+A publication starts with a header [version, full] from trainer 0, on the host (the placement's gloo `announce`
+group): the version (the trainer's step count) travels with the weights, and a generator can ask whether an
+update has begun (`pending`, a poll that never blocks) between decode steps, taking it only then, or when it may
+not run further ahead. Every generator takes part in every message, so generators receive each update together;
+a trainer's `send_` returns once the generators have taken its messages.
 
 `WeightBroadcast(placement, model)` is built once on every rank of the job (a collective: the generators describe
 their copy, the trainers their parameters, and each side checks the mapping; a mismatch is the same one-line
@@ -194,7 +197,8 @@ class WeightBroadcast:
                 if self.role == "generator" or m.trainer == placement.trainer_index]
         self.buffer_bytes = max((m.nbytes for m in mine), default=0)
         self._buf = torch.empty(self.buffer_bytes, dtype=torch.uint8, device=device)
-        self._header = torch.zeros(2, dtype=torch.int64, device=device)
+        self._header = torch.zeros(2, dtype=torch.int64)  # on the host: the announce group is gloo
+        self._announced: dist.Work | None = None  # a generator's posted header receive
         self._published = False  # the first publication is full
         self.version = -1  # the last version received (a generator)
 
@@ -241,7 +245,7 @@ class WeightBroadcast:
         p, t = self.placement, self.placement.trainer_index
         if t == 0:
             self._header.copy_(torch.tensor([version, int(full)]))
-            dist.broadcast(self._header, src=p.trainers[0], group=p.weight_groups[0])
+            dist.broadcast(self._header, src=p.trainers[0], group=p.announce_group)
         gathered = self._units_to_gather()
         for unit, msgs in _by_unit(self._plans[full]).items():
             with unsharded(gathered[unit]) if unit in gathered else contextlib.nullcontext():
@@ -264,13 +268,26 @@ class WeightBroadcast:
         return {names[id(u)]: u for u in fsdp_units(self.model) if names[id(u)] in merged}
 
     # ---- generators ------------------------------------------------------------------------------------------
+    def _announcement(self) -> dist.Work:
+        if self.role != "generator":
+            raise ValueError("weight broadcast: receiving is a generator's, this rank trains")
+        if self._announced is None:  # post the next header's receive; it completes when trainer 0 sends it
+            p = self.placement
+            self._announced = dist.broadcast(self._header, src=p.trainers[0], group=p.announce_group, async_op=True)
+        return self._announced
+
+    def pending(self) -> bool:
+        """Whether the trainers have begun a publication this generator has not received: a poll on the host that
+        never blocks (between decode steps; then `receive_`)."""
+        return self._announcement().is_completed()
+
     @torch.no_grad()
     def receive_(self) -> int:
-        """Receive one publication into the generator's copy, in place; returns its version."""
-        if self.role != "generator":
-            raise ValueError("weight broadcast: receive_ is a generator's, this rank trains")
+        """Receive the next publication into the generator's copy, in place (waiting for it to begin if it has
+        not); returns its version."""
+        self._announcement().wait()
+        self._announced = None
         p = self.placement
-        dist.broadcast(self._header, src=p.trainers[0], group=p.weight_groups[0])
         version, full = (int(x) for x in self._header.tolist())
         for m in self._plans[bool(full)]:
             dist.broadcast(self._buf[:m.nbytes], src=p.trainers[m.trainer], group=p.weight_groups[m.trainer])

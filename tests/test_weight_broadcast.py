@@ -1,8 +1,9 @@
 """Disaggregated placement on CPU (gloo, three real processes): one generator rank and two FSDP2 trainer ranks.
 After a trainer step the generator's fused bf16 copy, written in place by `WeightBroadcast`, equals bitwise what
-`sync_weights_` writes from the full trainer model in one process; the version travels with it; LoRA's merged
-weights too; a copy that does not fit is the same one-line error on every rank. Bad placements are refused in one
-line before any process group exists."""
+`sync_weights_` writes from the full trainer model in one process; the version travels with it; LoRA too (merged
+into the fused copy, or into a copy with the same adapters); a generator polls for an update without blocking;
+rollouts reach every trainer; a copy that does not fit is the same one-line error on every rank. Bad placements
+are refused in one line before any process group exists."""
 
 from __future__ import annotations
 
@@ -52,8 +53,17 @@ def train_step(model: torch.nn.Module, world: Any = None) -> None:
     tr.sft_step(SEQS)
 
 
-def generator_copy(config: Any = CONFIG) -> torch.nn.Module:
-    return build_model(config, dtype=torch.bfloat16, seed=None, fused=True).requires_grad_(False).eval()
+KINDS = ("full", "lora", "unmerged")  # full fine-tuning; LoRA merged into the fused copy; LoRA kept as adapters
+
+
+def generator_copy(kind: str = "full", config: Any = CONFIG) -> torch.nn.Module:
+    """The generator's copy: fused bf16, or for "unmerged" (a batch-invariant LoRA run's) unfused with the same
+    adapters, fp32 beside a bf16 base (one message then holds two dtypes)."""
+    if kind == "unmerged":
+        model = apply_lora_(build_model(config, seed=None), LORA, base_dtype=torch.bfloat16)
+    else:
+        model = build_model(config, dtype=torch.bfloat16, seed=None, fused=True)
+    return model.requires_grad_(False).eval()
 
 
 def state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
@@ -75,8 +85,8 @@ def worker(rank: int, port: int, out: str) -> None:
                               "generators": placement.generators, "from_rank0": world.broadcast(f"r{rank}")}
     if placement.role == "trainer":  # the trainer World's collectives run among the trainers alone
         result["trainer_sum"] = int(placement.trainer_world.all_reduce_(torch.tensor([rank + 1])).item())
-    for lora in (False, True):
-        key = "lora" if lora else "full"
+    for key in KINDS:
+        lora = key != "full"
         if placement.role == "trainer":
             model = policy(lora)
             shard_model_(model, torch.device("cpu"), group=placement.trainer_world.group)
@@ -90,7 +100,7 @@ def worker(rank: int, port: int, out: str) -> None:
             if placement.trainer_index == 0:
                 result[key] = {"trained": full}
         else:
-            gen = generator_copy()
+            gen = generator_copy(key)
             ptrs = [p.data_ptr() for p in gen.parameters()]
             wb = WeightBroadcast(placement, gen)
             deadline = time.monotonic() + 60
@@ -110,7 +120,7 @@ def worker(rank: int, port: int, out: str) -> None:
     # a copy that does not fit: the generator finds it, every rank raises its one line
     try:
         WeightBroadcast(placement, policy(False) if placement.role == "trainer"
-                        else generator_copy(dataclasses.replace(CONFIG, intermediate_size=96)))
+                        else generator_copy(config=dataclasses.replace(CONFIG, intermediate_size=96)))
     except ValueError as e:
         result["error"] = str(e)
     torch.save(result, Path(out) / f"rank{rank}.pt")
@@ -130,13 +140,13 @@ def ranks(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
     return [torch.load(out / f"rank{r}.pt", weights_only=False) for r in range(WORLD)]
 
 
-def colocated(trained: dict[str, torch.Tensor] | None, lora: bool) -> dict[str, torch.Tensor]:
+def colocated(trained: dict[str, torch.Tensor] | None, kind: str) -> dict[str, torch.Tensor]:
     """What `sync_weights_` writes in one process from the full trainer model (`trained`: its weights after the
     step, gathered from the trainers; None: the seed's)."""
-    model = policy(lora)
+    model = policy(kind != "full")
     if trained is not None:
         model.load_state_dict(trained)
-    gen = generator_copy()
+    gen = generator_copy(kind)
     sync_weights_(gen, model)
     return state(gen)
 
@@ -144,7 +154,7 @@ def colocated(trained: dict[str, torch.Tensor] | None, lora: bool) -> dict[str, 
 def assert_bitwise(got: dict[str, torch.Tensor], want: dict[str, torch.Tensor]) -> None:
     assert got.keys() == want.keys()
     for n in want:
-        assert got[n].dtype == torch.bfloat16 and torch.equal(got[n], want[n]), n
+        assert got[n].dtype == want[n].dtype and torch.equal(got[n], want[n]), n
 
 
 def test_roles(ranks: list[dict[str, Any]]) -> None:
@@ -154,13 +164,13 @@ def test_roles(ranks: list[dict[str, Any]]) -> None:
     assert ranks[0]["trainer_sum"] == ranks[1]["trainer_sum"] == 1 + 2
 
 
-@pytest.mark.parametrize("kind", ["full", "lora"])
+@pytest.mark.parametrize("kind", KINDS)
 def test_generator_copy_equals_colocated_sync_bitwise(ranks: list[dict[str, Any]], kind: str) -> None:
     gen, trained = ranks[2][kind], ranks[0][kind]["trained"]
     assert gen["versions"] == (0, 1) and gen["quiet"]  # `pending` polls without blocking: no update yet
     assert gen["in_place"]  # same storage: the generator's CUDA graphs stay valid
-    assert_bitwise(gen["first"], colocated(None, kind == "lora"))
-    assert_bitwise(gen["second"], colocated(trained, kind == "lora"))
+    assert_bitwise(gen["first"], colocated(None, kind))
+    assert_bitwise(gen["second"], colocated(trained, kind))
     # the step changed what the generator holds (a transfer that sent nothing would fail above or here)
     assert any(not torch.equal(gen["first"][n], gen["second"][n]) for n in gen["first"])
 
@@ -182,13 +192,18 @@ def test_frozen_weights_are_sent_once(ranks: list[dict[str, Any]]) -> None:
     projections = c.hidden_size * (q + 2 * kv) + q * c.hidden_size + 3 * c.intermediate_size * c.hidden_size
     lora_full, lora_later = ranks[2]["lora"]["bytes"]
     assert lora_full == full_bytes and lora_later == c.num_layers * projections * 2  # the merged projections, bf16
+    adapters = sum(LORA.rank * (i + o) for i, o in [(c.hidden_size, q), (c.hidden_size, kv), (c.hidden_size, kv),
+                                                    (q, c.hidden_size), (c.hidden_size, c.intermediate_size),
+                                                    (c.hidden_size, c.intermediate_size),
+                                                    (c.intermediate_size, c.hidden_size)])
+    assert ranks[2]["unmerged"]["bytes"][1] == c.num_layers * adapters * 4  # the fp32 adapters alone
     # the buffer holds one message: one trainer's share of a layer (the largest unit of this model)
     assert projections <= ranks[2]["full"]["buffer_bytes"] < projections + 256
     assert projections < -(-c.vocab_size // 2) * c.hidden_size * 2  # so a trainer's embedding share went in chunks
 
 
 def test_rollouts_reach_every_trainer(ranks: list[dict[str, Any]]) -> None:
-    assert all(r[f"{k} rollouts"] == ROLLOUTS for r in ranks[:2] for k in ("full", "lora"))
+    assert all(r[f"{k} rollouts"] == ROLLOUTS for r in ranks[:2] for k in KINDS)
 
 
 def test_a_copy_that_does_not_fit_fails_every_rank_in_one_line(ranks: list[dict[str, Any]]) -> None:

@@ -25,6 +25,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+import torch.distributed as dist
+
 from monorl.distributed.world import World
 
 Role = Literal["both", "trainer", "generator"]
@@ -101,8 +103,6 @@ class Placement:
         everyone = tuple(range(world.size))
         if not section.disaggregated:
             return cls(world, everyone, everyone, world, world)
-        import torch.distributed as dist
-
         n_train = world.size - section.generator_ranks
         trainers, generators = everyone[:n_train], everyone[n_train:]
         trainer_group = dist.new_group(list(trainers))
@@ -112,10 +112,9 @@ class Placement:
         announce_group = dist.new_group([trainers[0], *generators], backend="gloo")
         rollout_groups = tuple(dist.new_group([*trainers, g], backend="gloo") for g in generators)
 
-        def sub_world(ranks: tuple[int, ...], group: Any) -> World:
-            if world.rank not in ranks:
-                return World(rank=-1, size=len(ranks), local_rank=world.local_rank, group=group)
-            return World(rank=ranks.index(world.rank), size=len(ranks), local_rank=world.local_rank, group=group)
+        def sub_world(ranks: tuple[int, ...], group: Any) -> World:  # rank -1: not one of them
+            rank = ranks.index(world.rank) if world.rank in ranks else -1
+            return World(rank=rank, size=len(ranks), local_rank=world.local_rank, group=group)
 
         return cls(world, trainers, generators, sub_world(trainers, trainer_group),
                    sub_world(generators, generator_group), weight_groups, announce_group, rollout_groups)

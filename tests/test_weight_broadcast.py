@@ -67,10 +67,10 @@ def generator_copy(kind: str = "full", config: Any = CONFIG) -> torch.nn.Module:
 
 
 def state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
-    return {n: p.detach().clone() for n, p in model.named_parameters()}
+    return {n: p.detach().cpu().clone() for n, p in model.named_parameters()}
 
 
-def worker(rank: int, port: int, out: str) -> None:
+def worker(rank: int, port: int, out: str, device_type: str) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(WORLD),
                       LOCAL_RANK=str(rank))
     torch.set_num_threads(1)
@@ -79,28 +79,33 @@ def worker(rank: int, port: int, out: str) -> None:
     from monorl.distributed.weight_broadcast import WeightBroadcast
     from monorl.distributed.world import close_world, init_world
 
-    world = init_world("cpu", timeout_s=60)
+    world = init_world(device_type, timeout_s=60)
+    device = torch.device("cuda", rank) if device_type == "cuda" else torch.device("cpu")
     placement = Placement.build(world, PlacementSection(generator_ranks=1))
     result: dict[str, Any] = {"role": placement.role, "trainers": placement.trainers,
                               "generators": placement.generators, "from_rank0": world.broadcast(f"r{rank}")}
     if placement.role == "trainer":  # the trainer World's collectives run among the trainers alone
-        result["trainer_sum"] = int(placement.trainer_world.all_reduce_(torch.tensor([rank + 1])).item())
+        result["trainer_sum"] = int(placement.trainer_world.all_reduce_(torch.tensor([rank + 1], device=device)).item())
     for key in KINDS:
         lora = key != "full"
         if placement.role == "trainer":
-            model = policy(lora)
-            shard_model_(model, torch.device("cpu"), group=placement.trainer_world.group)
+            model = policy(lora).to(device)
+            shard_model_(model, device, group=placement.trainer_world.group)
+            colocated_copy = generator_copy(key).to(device)  # what sync_weights_ writes from the sharded trainers
             wb = WeightBroadcast(placement, model)
             wb.send_(0)
+            sync_weights_(colocated_copy, model)  # gathers block by block: a trainer-group collective
+            first = state(colocated_copy)
             rollouts = recv_rollouts(placement)  # the generator's step, made with version 0
             train_step(model, placement.trainer_world)
             wb.send_(1)
-            full = {n: p.full_tensor() for n, p in model.named_parameters()}  # a trainer-group collective
+            sync_weights_(colocated_copy, model)
+            full = {n: p.full_tensor().cpu() for n, p in model.named_parameters()}  # a trainer-group collective
             result[f"{key} rollouts"] = rollouts
             if placement.trainer_index == 0:
-                result[key] = {"trained": full}
+                result[key] = {"trained": full, "first": first, "second": state(colocated_copy)}
         else:
-            gen = generator_copy(key)
+            gen = generator_copy(key).to(device)
             ptrs = [p.data_ptr() for p in gen.parameters()]
             wb = WeightBroadcast(placement, gen)
             deadline = time.monotonic() + 60
@@ -135,8 +140,11 @@ def free_port() -> int:
 
 @pytest.fixture(scope="module")
 def ranks(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
-    out = tmp_path_factory.mktemp("bcast")
-    mp.spawn(worker, args=(free_port(), str(out)), nprocs=WORLD, join=True)
+    return run_ranks(tmp_path_factory.mktemp("bcast"), "cpu")
+
+
+def run_ranks(out: Path, device_type: str) -> list[dict[str, Any]]:
+    mp.spawn(worker, args=(free_port(), str(out), device_type), nprocs=WORLD, join=True)
     return [torch.load(out / f"rank{r}.pt", weights_only=False) for r in range(WORLD)]
 
 
@@ -164,15 +172,33 @@ def test_roles(ranks: list[dict[str, Any]]) -> None:
     assert ranks[0]["trainer_sum"] == ranks[1]["trainer_sum"] == 1 + 2
 
 
-@pytest.mark.parametrize("kind", KINDS)
-def test_generator_copy_equals_colocated_sync_bitwise(ranks: list[dict[str, Any]], kind: str) -> None:
-    gen, trained = ranks[2][kind], ranks[0][kind]["trained"]
+def assert_received_colocated_weights(ranks: list[dict[str, Any]], kind: str) -> None:
+    gen, colo = ranks[2][kind], ranks[0][kind]
     assert gen["versions"] == (0, 1) and gen["quiet"]  # `pending` polls without blocking: no update yet
     assert gen["in_place"]  # same storage: the generator's CUDA graphs stay valid
-    assert_bitwise(gen["first"], colocated(None, kind))
-    assert_bitwise(gen["second"], colocated(trained, kind))
+    assert_bitwise(gen["first"], colo["first"])  # what sync_weights_ writes from the sharded trainers, colocated
+    assert_bitwise(gen["second"], colo["second"])
     # the step changed what the generator holds (a transfer that sent nothing would fail above or here)
     assert any(not torch.equal(gen["first"][n], gen["second"][n]) for n in gen["first"])
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_generator_copy_equals_colocated_sync_bitwise(ranks: list[dict[str, Any]], kind: str) -> None:
+    assert_received_colocated_weights(ranks, kind)
+    # and what it writes in one process from the full trainer model
+    assert_bitwise(ranks[2][kind]["first"], colocated(None, kind))
+    assert_bitwise(ranks[2][kind]["second"], colocated(ranks[0][kind]["trained"], kind))
+
+
+@pytest.mark.gpu
+def test_nccl_generator_copy_equals_colocated_sync_bitwise(tmp_path: Path) -> None:
+    """The same on three GPUs (NCCL weight groups, FSDP2 in bf16 mixed precision, gloo for headers and rollouts)."""
+    if torch.cuda.device_count() < WORLD:
+        pytest.skip(f"needs {WORLD} GPUs")
+    ranks = run_ranks(tmp_path, "cuda")
+    for kind in KINDS:
+        assert_received_colocated_weights(ranks, kind)
+    assert {r["error"] for r in ranks} == {ranks[0]["error"]}
 
 
 def test_two_trainers_train_as_one(ranks: list[dict[str, Any]]) -> None:

@@ -25,6 +25,12 @@ if TYPE_CHECKING:
 # can be an FSDPModule.
 
 
+def gathered_dtype(device: torch.device) -> torch.dtype | None:
+    """The dtype a sharded unit's parameters are gathered in (FSDP2's mixed-precision param_dtype; None: their
+    own, fp32): what a forward computes with, and what a gathered weight sync copies from."""
+    return torch.bfloat16 if device.type == "cuda" else None
+
+
 def shard_model_(model: nn.Module, device: torch.device, group: Any = None) -> None:
     """Apply FSDP2 in place: every block of `model.model.layers`, then the root. Call before building the
     optimizer (it must see the sharded parameters). group: the ranks to shard over (default: every rank; a
@@ -32,8 +38,8 @@ def shard_model_(model: nn.Module, device: torch.device, group: Any = None) -> N
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
     kw: dict[str, Any] = {}
-    if device.type == "cuda":
-        kw["mp_policy"] = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+    if (gathered := gathered_dtype(device)) is not None:
+        kw["mp_policy"] = MixedPrecisionPolicy(param_dtype=gathered, reduce_dtype=torch.float32)
     if group is not None:
         from torch.distributed.device_mesh import DeviceMesh
 

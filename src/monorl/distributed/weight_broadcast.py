@@ -42,7 +42,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor, nn
 
-from monorl.distributed.fsdp import fsdp_units, is_sharded, unsharded
+from monorl.distributed.fsdp import fsdp_units, gathered_dtype, is_sharded, unsharded
 from monorl.distributed.placement import Placement
 from monorl.distributed.world import collective_device
 from monorl.model.lora import LoRALinear
@@ -232,7 +232,11 @@ class WeightBroadcast:
             return s.merged_weight()[lo:hi]
         if hasattr(s, "to_local"):  # a DTensor (FSDP2): this trainer holds its `shard_rows` alone
             first, _ = shard_rows(s.shape[0], self.placement.trainer_index, len(self.placement.trainers))
-            return s.to_local().detach()[lo - first:hi - first]
+            rows = s.to_local().detach()[lo - first:hi - first]
+            # through the dtype FSDP2 gathers in, as `sync_weights_` copies (a no-op into a bf16 copy; an fp32
+            # destination, a LoRA copy's adapters, gets the bf16 values the trainer's forward computes with)
+            gathered = gathered_dtype(rows.device)
+            return rows.to(gathered) if gathered is not None and rows.is_floating_point() else rows
         return s.detach()[lo:hi]
 
     @torch.no_grad()

@@ -3,14 +3,15 @@ step the trainer ranks send the new weights to the generator ranks, which write 
 inference copy, so its CUDA graphs stay valid. The result is bitwise what `sync_weights_` writes colocated.
 
 What moves: each trainer sends its own FSDP2 shard (rows [t*c, (t+1)*c) of every parameter, c = ceil(rows / T):
-FSDP2's Shard(0) layout), already cast to the destination's dtype, as a broadcast in its group {trainer t} +
-generators. Every generator thus receives each weight once, in bf16, split over the T trainers' links, and the
-trainers exchange nothing: gathering on the trainer side first and broadcasting from one trainer would add an
-all-gather of (T - 1) / T of the model to every trainer and funnel every byte through one rank. The cast is
-elementwise, so casting a shard is casting the whole. A LoRA projection merged into the generator's copy is the
-exception: W + scale * B @ A needs A whole and is computed as `sync_weights_` computes it (the block gathered,
-the full product on every trainer, each sending its rows of it), so its bits are the colocated ones. A frozen
-parameter (a LoRA run's base) never changes: it is sent in the first publication only (`full`).
+FSDP2's Shard(0) layout), already cast to the destination's dtype (through the dtype FSDP2 gathers in, as the
+colocated gather does), as a broadcast in its group {trainer t} + generators. Every generator thus receives each
+weight once, in bf16, split over the T trainers' links, and the trainers exchange nothing: gathering on the trainer
+side first and broadcasting from one trainer would add an all-gather of (T - 1) / T of the model to every trainer
+and funnel every byte through one rank. The cast is elementwise, so casting a shard is casting the whole. A LoRA
+projection merged into the generator's copy is the exception: W + scale * B @ A needs A whole and is computed as
+`sync_weights_` computes it (the block gathered, the full product on every trainer, each sending its rows of it), so
+its bits are the colocated ones. A frozen parameter (a LoRA run's base) never changes: it is sent in the first
+publication only (`full`).
 
 Messages: one per (unit, trainer), a unit being a decoder layer (`model.layers.i`) or one parameter outside the
 layers (embeddings, final norm, LM head), in the trainers' parameter order. A message is a flat byte buffer of
@@ -23,8 +24,9 @@ over T trainers), allocated once; a sharded LoRA source also gathers one block a
 A publication starts with a header [version, full] from trainer 0, on the host (the placement's gloo `announce`
 group): the version (the trainer's step count) travels with the weights, and a generator can ask whether an
 update has begun (`pending`, a poll that never blocks) between decode steps, taking it only then, or when it may
-not run further ahead. Every generator takes part in every message, so generators receive each update together;
-a trainer's `send_` returns once the generators have taken its messages.
+not run further ahead. Every generator takes part in every message, so generators receive each update together,
+and a trainer's messages complete only once the generators take them (under gloo its `send_` returns then; under
+NCCL its GPU stream waits there, so the trainer's next host sync does).
 
 `WeightBroadcast(placement, model)` is built once on every rank of the job (a collective: the generators describe
 their copy, the trainers their parameters, and each side checks the mapping; a mismatch is the same one-line

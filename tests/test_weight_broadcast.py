@@ -12,14 +12,19 @@ import os
 import socket
 import time
 from pathlib import Path
+from queue import Queue
+from threading import Thread
 from typing import Any
 
 import pytest
 import torch
 import torch.multiprocessing as mp
 
+from monorl.distributed.fsdp import shard_model_
 from monorl.distributed.placement import Placement, PlacementSection, check_placement
-from monorl.distributed.weight_broadcast import Entry, plan_messages, shard_rows
+from monorl.distributed.rollout_transfer import recv_rollouts, send_rollouts
+from monorl.distributed.weight_broadcast import Entry, WeightBroadcast, plan_messages, shard_rows
+from monorl.distributed.world import SINGLE, close_world, init_world
 from monorl.model.config import model_shape
 from monorl.model.lora import LoRAConfig, apply_lora_
 from monorl.model.qwen3 import build_model
@@ -74,10 +79,6 @@ def worker(rank: int, port: int, out: str, device_type: str) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(WORLD),
                       LOCAL_RANK=str(rank))
     torch.set_num_threads(1)
-    from monorl.distributed.fsdp import shard_model_
-    from monorl.distributed.rollout_transfer import recv_rollouts, send_rollouts
-    from monorl.distributed.weight_broadcast import WeightBroadcast
-    from monorl.distributed.world import close_world, init_world
 
     world = init_world(device_type, timeout_s=60)
     device = torch.device("cuda", rank) if device_type == "cuda" else torch.device("cpu")
@@ -122,6 +123,7 @@ def worker(rank: int, port: int, out: str, device_type: str) -> None:
                            "in_place": [p.data_ptr() for p in gen.parameters()] == ptrs,
                            "bytes": (wb.publication_bytes(True), wb.publication_bytes(False)),
                            "buffer_bytes": wb.buffer_bytes}
+    result["async"] = run_ahead(placement, device)
     # a copy that does not fit: the generator finds it, every rank raises its one line
     try:
         WeightBroadcast(placement, policy(False) if placement.role == "trainer"
@@ -130,6 +132,47 @@ def worker(rank: int, port: int, out: str, device_type: str) -> None:
         result["error"] = str(e)
     torch.save(result, Path(out) / f"rank{rank}.pt")
     close_world(world)
+
+
+STEPS, K = 4, 1
+
+
+def run_ahead(placement: Placement, device: torch.device) -> dict[str, Any]:
+    """The disaggregated loop's order with staleness K = 1: the generator produces step s from any version
+    >= s - K, taking an update when one is announced; the trainers receive rollouts in a thread (the bounded
+    buffer), so neither blocking channel waits on the other; the trainers publish after every step but the last,
+    and the generator takes every version they publish."""
+    if placement.role == "trainer":
+        model = policy(False).to(device)
+        shard_model_(model, device, group=placement.trainer_world.group)
+        trainer = Trainer(model, TrainerConfig(lr=1e-2, warmup_steps=1, schedule="constant"), total_steps=STEPS,
+                          world=placement.trainer_world)
+        wb = WeightBroadcast(placement, model)
+        buffer: Queue = Queue(maxsize=K + 1)
+        receiver = Thread(target=lambda: [buffer.put(recv_rollouts(placement)) for _ in range(STEPS)])
+        receiver.start()
+        wb.send_(trainer.step_count)
+        lags = []
+        for step in range(STEPS):
+            (made,) = buffer.get()
+            lags.append(trainer.step_count - made["version"])
+            trainer.sft_step(SEQS)
+            if step < STEPS - 1:
+                wb.send_(trainer.step_count)
+        receiver.join()
+        return {"lags": lags}
+    gen = generator_copy().to(device)
+    wb = WeightBroadcast(placement, gen)
+    wb.receive_()
+    versions = []
+    for step in range(STEPS):
+        while wb.version < step - K or wb.pending():
+            wb.receive_()
+        versions.append(wb.version)
+        send_rollouts(placement, [{"step": step, "version": wb.version}])
+    while wb.version < STEPS - 1:  # every published version is taken: none is left mid-broadcast
+        wb.receive_()
+    return {"versions": versions, "last": wb.version}
 
 
 def free_port() -> int:
@@ -228,6 +271,13 @@ def test_frozen_weights_are_sent_once(ranks: list[dict[str, Any]]) -> None:
     assert projections < -(-c.vocab_size // 2) * c.hidden_size * 2  # so a trainer's embedding share went in chunks
 
 
+def test_generators_run_ahead_by_at_most_k_versions(ranks: list[dict[str, Any]]) -> None:
+    gen = ranks[2]["async"]
+    assert gen["last"] == STEPS - 1 and all(step - K <= v <= step for step, v in enumerate(gen["versions"]))
+    assert ranks[0]["async"]["lags"] == ranks[1]["async"]["lags"]
+    assert all(0 <= lag <= K for lag in ranks[0]["async"]["lags"])
+
+
 def test_rollouts_reach_every_trainer(ranks: list[dict[str, Any]]) -> None:
     assert all(r[f"{k} rollouts"] == ROLLOUTS for r in ranks[:2] for k in KINDS)
 
@@ -251,8 +301,6 @@ def test_bad_placements_are_one_line(g: int, n: int, words: str) -> None:
 
 
 def test_colocated_placement_has_one_role() -> None:
-    from monorl.distributed.world import SINGLE
-
     p = Placement.build(SINGLE, PlacementSection())
     assert p.role == "both" and not p.disaggregated and p.trainer_world is SINGLE
 

@@ -7,6 +7,11 @@ it sees the whole step as the colocated loop's all-gather gives it, and packs it
 token ids, log-probs and scores: megabytes a step against the weights' gigabytes, so pickling is not where the
 time goes; the objects keep every field (episodes' masks and per-token versions, reward components, texts for
 the samples log) without a tensor schema to keep in step with them.
+
+A send completes only when the trainers take it (gloo's broadcast root waits for its receivers), as a weight
+publication completes only when the generators take it. Running ahead (staleness K > 0), a trainer receives in a
+thread of its own into a bounded buffer of K + 1 steps; otherwise a generator sending step s + 1 and a trainer
+publishing the update after step s would each wait for the other.
 """
 
 from __future__ import annotations

@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from monorl.generate.kv_cache import kv_cache_bytes_needed
+from monorl.generate.kv_cache import bytes_per_block, kv_cache_bytes_needed
 from monorl.model.config import ModelConfig
 from monorl.train.packing import bucket_size
 
@@ -267,7 +267,40 @@ def plan_memory(cfg: RunConfig, m: ModelConfig, max_prompt_tokens: int, device_b
         # sampler over [max_num_seqs, vocab]: fp32 logits, sort keys and indices, nucleus arrays
         rows.append(MemoryRow("decode graph pool", 32 * max(2, g.max_num_seqs) * m.vocab_size, "sampler buffers"))
     plan = MemoryPlan(rows, device_bytes, mb, ac, reserve_for(device_bytes) if device_bytes else 0)
+    if on_gpu and g.kv_cache_bytes is None and plan.fits is False:
+        _kv_to_room_(plan, cfg, m, max_prompt_tokens, ranks, gen_dtype)
     return plan
+
+
+def step_kv_need(cfg: RunConfig, m: ModelConfig, max_prompt_tokens: int, ranks: int,
+                 dtype: torch.dtype) -> tuple[int, int, int]:
+    """(sequences, tokens each, bytes): the KV cache one step's rollouts need on one rank -- its share of the prompt
+    groups, every completion live at once, each of the longest fitting prompt plus max_new_tokens. The least a run
+    is given: with less, a step's sequences would wait for each other's blocks (the single-GPU start-up refuses it
+    too, `monorl.rl.startup.Startup.size_kv_cache`)."""
+    r = cfg.rollout
+    seqs = min(cfg.generator.max_num_seqs, -(-r.prompts_per_step // ranks) * r.group_size)
+    length = max_prompt_tokens + r.max_new_tokens
+    return seqs, length, kv_cache_bytes_needed(m, seqs, length, cfg.generator.block_size, dtype)
+
+
+def _kv_to_room_(plan: MemoryPlan, cfg: RunConfig, m: ModelConfig, max_prompt_tokens: int, ranks: int,
+                 dtype: torch.dtype) -> None:
+    """A plan that does not fit with the default KV cache (`max_num_seqs x max_model_len`, no
+    `generator.kv_cache_bytes`): the cache gets what is left of the GPU, as the run's start-up gives it once training
+    is measured (`Startup.size_kv_cache`), but never less than one step's rollouts need (`step_kv_need`); at that
+    least, a plan that still does not fit is refused as before."""
+    row = plan.row("KV cache")
+    assert plan.device_bytes is not None
+    seqs, length, least = step_kv_need(cfg, m, max_prompt_tokens, ranks, dtype)
+    room = plan.device_bytes - plan.reserve_bytes - (plan.peak_bytes - row.bytes)
+    per_block = bytes_per_block(m, cfg.generator.block_size, dtype)
+    size = min(row.bytes, max(least, room // per_block * per_block))
+    if size >= row.bytes:
+        return
+    row.note = (f"what is left of the GPU (the default {row.note}: {row.bytes / GiB:.2f} GiB; this run's {seqs} seqs x "
+                f"{length} tokens: {least / GiB:.2f} GiB)")
+    row.bytes = size
 
 
 def auto_checkpointing(cfg: RunConfig, m: ModelConfig, max_prompt_tokens: int, device_bytes: int | None,
@@ -295,12 +328,9 @@ def _changes(cfg: RunConfig, max_prompt_tokens: int, ranks: int = 1) -> list[tup
         out.append(("--compile.trainer_cuda_graphs false", "a few % of the trainer step; its activations then share "
                     "memory with generation", {"compile.trainer_cuda_graphs": False}))
     need_len = max_prompt_tokens + r.max_new_tokens
-    seqs = r.prompts_per_step * r.group_size
-    if (g.max_model_len or 0) > need_len or g.max_num_seqs > seqs:
-        ml = -(-need_len // 256) * 256
-        out.append((f"--generator.max_model_len {ml} --generator.max_num_seqs {min(g.max_num_seqs, seqs)}",
-                    "a smaller KV cache sized to this run's sequences",
-                    {"generator.max_model_len": ml, "generator.max_num_seqs": min(g.max_num_seqs, seqs)}))
+    if g.kv_cache_bytes is not None:  # without it the plan already gives the cache what is left (`_kv_to_room_`)
+        out.append(("--generator.kv_cache_bytes null", "a KV cache sized to what is left, at least this run's "
+                    "sequences", {"generator.kv_cache_bytes": None}))
     mbt = t.micro_batch_tokens
     while mbt // 2 >= max(1024, need_len):
         mbt //= 2

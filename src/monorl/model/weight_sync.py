@@ -23,7 +23,7 @@ weights.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 import torch
 from torch import Tensor, nn
@@ -40,19 +40,25 @@ PACKED_MODULES: dict[str, tuple[str, int]] = {
 }
 
 Source = Tensor | LoRALinear  # a source parameter, or a LoRA projection whose merged weight is the source
+Take = Callable[[Tensor], Tensor]  # a full source tensor -> the destination's piece of it
+# (source name, destination name) -> the Take of a destination that holds a piece of its source (a tensor-parallel
+# copy: `monorl.generate.tensor_parallel.tensor_parallel_placement`), None for the whole source
+Place = Callable[[str, str], Take | None]
 
 
 def strip_compile_prefix(name: str) -> str:
     return name.replace("_orig_mod.", "")
 
 
-def _shape(s: Source) -> torch.Size:
-    return s.weight.shape if isinstance(s, LoRALinear) else s.shape
+def _shape(s: Source, take: Take | None = None) -> torch.Size:
+    shape = s.weight.shape if isinstance(s, LoRALinear) else s.shape
+    return shape if take is None else take(torch.empty(shape, device="meta")).shape
 
 
-def _plan(dst: nn.Module, src: nn.Module,
-          packed: Mapping[str, tuple[str, int]] = PACKED_MODULES) -> list[tuple[str, Tensor, Source]]:
-    """`weight_pairs`, with a LoRA projection to merge standing for its merged weight (computed at copy time)."""
+def _plan(dst: nn.Module, src: nn.Module, packed: Mapping[str, tuple[str, int]] = PACKED_MODULES,
+          place: Place | None = None) -> list[tuple[str, Tensor, Source, Take | None]]:
+    """`weight_pairs`, with a LoRA projection to merge standing for its merged weight (computed at copy time), and
+    each pair's Take (`place`'s; None: the whole source)."""
     dst_params = {strip_compile_prefix(n): p for n, p in dst.named_parameters()}
     merge: dict[str, LoRALinear] = {}  # source LoRA projections whose destination has no adapters
     if src_lora := lora_modules(src):
@@ -82,6 +88,8 @@ def _plan(dst: nn.Module, src: nn.Module,
             raise ValueError(f"weight sync: the destination has no parameter for {name}"
                              + (f" (looked for {target})" if target != name else ""))
         parts.setdefault(target, {})[shard] = (name, s)
+    if "lm_head.weight" in dst_params and "lm_head.weight" not in parts and "model.embed_tokens.weight" in parts:
+        parts["lm_head.weight"] = parts["model.embed_tokens.weight"]  # a tied source's head, held apart (TP)
     shards_of: dict[str, list[tuple[int, str]]] = {}  # fused name -> [(shard, projection)] in row order
     for proj, (fused, shard) in packed.items():
         shards_of.setdefault(fused, []).append((shard, proj))
@@ -92,9 +100,10 @@ def _plan(dst: nn.Module, src: nn.Module,
             raise ValueError(f"weight sync: no source parameter for the destination's {target}")
         if None in got:  # same name on both sides
             name, s = got[None]
-            if (shape := _shape(s)) != d.shape:
+            take = place(name, target) if place else None
+            if (shape := _shape(s, take)) != d.shape:
                 raise ValueError(f"weight sync: {name} has shape {tuple(shape)}, the destination's {tuple(d.shape)}")
-            out.append((name, d, s))
+            out.append((name, d, s, take))
             continue
         row = 0
         module, _, leaf = target.rpartition(".")
@@ -102,12 +111,13 @@ def _plan(dst: nn.Module, src: nn.Module,
             if shard not in got:
                 raise ValueError(f"weight sync: no source parameter for {proj} (row block {shard} of {target})")
             name, s = got[shard]
-            rows = _shape(s)
+            take = place(name, target) if place else None
+            rows = _shape(s, take)
             view = d[row:row + rows[0]]
             if view.shape != rows:
                 raise ValueError(f"weight sync: {name} has shape {tuple(rows)}, but rows {row}: of {target} "
                                  f"{tuple(d.shape)} leave {tuple(view.shape)}")
-            out.append((name, view, s))
+            out.append((name, view, s, take))
             row += rows[0]
         if row != d.shape[0]:
             srcs = ", ".join(f"{got[i][0]} {tuple(_shape(got[i][1]))}" for i in sorted(got))
@@ -115,39 +125,53 @@ def _plan(dst: nn.Module, src: nn.Module,
     return out
 
 
-def weight_pairs(dst: nn.Module, src: nn.Module,
-                 packed: Mapping[str, tuple[str, int]] = PACKED_MODULES) -> list[tuple[str, Tensor, Tensor]]:
+def weight_pairs(dst: nn.Module, src: nn.Module, packed: Mapping[str, tuple[str, int]] = PACKED_MODULES,
+                 place: Place | None = None) -> list[tuple[str, Tensor, Tensor]]:
     """(source name, destination view, source tensor) for every parameter of `src`: the view is the whole
     destination parameter of the same name, or, for a packed projection (`packed[proj] = (fused, shard)`),
     its row block of the destination's `fused` parameter. Every destination row is covered exactly once.
     The source tensor is the source parameter, or for a LoRA projection merged into a destination without
     adapters its merged weight (fp32, computed here: all of them at once, so for checks; `sync_weights_`
-    merges one at a time)."""
+    merges one at a time). place: the destination holds pieces of its sources (`Place`); the source tensor is then
+    the piece."""
     with torch.no_grad():
-        return [(n, v, s.merged_weight() if isinstance(s, LoRALinear) else s) for n, v, s in _plan(dst, src, packed)]
+        place = place or getattr(dst, "weight_place", None)
+        return [(n, v, _piece(s, take)) for n, v, s, take in _plan(dst, src, packed, place)]
+
+
+def _piece(s: Source, take: Take | None, full: Tensor | None = None) -> Tensor:
+    """The tensor a destination gets: the source parameter (or `full`, its gathered copy) or a LoRA projection's
+    merged weight, cut by `take`."""
+    t = s.merged_weight() if isinstance(s, LoRALinear) else (s if full is None else full)
+    return t if take is None else take(t)
 
 
 @torch.no_grad()
-def sync_weights_(dst: nn.Module, src: nn.Module, packed: Mapping[str, tuple[str, int]] = PACKED_MODULES) -> None:
+def sync_weights_(dst: nn.Module, src: nn.Module, packed: Mapping[str, tuple[str, int]] = PACKED_MODULES,
+                  place: Place | None = None) -> None:
     """Copy `src`'s parameters into `dst`'s in place, cast to their dtype (see the module docstring); a parameter
-    `share_frozen_` made the source's own is skipped."""
-    plan = _plan(dst, src, packed)
+    `share_frozen_` made the source's own is skipped. place: `dst` holds pieces of its sources (a tensor-parallel
+    copy, `Place`; default: the one a tensor-parallel copy carries as `weight_place`): each is cut from the full
+    source, after an FSDP unit's gather."""
+    plan = _plan(dst, src, packed, place or getattr(dst, "weight_place", None))
     if units := fsdp_units(src):
         _sync_sharded_(plan, src, units)
         return
-    for _, view, s in plan:
+    for _, view, s, take in plan:
         if isinstance(s, Tensor) and view.data_ptr() == s.data_ptr() and view.shape == s.shape:
             continue
-        view.copy_(s.merged_weight() if isinstance(s, LoRALinear) else s.detach())
+        view.copy_(_piece(s, take))
 
 
-def _sync_sharded_(plan: list[tuple[str, Tensor, Source]], src: nn.Module, units: list) -> None:
+def _sync_sharded_(plan: list[tuple[str, Tensor, Source, Take | None]], src: nn.Module, units: list) -> None:
     """`plan`'s copies, one FSDP unit gathered at a time (blocks, then the root). A gathered unit's parameters
     are other tensors than the sharded ones `plan` holds, so they are looked up again by name (a LoRA
     projection reads its gathered weights itself)."""
     from torch.distributed.tensor import DTensor  # here, not at the top: a one-process run never needs it (~1.5 s)
 
-    todo = {name: (view, s) for name, view, s in plan}
+    todo: dict[str, list[tuple[Tensor, Source, Take | None]]] = {}  # a tied embedding may feed two destinations
+    for name, view, s, take in plan:
+        todo.setdefault(name, []).append((view, s, take))
     prefix_of = {id(m): n for n, m in src.named_modules()}
     for unit in units:
         prefix = prefix_of[id(unit)]
@@ -155,8 +179,8 @@ def _sync_sharded_(plan: list[tuple[str, Tensor, Source]], src: nn.Module, units
             full = {strip_compile_prefix(f"{prefix}.{n}" if prefix else n): p
                     for n, p in unit.named_parameters()}
             for name in [n for n in todo if n in full and not isinstance(full[n], DTensor)]:
-                view, s = todo.pop(name)
-                view.copy_(s.merged_weight() if isinstance(s, LoRALinear) else full[name].detach())
+                for view, s, take in todo.pop(name):
+                    view.copy_(_piece(s, take, full[name]))
     if todo:
         raise ValueError(f"weight sync: no FSDP unit gathered {', '.join(sorted(todo)[:3])}")
 

@@ -24,8 +24,14 @@ import torch.multiprocessing as mp
 
 from monorl.generate.engine import Generator, GeneratorConfig
 from monorl.generate.sampling import SamplingParams
-from monorl.generate.tensor_parallel import TensorParallel, check_tensor_parallel, tensor_parallel_group
+from monorl.generate.tensor_parallel import (
+    TensorParallel,
+    build_tensor_parallel_model,
+    check_tensor_parallel,
+    tensor_parallel_group,
+)
 from monorl.model.config import ModelConfig, model_shape
+from monorl.model.lora import LoRAConfig, apply_lora_
 from monorl.model.qwen3 import build_model
 from monorl.model.weight_sync import sync_weights_
 
@@ -146,6 +152,26 @@ def test_weight_sync_into_the_tp_copy_equals_slicing_the_full_copy(ranks: list[d
             assert torch.equal(got[name], want[name]), (rank, name)
     # the ranks hold different pieces
     assert not torch.equal(ranks[0][key]["tp_copy"]["lm_head.weight"], ranks[1][key]["tp_copy"]["lm_head.weight"])
+
+
+def test_a_lora_policy_syncs_merged_into_each_tp_shard() -> None:
+    """A LoRA policy's adapters merged (W + scale B A, in fp32) before each rank cuts its piece; in one process, as
+    weight sync needs only each rank's place (no group)."""
+    cfg = model_shape("tiny")
+    policy = _model(cfg, 1)
+    apply_lora_(policy, LoRAConfig(rank=4), seed=3)
+    with torch.no_grad():
+        for name, p in policy.named_parameters():
+            if "lora_B" in name:
+                p.normal_()  # B starts at zero: make the merge matter
+    full = build_model(cfg, seed=None, fused=True)
+    sync_weights_(full, policy)
+    for rank in range(2):
+        shard = build_tensor_parallel_model(cfg, TensorParallel(size=2, rank=rank), "cpu", torch.float32)
+        sync_weights_(shard, policy)
+        want = _expected_shard(cfg, dict(full.named_parameters()), rank, 2)
+        for name, p in shard.named_parameters():
+            assert torch.equal(p, want[name]), (rank, name)
 
 
 def test_a_degree_that_does_not_divide_the_heads_is_refused() -> None:

@@ -5,6 +5,7 @@ gives, on both ranks alike, in the default and the fixed-order (batch-invariant)
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import pytest
@@ -40,7 +41,7 @@ def _worker(rank: int, init_file: str, out_dir: str) -> None:
         for fixed in (False, True):
             group = TensorParallel(tp.size, tp.rank, tp.group, fixed_order=fixed)
             for graphs in (False, True):
-                gen = Generator(model, GeneratorConfig(**vars(gcfg), tensor_parallel_size=2), eos_token_ids=(),
+                gen = Generator(model, dataclasses.replace(gcfg, tensor_parallel_size=2), eos_token_ids=(),
                                 compile=CompileConfig(decode_cuda_graphs=graphs), tp=group)
                 res = gen.generate(PROMPTS, sp, n=2)
                 out[(fixed, graphs)] = ([c.token_ids for g in res for c in g], [c.logprobs for g in res for c in g])

@@ -138,7 +138,10 @@ class Startup:
             self.compile_s = self.timings["trainer_compile_s"]
             return
         t = time.perf_counter()
-        with self.world.main_first():  # the other ranks load what rank 0 compiled (compile.cache_dir)
+        # the other ranks load what rank 0 compiled (compile.cache_dir); not a tensor-parallel generator, whose
+        # ranks meet in every forward's collectives
+        first = self.world.main_first() if generator.tp.size == 1 else contextlib.nullcontext()
+        with first:
             for sp in samplers:
                 generator.generate(gen_prompts, sp, n=2)
         if cuda:
@@ -225,10 +228,11 @@ class Startup:
         optimizer = 0 if trainer.optimizer.state else plan.row("optimizer state").bytes
         gen_bytes = sum(r.bytes for r in plan.rows if r.name in ("generator prefill", "decode graph pool"))
         slack = int(0.03 * total) + GiB // 4
-        room = free - transient - optimizer - gen_bytes - slack
+        room = generator.tp.min_int(free - transient - optimizer - gen_bytes - slack)  # a TP group decides alike
         need = generator.kv_bytes_needed()
-        seqs, _, step_need = step_kv_need(cfg, spec.model_config, spec.max_prompt_tokens, self.world.size,
-                                          generator.dtype)  # this rank's share of the step
+        # this rank's share of the step (a tensor-parallel group's, in its rank's shard of the heads)
+        seqs, _, step_need = step_kv_need(cfg, generator.model.config, spec.max_prompt_tokens,
+                                          self.world.size // generator.tp.size, generator.dtype)
         if room < step_need:
             raise MemoryError(f"after training's measured needs ({transient / GiB:.1f} GiB transient, "
                               f"{optimizer / GiB:.1f} GiB optimizer state not yet allocated) {room / GiB:.1f} GiB are "

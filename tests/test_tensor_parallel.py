@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import copy
 import os
+from itertools import islice
 from pathlib import Path
 
 import pytest
@@ -22,6 +23,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from monorl.distributed.world import SINGLE, World
 from monorl.generate.engine import Generator, GeneratorConfig
 from monorl.generate.sampling import SamplingParams
 from monorl.generate.tensor_parallel import (
@@ -33,7 +35,10 @@ from monorl.generate.tensor_parallel import (
 from monorl.model.config import ModelConfig, model_shape
 from monorl.model.lora import LoRAConfig, apply_lora_
 from monorl.model.qwen3 import build_model
+from monorl.model.tokenizer import CharTokenizer
 from monorl.model.weight_sync import sync_weights_
+from monorl.rl.rollouts import generate_rollouts
+from tests.conftest import DigitsTask
 
 LOGPROB_ATOL = 1e-5
 PROMPTS = [[3, 17, 5, 9, 22], [40, 2, 11], [7, 7, 8, 1, 30, 31, 2]]
@@ -66,6 +71,14 @@ def _generate(gen: Generator) -> dict[str, list]:
     return out
 
 
+def _rollouts(gen: Generator, world: World) -> list[list[tuple[list[int], float]]]:
+    tok = CharTokenizer()
+    task = DigitsTask()
+    prompts = list(islice(task.train_prompts(0), 4))
+    groups = generate_rollouts(gen, tok, task, prompts, SamplingParams(max_new_tokens=8, seed=2), 2, 64, world=world)
+    return [[(r.completion_ids, r.rewards["digits"]) for r in g] for g in groups]
+
+
 def _worker(rank: int, world: int, init_file: str, out_dir: str) -> None:
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
@@ -79,6 +92,9 @@ def _worker(rank: int, world: int, init_file: str, out_dir: str) -> None:
             fixed = Generator(model, GeneratorConfig(**GEN, tensor_parallel_size=world), eos_token_ids=(),
                               tp=TensorParallel(tp.size, tp.rank, tp.group, fixed_order=True))
             result[key] = {"one": _generate(one), "two": _generate(two), "fixed": _generate(fixed)}
+            if key == "qwen3_tied":  # the RL step's rollouts: the TP group generates the step's groups once
+                result["rollouts"] = {name: _rollouts(gen, World(rank=rank, size=world) if name == "two" else SINGLE)
+                                      for name, gen in (("one", one), ("two", two))}
             # weight sync from an FSDP-sharded trainer with other weights than the copies were built from
             trainer = _model(cfg, 2)
             full = copy.deepcopy(trainer)
@@ -116,6 +132,12 @@ def test_two_tp_ranks_generate_what_one_rank_does(ranks: list[dict], key: str) -
                 torch.testing.assert_close(a, b, atol=LOGPROB_ATOL, rtol=0)
     # both ranks of the group saw the same tokens and log-probs, bit for bit (they sample the same gathered logits)
     assert ranks[0][key]["two"] == ranks[1][key]["two"]
+
+
+def test_tp_rollouts_are_the_steps_groups_once(ranks: list[dict]) -> None:
+    for res in ranks:
+        assert len(res["rollouts"]["two"]) == 4  # not once per TP rank
+        assert res["rollouts"]["two"] == res["rollouts"]["one"]
 
 
 def _expected_shard(cfg: ModelConfig, full: dict[str, torch.Tensor], rank: int, n: int) -> dict[str, torch.Tensor]:

@@ -41,6 +41,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
+from monorl.distributed.world import World
 from monorl.model.config import ModelConfig
 from monorl.model.qwen3 import Linear, Qwen3ForCausalLM, materialize_
 
@@ -102,6 +103,18 @@ def tensor_parallel_group(rank: int, world_size: int, size: int, fixed_order: bo
             mine = TensorParallel(size, rank - k * size, group, fixed_order)
     assert mine is not None
     return mine
+
+
+def generation_world(world: World, tp: TensorParallel) -> World:
+    """The ranks as generation shares the step's prompt groups: one member per TP group (the group's ranks generate
+    the same groups together), for `World.share`; `world` itself without tensor parallelism."""
+    return world if tp.size == 1 else World(rank=world.rank // tp.size, size=world.size // tp.size)
+
+
+def gathered_once(items: list, tp: TensorParallel) -> list:
+    """What a rank hands `World.gather_lists` of what its TP group generated: its first rank's items alone, so
+    that each group's results come back once, in group order."""
+    return items if tp.rank == 0 else []
 
 
 def check_tensor_parallel(cfg: ModelConfig, size: int) -> None:

@@ -91,7 +91,8 @@ def _worker(rank: int, world: int, init_file: str, out_dir: str) -> None:
             two = Generator(model, GeneratorConfig(**GEN, tensor_parallel_size=world), eos_token_ids=(), tp=tp)
             fixed = Generator(model, GeneratorConfig(**GEN, tensor_parallel_size=world), eos_token_ids=(),
                               tp=TensorParallel(tp.size, tp.rank, tp.group, fixed_order=True))
-            result[key] = {"one": _generate(one), "two": _generate(two), "fixed": _generate(fixed)}
+            result[key] = {"one": _generate(one), "two": _generate(two), "fixed": _generate(fixed),
+                           "kv_heads": two.kv.kv.shape[-2], "config_whole": two.model.config == cfg}
             if key == "qwen3_tied":  # the RL step's rollouts: the TP group generates the step's groups once
                 result["rollouts"] = {name: _rollouts(gen, World(rank=rank, size=world) if name == "two" else SINGLE)
                                       for name, gen in (("one", one), ("two", two))}
@@ -130,6 +131,9 @@ def test_two_tp_ranks_generate_what_one_rank_does(ranks: list[dict], key: str) -
                 assert two[kind] == one[kind], (when, kind)
                 a, b = torch.tensor(two[kind + "_lp"]), torch.tensor(one[kind + "_lp"])
                 torch.testing.assert_close(a, b, atol=LOGPROB_ATOL, rtol=0)
+    cfg = _configs()[key]
+    assert ranks[0][key]["kv_heads"] == cfg.num_kv_heads // 2  # a rank's KV cache holds its kv heads only
+    assert ranks[0][key]["config_whole"]  # the copy's config is the model's (a checkpoint's config.json)
     # both ranks of the group saw the same tokens and log-probs, bit for bit (they sample the same gathered logits)
     assert ranks[0][key]["two"] == ranks[1][key]["two"]
 

@@ -33,7 +33,7 @@ from monorl.generate.kv_cache import (
 from monorl.generate.runner import ModelRunner
 from monorl.generate.sampling import SamplingParams, sample, sequence_key
 from monorl.generate.scheduler import Group, Scheduler, Sequence
-from monorl.generate.tensor_parallel import NO_TP, TensorParallel, build_tensor_parallel_model
+from monorl.generate.tensor_parallel import NO_TP, TensorParallel, build_tensor_parallel_model, shard_config
 from monorl.model.batch_invariant import is_batch_invariant
 from monorl.model.fused_kernels import use_fused_kernels_
 from monorl.model.lora import LoRAConfig, apply_lora_
@@ -106,6 +106,8 @@ class Generator:
         self.tp = tp
         self.config, self.tokenizer = config, tokenizer
         cfg = model.config
+        # what the KV cache and the attention kernels are shaped by: this rank's kv heads (all of them without TP)
+        self.kv_config = shard_config(cfg, tp.size)
         p = next(model.parameters())
         device = p.device
         dtype = config.dtype or (torch.bfloat16 if device.type == "cuda" else torch.float32)
@@ -137,7 +139,7 @@ class Generator:
     def kv_bytes_needed(self) -> int:
         """What `max_num_seqs` sequences of `max_model_len` tokens need."""
         c = self.config
-        return kv_cache_bytes_needed(self.model.config, c.max_num_seqs, self.max_model_len, c.block_size, self.dtype)
+        return kv_cache_bytes_needed(self.kv_config, c.max_num_seqs, self.max_model_len, c.block_size, self.dtype)
 
     def allocate_kv_cache(self, budget: int | None = None) -> None:
         """Allocate the KV cache and the model runner. budget: bytes (None: `config.kv_cache_bytes`, else what
@@ -145,7 +147,7 @@ class Generator:
         if self.kv is not None:
             raise RuntimeError("the generator's KV cache is already allocated")
         config, bs = self.config, self.config.block_size
-        per_block, need = bytes_per_block(self.model.config, bs, self.dtype), self.kv_bytes_needed()
+        per_block, need = bytes_per_block(self.kv_config, bs, self.dtype), self.kv_bytes_needed()
         if budget is None and config.kv_cache_bytes is not None:
             budget = config.kv_cache_bytes
         elif budget is None and self.device.type == "cuda":
@@ -156,7 +158,7 @@ class Generator:
         num_blocks = self.tp.min_int(budget // per_block)  # a TP group's ranks schedule alike: the same blocks
         if num_blocks < 2:
             raise ValueError(f"kv_cache_bytes={budget} holds {num_blocks} blocks of {per_block} bytes; need >= 2")
-        self.kv = KVCache(self.model.config, num_blocks, bs, self.device, self.dtype)
+        self.kv = KVCache(self.kv_config, num_blocks, bs, self.device, self.dtype)
         self.blocks = BlockManager(num_blocks)
         self.runner = self._runner(self.kv, self.use_graphs)
 
@@ -183,7 +185,7 @@ class Generator:
         Triton kernels (their outputs are garbage there, and dropped; the decode state is reset after each step)."""
         bs = self.config.block_size
         lengths = [len(p) for p in prompts]
-        kv = KVCache(self.model.config, 1 + sum(blocks_for(L, bs) for L in lengths), bs, self.device, self.dtype)
+        kv = KVCache(self.kv_config, 1 + sum(blocks_for(L, bs) for L in lengths), bs, self.device, self.dtype)
         runner = self._runner(kv, cuda_graphs=False)
         slots, block = [], 1  # block 0 is the scratch block
         for L in lengths:
@@ -207,7 +209,7 @@ class Generator:
         if self.decode_backend == "triton" and not is_batch_invariant(self.model):
             per_split: dict[int, int] = {}
             for B in runner.buckets:
-                per_split.setdefault(paged_decode_splits(B, self.model.config.num_kv_heads, self.device), B)
+                per_split.setdefault(paged_decode_splits(B, self.kv_config.num_kv_heads, self.device), B)
             buckets |= set(per_split.values())
         return sorted(buckets)
 

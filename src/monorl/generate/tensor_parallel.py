@@ -4,7 +4,8 @@ generator copy between them, for models whose bf16 copy does not fit one GPU bes
 Placement, per TP rank r of N (Megatron's):
 - q/k/v (one fused `qkv_proj`) column-sharded by heads: rank r owns q heads [r Hq/N, (r+1) Hq/N) and kv heads
   [r Hkv/N, (r+1) Hkv/N) -- the kv heads its q heads read under GQA -- so attention is rank-local, and the KV
-  cache holds the rank's kv heads only (the copy is built from `shard_config`, whose head counts are the rank's);
+  cache holds the rank's kv heads only (the layers and the cache are built from `shard_config`, whose head counts
+  are the rank's; the copy's `.config` stays the whole model's);
 - gate/up (one fused `gate_up_proj`) column-sharded: rank r owns intermediate columns [r I/N, (r+1) I/N);
 - o_proj and down_proj row-sharded (their input features the rank's heads / columns): each rank's product is a
   partial sum, summed over the ranks right after (`row_parallel_sum`, a forward hook on the projection); a bias
@@ -139,11 +140,13 @@ def build_tensor_parallel_model(cfg: ModelConfig, tp: TensorParallel, device: to
                                 dtype: torch.dtype, fused: bool = True) -> Qwen3ForCausalLM:
     """This rank's shard of the generator's copy (uninitialised: weight sync fills it), its row-parallel
     projections summed over the group after each forward."""
-    shard = shard_config(cfg, tp.size)
     with torch.device("meta"):
-        model = Qwen3ForCausalLM(shard, fused)
+        model = Qwen3ForCausalLM(shard_config(cfg, tp.size), fused)
         model.lm_head = Linear(cfg.hidden_size, cfg.vocab_size // tp.size, bias=False)  # tied too: its own rows
     materialize_(model, device, dtype)
+    # its config stays the model's (an exported config.json, the vocabulary the engine checks), as an FSDP-sharded
+    # policy's does; the layers are built from the rank's shard of it
+    model.config = cfg
     for name, module in model.named_modules():
         if name.rpartition(".")[2] in ROW_PARALLEL:
             module.row_parallel = True  # `fused_kernels.project` must not hand its parts on unsummed

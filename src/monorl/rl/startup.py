@@ -231,7 +231,7 @@ class Startup:
         room = generator.tp.min_int(free - transient - optimizer - gen_bytes - slack)  # a TP group decides alike
         need = generator.kv_bytes_needed()
         # this rank's share of the step (a tensor-parallel group's, in its rank's shard of the heads)
-        seqs, _, step_need = step_kv_need(cfg, generator.model.config, spec.max_prompt_tokens,
+        seqs, _, step_need = step_kv_need(cfg, generator.kv_config, spec.max_prompt_tokens,
                                           self.world.size // generator.tp.size, generator.dtype)
         if room < step_need:
             raise MemoryError(f"after training's measured needs ({transient / GiB:.1f} GiB transient, "

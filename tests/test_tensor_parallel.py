@@ -131,6 +131,8 @@ def test_two_tp_ranks_generate_what_one_rank_does(ranks: list[dict], key: str) -
                 assert two[kind] == one[kind], (when, kind)
                 a, b = torch.tensor(two[kind + "_lp"]), torch.tensor(one[kind + "_lp"])
                 torch.testing.assert_close(a, b, atol=LOGPROB_ATOL, rtol=0)
+        # of two ranks an all-reduce's sum is one commutative add, rounded once: the fixed order's bits exactly
+        assert r["fixed"] == r["two"]
     cfg = _configs()[key]
     assert ranks[0][key]["kv_heads"] == cfg.num_kv_heads // 2  # a rank's KV cache holds its kv heads only
     assert ranks[0][key]["config_whole"]  # the copy's config is the model's (a checkpoint's config.json)

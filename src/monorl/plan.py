@@ -5,7 +5,9 @@ OOM at step 1), and `monorl plan --gpu_memory_gb N` answers "does this fit?" on 
 What the run holds (bytes are exact where the run's own code decides them, estimated where kernels do):
 - persistent: the policy's weights (fp32 masters; with LoRA the frozen base once in the compute dtype and fp32
   adapters), its gradients and AdamW's two moments (trainable parameters only), the KL reference copy, the
-  generator's bf16 copy, the KV cache (`max_num_seqs x max_model_len` tokens), the generator's decode-graph pool;
+  generator's bf16 copy and the KV cache (`max_num_seqs x max_model_len` tokens, or what is left of the GPU when
+  that does not fit, at least one step's rollouts; both 1/N with tensor-parallel generation), the generator's
+  decode-graph pool;
 - transient, one phase at a time: the trainer's largest micro-batch (saved activations, the compute-dtype weight
   copies autocast keeps for backward, the chunked LM head), and the generator's largest prefill. With trainer
   CUDA graphs the trainer's activations live in the graphs' private pool, which nothing else can use: they turn

@@ -23,13 +23,14 @@ Every rank of the group runs the same host-side schedule: the same prompts, the 
 rank). Weight sync (`tensor_parallel_placement`) gives each rank its slices of the trainer's weights; from an
 FSDP-sharded trainer one unit is gathered at a time, as without TP, and then sliced.
 
-Bitwise parity: a row-parallel product is summed over ranks after each rank rounded its partial product, in an
-order NCCL picks (ring or tree, by message size): the generator's log-probs then differ from the trainer's in the
-last bits, and from one batch size to another. `fixed_order=True` (the lead's wiring: a batch-invariant run) sums
-all-gathered partials in rank order in fp32 instead, so a token's result does not depend on the batch or on NCCL's
-algorithm (batch invariance within the generator is kept, and TP=N runs reproduce each other), at the cost of
-N x the all-reduce's receive bytes. Equality with the trainer, whose o / down GEMMs reduce over the whole K in one
-order, is not kept under TP: it would need the trainer to split those two products' K the same way.
+Bitwise parity: a row-parallel product is summed over ranks after each rank rounded its partial product, so the
+generator's log-probs differ from the trainer's in the last bits (its o / down GEMMs reduce over the whole K in
+one order): `logprob_diff` is no longer 0 in batch-invariant mode. Keeping that equality would need the trainer to
+split those two products' K as the generator does. What is kept: with `fixed_order=True` (meant for batch-invariant
+runs) the partials are all-gathered and summed in rank order in fp32, so a token's result depends neither on the
+batch nor on the algorithm NCCL picks by message size (ring or tree, from N = 4), and TP=N runs reproduce each
+other -- batch invariance within the generator. The cost: N x an all-reduce's receive bytes per sum. For N = 2 an
+all-reduce gives the same bits already (one commutative add, rounded once).
 """
 
 from __future__ import annotations

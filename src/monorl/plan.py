@@ -5,7 +5,9 @@ OOM at step 1), and `monorl plan --gpu_memory_gb N` answers "does this fit?" on 
 What the run holds (bytes are exact where the run's own code decides them, estimated where kernels do):
 - persistent: the policy's weights (fp32 masters; with LoRA the frozen base once in the compute dtype and fp32
   adapters), its gradients and AdamW's two moments (trainable parameters only), the KL reference copy, the
-  generator's bf16 copy, the KV cache (`max_num_seqs x max_model_len` tokens), the generator's decode-graph pool;
+  generator's bf16 copy and the KV cache (`max_num_seqs x max_model_len` tokens, or what is left of the GPU when
+  that does not fit, at least one step's rollouts; both 1/N with tensor-parallel generation), the generator's
+  decode-graph pool;
 - transient, one phase at a time: the trainer's largest micro-batch (saved activations, the compute-dtype weight
   copies autocast keeps for backward, the chunked LM head), and the generator's largest prefill. With trainer
   CUDA graphs the trainer's activations live in the graphs' private pool, which nothing else can use: they turn
@@ -26,7 +28,8 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from monorl.generate.kv_cache import kv_cache_bytes_needed
+from monorl.generate.kv_cache import bytes_per_block, kv_cache_bytes_needed
+from monorl.generate.tensor_parallel import check_tensor_parallel, shard_config
 from monorl.model.config import ModelConfig
 from monorl.train.packing import bucket_size
 
@@ -197,8 +200,14 @@ def plan_memory(cfg: RunConfig, m: ModelConfig, max_prompt_tokens: int, device_b
     """The plan for `cfg` on one GPU of `device_bytes` (see the module docstring). on_gpu=False plans a CPU run
     (fp32 everywhere, no graphs); activation_checkpointing overrides `trainer.activation_checkpointing`.
     ranks > 1: one GPU of an FSDP run (`monorl.distributed`): the policy, its gradients and AdamW's state are
-    sharded over the ranks, a rank trains its share of the step, and holds a gathered block or two at a time."""
+    sharded over the ranks, a rank trains its share of the step, and holds a gathered block or two at a time.
+    `generator.tensor_parallel_size` N > 1: the generator's copy and KV cache are split over N of those ranks
+    (`monorl.generate.tensor_parallel`), each group of N generating its share of the step's prompt groups."""
     t, g, cc, lora = cfg.trainer, cfg.generator, cfg.compile, cfg.lora
+    tp = g.tensor_parallel_size
+    if ranks % tp:
+        raise ValueError(f"generator.tensor_parallel_size={tp} does not divide the {ranks} ranks")
+    gen_m = shard_config(m, tp)  # one rank's heads, kv heads and MLP columns (the model itself when tp = 1)
     counts = param_counts(m)
     total = sum(counts.values())
     compute = ("bfloat16" if on_gpu else "float32") if t.compute_dtype == "auto" else t.compute_dtype
@@ -236,11 +245,15 @@ def plan_memory(cfg: RunConfig, m: ModelConfig, max_prompt_tokens: int, device_b
     if lora.enabled and cfg.batch_invariant:  # an unmerged copy: the frozen base is the policy's (share_frozen_)
         rows.append(MemoryRow("generator weights", lora_param_count(m, lora) * gen_bytes,
                               "adapters only: the base is shared with the policy"))
+    elif tp > 1:
+        rows.append(MemoryRow("generator weights", tensor_parallel_copy_params(m, tp) * gen_bytes,
+                              f"bf16 inference copy, 1/{tp}: tensor-parallel (embedding and norms whole)"))
     else:
         rows.append(MemoryRow("generator weights", total * gen_bytes, "bf16 inference copy" if on_gpu else ""))
     model_len = max_model_len or g.max_model_len or m.max_position_embeddings
-    kv = g.kv_cache_bytes or kv_cache_bytes_needed(m, g.max_num_seqs, model_len, g.block_size, gen_dtype)
-    rows.append(MemoryRow("KV cache", kv, f"{g.max_num_seqs} seqs x {model_len} tokens"))
+    kv = g.kv_cache_bytes or kv_cache_bytes_needed(gen_m, g.max_num_seqs, model_len, g.block_size, gen_dtype)
+    rows.append(MemoryRow("KV cache", kv, f"{g.max_num_seqs} seqs x {model_len} tokens"
+                          + (f", 1/{tp} of the kv heads" if tp > 1 else "")))
     mb = largest_micro_batch(cfg, max_prompt_tokens, ranks)
     compiled = cc.backend == "inductor" and cc.trainer
     acts = trainer_activation_bytes(m, mb, compute, ac, t.logprob_chunk, copy_params, residual, compiled)
@@ -258,7 +271,7 @@ def plan_memory(cfg: RunConfig, m: ModelConfig, max_prompt_tokens: int, device_b
     # rows this was chosen on). A "3 bytes per parameter" term fitted before explained reserved memory that was the
     # eager warm-up's cache beside the graph pool, now emptied before capture (Trainer.warm_up).
     rows.append(MemoryRow("allocator slack", int(0.12 * acts), "measured: 12% of activations"))
-    width = m.hidden_size + m.intermediate_size
+    width = m.hidden_size + gen_m.intermediate_size
     prefill_prompts = max(cfg.rollout.prompts_per_step, cfg.validation.num_prompts)
     prefill = min(g.max_prefill_tokens, max(max_prompt_tokens, 1) * prefill_prompts)
     gen_transient = _GEN_PREFILL_BYTES_PER_TOKEN_LAYER_WIDTH * prefill * width + 4 * prefill * m.vocab_size
@@ -267,7 +280,51 @@ def plan_memory(cfg: RunConfig, m: ModelConfig, max_prompt_tokens: int, device_b
         # sampler over [max_num_seqs, vocab]: fp32 logits, sort keys and indices, nucleus arrays
         rows.append(MemoryRow("decode graph pool", 32 * max(2, g.max_num_seqs) * m.vocab_size, "sampler buffers"))
     plan = MemoryPlan(rows, device_bytes, mb, ac, reserve_for(device_bytes) if device_bytes else 0)
+    if on_gpu and g.kv_cache_bytes is None and plan.fits is False:
+        _kv_to_room_(plan, cfg, gen_m, max_prompt_tokens, ranks // tp, gen_dtype)
     return plan
+
+
+def tensor_parallel_copy_params(m: ModelConfig, tp: int) -> int:
+    """Parameters of one rank's shard of a tensor-parallel generator copy: the projections and the head divided by
+    `tp` (a tied head too: its own V/tp rows), the embedding, the norms and o_proj's bias whole (rank 0's is the
+    bias, the others' zeros: `tensor_parallel_placement`)."""
+    counts = param_counts(m)
+    o_bias = m.num_layers * m.hidden_size * m.o_bias
+    return (counts["linear"] - o_bias) // tp + o_bias + m.vocab_size * m.hidden_size // tp + counts["embed"] \
+        + counts["norm"]
+
+
+def step_kv_need(cfg: RunConfig, m: ModelConfig, max_prompt_tokens: int, ranks: int,
+                 dtype: torch.dtype) -> tuple[int, int, int]:
+    """(sequences, tokens each, bytes): the KV cache one step's rollouts need on one rank -- its share of the prompt
+    groups, every completion live at once, each of the longest fitting prompt plus max_new_tokens. The least a run
+    is given: with less, a step's sequences would wait for each other's blocks (the single-GPU start-up refuses it
+    too, `monorl.rl.startup.Startup.size_kv_cache`). Tensor-parallel: `m` a rank's shard (`shard_config`), `ranks`
+    the generator groups."""
+    r = cfg.rollout
+    seqs = min(cfg.generator.max_num_seqs, -(-r.prompts_per_step // ranks) * r.group_size)
+    length = max_prompt_tokens + r.max_new_tokens
+    return seqs, length, kv_cache_bytes_needed(m, seqs, length, cfg.generator.block_size, dtype)
+
+
+def _kv_to_room_(plan: MemoryPlan, cfg: RunConfig, m: ModelConfig, max_prompt_tokens: int, ranks: int,
+                 dtype: torch.dtype) -> None:
+    """A plan that does not fit with the default KV cache (`max_num_seqs x max_model_len`, no
+    `generator.kv_cache_bytes`): the cache gets what is left of the GPU, as the run's start-up gives it once training
+    is measured (`Startup.size_kv_cache`), but never less than one step's rollouts need (`step_kv_need`); at that
+    least, a plan that still does not fit is refused as before."""
+    row = plan.row("KV cache")
+    assert plan.device_bytes is not None
+    seqs, length, least = step_kv_need(cfg, m, max_prompt_tokens, ranks, dtype)
+    room = plan.device_bytes - plan.reserve_bytes - (plan.peak_bytes - row.bytes)
+    per_block = bytes_per_block(m, cfg.generator.block_size, dtype)
+    size = min(row.bytes, max(least, room // per_block * per_block))
+    if size >= row.bytes:
+        return
+    row.note = (f"what is left of the GPU (the default {row.note}: {row.bytes / GiB:.2f} GiB; this run's {seqs} seqs x "
+                f"{length} tokens: {least / GiB:.2f} GiB)")
+    row.bytes = size
 
 
 def auto_checkpointing(cfg: RunConfig, m: ModelConfig, max_prompt_tokens: int, device_bytes: int | None,
@@ -284,7 +341,8 @@ def auto_checkpointing(cfg: RunConfig, m: ModelConfig, max_prompt_tokens: int, d
 _RANKS = "nproc"  # the candidate change "more GPUs": not a config key, the rank count `monorl train --nproc` sets
 
 
-def _changes(cfg: RunConfig, max_prompt_tokens: int, ranks: int = 1) -> list[tuple[str, str, dict[str, Any]]]:
+def _changes(cfg: RunConfig, m: ModelConfig, max_prompt_tokens: int,
+             ranks: int = 1) -> list[tuple[str, str, dict[str, Any]]]:
     """Candidate changes, cheapest first: (what to pass, what it costs, overrides)."""
     out: list[tuple[str, str, dict[str, Any]]] = []
     t, r, g = cfg.trainer, cfg.rollout, cfg.generator
@@ -295,17 +353,20 @@ def _changes(cfg: RunConfig, max_prompt_tokens: int, ranks: int = 1) -> list[tup
         out.append(("--compile.trainer_cuda_graphs false", "a few % of the trainer step; its activations then share "
                     "memory with generation", {"compile.trainer_cuda_graphs": False}))
     need_len = max_prompt_tokens + r.max_new_tokens
-    seqs = r.prompts_per_step * r.group_size
-    if (g.max_model_len or 0) > need_len or g.max_num_seqs > seqs:
-        ml = -(-need_len // 256) * 256
-        out.append((f"--generator.max_model_len {ml} --generator.max_num_seqs {min(g.max_num_seqs, seqs)}",
-                    "a smaller KV cache sized to this run's sequences",
-                    {"generator.max_model_len": ml, "generator.max_num_seqs": min(g.max_num_seqs, seqs)}))
+    if g.kv_cache_bytes is not None:  # without it the plan already gives the cache what is left (`_kv_to_room_`)
+        out.append(("--generator.kv_cache_bytes null", "a KV cache sized to what is left, at least this run's "
+                    "sequences", {"generator.kv_cache_bytes": None}))
     mbt = t.micro_batch_tokens
     while mbt // 2 >= max(1024, need_len):
         mbt //= 2
         out.append((f"--trainer.micro_batch_tokens {mbt}", "more, smaller trainer micro-batches",
                     {"trainer.micro_batch_tokens": mbt}))
+    # the generator's copy and KV cache split over N of the run's GPUs (one node's): the GPUs the run has, before
+    # more of them; N must divide the run's ranks (a pair with --nproc where it does not: `advise`)
+    for n in (2, 4, 8):
+        if n > g.tensor_parallel_size and _divides_model(m, n):
+            out.append((f"--generator.tensor_parallel_size {n}", f"tensor-parallel generation over {n} GPUs "
+                        "(collectives in every forward of the generator)", {"generator.tensor_parallel_size": n}))
     # more GPUs of the same kind (FSDP2, monorl.distributed): the same training, sharded; a rank count must divide
     # the step's prompt groups
     for n in (2, 4, 8):
@@ -315,6 +376,14 @@ def _changes(cfg: RunConfig, max_prompt_tokens: int, ranks: int = 1) -> list[tup
         out.append(("--lora.rank 16", "LoRA: trains adapters only (a different method than full fine-tuning)",
                     {"lora.rank": 16}))
     return out
+
+
+def _divides_model(m: ModelConfig, n: int) -> bool:
+    try:
+        check_tensor_parallel(m, n)
+    except ValueError:
+        return False
+    return True
 
 
 def _with(cfg: RunConfig, overrides: dict[str, Any]) -> RunConfig:
@@ -339,12 +408,15 @@ def advise(cfg: RunConfig, m: ModelConfig, max_prompt_tokens: int, device_bytes:
     """For a plan that does not fit: the cheapest single change that makes it fit, else the cheapest pair, else
     a line saying nothing here does. Changes are ordered cheapest first (more GPUs before LoRA, which changes
     the method); activation checkpointing left on auto is resolved for each candidate, as the run would."""
-    changes = _changes(cfg, max_prompt_tokens, ranks)
+    changes = _changes(cfg, m, max_prompt_tokens, ranks)
     candidates = [[c] for c in changes] + [[a, b] for i, a in enumerate(changes) for b in changes[i + 1:]
                                            if not set(a[2]) & set(b[2])]
     for combo in candidates:
         overrides = {k: v for _, _, ov in combo for k, v in ov.items()}
-        p = _auto_plan(_with(cfg, overrides), m, max_prompt_tokens, device_bytes, overrides.get(_RANKS, ranks))
+        n = overrides.get(_RANKS, ranks)
+        if n % overrides.get("generator.tensor_parallel_size", cfg.generator.tensor_parallel_size):
+            continue  # a tensor-parallel group is made of the run's ranks
+        p = _auto_plan(_with(cfg, overrides), m, max_prompt_tokens, device_bytes, n)
         if p.fits:
             flags = " ".join(flag for flag, _, _ in combo)
             ac = (" (activation checkpointing then on, auto)" if p.activation_checkpointing

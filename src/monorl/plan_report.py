@@ -30,6 +30,9 @@ def plan_report(cfg: RunConfig, device_bytes: int, sample: int = 32, ranks: int 
     plan = plan_memory(cfg, m, longest, device_bytes, activation_checkpointing=ac, ranks=ranks)
     lines = [f"model: {source}", f"longest of the first {len(prompts)} training prompts: {longest} tokens", *notes,
              *([f"one GPU of {ranks} (FSDP2)"] if ranks > 1 else [])]
+    if (tp := cfg.generator.tensor_parallel_size) > 1:
+        lines.append(f"generator: tensor-parallel over {tp} GPUs ({ranks // tp} group(s) of {tp}, each generating "
+                     f"1/{ranks // tp} of the step's prompt groups)")
     if ac and cfg.trainer.activation_checkpointing is None:
         lines.append("trainer.activation_checkpointing: on (auto: the run does not fit without it)")
     lines.append(plan.table())

@@ -182,7 +182,7 @@ class WeightBroadcast:
         err, dtypes = None, None
         if self.role == "generator":
             try:
-                views = dict(destination_views(model, {e.name: e.shape for e in self.manifest}))
+                views = {n: v for n, v, _ in destination_views(model, {e.name: e.shape for e in self.manifest})}
                 self._views = [views[e.name] for e in self.manifest]
                 dtypes = [str(v.dtype) for v in self._views]
             except ValueError as e:

@@ -160,7 +160,11 @@ def close_world(world: World) -> None:
 
 def check_world(cfg: Any, world: World) -> None:
     """Refuse at startup, in one line, a rank count that does not divide the step's work: each rank generates
-    and trains prompts_per_step / N prompt groups."""
+    and trains prompts_per_step / N prompt groups; a tensor-parallel generator's groups are made of the run's ranks."""
+    tp = cfg.generator.tensor_parallel_size
+    if tp < 1 or world.size % tp:
+        raise ValueError(f"generator.tensor_parallel_size={tp} does not divide the run's {world.size} rank(s): a "
+                         f"tensor-parallel generator is split over that many of its GPUs (--nproc a multiple of {tp})")
     if world.size == 1:
         return
     n = cfg.rollout.prompts_per_step

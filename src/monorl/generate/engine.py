@@ -33,6 +33,7 @@ from monorl.generate.kv_cache import (
 from monorl.generate.runner import ModelRunner
 from monorl.generate.sampling import SamplingParams, sample, sequence_key
 from monorl.generate.scheduler import Group, Scheduler, Sequence
+from monorl.generate.tensor_parallel import NO_TP, TensorParallel, build_tensor_parallel_model, shard_config
 from monorl.model.batch_invariant import is_batch_invariant
 from monorl.model.fused_kernels import use_fused_kernels_
 from monorl.model.lora import LoRAConfig, apply_lora_
@@ -58,6 +59,10 @@ class GeneratorConfig:
     # false: the model's and the sampler's PyTorch ops (a batch-invariant run's blocks run the kernels regardless:
     # its trainer runs them too, monorl.model.batch_invariant)
     fused_kernels: bool = True
+    # tensor-parallel generation (vLLM's name): one copy split over N ranks of a node, its heads, MLP columns, KV
+    # cache and vocabulary divided by N (monorl.generate.tensor_parallel), for a model whose bf16 copy does not fit
+    # one GPU; N must divide the heads, kv heads, MLP width and vocabulary
+    tensor_parallel_size: int = 1
 
 
 @dataclass
@@ -77,7 +82,8 @@ class Generator:
 
     def __init__(self, model: Qwen3ForCausalLM, config: GeneratorConfig | None = None, tokenizer=None,
                  eos_token_ids: tuple[int, ...] | list[int] | None = None, compile: CompileConfig | None = None,
-                 fused: bool = True, allocate_kv: bool = True, lora: LoRAConfig | None = None) -> None:
+                 fused: bool = True, allocate_kv: bool = True, lora: LoRAConfig | None = None,
+                 tp: TensorParallel = NO_TP) -> None:
         """Builds the generator's own copy of `model` (on its device, in `config.dtype`), which `load_weights_`
         refreshes in place. eos_token_ids: None takes them from the tokenizer, else the model config
         (`monorl.model.tokenizer.eos_ids`). compile: the run's compile policy (default: eager, decode CUDA graphs on
@@ -85,16 +91,30 @@ class Generator:
         computes each output column as the trainer's unfused one does). allocate_kv=False defers the KV cache to
         `allocate_kv_cache` (the RL loop sizes it once training's memory is measured). lora: give the copy the
         policy's LoRA adapters, run as separate matmuls (batch-invariant runs); without, a LoRA policy's adapters
-        are merged into the copy's weights at every sync."""
+        are merged into the copy's weights at every sync. tp: this rank's tensor-parallel group
+        (`tensor_parallel.tensor_parallel_group`, of `config.tensor_parallel_size` ranks): the copy is this rank's
+        shard, and every rank of the group must make the same calls with the same arguments."""
         config = config or GeneratorConfig()
         if config.max_num_seqs < 1 or config.stop_check_interval < 1 or config.block_size < 1:
             raise ValueError(f"invalid GeneratorConfig: {config}")
+        if config.tensor_parallel_size != tp.size:
+            raise ValueError(f"generator.tensor_parallel_size={config.tensor_parallel_size} needs a tensor-parallel "
+                             f"group of that many ranks (tensor_parallel_group), got one of {tp.size}")
+        if tp.size > 1 and lora is not None:
+            raise ValueError("generator.tensor_parallel_size > 1 merges LoRA adapters into its copy: a copy with "
+                             "separate adapters (batch-invariant LoRA) is not tensor-parallel")
+        self.tp = tp
         self.config, self.tokenizer = config, tokenizer
         cfg = model.config
+        # what the KV cache and the attention kernels are shaped by: this rank's kv heads (all of them without TP)
+        self.kv_config = shard_config(cfg, tp.size)
         p = next(model.parameters())
         device = p.device
         dtype = config.dtype or (torch.bfloat16 if device.type == "cuda" else torch.float32)
-        self.model = build_model(cfg, device=device, dtype=dtype, seed=None, fused=fused and lora is None)
+        if tp.size > 1:  # this rank's shard (weight sync cuts its pieces: `tensor_parallel_placement`)
+            self.model = build_tensor_parallel_model(cfg, tp, device, dtype, fused=fused)
+        else:
+            self.model = build_model(cfg, device=device, dtype=dtype, seed=None, fused=fused and lora is None)
         if lora is not None:
             apply_lora_(self.model, lora)  # adapters are overwritten by load_weights_
             self.model.to(dtype)
@@ -119,7 +139,7 @@ class Generator:
     def kv_bytes_needed(self) -> int:
         """What `max_num_seqs` sequences of `max_model_len` tokens need."""
         c = self.config
-        return kv_cache_bytes_needed(self.model.config, c.max_num_seqs, self.max_model_len, c.block_size, self.dtype)
+        return kv_cache_bytes_needed(self.kv_config, c.max_num_seqs, self.max_model_len, c.block_size, self.dtype)
 
     def allocate_kv_cache(self, budget: int | None = None) -> None:
         """Allocate the KV cache and the model runner. budget: bytes (None: `config.kv_cache_bytes`, else what
@@ -127,7 +147,7 @@ class Generator:
         if self.kv is not None:
             raise RuntimeError("the generator's KV cache is already allocated")
         config, bs = self.config, self.config.block_size
-        per_block, need = bytes_per_block(self.model.config, bs, self.dtype), self.kv_bytes_needed()
+        per_block, need = bytes_per_block(self.kv_config, bs, self.dtype), self.kv_bytes_needed()
         if budget is None and config.kv_cache_bytes is not None:
             budget = config.kv_cache_bytes
         elif budget is None and self.device.type == "cuda":
@@ -135,10 +155,10 @@ class Generator:
             budget = min(need, free // 2)
         elif budget is None:
             budget = min(need, _CPU_DEFAULT_KV_BYTES)
-        num_blocks = budget // per_block
+        num_blocks = self.tp.min_int(budget // per_block)  # a TP group's ranks schedule alike: the same blocks
         if num_blocks < 2:
             raise ValueError(f"kv_cache_bytes={budget} holds {num_blocks} blocks of {per_block} bytes; need >= 2")
-        self.kv = KVCache(self.model.config, num_blocks, bs, self.device, self.dtype)
+        self.kv = KVCache(self.kv_config, num_blocks, bs, self.device, self.dtype)
         self.blocks = BlockManager(num_blocks)
         self.runner = self._runner(self.kv, self.use_graphs)
 
@@ -146,7 +166,7 @@ class Generator:
         c = self.config
         return ModelRunner(self.model, kv, c.max_num_seqs, blocks_for(self.max_model_len, c.block_size),
                            ring_size=max(256, c.stop_check_interval), decode_backend=self.decode_backend,
-                           cuda_graphs=cuda_graphs, sample_fn=self.sampler)
+                           cuda_graphs=cuda_graphs, sample_fn=self.sampler, tp=self.tp)
 
     def capture_decode_graphs(self, sampling: SamplingParams) -> None:
         """Capture every decode batch bucket's CUDA graph for this sampler configuration now, as a serving engine
@@ -165,7 +185,7 @@ class Generator:
         Triton kernels (their outputs are garbage there, and dropped; the decode state is reset after each step)."""
         bs = self.config.block_size
         lengths = [len(p) for p in prompts]
-        kv = KVCache(self.model.config, 1 + sum(blocks_for(L, bs) for L in lengths), bs, self.device, self.dtype)
+        kv = KVCache(self.kv_config, 1 + sum(blocks_for(L, bs) for L in lengths), bs, self.device, self.dtype)
         runner = self._runner(kv, cuda_graphs=False)
         slots, block = [], 1  # block 0 is the scratch block
         for L in lengths:
@@ -189,7 +209,7 @@ class Generator:
         if self.decode_backend == "triton" and not is_batch_invariant(self.model):
             per_split: dict[int, int] = {}
             for B in runner.buckets:
-                per_split.setdefault(paged_decode_splits(B, self.model.config.num_kv_heads, self.device), B)
+                per_split.setdefault(paged_decode_splits(B, self.kv_config.num_kv_heads, self.device), B)
             buckets |= set(per_split.values())
         return sorted(buckets)
 
@@ -243,7 +263,7 @@ class Generator:
         if not prompts:
             return []
         sampling = params[0]  # the sampler configuration (shared by all prompts)
-        default_seed = int(torch.randint(0, 2**31 - 1, ()).item())
+        default_seed = self.tp.broadcast_int(int(torch.randint(0, 2**31 - 1, ()).item()))
         stops_possible = False
         results: list[list[Sequence]] = []
         for i, (p, sp) in enumerate(zip(prompts, params, strict=True)):

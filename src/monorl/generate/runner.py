@@ -20,6 +20,7 @@ from monorl.compile import capture_cuda_graph, clone_tensors, copy_into, is_comp
 from monorl.generate.attention import DecodeContext, PrefillContext
 from monorl.generate.kv_cache import KVCache, blocks_for, slot_mapping, table_tensor
 from monorl.generate.sampling import SamplingParams, sample
+from monorl.generate.tensor_parallel import NO_TP, TensorParallel, gather_vocab
 from monorl.model.attention import VarlenContext, resolve_backend
 from monorl.model.qwen3 import Qwen3ForCausalLM, model_rope
 from monorl.ops.decode_state import commit_step, step_inputs
@@ -58,9 +59,11 @@ def static_prefill_pack(prompts: list[list[int]],
 
 class ModelRunner:
     def __init__(self, model: Qwen3ForCausalLM, kv: KVCache, max_num_seqs: int, max_blocks_per_seq: int,
-                 ring_size: int, decode_backend: str, cuda_graphs: bool, sample_fn: Callable = sample) -> None:
-        """sample_fn: `sampling.sample`, or its compiled form (`monorl.compile.compile_generator` decides)."""
-        self.model, self.kv = model, kv
+                 ring_size: int, decode_backend: str, cuda_graphs: bool, sample_fn: Callable = sample,
+                 tp: TensorParallel = NO_TP) -> None:
+        """sample_fn: `sampling.sample`, or its compiled form (`monorl.compile.compile_generator` decides). tp: the
+        model is this rank's tensor-parallel shard; its vocabulary shards' logits are gathered whole on every rank."""
+        self.model, self.kv, self.tp = model, kv, tp
         self.cfg = model.config
         self.device = kv.kv.device
         self.block_size = kv.block_size
@@ -87,8 +90,9 @@ class ModelRunner:
         # one set of graphs per sampler configuration (e.g. greedy validation and sampled rollouts), kept
         # so that alternating between them does not re-capture. A bucket's graph is captured when a decode step
         # first needs it (a run uses a few of the buckets: the reference preset's 2 of 16); a compiled model's are
-        # all captured up front, so that its compiles stay in the warm-up. Rank-local: a decode step has no
-        # collective (ranks of one run may capture different buckets at different steps)
+        # all captured up front, so that its compiles stay in the warm-up. Rank-local without tensor parallelism: a
+        # decode step has no collective (ranks of one run may capture different buckets at different steps); a TP
+        # group's ranks schedule alike, so they capture the same buckets at the same steps, collectives included
         self.capture_all = is_compiled(model)
         self.graph_sets: dict[tuple, dict[int, torch.cuda.CUDAGraph]] = {}
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
@@ -154,7 +158,7 @@ class ModelRunner:
         ctx = PrefillContext(varlen=varlen, slot_mapping=slot_mapping)
         hidden = self.model(ids, varlen.positions, ctx, self.kv.layers)
         last = varlen.cu_seqlens[1:P + 1].long() - 1
-        return self.model.compute_logits(hidden[last])
+        return self.logits(hidden[last])
 
     @torch.inference_mode()
     def prefill_cached(self, chunks: list[list[int]], starts: list[int], tables: list[list[int]]) -> Tensor:
@@ -184,7 +188,11 @@ class ModelRunner:
                             backend=self.decode_backend)
         hidden = self.model(torch.tensor(ids, dtype=torch.int64).to(dev, non_blocking=True), pos, ctx, self.kv.layers)
         last = torch.tensor(lengths, device=dev).cumsum(0) - 1
-        return self.model.compute_logits(hidden[last])
+        return self.logits(hidden[last])
+
+    def logits(self, hidden: Tensor) -> Tensor:
+        """The LM head's logits of `hidden`, the whole vocabulary (a TP shard's gathered: `gather_vocab`)."""
+        return gather_vocab(self.model.compute_logits(hidden), self.tp)
 
     # ---- decode ------------------------------------------------------------------------------------
     def _decode_step(self, B: int, width: int, params: SamplingParams) -> None:
@@ -193,7 +201,7 @@ class ModelRunner:
         slots, seq_lens, next_pos, rope = step_inputs(pos, bt, self.block_size, self.rope_tables)
         ctx = DecodeContext(block_tables=bt, seq_lens=seq_lens, slot_mapping=slots, backend=self.decode_backend)
         hidden = self.model(tok, pos, ctx, self.kv.layers, rope)
-        logits = self.model.compute_logits(hidden)
+        logits = self.logits(hidden)
         nxt, lp = self.sample_fn(logits, self.keys[:B], next_pos, params, self.model.token_logprobs)
         commit_step(nxt, lp, self.ring_tok, self.ring_lp, self.ring_idx, self.tok, self.pos)
 

@@ -49,8 +49,9 @@ def project(proj: nn.Module, x: Tensor) -> Tensor:
     reads; at a decode step's rows where splitting K pays (`decode_gemm.split_k_fits`: Qwen3-0.6B's and 1.7B's
     products, up to 192 rows), its fp32 K parts [P, T, N] instead, which that add sums (`add_norm`). Only this
     class's projections: a batch-invariant copy's (`BatchInvariantLinear`) keep the invariant GEMM."""
+    # (a tensor-parallel copy's row-parallel projection is summed over ranks by its forward: never split there)
     if (type(proj) is FusedKernelsLinear and proj.bias is None and not torch.is_grad_enabled()
-            and decode_gemm.split_k_fits(x, proj.weight)):
+            and not getattr(proj, "row_parallel", False) and decode_gemm.split_k_fits(x, proj.weight)):
         return decode_gemm.split_k_parts(x, proj.weight.to(x.dtype))
     return proj(x)
 

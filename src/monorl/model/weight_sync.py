@@ -25,7 +25,7 @@ weights.
 
 from __future__ import annotations
 
-from collections.abc import Collection, Mapping
+from collections.abc import Callable, Collection, Mapping
 
 import torch
 from torch import Tensor, nn
@@ -42,6 +42,10 @@ PACKED_MODULES: dict[str, tuple[str, int]] = {
 }
 
 Source = Tensor | LoRALinear  # a source parameter, or a LoRA projection whose merged weight is the source
+Take = Callable[[Tensor], Tensor]  # a full source tensor -> the destination's piece of it
+# (source name, destination name) -> the Take of a destination that holds a piece of its source (a tensor-parallel
+# copy: `monorl.generate.tensor_parallel.tensor_parallel_placement`), None for the whole source
+Place = Callable[[str, str], Take | None]
 
 
 def strip_compile_prefix(name: str) -> str:
@@ -84,14 +88,21 @@ def sources(src: nn.Module, dst_names: Collection[str], dst_lora_scales: Mapping
     return out
 
 
+def _taken(shape: tuple[int, ...], take: Take | None) -> tuple[int, ...]:
+    return shape if take is None else tuple(take(torch.empty(shape, device="meta")).shape)
+
+
 def destination_views(dst: nn.Module, shapes: Mapping[str, tuple[int, ...]],
-                      packed: Mapping[str, tuple[str, int]] = PACKED_MODULES) -> list[tuple[str, Tensor]]:
+                      packed: Mapping[str, tuple[str, int]] = PACKED_MODULES,
+                      place: Place | None = None) -> list[tuple[str, Tensor, Take | None]]:
     """The one mapping from source names to the destination: (source name, destination view) for every entry of
     `shapes` (source name -> shape, HF names), in the destination's parameter order. The view is the whole
     destination parameter of the same name or, for a packed projection (`packed[proj] = (fused, shard)`), its row
     block of the destination's `fused` parameter. Every destination row is covered exactly once, or a one-line
     `ValueError` says what is missing or does not fit. Names and shapes alone: the colocated copy
-    (`sync_weights_`) and the receiver of a broadcast (`monorl.distributed.weight_broadcast`) both use it."""
+    (`sync_weights_`) and the receiver of a broadcast (`monorl.distributed.weight_broadcast`) both use it.
+    place: the destination holds pieces of its sources (`Place`, a tensor-parallel copy); each entry then carries
+    the Take that cuts its piece (None: the whole source)."""
     dst_params = {strip_compile_prefix(n): p for n, p in dst.named_parameters()}
     parts: dict[str, dict[int | None, str]] = {}  # destination name -> shard -> source name
     for name in shapes:
@@ -105,6 +116,8 @@ def destination_views(dst: nn.Module, shapes: Mapping[str, tuple[int, ...]],
             raise ValueError(f"weight sync: the destination has no parameter for {name}"
                              + (f" (looked for {target})" if target != name else ""))
         parts.setdefault(target, {})[shard] = name
+    if "lm_head.weight" in dst_params and "lm_head.weight" not in parts and "model.embed_tokens.weight" in parts:
+        parts["lm_head.weight"] = parts["model.embed_tokens.weight"]  # a tied source's head, held apart (TP)
     shards_of: dict[str, list[tuple[int, str]]] = {}  # fused name -> [(shard, projection)] in row order
     for proj, (fused, shard) in packed.items():
         shards_of.setdefault(fused, []).append((shard, proj))
@@ -115,9 +128,10 @@ def destination_views(dst: nn.Module, shapes: Mapping[str, tuple[int, ...]],
             raise ValueError(f"weight sync: no source parameter for the destination's {target}")
         if None in got:  # same name on both sides
             name = got[None]
-            if (shape := tuple(shapes[name])) != tuple(d.shape):
+            take = place(name, target) if place else None
+            if (shape := _taken(tuple(shapes[name]), take)) != tuple(d.shape):
                 raise ValueError(f"weight sync: {name} has shape {shape}, the destination's {tuple(d.shape)}")
-            out.append((name, d))
+            out.append((name, d, take))
             continue
         row = 0
         module, _, leaf = target.rpartition(".")
@@ -125,12 +139,13 @@ def destination_views(dst: nn.Module, shapes: Mapping[str, tuple[int, ...]],
             if shard not in got:
                 raise ValueError(f"weight sync: no source parameter for {proj} (row block {shard} of {target})")
             name = got[shard]
-            rows = tuple(shapes[name])
+            take = place(name, target) if place else None
+            rows = _taken(tuple(shapes[name]), take)
             view = d[row:row + rows[0]]
             if tuple(view.shape) != rows:
                 raise ValueError(f"weight sync: {name} has shape {rows}, but rows {row}: of {target} "
                                  f"{tuple(d.shape)} leave {tuple(view.shape)}")
-            out.append((name, view))
+            out.append((name, view, take))
             row += rows[0]
         if row != d.shape[0]:
             srcs = ", ".join(f"{got[i]} {tuple(shapes[got[i]])}" for i in sorted(got))
@@ -138,47 +153,62 @@ def destination_views(dst: nn.Module, shapes: Mapping[str, tuple[int, ...]],
     return out
 
 
-def _plan(dst: nn.Module, src: nn.Module,
-          packed: Mapping[str, tuple[str, int]] = PACKED_MODULES) -> list[tuple[str, Tensor, Source]]:
-    """`weight_pairs`, with a LoRA projection to merge standing for its merged weight (computed at copy time)."""
+def _plan(dst: nn.Module, src: nn.Module, packed: Mapping[str, tuple[str, int]] = PACKED_MODULES,
+          place: Place | None = None) -> list[tuple[str, Tensor, Source, Take | None]]:
+    """`weight_pairs`, with a LoRA projection to merge standing for its merged weight (computed at copy time), and
+    each pair's Take (`place`'s; None: the whole source)."""
     sent = dict(sources(src, *destination_lora(dst)))
-    views = destination_views(dst, {n: tuple(source_shape(s)) for n, s in sent.items()}, packed)
-    return [(name, view, sent[name]) for name, view in views]
+    views = destination_views(dst, {n: tuple(source_shape(s)) for n, s in sent.items()}, packed, place)
+    return [(name, view, sent[name], take) for name, view, take in views]
 
 
-def weight_pairs(dst: nn.Module, src: nn.Module,
-                 packed: Mapping[str, tuple[str, int]] = PACKED_MODULES) -> list[tuple[str, Tensor, Tensor]]:
+def weight_pairs(dst: nn.Module, src: nn.Module, packed: Mapping[str, tuple[str, int]] = PACKED_MODULES,
+                 place: Place | None = None) -> list[tuple[str, Tensor, Tensor]]:
     """(source name, destination view, source tensor) for every parameter of `src`: the view is the whole
     destination parameter of the same name, or, for a packed projection (`packed[proj] = (fused, shard)`),
     its row block of the destination's `fused` parameter. Every destination row is covered exactly once.
     The source tensor is the source parameter, or for a LoRA projection merged into a destination without
     adapters its merged weight (fp32, computed here: all of them at once, so for checks; `sync_weights_`
-    merges one at a time)."""
+    merges one at a time). place: the destination holds pieces of its sources (`Place`); the source tensor is then
+    the piece."""
     with torch.no_grad():
-        return [(n, v, s.merged_weight() if isinstance(s, LoRALinear) else s) for n, v, s in _plan(dst, src, packed)]
+        place = place or getattr(dst, "weight_place", None)
+        return [(n, v, _piece(s, take)) for n, v, s, take in _plan(dst, src, packed, place)]
+
+
+def _piece(s: Source, take: Take | None, full: Tensor | None = None) -> Tensor:
+    """The tensor a destination gets: the source parameter (or `full`, its gathered copy) or a LoRA projection's
+    merged weight, cut by `take`."""
+    t = s.merged_weight() if isinstance(s, LoRALinear) else (s if full is None else full)
+    return t if take is None else take(t)
 
 
 @torch.no_grad()
-def sync_weights_(dst: nn.Module, src: nn.Module, packed: Mapping[str, tuple[str, int]] = PACKED_MODULES) -> None:
+def sync_weights_(dst: nn.Module, src: nn.Module, packed: Mapping[str, tuple[str, int]] = PACKED_MODULES,
+                  place: Place | None = None) -> None:
     """Copy `src`'s parameters into `dst`'s in place, cast to their dtype (see the module docstring); a parameter
-    `share_frozen_` made the source's own is skipped."""
-    plan = _plan(dst, src, packed)
+    `share_frozen_` made the source's own is skipped. place: `dst` holds pieces of its sources (a tensor-parallel
+    copy, `Place`; default: the one a tensor-parallel copy carries as `weight_place`): each is cut from the full
+    source, after an FSDP unit's gather."""
+    plan = _plan(dst, src, packed, place or getattr(dst, "weight_place", None))
     if units := fsdp_units(src):
         _sync_sharded_(plan, src, units)
         return
-    for _, view, s in plan:
+    for _, view, s, take in plan:
         if isinstance(s, Tensor) and view.data_ptr() == s.data_ptr() and view.shape == s.shape:
             continue
-        view.copy_(s.merged_weight() if isinstance(s, LoRALinear) else s.detach())
+        view.copy_(_piece(s, take))
 
 
-def _sync_sharded_(plan: list[tuple[str, Tensor, Source]], src: nn.Module, units: list) -> None:
+def _sync_sharded_(plan: list[tuple[str, Tensor, Source, Take | None]], src: nn.Module, units: list) -> None:
     """`plan`'s copies, one FSDP unit gathered at a time (blocks, then the root). A gathered unit's parameters
     are other tensors than the sharded ones `plan` holds, so they are looked up again by name (a LoRA
     projection reads its gathered weights itself)."""
     from torch.distributed.tensor import DTensor  # here, not at the top: a one-process run never needs it (~1.5 s)
 
-    todo = {name: (view, s) for name, view, s in plan}
+    todo: dict[str, list[tuple[Tensor, Source, Take | None]]] = {}  # a tied embedding may feed two destinations
+    for name, view, s, take in plan:
+        todo.setdefault(name, []).append((view, s, take))
     prefix_of = {id(m): n for n, m in src.named_modules()}
     for unit in units:
         prefix = prefix_of[id(unit)]
@@ -186,8 +216,8 @@ def _sync_sharded_(plan: list[tuple[str, Tensor, Source]], src: nn.Module, units
             full = {strip_compile_prefix(f"{prefix}.{n}" if prefix else n): p
                     for n, p in unit.named_parameters()}
             for name in [n for n in todo if n in full and not isinstance(full[n], DTensor)]:
-                view, s = todo.pop(name)
-                view.copy_(s.merged_weight() if isinstance(s, LoRALinear) else full[name].detach())
+                for view, s, take in todo.pop(name):
+                    view.copy_(_piece(s, take, full[name]))
     if todo:
         raise ValueError(f"weight sync: no FSDP unit gathered {', '.join(sorted(todo)[:3])}")
 

@@ -28,6 +28,7 @@ from monorl.distributed.world import SINGLE, World
 from monorl.generate.engine import Generator
 from monorl.generate.episodes import ContextOverflowError, EpisodeEngine, TurnEvent
 from monorl.generate.sampling import SamplingParams
+from monorl.generate.tensor_parallel import gathered_once, generation_world
 from monorl.rl.rollouts import Rollout
 from monorl.tasks.base import Prompt
 
@@ -202,8 +203,10 @@ def generate_episodes(runner: EpisodeRunner, prompts: Sequence[Prompt], sampling
                       ) -> tuple[list[list[Rollout]], list[EpisodeRecord]]:
     """[prompt][sample] rollouts of `n` episodes per prompt, scored, with their episode records. On several ranks
     each plays its contiguous share of the prompt groups (keyed by the group's index in the whole batch) and every
-    rank gets all groups back, as `generate_rollouts` does."""
-    lo, hi = world.share(len(prompts))
+    rank gets all groups back, as `generate_rollouts` does. A tensor-parallel generator's ranks play the same
+    episodes together: the environments must answer them alike (their first rank's episodes are kept)."""
+    tp = runner.gen.tp
+    lo, hi = generation_world(world, tp).share(len(prompts))
     mine = list(prompts[lo:hi])
     groups: list[list[Rollout]] = []
     records: list[EpisodeRecord] = []
@@ -229,5 +232,5 @@ def generate_episodes(runner: EpisodeRunner, prompts: Sequence[Prompt], sampling
         if failed:
             log.warning("task %r: %d of %d episodes failed, scored 0.0 (first: %s)", runner.task.name, len(failed),
                         sum(map(len, groups)), failed[0])
-    parts = world.gather_lists([(groups, records)])
+    parts = world.gather_lists(gathered_once([(groups, records)], tp))
     return [g for part, _ in parts for g in part], [r for _, recs in parts for r in recs]

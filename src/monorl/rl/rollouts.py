@@ -13,6 +13,7 @@ import torch
 from monorl.distributed.world import SINGLE, World
 from monorl.generate.engine import Generator
 from monorl.generate.sampling import SamplingParams
+from monorl.generate.tensor_parallel import gathered_once, generation_world
 from monorl.rl.advantages import compute_advantages
 from monorl.tasks.base import Prompt, Task, safe_score_batch
 from monorl.tasks.reward_context import RewardContext
@@ -88,7 +89,7 @@ def generate_rollouts(generator: Generator, tokenizer, task: Task, prompts: Sequ
     context: the step's `RewardContext`, passed to the task's rewards; what they log with log_metric is added to
     it (every rank's), what they log with log_extra lands in each rollout's `extra`."""
     prompts, prompt_ids = encoded or encode_prompts(task, tokenizer, prompts, max_len, sampling.max_new_tokens)
-    lo, hi = world.share(len(prompts))
+    lo, hi = generation_world(world, generator.tp).share(len(prompts))  # a TP group's ranks: the same share
     prompts, prompt_ids = prompts[lo:hi], prompt_ids[lo:hi]
     call = context.fresh() if context is not None else None  # this call's logs, merged over ranks below
     groups: list[list[Rollout]] = []
@@ -114,7 +115,8 @@ def generate_rollouts(generator: Generator, tokenizer, task: Task, prompts: Sequ
         if failed:  # one line per call, not one per completion
             log.warning("task %r: reward failed on %d of %d completions, scored 0.0 (first: %s)", task.name,
                         len(failed), sum(map(len, groups)), failed[0])
-    parts = world.gather_lists([(groups, call.metrics if call is not None else {})])  # one collective
+    parts = world.gather_lists(gathered_once([(groups, call.metrics if call is not None else {})],
+                                             generator.tp))  # one collective
     for _, metrics in parts:
         if context is not None:
             context.add_metrics(metrics)

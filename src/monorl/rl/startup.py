@@ -25,7 +25,6 @@ from monorl.compile import is_compiled
 from monorl.compile_auto import mark_compiled, run_aten_key, run_compile_key, run_kernels_key
 from monorl.distributed.world import World
 from monorl.generate.engine import Generator
-from monorl.generate.kv_cache import kv_cache_bytes_needed
 from monorl.generate.sampling import SamplingParams
 from monorl.model.batch_invariant import is_batch_invariant
 from monorl.ops import HAS_TRITON
@@ -39,7 +38,7 @@ from monorl.ops.precompile import (
     specs_path,
 )
 from monorl.ops.preload import AtenRecorder, Preload, save_ops, start_preload
-from monorl.plan import GiB
+from monorl.plan import GiB, step_kv_need
 from monorl.train.trainer import Trainer
 
 log = logging.getLogger("monorl")
@@ -139,7 +138,10 @@ class Startup:
             self.compile_s = self.timings["trainer_compile_s"]
             return
         t = time.perf_counter()
-        with self.world.main_first():  # the other ranks load what rank 0 compiled (compile.cache_dir)
+        # the other ranks load what rank 0 compiled (compile.cache_dir); not a tensor-parallel generator, whose
+        # ranks meet in every forward's collectives
+        first = self.world.main_first() if generator.tp.size == 1 else contextlib.nullcontext()
+        with first:
             for sp in samplers:
                 generator.generate(gen_prompts, sp, n=2)
         if cuda:
@@ -226,12 +228,11 @@ class Startup:
         optimizer = 0 if trainer.optimizer.state else plan.row("optimizer state").bytes
         gen_bytes = sum(r.bytes for r in plan.rows if r.name in ("generator prefill", "decode graph pool"))
         slack = int(0.03 * total) + GiB // 4
-        room = free - transient - optimizer - gen_bytes - slack
+        room = generator.tp.min_int(free - transient - optimizer - gen_bytes - slack)  # a TP group decides alike
         need = generator.kv_bytes_needed()
-        r = cfg.rollout
-        seqs = min(cfg.generator.max_num_seqs, r.prompts_per_step * r.group_size)
-        step_need = kv_cache_bytes_needed(spec.model_config, seqs, spec.max_prompt_tokens + r.max_new_tokens,
-                                          cfg.generator.block_size, generator.dtype)
+        # this rank's share of the step (a tensor-parallel group's, in its rank's shard of the heads)
+        seqs, _, step_need = step_kv_need(cfg, generator.kv_config, spec.max_prompt_tokens,
+                                          self.world.size // generator.tp.size, generator.dtype)
         if room < step_need:
             raise MemoryError(f"after training's measured needs ({transient / GiB:.1f} GiB transient, "
                               f"{optimizer / GiB:.1f} GiB optimizer state not yet allocated) {room / GiB:.1f} GiB are "
@@ -246,6 +247,6 @@ class Startup:
         generator.allocate_kv_cache(min(need, room))
         kv_row = plan.row("KV cache")
         allocated = generator.kv.kv.numel() * generator.kv.kv.element_size()
-        if allocated < kv_row.bytes:  # the plan then shows what was allocated
+        if allocated != kv_row.bytes:  # the plan then shows what was allocated
+            kv_row.note += " (capped by free memory)" if allocated < kv_row.bytes else " (sized to free memory)"
             kv_row.bytes = allocated
-            kv_row.note += " (capped by free memory)"

@@ -1,0 +1,75 @@
+"""Memory defaults that run (issue #45, item 2): when the default KV cache (`max_num_seqs x max_model_len`) is what
+keeps a plan from fitting, the plan gives the cache what is left of the GPU -- as the run's start-up does once
+training is measured -- and refuses only when even one step's rollouts (`step_kv_need`) do not fit beside the rest."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import monorl.plan as plan_mod
+from monorl.config import preset
+from monorl.model.config import ModelConfig
+from monorl.plan import GiB, MemoryPlanError, advise, auto_checkpointing, plan_memory, run_memory_plan, step_kv_need
+from monorl.plan_report import plan_report
+
+# Qwen3-8B's released config.json (the keys the plan reads)
+QWEN3_8B = ModelConfig.from_hf({
+    "architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "hidden_size": 4096, "intermediate_size": 12288,
+    "num_hidden_layers": 36, "num_attention_heads": 32, "num_key_value_heads": 8, "head_dim": 128,
+    "vocab_size": 151936, "max_position_embeddings": 40960, "rope_theta": 1000000, "rms_norm_eps": 1e-6,
+    "tie_word_embeddings": False, "bos_token_id": 151643, "eos_token_id": 151645})
+H100 = int(79.2 * GiB)  # what torch reports for an H100 80GB
+
+
+def _cfg():
+    cfg = preset("qwen3_0_6b_sum_digits")
+    cfg.rollout.prompts_per_step = 8  # a multiple of 4 ranks (bench_scale's 8b row)
+    return cfg
+
+
+def _plan(cfg, device_bytes: int, ranks: int = 4):
+    ac = auto_checkpointing(cfg, QWEN3_8B, 160, device_bytes, ranks=ranks)
+    return plan_memory(cfg, QWEN3_8B, 160, device_bytes, activation_checkpointing=ac, ranks=ranks)
+
+
+def test_qwen3_8b_full_fine_tuning_on_4_h100_is_planned() -> None:
+    cfg = _cfg()
+    seqs, length, least = step_kv_need(cfg, QWEN3_8B, 160, 4, torch.bfloat16)
+    assert (seqs, length) == (16, 260)  # a rank's 2 prompt groups x 8, every completion live at once
+    default = plan_mod.kv_cache_bytes_needed(QWEN3_8B, 64, 2048, 16, torch.bfloat16)
+    plan = _plan(cfg, H100)
+    assert plan.fits
+    kv = plan.row("KV cache")
+    assert least <= kv.bytes < default  # what is left of the GPU, at least the step's sequences
+    assert plan.peak_bytes + plan.reserve_bytes > H100 - 16 * 147456  # the whole GPU, to a KV block
+    assert "what is left of the GPU" in kv.note and "16 seqs x 260 tokens" in kv.note
+
+
+def test_plan_report_states_the_kv_cache_chosen() -> None:
+    cfg = _cfg()
+    cfg.model.shape = "qwen3-8b"
+    text, fits = plan_report(cfg, H100, ranks=4)
+    assert fits, text
+    line = next(ln for ln in text.splitlines() if ln.strip().startswith("KV cache"))
+    assert "what is left of the GPU" in line and "64 seqs x 2048 tokens" in line, line
+
+
+def test_refused_when_even_the_steps_kv_cache_does_not_fit(monkeypatch) -> None:
+    cfg = _cfg()
+    small = int(50 * GiB)
+    plan = _plan(cfg, small)
+    assert plan.fits is False
+    assert plan.row("KV cache").bytes == step_kv_need(cfg, QWEN3_8B, 160, 4, torch.bfloat16)[2]  # at its least
+    monkeypatch.setattr(plan_mod, "device_memory_bytes", lambda device: small)
+    with pytest.raises(MemoryPlanError) as err:
+        run_memory_plan(cfg, QWEN3_8B, 160, torch.device("cuda"), ranks=4)
+    assert "\n" not in str(err.value) and "does not fit" in str(err.value)
+
+
+def test_an_explicit_kv_budget_is_kept_and_advice_names_its_removal() -> None:
+    cfg = _cfg()
+    cfg.generator.kv_cache_bytes = 18 * GiB
+    plan = _plan(cfg, H100)
+    assert plan.row("KV cache").bytes == 18 * GiB and plan.fits is False
+    assert advise(cfg, QWEN3_8B, 160, H100, 4)[0].startswith("--generator.kv_cache_bytes null ")

@@ -33,35 +33,31 @@ def invariant_model():
     return make_batch_invariant_(build_model(model_shape("tiny-untied"), seed=3))
 
 
-def _sequences(vocab: int) -> list[list[int]]:
-    rng = random.Random(0)
-    return [[rng.randrange(2, vocab) for _ in range(p + n)] for p, n in CASES]
-
-
-def _three_ways(m) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Last-token logits of every CASES sequence: prefix prefilled then the rest appended in one prefill_cached call
-    (varlen; decode rows), and each whole sequence prefilled; plus each way's cached K/V of the sequences' tokens."""
-    gen = generator(m, max_num_seqs=8)
+def three_ways(gen, cases: list[tuple[int, int]], seed: int = 0) -> tuple[torch.Tensor, ...]:
+    """Random sequences of (prefix, appended) lengths `cases`; the last-token logits of each, the prefix prefilled
+    and the rest appended in one prefill_cached call (varlen; decode rows), and each whole sequence prefilled; then
+    each way's cached K/V of the sequences' tokens, stacked."""
     runner, bs = gen.runner, gen.kv.block_size
-    seqs = _sequences(m.config.vocab_size)
+    rng = random.Random(seed)
+    seqs = [[rng.randrange(2, gen.model.config.vocab_size) for _ in range(p + n)] for p, n in cases]
     out, kv = [], []
     for way in ("varlen", "decode", "whole"):
         tables = [gen.blocks.allocate(blocks_for(len(s), bs)) for s in seqs]
         if way == "whole":
             logits = runner.prefill(seqs, [slot_mapping(t, 0, len(s), bs) for s, t in zip(seqs, tables, strict=True)])
         else:
-            runner.prefill([s[:p] for s, (p, _) in zip(seqs, CASES, strict=True)],
-                           [slot_mapping(t, 0, p, bs) for t, (p, _) in zip(tables, CASES, strict=True)])
-            logits = runner.prefill_cached([s[p:] for s, (p, _) in zip(seqs, CASES, strict=True)],
-                                           [p for p, _ in CASES], tables, way)
-        out.append(logits)
+            runner.prefill([s[:p] for s, (p, _) in zip(seqs, cases, strict=True)],
+                           [slot_mapping(t, 0, p, bs) for t, (p, _) in zip(tables, cases, strict=True)])
+            logits = runner.prefill_cached([s[p:] for s, (p, _) in zip(seqs, cases, strict=True)],
+                                           [p for p, _ in cases], tables, way)
+        out.append(logits.float())
         slots = torch.tensor([x for s, t in zip(seqs, tables, strict=True) for x in slot_mapping(t, 0, len(s), bs)])
-        kv.append(gen.kv.kv.flatten(2, 3)[:, :, slots])
+        kv.append(gen.kv.kv.flatten(2, 3)[:, :, slots.to(gen.device)].float())
     return out[0], out[1], out[2], torch.stack(kv)
 
 
 def test_varlen_equals_decode_rows_and_whole_prefill(model):
-    varlen, decode, whole, kv = _three_ways(model)
+    varlen, decode, whole, kv = three_ways(generator(model, max_num_seqs=8), CASES)
     assert varlen.shape == (len(CASES), model.config.vocab_size)
     torch.testing.assert_close(varlen, decode, rtol=0, atol=1e-5)
     torch.testing.assert_close(varlen, whole, rtol=0, atol=1e-5)
@@ -71,7 +67,7 @@ def test_varlen_equals_decode_rows_and_whole_prefill(model):
 
 def test_varlen_is_bitwise_in_invariant_mode(invariant_model):
     """A batch-invariant model runs the varlen form as decode rows on its kernel: bitwise a whole prefill's."""
-    varlen, decode, whole, kv = _three_ways(invariant_model)
+    varlen, decode, whole, kv = three_ways(generator(invariant_model, max_num_seqs=8), CASES)
     assert torch.equal(varlen, decode) and torch.equal(varlen, whole)
     assert torch.equal(kv[0], kv[1]) and torch.equal(kv[0], kv[2])
 

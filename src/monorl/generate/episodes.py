@@ -346,8 +346,8 @@ class EpisodeEngine:
     def _append_chunk(self, ep: Episode, toks: list[int], lps: list[float], events: list[TurnEvent]) -> None:
         """Record a decode chunk's tokens up to the turn's end (those after it are dropped): `_append` token by token
         where a stop sequence or string may end the turn; else the tokens before the first stop token or the turn's
-        room are extended whole (per-token Python was ~25 ms of host time a turn boundary at 64 episodes x 128
-        tokens) and the last one goes through `_append`."""
+        room are extended whole and the last one goes through `_append` (64 episodes x 127 tokens: 15-25 ms of host
+        time token by token, with the GPU idle, against 0.4 ms; a shared 2-core CPU)."""
         if ep.stop_sequences or ep.sampling.stop_strings:
             for tok, lp in zip(toks, lps, strict=True):
                 if self._append(ep, tok, lp, events):

@@ -441,10 +441,12 @@ class EpisodeEngine:
 
     def _check_turn(self, episode_id: Hashable, sampling: SamplingParams,
                     stop_sequences: Iterable[Iterable[int]]) -> tuple[tuple[int, ...], ...]:
-        others = {ep.sampling.sampler_key() for ep in self.episodes.values() if ep.id != episode_id}
-        if others and sampling.sampler_key() not in others:
+        # every other episode has the same key (this check): one of them stands for all (not O(episodes) a call)
+        other = next((ep for ep in self.episodes.values() if ep.id != episode_id), None)
+        if other is not None and sampling.sampler_key() != other.sampling.sampler_key():
             raise ValueError(f"episode {episode_id!r}: every episode's temperature / top_p / top_k must be the same "
-                             f"(one decode step samples them all), got {sampling.sampler_key()} beside {others}")
+                             f"(one decode step samples them all), got {sampling.sampler_key()} beside "
+                             f"{other.sampling.sampler_key()}")
         if sampling.stop_strings and self.gen.tokenizer is None:
             raise ValueError("stop_strings need a tokenizer (Generator(..., tokenizer=...))")
         stops = tuple(tuple(int(t) for t in s) for s in stop_sequences)

@@ -1,30 +1,38 @@
 """Multi-turn episodes on one GPU (#42): sampled tokens/s of the same episodes three ways.
 
 - kv_reuse: monorl's request-level engine (`EpisodeEngine`): each turn pauses holding its KV, the environment's
-  tokens are appended and only they are prefilled, then decoding goes on;
+  tokens are appended and only they are prefilled, then decoding goes on; `--turn-prefill` names how the appended
+  tokens attend their cached prefix (`ModelRunner.prefill_cached`): varlen (the default; row kv_reuse) and / or
+  decode (the older form, one paged-decode row per token; row kv_reuse_decode);
 - reprefill: a request per turn, as a client of an engine without prefix caching does: every turn prefills the
   whole conversation so far (`Generator.generate` on prompt + history), then decodes the turn;
 - single_turn: one decode of the same sampled length per episode (turns x turn tokens), no environment: the ceiling.
 
 A scripted environment forces the turn structure on random weights (Qwen3-0.6B shapes): every turn samples exactly
-`--turn-tokens` (ignore_eos), the environment answers with `--inserted` fixed tokens. Prints a table last and writes
-JSON (benchmarks/results/agentic.json).
+`--turn-tokens` (ignore_eos), the environment answers with `--inserted` fixed tokens. After the timed runs, one more
+run of each kv_reuse form times its turn boundaries' `prefill_cached` calls alone (a device sync before and after
+each). Prints a table last and writes JSON (benchmarks/results/agentic.json).
 
     python benchmarks/bench_agentic.py --episodes 64 --turns 4 --turn-tokens 128 --inserted 64
+    python benchmarks/bench_agentic.py --tiny     # a tiny model and workload: seconds on a CPU
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import random
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import torch
 
 from monorl.compile import CompileConfig
 from monorl.generate import EpisodeEngine, Generator, GeneratorConfig, SamplingParams
+from monorl.generate.runner import TURN_PREFILLS
 from monorl.model import build_model, model_shape
 
 
@@ -33,8 +41,9 @@ def sync() -> None:
         torch.cuda.synchronize()
 
 
-def kv_reuse(gen: Generator, prompts: list[list[int]], env: list[list[int]], sp: SamplingParams, turns: int) -> float:
-    engine = EpisodeEngine(gen, max_episode_tokens=gen.max_model_len)
+def kv_reuse(gen: Generator, prompts: list[list[int]], env: list[list[int]], sp: SamplingParams, turns: int,
+             turn_prefill: str) -> float:
+    engine = EpisodeEngine(gen, max_episode_tokens=gen.max_model_len, turn_prefill=turn_prefill)
     for i, p in enumerate(prompts):
         engine.add(i, p, sp)
     done_turns = dict.fromkeys(range(len(prompts)), 0)
@@ -62,6 +71,28 @@ def reprefill(gen: Generator, prompts: list[list[int]], env: list[list[int]], sp
     return time.perf_counter() - t
 
 
+def timed_turn_prefills(gen: Generator, run: Callable[[], float]) -> list[dict]:
+    """`run()` with each `prefill_cached` call timed alone (a device sync before and after): its seconds, sequences
+    and appended tokens."""
+    runner, calls = gen.runner, []
+    plain = runner.prefill_cached
+
+    def timed(chunks: list[list[int]], *args: Any) -> torch.Tensor:
+        sync()
+        t = time.perf_counter()
+        out = plain(chunks, *args)
+        sync()
+        calls.append({"s": time.perf_counter() - t, "sequences": len(chunks), "tokens": sum(map(len, chunks))})
+        return out
+
+    runner.prefill_cached = timed
+    try:
+        run()
+    finally:
+        del runner.prefill_cached  # the instance attribute: the method again
+    return calls
+
+
 def single_turn(gen: Generator, prompts: list[list[int]], sp: SamplingParams, turns: int) -> float:
     long = SamplingParams(**{**sp.__dict__, "max_new_tokens": sp.max_new_tokens * turns})
     t = time.perf_counter()
@@ -81,8 +112,18 @@ def main() -> None:
     ap.add_argument("--runs", type=int, default=2)
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--out", default="benchmarks/results/agentic.json")
+    ap.add_argument("--turn-prefill", default="varlen,decode",
+                    help="kv_reuse's prefill of appended tokens, comma-separated: varlen (row kv_reuse), decode "
+                         "(row kv_reuse_decode)")
+    ap.add_argument("--tiny", action="store_true",
+                    help="the tiny model, 4 episodes x 3 turns x 8 sampled + 4 inserted, 8-token prompts, 1 run")
     ap.add_argument("--profile", action="store_true", help="cProfile one kv_reuse run: where its host time goes")
     a = ap.parse_args()
+    if a.tiny:
+        a.shape, a.episodes, a.turns, a.turn_tokens, a.inserted, a.prompt_tokens, a.runs = "tiny", 4, 3, 8, 4, 8, 1
+    turn_prefills = a.turn_prefill.split(",")
+    if not turn_prefills or any(tp not in TURN_PREFILLS for tp in turn_prefills):
+        ap.error(f"--turn-prefill: a comma-separated list of {TURN_PREFILLS}, got {a.turn_prefill!r}")
     cfg = model_shape(a.shape)
     dtype = torch.bfloat16 if a.device == "cuda" else torch.float32
     rng = random.Random(0)
@@ -95,9 +136,10 @@ def main() -> None:
     del model
     sp = SamplingParams(max_new_tokens=a.turn_tokens, temperature=1.0, ignore_eos=True, seed=1)
     sampled = a.episodes * a.turns * a.turn_tokens
-    ways = {"kv_reuse": lambda: kv_reuse(gen, prompts, env, sp, a.turns),
-            "reprefill": lambda: reprefill(gen, prompts, env, sp, a.turns),
-            "single_turn": lambda: single_turn(gen, prompts, sp, a.turns)}
+    reuse = {tp: f"kv_reuse_{tp}" if tp != "varlen" else "kv_reuse" for tp in turn_prefills}
+    ways = {name: functools.partial(kv_reuse, gen, prompts, env, sp, a.turns, tp) for tp, name in reuse.items()}
+    ways |= {"reprefill": lambda: reprefill(gen, prompts, env, sp, a.turns),
+             "single_turn": lambda: single_turn(gen, prompts, sp, a.turns)}
     for fn in ways.values():  # warm-up: graphs captured, kernels compiled
         fn()
     results = {}
@@ -105,29 +147,38 @@ def main() -> None:
         times = [fn() for _ in range(a.runs)]
         best = min(times)
         results[name] = {"seconds": times, "best_s": best, "sampled_tokens_per_s": sampled / best}
+    boundaries = {name: timed_turn_prefills(gen, ways[name]) for name in reuse.values()}
+    for name, calls in boundaries.items():
+        results[name]["turn_prefills"] = calls
+        results[name]["turn_prefill_s"] = sum(c["s"] for c in calls)
+    first = reuse[turn_prefills[0]]
     if a.profile:
         import cProfile
         import pstats
 
         prof = cProfile.Profile()
-        prof.runcall(ways["kv_reuse"])
+        prof.runcall(ways[first])
         pstats.Stats(prof).sort_stats("cumulative").print_stats(25)
     peak = torch.cuda.max_memory_allocated() / 2**30 if a.device == "cuda" else None
     out = {"date": time.strftime("%Y-%m-%d"), "device": torch.cuda.get_device_name() if a.device == "cuda" else "cpu",
            "args": vars(a), "sampled_tokens": sampled, "peak_gib": peak, "results": results,
-           "kv_reuse_vs_single_turn": results["kv_reuse"]["sampled_tokens_per_s"]
+           "kv_reuse_vs_single_turn": results[first]["sampled_tokens_per_s"]
            / results["single_turn"]["sampled_tokens_per_s"],
-           "kv_reuse_vs_reprefill": results["kv_reuse"]["sampled_tokens_per_s"]
+           "kv_reuse_vs_reprefill": results[first]["sampled_tokens_per_s"]
            / results["reprefill"]["sampled_tokens_per_s"]}
     Path(a.out).parent.mkdir(parents=True, exist_ok=True)
     Path(a.out).write_text(json.dumps(out, indent=2) + "\n")
     print(f"{a.episodes} episodes x {a.turns} turns x {a.turn_tokens} sampled + {a.inserted} inserted, {a.shape}, "
           f"{out['device']}, peak {peak if peak is None else round(peak, 1)} GiB")
-    print(f"{'way':<12} {'best s':>8} {'sampled tok/s':>14}")
+    print(f"{'way':<17} {'best s':>8} {'sampled tok/s':>14} {'turn prefills s (calls: seqs x tokens)':>40}")
     for name, r in results.items():
-        print(f"{name:<12} {r['best_s']:>8.3f} {r['sampled_tokens_per_s']:>14.0f}")
-    print(f"kv_reuse / single_turn = {out['kv_reuse_vs_single_turn']:.2f}x (target >= 0.9); "
-          f"kv_reuse / reprefill = {out['kv_reuse_vs_reprefill']:.2f}x (target >= 2)")
+        calls = r.get("turn_prefills")
+        what = "" if calls is None else (f"{r['turn_prefill_s']:.3f} ("
+                                         + ", ".join(f"{c['s'] * 1e3:.1f} ms: {c['sequences']}x{c['tokens']}"
+                                                     for c in calls[:4]) + (", ..." if len(calls) > 4 else "") + ")")
+        print(f"{name:<17} {r['best_s']:>8.3f} {r['sampled_tokens_per_s']:>14.0f} {what:>40}")
+    print(f"{first} / single_turn = {out['kv_reuse_vs_single_turn']:.2f}x (target >= 0.9); "
+          f"{first} / reprefill = {out['kv_reuse_vs_reprefill']:.2f}x (target >= 2)")
 
 
 if __name__ == "__main__":

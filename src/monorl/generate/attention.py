@@ -1,5 +1,6 @@
-"""The generator's attention contexts: prefill (write prompt KV, varlen causal attention) and decode
-(write one token's KV per sequence, attend over the paged cache). Both implement
+"""The generator's attention contexts: prefill (write prompt KV, varlen causal attention), decode (write one
+token's KV per sequence, attend over the paged cache) and cached prefill (an episode's next turn: new tokens of
+several sequences attend their cached prefix and each other). All implement
 `monorl.model.attention.AttentionContext`, so the one model definition runs them unchanged.
 
 Decode backends:
@@ -10,9 +11,10 @@ Decode backends:
 - "invariant": a batch-invariant model's (`batch_invariant()`, `monorl.ops.attention_invariant`): the same
   key-block order as its varlen prefill / training path.
 
-`attend` is one custom op per context (`monorl::prefill_attention`, `monorl::decode_attention`): the
-compiler sees an opaque call that mutates this layer's cache in place, so a compiled TransformerBlock is
-one graph (no graph break) that fuses everything around it, and the cache is never copied.
+`attend` is one custom op per context (`monorl::prefill_attention`, `monorl::decode_attention`,
+`monorl::cached_prefill_attention`): the compiler sees an opaque call that mutates this layer's cache in place, so
+a compiled TransformerBlock is one graph (no graph break) that fuses everything around it, and the cache is never
+copied.
 """
 
 from __future__ import annotations
@@ -25,7 +27,8 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from monorl.compile import mark_dynamic
-from monorl.model.attention import VarlenContext
+from monorl.generate.kv_cache import blocks_for, table_tensor
+from monorl.model.attention import VarlenContext, positions_of
 from monorl.ops import HAS_TRITON, attention_invariant, custom_op, sm_count
 from monorl.ops.attention_triton import attention_triton, decode_splits
 from monorl.ops.block_kernels import write_kv
@@ -107,6 +110,141 @@ class DecodeContext:
 
     def batch_invariant(self) -> DecodeContext:
         return dataclasses.replace(self, backend="invariant")
+
+
+@custom_op("monorl::cached_prefill_attention", mutates_args=("cache",))
+def cached_prefill_attention(q: Tensor, k: Tensor, v: Tensor, cache: Tensor, slot_mapping: Tensor, key_slots: Tensor,
+                             cu_seqlens_q: Tensor, cu_seqlens_k: Tensor, bounds: Tensor, backend: str,
+                             kv_written: bool) -> Tensor:
+    """Write the new tokens' k/v (unless the caller did), gather every sequence's keys and values (positions 0..,
+    cached and new) from the cache into one packed pair, then one varlen attention whose sequences have more keys
+    than queries, the queries being each sequence's last ones. bounds' sizes: the longest query and key runs."""
+    if not kv_written:
+        write_kv(k, v, cache, slot_mapping)
+    kv = cache.flatten(1, 2).index_select(1, key_slots).to(q.dtype)  # [2, K, Hkv, D]: one gather for keys and values
+    max_q, max_k = bounds.shape[0], bounds.shape[1]
+    if backend == "flash":
+        # flash attention's causal mask is aligned bottom-right: query i of a sequence's n sees its keys 0..len_k-n+i.
+        # The ATen op (not `varlen_attn`): it takes fewer kv heads on every torch we support; no autograd here.
+        out = torch.ops.aten._flash_attention_forward(q, kv[0], kv[1], cu_seqlens_q, cu_seqlens_k, max_q, max_k, 0.0,
+                                                      True, False)[0]
+    else:
+        out = sdpa_cached(q, kv[0], kv[1], cu_seqlens_q, cu_seqlens_k, max_q, max_k)
+    return out.contiguous()
+
+
+@cached_prefill_attention.register_fake
+def _(q, k, v, cache, slot_mapping, key_slots, cu_seqlens_q, cu_seqlens_k, bounds, backend, kv_written):
+    return torch.empty_like(q)
+
+
+def sdpa_cached(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor, cu_seqlens_k: Tensor, max_q: int,
+                max_k: int) -> Tensor:
+    """Portable `cached_prefill_attention`: q [T, Hq, D] (each sequence's last queries), k/v [K, Hkv, D] (each
+    sequence's keys from position 0) padded to [S, max_q] and [S, max_k], one masked SDPA: a query at position p
+    sees keys 0..p. Device tensors only (no host read)."""
+    T, K, S = q.shape[0], k.shape[0], cu_seqlens_q.shape[0] - 1
+    dev = q.device
+    len_q, len_k = cu_seqlens_q.diff().long(), cu_seqlens_k.diff().long()
+    i, j = torch.arange(max_q, device=dev), torch.arange(max_k, device=dev)
+    q_index = torch.where(i < len_q[:, None], cu_seqlens_q[:-1, None] + i, T)  # [S, max_q]; T: the zero row
+    k_index = torch.where(j < len_k[:, None], cu_seqlens_k[:-1, None] + j, K)
+    position = (len_k - len_q)[:, None] + i  # >= 0; a padding row's is past its real keys (no all-masked row)
+    mask = j[None, None, :] <= position[:, :, None]  # [S, max_q, max_k]
+
+    def padded(x: Tensor, index: Tensor) -> Tensor:  # [N, H, D] -> [S, H, L, D]
+        return torch.cat([x, x.new_zeros(1, *x.shape[1:])])[index].transpose(1, 2)
+
+    out = F.scaled_dot_product_attention(padded(q, q_index), padded(k, k_index), padded(v, k_index),
+                                         attn_mask=mask[:, None], enable_gqa=q.shape[1] != k.shape[1])
+    flat = out.new_empty(T + 1, *q.shape[1:])  # scattered by q_index (no boolean indexing: a host read); row T dropped
+    flat[q_index.reshape(-1)] = out.transpose(1, 2).reshape(S * max_q, *q.shape[1:])
+    return flat[:T]
+
+
+@dataclass
+class CachedPrefillContext:
+    """New tokens of several sequences over the K/V their block tables already hold (an episode's next turn: the
+    environment's tokens after its cached conversation). Sequence s's new tokens are rows cu_seqlens_q[s].. at
+    positions start_s..; each attends causally to its sequence's keys 0..its position. A layer writes the new
+    tokens' k/v, gathers every sequence's keys once and runs one varlen attention ("flash": CUDA, bf16/fp16; "sdpa":
+    portable): cost ~ new tokens x context on tensor cores, no per-sequence launch. `decode_rows` is the same work
+    as one paged-decode row per new token; a batch-invariant model runs that form (its kernel is the trainer's, so a
+    token's result is the trainer's bit for bit). Build with `CachedPrefillContext.build`."""
+
+    slot_mapping: Tensor  # int64 [T]: each new token's cache slot
+    positions: Tensor  # int64 [T]
+    cu_seqlens_q: Tensor  # int32 [S+1]: the new tokens of each sequence
+    cu_seqlens_k: Tensor  # int32 [S+1]: its keys (cached and new)
+    key_slots: Tensor  # int64 [K]: each sequence's key slots (positions 0..), sequences end to end
+    # no elements; sizes [max_q, max_k, 0]: bounds (>= 2: no size-1 dimension to specialise on) of the sequences'
+    # query and key counts, as tensor sizes, so compiled code sees no Python int to specialise on
+    bounds: Tensor
+    block_tables: Tensor  # int32 [S, W]
+    seq_index: Tensor  # int64 [T]: each new token's sequence
+    backend: str = "sdpa"  # flash | sdpa
+
+    def __post_init__(self) -> None:
+        mark_dynamic(self.slot_mapping, self.positions, self.cu_seqlens_q, self.cu_seqlens_k, self.key_slots,
+                     self.block_tables, self.seq_index)
+        mark_dynamic(self.bounds, dims=(0, 1))
+
+    @staticmethod
+    def build(chunks: list[list[int]], starts: list[int], tables: list[list[int]], block_size: int,
+              device: torch.device, backend: str) -> CachedPrefillContext:
+        """chunks[s]: sequence s's new tokens (non-empty), at positions starts[s].. of block table tables[s] (which
+        holds the K/V of positions 0..starts[s]-1). Index tensors are built on the host in a few vectorised ops."""
+        if backend not in ("flash", "sdpa"):
+            raise ValueError(f"cached prefill backend must be flash or sdpa, got {backend!r}")
+        if not chunks or len(starts) != len(chunks) or len(tables) != len(chunks) or any(not c for c in chunks):
+            raise ValueError("a cached prefill needs, per sequence, a non-empty token list, a start and a block table")
+        lens_q = torch.tensor([len(c) for c in chunks], dtype=torch.int64)
+        start = torch.tensor(starts, dtype=torch.int64)
+        lens_k = start + lens_q
+        ends = lens_k.tolist()
+        for s, (end, table) in enumerate(zip(ends, tables, strict=True)):
+            if starts[s] < 0 or len(table) < blocks_for(end, block_size):
+                raise ValueError(f"sequence {s}: start {starts[s]}, end {end}: its block table covers "
+                                 f"{len(table) * block_size} positions")
+        width = blocks_for(max(ends), block_size)
+        table_rows = table_tensor([t[:width] for t in tables], width, torch.device("cpu"))
+        S = len(chunks)
+        seq_q = torch.repeat_interleave(torch.arange(S), lens_q)
+        pos_q = start[seq_q] + positions_of(lens_q)
+        seq_k = torch.repeat_interleave(torch.arange(S), lens_k)
+        pos_k = positions_of(lens_k)
+
+        def slots(seq: Tensor, pos: Tensor) -> Tensor:
+            return table_rows[seq, pos // block_size].long() * block_size + pos % block_size
+
+        def cumulative(lengths: Tensor) -> Tensor:
+            cu = torch.zeros(S + 1, dtype=torch.int32)
+            cu[1:] = torch.cumsum(lengths, 0)
+            return cu
+
+        def dev(t: Tensor) -> Tensor:
+            return t.to(device, non_blocking=True)
+
+        return CachedPrefillContext(
+            slot_mapping=dev(slots(seq_q, pos_q)), positions=dev(pos_q), cu_seqlens_q=dev(cumulative(lens_q)),
+            cu_seqlens_k=dev(cumulative(lens_k)), key_slots=dev(slots(seq_k, pos_k)),
+            bounds=torch.empty(max(2, int(lens_q.max())), max(2, int(lens_k.max())), 0, device=device),
+            block_tables=dev(table_rows),
+            seq_index=dev(seq_q), backend=backend)
+
+    def attend(self, q: Tensor, k: Tensor, v: Tensor, cache: Tensor, kv_written: bool = False) -> Tensor:
+        return cached_prefill_attention(q, k, v, cache, self.slot_mapping, self.key_slots, self.cu_seqlens_q,
+                                        self.cu_seqlens_k, self.bounds, self.backend, kv_written)
+
+    def decode_rows(self, backend: str) -> DecodeContext:
+        """The same attention as one paged-decode row per new token (its seq_len: its position + 1; every row's k/v
+        is written before any row attends), on a decode backend (torch | triton | invariant)."""
+        return DecodeContext(block_tables=self.block_tables.index_select(0, self.seq_index),
+                             seq_lens=(self.positions + 1).to(torch.int32), slot_mapping=self.slot_mapping,
+                             backend=backend)
+
+    def batch_invariant(self) -> DecodeContext:
+        return self.decode_rows("invariant")
 
 
 def paged_decode_torch(q: Tensor, k_cache: Tensor, v_cache: Tensor, block_tables: Tensor, seq_lens: Tensor) -> Tensor:

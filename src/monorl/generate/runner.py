@@ -17,8 +17,8 @@ import torch
 from torch import Tensor
 
 from monorl.compile import capture_cuda_graph, clone_tensors, copy_into, is_compiled
-from monorl.generate.attention import DecodeContext, PrefillContext
-from monorl.generate.kv_cache import KVCache, blocks_for, slot_mapping, table_tensor
+from monorl.generate.attention import CachedPrefillContext, DecodeContext, PrefillContext
+from monorl.generate.kv_cache import KVCache
 from monorl.generate.sampling import SamplingParams, sample
 from monorl.generate.tensor_parallel import NO_TP, TensorParallel, gather_vocab
 from monorl.model.attention import VarlenContext, resolve_backend
@@ -30,6 +30,7 @@ PREFILL_GRAPHS = 16  # prefill shapes kept as CUDA graphs; later new shapes run 
 # A prefill shape is captured at its third eager run: the RL loop's warm-up and its validations before and after
 # repeat their prompts twice, and a capture costs about two eager runs.
 PREFILL_CAPTURE_AT = 3
+TURN_PREFILLS = ("varlen", "decode")  # how `prefill_cached` attends (its docstring)
 
 
 def graph_buckets(max_num_seqs: int) -> list[int]:
@@ -161,34 +162,28 @@ class ModelRunner:
         return self.logits(hidden[last])
 
     @torch.inference_mode()
-    def prefill_cached(self, chunks: list[list[int]], starts: list[int], tables: list[list[int]]) -> Tensor:
+    def prefill_cached(self, chunks: list[list[int]], starts: list[int], tables: list[list[int]],
+                       turn_prefill: str = "varlen") -> Tensor:
         """Run each sequence's new tokens chunks[i] at positions starts[i].. over the K/V its block table already
         holds for the positions before (an episode's next turn), write their K/V; return each sequence's last-token
-        logits [P, V]. Attention is the decode step's paged attention with one row per new token (its seq_len: its
-        position + 1; every row's K/V is written before any row attends), so a token's result is the decode step's
-        function of its keys -- in batch-invariant mode the varlen prefill's too, bit for bit. Eager; on CUDA the
-        Triton paged decode reads only each row's own keys (cost ~ new tokens x context, no graph)."""
-        if not chunks or any(not c for c in chunks):
-            raise ValueError("prefill_cached needs a non-empty token list per sequence")
-        dev, bs = self.device, self.block_size
-        lengths = [len(c) for c in chunks]
-        ids = [t for c in chunks for t in c]
-        positions = [p for s, n in zip(starts, lengths, strict=True) for p in range(s, s + n)]
-        slots = [x for c, s, t in zip(chunks, starts, tables, strict=True) for x in slot_mapping(t, s, s + len(c), bs)]
-        width = max(blocks_for(s + n, bs) for s, n in zip(starts, lengths, strict=True))
-        rows = table_tensor([t[:width] for t in tables], width, dev)
-        rows = rows.repeat_interleave(torch.tensor(lengths, device=dev), dim=0)
-        if len(ids) == 1 and dev.type == "cuda":
-            # a second row (the scratch block's slot 0): a compiled model specialises a size-1 dimension
-            ids, positions, slots = ids + [0], positions + [0], slots + [0]
-            rows = torch.cat([rows, torch.zeros_like(rows)])
-        pos = torch.tensor(positions, dtype=torch.int64).to(dev, non_blocking=True)
-        ctx = DecodeContext(block_tables=rows, seq_lens=(pos + 1).to(torch.int32),
-                            slot_mapping=torch.tensor(slots, dtype=torch.int64).to(dev, non_blocking=True),
-                            backend=self.decode_backend)
-        hidden = self.model(torch.tensor(ids, dtype=torch.int64).to(dev, non_blocking=True), pos, ctx, self.kv.layers)
-        last = torch.tensor(lengths, device=dev).cumsum(0) - 1
-        return self.logits(hidden[last])
+        logits [P, V]. One forward for all sequences; its attention (`CachedPrefillContext`) per turn_prefill:
+        "varlen": each layer gathers every sequence's keys once and runs one varlen attention (flash on CUDA);
+        "decode": one paged-decode row per new token (the decode step's kernel: each row reads its keys alone, in a
+        tile of mostly padding rows; the form before the varlen one). A batch-invariant model runs the
+        decode rows either way, on its kernel, so a token's result is the trainer's (and a varlen prefill's) bit for
+        bit. Eager (no graph: the appended lengths and contexts vary turn by turn)."""
+        if turn_prefill not in TURN_PREFILLS:
+            raise ValueError(f"turn_prefill must be one of {TURN_PREFILLS}, got {turn_prefill!r}")
+        P = len(chunks)
+        if self.device.type == "cuda" and P == 1:
+            # a filler sequence (token 0 at the scratch block's slot 0): with two sequences and tokens at least, a
+            # compiled model meets no size-1 dimension (it specialises them)
+            chunks, starts, tables = [*chunks, [0]], [*starts, 0], [*tables, [0]]
+        ctx = CachedPrefillContext.build(chunks, starts, tables, self.block_size, self.device, self.prefill_backend)
+        ids = torch.tensor([t for c in chunks for t in c], dtype=torch.int64).to(self.device, non_blocking=True)
+        layout = ctx if turn_prefill == "varlen" else ctx.decode_rows(self.decode_backend)
+        hidden = self.model(ids, ctx.positions, layout, self.kv.layers)
+        return self.logits(hidden[ctx.cu_seqlens_q[1:P + 1].long() - 1])
 
     def logits(self, hidden: Tensor) -> Tensor:
         """The LM head's logits of `hidden`, the whole vocabulary (a TP shard's gathered: `gather_vocab`)."""

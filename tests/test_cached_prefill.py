@@ -1,0 +1,116 @@
+"""`ModelRunner.prefill_cached` (an episode's next turn appended over its cached prefix) on CPU: the batched varlen
+form equals the per-token decode rows it replaced and a plain prefill of each whole sequence, for several sequences
+of different prefix and append lengths in one call (fp32 tolerance; bit for bit in batch-invariant mode), its index
+layout, its portable attention against a per-sequence reference, and bad input. Tiny random models."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from monorl.generate.attention import CachedPrefillContext, sdpa_cached
+from monorl.generate.episodes import EpisodeEngine
+from monorl.generate.kv_cache import blocks_for, slot_mapping
+from monorl.model.batch_invariant import make_batch_invariant_
+from monorl.model.config import model_shape
+from monorl.model.qwen3 import build_model
+from tests.test_episodes import generator
+
+# (prefix length, appended length): one-token prefixes and appends, appends within a block, across blocks (8), long
+CASES = [(1, 1), (7, 2), (8, 9), (9, 1), (20, 16), (33, 5)]
+
+
+@pytest.fixture(scope="module")
+def model():
+    return build_model(model_shape("tiny"), seed=3)
+
+
+@pytest.fixture(scope="module")
+def invariant_model():
+    return make_batch_invariant_(build_model(model_shape("tiny-untied"), seed=3))
+
+
+def three_ways(gen, cases: list[tuple[int, int]], seed: int = 0) -> tuple[torch.Tensor, ...]:
+    """Random sequences of (prefix, appended) lengths `cases`; the last-token logits of each, the prefix prefilled
+    and the rest appended in one prefill_cached call (varlen; decode rows), and each whole sequence prefilled; then
+    each way's cached K/V of the sequences' tokens, stacked."""
+    runner, bs = gen.runner, gen.kv.block_size
+    rng = random.Random(seed)
+    seqs = [[rng.randrange(2, gen.model.config.vocab_size) for _ in range(p + n)] for p, n in cases]
+    out, kv = [], []
+    for way in ("varlen", "decode", "whole"):
+        tables = [gen.blocks.allocate(blocks_for(len(s), bs)) for s in seqs]
+        if way == "whole":
+            logits = runner.prefill(seqs, [slot_mapping(t, 0, len(s), bs) for s, t in zip(seqs, tables, strict=True)])
+        else:
+            runner.prefill([s[:p] for s, (p, _) in zip(seqs, cases, strict=True)],
+                           [slot_mapping(t, 0, p, bs) for t, (p, _) in zip(tables, cases, strict=True)])
+            logits = runner.prefill_cached([s[p:] for s, (p, _) in zip(seqs, cases, strict=True)],
+                                           [p for p, _ in cases], tables, way)
+        out.append(logits.float())
+        slots = torch.tensor([x for s, t in zip(seqs, tables, strict=True) for x in slot_mapping(t, 0, len(s), bs)])
+        kv.append(gen.kv.kv.flatten(2, 3)[:, :, slots.to(gen.device)].float())
+    return out[0], out[1], out[2], torch.stack(kv)
+
+
+def test_varlen_equals_decode_rows_and_whole_prefill(model):
+    varlen, decode, whole, kv = three_ways(generator(model, max_num_seqs=8), CASES)
+    assert varlen.shape == (len(CASES), model.config.vocab_size)
+    torch.testing.assert_close(varlen, decode, rtol=0, atol=1e-5)
+    torch.testing.assert_close(varlen, whole, rtol=0, atol=1e-5)
+    torch.testing.assert_close(kv[0], kv[1], rtol=0, atol=1e-5)
+    torch.testing.assert_close(kv[0], kv[2], rtol=0, atol=1e-5)
+
+
+def test_varlen_is_bitwise_in_invariant_mode(invariant_model):
+    """A batch-invariant model runs the varlen form as decode rows on its kernel: bitwise a whole prefill's."""
+    varlen, decode, whole, kv = three_ways(generator(invariant_model, max_num_seqs=8), CASES)
+    assert torch.equal(varlen, decode) and torch.equal(varlen, whole)
+    assert torch.equal(kv[0], kv[1]) and torch.equal(kv[0], kv[2])
+
+
+def test_layout():
+    """Block size 4: sequence 0 (table [5, 9]) appends 2 tokens at position 5, sequence 1 (table [3]) one at 1."""
+    ctx = CachedPrefillContext.build([[11, 12], [13]], [5, 1], [[5, 9], [3]], 4, torch.device("cpu"), "sdpa")
+    assert ctx.slot_mapping.tolist() == [37, 38, 13] and ctx.positions.tolist() == [5, 6, 1]
+    assert ctx.cu_seqlens_q.tolist() == [0, 2, 3] and ctx.cu_seqlens_k.tolist() == [0, 7, 9]
+    assert ctx.key_slots.tolist() == [20, 21, 22, 23, 36, 37, 38, 12, 13]
+    assert ctx.bounds.shape == (2, 7, 0) and ctx.seq_index.tolist() == [0, 0, 1]
+    rows = ctx.decode_rows("torch")
+    assert rows.block_tables.tolist() == [[5, 9], [5, 9], [3, 0]] and rows.seq_lens.tolist() == [6, 7, 2]
+    assert rows.slot_mapping is ctx.slot_mapping and ctx.batch_invariant().backend == "invariant"
+
+
+def test_sdpa_cached_is_each_sequences_causal_attention():
+    """Grouped heads (4 query, 2 kv); sequence s's n queries are its last n positions of len_k keys."""
+    torch.manual_seed(0)
+    lens_q, lens_k = [3, 1, 5], [7, 1, 5]
+    q = torch.randn(sum(lens_q), 4, 16)
+    k, v = torch.randn(sum(lens_k), 2, 16), torch.randn(sum(lens_k), 2, 16)
+    cu = [torch.tensor([0, *torch.tensor(x).cumsum(0).tolist()], dtype=torch.int32) for x in (lens_q, lens_k)]
+    out = sdpa_cached(q, k, v, cu[0], cu[1], 6, 9)  # bounds above the longest runs
+    for s, (n, m) in enumerate(zip(lens_q, lens_k, strict=True)):
+        qs, ks, vs = (x[c[s]:c[s + 1]].transpose(0, 1) for x, c in ((q, cu[0]), (k, cu[1]), (v, cu[1])))
+        mask = torch.arange(m)[None, :] <= torch.arange(m - n, m)[:, None]
+        ref = F.scaled_dot_product_attention(qs, ks.repeat_interleave(2, 0), vs.repeat_interleave(2, 0),
+                                             attn_mask=mask)
+        torch.testing.assert_close(out[cu[0][s]:cu[0][s + 1]], ref.transpose(0, 1), rtol=0, atol=1e-6)
+
+
+def test_bad_input_is_refused(model):
+    gen = generator(model)
+    runner = gen.runner
+    table = gen.blocks.allocate(1)  # positions 0..7
+    with pytest.raises(ValueError, match="non-empty token list"):
+        runner.prefill_cached([[3], []], [1, 1], [table, table])
+    with pytest.raises(ValueError, match="covers 8 positions"):
+        runner.prefill_cached([[3, 4]], [7], [table])
+    with pytest.raises(ValueError, match="turn_prefill"):
+        runner.prefill_cached([[3]], [1], [table], "eager")
+    with pytest.raises(ValueError, match="turn_prefill"):
+        EpisodeEngine(gen, turn_prefill="fast")
+    with pytest.raises(ValueError, match="flash or sdpa"):
+        CachedPrefillContext.build([[3]], [1], [table], 8, torch.device("cpu"), "triton")

@@ -73,6 +73,10 @@ class RolloutSection:
     # overlong_penalty (overlong_buffer 0: off)
     overlong_buffer: int = 0
     overlong_penalty: float = 1.0  # weight of the overlong component (with overlong_buffer > 0)
+    # asynchronous RL: the producer runs ahead of the trainer by at most this many policy versions, so a step's
+    # rollouts may come from weights up to K trainer steps old (0: on-policy, producer and trainer in lock-step;
+    # monorl/rl/rollout_buffer.py)
+    max_staleness: int = 0
 
     def __post_init__(self) -> None:
         if self.advantage not in ADVANTAGE_KINDS:
@@ -86,6 +90,8 @@ class RolloutSection:
         if not 0 <= self.overlong_buffer <= self.max_new_tokens:
             raise ValueError(f"rollout.overlong_buffer must be in [0, max_new_tokens={self.max_new_tokens}] "
                              f"(0 = off), got {self.overlong_buffer}")
+        if self.max_staleness < 0:
+            raise ValueError(f"rollout.max_staleness must be >= 0 (0 = on-policy), got {self.max_staleness}")
         if self.overlong_penalty < 0:
             raise ValueError(f"rollout.overlong_penalty must be >= 0, got {self.overlong_penalty}")
         if not (self.temperature > 0 and math.isfinite(self.temperature)):

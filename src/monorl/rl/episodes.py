@@ -49,6 +49,7 @@ class _Live:
     tokens: list[int] = field(default_factory=list)
     mask: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
+    versions: list[int] = field(default_factory=list)  # per completion token: the policy version that sampled it, or -1
 
 
 class EpisodeRunner:
@@ -137,12 +138,14 @@ class EpisodeRunner:
         lv.tokens += inserted
         lv.mask += [0] * len(inserted)
         lv.logprobs += [0.0] * len(inserted)
+        lv.versions += [-1] * len(inserted)
 
     def _turn_ended(self, lv: _Live, ev: TurnEvent, budget: int) -> None:
         """A turn's sampled tokens are in: hand the text to the environment, or end the episode at its budget."""
         lv.tokens += ev.token_ids
         lv.mask += [1] * len(ev.token_ids)
         lv.logprobs += ev.logprobs
+        lv.versions += ev.versions
         lv.closed = tuple(ev.token_ids[-len(self.end_of_turn):]) == self.end_of_turn
         used = len(lv.tokens) - lv.prompt_len
         if ev.reason == "context" or (ev.reason == "length" and used >= budget):
@@ -220,9 +223,11 @@ def generate_episodes(runner: EpisodeRunner, prompts: Sequence[Prompt], sampling
                 rewards, error = next(scores)
                 completion = lv.tokens[lv.prompt_len:]
                 text = tok.decode(completion, skip_special_tokens=False)  # the conversation, role markers included
+                sampled = [v for v in lv.versions if v >= 0]
                 group.append(Rollout(p, lv.tokens[:lv.prompt_len], completion, lv.logprobs, lv.finish_reason, text,
                                      rewards, error, weights=weights, completion_mask=lv.mask,
-                                     extra={"episode": rec.to_dict()}))
+                                     extra={"episode": rec.to_dict()},
+                                     policy_version=min(sampled, default=policy_version), token_versions=lv.versions))
                 records.append(rec)
             groups.append(group)
         failed = [r.reward_error for g in groups for r in g if r.reward_error is not None]

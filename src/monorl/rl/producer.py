@@ -42,6 +42,9 @@ class RolloutBatch:
     context: RewardContext  # what the rewards logged (log_metric means go into the step's metrics)
     policy_version: int  # the trainer steps behind the weights that generated every group
     metrics: dict[str, Any] = field(default_factory=dict)  # the episodes' (turns, tool calls and failures, ...)
+    # the prompt stream's position after this batch drew its prompts: once the trainer has consumed the batch, the
+    # first prompt not consumed (what a checkpoint stores; batches produced ahead are generated again on resume)
+    stream_end: int = 0
 
     @property
     def groups(self) -> list[list[Rollout]]:
@@ -100,7 +103,8 @@ class RolloutProducer:
             raise ValueError(f"step {step + 1}: every prompt was skipped: none fits generator.max_model_len="
                              f"{self.spec.max_len} with {ro.max_new_tokens} new tokens")
         self.check_rewards(rollouts)
-        return RolloutBatch(step, sampled, context, version, metrics=episode_metrics(self.records))
+        return RolloutBatch(step, sampled, context, version, metrics=episode_metrics(self.records),
+                            stream_end=self.stream.position)
 
     def rollouts(self, step: int, n: int, round_: int = 0,
                  context: RewardContext | None = None) -> list[list[Rollout]]:
@@ -129,7 +133,7 @@ class RolloutProducer:
             encoded = ahead[2]
         return generate_rollouts(self.generator, spec.tokenizer, spec.task, prompts, sampling,
                                  self.cfg.rollout.group_size, spec.max_len, self.world, encoded=encoded,
-                                 context=context)
+                                 context=context, policy_version=self.policy_version())
 
     def encode_ahead(self, step: int) -> None:
         """Render and tokenize the prompts step `step` will draw first (`PromptStream.peek`: the stream's position

@@ -37,6 +37,10 @@ class Rollout:
     extra: dict[str, Any] = field(default_factory=dict)  # what the reward logged for it (`log_extra`), by column
     # an episode's: 1 on sampled tokens, 0 on inserted ones (tool results, environment messages: context only)
     completion_mask: list[int] | None = None
+    # the policy version (trainer steps behind the weights) that generated it: an episode's oldest sampled token's
+    policy_version: int = 0
+    # an episode's: the version that sampled each completion token (-1 on inserted ones); None: all policy_version
+    token_versions: list[int] | None = None
 
     @property
     def reward(self) -> float:
@@ -80,8 +84,9 @@ def encode_prompts(task: Task, tokenizer, prompts: Sequence[Prompt], max_len: in
 def generate_rollouts(generator: Generator, tokenizer, task: Task, prompts: Sequence[Prompt],
                       sampling: SamplingParams, n: int, max_len: int, world: World = SINGLE,
                       encoded: tuple[list[Prompt], list[list[int]]] | None = None,
-                      context: RewardContext | None = None) -> list[list[Rollout]]:
-    """[prompt][sample] rollouts with rewards (no advantages yet). On several ranks (`world`) each generates and
+                      context: RewardContext | None = None, policy_version: int = 0) -> list[list[Rollout]]:
+    """[prompt][sample] rollouts with rewards (no advantages yet), tagged with `policy_version` (the generator's
+    weights'). On several ranks (`world`) each generates and
     scores its contiguous share of the prompt groups (a group never spans ranks), keyed by the group's index in
     the whole batch, so a group's completions do not depend on the rank count; every rank gets all groups back.
     encoded: `encode_prompts(task, tokenizer, prompts, max_len, sampling.max_new_tokens)`, when already at hand.
@@ -108,7 +113,7 @@ def generate_rollouts(generator: Generator, tokenizer, task: Task, prompts: Sequ
             for c, text in zip(comps, ts, strict=True):
                 rewards, error = next(scores)
                 group.append(Rollout(p, ids, list(c.token_ids), list(c.logprobs), c.finish_reason, text, rewards,
-                                     error, weights=weights, extra=next(extras)))
+                                     error, weights=weights, extra=next(extras), policy_version=policy_version))
             groups.append(group)
         failed = [r.reward_error for g in groups for r in g if r.reward_error is not None]
         if failed:  # one line per call, not one per completion

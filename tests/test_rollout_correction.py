@@ -216,7 +216,7 @@ def test_token_correction_is_decoupled_ppo(cap):
     logp = [-0.7, -1.9, -0.2, -1.1, -2.5]
     behav = [-0.9, -1.2, -0.2, -2.4, -2.0]  # the stale generator's log-probs
     adv, seq_ids, lengths = [0.8, -1.3], [0, 0, 0, 1, 1], [3, 2]
-    kw = {"rollout_is": "token", "rollout_is_threshold": math.inf}
+    kw = {"rollout_is": "token", "rollout_is_threshold": 1e9}  # above e^log_ratio_clamp: untruncated
     if cap is not None:
         kw.update(rollout_rs="token", rollout_rs_threshold=cap, rollout_rs_threshold_lower=0.0)
     cfg = LossConfig(kind="token_grpo", rollout_correction=RolloutCorrectionConfig(**kw))

@@ -176,15 +176,15 @@ def test_k1_with_dynamic_sampling(tmp_path: Path) -> None:
                                               "rollout.dynamic_sampling_metric": "reward", "steps": "3"})
     run = GRPORun(cfg, progress=False)
     seen = record_batches(run)
-    ends: list[int] = []  # each consumed batch's stream end
-    take = run.rollouts.next_batch
+    ends: list[int] = []  # each consumed batch's stream end, as the trainer takes it
+    take = run.rollouts.buffer.take
 
-    def taking(step: int) -> tuple[RolloutBatch, dict[str, float]]:
-        batch, metrics = take(step)
+    def taking() -> RolloutBatch:
+        batch = take()
         ends.append(batch.stream_end)
-        return batch, metrics
+        return batch
 
-    run.rollouts.next_batch = taking  # type: ignore[method-assign]
+    run.rollouts.buffer.take = taking  # type: ignore[method-assign]
     run.run()
     assert_lag_at_most(seen, 1)
     rows = step_rows(tmp_path / "run")

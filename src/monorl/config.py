@@ -77,6 +77,9 @@ class RolloutSection:
     # rollouts may come from weights up to K trainer steps old (0: on-policy, producer and trainer in lock-step;
     # monorl/rl/rollout_buffer.py)
     max_staleness: int = 0
+    # with max_staleness > 0: the batch generated during a trainer step takes the new weights between decode steps
+    # (engine steps for episodes), keeping its KV cache; each token records the version that sampled it
+    inflight_updates: bool = False
 
     def __post_init__(self) -> None:
         if self.advantage not in ADVANTAGE_KINDS:
@@ -92,6 +95,9 @@ class RolloutSection:
                              f"(0 = off), got {self.overlong_buffer}")
         if self.max_staleness < 0:
             raise ValueError(f"rollout.max_staleness must be >= 0 (0 = on-policy), got {self.max_staleness}")
+        if self.inflight_updates and self.max_staleness < 1:
+            raise ValueError("rollout.inflight_updates needs rollout.max_staleness >= 1 (on-policy, no generation is "
+                             "in flight while the trainer steps)")
         if self.overlong_penalty < 0:
             raise ValueError(f"rollout.overlong_penalty must be >= 0, got {self.overlong_penalty}")
         if not (self.temperature > 0 and math.isfinite(self.temperature)):

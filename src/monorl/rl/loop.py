@@ -163,7 +163,7 @@ class GRPORun:
         self.producer = RolloutProducer(self.spec, self.generator, world, lambda: self.consumer.policy_version)
         # the trainer's batches, taken in step order from the producer running up to max_staleness batches ahead
         self.rollouts = AheadRollouts(self.producer, cfg.rollout.max_staleness, cfg.steps,
-                                      lambda: self.consumer.policy_version)
+                                      lambda: self.consumer.policy_version, cfg.rollout.inflight_updates)
         self.num_tokens = 0  # prompt + completion tokens trained on so far (TRL's num_tokens)
         # created last, so a bad config, checkpoint or data file leaves no empty run directory behind; rank 0
         # names it (a default path holds the time) and alone writes it
@@ -242,12 +242,13 @@ class GRPORun:
         cfg = self.cfg
         self.boot.join_aten_preload()  # a step may capture CUDA graphs; without `warm_up` the thread may still run
         t0 = time.perf_counter()
-        batch, staleness = self.rollouts.next_batch(step)  # K = 0: the producer's batch for this step, made now
-        t1 = time.perf_counter()
-        nxt = self.rollouts.next_produce  # the batch the producer makes next: step + 1 + max_staleness
-        ahead = (lambda: self.producer.encode_ahead(nxt)) if nxt is not None and nxt < cfg.steps else None
-        train_metrics, times = self.consumer.consume(batch, after_publish=ahead)
-        times = {"generate_s": t1 - t0, **times, "step_s": time.perf_counter() - t0}
+        nxt = step + 1 + cfg.rollout.max_staleness  # the batch the producer makes next
+        ahead = (lambda: self.producer.encode_ahead(nxt)) if nxt < cfg.steps else None
+        # the producer's batches up to step + max_staleness (K = 0: this step's, made now), then the trainer's step
+        # on this one (with in-flight updates, during the last batch's generation)
+        taken = self.rollouts.step(step, lambda b: self.consumer.consume(b, after_publish=ahead))
+        batch, (train_metrics, times), staleness = taken.batch, taken.trained, taken.metrics
+        times = {"generate_s": taken.generate_s, **times, "step_s": time.perf_counter() - t0}
         rollouts = [r for g in batch.groups for r in g]
         self.num_tokens += sum(len(r.prompt_ids) + len(r.completion_ids) for r in rollouts
                                if not (cfg.rollout.mask_truncated and r.truncated))

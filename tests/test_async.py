@@ -263,3 +263,61 @@ def test_k1_on_two_gloo_ranks(tmp_path: Path) -> None:
 
 def _drop_micro(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return [{k: v for k, v in r.items() if not k.startswith("micro_batches")} for r in rows]
+
+
+INFLIGHT = {**K1, "rollout.inflight_updates": "true"}
+
+
+def test_inflight_updates_need_staleness() -> None:
+    with pytest.raises(ValueError, match="inflight_updates needs rollout.max_staleness >= 1"):
+        RolloutSection(inflight_updates=True)
+
+
+def test_inflight_update_swaps_weights_between_decode_chunks(
+        one_ahead: tuple[Path, list[dict[str, Any]], GRPORun], tmp_path: Path) -> None:
+    """K = 1 with in-flight updates: batch t + 1 starts on version t's weights and the trainer's step t runs after
+    its first decode chunk; the sequences go on with version t + 1's weights, keeping their KV. Against the K = 1
+    run without them, in batches 1 and 2 (whose version-t weights both runs share: trained on the same batch 0):
+    the tokens recorded at version t are that run's tokens, log-probs included (same weights, same noise by
+    position); after the swap the log-probs are the new weights'. Every sample's oldest token is at most 1
+    version behind; the token-level lag drops below it."""
+    _, plain, _ = one_ahead
+    run = GRPORun(small_cfg(tmp_path / "run", **INFLIGHT), progress=False)
+    seen = record_batches(run)
+    run.run()
+    assert_lag_at_most(seen, 1)
+    assert [b["prompts"] for b in seen] == [b["prompts"] for b in plain]
+    assert seen[0]["logprobs"] == plain[0]["logprobs"]  # batch 0 is made before any trainer step
+    for b in seen[1:]:  # one swap, between chunks
+        for tv in b["token_versions"]:
+            assert tv == [b["step"] - 1] * tv.count(b["step"] - 1) + [b["step"]] * tv.count(b["step"])
+    for step in (1, 2):
+        got, want, old = seen[step], plain[step], step - 1
+        swapped = 0
+        for toks, lps, tv, toks0, lps0 in zip(got["completions"], got["logprobs"], got["token_versions"],
+                                              want["completions"], want["logprobs"], strict=True):
+            before = tv.count(old)
+            assert toks[:before] == toks0[:before] and lps[:before] == lps0[:before]
+            if before < min(len(toks), len(toks0)) and toks[before] == toks0[before]:
+                swapped += lps[before] != lps0[before]
+        assert swapped > 0, step  # the first token after the swap is scored by other weights
+    rows = step_rows(tmp_path / "run")
+    assert [r["staleness/max"] for r in rows] == [0, 1, 1, 1]
+    assert all(r["staleness/token_mean"] < r["staleness/mean"] == 1.0 for r in rows[1:])
+
+
+def test_inflight_update_in_multi_turn_episodes(tmp_path: Path) -> None:
+    """Episodes in flight take the new weights between engine steps: along each episode the sampled tokens'
+    versions never go back, and some episodes hold tokens of both versions."""
+    run = GRPORun(run_config("tiny_tools", {**EPISODES, **INFLIGHT, "run_dir": str(tmp_path / "run")}),
+                  progress=False)
+    seen = record_batches(run)
+    run.run()
+    assert_lag_at_most(seen, 1)
+    mixed = 0
+    for b in seen[1:]:
+        for tv in b["token_versions"]:
+            sampled = [v for v in tv if v >= 0]
+            assert sampled == sorted(sampled) and set(sampled) <= {b["step"] - 1, b["step"]}
+            mixed += len(set(sampled)) == 2
+    assert mixed > 0

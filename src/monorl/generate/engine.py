@@ -297,7 +297,8 @@ class Generator:
                         self._extend(seq, seq_toks, seq_lps, self.policy_version)
                     self._reap(sched)
                     if between_chunks is not None and (sched.running or sched.waiting):
-                        between_chunks()
+                        with torch.inference_mode(False):  # it may train (a colocated trainer step)
+                            between_chunks()
                     continue
                 read = self._deferred_read(runner.copy_ring(steps, live), list(sched.running), self.policy_version)
                 for seq in sched.running:
@@ -309,7 +310,8 @@ class Generator:
                     unread()  # the steps before these: their copy is done, these steps run meanwhile
                 unread = read
                 if between_chunks is not None and (sched.running or sched.waiting):
-                    between_chunks()  # queued behind the chunk; the next chunk runs on what it loads
+                    with torch.inference_mode(False):  # queued behind the chunk; the next one runs on what it loads
+                        between_chunks()
             if unread is not None:
                 unread()
         finally:

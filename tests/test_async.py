@@ -22,6 +22,7 @@ from monorl.rl.loop import GRPORun
 from monorl.rl.producer import RolloutBatch
 from monorl.rl.rollout_buffer import RolloutBuffer
 from monorl.tasks.base import Prompt
+from tests.conftest import digits_cfg
 from tests.test_resume import killed_copy, small_cfg, step_rows
 
 K1 = {"rollout.max_staleness": "1"}
@@ -321,3 +322,27 @@ def test_inflight_update_in_multi_turn_episodes(tmp_path: Path) -> None:
             assert sampled == sorted(sampled) and set(sampled) <= {b["step"] - 1, b["step"]}
             mixed += len(set(sampled)) == 2
     assert mixed > 0
+
+
+@pytest.mark.parametrize("inflight", [False, True])
+def test_reward_failing_ahead_saves_what_was_trained(tmp_path: Path, inflight: bool) -> None:
+    """The reward fails on every completion: the third batch produced stops the run. Without in-flight updates it is
+    made before step 1 trains: 1 step kept. With them it is made during step 1's trainer step: that step
+    completes and is saved (2 steps), and the run stops at the next. Either way the checkpoint's data position is
+    the end of the last batch trained on."""
+    from monorl.config import CheckpointSection
+    from monorl.tasks.base import RewardError
+
+    cfg = digits_cfg(tmp_path, steps=6)
+    cfg.task.name = "tests.test_cli_errors:AlwaysFails"
+    cfg.validation.num_prompts = 0
+    cfg.rollout.max_staleness, cfg.rollout.inflight_updates = 1, inflight
+    cfg.checkpoint = CheckpointSection(every=0, final=False)
+    run = GRPORun(cfg, progress=False)
+    with pytest.raises(RewardError, match="failed on every completion of 3 steps in a row"):
+        run.run()
+    done = 2 if inflight else 1
+    assert len(step_rows(tmp_path / "run")) == done
+    meta = read_meta(tmp_path / "run" / "checkpoints" / f"step_{done:06d}")
+    assert meta["data_position"] == done * cfg.rollout.prompts_per_step
+    assert run.trainer.step_count == done

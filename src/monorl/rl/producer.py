@@ -40,7 +40,7 @@ class RolloutBatch:
     step: int
     sampled: SampledBatch  # the groups, and dynamic sampling's rounds
     context: RewardContext  # what the rewards logged (log_metric means go into the step's metrics)
-    policy_version: int  # the trainer steps behind the weights that generated every group
+    policy_version: int  # the generator's weights' version when it began (each sample records its own)
     metrics: dict[str, Any] = field(default_factory=dict)  # the episodes' (turns, tool calls and failures, ...)
     # the prompt stream's position after this batch drew its prompts: once the trainer has consumed the batch, the
     # first prompt not consumed (what a checkpoint stores; batches produced ahead are generated again on resume)

@@ -11,8 +11,15 @@ loop: produce step t's batch, train on it.
 step t's batch, the producer fills the buffer up to batch t + K with the weights it holds then (version t), so
 batch t + K is trained at version t + K -- the largest lag an overlapped system allows, without the overlap: one
 device does one thing at a time. Real overlap comes from a producer on other ranks (generator ranks, weights
-broadcast to them after each trainer step), which feeds the trainer through the same two things: `next_batch(step)`
-and `consumed_position`.
+broadcast to them after each trainer step), which feeds the trainer through the same seam: the batches in step
+order, the staleness check, and `consumed_position`.
+
+In-flight weight updates (`rollout.inflight_updates`, PipelineRL's scheme): the generator may load new weights
+between decode chunks (`Generator.generate(between_chunks=)`, `EpisodeRunner.play(between_steps=)`), the sequences
+in flight keep their KV cache and go on with them, and every sampled token records the version that sampled it
+(`Completion.versions`, the episodes' `versions`). Colocated, the batch t + K is generated around the trainer's
+step t: that step runs after the batch's first decode chunk (first engine step), so most of its tokens are of
+version t + 1 -- a sample's lag is its oldest token's (still at most K), `staleness/token_mean` shows the rest.
 
 The loss reads the behaviour log-probs each rollout carries (`Rollout.logprobs`): by default the PPO ratio is taken
 against them (verl's "bypass"); with `trainer.loss.rollout_correction` on it is decoupled PPO -- the ratio against
@@ -33,6 +40,7 @@ from dataclasses import dataclass
 from typing import Generic, TypeVar
 
 from monorl.rl.producer import RolloutBatch, RolloutProducer
+from monorl.tasks.base import RewardError
 
 T = TypeVar("T")
 
@@ -98,17 +106,18 @@ class AheadRollouts:
         self.buffer = RolloutBuffer(max_staleness + 1)
         self.next_produce: int | None = None  # the next batch the producer makes (None: not started)
         self.next_take = 0
-        self.consumed: int | None = None  # the stream position after the last batch taken
+        self.consumed: int | None = None  # the stream position after the last batch trained on
+        self.pending_error: RewardError | None = None  # raised by a batch made during a finished trainer step
 
     def start(self, step: int) -> None:
         """Begin (again) at step `step`, the buffer empty: a fresh run's first step or a resumed run's."""
         self.buffer.batches.clear()
         self.next_produce = self.next_take = step
-        self.consumed = None
+        self.consumed, self.pending_error = None, None
 
     @property
     def consumed_position(self) -> int:
-        """The stream position of the first prompt whose batch the trainer has not taken (a checkpoint's)."""
+        """The stream position of the first prompt whose batch the trainer has not trained on (a checkpoint's)."""
         return self.producer.stream.position if self.consumed is None else self.consumed
 
     def _produce(self, between_chunks: Callable[[], None] | None = None) -> None:
@@ -129,6 +138,9 @@ class AheadRollouts:
         Metrics (max_staleness > 0): `staleness_metrics` of the batch taken, async/buffer_depth (batches made
         ahead, waiting), and the idle seconds of each side -- colocated, one waits while the other runs:
         time/consumer_idle_s is the producer's generation, time/producer_idle_s the trainer's step."""
+        if self.pending_error is not None:  # the step before trained, then its batch ahead stopped the run
+            error, self.pending_error = self.pending_error, None
+            raise error
         if self.next_produce is None:
             self.start(step)
         assert self.next_produce is not None
@@ -143,7 +155,7 @@ class AheadRollouts:
         batch = self.buffer.take()
         if batch.step != step:
             raise RuntimeError(f"the rollout buffer handed step {batch.step + 1}'s batch to step {step + 1}")
-        self.next_take, self.consumed = step + 1, batch.stream_end
+        self.next_take = step + 1
         metrics = staleness_metrics(batch, self.policy_version()) if self.max_staleness > 0 else {}
         if metrics and metrics["staleness/max"] > self.max_staleness:
             raise RuntimeError(f"step {step + 1} would train on samples {metrics['staleness/max']} policy versions "
@@ -157,9 +169,15 @@ class AheadRollouts:
                 t = time.perf_counter()
                 trained.append(train(batch))
                 train_s = time.perf_counter() - t
+                self.consumed = batch.stream_end
 
         if during:
-            self._produce(train_once)
+            try:
+                self._produce(train_once)
+            except RewardError as e:  # after the trainer's step: this step completes (and is saved), the next stops
+                if not trained:
+                    raise
+                self.pending_error = e
         train_once()
         generate_s = time.perf_counter() - t0 - train_s
         if metrics:

@@ -150,7 +150,7 @@ class AheadRollouts:
         last = min(step + self.max_staleness, self.steps - 1)
         during = self.inflight and self.next_produce <= last and last > step  # a batch to make while training
         t0 = time.perf_counter()
-        while self.next_produce <= last - during:
+        while self.next_produce <= (last - 1 if during else last):
             self._produce()
         batch = self.buffer.take()
         if batch.step != step:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -20,12 +21,22 @@ from monorl.config import RolloutSection
 from monorl.rl.checkpointing import read_meta
 from monorl.rl.loop import GRPORun
 from monorl.rl.producer import RolloutBatch
-from monorl.rl.rollout_buffer import RolloutBuffer
+from monorl.rl.rollout_buffer import AheadRollouts, RolloutBuffer
 from monorl.tasks.base import Prompt
 from tests.conftest import digits_cfg
 from tests.test_resume import killed_copy, small_cfg, step_rows
 
 K1 = {"rollout.max_staleness": "1"}
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread() -> Any:
+    """One thread, as the ranks of tests/test_distributed.py run: two threads on a loaded 2-core machine spin
+    against each other (a tiny model's decode step went from milliseconds to tens of them)."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
 
 
 def record_batches(run: GRPORun) -> list[dict[str, Any]]:
@@ -269,9 +280,12 @@ def _drop_micro(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
 INFLIGHT = {**K1, "rollout.inflight_updates": "true"}
 
 
-def test_inflight_updates_need_staleness() -> None:
+def test_inflight_updates_need_staleness_and_one_process() -> None:
     with pytest.raises(ValueError, match="inflight_updates needs rollout.max_staleness >= 1"):
         RolloutSection(inflight_updates=True)
+    two_ranks = SimpleNamespace(world=SimpleNamespace(size=2))
+    with pytest.raises(ValueError, match="inflight_updates runs on one process"):
+        AheadRollouts(two_ranks, 1, 4, lambda: 0, inflight_updates=True)  # type: ignore[arg-type]
 
 
 def test_inflight_update_swaps_weights_between_decode_chunks(

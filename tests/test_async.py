@@ -360,3 +360,48 @@ def test_reward_failing_ahead_saves_what_was_trained(tmp_path: Path, inflight: b
     meta = read_meta(tmp_path / "run" / "checkpoints" / f"step_{done:06d}")
     assert meta["data_position"] == done * cfg.rollout.prompts_per_step
     assert run.trainer.step_count == done
+
+
+@pytest.mark.parametrize("stops", [False, True])
+def test_generator_swaps_weights_between_chunks(stops: bool) -> None:
+    """`Generator.generate(between_chunks=)`: new weights loaded between decode chunks take over the sequences in
+    flight, which keep their KV cache. Tokens record the version of the weights that sampled them, also when a
+    chunk's tokens are read after the next chunk was queued (no stops: 256-token chunks, read deferred). Against
+    the same generation without the update, the tokens before it are equal, log-probs included; the first one
+    after it is scored by the new weights."""
+    from monorl.generate.engine import Generator, GeneratorConfig
+    from monorl.generate.sampling import SamplingParams
+    from monorl.model.config import model_shape
+    from monorl.model.qwen3 import build_model
+
+    model = build_model(model_shape("tiny"), "cpu", torch.float32, seed=0)
+    moved = build_model(model_shape("tiny"), "cpu", torch.float32, seed=1)  # "the trainer's next weights"
+    chunk = 4 if stops else 256
+    sampling = SamplingParams(max_new_tokens=chunk + 8, temperature=1.0, seed=3, ignore_eos=not stops)
+    prompts = [[5, 6, 7], [8, 9, 10, 11, 12]]
+
+    def generate(update: bool) -> list[Any]:
+        g = Generator(model, GeneratorConfig(max_num_seqs=8, max_model_len=chunk + 24, stop_check_interval=chunk),
+                      eos_token_ids=(1,) if stops else ())
+
+        def load() -> None:
+            if g.policy_version == 0:
+                g.load_weights_(moved)
+                g.policy_version = 1
+
+        outs = g.generate(prompts, sampling, n=2, between_chunks=load if update else None)
+        return [c for cs in outs for c in cs]
+
+    plain, swapped = generate(False), generate(True)
+    assert all(c.versions == [0] * len(c.token_ids) for c in plain)
+    first = 1 + chunk  # the prefill's token, then one chunk
+    assert any(len(c.token_ids) > first for c in swapped)
+    rescored = 0
+    for a, b in zip(plain, swapped, strict=True):
+        n = min(first, len(b.token_ids))
+        assert b.versions == [0] * n + [1] * (len(b.token_ids) - n)
+        assert (a.token_ids[:n], a.logprobs[:n]) == (b.token_ids[:n], b.logprobs[:n])
+        if len(b.token_ids) > first and a.token_ids[first] == b.token_ids[first]:
+            assert a.logprobs[first] != b.logprobs[first]
+            rescored += 1
+    assert rescored > 0

@@ -203,3 +203,39 @@ def test_short_run_with_correction_trains(tmp_path):
         lo, mean, hi = (row[f"rollout_corr/rollout_is_{k}"] for k in ("min", "mean", "max"))
         assert 0.999 < lo <= mean <= hi < 1.001
         assert row["rollout_corr/rollout_rs_masked_fraction"] == 0.0
+
+
+@pytest.mark.parametrize("cap", [None, 2.0])
+def test_token_correction_is_decoupled_ppo(cap):
+    """Stale rollouts (rollout.max_staleness > 0) train with the decoupled PPO objective (Hilton et al. 2021,
+    "Batch size-invariance for policy optimization"; AReaL, Fu et al. 2025, arXiv:2505.24298, eq. 5): per token
+    (pi_prox / pi_behav) * min(u A, clip(u, 1 - eps, 1 + eps) A) with u = pi_theta / pi_prox, token-mean; the
+    proximal policy is the trainer's current one (one update per batch: pi_prox = sg(pi_theta)), and AReaL's
+    behav_imp_weight_cap drops tokens whose weight exceeds the cap. The rollout correction at token level is
+    that objective: untruncated IS (threshold inf), plus rejection above the cap (lower bound 0) for AReaL's form."""
+    logp = [-0.7, -1.9, -0.2, -1.1, -2.5]
+    behav = [-0.9, -1.2, -0.2, -2.4, -2.0]  # the stale generator's log-probs
+    adv, seq_ids, lengths = [0.8, -1.3], [0, 0, 0, 1, 1], [3, 2]
+    kw = {"rollout_is": "token", "rollout_is_threshold": 1e9}  # above e^log_ratio_clamp: untruncated
+    if cap is not None:
+        kw.update(rollout_rs="token", rollout_rs_threshold=cap, rollout_rs_threshold_lower=0.0)
+    cfg = LossConfig(kind="token_grpo", rollout_correction=RolloutCorrectionConfig(**kw))
+    lp = torch.tensor(logp, requires_grad=True)
+    loss, _ = policy_loss(lp, torch.tensor(behav), torch.tensor(adv), torch.tensor(seq_ids), cfg,
+                          LossNorm.for_step(cfg, lengths))
+    loss.backward()
+
+    theta = torch.tensor(logp, requires_grad=True)
+    prox = torch.tensor(logp)  # the trainer's current policy, a constant
+    w = torch.exp(prox - torch.tensor(behav))
+    if cap is not None:  # AReaL: behav_mask = behav_imp_weight <= cap
+        w = torch.where(w <= cap, w, 0.0)
+    u = torch.exp(theta - prox)
+    a = torch.tensor(adv)[torch.tensor(seq_ids)]
+    eps = 0.2
+    objective = (w * torch.minimum(u * a, u.clamp(1 - eps, 1 + eps) * a)).sum() / len(logp)
+    (-objective).backward()
+    assert loss.item() == pytest.approx(-objective.item(), abs=1e-6)
+    torch.testing.assert_close(lp.grad, theta.grad)
+    if cap is not None:  # token 3 (w = e^1.3 = 3.7) is dropped, token 0 (w = 1.22) is not
+        assert theta.grad[3] == 0 and theta.grad[0] != 0

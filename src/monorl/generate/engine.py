@@ -73,6 +73,7 @@ class Completion:
     # decoded with special tokens skipped (what TRL's reward functions and vLLM's default text hold), cut before a
     # stop string and without the stop token; None without a tokenizer. token_ids keep every token.
     text: str | None = None
+    versions: list[int] | None = None  # per token: the policy version of the weights that sampled it
 
 
 class Generator:
@@ -132,6 +133,9 @@ class Generator:
         sampler = sample if config.fused_kernels else functools.partial(sample, kernels=False)
         self.sampler, self.use_graphs = compile_generator(self.model, sampler, compile or CompileConfig(), device,
                                                           self.decode_backend, fused_kernels=kernels)
+        # the version of the weights this copy holds (the trainer's steps behind them), recorded per sampled token;
+        # whoever loads new weights sets it
+        self.policy_version = 0
         self.kv: KVCache | None = None
         if allocate_kv:
             self.allocate_kv_cache()
@@ -249,11 +253,15 @@ class Generator:
 
     @torch.inference_mode()
     def generate(self, prompts: list[list[int]], sampling: SamplingParams | list[SamplingParams],
-                 n: int = 1, first_prompt_index: int = 0) -> list[list[Completion]]:
+                 n: int = 1, first_prompt_index: int = 0,
+                 between_chunks: Callable[[], None] | None = None) -> list[list[Completion]]:
         """For each prompt, n completions (results[prompt][sample]). `sampling` is one SamplingParams for
         all prompts, or one per prompt (those may differ in lengths, stops and seed, not in the sampler).
         first_prompt_index: the index of prompts[0] in the sampling keys (`sequence_key`): a rank generating
-        prompts [k, m) of a batch passes k, so each prompt draws the noise it would draw in the whole batch."""
+        prompts [k, m) of a batch passes k, so each prompt draws the noise it would draw in the whole batch.
+        between_chunks: called after each decode chunk is queued, while sequences are in flight; it may load new
+        weights in place (and set `policy_version`): the sequences go on with them and keep their KV cache (an
+        in-flight weight update), each token recording the version that sampled it (`Completion.versions`)."""
         cfg = self.config
         if self.kv is None:
             self.allocate_kv_cache()
@@ -306,10 +314,13 @@ class Generator:
                 if not defer:
                     toks, lps = runner.read_ring(steps, live)
                     for seq, seq_toks, seq_lps in zip(sched.running, toks, lps, strict=True):
-                        self._extend(seq, seq_toks, seq_lps)
+                        self._extend(seq, seq_toks, seq_lps, self.policy_version)
                     self._reap(sched)
+                    if between_chunks is not None and (sched.running or sched.waiting):
+                        with torch.inference_mode(False):  # it may train (a colocated trainer step)
+                            between_chunks()
                     continue
-                read = self._deferred_read(runner.copy_ring(steps, live), list(sched.running))
+                read = self._deferred_read(runner.copy_ring(steps, live), list(sched.running), self.policy_version)
                 for seq in sched.running:
                     produced[id(seq)] = n = produced.get(id(seq), len(seq.tokens)) + steps
                     if n >= seq.group.sampling.max_new_tokens:
@@ -318,6 +329,9 @@ class Generator:
                 if unread is not None:
                     unread()  # the steps before these: their copy is done, these steps run meanwhile
                 unread = read
+                if between_chunks is not None and (sched.running or sched.waiting):
+                    with torch.inference_mode(False):  # queued behind the chunk; the next one runs on what it loads
+                        between_chunks()
             if unread is not None:
                 unread()
         finally:
@@ -349,7 +363,7 @@ class Generator:
             slots = [slot_mapping(g.blocks, 0, len(g.prompt), bs) for g in groups]
             logits = runner.prefill([g.prompt for g in groups], slots)
             for g, row in zip(groups, logits, strict=True):
-                g.last_logits = row
+                g.last_logits, g.logits_version = row, self.policy_version
         self.kv.copy_blocks([c[0] for c in copies], [c[1] for c in copies])
         # At least 2 rows (the one row repeated): Dynamo specialises a size-1 dimension, so one row would
         # compile the sampler a second time. Rows are sampled independently; the extra one is dropped.
@@ -364,7 +378,7 @@ class Generator:
         first_host, lp_host = first.tolist(), first_lp.tolist()
         keep = []
         for i, s in enumerate(seqs):
-            self._append(s, first_host[i], lp_host[i])
+            self._append(s, first_host[i], lp_host[i], s.group.logits_version)
             if s.finish_reason is None:
                 keep.append(i)
             else:
@@ -380,34 +394,37 @@ class Generator:
         return True
 
     def _deferred_read(self, wait: Callable[[], tuple[list[list[int]], list[list[float]]]],
-                       seqs: list[Sequence]) -> Callable[[], None]:
-        """What appends a deferred ring read's tokens to the sequences that were live for it, in slot order."""
+                       seqs: list[Sequence], version: int) -> Callable[[], None]:
+        """What appends a deferred ring read's tokens to the sequences that were live for it, in slot order
+        (`version`: the weights' when the steps were queued)."""
         def append() -> None:
             toks, lps = wait()
             for seq, seq_toks, seq_lps in zip(seqs, toks, lps, strict=True):
-                self._extend(seq, seq_toks, seq_lps)
+                self._extend(seq, seq_toks, seq_lps, version)
         return append
 
-    def _extend(self, seq: Sequence, toks: list[int], lps: list[float]) -> None:
+    def _extend(self, seq: Sequence, toks: list[int], lps: list[float], version: int) -> None:
         """`_append` each of a sequence's new tokens until it finishes; without stop tokens or strings, by whole
         lists (the reference workload appended ~4,000 tokens a step one by one, with the GPU idle)."""
         sampling = seq.group.sampling
         if seq.group.stop_ids or sampling.stop_strings:
             for tok, lp in zip(toks, lps, strict=True):
-                self._append(seq, tok, lp)
+                self._append(seq, tok, lp, version)
                 if seq.finish_reason is not None:
                     return
             return
         n = min(len(toks), sampling.max_new_tokens - len(seq.tokens))
         seq.tokens += toks[:n]
         seq.logprobs += lps[:n]
+        seq.versions += [version] * n
         if len(seq.tokens) >= sampling.max_new_tokens:
             seq.finish_reason = "length"
 
-    def _append(self, seq: Sequence, tok: int, lp: float) -> None:
+    def _append(self, seq: Sequence, tok: int, lp: float, version: int) -> None:
         sampling = seq.group.sampling
         seq.tokens.append(tok)
         seq.logprobs.append(lp)
+        seq.versions.append(version)
         if tok in seq.group.stop_ids:
             seq.finish_reason = "stop"
         elif sampling.stop_strings and self._hit_stop_string(seq, sampling.stop_strings):
@@ -443,7 +460,7 @@ class Generator:
                 if cut:
                     text = text[:min(cut)]
         return Completion(token_ids=list(seq.tokens), logprobs=list(seq.logprobs),
-                          finish_reason=seq.finish_reason or "length", text=text)
+                          finish_reason=seq.finish_reason or "length", text=text, versions=list(seq.versions))
 
 
 def stop_string_hit(tokenizer, tokens: list[int], stops: tuple[str, ...]) -> str | None:

@@ -69,6 +69,7 @@ class TurnEvent:
     logprobs: list[float]
     reason: str  # stop_token | stop_sequence | stop_string | length (the turn's budget) | context (episode full)
     stop: int | tuple[int, ...] | str | None = None  # what matched, for the stop reasons
+    versions: list[int] = field(default_factory=list)  # the policy version that sampled each of token_ids
 
 
 @dataclass(eq=False)  # identity: episodes are found in lists and queues by `is`
@@ -378,7 +379,8 @@ class EpisodeEngine:
         del ep.table[keep:]
         self.turns_ended += 1
         ep.paused_at = self.turns_ended
-        ep.last_event = TurnEvent(ep.id, ep.turn, ep.tokens[ep.turn_start:], ep.logprobs[ep.turn_start:], reason, stop)
+        ep.last_event = TurnEvent(ep.id, ep.turn, ep.tokens[ep.turn_start:], ep.logprobs[ep.turn_start:], reason, stop,
+                                  ep.versions[ep.turn_start:])
         events.append(ep.last_event)
         return True
 

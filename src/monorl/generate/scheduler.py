@@ -28,6 +28,7 @@ class Group:
     stop_ids: frozenset[int] = frozenset()
     blocks: list[int] | None = None  # prompt blocks, allocated at prefill
     last_logits: Tensor | None = None  # [V], the first token's distribution, kept until all samples start
+    logits_version: int = 0  # the policy version of the weights that computed last_logits
 
 
 @dataclass
@@ -38,6 +39,7 @@ class Sequence:
     table: list[int] = field(default_factory=list)
     tokens: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
+    versions: list[int] = field(default_factory=list)  # per token: the generator's policy_version that sampled it
     finish_reason: str | None = None
 
     @property

@@ -28,8 +28,10 @@ class TrainerConsumer:
         return self.trainer.step_count
 
     def publish(self) -> None:
-        """The trainer's weights into the generator's copy, in place (its CUDA graphs stay valid)."""
+        """The trainer's weights into the generator's copy, in place (its CUDA graphs stay valid), and their
+        version."""
         sync_weights_(self.generator.model, self.trainer.model)
+        self.generator.policy_version = self.policy_version
 
     def consume(self, batch: RolloutBatch, after_publish: Callable[[], None] | None = None
                 ) -> tuple[dict[str, Any], dict[str, float]]:

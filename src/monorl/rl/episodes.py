@@ -15,7 +15,7 @@ from __future__ import annotations
 import concurrent.futures as cf
 import dataclasses
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -50,6 +50,7 @@ class _Live:
     tokens: list[int] = field(default_factory=list)
     mask: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
+    versions: list[int] = field(default_factory=list)  # per completion token: the policy version that sampled it, or -1
 
 
 class EpisodeRunner:
@@ -71,13 +72,15 @@ class EpisodeRunner:
         self.executor.close(wait=False)
 
     def play(self, prompts: Sequence[Prompt], sampling: SamplingParams, n: int, first_prompt_index: int = 0,
-             policy_version: int = 0) -> list[list[tuple[_Live, EpisodeRecord]]]:
-        """`n` episodes of each prompt; [prompt][sample] (finished: environment finished, reward readable).
-        policy_version: the generator's weights' version, recorded with every sampled token."""
+             between_steps: Callable[[], None] | None = None) -> list[list[tuple[_Live, EpisodeRecord]]]:
+        """`n` episodes of each prompt; [prompt][sample] (finished: environment finished, reward readable). Every
+        sampled token records the generator's `policy_version`. between_steps: called after each engine step while
+        episodes are in flight; it may load new weights into the generator (an in-flight update: the episodes go
+        on with them, keeping their KV cache)."""
         if self.engine is None:
             self.engine = EpisodeEngine(self.gen, max_episode_tokens=self.max_len)
         engine, budget = self.engine, sampling.max_new_tokens
-        engine.policy_version = policy_version
+        engine.policy_version = self.gen.policy_version
         stop_ids = tuple(dict.fromkeys((*sampling.stop_token_ids, *self.end_of_turn[-1:])))
         live: dict[tuple[int, int], _Live] = {}
         for i, p in enumerate(prompts):
@@ -95,6 +98,9 @@ class EpisodeRunner:
             if engine.has_work():
                 for ev in engine.step():
                     self._turn_ended(live[ev.episode_id], ev, budget)
+                if between_steps is not None:
+                    between_steps()
+                    engine.policy_version = self.gen.policy_version
             else:
                 waiting = [lv.waiting for lv in live.values() if lv.waiting is not None]
                 if waiting:
@@ -138,12 +144,14 @@ class EpisodeRunner:
         lv.tokens += inserted
         lv.mask += [0] * len(inserted)
         lv.logprobs += [0.0] * len(inserted)
+        lv.versions += [-1] * len(inserted)
 
     def _turn_ended(self, lv: _Live, ev: TurnEvent, budget: int) -> None:
         """A turn's sampled tokens are in: hand the text to the environment, or end the episode at its budget."""
         lv.tokens += ev.token_ids
         lv.mask += [1] * len(ev.token_ids)
         lv.logprobs += ev.logprobs
+        lv.versions += ev.versions
         lv.closed = tuple(ev.token_ids[-len(self.end_of_turn):]) == self.end_of_turn
         used = len(lv.tokens) - lv.prompt_len
         if ev.reason == "context" or (ev.reason == "length" and used >= budget):
@@ -199,7 +207,7 @@ def _turn_sampling(sampling: SamplingParams, max_new: int, stop_ids: tuple[int, 
 
 
 def generate_episodes(runner: EpisodeRunner, prompts: Sequence[Prompt], sampling: SamplingParams, n: int,
-                      world: World = SINGLE, policy_version: int = 0,
+                      world: World = SINGLE, between_steps: Callable[[], None] | None = None,
                       ) -> tuple[list[list[Rollout]], list[EpisodeRecord]]:
     """[prompt][sample] rollouts of `n` episodes per prompt, scored, with their episode records. On several ranks
     each plays its contiguous share of the prompt groups (keyed by the group's index in the whole batch) and every
@@ -211,7 +219,8 @@ def generate_episodes(runner: EpisodeRunner, prompts: Sequence[Prompt], sampling
     groups: list[list[Rollout]] = []
     records: list[EpisodeRecord] = []
     if mine:
-        played = runner.play(mine, sampling, n, first_prompt_index=lo, policy_version=policy_version)
+        version = runner.gen.policy_version  # an episode that sampled nothing is of the weights it started with
+        played = runner.play(mine, sampling, n, first_prompt_index=lo, between_steps=between_steps)
         flat = [(p, lv, rec) for p, eps in zip(mine, played, strict=True) for lv, rec in eps]
         scores = iter(safe_score_episodes(runner.task, [p for p, _, _ in flat], [lv.env for _, lv, _ in flat],
                                           [lv.tokens[lv.prompt_len:] for _, lv, _ in flat]))
@@ -223,9 +232,11 @@ def generate_episodes(runner: EpisodeRunner, prompts: Sequence[Prompt], sampling
                 rewards, error = next(scores)
                 completion = lv.tokens[lv.prompt_len:]
                 text = tok.decode(completion, skip_special_tokens=False)  # the conversation, role markers included
+                sampled = [v for v in lv.versions if v >= 0]
                 group.append(Rollout(p, lv.tokens[:lv.prompt_len], completion, lv.logprobs, lv.finish_reason, text,
                                      rewards, error, weights=weights, completion_mask=lv.mask,
-                                     extra={"episode": rec.to_dict()}))
+                                     extra={"episode": rec.to_dict()},
+                                     policy_version=min(sampled, default=version), token_versions=lv.versions))
                 records.append(rec)
             groups.append(group)
         failed = [r.reward_error for g in groups for r in g if r.reward_error is not None]

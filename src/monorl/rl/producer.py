@@ -40,8 +40,11 @@ class RolloutBatch:
     step: int
     sampled: SampledBatch  # the groups, and dynamic sampling's rounds
     context: RewardContext  # what the rewards logged (log_metric means go into the step's metrics)
-    policy_version: int  # the trainer steps behind the weights that generated every group
+    policy_version: int  # the generator's weights' version when it began (each sample records its own)
     metrics: dict[str, Any] = field(default_factory=dict)  # the episodes' (turns, tool calls and failures, ...)
+    # the prompt stream's position after this batch drew its prompts: once the trainer has consumed the batch, the
+    # first prompt not consumed (what a checkpoint stores; batches produced ahead are generated again on resume)
+    stream_end: int = 0
 
     @property
     def groups(self) -> list[list[Rollout]]:
@@ -82,14 +85,16 @@ class RolloutProducer:
         drawn) and where their log_metric / log_extra go."""
         return RewardContext(self.policy_version(), self.cfg.steps, self.stream.position)
 
-    def produce(self, step: int) -> RolloutBatch:
-        """Step `step`'s batch: prompts_per_step scored groups (fewer when dynamic sampling ran out of rounds)."""
+    def produce(self, step: int, between_chunks: Callable[[], None] | None = None) -> RolloutBatch:
+        """Step `step`'s batch: prompts_per_step scored groups (fewer when dynamic sampling ran out of rounds).
+        between_chunks: called between decode chunks (engine steps for episodes) while sequences are in flight;
+        it may load new weights into the generator (an in-flight update)."""
         ro = self.cfg.rollout
         context = self.reward_context()  # the rewards' trainer_state, and what they log over the step's rounds
         version = self.policy_version()
         self.records = []
-        sampled = fill_batch(lambda n, round_: self.rollouts(step, n, round_, context), ro.prompts_per_step,
-                             ro.dynamic_sampling, ro.max_sampling_rounds, metric=self.metric)
+        sampled = fill_batch(lambda n, round_: self.rollouts(step, n, round_, context, between_chunks),
+                             ro.prompts_per_step, ro.dynamic_sampling, ro.max_sampling_rounds, metric=self.metric)
         if ro.dynamic_sampling and len(sampled.groups) < ro.prompts_per_step and not self.warned_short_batch:
             self.warned_short_batch = True  # once: the step line says it every step
             log.warning("step %d: dynamic sampling found %d of %d groups with reward variance in %d rounds "
@@ -100,26 +105,27 @@ class RolloutProducer:
             raise ValueError(f"step {step + 1}: every prompt was skipped: none fits generator.max_model_len="
                              f"{self.spec.max_len} with {ro.max_new_tokens} new tokens")
         self.check_rewards(rollouts)
-        return RolloutBatch(step, sampled, context, version, metrics=episode_metrics(self.records))
+        return RolloutBatch(step, sampled, context, version, metrics=episode_metrics(self.records),
+                            stream_end=self.stream.position)
 
-    def rollouts(self, step: int, n: int, round_: int = 0,
-                 context: RewardContext | None = None) -> list[list[Rollout]]:
+    def rollouts(self, step: int, n: int, round_: int = 0, context: RewardContext | None = None,
+                 between_chunks: Callable[[], None] | None = None) -> list[list[Rollout]]:
         """The next `n` training prompts' groups, scored (with the overlong penalty when configured)."""
         ro = self.cfg.rollout
         prompts = list(itertools.islice(self.stream, n))
         sampling = rollout_sampling(self.cfg, step, round_)
         if self.episodes is not None:
             groups, records = generate_episodes(self.episodes, prompts, sampling, ro.group_size, self.world,
-                                                policy_version=self.policy_version())
+                                                between_steps=between_chunks)
             self.records += records
         else:
-            groups = self._completions(prompts, sampling, context)
+            groups = self._completions(prompts, sampling, context, between_chunks)
         if ro.overlong_buffer > 0:
             add_overlong_penalty(groups, ro.max_new_tokens, ro.overlong_buffer, ro.overlong_penalty)
         return groups
 
-    def _completions(self, prompts: list[Prompt], sampling: SamplingParams,
-                     context: RewardContext | None) -> list[list[Rollout]]:
+    def _completions(self, prompts: list[Prompt], sampling: SamplingParams, context: RewardContext | None,
+                     between_chunks: Callable[[], None] | None = None) -> list[list[Rollout]]:
         """Single-turn groups: one completion per sample, scored (prompts encoded ahead when they were)."""
         spec = self.spec
         ahead, self.encoded_ahead = self.encoded_ahead, None
@@ -129,7 +135,7 @@ class RolloutProducer:
             encoded = ahead[2]
         return generate_rollouts(self.generator, spec.tokenizer, spec.task, prompts, sampling,
                                  self.cfg.rollout.group_size, spec.max_len, self.world, encoded=encoded,
-                                 context=context)
+                                 context=context, between_chunks=between_chunks)
 
     def encode_ahead(self, step: int) -> None:
         """Render and tokenize the prompts step `step` will draw first (`PromptStream.peek`: the stream's position

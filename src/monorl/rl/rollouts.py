@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -38,6 +38,10 @@ class Rollout:
     extra: dict[str, Any] = field(default_factory=dict)  # what the reward logged for it (`log_extra`), by column
     # an episode's: 1 on sampled tokens, 0 on inserted ones (tool results, environment messages: context only)
     completion_mask: list[int] | None = None
+    # the policy version (trainer steps behind the weights) that generated it: an episode's oldest sampled token's
+    policy_version: int = 0
+    # the version that sampled each completion token (-1 on an episode's inserted ones); None: all policy_version
+    token_versions: list[int] | None = None
 
     @property
     def reward(self) -> float:
@@ -81,10 +85,13 @@ def encode_prompts(task: Task, tokenizer, prompts: Sequence[Prompt], max_len: in
 def generate_rollouts(generator: Generator, tokenizer, task: Task, prompts: Sequence[Prompt],
                       sampling: SamplingParams, n: int, max_len: int, world: World = SINGLE,
                       encoded: tuple[list[Prompt], list[list[int]]] | None = None,
-                      context: RewardContext | None = None) -> list[list[Rollout]]:
-    """[prompt][sample] rollouts with rewards (no advantages yet). On several ranks (`world`) each generates and
-    scores its contiguous share of the prompt groups (a group never spans ranks), keyed by the group's index in
-    the whole batch, so a group's completions do not depend on the rank count; every rank gets all groups back.
+                      context: RewardContext | None = None,
+                      between_chunks: Callable[[], None] | None = None) -> list[list[Rollout]]:
+    """[prompt][sample] rollouts with rewards (no advantages yet), each with the policy versions that sampled it
+    (`Generator.policy_version`; between_chunks: `Generator.generate`'s, for an in-flight weight update). On several
+    ranks (`world`) each generates and scores its contiguous share of the prompt groups (a group never spans ranks),
+    keyed by the group's index in the whole batch, so a group's completions do not depend on the rank count; every
+    rank gets all groups back.
     encoded: `encode_prompts(task, tokenizer, prompts, max_len, sampling.max_new_tokens)`, when already at hand.
     context: the step's `RewardContext`, passed to the task's rewards; what they log with log_metric is added to
     it (every rank's), what they log with log_extra lands in each rollout's `extra`."""
@@ -94,7 +101,7 @@ def generate_rollouts(generator: Generator, tokenizer, task: Task, prompts: Sequ
     call = context.fresh() if context is not None else None  # this call's logs, merged over ranks below
     groups: list[list[Rollout]] = []
     if prompts:
-        outs = generator.generate(prompt_ids, sampling, n=n, first_prompt_index=lo)
+        outs = generator.generate(prompt_ids, sampling, n=n, first_prompt_index=lo, between_chunks=between_chunks)
         # reward functions see the text without special tokens, as TRL's do (`Completion.text`)
         texts = [[c.text if c.text is not None else tokenizer.decode(c.token_ids, skip_special_tokens=True)
                   for c in comps] for comps in outs]
@@ -109,7 +116,8 @@ def generate_rollouts(generator: Generator, tokenizer, task: Task, prompts: Sequ
             for c, text in zip(comps, ts, strict=True):
                 rewards, error = next(scores)
                 group.append(Rollout(p, ids, list(c.token_ids), list(c.logprobs), c.finish_reason, text, rewards,
-                                     error, weights=weights, extra=next(extras)))
+                                     error, weights=weights, extra=next(extras),
+                                     policy_version=min(c.versions or [0]), token_versions=c.versions))
             groups.append(group)
         failed = [r.reward_error for g in groups for r in g if r.reward_error is not None]
         if failed:  # one line per call, not one per completion

@@ -123,3 +123,21 @@ def test_generator_copy_takes_the_trainers_experts():
         ha, hb = packed_forward(fused, seqs)(), packed_forward(model, seqs)()
     torch.testing.assert_close(ha, hb, atol=1e-5, rtol=1e-5)
     assert compare_routing(a.experts(), b.experts()).tokens_different == 0
+
+
+def test_parity_verb_reports_routing():
+    """`monorl parity` on a random tiny MoE (the RL loop's own generator and trainer): in the mode PASS, routing
+    mismatch 0; without it the routing line is reported too."""
+    from monorl.config import preset
+    from monorl.parity import check_parity
+
+    cfg = preset("tiny")
+    cfg.device, cfg.batch_invariant, cfg.model.shape = "cpu", True, "tiny-moe"
+    cfg.rollout.max_new_tokens, cfg.validation.num_prompts = 6, 2
+    r = check_parity(cfg, num_prompts=2, samples=2)
+    assert r.passed and r.max_abs_diff == 0.0 and r.routing is not None
+    assert r.routing.tokens > r.tokens_checked and r.routing.tokens_different == 0
+    assert "routing: tokens checked" in r.text() and r.text().endswith("PASS (bitwise)")
+    cfg.batch_invariant = False
+    off = check_parity(cfg, num_prompts=2, samples=2, tolerance=1e-4)
+    assert off.passed and off.routing is not None and off.routing.tokens == r.routing.tokens

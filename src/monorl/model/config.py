@@ -328,7 +328,8 @@ MODEL_SHAPES: dict[str, ModelConfig] = {
     "tiny-moe": ModelConfig(vocab_size=128, hidden_size=64, intermediate_size=128, num_layers=2, num_heads=4,
                             num_kv_heads=2, head_dim=16, rope_theta=10000.0, max_position_embeddings=1024,
                             tie_word_embeddings=True).with_family(
-        "qwen3_moe", num_experts=8, num_experts_per_tok=2, moe_intermediate_size=32, norm_topk_prob=True),
+        "qwen3_moe", num_experts=8, num_experts_per_tok=2, moe_intermediate_size=32, norm_topk_prob=True,
+        router_aux_loss_coef=0.001),
 }
 
 

@@ -206,3 +206,38 @@ def test_bad_moe_configs_are_refused_in_one_line(hf, match):
     with pytest.raises(ValueError, match=match) as e:
         ModelConfig.from_hf(hf)
     assert "\n" not in str(e.value)
+
+
+# ---- LoRA ------------------------------------------------------------------------------------------------------
+
+def test_lora_against_peft(make_hf_checkpoint, load_hf_model, tmp_path):
+    """LoRA on the attention projections saved by monorl, loaded by PEFT onto transformers' model: the same logits,
+    and the generator's fused copy gets the merged weights. MLP targets are refused on a MoE model: PEFT 0.21 reads
+    gate_proj / up_proj / down_proj there as the experts too (its transformers-5 weight conversion), and monorl
+    does not adapt experts."""
+    import peft
+
+    from monorl.model.lora import LoRAConfig, LoRALinear, apply_lora_, save_adapter
+    from monorl.model.weight_sync import sync_weights_
+
+    path = make_hf_checkpoint(family="qwen3_moe", **MOE, norm_topk_prob=True, mlp_only_layers=[0])
+    with pytest.raises(ValueError, match=r"lora.targets \['gate_proj', 'up_proj'\] on a mixture-of-experts") as e:
+        apply_lora_(load_checkpoint(path), LoRAConfig(rank=4, targets=("q", "gate", "up")))
+    assert "\n" not in str(e.value)
+    base, ours = load_checkpoint(path), apply_lora_(load_checkpoint(path), LoRAConfig(rank=4, alpha=8.0,
+                                                                                       targets=("q", "k", "v", "o")))
+    with torch.no_grad():
+        for m in ours.modules():
+            if isinstance(m, LoRALinear):
+                m.lora_B.weight.normal_(0, 0.1, generator=torch.Generator().manual_seed(m.in_features))
+    adapted = {n.split(".", 3)[-1] for n, m in ours.named_modules() if isinstance(m, LoRALinear)}
+    assert not any("experts" in n or n.endswith("mlp.gate") for n in adapted)
+    seqs = random_seqs([19, 6], ours.config.vocab_size, seed=4)
+    a = packed_logits(ours, seqs)
+    assert (a - packed_logits(base, seqs)).abs().max() > 0.05  # the adapters change the logits
+    out = save_adapter(ours, tmp_path / "adapter", base_model_name_or_path=str(path))
+    ref = peft.PeftModel.from_pretrained(load_hf_model(path), out).eval()
+    assert (a - hf_logits(ref, seqs)).abs().max().item() < 1e-4
+    fused = build_model(ours.config, seed=None, fused=True)  # the generator's copy: adapters merged in
+    sync_weights_(fused, ours)
+    torch.testing.assert_close(packed_logits(fused, seqs), a, atol=1e-4, rtol=1e-5)

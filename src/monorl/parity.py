@@ -26,7 +26,7 @@ from typing import Any
 import torch
 
 from monorl.config import RunConfig
-from monorl.model.moe_routing import RoutingMismatch, routing_mismatch
+from monorl.model.moe_routing import RoutingMismatch, generator_trainer_routing
 from monorl.train.packing import TrainSequence, make_micro_batches
 
 
@@ -86,29 +86,6 @@ def trainer_logprobs(run, seqs: list[TrainSequence], temperature: float) -> list
     return [out[i] for i in range(len(seqs))]
 
 
-def generator_trainer_routing(run, seqs: list[TrainSequence]) -> RoutingMismatch:
-    """Which experts each token of `seqs` goes to in the generator's copy and in the trainer's model (under the
-    trainer's autocast), both eager over the sequences laid out whole (see the module docstring)."""
-    from monorl.model.attention import VarlenContext, resolve_backend
-
-    ids = [list(s.prompt_ids) + list(s.completion_ids) for s in seqs]
-
-    def forward(model: torch.nn.Module, autocast: torch.dtype | None):
-        p = next(model.parameters())
-        ctx = VarlenContext.from_lengths([len(i) for i in ids], p.device,
-                                         resolve_backend("auto", p.device, autocast or p.dtype))
-        flat = torch.tensor([t for i in ids for t in i], device=p.device)
-
-        def run_it() -> None:
-            with torch.compiler.set_stance("force_eager"), torch.autocast(p.device.type, dtype=autocast,
-                                                                           enabled=autocast is not None):
-                model(flat, ctx.positions, ctx)
-        return run_it
-
-    return routing_mismatch(run.generator.model, run.policy, forward(run.generator.model, None),
-                            forward(run.policy, run.trainer.autocast_dtype))
-
-
 def check_parity(cfg: RunConfig, num_prompts: int = 4, samples: int = 2, tolerance: float = 0.0) -> ParityReport:
     """Sample `samples` completions for each of the task's first `num_prompts` held-out prompts with the run's
     generator, re-score them with the run's trainer, and compare (see the module docstring). `cfg` is not changed;
@@ -132,7 +109,10 @@ def check_parity(cfg: RunConfig, num_prompts: int = 4, samples: int = 2, toleran
         if not seqs:
             raise ValueError("parity: no prompt fits generator.max_model_len with rollout.max_new_tokens")
         trainer = trainer_logprobs(run, seqs, cfg.rollout.temperature)
-        routing = generator_trainer_routing(run, seqs) if run.policy.config.is_moe else None
+        routing = None
+        if run.policy.config.is_moe:
+            routing = generator_trainer_routing(run.generator.model, run.policy, run.trainer.autocast_dtype,
+                                                [list(s.prompt_ids) + list(s.completion_ids) for s in seqs])
     generator = [torch.tensor(s.old_logprobs, dtype=torch.float32) for s in seqs]
     report = compare_logprobs(generator, trainer, tolerance, cfg.batch_invariant)
     return report if routing is None else dataclasses.replace(report, routing=routing)

@@ -76,7 +76,7 @@ def _expert_mlp(x: Tensor, gate_up: Tensor, down: Tensor, linear: LinearFn = F.l
 def _combine(y: Tensor, weights: Tensor) -> Tensor:
     """y [T * k, H] in (token, slot) order, weights [T, k] -> [T, H]: each token's weighted sum, slot by slot."""
     T, k = weights.shape
-    y = y.view(T, k, -1)
+    y = y.view(T, k, y.shape[-1])
     w = weights.to(y.dtype)
     out = y[:, 0] * w[:, 0, None]
     for j in range(1, k):
@@ -106,6 +106,8 @@ def experts_loop(x: Tensor, weights: Tensor, experts: Tensor, gate_up: Tensor, d
         if n:
             outs.append(_expert_mlp(xs[start:start + n], gate_up[e], down[e], linear))
             start += n
+    if not outs:  # no tokens at all
+        return x.new_zeros(x.shape[0], down.shape[1])
     return _combine(torch.cat(outs)[inverse], weights)
 
 

@@ -10,6 +10,8 @@ forward is an eager one.
 
 from __future__ import annotations
 
+import contextlib
+import sys
 from dataclasses import dataclass
 from typing import Any
 
@@ -112,3 +114,28 @@ def routing_mismatch(first: nn.Module, second: nn.Module, forward_first: Any, fo
     with RouterTap(second) as tb:
         forward_second()
     return compare_routing(ta.experts(), tb.experts())
+
+
+def generator_trainer_routing(generator_model: nn.Module, trainer_model: nn.Module, autocast: torch.dtype | None,
+                              sequences: list[list[int]]) -> RoutingMismatch:
+    """Which experts each token of `sequences` goes to in the generator's copy (in its own dtype) and in the
+    trainer's model (under the trainer's autocast dtype, `Trainer.autocast_dtype`), each one eager forward over
+    the sequences laid out whole (`monorl parity`'s routing line; the RL loop's `moe/routing_mismatch`)."""
+    from monorl.model.attention import VarlenContext, resolve_backend
+
+    def forward(model: nn.Module, dtype: torch.dtype | None):
+        p = next(model.parameters())
+        ctx = VarlenContext.from_lengths([len(s) for s in sequences], p.device,
+                                         resolve_backend("auto", p.device, dtype or p.dtype))
+        flat = torch.tensor([t for s in sequences for t in s], device=p.device)
+
+        def run() -> None:
+            # compiled blocks run eagerly (their hooks then fire); a run that compiles nothing never imports Dynamo
+            eager = (torch.compiler.set_stance("force_eager") if "torch._dynamo" in sys.modules
+                     else contextlib.nullcontext())
+            with eager, torch.autocast(p.device.type, dtype=dtype, enabled=dtype is not None):
+                model(flat, ctx.positions, ctx)
+        return run
+
+    return routing_mismatch(generator_model, trainer_model, forward(generator_model, None),
+                            forward(trainer_model, autocast))

@@ -241,3 +241,13 @@ def test_lora_against_peft(make_hf_checkpoint, load_hf_model, tmp_path):
     fused = build_model(ours.config, seed=None, fused=True)  # the generator's copy: adapters merged in
     sync_weights_(fused, ours)
     torch.testing.assert_close(packed_logits(fused, seqs), a, atol=1e-4, rtol=1e-5)
+
+
+def test_plan_advises_attention_lora_for_a_moe():
+    """The plan's advice must be a run monorl accepts: LoRA on a MoE model adapts the attention only."""
+    from monorl.config import preset
+    from monorl.plan import GiB, advise
+
+    cfg = preset("tiny")
+    advice = advise(cfg, model_shape("qwen3-30b-a3b"), 56, 141 * GiB)
+    assert advice[0].startswith("--lora.rank 16 --lora.targets q,k,v,o")

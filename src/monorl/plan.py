@@ -317,7 +317,8 @@ def auto_checkpointing(cfg: RunConfig, m: ModelConfig, max_prompt_tokens: int, d
 _RANKS = "nproc"  # the candidate change "more GPUs": not a config key, the rank count `monorl train --nproc` sets
 
 
-def _changes(cfg: RunConfig, max_prompt_tokens: int, ranks: int = 1) -> list[tuple[str, str, dict[str, Any]]]:
+def _changes(cfg: RunConfig, max_prompt_tokens: int, ranks: int = 1,
+             moe: bool = False) -> list[tuple[str, str, dict[str, Any]]]:
     """Candidate changes, cheapest first: (what to pass, what it costs, overrides)."""
     out: list[tuple[str, str, dict[str, Any]]] = []
     t, r, g = cfg.trainer, cfg.rollout, cfg.generator
@@ -344,7 +345,10 @@ def _changes(cfg: RunConfig, max_prompt_tokens: int, ranks: int = 1) -> list[tup
     for n in (2, 4, 8):
         if n > ranks and r.prompts_per_step % n == 0:
             out.append((f"--nproc {n}", f"{n} GPUs (FSDP2) instead of {ranks}", {_RANKS: n}))
-    if not cfg.lora.enabled:
+    if not cfg.lora.enabled and moe:  # a MoE model's experts take no adapters (monorl.model.lora.apply_lora_)
+        out.append(("--lora.rank 16 --lora.targets q,k,v,o", "LoRA on the attention: trains adapters only (a "
+                    "different method than full fine-tuning)", {"lora.rank": 16, "lora.targets": ("q", "k", "v", "o")}))
+    elif not cfg.lora.enabled:
         out.append(("--lora.rank 16", "LoRA: trains adapters only (a different method than full fine-tuning)",
                     {"lora.rank": 16}))
     return out
@@ -372,7 +376,7 @@ def advise(cfg: RunConfig, m: ModelConfig, max_prompt_tokens: int, device_bytes:
     """For a plan that does not fit: the cheapest single change that makes it fit, else the cheapest pair, else
     a line saying nothing here does. Changes are ordered cheapest first (more GPUs before LoRA, which changes
     the method); activation checkpointing left on auto is resolved for each candidate, as the run would."""
-    changes = _changes(cfg, max_prompt_tokens, ranks)
+    changes = _changes(cfg, max_prompt_tokens, ranks, m.is_moe)
     candidates = [[c] for c in changes] + [[a, b] for i, a in enumerate(changes) for b in changes[i + 1:]
                                            if not set(a[2]) & set(b[2])]
     for combo in candidates:

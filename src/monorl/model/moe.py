@@ -199,7 +199,8 @@ class BatchInvariantSparseMoeBlock(SparseMoeBlock):
     def run_experts(self, x: Tensor, weights: Tensor, experts: Tensor) -> Tensor:
         # the fp32 masters as they are: the invariant linear casts each to x's dtype (and keeps its gradient fp32)
         gate_up, down = self.experts.gate_up_proj, self.experts.down_proj
-        if _capturing(x) or not torch.is_grad_enabled() and experts.numel() <= self.num_experts:
+        # (a trainer pack, with gradients, is never captured here: the trainer keeps a batch-invariant MoE eager)
+        if not torch.is_grad_enabled() and (experts.numel() <= self.num_experts or _capturing(x)):
             return experts_every_expert(x, weights, experts, gate_up, down)
         return experts_loop(x, weights, experts, gate_up, down, matmul_invariant.linear)
 

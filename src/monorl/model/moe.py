@@ -141,13 +141,18 @@ def experts_every_expert(x: Tensor, weights: Tensor, experts: Tensor, gate_up: T
     return _combine(every[experts.reshape(-1), rows], weights)
 
 
-def grouped_mm_fits(x: Tensor, gate_up: Tensor, down: Tensor) -> bool:
-    """Where `torch._grouped_mm` runs the experts: CUDA bf16 on sm90+, every dim a multiple of 8 (16-byte rows)."""
-    if not (x.is_cuda and x.dtype == torch.bfloat16 and hasattr(torch, "_grouped_mm")):
+def grouped_mm_serves(device: torch.device, hidden_size: int, intermediate_size: int) -> bool:
+    """Whether `torch._grouped_mm` can run bf16 experts of these widths here: CUDA sm90+, both widths multiples of 8
+    (16-byte rows). Elsewhere a pass with gradients runs the loop, which reads counts on the host (no capture)."""
+    if device.type != "cuda" or not hasattr(torch, "_grouped_mm"):
         return False
-    index = x.device.index if x.device.index is not None else torch.cuda.current_device()
-    return torch.cuda.get_device_capability(index)[0] >= 9 and all(d % 8 == 0 for d in (*gate_up.shape[1:],
-                                                                                       down.shape[2]))
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    return torch.cuda.get_device_capability(index)[0] >= 9 and hidden_size % 8 == 0 and intermediate_size % 8 == 0
+
+
+def grouped_mm_fits(x: Tensor, gate_up: Tensor, down: Tensor) -> bool:
+    """Where `torch._grouped_mm` runs the experts: bf16 activations where it serves (`grouped_mm_serves`)."""
+    return x.dtype == torch.bfloat16 and grouped_mm_serves(x.device, down.shape[1], down.shape[2])
 
 
 def _capturing(x: Tensor) -> bool:

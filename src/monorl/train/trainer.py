@@ -38,6 +38,7 @@ from monorl.distributed.fsdp import is_sharded
 from monorl.distributed.world import SINGLE, World
 from monorl.model.batch_invariant import is_batch_invariant
 from monorl.model.logprobs import chunked_token_logprobs, chunked_token_logprobs_entropy
+from monorl.model.moe import grouped_mm_serves
 from monorl.model.moe_routing import RouterTap, load_balancing_loss
 from monorl.model.qwen3 import Qwen3ForCausalLM
 from monorl.train.graphs import TrainGraphs
@@ -115,13 +116,17 @@ class Trainer:
         if cfg.router_aux_loss and not moe:
             raise ValueError("trainer.router_aux_loss needs a mixture-of-experts model (model_type qwen3_moe)")
         self.router_tap = RouterTap(model) if cfg.router_aux_loss and model.config.router_aux_loss_coef > 0 else None
-        # (a batch-invariant MoE block runs its experts on per-expert slices whose sizes it reads on the host)
-        no_host_reads = (attn_backend == "flash" or is_batch_invariant(model)) and not (
-            moe and is_batch_invariant(model))
+        # a MoE block's experts read per-expert counts on the host, except on grouped_mm (bf16, not in the mode)
+        moe_host_reads = moe and (is_batch_invariant(model) or cfg.compute_dtype == "float32" or not grouped_mm_serves(
+            self.device, model.config.hidden_size, model.config.moe_intermediate_size))
+        no_host_reads = (attn_backend == "flash" or is_batch_invariant(model)) and not moe_host_reads
         # FSDP's hooks and collectives run between the kernels a graph would capture
         use_graphs = cuda_graphs and self.device.type == "cuda" and no_host_reads and world.size == 1
         if cuda_graphs and self.device.type == "cuda" and not use_graphs:
-            log.warning("trainer CUDA graphs need attention backend 'flash' (got %r): running without", attn_backend)
+            why = ("a mixture-of-experts model runs its experts per expert here (grouped_mm: bf16 on sm90+, outside "
+                   "batch-invariant mode)" if moe_host_reads else f"they need attention backend 'flash' (got "
+                   f"{attn_backend!r})")
+            log.warning("trainer CUDA graphs: %s; running without", why)
         self.static_shapes = use_graphs if static_shapes is None else static_shapes
         self.graphs = TrainGraphs(params, self.device) if use_graphs else None
         self.max_graph_tokens = max_graph_tokens

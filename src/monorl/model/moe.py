@@ -38,6 +38,7 @@ from monorl.ops.tree_sum import tree_sum
 
 # the gathered decode path's transient weight copies, at most (above it: grouped_mm, or the loop)
 GATHER_MAX_BYTES = 64 << 20
+GROUP_ALIGN = 8  # rows: where each expert's rows start in grouped_mm's operands (16 bytes of bf16)
 
 LinearFn = Callable[[Tensor, Tensor], Tensor]
 
@@ -112,13 +113,25 @@ def experts_loop(x: Tensor, weights: Tensor, experts: Tensor, gate_up: Tensor, d
 
 
 def experts_grouped_mm(x: Tensor, weights: Tensor, experts: Tensor, gate_up: Tensor, down: Tensor) -> Tensor:
-    """The experts by `torch._grouped_mm` over the sorted tokens (one launch per projection, no host read)."""
-    k = experts.shape[1]
-    order, inverse, counts = _sort_by_expert(experts, gate_up.shape[0])
-    offs = counts.cumsum(0).to(torch.int32)
-    gate, up = torch._grouped_mm(x[order // k], gate_up.transpose(1, 2), offs=offs).chunk(2, dim=-1)
+    """The experts by `torch._grouped_mm` over the sorted tokens (one launch per projection, no host read). Each
+    expert's rows start at a multiple of `GROUP_ALIGN` (zero rows between): the weight gradient's grouped GEMM runs
+    over the rows as its K dim, whose group starts its TMA loads need 16-byte aligned (TorchTitan pads the same way).
+    The padded row count is a bound of the shapes alone, so a CUDA graph holds it."""
+    T, k = experts.shape
+    E = gate_up.shape[0]
+    order, inverse, counts = _sort_by_expert(experts, E)
+    padded = (counts + GROUP_ALIGN - 1) // GROUP_ALIGN * GROUP_ALIGN
+    ends = padded.cumsum(0)
+    sorted_experts = experts.reshape(-1)[order]
+    # sorted slot i -> its row: its expert's padded start + its rank among that expert's slots
+    rank = torch.arange(order.numel(), device=x.device) - (counts.cumsum(0) - counts)[sorted_experts]
+    rows = (ends - padded)[sorted_experts] + rank
+    total = -(-(T * k + E * (GROUP_ALIGN - 1)) // GROUP_ALIGN) * GROUP_ALIGN  # >= ends[-1]
+    offs = torch.cat([ends[:-1], ends.new_full((1,), total)]).to(torch.int32)  # the last group takes the tail
+    xs = x.new_zeros(total, x.shape[1]).index_copy(0, rows, x[order // k])
+    gate, up = torch._grouped_mm(xs, gate_up.transpose(1, 2), offs=offs).chunk(2, dim=-1)
     y = torch._grouped_mm(F.silu(gate) * up, down.transpose(1, 2), offs=offs)
-    return _combine(y[inverse], weights)
+    return _combine(y[rows[inverse]], weights)
 
 
 def experts_gathered(x: Tensor, weights: Tensor, experts: Tensor, gate_up: Tensor, down: Tensor) -> Tensor:

@@ -68,8 +68,8 @@ def bench(name: str, cfg: ModelConfig, args: argparse.Namespace, device: torch.d
     gen.generate(prompts, one)
     sync(device)
     startup = time.perf_counter() - t0
-    t_all, t_one = timed(lambda: gen.generate(prompts, sp), args.runs, device), timed(
-        lambda: gen.generate(prompts, one), args.runs, device)
+    t_all = timed(lambda: gen.generate(prompts, sp), args.runs, device)
+    t_one = timed(lambda: gen.generate(prompts, one), args.runs, device)
     step = (t_all - t_one) / (args.new_tokens - 1)
     res = dict(model=name, rows=args.rows, total_params=sum(param_counts(cfg).values()),
                active_params=active_param_count(cfg), decode_step_ms=step * 1e3, tokens_per_s=args.rows / step,
@@ -77,7 +77,7 @@ def bench(name: str, cfg: ModelConfig, args: argparse.Namespace, device: torch.d
                device=torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu")
     if device.type == "cuda":
         res["peak_gib"] = torch.cuda.max_memory_allocated(device) / 2**30
-    del gen
+    gen = None  # the next model's copy needs the memory
     if device.type == "cuda":
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats(device)

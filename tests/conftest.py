@@ -37,12 +37,14 @@ def randomize_hf_model(model: torch.nn.Module, seed: int = 0, std: float = 0.1) 
 
 # monorl's families (`monorl.model.families`) -> transformers' (config class, model class): the oracles
 HF_FAMILY_CLASSES = {"qwen3": ("Qwen3Config", "Qwen3ForCausalLM"), "llama": ("LlamaConfig", "LlamaForCausalLM"),
-                     "qwen2": ("Qwen2Config", "Qwen2ForCausalLM")}
+                     "qwen2": ("Qwen2Config", "Qwen2ForCausalLM"),
+                     "qwen3_moe": ("Qwen3MoeConfig", "Qwen3MoeForCausalLM")}
 
 
 @pytest.fixture
 def make_hf_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Callable[..., Path]:
-    """Factory: a tiny random HF model of a family (`family`: qwen3, llama or qwen2; transformers' own class)
+    """Factory: a tiny random HF model of a family (`family`: qwen3, llama, qwen2 or qwen3_moe; transformers' own
+    class)
     saved with `save_pretrained`; returns its directory.
 
     Keywords: any field of the family's config class (tie_word_embeddings, num_attention_heads,
@@ -61,7 +63,7 @@ def make_hf_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Callable[...
             tie_word_embeddings=False, rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
             bos_token_id=None, eos_token_id=1,
         )
-        if family == "qwen3":
+        if family in ("qwen3", "qwen3_moe"):
             kw["head_dim"] = 16
         kw.update(config_kw)
         torch.manual_seed(seed)

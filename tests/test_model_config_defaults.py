@@ -63,10 +63,25 @@ QWEN2_5_STYLE = {
     "num_key_value_heads": 2, "rms_norm_eps": 1e-06, "rope_theta": 1000000.0, "sliding_window": 32768,
     "tie_word_embeddings": True, "use_sliding_window": False, "vocab_size": 151936,
 }
+# Qwen3-30B-A3B's released config.json (the MoE family: 128 experts, top-8, norm_topk_prob)
+QWEN3_30B_A3B = {
+    "architectures": ["Qwen3MoeForCausalLM"], "model_type": "qwen3_moe", "attention_bias": False,
+    "attention_dropout": 0.0, "bos_token_id": 151643, "eos_token_id": 151645, "decoder_sparse_step": 1,
+    "head_dim": 128, "hidden_act": "silu", "hidden_size": 2048, "initializer_range": 0.02, "intermediate_size": 6144,
+    "max_position_embeddings": 40960, "max_window_layers": 48, "mlp_only_layers": [], "moe_intermediate_size": 768,
+    "norm_topk_prob": True, "num_attention_heads": 32, "num_experts": 128, "num_experts_per_tok": 8,
+    "num_hidden_layers": 48, "num_key_value_heads": 4, "output_router_logits": False, "rms_norm_eps": 1e-06,
+    "rope_scaling": None, "rope_theta": 1000000.0, "router_aux_loss_coef": 0.001, "sliding_window": None,
+    "tie_word_embeddings": False, "torch_dtype": "bfloat16", "use_cache": True, "use_sliding_window": False,
+    "vocab_size": 151936,
+}
 FULL_CONFIGS = {"qwen3-0.6b-released": QWEN3_0_6B, "monorl-to_hf-8b": MONORL_8B, "smollm2-135m": SMOLLM2_135M,
                 "llama-3.2-style": LLAMA_3_2_STYLE, "qwen2.5-style": QWEN2_5_STYLE,
                 "monorl-to_hf-llama3": ModelConfig.from_hf(LLAMA_3_2_STYLE).to_hf(),
-                "monorl-to_hf-qwen2": ModelConfig.from_hf(QWEN2_5_STYLE).to_hf()}
+                "monorl-to_hf-qwen2": ModelConfig.from_hf(QWEN2_5_STYLE).to_hf(),
+                "qwen3-30b-a3b-released": QWEN3_30B_A3B,
+                "monorl-to_hf-qwen3-moe": model_shape("qwen3-30b-a3b").replace(
+                    mlp_only_layers=(0, 5), decoder_sparse_step=2, norm_topk_prob=False, num_experts=64).to_hf()}
 
 
 def hf_config(d: dict[str, Any]) -> Any:
@@ -94,6 +109,12 @@ def hf_resolved(d: dict[str, Any]) -> dict[str, Any]:
         max_position_embeddings=c.max_position_embeddings, tie_word_embeddings=c.tie_word_embeddings,
         bos_token_id=c.bos_token_id, eos_token_id=c.eos_token_id, model_type=c.model_type, qk_norm=family.qk_norm,
         qkv_bias=bool(family.qkv_bias or bias), o_bias=bool(bias and family.qkv_bias is None), rope_scaling=scaling,
+        **(dict(num_experts=c.num_experts, num_experts_per_tok=c.num_experts_per_tok,
+                moe_intermediate_size=c.moe_intermediate_size, norm_topk_prob=c.norm_topk_prob,
+                decoder_sparse_step=c.decoder_sparse_step, mlp_only_layers=tuple(c.mlp_only_layers),
+                router_aux_loss_coef=c.router_aux_loss_coef) if family.moe else
+           dict(num_experts=0, num_experts_per_tok=0, moe_intermediate_size=0, norm_topk_prob=False,
+                decoder_sparse_step=1, mlp_only_layers=(), router_aux_loss_coef=0.0)),
     )
 
 
@@ -157,10 +178,12 @@ def test_empty_config_matches_hf():
         vocab_size=151936, hidden_size=4096, intermediate_size=22016, num_layers=32, num_heads=32, num_kv_heads=32,
         head_dim=128, rope_theta=10000.0, rms_norm_eps=1e-6, max_position_embeddings=32768,
         tie_word_embeddings=False, bos_token_id=None, eos_token_id=None, model_type="qwen3", qk_norm=True,
-        qkv_bias=False, o_bias=False, rope_scaling=None)
+        qkv_bias=False, o_bias=False, rope_scaling=None, num_experts=0, num_experts_per_tok=0,
+        moe_intermediate_size=0, norm_topk_prob=False, decoder_sparse_step=1, mlp_only_layers=(),
+        router_aux_loss_coef=0.0)
 
 
-@pytest.mark.parametrize("model_type", ["llama", "qwen2"])
+@pytest.mark.parametrize("model_type", ["llama", "qwen2", "qwen3_moe"])
 def test_empty_config_of_each_family_matches_hf(model_type):
     assert_same_as_hf({"model_type": model_type})
 

@@ -5,11 +5,18 @@ checked, tokens whose log-probs differ at all, max / mean |delta logprob|, PASS 
 
 PASS: max |delta| <= tolerance (default 0: bit for bit, what `--batch_invariant true` promises). Without the mode a
 small difference is expected; `--tolerance` then says how much is acceptable.
+
+A mixture-of-experts model (Qwen3-MoE) also reports its routing: the same sampled sequences through the generator's
+copy and through the trainer's model (in its compute dtype), each router tapped (`monorl.model.moe_routing`), and
+the share of tokens sent to a different set of experts in any layer. Both forwards are eager and lay the tokens out
+alike (each sequence whole); in the mode the routers are batch-invariant, so the decode steps that sampled the
+tokens routed them as these forwards do. At tolerance 0 a routing difference fails the check too.
 """
 
 from __future__ import annotations
 
 import copy
+import dataclasses
 import math
 import tempfile
 from argparse import Namespace
@@ -19,6 +26,7 @@ from typing import Any
 import torch
 
 from monorl.config import RunConfig
+from monorl.model.moe_routing import RoutingMismatch, generator_trainer_routing
 from monorl.train.packing import TrainSequence, make_micro_batches
 
 
@@ -31,19 +39,22 @@ class ParityReport:
     sequences: int
     tolerance: float
     batch_invariant: bool
+    routing: RoutingMismatch | None = None  # a mixture-of-experts model's: generator copy against trainer
 
     @property
     def passed(self) -> bool:
         # NaN fails: `not (nan <= tol)`
-        return self.tokens_checked > 0 and self.max_abs_diff <= self.tolerance
+        routed_alike = self.routing is None or self.tolerance > 0 or self.routing.tokens_different == 0
+        return self.tokens_checked > 0 and self.max_abs_diff <= self.tolerance and routed_alike
 
     def text(self) -> str:
         mode = "batch_invariant=true" if self.batch_invariant else "batch_invariant=false"
         verdict = "PASS" if self.passed else "FAIL"
         bound = "bitwise" if self.tolerance == 0 else f"max |delta| <= {self.tolerance:g}"
+        routing = "" if self.routing is None else f"\n{self.routing.text()}"
         return (f"parity ({mode}, {self.sequences} sequences): tokens checked {self.tokens_checked}, "
                 f"tokens different {self.tokens_different}, max |delta logprob| {self.max_abs_diff:.3e}, "
-                f"mean |delta logprob| {self.mean_abs_diff:.3e}\n{verdict} ({bound})")
+                f"mean |delta logprob| {self.mean_abs_diff:.3e}{routing}\n{verdict} ({bound})")
 
 
 def compare_logprobs(generator: list[torch.Tensor], trainer: list[torch.Tensor], tolerance: float = 0.0,
@@ -98,8 +109,13 @@ def check_parity(cfg: RunConfig, num_prompts: int = 4, samples: int = 2, toleran
         if not seqs:
             raise ValueError("parity: no prompt fits generator.max_model_len with rollout.max_new_tokens")
         trainer = trainer_logprobs(run, seqs, cfg.rollout.temperature)
+        routing = None
+        if run.policy.config.is_moe:
+            routing = generator_trainer_routing(run.generator.model, run.policy, run.trainer.autocast_dtype,
+                                                [list(s.prompt_ids) + list(s.completion_ids) for s in seqs])
     generator = [torch.tensor(s.old_logprobs, dtype=torch.float32) for s in seqs]
-    return compare_logprobs(generator, trainer, tolerance, cfg.batch_invariant)
+    report = compare_logprobs(generator, trainer, tolerance, cfg.batch_invariant)
+    return report if routing is None else dataclasses.replace(report, routing=routing)
 
 
 def parity_args(p: Any) -> None:

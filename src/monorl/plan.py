@@ -77,17 +77,43 @@ ACTIVATION_COEFFS: dict[str, ActivationCoeffs] = {
 
 
 def param_counts(m: ModelConfig) -> dict[str, int]:
-    """Parameters by kind: `linear` (the layers' projections), `lm_head` (0 when tied), `embed`, `norm`."""
+    """Parameters by kind: `linear` (the layers' projections: attention, dense MLPs, routers), `experts` (every
+    expert of the sparse layers, `monorl.model.moe`; 0 for a dense model), `lm_head` (0 when tied), `embed`, `norm`."""
     q, kv = m.num_heads * m.head_dim, m.num_kv_heads * m.head_dim
-    per_layer_linear = m.hidden_size * (2 * q + 2 * kv) + 3 * m.hidden_size * m.intermediate_size
-    per_layer_linear += (q + 2 * kv) * m.qkv_bias + m.hidden_size * m.o_bias  # the family's biases
+    sparse = sum(map(m.sparse_layer, range(m.num_layers)))
+    per_layer_attn = m.hidden_size * (2 * q + 2 * kv)
+    per_layer_attn += (q + 2 * kv) * m.qkv_bias + m.hidden_size * m.o_bias  # the family's biases
+    dense_mlp = 3 * m.hidden_size * m.intermediate_size
     per_layer_norm = 2 * m.hidden_size + 2 * m.head_dim * m.qk_norm
     return {
-        "linear": m.num_layers * per_layer_linear,
+        "linear": m.num_layers * per_layer_attn + (m.num_layers - sparse) * dense_mlp
+        + sparse * m.num_experts * m.hidden_size,
+        "experts": sparse * m.num_experts * 3 * m.hidden_size * m.moe_intermediate_size,
         "lm_head": 0 if m.tie_word_embeddings else m.vocab_size * m.hidden_size,
         "embed": m.vocab_size * m.hidden_size,
         "norm": m.num_layers * per_layer_norm + m.hidden_size,
     }
+
+
+def active_param_count(m: ModelConfig) -> int:
+    """Parameters one token's forward reads: every parameter, less the experts it is not routed to."""
+    total = sum(param_counts(m).values())
+    if not m.is_moe:
+        return total
+    sparse = sum(map(m.sparse_layer, range(m.num_layers)))
+    return total - sparse * (m.num_experts - m.num_experts_per_tok) * 3 * m.hidden_size * m.moe_intermediate_size
+
+
+def activation_shape(m: ModelConfig) -> ModelConfig:
+    """`m` with the MLP width one token's activations have, averaged over layers, as its intermediate_size: a
+    sparse layer's k routed experts (k * moe_intermediate_size, plus its k sorted copies of the input, counted as
+    width), for the per-token activation coefficients, which were measured on dense models (not measured on MoE)."""
+    if not m.is_moe:
+        return m
+    sparse = sum(map(m.sparse_layer, range(m.num_layers)))
+    moe_width = m.num_experts_per_tok * (m.moe_intermediate_size + m.hidden_size)
+    width = (sparse * moe_width + (m.num_layers - sparse) * m.intermediate_size) // m.num_layers
+    return m.replace(intermediate_size=max(1, width))
 
 
 def projection_shapes(m: ModelConfig) -> dict[str, tuple[int, int]]:
@@ -98,11 +124,15 @@ def projection_shapes(m: ModelConfig) -> dict[str, tuple[int, int]]:
 
 
 def lora_param_count(m: ModelConfig, lora: LoRAConfig) -> int:
+    """Adapter parameters: the targeted projections of every layer (a sparse layer has no dense MLP projections:
+    its experts take no adapters)."""
     if not lora.enabled:
         return 0
     shapes = projection_shapes(m)
     names = {t if t.endswith("_proj") else f"{t}_proj" for t in lora.targets}
-    return m.num_layers * sum(lora.rank * sum(shapes[n]) for n in names)
+    dense = m.num_layers - sum(map(m.sparse_layer, range(m.num_layers)))
+    return sum((dense if n in ("gate_proj", "up_proj", "down_proj") else m.num_layers) * lora.rank * sum(shapes[n])
+               for n in names)
 
 
 def trainer_activation_bytes(m: ModelConfig, tokens: int, compute_dtype: str, checkpointing: bool,
@@ -224,8 +254,10 @@ def plan_memory(cfg: RunConfig, m: ModelConfig, max_prompt_tokens: int, device_b
         trainable, copy_params, residual = n_lora, 0, base_bytes
     else:
         size = f"{total / 1e9:.2f}B" if total >= 1e8 else f"{total / 1e6:.2f}M"
-        rows.append(MemoryRow("policy weights", total * 4 // ranks, f"{size} fp32 masters"))
-        trainable, copy_params, residual = total, counts["linear"] + (counts["lm_head"] or counts["embed"]), 4
+        active = f", {active_param_count(m) / 1e9:.2f}B active" if m.is_moe else ""
+        rows.append(MemoryRow("policy weights", total * 4 // ranks, f"{size} fp32 masters{active}"))
+        trainable, residual = total, 4
+        copy_params = counts["linear"] + counts["experts"] + (counts["lm_head"] or counts["embed"])
     graphs = on_gpu and cc.trainer_cuda_graphs
     # trainer graphs write fixed gradient buffers; without them gradients exist only from backward to the
     # optimizer step, while activations are being freed: they count as a transient of the trainer phase
@@ -255,8 +287,9 @@ def plan_memory(cfg: RunConfig, m: ModelConfig, max_prompt_tokens: int, device_b
     rows.append(MemoryRow("KV cache", kv, f"{g.max_num_seqs} seqs x {model_len} tokens"
                           + (f", 1/{tp} of the kv heads" if tp > 1 else "")))
     mb = largest_micro_batch(cfg, max_prompt_tokens, ranks)
+    act_shape = activation_shape(m)  # a sparse layer's per-token width, for the activation rows
     compiled = cc.backend == "inductor" and cc.trainer
-    acts = trainer_activation_bytes(m, mb, compute, ac, t.logprob_chunk, copy_params, residual, compiled)
+    acts = trainer_activation_bytes(act_shape, mb, compute, ac, t.logprob_chunk, copy_params, residual, compiled)
     note = f"{mb} tokens{', checkpointed' if ac else ''}{', compiled' if compiled else ''}"
     if graphs:
         note += ", CUDA-graph pool"
@@ -271,7 +304,7 @@ def plan_memory(cfg: RunConfig, m: ModelConfig, max_prompt_tokens: int, device_b
     # rows this was chosen on). A "3 bytes per parameter" term fitted before explained reserved memory that was the
     # eager warm-up's cache beside the graph pool, now emptied before capture (Trainer.warm_up).
     rows.append(MemoryRow("allocator slack", int(0.12 * acts), "measured: 12% of activations"))
-    width = m.hidden_size + gen_m.intermediate_size
+    width = act_shape.hidden_size + activation_shape(gen_m).intermediate_size  # a TP rank's MLP share
     prefill_prompts = max(cfg.rollout.prompts_per_step, cfg.validation.num_prompts)
     prefill = min(g.max_prefill_tokens, max(max_prompt_tokens, 1) * prefill_prompts)
     gen_transient = _GEN_PREFILL_BYTES_PER_TOKEN_LAYER_WIDTH * prefill * width + 4 * prefill * m.vocab_size
@@ -372,7 +405,10 @@ def _changes(cfg: RunConfig, m: ModelConfig, max_prompt_tokens: int,
     for n in (2, 4, 8):
         if n > ranks and r.prompts_per_step % n == 0:
             out.append((f"--nproc {n}", f"{n} GPUs (FSDP2) instead of {ranks}", {_RANKS: n}))
-    if not cfg.lora.enabled:
+    if not cfg.lora.enabled and m.is_moe:  # a MoE model's experts take no adapters (monorl.model.lora.apply_lora_)
+        out.append(("--lora.rank 16 --lora.targets q,k,v,o", "LoRA on the attention: trains adapters only (a "
+                    "different method than full fine-tuning)", {"lora.rank": 16, "lora.targets": ("q", "k", "v", "o")}))
+    elif not cfg.lora.enabled:
         out.append(("--lora.rank 16", "LoRA: trains adapters only (a different method than full fine-tuning)",
                     {"lora.rank": 16}))
     return out

@@ -123,6 +123,9 @@ def check_tensor_parallel(cfg: ModelConfig, size: int) -> None:
     """Refuse, in one line, a degree that does not divide the model's heads, kv heads, MLP width or vocabulary."""
     if size < 1:
         raise ValueError(f"generator.tensor_parallel_size must be >= 1, got {size}")
+    if size > 1 and cfg.is_moe:
+        raise ValueError(f"generator.tensor_parallel_size={size}: tensor-parallel generation of a mixture-of-experts "
+                         "model is not built (its experts are not split); use 1")
     for what, n in (("num_heads", cfg.num_heads), ("num_kv_heads", cfg.num_kv_heads),
                     ("intermediate_size", cfg.intermediate_size), ("vocab_size", cfg.vocab_size)):
         if n % size:

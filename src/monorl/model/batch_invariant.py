@@ -19,6 +19,9 @@ untouched:
   adapter matmuls invariant (its `lora_A` / `lora_B` convert as ordinary `Linear`s). Bitwise trainer ==
   generator then needs the generator's copy to compute the same unmerged sum (LoRA applied to its unfused
   copy too, synced adapter by adapter): a merged weight W + scale * B @ A rounds differently;
+- a mixture-of-experts block (`monorl.model.moe.SparseMoeBlock`) -> `BatchInvariantSparseMoeBlock`: fixed-order
+  router softmax, every expert product on the invariant GEMM, so each token is routed to the same experts, and
+  gets the same outputs from them, on both sides (its router is a `Linear`, converted as above);
 - the embedding -> `BatchInvariantEmbedding`: its output, and so the whole forward, in the compute dtype.
   That is autocast's dtype when autocast is on, the trainer's one setting in both modes (its fp32 masters
   then enter every op as exactly the generator's bf16 weights), else the weights' own (the generator);
@@ -50,6 +53,7 @@ from monorl.model.fused_kernels import (
     use_fused_kernels_,
 )
 from monorl.model.lora import LoRALinear
+from monorl.model.moe import BatchInvariantSparseMoeBlock, SparseMoeBlock
 from monorl.model.qwen3 import Linear, Qwen3ForCausalLM, RMSNorm
 from monorl.ops import decode_gemm, logprob_invariant, matmul_invariant, rmsnorm_invariant
 
@@ -109,7 +113,8 @@ class BatchInvariantQwen3ForCausalLM(Qwen3ForCausalLM):
 _CONVERTED = {Linear: BatchInvariantLinear, FusedKernelsLinear: BatchInvariantLinear,
               LoRALinear: BatchInvariantLoRALinear, RMSNorm: BatchInvariantRMSNorm,
               FusedKernelsFinalNorm: BatchInvariantFinalNorm,
-              nn.Embedding: BatchInvariantEmbedding, Qwen3ForCausalLM: BatchInvariantQwen3ForCausalLM}
+              nn.Embedding: BatchInvariantEmbedding, Qwen3ForCausalLM: BatchInvariantQwen3ForCausalLM,
+              SparseMoeBlock: BatchInvariantSparseMoeBlock}
 
 
 def make_batch_invariant_(model: Qwen3ForCausalLM) -> Qwen3ForCausalLM:

@@ -2,7 +2,8 @@
 (a path to a .gguf file, or a directory holding one: `monorl.model.gguf`).
 
 Loading builds the model on the meta device and reads each tensor straight to its target device and
-dtype, so the weights exist once. Saving writes a directory that `transformers` loads as
+dtype, so the weights exist once (a Qwen3-MoE checkpoint's per-expert tensors are stacked a layer at a time:
+`monorl.model.moe_checkpoint`). Saving writes a directory that `transformers` loads as
 the family's `*ForCausalLM`, atomically (`monorl.fsutil.write_dir_atomic`: a temp dir beside the target, then one
 rename).
 """
@@ -21,6 +22,7 @@ from torch import Tensor
 
 from monorl.fsutil import read_json, write_dir_atomic
 from monorl.model.config import ModelConfig
+from monorl.model.moe_checkpoint import is_stacked, per_expert_expected, stack_experts, unstack_experts
 from monorl.model.qwen3 import Qwen3ForCausalLM
 from monorl.model.tokenizer import Tokenizer, load_tokenizer
 
@@ -168,12 +170,29 @@ def load_checkpoint(path: str | os.PathLike, device: torch.device | str = "cpu",
         dtype = _stored_dtype(path, "model.embed_tokens.weight")
     # Tied checkpoints may still carry lm_head.weight (a copy of the embedding): read past it.
     ignore = ("lm_head.weight",) if cfg.tie_word_embeddings else ()
-    state = load_state_dict(path, expected, device=device, dtype=dtype, ignore=ignore)
+    # experts stored one by one (the Hub's form, `monorl.model.moe_checkpoint`), unless the file has them stacked
+    per_expert = cfg.is_moe and not any(map(is_stacked, _stored_names(path)))
+    state = load_state_dict(path, per_expert_expected(expected) if per_expert else expected, device=device,
+                            dtype=dtype, ignore=ignore)
+    if per_expert:
+        state = stack_experts(state, expected)
     model.load_state_dict(state, strict=True, assign=True)
     # A tensor outside the state dict (e.g. a non-persistent buffer) would still be on meta: say so now.
     if left := [n for n, t in [*model.named_parameters(), *model.named_buffers()] if t.is_meta]:
         raise CheckpointError(f"tensors not initialised by the checkpoint (still on meta): {left}")
     return model.eval()
+
+
+def _stored_names(path: str | os.PathLike) -> list[str]:
+    """Every tensor name of a checkpoint's safetensors files (their headers only)."""
+    names: list[str] = []
+    for file in weight_files(path):
+        try:
+            with safe_open(file, framework="pt", device="cpu") as f:
+                names.extend(f.keys())
+        except Exception as e:
+            raise CheckpointError(f"cannot read safetensors file {file}: {e}") from None
+    return names
 
 
 def _stored_dtype(path: str | os.PathLike, name: str) -> torch.dtype | None:
@@ -235,6 +254,8 @@ def write_checkpoint_files(model: Qwen3ForCausalLM, directory: Path, dtype: torc
         _write_tokenizer(tokenizer, directory)
         return
     state = {name: t.detach().to("cpu", dtype=dtype or t.dtype).contiguous() for name, t in model.state_dict().items()}
+    if model.config.is_moe:  # experts one by one, as the Hub, transformers and vLLM store them
+        state = unstack_experts(state)
     saved_dtype = dtype or next(iter(state.values())).dtype
     _write_json(directory / CONFIG_FILE, model.config.to_hf(_DTYPE_NAMES.get(saved_dtype, str(saved_dtype))))
     shards = _shards(state, max_shard_bytes)

@@ -67,6 +67,14 @@ class ModelConfig:
     qkv_bias: bool = False  # biases on q_proj / k_proj / v_proj
     o_bias: bool = False  # a bias on o_proj
     rope_scaling: Llama3RopeScaling | None = None
+    # mixture of experts (a `moe` family: Qwen3-MoE, `monorl.model.moe`); 0 experts: every MLP dense
+    num_experts: int = 0
+    num_experts_per_tok: int = 0  # top-k: experts each token is routed to
+    moe_intermediate_size: int = 0  # each expert's MLP width (intermediate_size: the dense layers')
+    norm_topk_prob: bool = False  # renormalise each token's top-k routing weights to sum to 1
+    decoder_sparse_step: int = 1  # layer i is sparse when (i + 1) % decoder_sparse_step == 0 ...
+    mlp_only_layers: tuple[int, ...] = ()  # ... and i is not one of these (HF's rule)
+    router_aux_loss_coef: float = 0.0  # the load-balancing loss's weight (when `trainer.router_aux_loss` is on)
 
     def __post_init__(self) -> None:
         if self.num_heads % self.num_kv_heads:
@@ -81,18 +89,42 @@ class ModelConfig:
         if fam.qkv_bias and (not self.qkv_bias or self.o_bias) or not fam.qkv_bias and self.qkv_bias != self.o_bias:
             raise ValueError(f"qkv_bias={self.qkv_bias}, o_bias={self.o_bias} is no {fam.model_type} "
                              "attention (use ModelConfig.with_family)")
+        if not fam.moe and self.num_experts:
+            raise ValueError(f"num_experts={self.num_experts}: {fam.model_type} has no experts (use qwen3_moe)")
+        if fam.moe:
+            if self.num_experts < 1 or not 1 <= self.num_experts_per_tok <= self.num_experts:
+                raise ValueError(f"{fam.model_type} needs num_experts >= 1 and 1 <= num_experts_per_tok <= "
+                                 f"num_experts, got {self.num_experts} and {self.num_experts_per_tok}")
+            if self.moe_intermediate_size < 1 or self.decoder_sparse_step < 1:
+                raise ValueError(f"moe_intermediate_size and decoder_sparse_step must be >= 1, got "
+                                 f"{self.moe_intermediate_size} and {self.decoder_sparse_step}")
+            if bad := [i for i in self.mlp_only_layers if not 0 <= i < self.num_layers]:
+                raise ValueError(f"mlp_only_layers {bad} are not layers of a {self.num_layers}-layer model")
+
+    def sparse_layer(self, i: int) -> bool:
+        """Whether layer i's MLP is a sparse MoE block (transformers' Qwen3MoeDecoderLayer rule)."""
+        return (self.num_experts > 0 and i not in self.mlp_only_layers
+                and (i + 1) % self.decoder_sparse_step == 0)
+
+    @property
+    def is_moe(self) -> bool:
+        return self.num_experts > 0
 
     @property
     def family(self) -> Family:
         return family(self.model_type)
 
-    def with_family(self, model_type: str, attention_bias: bool = False) -> ModelConfig:
+    def with_family(self, model_type: str, attention_bias: bool = False, **moe: Any) -> ModelConfig:
         """This shape as another family: its q/k norm and biases (attention_bias: HF's flag, q/k/v and o biases
-        for Llama and Qwen3; Qwen2 always has q/k/v biases)."""
+        for Llama and Qwen3; Qwen2 always has q/k/v biases); moe: the expert fields (num_experts, ...) of a
+        `moe` family, set together with it."""
         fam = family(model_type)
         bias = fam.qkv_bias if fam.qkv_bias is not None else attention_bias
+        if not fam.moe:
+            moe = dict(num_experts=0, num_experts_per_tok=0, moe_intermediate_size=0, norm_topk_prob=False,
+                       decoder_sparse_step=1, mlp_only_layers=(), router_aux_loss_coef=0.0, **moe)
         return self.replace(model_type=model_type, qk_norm=fam.qk_norm, qkv_bias=bias,
-                            o_bias=bias and fam.qkv_bias is None)
+                            o_bias=bias and fam.qkv_bias is None, **moe)
 
     # ---- HF config.json ------------------------------------------------------------------------
     @classmethod
@@ -168,7 +200,7 @@ class ModelConfig:
             eos_token_id=get("eos_token_id", _is_token_ids, "an integer, a list of integers, or null"),
             rope_scaling=scaling,
         )
-        return base.with_family(fam.model_type, attention_bias)
+        return base.with_family(fam.model_type, attention_bias, **(_moe_from_hf(hf, defaults) if fam.moe else {}))
 
     def to_hf(self, dtype: str = "bfloat16") -> dict[str, Any]:
         """The HF `config.json` dict that transformers loads as this family's class."""
@@ -203,10 +235,39 @@ class ModelConfig:
         }
         if fam.qkv_bias is None:
             out["attention_bias"] = self.o_bias
+        if fam.moe:
+            out.update(num_experts=self.num_experts, num_experts_per_tok=self.num_experts_per_tok,
+                       moe_intermediate_size=self.moe_intermediate_size, norm_topk_prob=self.norm_topk_prob,
+                       decoder_sparse_step=self.decoder_sparse_step, mlp_only_layers=list(self.mlp_only_layers),
+                       router_aux_loss_coef=self.router_aux_loss_coef, output_router_logits=False)
         return out
 
     def replace(self, **kw: Any) -> ModelConfig:
         return dataclasses.replace(self, **kw)
+
+
+def _moe_from_hf(hf: dict[str, Any], defaults: Any) -> dict[str, Any]:
+    """The expert fields of a `moe` family's config.json (transformers writes num_experts as num_local_experts)."""
+    def get(key: str, check: Any, expected: str, *aliases: str) -> Any:
+        value = next((hf[k] for k in (key, *aliases) if k in hf), defaults[key])
+        if not check(value):
+            raise ValueError(f"config.json: {key} must be {expected}, got {value!r}")
+        return value
+
+    def positive_int(key: str, *aliases: str) -> int:
+        return get(key, lambda v: _is_int(v) and v > 0, "a positive integer", *aliases)
+
+    only = get("mlp_only_layers", lambda v: v is None or isinstance(v, list) and all(map(_is_int, v)),
+               "a list of layer indices")
+    return dict(
+        num_experts=positive_int("num_experts", "num_local_experts"),
+        num_experts_per_tok=positive_int("num_experts_per_tok"),
+        moe_intermediate_size=positive_int("moe_intermediate_size"),
+        norm_topk_prob=get("norm_topk_prob", lambda v: isinstance(v, bool), "true or false"),
+        decoder_sparse_step=positive_int("decoder_sparse_step"),
+        mlp_only_layers=tuple(only or ()),
+        router_aux_loss_coef=float(get("router_aux_loss_coef", lambda v: _is_number(v) and v >= 0, "a number >= 0")),
+    )
 
 
 def _rope_from_hf(hf: dict[str, Any], default_theta: float) -> tuple[float, Llama3RopeScaling | None]:
@@ -252,6 +313,10 @@ MODEL_SHAPES: dict[str, ModelConfig] = {
                             tie_word_embeddings=True, **_QWEN3_COMMON),
     "qwen3-8b": ModelConfig(hidden_size=4096, intermediate_size=12288, num_layers=36, num_heads=32,
                             tie_word_embeddings=False, **_QWEN3_COMMON),
+    "qwen3-30b-a3b": ModelConfig(hidden_size=2048, intermediate_size=6144, num_layers=48, num_heads=32,
+                                 tie_word_embeddings=False, **{**_QWEN3_COMMON, "num_kv_heads": 4}).with_family(
+        "qwen3_moe", num_experts=128, num_experts_per_tok=8, moe_intermediate_size=768, norm_topk_prob=True,
+        router_aux_loss_coef=0.001),
     # Test / embedded shapes: same architecture, a few hundred thousand parameters.
     "tiny": ModelConfig(vocab_size=128, hidden_size=128, intermediate_size=384, num_layers=4, num_heads=4,
                         num_kv_heads=2, head_dim=32, rope_theta=10000.0, max_position_embeddings=1024,
@@ -259,6 +324,12 @@ MODEL_SHAPES: dict[str, ModelConfig] = {
     "tiny-untied": ModelConfig(vocab_size=128, hidden_size=64, intermediate_size=160, num_layers=2,
                                num_heads=4, num_kv_heads=1, head_dim=16, rope_theta=10000.0,
                                max_position_embeddings=512, tie_word_embeddings=False),
+    # Qwen3-MoE in small: 8 experts, top-2, the tiny shape's attention
+    "tiny-moe": ModelConfig(vocab_size=128, hidden_size=64, intermediate_size=128, num_layers=2, num_heads=4,
+                            num_kv_heads=2, head_dim=16, rope_theta=10000.0, max_position_embeddings=1024,
+                            tie_word_embeddings=True).with_family(
+        "qwen3_moe", num_experts=8, num_experts_per_tok=2, moe_intermediate_size=32, norm_topk_prob=True,
+        router_aux_loss_coef=0.001),
 }
 
 

@@ -1,8 +1,9 @@
 """The model families monorl runs, keyed by a checkpoint's `model_type`: what each states that differs from the
 shared decoder (`monorl.model.qwen3.Qwen3ForCausalLM`, parameterised by `ModelConfig`).
 
-Every family is a Llama-shaped dense decoder: RMSNorm, rotate-half RoPE, GQA attention, a SiLU-gated MLP. They
-differ in a per-head q/k RMSNorm (Qwen3), biases on q/k/v (Qwen2 always; Llama and Qwen3 on q/k/v/o with
+Every family is a Llama-shaped decoder: RMSNorm, rotate-half RoPE, GQA attention, a SiLU-gated MLP (Qwen3-MoE: a
+sparse mixture of such MLPs in its sparse layers, `monorl.model.moe`). They differ in a per-head q/k RMSNorm (Qwen3,
+Qwen3-MoE), biases on q/k/v (Qwen2 always; Llama and Qwen3 on q/k/v/o with
 `attention_bias`), what a config.json key left out means (transformers' config class defaults, including
 head_dim: Qwen3Config's 128, the others hidden_size // num_attention_heads), and the GGUF architecture name.
 Everything else (the generator's fused projections, LoRA, batch invariance, checkpoints, the memory plan) reads
@@ -33,6 +34,8 @@ class Family:
     hidden_multiple_of_heads: bool = False
     # keys `ModelConfig.to_hf` writes for this family beyond the shared ones
     extra_hf: Mapping[str, Any] = field(default_factory=dict)
+    # sparse mixture-of-experts MLPs (`monorl.model.moe`): config.json's num_experts, num_experts_per_tok, ...
+    moe: bool = False
 
 
 _COMMON_DEFAULTS = {"hidden_act": "silu", "rms_norm_eps": 1e-6, "tie_word_embeddings": False,
@@ -70,7 +73,22 @@ QWEN2 = Family(
     extra_hf=MappingProxyType({"use_sliding_window": False, "sliding_window": None}),
 )
 
-FAMILIES: dict[str, Family] = {f.model_type: f for f in (QWEN3, LLAMA, QWEN2)}
+# transformers' Qwen3MoeConfig (models/qwen3_moe/configuration_qwen3_moe.py): Qwen3's attention, sparse MoE MLPs.
+# head_dim is no field of it (the attention reads getattr(config, "head_dim", hidden // heads)).
+QWEN3_MOE = Family(
+    model_type="qwen3_moe", architecture="Qwen3MoeForCausalLM", gguf_arch="qwen3moe", qk_norm=True, qkv_bias=None,
+    defaults=MappingProxyType({
+        **_COMMON_DEFAULTS, "vocab_size": 151936, "hidden_size": 2048, "intermediate_size": 6144,
+        "num_hidden_layers": 24, "num_attention_heads": 32, "num_key_value_heads": 4, "head_dim": None,
+        "max_position_embeddings": 32768, "bos_token_id": None, "eos_token_id": None, "use_sliding_window": False,
+        "num_experts": 128, "num_experts_per_tok": 8, "moe_intermediate_size": 768, "norm_topk_prob": False,
+        "decoder_sparse_step": 1, "mlp_only_layers": None, "router_aux_loss_coef": 0.001}),
+    unsupported_flags=("use_sliding_window",),
+    extra_hf=MappingProxyType({"use_sliding_window": False, "sliding_window": None}),
+    moe=True,
+)
+
+FAMILIES: dict[str, Family] = {f.model_type: f for f in (QWEN3, LLAMA, QWEN2, QWEN3_MOE)}
 
 
 def family(model_type: str) -> Family:
@@ -97,7 +115,7 @@ def family_of_hf(hf: Mapping[str, Any]) -> Family:
 def family_of_gguf(arch: str) -> Family:
     """The family of a GGUF file's `general.architecture`."""
     for fam in FAMILIES.values():
-        if fam.gguf_arch == arch:
+        if fam.gguf_arch == arch and not fam.moe:  # (monorl's GGUF reader maps dense tensors only)
             return fam
     raise ValueError(f"unsupported GGUF architecture {arch!r}; monorl reads "
-                     f"{sorted(f.gguf_arch for f in FAMILIES.values())}")
+                     f"{sorted(f.gguf_arch for f in FAMILIES.values() if not f.moe)}")

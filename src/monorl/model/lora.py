@@ -159,6 +159,11 @@ def apply_lora_(model: Qwen3ForCausalLM, cfg: LoRAConfig, seed: int = 0,
         raise ValueError("apply_lora_: the model already has LoRA adapters")
     if any(isinstance(m, Attention | MLP) and m.fused for m in model.modules()):
         raise ValueError("apply_lora_: the model has fused projections (a generator copy); adapt the unfused model")
+    if model.config.is_moe and (mlp := [t for t in cfg.modules if t in ("gate_proj", "up_proj", "down_proj")]):
+        # PEFT reads these names on a MoE model as its experts too (transformers 5's fused expert parameters),
+        # which monorl does not adapt: an adapter of the dense layers alone would mean something else there
+        raise ValueError(f"apply_lora_: lora.targets {list(mlp)} on a mixture-of-experts model (its experts take no "
+                         "adapters here; PEFT would adapt them): use --lora.targets q,k,v,o")
     targets = [(n, m) for n, m in model.named_modules() if n.rpartition(".")[2] in cfg.modules]
     if bad := [f"{n} ({type(m).__name__})" for n, m in targets if type(m) is not Linear]:
         raise ValueError(f"apply_lora_: not plain Linear projections: {bad[:3]} (add LoRA before "

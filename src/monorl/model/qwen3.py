@@ -1,6 +1,7 @@
 """The one decoder model definition, used by both the trainer and the generator, for every family in
-`monorl.model.families` (Qwen3, Llama, Qwen2): the config says which pieces a family has (a q/k norm, q/k/v and
-o biases, Llama 3 RoPE scaling, a tied head); the class keeps the name it had when Qwen3 was the only one.
+`monorl.model.families` (Qwen3, Llama, Qwen2, Qwen3-MoE): the config says which pieces a family has (a q/k norm,
+q/k/v and o biases, Llama 3 RoPE scaling, a tied head, mixture-of-experts MLPs in its sparse layers:
+`monorl.model.moe`); the class keeps the name it had when Qwen3 was the only one.
 
 Inputs are always flat: `input_ids [T]`, `positions [T]` and an `AttentionContext` that says how
 the T tokens are laid out (packed sequences, a prefill, or one token per live decode sequence).
@@ -182,12 +183,18 @@ class MLP(nn.Module):
 
 
 class TransformerBlock(nn.Module):
-    """One decoder layer; the unit of regional compile (the same code serves every layer)."""
+    """One decoder layer; the unit of regional compile (the same code serves every layer). sparse: its MLP is a
+    mixture of experts (`monorl.model.moe.SparseMoeBlock`, a sparse layer of a Qwen3-MoE config)."""
 
-    def __init__(self, cfg: ModelConfig, fused: bool = False) -> None:
+    def __init__(self, cfg: ModelConfig, fused: bool = False, sparse: bool = False) -> None:
         super().__init__()
         self.self_attn = Attention(cfg, fused)
-        self.mlp = MLP(cfg, fused)
+        if sparse:
+            from monorl.model.moe import SparseMoeBlock  # (moe.py builds on this module's Linear)
+
+            self.mlp: nn.Module = SparseMoeBlock(cfg)
+        else:
+            self.mlp = MLP(cfg, fused)
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
@@ -200,7 +207,7 @@ class Qwen3Model(nn.Module):
     def __init__(self, cfg: ModelConfig, fused: bool = False) -> None:
         super().__init__()
         self.embed_tokens = embedding(cfg.vocab_size, cfg.hidden_size)
-        self.layers = nn.ModuleList(TransformerBlock(cfg, fused) for _ in range(cfg.num_layers))
+        self.layers = nn.ModuleList(TransformerBlock(cfg, fused, cfg.sparse_layer(i)) for i in range(cfg.num_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
 

@@ -216,7 +216,8 @@ def check_architecture(path: Path, config: Any) -> None:
     stored = load_config(path)
     arch = ("vocab_size", "hidden_size", "intermediate_size", "num_layers", "num_heads", "num_kv_heads", "head_dim",
             "rope_theta", "rms_norm_eps", "tie_word_embeddings", "model_type", "qkv_bias", "o_bias",
-            "rope_scaling")  # not token ids: those may be rewritten on save
+            "rope_scaling", "num_experts", "num_experts_per_tok", "moe_intermediate_size", "norm_topk_prob",
+            "decoder_sparse_step", "mlp_only_layers")  # not token ids: those may be rewritten on save
     if diff := [f"{k}={getattr(stored, k)} (run: {getattr(config, k)})" for k in arch
                 if getattr(stored, k) != getattr(config, k)]:
         raise CheckpointError(f"{path / 'config.json'} is another model than the run's policy: {', '.join(diff)}")

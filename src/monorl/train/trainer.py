@@ -14,6 +14,10 @@ sequences and trains its contiguous share of them. The loss normalisers come fro
 loss is its share of the one-rank loss and the summed gradients equal the one-rank gradient; the metric sums
 are added over ranks. FSDP's collectives need every rank to run as many micro-batches as the busiest one: the
 others run copies with every token masked (loss and gradient exactly zero).
+
+A mixture-of-experts policy (Qwen3-MoE) may add the routers' load-balancing loss (`router_aux_loss`: config.json's
+router_aux_loss_coef times transformers' `load_balancing_loss_func` of each micro-batch's router logits, weighted
+by the micro-batch's share of the step's trained tokens), as HF adds it under `output_router_logits`.
 """
 
 from __future__ import annotations
@@ -34,6 +38,8 @@ from monorl.distributed.fsdp import is_sharded
 from monorl.distributed.world import SINGLE, World
 from monorl.model.batch_invariant import is_batch_invariant
 from monorl.model.logprobs import chunked_token_logprobs, chunked_token_logprobs_entropy
+from monorl.model.moe import grouped_mm_serves
+from monorl.model.moe_routing import RouterTap, load_balancing_loss
 from monorl.model.qwen3 import Qwen3ForCausalLM
 from monorl.train.graphs import TrainGraphs
 from monorl.train.losses import LossConfig, LossNorm, loss_metric_names, policy_loss
@@ -65,6 +71,9 @@ class TrainerConfig:
     # says the run does not fit without it (monorl.plan)
     activation_checkpointing: bool | None = None
     loss: LossConfig = field(default_factory=LossConfig)  # the policy loss and the KL to the reference
+    # mixture-of-experts policies: add the routers' load-balancing loss, weighted by config.json's
+    # router_aux_loss_coef (off by default, as in transformers, whose output_router_logits is off)
+    router_aux_loss: bool = False
 
     def __post_init__(self) -> None:
         if self.lr <= 0:
@@ -80,6 +89,7 @@ class TrainerConfig:
 
 
 _METRIC_SLOTS = 24  # device accumulator: the loss's metrics, then logprob-diff sum, token count, entropy sum
+_AUX_SLOT = _METRIC_SLOTS - 1  # ... and in the last slot the routers' load-balancing loss (router_aux_loss)
 # device max accumulator: logprob-diff max, then the rollout correction's IS-weight max and (negated) min
 _MAX_SLOTS = 3
 
@@ -102,11 +112,21 @@ class Trainer:
         self.ref_model = ref_model
         self.device = next(model.parameters()).device
         params = [p for p in model.parameters() if p.requires_grad]
-        no_host_reads = attn_backend == "flash" or is_batch_invariant(model)
+        moe = model.config.is_moe
+        if cfg.router_aux_loss and not moe:
+            raise ValueError("trainer.router_aux_loss needs a mixture-of-experts model (model_type qwen3_moe)")
+        self.router_tap = RouterTap(model) if cfg.router_aux_loss and model.config.router_aux_loss_coef > 0 else None
+        # a MoE block's experts read per-expert counts on the host, except on grouped_mm (bf16, not in the mode)
+        moe_host_reads = moe and (is_batch_invariant(model) or cfg.compute_dtype == "float32" or not grouped_mm_serves(
+            self.device, model.config.hidden_size, model.config.moe_intermediate_size))
+        no_host_reads = (attn_backend == "flash" or is_batch_invariant(model)) and not moe_host_reads
         # FSDP's hooks and collectives run between the kernels a graph would capture
         use_graphs = cuda_graphs and self.device.type == "cuda" and no_host_reads and world.size == 1
         if cuda_graphs and self.device.type == "cuda" and not use_graphs:
-            log.warning("trainer CUDA graphs need attention backend 'flash' (got %r): running without", attn_backend)
+            why = ("a mixture-of-experts model runs its experts per expert here (grouped_mm: bf16 on sm90+, outside "
+                   "batch-invariant mode)" if moe_host_reads else f"they need attention backend 'flash' (got "
+                   f"{attn_backend!r})")
+            log.warning("trainer CUDA graphs: %s; running without", why)
         self.static_shapes = use_graphs if static_shapes is None else static_shapes
         self.graphs = TrainGraphs(params, self.device) if use_graphs else None
         self.max_graph_tokens = max_graph_tokens
@@ -288,9 +308,18 @@ class Trainer:
     def _accumulate(self, mb: MicroBatch, norm: LossNorm, advantages: Tensor, temperature: float) -> None:
         """One micro-batch: forward, loss, backward (into .grad), metric sums (into the device buffers).
         No host sync: this is the body a trainer CUDA graph captures."""
-        logprobs, entropy = self.logprobs_entropy(mb, temperature)
+        tap = self.router_tap if self.router_tap is not None else contextlib.nullcontext()
+        with tap:
+            logprobs, entropy = self.logprobs_entropy(mb, temperature)
         loss, metrics = policy_loss(logprobs, mb.old_logprobs, advantages, mb.seq_ids, self.cfg.loss, norm,
                                     ref_logprobs=mb.ref_logprobs, token_mask=mb.token_mask)
+        if self.router_tap is not None:
+            cfg = self.model.config
+            aux = load_balancing_loss(self.router_tap.logits(), cfg.num_experts, cfg.num_experts_per_tok)
+            self.router_tap.clear()  # (a checkpointed block's recompute records again in backward: cleared next time)
+            aux = aux * mb.token_mask.sum() / norm.token_count  # this micro-batch's share of the step
+            loss = loss + cfg.router_aux_loss_coef * aux
+            self._acc[_AUX_SLOT] += aux.detach().double()
         loss.backward()
         diff = (logprobs.detach() - mb.old_logprobs).abs() * mb.token_mask
         correction = self.cfg.loss.rollout_correction.enabled
@@ -394,6 +423,8 @@ class Trainer:
             "train_tokens": int(train_tokens),
         }
         out.update({k: v for k, v in sums.items() if k != "loss"} if mbs else {})
+        if self.router_tap is not None:
+            out["moe/aux_loss"] = host[_AUX_SLOT]  # the step's load-balancing loss (before its coefficient)
         return out
 
     def anchor_reference(self) -> None:

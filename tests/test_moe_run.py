@@ -27,8 +27,10 @@ def test_grpo_on_a_tiny_moe(tmp_path, batch_invariant):
     assert len(result.steps) == 2
     for row in result.steps:
         assert math.isfinite(row["loss"]) and math.isfinite(row["grad_norm"]) and row["skipped"] == 0.0
+        assert 0.0 <= row["moe/routing_mismatch"] <= 1.0  # both copies' routing of the step's tokens, checked
         if batch_invariant:
             assert row["logprob_diff_max"] == 0.0
+            assert row["moe/routing_mismatch"] == 0.0 and row["moe/routing_mismatch_layers"] == 0.0
         else:
             assert row["logprob_diff_max"] < 1e-4
             assert 0.9 < row["moe/aux_loss"] < 8.0  # E * sum(f * P): 1 when balanced, E at worst

@@ -1,6 +1,8 @@
 """The trainer consumer: a producer's scored groups -> group advantages -> one trainer step -> the new weights
 published to the generator. Colocated (one process holds both), publishing is an in-place refresh of the
-generator's copy (`sync_weights_`: its CUDA graphs stay valid), queued on the GPU behind the update."""
+generator's copy (`sync_weights_`: its CUDA graphs stay valid), queued on the GPU behind the update. For a
+mixture-of-experts model, each step first checks that both copies route the batch's tokens alike
+(`moe/routing_mismatch`)."""
 
 from __future__ import annotations
 
@@ -12,10 +14,13 @@ import torch
 
 from monorl.config import RunConfig
 from monorl.generate.engine import Generator
+from monorl.model.moe_routing import generator_trainer_routing
 from monorl.model.weight_sync import sync_weights_
 from monorl.rl.producer import RolloutBatch
 from monorl.rl.rollouts import assign_advantages
 from monorl.train.trainer import Trainer
+
+ROUTING_CHECK_SEQUENCES = 16  # sequences of a step whose routing is compared (a share: a sample is enough)
 
 
 class TrainerConsumer:
@@ -40,6 +45,7 @@ class TrainerConsumer:
         tokenization, while the GPU trains). Returns (the trainer's metrics, the step's train/sync seconds)."""
         cfg, ro = self.cfg, self.cfg.rollout
         t0 = time.perf_counter()
+        routing = self.routing_check(batch) if self.trainer.model.config.is_moe else {}
         assign_advantages(batch.groups, normalize_std=ro.advantage_std_norm and cfg.trainer.loss.kind != "dr_grpo",
                           kind=ro.advantage)
         sync = {"s": 0.0}
@@ -52,8 +58,19 @@ class TrainerConsumer:
                 after_publish()
 
         seqs = [r.train_sequence(ro.mask_truncated, group=gi) for gi, g in enumerate(batch.groups) for r in g]
-        metrics = self.trainer.step(seqs, temperature=ro.temperature, after_update=after_update)
+        metrics = {**self.trainer.step(seqs, temperature=ro.temperature, after_update=after_update), **routing}
         if self.device.type == "cuda":
             torch.cuda.synchronize()
         # sync_s: the host time of queuing the weight sync, which runs on the GPU within train_s
         return metrics, {"train_s": time.perf_counter() - t0 - sync["s"], "sync_s": sync["s"]}
+
+    def routing_check(self, batch: RolloutBatch) -> dict[str, float]:
+        """The share of tokens the generator's copy and the trainer's model route to different experts (any sparse
+        layer), over the first `ROUTING_CHECK_SEQUENCES` sequences of the batch, before the update (both copies then
+        hold the same weights). 0 by construction in batch-invariant mode; reported, not corrected, outside it.
+        Every rank runs it (an FSDP forward is collective) on the same sequences (the batch is every rank's)."""
+        seqs = [list(r.prompt_ids) + list(r.completion_ids) for g in batch.groups for r in g]
+        rm = generator_trainer_routing(self.generator.model, self.trainer.model, self.trainer.autocast_dtype,
+                                       seqs[:ROUTING_CHECK_SEQUENCES])
+        return {"moe/routing_mismatch": rm.share,
+                "moe/routing_mismatch_layers": rm.layer_routings_different / max(rm.layer_routings, 1)}

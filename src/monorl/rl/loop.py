@@ -32,6 +32,7 @@ from monorl.distributed.fsdp import shard_model_
 from monorl.distributed.world import World, check_world, close_world, init_world, quiet_unless_main
 from monorl.fsutil import json_safe
 from monorl.generate.engine import Generator
+from monorl.generate.tensor_parallel import tensor_parallel_group
 from monorl.model.attention import resolve_backend
 from monorl.model.batch_invariant import make_batch_invariant_
 from monorl.model.lora import apply_lora_
@@ -132,10 +133,14 @@ class GRPORun:
             # which the bitwise guarantee is for (a fused projection's invariant GEMM computes each output column as
             # the unfused one does: `monorl.ops.matmul_invariant`). On CUDA its KV cache is sized after the
             # trainer's warm-up has measured what training needs (`Startup.size_kv_cache`).
+            # --generator.tensor_parallel_size N: groups of N consecutive ranks each hold one split copy (every rank
+            # creates every group); batch-invariant runs sum row-parallel partials in a fixed order
+            tp = tensor_parallel_group(world.rank, world.size, cfg.generator.tensor_parallel_size,
+                                       fixed_order=bool(cfg.batch_invariant))
             self.generator = Generator(self.policy, cfg.generator, tokenizer=self.tokenizer,
                                        eos_token_ids=eos_ids(self.tokenizer, self.spec.model_config), compile=cc,
                                        allocate_kv=not on_gpu,
-                                       lora=lora if cfg.batch_invariant and lora.enabled else None)
+                                       lora=lora if cfg.batch_invariant and lora.enabled else None, tp=tp)
             if cfg.batch_invariant and not on_gpu:
                 log.warning("batch_invariant on %s runs the invariant ops' reference path (fixed-order tree sums, "
                             "many times slower than the default kernels); --batch_invariant false for a quick run",

@@ -13,6 +13,7 @@ from typing import Any, Literal
 import torch
 
 from monorl.compile import CompileConfig
+from monorl.distributed.placement import PlacementSection
 from monorl.distributed.world import DistributedSection
 from monorl.fsutil import json_safe
 from monorl.generate.engine import GeneratorConfig
@@ -185,6 +186,7 @@ class RunConfig:
     checkpoint: CheckpointSection = field(default_factory=CheckpointSection)
     logging: LoggingSection = field(default_factory=LoggingSection)
     distributed: DistributedSection = field(default_factory=DistributedSection)
+    placement: PlacementSection = field(default_factory=PlacementSection)  # colocated, or generator ranks apart
 
     def __post_init__(self) -> None:
         if self.steps < 0:

@@ -15,6 +15,8 @@ shards cost again); `checkpoints/final` is the HF export, gathered to rank 0 (`f
 Writes stay atomic: rank 0 picks the temporary directory, every rank writes its shards into it, and rank 0
 adds its files and publishes it with one rename (`monorl.fsutil.write_dir_atomic`). Every rank must reach the
 same calls in the same order (they are collectives). The run directory must be on a filesystem every rank sees.
+A disaggregated run's checkpoints are its trainers' (`World.group`: the trainer group), the generator ranks holding
+no state a resume needs.
 """
 
 from __future__ import annotations
@@ -83,7 +85,7 @@ def save_sharded_checkpoint(root: Path, step: int, policy: nn.Module, trainer: T
     state = _state(policy, trainer, with_ref=True)
     if not world.is_main:
         tmp = world.broadcast(None)
-        dcp.save(state, checkpoint_id=tmp / DCP_DIR)
+        dcp.save(state, checkpoint_id=tmp / DCP_DIR, process_group=world.group)
         world.barrier()  # rank 0 publishes the directory
         return root / name
     root.mkdir(parents=True, exist_ok=True)
@@ -91,7 +93,7 @@ def save_sharded_checkpoint(root: Path, step: int, policy: nn.Module, trainer: T
 
     def fill(tmp: Path) -> None:
         world.broadcast(tmp)
-        dcp.save(state, checkpoint_id=tmp / DCP_DIR)
+        dcp.save(state, checkpoint_id=tmp / DCP_DIR, process_group=world.group)
         write_checkpoint_files(config_source, tmp, dtype=torch.float32, tokenizer=tokenizer, weights=False)
         ck._test_hook_sleep()
         small = {"format": ck.FORMAT, "version": ck.VERSION, "step": step, "data_position": data_position,
@@ -113,10 +115,10 @@ def save_sharded_checkpoint(root: Path, step: int, policy: nn.Module, trainer: T
     return final
 
 
-def load_sharded_checkpoint(path: Path, policy: nn.Module, trainer: Trainer,
-                            restore_rng: bool = True) -> ck.TrainingCheckpoint:
+def load_sharded_checkpoint(path: Path, policy: nn.Module, trainer: Trainer, restore_rng: bool = True,
+                            group: Any = None) -> ck.TrainingCheckpoint:
     """Restore a DCP checkpoint into this run's policy (sharded over any number of ranks, or plain) and trainer,
-    in place. Every rank calls it."""
+    in place. Every rank of `group` (default: the job; a disaggregated run's trainers) calls it."""
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import set_state_dict
 
@@ -133,7 +135,7 @@ def load_sharded_checkpoint(path: Path, policy: nn.Module, trainer: Trainer,
     state = _state(policy, trainer, with_ref=bool(small.get("has_ref_model")))
     with warnings.catch_warnings():  # one process, no group: DCP warns that it assumes just that
         warnings.filterwarnings("ignore", message="torch.distributed is disabled")
-        dcp.load(state, checkpoint_id=p / DCP_DIR, no_dist=not dist.is_initialized())
+        dcp.load(state, checkpoint_id=p / DCP_DIR, no_dist=not dist.is_initialized(), process_group=group)
     set_state_dict(policy, trainer.optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
     if "ref_model" in state:
         trainer.ref_model.load_state_dict(state["ref_model"])

@@ -165,9 +165,24 @@ def check_world(cfg: Any, world: World) -> None:
     if tp < 1 or world.size % tp:
         raise ValueError(f"generator.tensor_parallel_size={tp} does not divide the run's {world.size} rank(s): a "
                          f"tensor-parallel generator is split over that many of its GPUs (--nproc a multiple of {tp})")
+    from monorl.distributed.placement import check_placement  # placement.py builds on this module
+
+    placement = getattr(cfg, "placement", None)
+    if placement is not None:
+        check_placement(placement, world.size)
     if world.size == 1:
         return
     n = cfg.rollout.prompts_per_step
+    if placement is not None and placement.disaggregated:  # generators split the groups, then trainers do
+        g = placement.generator_ranks
+        for ranks, who in ((g, "generator"), (world.size - g, "trainer")):
+            if n % ranks:
+                raise ValueError(f"rollout.prompts_per_step={n} does not divide over the {ranks} {who} rank(s) of "
+                                 f"placement.generator_ranks={g} on {world.size} ranks: use a multiple of {ranks}")
+        if tp > 1:
+            raise ValueError(f"generator.tensor_parallel_size={tp} with placement.generator_ranks={g}: a "
+                             "disaggregated run's generators each hold a whole copy (tensor_parallel_size 1)")
+        return
     if n % world.size:
         raise ValueError(f"rollout.prompts_per_step={n} does not divide over {world.size} ranks: use a multiple "
                          f"of {world.size} (each rank generates and trains an equal share of the prompt groups)")

@@ -2,7 +2,8 @@
 published to the generator. Colocated (one process holds both), publishing is an in-place refresh of the
 generator's copy (`sync_weights_`: its CUDA graphs stay valid), queued on the GPU behind the update. For a
 mixture-of-experts model, each step first checks that both copies route the batch's tokens alike
-(`moe/routing_mismatch`)."""
+(`moe/routing_mismatch`). Disaggregated (`placement.generator_ranks`), a trainer rank holds no generator: publishing
+is a broadcast to the generator ranks (`send`: `WeightBroadcast.send_`), and the routing check is left out."""
 
 from __future__ import annotations
 
@@ -24,8 +25,12 @@ ROUTING_CHECK_SEQUENCES = 16  # sequences of a step whose routing is compared (a
 
 
 class TrainerConsumer:
-    def __init__(self, cfg: RunConfig, trainer: Trainer, generator: Generator, device: torch.device) -> None:
-        self.cfg, self.trainer, self.generator, self.device = cfg, trainer, generator, device
+    def __init__(self, cfg: RunConfig, trainer: Trainer, generator: Generator | None, device: torch.device,
+                 send: Callable[[int], None] | None = None) -> None:
+        """generator: the copy published into in place (colocated), or None and `send(version)` publishes."""
+        if (generator is None) == (send is None):
+            raise ValueError("a trainer consumer publishes into a generator copy or through send, one of the two")
+        self.cfg, self.trainer, self.generator, self.device, self.send = cfg, trainer, generator, device, send
 
     @property
     def policy_version(self) -> int:
@@ -34,7 +39,11 @@ class TrainerConsumer:
 
     def publish(self) -> None:
         """The trainer's weights into the generator's copy, in place (its CUDA graphs stay valid), and their
-        version."""
+        version (disaggregated: sent to the generator ranks)."""
+        if self.send is not None:
+            self.send(self.policy_version)
+            return
+        assert self.generator is not None
         sync_weights_(self.generator.model, self.trainer.model)
         self.generator.policy_version = self.policy_version
 
@@ -45,7 +54,7 @@ class TrainerConsumer:
         tokenization, while the GPU trains). Returns (the trainer's metrics, the step's train/sync seconds)."""
         cfg, ro = self.cfg, self.cfg.rollout
         t0 = time.perf_counter()
-        routing = self.routing_check(batch) if self.trainer.model.config.is_moe else {}
+        routing = self.routing_check(batch) if self.trainer.model.config.is_moe and self.generator else {}
         assign_advantages(batch.groups, normalize_std=ro.advantage_std_norm and cfg.trainer.loss.kind != "dr_grpo",
                           kind=ro.advantage)
         sync = {"s": 0.0}
@@ -70,6 +79,7 @@ class TrainerConsumer:
         hold the same weights). 0 by construction in batch-invariant mode; reported, not corrected, outside it.
         Every rank runs it (an FSDP forward is collective) on the same sequences (the batch is every rank's)."""
         seqs = [list(r.prompt_ids) + list(r.completion_ids) for g in batch.groups for r in g]
+        assert self.generator is not None
         rm = generator_trainer_routing(self.generator.model, self.trainer.model, self.trainer.autocast_dtype,
                                        seqs[:ROUTING_CHECK_SEQUENCES])
         return {"moe/routing_mismatch": rm.share,

@@ -29,6 +29,8 @@ from monorl.config import RunConfig
 from monorl.console import best_effort
 from monorl.distributed.elastic import die_for_test, restart_count, restart_resume_path
 from monorl.distributed.fsdp import shard_model_
+from monorl.distributed.placement import Placement
+from monorl.distributed.weight_broadcast import WeightBroadcast
 from monorl.distributed.world import World, check_world, close_world, init_world, quiet_unless_main
 from monorl.fsutil import json_safe
 from monorl.generate.engine import Generator
@@ -41,6 +43,7 @@ from monorl.model.tokenizer import eos_ids
 from monorl.plan import GiB
 from monorl.rl.checkpointing import check_resume_point, find_checkpoint, step_checkpoints
 from monorl.rl.consumer import TrainerConsumer
+from monorl.rl.disaggregated import ReceivedRollouts, check_disaggregated, run_generator
 from monorl.rl.episodes import solution_sequence
 from monorl.rl.loggers import check_loggers, open_loggers
 from monorl.rl.producer import RolloutProducer
@@ -79,6 +82,9 @@ class GRPORun:
         self.world = world = init_world(cfg.device, cfg.distributed.timeout_s,
                                         cfg.distributed.backend) if world is None else world
         check_world(cfg, world)
+        # colocated: every rank generates and trains; disaggregated: the last G ranks generate, the others train
+        self.placement = placement = Placement.build(world, cfg.placement)
+        role, self.train_world = placement.role, placement.trainer_world
         self.t_start = time.perf_counter()
         self.phase_s = {"warm_start_s": 0.0, "validation_s": 0.0, "checkpoint_s": 0.0}
         # a run dir or checkpoint dir to continue from; resolved first so a bad path fails before any work
@@ -99,7 +105,7 @@ class GRPORun:
         torch.manual_seed(cfg.seed)
         self.device = device = resolve_device(cfg.device, world)
         check_loggers(cfg.logging)  # a missing optional extra fails before any work
-        self.boot = boot = Startup(cfg, device, world)
+        self.boot = boot = Startup(cfg, device, placement.generator_world if role == "generator" else self.train_world)
         on_gpu = device.type == "cuda"
         if on_gpu:  # the CUDA context, timed apart from the work that would trigger it
             with boot.timed("cuda_init_s"):
@@ -112,6 +118,7 @@ class GRPORun:
             print(note, flush=True)
         self.cfg = cfg = self.spec.cfg
         self.plan = self.spec.plan
+        check_disaggregated(self.spec, placement)
         boot.cfg = cfg
         boot.plan_aten_preload(self.spec)  # its key, taken before construction adjusts anything
 
@@ -137,17 +144,25 @@ class GRPORun:
             # creates every group); batch-invariant runs sum row-parallel partials in a fixed order
             tp = tensor_parallel_group(world.rank, world.size, cfg.generator.tensor_parallel_size,
                                        fixed_order=bool(cfg.batch_invariant))
-            self.generator = Generator(self.policy, cfg.generator, tokenizer=self.tokenizer,
-                                       eos_token_ids=eos_ids(self.tokenizer, self.spec.model_config), compile=cc,
-                                       allocate_kv=not on_gpu,
-                                       lora=lora if cfg.batch_invariant and lora.enabled else None, tp=tp)
+            self.generator = None if role == "trainer" else Generator(
+                self.policy, cfg.generator, tokenizer=self.tokenizer, compile=cc, allocate_kv=not on_gpu,
+                eos_token_ids=eos_ids(self.tokenizer, self.spec.model_config),
+                lora=lora if cfg.batch_invariant and lora.enabled else None, tp=tp)
             if cfg.batch_invariant and not on_gpu:
                 log.warning("batch_invariant on %s runs the invariant ops' reference path (fixed-order tree sums, "
                             "many times slower than the default kernels); --batch_invariant false for a quick run",
                             device.type)
             if cfg.batch_invariant:  # both sides converted once, here (the KL reference inherits the policy's)
                 make_batch_invariant_(self.policy)
-                make_batch_invariant_(self.generator.model)
+                if self.generator is not None:
+                    make_batch_invariant_(self.generator.model)
+        self.producer = None if role == "trainer" else RolloutProducer(
+            self.spec, self.generator, placement.generator_world,
+            (lambda: self.generator.policy_version) if role == "generator" else lambda: self.consumer.policy_version)
+        if role == "generator":  # its copy is built: the trainers hold the policy
+            self.policy = self.trainer = self.consumer = self.rollouts = self.checkpoints = None  # type: ignore
+            self.finish_init(placement)
+            return
         boot.start_aten_preload()
         t = time.perf_counter()
         ref_model = None
@@ -158,17 +173,19 @@ class GRPORun:
             trainer_cfg = dataclasses.replace(trainer_cfg, compute_dtype=str(gen_dtype).removeprefix("torch."))
         if cc.enabled and cc.trainer:  # before sharding: FSDP's hooks then stay outside the compiled blocks
             compile_blocks(self.policy, cc)
-        if world.size > 1:  # after the generator and the KL reference copied the full weights
-            shard_model_(self.policy, device)
+        if self.train_world.size > 1:  # after the generator and the KL reference copied the full weights
+            shard_model_(self.policy, device, group=self.train_world.group)
         self.trainer = Trainer(self.policy, trainer_cfg, total_steps=cfg.steps,
                                attn_backend="flash" if self.attn_backend == "flash" else "sdpa",
                                ref_model=ref_model, cuda_graphs=cc.trainer_cuda_graphs,
-                               max_graph_tokens=self.plan.micro_batch_tokens, world=world)
-        self.consumer = TrainerConsumer(cfg, self.trainer, self.generator, device)
-        self.producer = RolloutProducer(self.spec, self.generator, world, lambda: self.consumer.policy_version)
-        # the trainer's batches, taken in step order from the producer running up to max_staleness batches ahead
-        self.rollouts = AheadRollouts(self.producer, cfg.rollout.max_staleness, cfg.steps,
-                                      lambda: self.consumer.policy_version, cfg.rollout.inflight_updates)
+                               max_graph_tokens=self.plan.micro_batch_tokens, world=self.train_world)
+        send = (lambda v: self.weights.send_(v)) if self.generator is None else None
+        self.consumer = TrainerConsumer(cfg, self.trainer, self.generator, device, send=send)
+        # the trainer's batches, taken in step order from the producer running up to max_staleness batches ahead (or,
+        # disaggregated, received from the generator ranks)
+        self.rollouts: Any = AheadRollouts(self.producer, cfg.rollout.max_staleness, cfg.steps,
+                                           lambda: self.consumer.policy_version, cfg.rollout.inflight_updates) \
+            if self.producer else ReceivedRollouts(placement, cfg, self.trainer, bool(self.spec.val_prompts))
         self.num_tokens = 0  # prompt + completion tokens trained on so far (TRL's num_tokens)
         # created last, so a bad config, checkpoint or data file leaves no empty run directory behind; rank 0
         # names it (a default path holds the time) and alone writes it
@@ -177,9 +194,20 @@ class GRPORun:
         self.run_dir.write_config(cfg.to_dict())
         if world.is_main:  # TensorBoard / W&B: rank 0's, as the rest of the run directory
             self.run_dir.loggers = open_loggers(cfg.logging, self.run_dir.path, json_safe(cfg.to_dict()))
-        self.checkpoints = RunCheckpoints(self.run_dir.checkpoints, self.policy, self.trainer, self.tokenizer, world,
-                                          config_source=self.generator.model, keep_last=cfg.checkpoint.keep_last)
+        self.checkpoints = RunCheckpoints(self.run_dir.checkpoints, self.policy, self.trainer, self.tokenizer,
+                                          self.train_world, keep_last=cfg.checkpoint.keep_last,
+                                          config_source=self.policy if self.generator is None else self.generator.model)
         boot.timings["trainer_init_s"] = time.perf_counter() - t  # KL reference, Trainer (AdamW), run dir, loggers
+        self.finish_init(placement)
+
+    def finish_init(self, placement: Placement) -> None:
+        """What every rank builds last: the run directory (rank 0 names it; a default path holds the time) and,
+        disaggregated, the weight broadcast (a collective of the whole job, before a generator sizes its KV cache)."""
+        cfg, world = self.cfg, self.world
+        if placement.role == "generator":
+            self.run_dir = RunDir(world.broadcast(cfg.run_dir), writer=False)
+        self.weights = None if not placement.disaggregated else WeightBroadcast(
+            placement, self.policy if placement.role == "trainer" else self.generator.model)
 
     # the assembled parts, by name
     @property
@@ -201,13 +229,15 @@ class GRPORun:
     # ---- start-up, validation, warm start -----------------------------------------------------------------------
 
     def warm_up(self) -> None:
-        self.boot.warm_up(self.spec, self.policy, self.trainer, self.generator, self.producer.warm_up_samplers())
+        samplers = self.producer.warm_up_samplers() if self.producer is not None else []
+        self.boot.warm_up(self.spec, self.policy, self.trainer, self.generator, samplers)
 
     def size_kv_cache(self) -> None:
         self.boot.size_kv_cache(self.spec, self.trainer, self.generator)
 
     def validate(self) -> ValidationResult:
-        return self.producer.validate()
+        """The held-out prompts' results (disaggregated, a trainer rank gets the generator ranks')."""
+        return self.producer.validate() if self.producer is not None else self.rollouts.validation()
 
     def warm_start(self) -> None:
         """Supervised steps on the task's reference solutions, so RL starts with some signal."""
@@ -248,7 +278,8 @@ class GRPORun:
         self.boot.join_aten_preload()  # a step may capture CUDA graphs; without `warm_up` the thread may still run
         t0 = time.perf_counter()
         nxt = step + 1 + cfg.rollout.max_staleness  # the batch the producer makes next
-        ahead = (lambda: self.producer.encode_ahead(nxt)) if nxt < cfg.steps else None
+        producer = self.producer
+        ahead = (lambda: producer.encode_ahead(nxt)) if nxt < cfg.steps and producer is not None else None
         # the producer's batches up to step + max_staleness (K = 0: this step's, made now), then the trainer's step
         # on this one (with in-flight updates, during the last batch's generation)
         taken = self.rollouts.step(step, lambda b: self.consumer.consume(b, after_publish=ahead))
@@ -261,7 +292,8 @@ class GRPORun:
                            extra={**batch.context.metric_means(), **batch.metrics, "num_tokens": self.num_tokens,
                                   **batch.sampled.metrics(cfg.rollout.dynamic_sampling), **staleness})
         every = cfg.validation.every
-        if every > 0 and self.spec.val_prompts and (step + 1) % every == 0 and step + 1 < cfg.steps:  # last: post
+        # (disaggregated: the generators validate; their results come in the taken step's metrics)
+        if every > 0 and self.spec.val_prompts and (step + 1) % every == 0 and step + 1 < cfg.steps and producer:
             with self.timed("validation_s"):
                 row.update(self.validate().metrics("val/"))
         self.run_dir.log_metrics(row)
@@ -283,7 +315,8 @@ class GRPORun:
         run's initial weights: the RL starting policy when there was no warm start."""
         restored = self.checkpoints.restore(path)
         self.consumer.publish()
-        self.producer.restart_at(restored.data_position)
+        if self.producer is not None:  # disaggregated: the generator ranks read the position themselves
+            self.producer.restart_at(restored.data_position)
         self.rollouts.start(restored.step)  # batches produced ahead before the checkpoint are generated again
         self.num_tokens = restored.num_tokens
         return restored.step, restored.pre, self.run_dir.rewind(restored.step)
@@ -342,7 +375,10 @@ class GRPORun:
         except KeyboardInterrupt:
             raise KeyboardInterrupt(self.interrupted_line()) from None
         finally:
-            self.producer.close()
+            if self.producer is not None:
+                self.producer.close()
+            if isinstance(self.rollouts, ReceivedRollouts):
+                self.rollouts.close()
             self.run_dir.close()
 
     def rl_steps(self, start: int, pre: ValidationResult, result: RunResult) -> None:
@@ -372,7 +408,7 @@ class GRPORun:
                         or (ck.every_minutes > 0 and now - last_saved_t >= 60 * ck.every_minutes)
                         or bool(stop.requested and done > last_saved))
                 # all ranks decide together (a checkpoint is collective): any rank's clock or signal counts
-                save, stopping = self.world.any_(save, bool(stop.requested))
+                save, stopping = self.train_world.any_(save, bool(stop.requested))  # the ranks that save
                 if save:
                     with self.timed("checkpoint_s"):
                         self.save_training_checkpoint(done, pre)
@@ -384,6 +420,8 @@ class GRPORun:
 
     def _run(self) -> RunResult:
         cfg, boot = self.cfg, self.boot
+        if self.placement.role == "generator":
+            return run_generator(self)
         split = ", ".join(f"{k}={v:.2f}" for k, v in self.startup.items())
         print(f"model: {self.spec.model_source}", flush=True)
         print(f"startup: {split} | device={self.device} attn={self.attn_backend} run_dir={self.run_dir.path}",
@@ -407,6 +445,9 @@ class GRPORun:
             with self.timed("warm_start_s"):
                 self.warm_start()
             self.trainer.anchor_reference()  # KL reference: the policy RL starts from, after the warm start
+            if self.producer is None:  # disaggregated: version 0 to the generators, which validate with it
+                self.consumer.publish()
+                self.rollouts.start(0)
             with self.timed("validation_s"):
                 pre = self.validate()
             self.run_dir.log_metrics({"validation/pre": pre.__dict__}, step=0)
@@ -428,7 +469,8 @@ class GRPORun:
             with self.timed("checkpoint_s"):
                 self.checkpoints.save_final(self.spec.model_config, cfg.lora, cfg.model.path, cfg.checkpoint.merged)
         self.write_summary(result)
-        self.run_dir.log_metrics({"validation/pre": pre.__dict__, "validation/post": post.__dict__}, step=cfg.steps)
+        self.run_dir.log_metrics({"validation/pre": pre.__dict__, "validation/post": post.__dict__,
+                                  **getattr(self.rollouts, "generator_state", {})}, step=cfg.steps)
         if self.device.type == "cuda":
             print(f"memory: peak {torch.cuda.max_memory_allocated(self.device) / GiB:.1f} GiB allocated "
                   f"({torch.cuda.max_memory_reserved(self.device) / GiB:.1f} GiB reserved); planned "

@@ -39,7 +39,8 @@ class RunCheckpoints:
     def __init__(self, root: Path, policy: torch.nn.Module, trainer: Trainer, tokenizer: Any, world: World,
                  config_source: torch.nn.Module, keep_last: int) -> None:
         """root: the run directory's checkpoints/; config_source: a module whose config the sharded export
-        writes (the generator's full copy)."""
+        writes (the generator's full copy, or a trainer rank's policy); world: the ranks that hold the trainer
+        state (a disaggregated run's trainers)."""
         self.root, self.policy, self.trainer, self.tokenizer, self.world = root, policy, trainer, tokenizer, world
         self.config_source, self.keep_last = config_source, keep_last
 
@@ -54,7 +55,7 @@ class RunCheckpoints:
     def restore(self, path: Path) -> Restored:
         """Load a training checkpoint into the policy (in place) and the trainer."""
         if is_sharded_checkpoint(path):  # written by several ranks; loads on any number
-            ckpt = load_sharded_checkpoint(path, self.policy, self.trainer)
+            ckpt = load_sharded_checkpoint(path, self.policy, self.trainer, group=self.world.group)
         elif self.world.size > 1:
             raise ValueError(f"{path} is a single-process checkpoint, which resumes on one process only (runs on "
                              "several ranks write sharded checkpoints, which resume on any number)")

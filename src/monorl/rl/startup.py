@@ -100,23 +100,24 @@ class Startup:
 
     # ---- the warm-up ---------------------------------------------------------------------------------------------
 
-    def warm_up(self, spec: RunSpec, policy: torch.nn.Module, trainer: Trainer, generator: Generator,
-                samplers: list[SamplingParams]) -> None:
+    def warm_up(self, spec: RunSpec, policy: torch.nn.Module | None, trainer: Trainer | None,
+                generator: Generator | None, samplers: list[SamplingParams]) -> None:
         """Compile and capture before the first step: a trainer forward+backward on two pack sizes (no optimizer
         step: weights untouched), whose peak memory sizes the generator's KV cache (`size_kv_cache`), then a short
-        generation with each sampler the run uses (rollouts, greedy validation)."""
+        generation with each sampler the run uses (rollouts, greedy validation). A disaggregated run's rank holds
+        one side (the other None) and warms up that one."""
         cc, cuda = self.cfg.compile, self.device.type == "cuda"
-        trainer_graphs = trainer.graphs is not None
+        trainer_graphs = trainer is not None and trainer.graphs is not None
         text = spec.task.render(spec.val_prompts[0], spec.tokenizer) if spec.val_prompts else "warm up"
         prompt = spec.tokenizer.encode(text)
         # two prompts of different lengths: Dynamo specialises a dimension of size 1 (one prompt), which would cost a
         # recompile at the first real prefill
         gen_prompts = [prompt, prompt[: max(2, len(prompt) - 3)]]
-        if self.speedups:
+        if self.speedups and trainer is not None and generator is not None and policy is not None:
             self.compile_kernels_ahead(spec, policy, trainer, generator, prompt, gen_prompts, samplers)
         self.join_aten_preload()
         t = time.perf_counter()
-        if (cc.enabled and cc.trainer) or trainer_graphs:
+        if trainer is not None and ((cc.enabled and cc.trainer) or trainer_graphs):
             if cuda:
                 torch.cuda.synchronize(self.device)
                 torch.cuda.reset_peak_memory_stats(self.device)
@@ -128,13 +129,13 @@ class Startup:
                 self.trainer_transient_bytes = (torch.cuda.max_memory_allocated(self.device)
                                                 - torch.cuda.memory_allocated(self.device))
         self.mark_memory("after trainer warm-up")
-        capture = trainer.graphs.capture_s if trainer_graphs else 0.0
+        capture = trainer.graphs.capture_s if trainer is not None and trainer.graphs is not None else 0.0
         self.timings["trainer_graph_capture_s"] = capture
         self.timings["trainer_compile_s"] = time.perf_counter() - t - capture
         with self.timed("kv_alloc_s"):  # the cache and the model runner's buffers
             self.size_kv_cache(spec, trainer, generator)
         self.mark_memory("after KV cache")
-        if not (cc.enabled or generator.use_graphs):
+        if generator is None or not (cc.enabled or generator.use_graphs):
             self.compile_s = self.timings["trainer_compile_s"]
             return
         t = time.perf_counter()
@@ -205,13 +206,14 @@ class Startup:
 
     # ---- the KV cache --------------------------------------------------------------------------------------------
 
-    def size_kv_cache(self, spec: RunSpec, trainer: Trainer, generator: Generator) -> None:
+    def size_kv_cache(self, spec: RunSpec, trainer: Trainer | None, generator: Generator | None) -> None:
         """Allocate the generator's KV cache (CUDA): what `max_num_seqs x max_model_len` needs, capped by what is
         free once training's needs are set aside -- the transient bytes the trainer's warm-up measured (the plan's
         estimate if it did not run), AdamW's state if not yet allocated, the generator's own transients, and
-        slack. Less than a step's rollouts need is an error; less than the full need, a warning."""
+        slack. Less than a step's rollouts need is an error; less than the full need, a warning. A generator rank
+        of a disaggregated run (no trainer) sets nothing aside for training."""
         cfg, plan = self.cfg, spec.plan
-        if generator.kv is not None:
+        if generator is None or generator.kv is not None:
             return
         if cfg.generator.kv_cache_bytes is not None or self.device.type != "cuda" or plan is None:
             generator.allocate_kv_cache()
@@ -221,11 +223,11 @@ class Startup:
         free, total = torch.cuda.mem_get_info(self.device)
         # with trainer graphs the activations live in the graphs' pool, already taken from `free`
         transient = self.trainer_transient_bytes
-        if trainer.graphs is not None:
+        if trainer is None or trainer.graphs is not None:
             transient = 0
         elif transient is None:
             transient = plan.row("trainer activations").bytes
-        optimizer = 0 if trainer.optimizer.state else plan.row("optimizer state").bytes
+        optimizer = 0 if trainer is None or trainer.optimizer.state else plan.row("optimizer state").bytes
         gen_bytes = sum(r.bytes for r in plan.rows if r.name in ("generator prefill", "decode graph pool"))
         slack = int(0.03 * total) + GiB // 4
         room = generator.tp.min_int(free - transient - optimizer - gen_bytes - slack)  # a TP group decides alike

@@ -14,6 +14,7 @@ trainer ranks (`--placement.generator_ranks 1 --nproc 3`).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import subprocess
@@ -27,6 +28,7 @@ from safetensors.torch import load_file
 from monorl.cli import main
 from monorl.cliargs import run_config
 from monorl.distributed.elastic import DIE_ENV
+from monorl.distributed.placement import PlacementSection
 from monorl.distributed.world import World, check_world
 from monorl.rl.loop import train
 from tests.test_distributed import OVERRIDES, assert_rows_close, assert_weights_close, cli_args, env, run, step_rows
@@ -150,3 +152,17 @@ def test_bad_placements_refused_before_any_process(tmp_path: Path, capsys: pytes
     assert not (tmp_path / "run").exists()
     cfg = run_config("tiny", {**OVERRIDES, "placement.generator_ranks": "1", "run_dir": str(tmp_path)})
     check_world(cfg, World(rank=0, size=3))  # 4 prompts over 1 generator and 2 trainers
+
+
+def test_plan_shows_a_generator_gpu_and_a_trainer_gpu(tmp_path: Path) -> None:
+    from monorl.plan import GiB
+    from monorl.plan_report import plan_report
+
+    cfg = run_config("tiny", {**OVERRIDES, "placement.generator_ranks": "1", "run_dir": str(tmp_path)})
+    text, fits = plan_report(cfg, 80 * GiB, ranks=3)
+    assert fits
+    gen, trainer = text.split("a generator GPU (1 of 3")[1].split("a trainer GPU (2 of 3, FSDP2 over them)")
+    assert "KV cache" in gen and "generator weights" in gen and "optimizer state" not in gen
+    assert "(1/2: sharded)" in trainer and "KV cache" not in trainer and "generator weights" not in trainer
+    colocated, _ = plan_report(dataclasses.replace(cfg, placement=PlacementSection()), 80 * GiB, ranks=2)
+    assert "(1/2: sharded)" in colocated and "KV cache" in colocated and "a trainer GPU" not in colocated

@@ -170,5 +170,5 @@ def build_run(cfg: RunConfig, device: torch.device, world: World = SINGLE, plan:
     spec = RunSpec(cfg, device, model_config, tokenizer, source, task, max_len, val_prompts, longest, components,
                    pass_component, warm_start_steps, notes=notes)
     if plan:
-        spec.plan = run_memory_plan(cfg, model_config, longest, device, world.size)
+        spec.plan = run_memory_plan(cfg, model_config, longest, device, world.size, world.rank)
     return spec

@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from monorl.distributed.placement import role_share
 from monorl.generate.kv_cache import bytes_per_block, kv_cache_bytes_needed
 from monorl.generate.tensor_parallel import check_tensor_parallel, shard_config
 from monorl.model.config import ModelConfig
@@ -226,13 +227,14 @@ def largest_micro_batch(cfg: RunConfig, max_prompt_tokens: int, ranks: int = 1) 
 
 def plan_memory(cfg: RunConfig, m: ModelConfig, max_prompt_tokens: int, device_bytes: int | None,
                 on_gpu: bool = True, activation_checkpointing: bool | None = None,
-                max_model_len: int | None = None, ranks: int = 1) -> MemoryPlan:
+                max_model_len: int | None = None, ranks: int = 1, role: str = "both") -> MemoryPlan:
     """The plan for `cfg` on one GPU of `device_bytes` (see the module docstring). on_gpu=False plans a CPU run
     (fp32 everywhere, no graphs); activation_checkpointing overrides `trainer.activation_checkpointing`.
     ranks > 1: one GPU of an FSDP run (`monorl.distributed`): the policy, its gradients and AdamW's state are
     sharded over the ranks, a rank trains its share of the step, and holds a gathered block or two at a time.
     `generator.tensor_parallel_size` N > 1: the generator's copy and KV cache are split over N of those ranks
-    (`monorl.generate.tensor_parallel`), each group of N generating its share of the step's prompt groups."""
+    (`monorl.generate.tensor_parallel`), each group of N generating its share of the step's prompt groups. role
+    "trainer" / "generator": a disaggregated rank's rows alone (`ranks`: those of its role; `role_share`)."""
     t, g, cc, lora = cfg.trainer, cfg.generator, cfg.compile, cfg.lora
     tp = g.tensor_parallel_size
     if ranks % tp:
@@ -312,10 +314,15 @@ def plan_memory(cfg: RunConfig, m: ModelConfig, max_prompt_tokens: int, device_b
     if on_gpu and cc.decode_cuda_graphs:
         # sampler over [max_num_seqs, vocab]: fp32 logits, sort keys and indices, nucleus arrays
         rows.append(MemoryRow("decode graph pool", 32 * max(2, g.max_num_seqs) * m.vocab_size, "sampler buffers"))
+    if role != "both":
+        rows = [r for r in rows if (r.name in GENERATOR_ROWS) == (role == "generator")]
     plan = MemoryPlan(rows, device_bytes, mb, ac, reserve_for(device_bytes) if device_bytes else 0)
     if on_gpu and g.kv_cache_bytes is None and plan.fits is False:
         _kv_to_room_(plan, cfg, gen_m, max_prompt_tokens, ranks // tp, gen_dtype)
     return plan
+
+
+GENERATOR_ROWS = ("generator weights", "KV cache", "generator prefill", "decode graph pool")
 
 
 def tensor_parallel_copy_params(m: ModelConfig, tp: int) -> int:
@@ -361,14 +368,14 @@ def _kv_to_room_(plan: MemoryPlan, cfg: RunConfig, m: ModelConfig, max_prompt_to
 
 
 def auto_checkpointing(cfg: RunConfig, m: ModelConfig, max_prompt_tokens: int, device_bytes: int | None,
-                       on_gpu: bool = True, ranks: int = 1) -> bool:
+                       on_gpu: bool = True, ranks: int = 1, role: str = "both") -> bool:
     """`trainer.activation_checkpointing` auto (None): on only when the run does not fit without it."""
     if cfg.trainer.activation_checkpointing is not None:
         return cfg.trainer.activation_checkpointing
     if not on_gpu or device_bytes is None:
         return False
     return not plan_memory(cfg, m, max_prompt_tokens, device_bytes, on_gpu, activation_checkpointing=False,
-                           ranks=ranks).fits
+                           ranks=ranks, role=role).fits
 
 
 _RANKS = "nproc"  # the candidate change "more GPUs": not a config key, the rank count `monorl train --nproc` sets
@@ -473,14 +480,16 @@ def device_memory_bytes(device: torch.device) -> int | None:
 
 
 def run_memory_plan(cfg: RunConfig, m: ModelConfig, max_prompt_tokens: int, device: torch.device,
-                    ranks: int = 1) -> MemoryPlan:
+                    ranks: int = 1, rank: int = 0) -> MemoryPlan:
     """The plan for a run on `device` (its whole memory), with `trainer.activation_checkpointing` auto resolved.
     A run that does not fit raises MemoryPlanError naming the cheapest change that does, after printing the table.
-    ranks: the run's rank count (one GPU of an FSDP run)."""
+    ranks: the run's rank count (one GPU of an FSDP run); rank: this one (its role in a disaggregated run)."""
     on_gpu = device.type == "cuda"
     device_bytes = device_memory_bytes(device)
-    ac = auto_checkpointing(cfg, m, max_prompt_tokens, device_bytes, on_gpu, ranks)
-    plan = plan_memory(cfg, m, max_prompt_tokens, device_bytes, on_gpu, activation_checkpointing=ac, ranks=ranks)
+    role, ranks = role_share(cfg.placement, ranks, rank)
+    ac = auto_checkpointing(cfg, m, max_prompt_tokens, device_bytes, on_gpu, ranks, role)
+    plan = plan_memory(cfg, m, max_prompt_tokens, device_bytes, on_gpu, activation_checkpointing=ac, ranks=ranks,
+                       role=role)
     if plan.fits is False:
         plan.advice = advise(cfg, m, max_prompt_tokens, device_bytes, ranks)
         print(f"memory plan (does not fit {device}):\n{plan.table()}", file=sys.stderr, flush=True)

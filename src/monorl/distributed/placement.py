@@ -62,6 +62,15 @@ def check_placement(section: PlacementSection, world_size: int) -> None:
         raise ValueError(f"placement.generator_ranks={g} leaves no trainer among {n} ranks: use at most {n - 1}")
 
 
+def role_share(section: PlacementSection, ranks: int, rank: int) -> tuple[Role, int]:
+    """(role, how many ranks have it) for `rank` of a `ranks`-rank job, without any process group (the memory
+    plan's question: what one GPU of this rank holds)."""
+    g = section.generator_ranks
+    if not g:
+        return "both", ranks
+    return ("generator", g) if rank >= ranks - g else ("trainer", ranks - g)
+
+
 @dataclass(frozen=True)
 class Placement:
     world: World  # the whole job

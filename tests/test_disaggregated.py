@@ -6,9 +6,9 @@ trainer ranks (`--placement.generator_ranks 1 --nproc 3`).
   whole batch, and the trainers are the 2-rank run's FSDP2 pair; so the rollouts are equal exactly and the weights
   and trainer metrics agree up to the order of the gradient sum. (Compared against one rank, not the colocated
   2-rank run, which itself equals one rank within these tolerances: one launch fewer.)
-- K = 1, as a job torchrun restarts after trainer rank 1 died after step 1's checkpoint: every sample's lag is <= 1,
-  the resumed job draws exactly the prompts the uninterrupted run draws, and the generator's final weights equal
-  the trainers' HF export (its weight sum, logged on the last metrics row, equals the export's).
+- K = 1 (in-flight updates on), as a job torchrun restarts after trainer rank 1 died after step 1's checkpoint:
+  every sample's lag is <= 1, the resumed job draws exactly the prompts the uninterrupted run draws, and the
+  generator's final weights equal the trainers' HF export (its weight sum, logged on the last metrics row).
 - a dead generator rank ends the job naming it; bad placements are refused in one line before any process starts.
 """
 
@@ -68,9 +68,12 @@ def on_policy(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def one_ahead_restarted(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, subprocess.CompletedProcess]:
-    """K = 1, trainer rank 1 dies after step 1's checkpoint (first attempt only); the restarted job resumes."""
+    """K = 1, trainer rank 1 dies after step 1's checkpoint (first attempt only); the restarted job resumes. With
+    in-flight updates (the generator polls for an update between decode chunks; whether one lands mid-generation
+    depends on timing) and a validation every 2 steps (the generators validate, the trainers log it)."""
     d = tmp_path_factory.mktemp("k1") / "run"
-    r = torchrun(d, "--max-restarts", "1", **{"rollout.max_staleness": "1"})
+    r = torchrun(d, "--max-restarts", "1", **{"rollout.max_staleness": "1", "rollout.inflight_updates": "true",
+                                              "validation.every": "2"})
     assert r.returncode == 0, r.stderr[-4000:]
     return d, r
 
@@ -106,6 +109,9 @@ def test_one_step_ahead_lags_at_most_one_version(one_ahead_restarted: tuple[Path
     assert [r["step"] for r in rows] == [0, 1, 2]
     assert all(0 <= r["staleness/max"] <= 1 and 0 <= r["staleness/mean"] <= 1 for r in rows)
     assert rows[0]["staleness/max"] == 0  # the first batch: the weights the run starts with
+    assert all(r["staleness/token_mean"] <= r["staleness/mean"] for r in rows)  # tokens are no older than samples
+    assert rows[1]["val/policy_version"] == 2 and "val/pass@1" in rows[1]  # after step 2: the weights it made
+    assert not any(k.startswith("val/") for k in rows[0]) and not any(k.startswith("val/") for k in rows[2])
     times = [json.loads(line) for line in (d / "metrics.jsonl").read_text().splitlines()]
     assert all(r["time/producer_idle_s"] >= 0 and r["time/consumer_idle_s"] >= 0 for r in times if "step" in r)
 

@@ -206,12 +206,16 @@ def run_generator(run: GRPORun) -> RunResult:
         send_rollouts(placement, [msg] if gw.is_main else [])
         return time.perf_counter() - t
 
-    def validate_taken() -> None:  # at a step boundary, with the weights held then
+    def validate_taken() -> None:  # between batches, with the weights held then: the trainers wait for it
         while to_validate:
             to_validate.pop(0)
             send(Message("validation", validation=producer.validate(), version=gen.policy_version))
 
-    def take_begun_update() -> None:  # in flight: between decode chunks
+    def take_update() -> None:  # between batches
+        receive()
+        validate_taken()
+
+    def take_begun_update() -> None:  # in flight, between decode chunks: its validation waits for the batch's end
         if weights.pending():
             receive()
 
@@ -224,18 +228,17 @@ def run_generator(run: GRPORun) -> RunResult:
     for step in range(start, steps):
         t = time.perf_counter()
         while weights.version < step - K or update_begun():
-            receive()
+            take_update()
         waited = time.perf_counter() - t + send_s
-        validate_taken()
         t = time.perf_counter()
         batch = producer.produce(step, between_chunks)
         generate_s = time.perf_counter() - t
         send_s = send(Message("batch", batch=batch, generate_s=generate_s,
                               metrics={"time/producer_idle_s": waited}))
+        validate_taken()  # an update taken in flight
         die_for_test(run.world.rank, step + 1)
     while weights.version < steps:  # the final weights, to validate with
-        receive()
-    validate_taken()
+        take_update()
     post = producer.validate()
     send(Message("validation", validation=post, version=weights.version, last=True,
                  metrics={"generator/final_version": weights.version, "generator/weight_sum": weight_sum(gen.model)}))

@@ -38,10 +38,11 @@ OVER = {**OVERRIDES, "steps": STEPS, "samples_per_step": "16"}  # every rollout 
 DISAGG = {"placement.generator_ranks": "1", "steps": STEPS, "samples_per_step": "16"}
 
 
-def torchrun(run_dir: Path, *extra: str, **overrides: str) -> subprocess.CompletedProcess:
+def torchrun(run_dir: Path, *extra: str, die: str = "", **overrides: str) -> subprocess.CompletedProcess:
+    """1 generator + 2 trainers; die "RANK:STEP": that rank exits after that step (`DIE_ENV`)."""
     return run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "3", *extra,
-                "-m", "monorl.cli", "train", *cli_args(run_dir, **DISAGG, **overrides)],
-               env={**env(), DIE_ENV: "1:1"} if extra else env())
+                "-m", "monorl.cli", "train", *cli_args(run_dir, **{**DISAGG, **overrides})],
+               env={**env(), DIE_ENV: die} if die else env())
 
 
 @pytest.fixture(scope="module")
@@ -72,8 +73,8 @@ def one_ahead_restarted(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path,
     in-flight updates (the generator polls for an update between decode chunks; whether one lands mid-generation
     depends on timing) and a validation every 2 steps (the generators validate, the trainers log it)."""
     d = tmp_path_factory.mktemp("k1") / "run"
-    r = torchrun(d, "--max-restarts", "1", **{"rollout.max_staleness": "1", "rollout.inflight_updates": "true",
-                                              "validation.every": "2"})
+    r = torchrun(d, "--max-restarts", "1", die="1:1", **{
+        "rollout.max_staleness": "1", "rollout.inflight_updates": "true", "validation.every": "2"})
     assert r.returncode == 0, r.stderr[-4000:]
     return d, r
 
@@ -172,3 +173,15 @@ def test_plan_shows_a_generator_gpu_and_a_trainer_gpu(tmp_path: Path) -> None:
     assert "(1/2: sharded)" in trainer and "KV cache" not in trainer and "generator weights" not in trainer
     colocated, _ = plan_report(dataclasses.replace(cfg, placement=PlacementSection()), 80 * GiB, ranks=2)
     assert "(1/2: sharded)" in colocated and "KV cache" in colocated and "a trainer GPU" not in colocated
+
+
+def test_reward_failing_on_the_generator_stops_the_trainers_with_a_checkpoint(tmp_path: Path) -> None:
+    """As colocated (tests/test_cli_errors.py): the steps that ran are kept, the summary says why the run stopped."""
+    d = tmp_path / "run"
+    r = torchrun(d, **{"task.name": "tests.test_cli_errors:AlwaysFails", "steps": "6", "checkpoint.every": "0",
+                       "rollout.max_staleness": "1"})
+    assert r.returncode == 1
+    assert "the reward failed on every completion of 3 steps in a row" in r.stderr, r.stderr[-3000:]
+    assert [row["step"] for row in step_rows(d)] == [0, 1]
+    assert (d / "checkpoints" / "step_000002" / "meta.json").is_file()
+    assert "failed on every completion" in json.loads((d / "summary.json").read_text())["stopped"]

@@ -41,7 +41,9 @@ from monorl.distributed.rollout_transfer import recv_rollouts, send_rollouts
 from monorl.rl.checkpointing import read_meta
 from monorl.rl.producer import RolloutBatch
 from monorl.rl.rollout_buffer import TakenStep, staleness_metrics
+from monorl.rl.stopping import GracefulStop
 from monorl.rl.summary import RunResult, ValidationResult
+from monorl.tasks.base import RewardError
 
 if TYPE_CHECKING:
     from monorl.config import RunConfig
@@ -75,6 +77,7 @@ class Message:
     metrics: dict[str, float] = field(default_factory=dict)  # the generator side's times; the final weights' sum
     generate_s: float = 0.0
     last: bool = False  # the run's last message (the receiver thread ends with it)
+    reward_error: str = ""  # instead of a batch: the reward failed for good (`RolloutProducer.check_rewards`)
 
 
 class ReceivedRollouts:
@@ -102,7 +105,7 @@ class ReceivedRollouts:
             while True:
                 (msg,) = recv_rollouts(self.placement)
                 self.queue.put(msg)
-                if msg.last:
+                if msg.last or msg.reward_error:
                     return
         except BaseException as e:  # noqa: BLE001 - a dead generator: the trainer raises it where it waits
             self.queue.put(e)
@@ -151,6 +154,8 @@ class ReceivedRollouts:
         t0 = time.perf_counter()
         msg = self._next("batch")
         idle = time.perf_counter() - t0
+        if msg.reward_error:  # the loop keeps what ran (a checkpoint) and stops, as colocated
+            raise RewardError(msg.reward_error)
         batch = msg.batch
         assert batch is not None
         if batch.step != step:
@@ -225,18 +230,26 @@ def run_generator(run: GRPORun) -> RunResult:
     if pre is not None:
         send(Message("validation", validation=pre, version=gen.policy_version))
     send_s = 0.0
-    for step in range(start, steps):
-        t = time.perf_counter()
-        while weights.version < step - K or update_begun():
-            take_update()
-        waited = time.perf_counter() - t + send_s
-        t = time.perf_counter()
-        batch = producer.produce(step, between_chunks)
-        generate_s = time.perf_counter() - t
-        send_s = send(Message("batch", batch=batch, generate_s=generate_s,
-                              metrics={"time/producer_idle_s": waited}))
-        validate_taken()  # an update taken in flight
-        die_for_test(run.world.rank, step + 1)
+    # SIGTERM / a first Ctrl-C: the trainers finish their step (its publication needs this rank), save and stop
+    with GracefulStop():
+        for step in range(start, steps):
+            t = time.perf_counter()
+            while weights.version < step - K or update_begun():
+                take_update()
+            waited = time.perf_counter() - t + send_s
+            t = time.perf_counter()
+            try:
+                batch = producer.produce(step, between_chunks)
+            except RewardError as e:  # the trainers save what ran and stop the job, naming the reward
+                send(Message("batch", reward_error=str(e), last=True))
+                while weights.version < step:  # what the trainers publish until they reach this step
+                    take_update()
+                return RunResult(run.run_dir.path, pre, None, startup=dict(run.startup))
+            generate_s = time.perf_counter() - t
+            send_s = send(Message("batch", batch=batch, generate_s=generate_s,
+                                  metrics={"time/producer_idle_s": waited}))
+            validate_taken()  # an update taken in flight
+            die_for_test(run.world.rank, step + 1)
     while weights.version < steps:  # the final weights, to validate with
         take_update()
     post = producer.validate()

@@ -179,8 +179,9 @@ class ReceivedRollouts:
 
 
 def weight_sum(model: torch.nn.Module) -> float:
-    """The sum of every weight (float64): what the test compares with the trainers' export."""
-    return float(sum(p.detach().double().sum().item() for p in model.parameters()))
+    """The sum of every weight, accumulated in float64 (no float64 copy): a check that the generators hold the
+    trainers' final weights (equal to the HF export's sum where the copy is fp32: CPU runs)."""
+    return float(sum(p.detach().sum(dtype=torch.float64).item() for p in model.parameters()))
 
 
 def run_generator(run: GRPORun) -> RunResult:

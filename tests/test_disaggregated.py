@@ -3,8 +3,9 @@ trainer ranks (`--placement.generator_ranks 1 --nproc 3`).
 
 - K = 0 (on-policy) equals the 1-rank run, as the colocated 2-rank run does (tests/test_distributed.py, same
   tolerances): the generator rank makes every group of the step, sampling is keyed by the group's index in the
-  whole batch, and the trainers are the 2-rank run's FSDP2 pair; so the rollouts are equal exactly and the weights
-  and trainer metrics agree up to the order of the gradient sum. (Compared against one rank, not the colocated
+  whole batch, and the trainers are the 2-rank run's FSDP2 pair (here with shares that split a prompt group: 3
+  groups over 2 trainers); so the rollouts are equal exactly and the weights and trainer metrics agree up to the
+  order of the gradient sum. (Compared against one rank, not the colocated
   2-rank run, which itself equals one rank within these tolerances: one launch fewer.)
 - K = 1 (in-flight updates on), as a job torchrun restarts after trainer rank 1 died after step 1's checkpoint:
   every sample's lag is <= 1, the resumed job draws exactly the prompts the uninterrupted run draws, and the
@@ -34,8 +35,10 @@ from monorl.rl.loop import train
 from tests.test_distributed import OVERRIDES, assert_rows_close, assert_weights_close, cli_args, env, run, step_rows
 
 STEPS = "3"
-OVER = {**OVERRIDES, "steps": STEPS, "samples_per_step": "16"}  # every rollout in samples.jsonl: its prompt
-DISAGG = {"placement.generator_ranks": "1", "steps": STEPS, "samples_per_step": "16"}
+# 3 prompt groups of 4: the 2 trainers' shares split a group (12 sequences, 6 each); every rollout is in
+# samples.jsonl (its prompt)
+OVER = {**OVERRIDES, "steps": STEPS, "samples_per_step": "16", "rollout.prompts_per_step": "3"}
+DISAGG = {"placement.generator_ranks": "1", "steps": STEPS, "samples_per_step": "16", "rollout.prompts_per_step": "3"}
 
 
 def torchrun(run_dir: Path, *extra: str, die: str = "", **overrides: str) -> subprocess.CompletedProcess:
@@ -101,7 +104,7 @@ def test_on_policy_equals_one_rank(one_rank: Path, on_policy: Path) -> None:
     assert_weights_close(weights(on_policy), weights(one_rank))
     assert last_row(on_policy)["validation/post"] == last_row(one_rank)["validation/post"]  # the generator's
     meta = json.loads((on_policy / "checkpoints" / "step_000003" / "meta.json").read_text())
-    assert (meta["storage"], meta["world_size"], meta["data_position"]) == ("dcp", 2, 12)  # the trainers'
+    assert (meta["storage"], meta["world_size"], meta["data_position"]) == ("dcp", 2, 9)  # the trainers'
 
 
 def test_one_step_ahead_lags_at_most_one_version(one_ahead_restarted: tuple[Path, Any]) -> None:
@@ -133,7 +136,7 @@ def test_resumed_job_draws_the_uninterrupted_runs_prompts(one_rank: Path,
     assert f"resumed from {d / 'checkpoints' / 'step_000001'} at step 1/3" in r.stdout, r.stdout
     assert r.stdout.count("step 2/3 |") == 1 and r.stdout.count("step 3/3 |") == 1, r.stdout
     assert prompts_by_step(d) == prompts_by_step(one_rank)
-    assert len(prompts_by_step(d)[2]) == 16
+    assert len(prompts_by_step(d)[2]) == 12
 
 
 def test_dead_generator_ends_the_job_naming_it(tmp_path: Path) -> None:
@@ -147,7 +150,7 @@ def test_dead_generator_ends_the_job_naming_it(tmp_path: Path) -> None:
     (2, 2, 4, "placement.generator_ranks=2 leaves no trainer among 2 ranks"),
     (1, 1, 4, "placement.generator_ranks=1 needs several processes"),
     (4, 3, 4, "prompts_per_step=4 does not divide over the 3 generator rank(s)"),
-    (4, 1, 4, "prompts_per_step=4 does not divide over the 3 trainer rank(s)"),
+    (5, 2, 3, "prompts_per_step=3 does not divide over the 2 generator rank(s)"),
 ])
 def test_bad_placements_refused_before_any_process(tmp_path: Path, capsys: pytest.CaptureFixture,
                                                    nproc: int, g: int, prompts: int, words: str) -> None:
@@ -158,7 +161,7 @@ def test_bad_placements_refused_before_any_process(tmp_path: Path, capsys: pytes
     assert words in err and "\n" not in err, err
     assert not (tmp_path / "run").exists()
     cfg = run_config("tiny", {**OVERRIDES, "placement.generator_ranks": "1", "run_dir": str(tmp_path)})
-    check_world(cfg, World(rank=0, size=3))  # 4 prompts over 1 generator and 2 trainers
+    check_world(cfg, World(rank=0, size=4))  # 4 prompts over 1 generator; 3 trainers take uneven shares
 
 
 def test_plan_shows_a_generator_gpu_and_a_trainer_gpu(tmp_path: Path) -> None:

@@ -173,12 +173,13 @@ def check_world(cfg: Any, world: World) -> None:
     if world.size == 1:
         return
     n = cfg.rollout.prompts_per_step
-    if placement is not None and placement.disaggregated:  # generators split the groups, then trainers do
+    if placement is not None and placement.disaggregated:
+        # the generators split the step's prompt groups; the trainers its sequences, in shares that may differ by one
+        # (as micro-batch counts may: `Trainer._my_micro_batches`)
         g = placement.generator_ranks
-        for ranks, who in ((g, "generator"), (world.size - g, "trainer")):
-            if n % ranks:
-                raise ValueError(f"rollout.prompts_per_step={n} does not divide over the {ranks} {who} rank(s) of "
-                                 f"placement.generator_ranks={g} on {world.size} ranks: use a multiple of {ranks}")
+        if n % g:
+            raise ValueError(f"rollout.prompts_per_step={n} does not divide over the {g} generator rank(s) of "
+                             f"placement.generator_ranks={g}: use a multiple of {g}")
         if tp > 1:
             raise ValueError(f"generator.tensor_parallel_size={tp} with placement.generator_ranks={g}: a "
                              "disaggregated run's generators each hold a whole copy (tensor_parallel_size 1)")

@@ -19,7 +19,7 @@ pytestmark = pytest.mark.gpu
 def test_staleness_one_on_gpu(tmp_path, inflight):
     if not torch.cuda.is_available():
         pytest.skip("needs CUDA")
-    cfg = digits_cfg(tmp_path)
+    cfg = digits_cfg(tmp_path, steps=4)
     cfg.device = "cuda"
     cfg.compile = CompileConfig(backend="inductor", trainer_cuda_graphs=True, cache_dir=str(tmp_path / "cache"))
     cfg.rollout.max_staleness, cfg.rollout.inflight_updates = 1, inflight

@@ -119,8 +119,13 @@ SHAPES = {
 
 
 def family_model(name: str, seed: int = 0) -> torch.nn.Module:
-    """Weights x5 (biases too), so logits are O(1) and greedy decoding is not degenerate."""
-    model = build_model(SHAPES[name], seed=seed)
+    return scaled_model(SHAPES[name], seed)
+
+
+def scaled_model(cfg, seed: int = 0) -> torch.nn.Module:
+    """Weights x5 (biases too), so logits are O(1) and greedy decoding is not degenerate (a MoE's routing is
+    decided by margins)."""
+    model = build_model(cfg, seed=seed)
     with torch.no_grad():
         for n, p in model.named_parameters():
             if not n.endswith("norm.weight"):

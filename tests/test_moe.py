@@ -24,6 +24,7 @@ from monorl.model.moe import (
 )
 from monorl.model.qwen3 import MLP, build_model
 from monorl.plan import active_param_count, param_counts
+from tests.test_families import hf_logits, packed_logits, random_seqs
 
 transformers = pytest.importorskip("transformers")
 
@@ -37,21 +38,6 @@ HF_CASES = {
     "top-1-of-4": dict(num_experts=4, num_experts_per_tok=1),
 }
 
-
-def packed_logits(model: torch.nn.Module, seqs: list[torch.Tensor]) -> torch.Tensor:
-    ctx = VarlenContext.from_lengths([len(s) for s in seqs], "cpu")
-    with torch.no_grad():
-        return model.compute_logits(model(torch.cat(seqs), ctx.positions, ctx))
-
-
-def hf_logits(model: torch.nn.Module, seqs: list[torch.Tensor]) -> torch.Tensor:
-    with torch.no_grad():
-        return torch.cat([model(s[None]).logits[0] for s in seqs])
-
-
-def random_seqs(lengths: list[int], vocab: int, seed: int = 0) -> list[torch.Tensor]:
-    g = torch.Generator().manual_seed(seed)
-    return [torch.randint(0, vocab, (n,), generator=g) for n in lengths]
 
 
 @pytest.mark.parametrize("case", sorted(HF_CASES))

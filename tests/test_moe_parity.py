@@ -15,8 +15,8 @@ from monorl.model.config import model_shape
 from monorl.model.moe_routing import RouterTap, compare_routing, routing_mismatch
 from monorl.model.qwen3 import build_model
 from monorl.model.weight_sync import sync_weights_
-from monorl.train.packing import TrainSequence, pack, token_buckets
-from monorl.train.trainer import Trainer, TrainerConfig
+from monorl.train.packing import TrainSequence
+from tests.test_families import prompts_of, scaled_model, trainer_logprobs
 
 SHAPES = {
     "tiny-moe": model_shape("tiny-moe"),
@@ -25,27 +25,7 @@ SHAPES = {
 
 
 def moe_model(name: str, seed: int = 0) -> torch.nn.Module:
-    """Weights x5, so logits are O(1), greedy decoding is not degenerate and routing is decided by margins."""
-    model = build_model(SHAPES[name], seed=seed)
-    with torch.no_grad():
-        for n, p in model.named_parameters():
-            if not n.endswith("norm.weight"):
-                p.mul_(5.0)
-    return model.eval()
-
-
-def prompts_of(lengths: list[int], vocab: int, seed: int = 0) -> list[list[int]]:
-    g = torch.Generator().manual_seed(seed)
-    return [torch.randint(2, vocab, (n,), generator=g).tolist() for n in lengths]
-
-
-def trainer_logprobs(model, seqs: list[TrainSequence], temperature: float) -> list[torch.Tensor]:
-    tr = Trainer(model, TrainerConfig(micro_batch_tokens=4096), total_steps=1)
-    idx = list(range(len(seqs)))
-    mb = pack(seqs, idx, token_buckets(4096, 16), "cpu")
-    with torch.no_grad():
-        lp = tr.response_logprobs(model, mb, temperature)
-    return [lp[(mb.seq_ids == i) & (mb.token_mask > 0)] for i in idx]
+    return scaled_model(SHAPES[name], seed)
 
 
 def rollouts(model, prompts, sp: SamplingParams, batch_invariant: bool = False) -> tuple[Generator, list]:

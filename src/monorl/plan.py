@@ -362,7 +362,8 @@ def _kv_to_room_(plan: MemoryPlan, cfg: RunConfig, m: ModelConfig, max_prompt_to
     size = min(row.bytes, max(least, room // per_block * per_block))
     if size >= row.bytes:
         return
-    row.note = (f"what is left of the GPU (the default {row.note}: {row.bytes / GiB:.2f} GiB; this run's {seqs} seqs x "
+    what = "one step's rollouts, the least a run takes" if size <= least else "what is left of the GPU"
+    row.note = (f"{what} (the default {row.note}: {row.bytes / GiB:.2f} GiB; this run's {seqs} seqs x "
                 f"{length} tokens: {least / GiB:.2f} GiB)")
     row.bytes = size
 

@@ -489,8 +489,7 @@ def run_memory_plan(cfg: RunConfig, m: ModelConfig, max_prompt_tokens: int, devi
     device_bytes = device_memory_bytes(device)
     role, ranks = role_share(cfg.placement, ranks, rank)
     ac = auto_checkpointing(cfg, m, max_prompt_tokens, device_bytes, on_gpu, ranks, role)
-    plan = plan_memory(cfg, m, max_prompt_tokens, device_bytes, on_gpu, activation_checkpointing=ac, ranks=ranks,
-                       role=role)
+    plan = plan_memory(cfg, m, max_prompt_tokens, device_bytes, on_gpu, ac, ranks=ranks, role=role)
     if plan.fits is False:
         plan.advice = advise(cfg, m, max_prompt_tokens, device_bytes, ranks)
         print(f"memory plan (does not fit {device}):\n{plan.table()}", file=sys.stderr, flush=True)

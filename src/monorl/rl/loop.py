@@ -495,4 +495,6 @@ def train(cfg: RunConfig, progress: bool = True, resume: str | Path | None = Non
         with best_effort():  # a closed console (`| head`, a dead `| tee`) never ends the run: console.log keeps it
             return GRPORun(cfg, progress and world.is_main, resume=resume, world=world).run()
     finally:
+        if world.size > 1:  # the run (its CUDA graphs, NCCL kernels captured on its groups) before the groups
+            gc.collect()
         close_world(world)

@@ -73,3 +73,12 @@ def test_an_explicit_kv_budget_is_kept_and_advice_names_its_removal() -> None:
     plan = _plan(cfg, H100)
     assert plan.row("KV cache").bytes == 18 * GiB and plan.fits is False
     assert advise(cfg, QWEN3_8B, 160, H100, 4)[0].startswith("--generator.kv_cache_bytes null ")
+
+
+def test_a_trainer_rank_that_does_not_fit_is_planned_without_kv_sizing() -> None:
+    """A disaggregated trainer's plan has no KV cache row: when it does not fit (the question auto activation
+    checkpointing asks), it says so instead of failing to find the row to shrink."""
+    cfg = _cfg()
+    plan = plan_memory(cfg, QWEN3_8B, 160, H100, activation_checkpointing=False, ranks=1, role="trainer")
+    assert not plan.fits and all(r.name != "KV cache" for r in plan.rows)
+    assert auto_checkpointing(cfg, QWEN3_8B, 160, H100, ranks=1, role="trainer")

@@ -317,7 +317,7 @@ def plan_memory(cfg: RunConfig, m: ModelConfig, max_prompt_tokens: int, device_b
     if role != "both":
         rows = [r for r in rows if (r.name in GENERATOR_ROWS) == (role == "generator")]
     plan = MemoryPlan(rows, device_bytes, mb, ac, reserve_for(device_bytes) if device_bytes else 0)
-    if on_gpu and g.kv_cache_bytes is None and plan.fits is False:
+    if on_gpu and g.kv_cache_bytes is None and plan.fits is False and role != "trainer":  # a trainer has no KV
         _kv_to_room_(plan, cfg, gen_m, max_prompt_tokens, ranks // tp, gen_dtype)
     return plan
 

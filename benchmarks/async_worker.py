@@ -10,8 +10,15 @@ the same lengths for the same prompts. The cost: a group's samples no longer sha
 of tens of tokens against completions of hundreds), and the sampling noise keys differ from an unwrapped run's (the
 same in every configuration of the benchmark).
 
-The distribution comes in the environment variable FORCED_LENGTHS_ENV (JSON: median, sigma, min, seed); unset, this
-is plain `monorl`. Run under torchrun as a script:
+Episodes (`--workload episodes`: multi-turn, `monorl.rl.episodes.EpisodeRunner`): there the drawn length is each
+EPISODE's budget of tokens (its sampled and inserted tokens after the prompt, the runner's `max_new_tokens`), keyed by
+its prompt's text and its index in the group, and every turn is cut after TURN_TOKENS_ENV sampled tokens (the
+environment then answers and the episode goes on), so on random weights an episode takes about budget / (turn +
+answer) turns: a long tail of turns. The task's environment must answer any text and not end the episode first
+(guess_number with a large max_turns does: an unparsable guess gets "Please answer with one integer").
+
+The distribution comes in the environment variable FORCED_LENGTHS_ENV (JSON: median, sigma, min, seed), the turn
+length in TURN_TOKENS_ENV; unset, this is plain `monorl`. Run under torchrun as a script:
 
     python -m torch.distributed.run --standalone --nproc_per_node 4 benchmarks/async_worker.py train --preset ...
 """
@@ -29,6 +36,7 @@ import sys
 from typing import Any
 
 FORCED_LENGTHS_ENV = "MONORL_BENCH_FORCED_LENGTHS"
+TURN_TOKENS_ENV = "MONORL_BENCH_TURN_TOKENS"
 _NORMAL = statistics.NormalDist()
 
 
@@ -104,9 +112,38 @@ def install(draw: LengthDraw) -> None:
     Generator.generate = generate  # type: ignore[method-assign]
 
 
+def install_episodes(draw: LengthDraw, turn_tokens: int) -> None:
+    """Give every episode its drawn budget and cut every turn after `turn_tokens` (module docstring)."""
+    import monorl.rl.episodes as episodes
+
+    if turn_tokens < 1:
+        raise ValueError(f"turn tokens must be >= 1, got {turn_tokens}")
+    runner = episodes.EpisodeRunner
+    plain_answer, plain_turn_ended, plain_turn_sampling = runner._answer, runner._turn_ended, episodes._turn_sampling
+
+    def budget_of(lv: Any, key: tuple[int, int], budget: int) -> int:
+        return draw.length(list(lv.prompt.text.encode()), key[1], budget)
+
+    def _answer(self: Any, key: tuple[int, int], lv: Any, turn: Any, sampling: Any, stop_ids: tuple[int, ...],
+                budget: int) -> None:
+        plain_answer(self, key, lv, turn, sampling, stop_ids, budget_of(lv, key, budget))
+
+    def _turn_ended(self: Any, lv: Any, ev: Any, budget: int) -> None:
+        plain_turn_ended(self, lv, ev, budget_of(lv, ev.episode_id, budget))
+
+    def _turn_sampling(sampling: Any, max_new: int, stop_ids: tuple[int, ...]) -> Any:
+        return plain_turn_sampling(sampling, min(max_new, turn_tokens), stop_ids)
+
+    runner._answer, runner._turn_ended = _answer, _turn_ended  # type: ignore[method-assign]
+    episodes._turn_sampling = _turn_sampling
+
+
 def main(argv: list[str]) -> int:
     if text := os.environ.get(FORCED_LENGTHS_ENV):
-        install(LengthDraw.from_env(text))
+        draw = LengthDraw.from_env(text)
+        install(draw)
+        if turns := os.environ.get(TURN_TOKENS_ENV):
+            install_episodes(draw, int(turns))
     from monorl.cli import main as monorl_main
 
     return monorl_main(argv)

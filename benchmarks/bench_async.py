@@ -48,7 +48,7 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
-from async_worker import FORCED_LENGTHS_ENV, LengthDraw  # noqa: E402 -- the ranks' entry, beside this file
+from async_worker import FORCED_LENGTHS_ENV, TURN_TOKENS_ENV, LengthDraw  # noqa: E402 -- the ranks' entry, beside this file
 
 # name -> (generator ranks, max_staleness, in-flight updates)
 CONFIGS: dict[str, tuple[int, int, bool]] = {
@@ -78,7 +78,8 @@ def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, list[
     ap.add_argument("--group", type=int, default=8)
     ap.add_argument("--max-new-tokens", type=int, default=1024)
     ap.add_argument("--steps", type=int, default=8)
-    ap.add_argument("--length-median", type=float, default=None, help="default: max-new-tokens / 8")
+    ap.add_argument("--length-median", type=float, default=None,
+                    help="default: max-new-tokens / 8 (episodes: / 4, an episode's budget spanning turns)")
     ap.add_argument("--length-sigma", type=float, default=1.0)
     ap.add_argument("--length-min", type=int, default=32)
     ap.add_argument("--length-seed", type=int, default=0)
@@ -89,10 +90,16 @@ def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, list[
     ap.add_argument("--tiny", action="store_true",
                     help="CPU smoke run: tiny shape, 4 gloo ranks, 8 prompts x 2, 32 tokens, 4 steps")
     ap.add_argument("--timeout", type=float, default=3600, help="seconds per configuration's job")
+    ap.add_argument("--workload", choices=("completions", "episodes"), default="completions",
+                    help="completions: sum_digits, one completion per sample; episodes: guess_number multi-turn "
+                         "episodes, the drawn length being each episode's token budget")
+    ap.add_argument("--turn-tokens", type=int, default=128, help="episodes: sampled tokens per turn")
     a, passthrough = ap.parse_known_args(argv)
     if a.tiny:
         a.shape, a.device, a.prompts, a.group, a.max_new_tokens, a.steps = "tiny", "cpu", 8, 2, 32, 4
-        a.length_min, a.max_num_seqs = 4, 64
+        a.length_min, a.max_num_seqs, a.turn_tokens = 4, 64, 8
+        if a.workload == "episodes":  # the char tokenizer's environment answers are ~60 tokens
+            a.max_new_tokens = 256
     names = [c for c in a.configs.split(",") if c]
     if bad := [c for c in names if c not in CONFIGS]:
         ap.error(f"unknown configuration(s) {', '.join(bad)}; known: {', '.join(CONFIGS)}")
@@ -109,7 +116,8 @@ def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, list[
 
 
 def length_draw(a: argparse.Namespace) -> LengthDraw:
-    median = a.length_median if a.length_median is not None else a.max_new_tokens / 8
+    median = a.length_median if a.length_median is not None else \
+        a.max_new_tokens / (4 if a.workload == "episodes" else 8)
     return LengthDraw(median=median, sigma=a.length_sigma, min_len=a.length_min, seed=a.length_seed)
 
 
@@ -137,6 +145,9 @@ def train_flags(a: argparse.Namespace, name: str, run_dir: Path, model: list[str
     base = (["--preset", "tiny", "--compile.backend", "none", "--compile.trainer_cuda_graphs", "false",
              "--compile.decode_cuda_graphs", "false", "--batch_invariant", "false"] if a.tiny
             else ["--preset", "qwen3_0_6b_sum_digits", "--generator.max_model_len", str(a.max_new_tokens + 512)])
+    if a.workload == "episodes":  # an unparsable guess gets an answer and the game goes on: the budget binds
+        base += ["--task.name", "guess_number", "--task.args.max_turns", "1000",
+                 *(["--generator.max_model_len", "512"] if a.tiny else [])]
     return [*base, *model, "--device", a.device, "--run_dir", str(run_dir), "--steps", str(a.steps),
             "--rollout.prompts_per_step", str(a.prompts), "--rollout.group_size", str(a.group),
             "--rollout.max_new_tokens", str(a.max_new_tokens), "--rollout.ignore_eos", "true",
@@ -155,6 +166,8 @@ def run_config(a: argparse.Namespace, name: str, work: Path, model: list[str], d
            str(ROOT / "benchmarks" / "async_worker.py"), "train", *train_flags(a, name, run_dir, model), *passthrough]
     env = {**os.environ, FORCED_LENGTHS_ENV: draw.to_env(), "PYTHONUNBUFFERED": "1",
            "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    if a.workload == "episodes":
+        env[TURN_TOKENS_ENV] = str(a.turn_tokens)
     if a.tiny:
         env["OMP_NUM_THREADS"] = "1"
     print(f"--- {name}: {' '.join(cmd[1:])}", flush=True)
@@ -249,11 +262,14 @@ def main(argv: list[str] | None = None) -> int:
     window = range(1, a.steps - K_MAX)
     workload = {"shape": a.shape, "tokenizer": a.tokenizer or "char", "nproc": a.nproc, "prompts": a.prompts,
                 "group": a.group, "max_new_tokens": a.max_new_tokens, "steps": a.steps,
-                "max_num_seqs": a.max_num_seqs, "task": "sum_digits", "tiny": a.tiny, "passthrough": passthrough,
+                "max_num_seqs": a.max_num_seqs, "workload": a.workload,
+                "task": "guess_number" if a.workload == "episodes" else "sum_digits",
+                "turn_tokens": a.turn_tokens if a.workload == "episodes" else None, "tiny": a.tiny,
+                "passthrough": passthrough,
                 "lengths": draw.describe(a.max_new_tokens)}
     lengths = workload["lengths"]
-    print(f"workload: {a.shape}, {a.nproc} ranks, {a.prompts} prompts x {a.group}, lengths per sample: median "
-          f"{lengths['p50']}, p90 {lengths['p90']}, p99 {lengths['p99']}, max {lengths['max']}, mean "
+    print(f"workload: {a.workload}, {a.shape}, {a.nproc} ranks, {a.prompts} prompts x {a.group}, lengths per sample: "
+          f"median {lengths['p50']}, p90 {lengths['p90']}, p99 {lengths['p99']}, max {lengths['max']}, mean "
           f"{lengths['mean']:.0f} ({lengths['share_at_max'] * 100:.1f}% at max); steady steps {window.start}.."
           f"{window.stop - 1}; run dirs under {work}", flush=True)
     if a.tiny:

@@ -12,10 +12,11 @@ same in every configuration of the benchmark).
 
 Episodes (`--workload episodes`: multi-turn, `monorl.rl.episodes.EpisodeRunner`): there the drawn length is each
 EPISODE's budget of tokens (its sampled and inserted tokens after the prompt, the runner's `max_new_tokens`), keyed by
-its prompt's text and its index in the group, and every turn is cut after TURN_TOKENS_ENV sampled tokens (the
-environment then answers and the episode goes on), so on random weights an episode takes about budget / (turn +
-answer) turns: a long tail of turns. The task's environment must answer any text and not end the episode first
-(guess_number with a large max_turns does: an unparsable guess gets "Please answer with one integer").
+its prompt (text, answer, index: a task's prompts may share their text) and its index in the group, and every turn is
+cut after TURN_TOKENS_ENV sampled tokens (the environment then answers and the episode goes on), so on random
+weights an episode takes about budget / (turn + answer) turns: a long tail of turns. The task's environment must
+answer any text and not end the episode first (guess_number with a large max_turns does: an unparsable guess gets
+"Please answer with one integer").
 
 The distribution comes in the environment variable FORCED_LENGTHS_ENV (JSON: median, sigma, min, seed), the turn
 length in TURN_TOKENS_ENV; unset, this is plain `monorl`. Run under torchrun as a script:
@@ -122,7 +123,8 @@ def install_episodes(draw: LengthDraw, turn_tokens: int) -> None:
     plain_answer, plain_turn_ended, plain_turn_sampling = runner._answer, runner._turn_ended, episodes._turn_sampling
 
     def budget_of(lv: Any, key: tuple[int, int], budget: int) -> int:
-        return draw.length(list(lv.prompt.text.encode()), key[1], budget)
+        p = lv.prompt
+        return draw.length(list(f"{p.text}|{p.answer}|{p.meta.get('index')}".encode()), key[1], budget)
 
     def _answer(self: Any, key: tuple[int, int], lv: Any, turn: Any, sampling: Any, stop_ids: tuple[int, ...],
                 budget: int) -> None:

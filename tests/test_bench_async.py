@@ -12,7 +12,7 @@ import pytest
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
-from async_worker import LengthDraw, install  # noqa: E402
+from async_worker import LengthDraw, install, install_episodes  # noqa: E402
 from bench_async import parse_args, steady_row  # noqa: E402
 
 DRAW = LengthDraw(median=16, sigma=1.0, min_len=4, seed=7)
@@ -94,3 +94,39 @@ def test_tiny_defaults_and_passthrough() -> None:
     a, rest = parse_args(["--tiny", "--configs", "sync,g2_k2", "--generator.block_size", "8"])
     assert (a.shape, a.device, a.nproc, a.steps, a.names) == ("tiny", "cpu", 4, 4, ["sync", "g2_k2"])
     assert rest == ["--generator.block_size", "8"]
+
+
+def test_episodes_take_their_drawn_budget_in_cut_turns(monkeypatch: pytest.MonkeyPatch) -> None:
+    """guess_number on random weights: every turn is cut at 6 sampled tokens, the environment answers, and the
+    episode goes on until its drawn budget (sampled + inserted tokens) is spent."""
+    import itertools
+
+    import monorl.rl.episodes as episodes
+    from monorl.agent.envs import GuessNumberTask
+    from monorl.generate import Generator, GeneratorConfig, SamplingParams
+    from monorl.model import build_model, model_shape
+    from monorl.model.tokenizer import CharTokenizer
+
+    runner = episodes.EpisodeRunner
+    for obj, name in ((runner, "_answer"), (runner, "_turn_ended"), (episodes, "_turn_sampling")):
+        monkeypatch.setattr(obj, name, getattr(obj, name))  # undone after the test
+    draw = LengthDraw(median=120, sigma=1.0, min_len=60, seed=3)
+    install_episodes(draw, 6)
+    task = GuessNumberTask(max_turns=1000)
+    prompts = list(itertools.islice(task.train_prompts(0), 3))
+    gen = Generator(build_model(model_shape("tiny"), "cpu", torch.float32, seed=0),
+                    GeneratorConfig(max_num_seqs=8, max_model_len=512, block_size=16))
+    played = episodes.EpisodeRunner(gen, CharTokenizer(), task, max_len=512).play(
+        prompts, SamplingParams(max_new_tokens=300, temperature=1.0, seed=1, ignore_eos=True), n=2)
+    budgets, turns = [], []
+    for p, group in zip(prompts, played, strict=True):
+        for j, (lv, record) in enumerate(group):
+            budget = draw.length(list(f"{p.text}|{p.answer}|{p.meta.get('index')}".encode()), j, 300)
+            assert len(lv.tokens) - lv.prompt_len <= budget
+            sampled_runs = [len(list(run)) for bit, run in itertools.groupby(lv.mask) if bit]
+            assert sampled_runs and max(sampled_runs) <= 6
+            # the environment answered every turn but one the budget cut
+            assert len(sampled_runs) - 1 <= record.turns <= len(sampled_runs)
+            budgets.append(budget)
+            turns.append(len(sampled_runs))
+    assert len(set(budgets)) > 1 and max(turns) >= 2

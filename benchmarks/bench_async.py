@@ -1,10 +1,14 @@
 """Async and disaggregated RL on one host (issue #44): tokens/s and GPU wait shares of one long-tailed workload
 under several placements, each a real `monorl train` job of N ranks (torchrun) in its own run directory.
 
-Workload (defaults: the issue's): random weights of a named shape (qwen3-1.7b), the sum_digits task (no data to
-download), 64 prompts x 8 samples per step, up to 1024 new tokens, EOS ignored and every SAMPLE stopped after its own
-length, drawn from a seeded lognormal (median max/8, sigma 1, clipped to [32, max]) keyed by its prompt's token ids and
-its index in the group, so every configuration trains on the same lengths (benchmarks/async_worker.py says how).
+Workload (defaults: the issue's): random weights of a named shape (qwen3-1.7b; with --tokenizer DIR its tokenizer,
+else the char tokenizer), 64 prompts x 8 samples per step, up to 1024 new tokens, EOS ignored and every SAMPLE
+stopped after its own length, drawn from a seeded lognormal (median max/8, sigma 1, clipped to [32, max]) keyed by
+its prompt and its index in the group, so every configuration trains on the same lengths (benchmarks/async_worker.py
+says how). --workload completions (default): the sum_digits task, one completion per sample. --workload episodes:
+guess_number multi-turn episodes (an unparsable guess gets an answer, so random weights play on), every turn cut at
+--turn-tokens (128) sampled tokens, the drawn length (median max/4 here) being each episode's budget of sampled +
+inserted tokens: a long tail of turns.
 
 Configurations (--configs, comma-separated; default all):
   sync            colocated, K = 0 (today's on-policy loop)
@@ -16,17 +20,23 @@ Configurations (--configs, comma-separated; default all):
   g2_k2           2 + N-2, K = 2
 
 Per configuration, over the steady window (the steps after the first and before the last 2, 2 being the largest K
-of the list: the same window for every configuration): trained tokens (prompt + completion, `num_tokens`) over the
-window's wall (the sum of its `time/step_s`), the median step, generate / train shares of the wall, producer and
-consumer idle shares (`time/producer_idle_s`, `time/consumer_idle_s`: the generating side waiting for the trainers,
-the trainers waiting for a batch; colocated K = 0 logs neither: there the trainer waits for the whole generation and
-the generator for the whole train step, which is what colocated K >= 1 logs too), the GPU wait share (GPU-seconds
-spent waiting for the other side over all GPU-seconds: (G x producer idle + T x consumer idle) / N for
-disaggregated; 0 for colocated, whose GPUs take turns -- their tail decode with few sequences left shows in tokens/s,
-not here), staleness mean / max. Prints a table last and writes JSON (--out; rows of configurations run by an
-earlier call with the same workload are kept, so the list can be split over several calls).
+of the list: the same window for every configuration):
+  tokens/s        trained tokens (prompt + completion, `num_tokens`) over the window's wall (its summed time/step_s)
+  step s          the median step
+  generate / train share of the wall (disaggregated: the generator ranks' time per batch; batches are made ahead,
+                  so over a short window it may exceed 1)
+  producer / consumer idle share: `time/producer_idle_s` (the generating side waiting for the trainers) and
+                  `time/consumer_idle_s` (the trainers waiting for a batch); colocated K = 0 logs neither: there the
+                  trainer waits for the whole generation and the generator for the whole train step, which is what
+                  colocated K >= 1 logs too
+  GPU wait share  GPU-seconds spent waiting for the other side over all GPU-seconds, (G x producer idle + T x
+                  consumer idle) / N, for disaggregated; 0 for colocated, whose GPUs take turns (their tail decode
+                  with few sequences left shows in tokens/s, not here)
+  staleness mean / max, and the completions' mean / max length (the same in every row: a check on the draw)
+Prints a table last and writes JSON (--out; the rows of configurations an earlier call ran with the same workload
+are kept, so the list can be split over several calls).
 
-    python benchmarks/bench_async.py --tokenizer .device/qwen3-tokenizer --out benchmarks/results/async_4gpu.json
+    python benchmarks/bench_async.py --tokenizer DIR --configs sync,coloc_k1 --out /tmp/b44/async.json
     python benchmarks/bench_async.py --tiny      # CPU, gloo, 4 ranks, the tiny shape: proves the harness only
 
 Anything else on the command line goes to every `monorl train` (e.g. --generator.max_num_seqs 512).
@@ -144,7 +154,11 @@ def train_flags(a: argparse.Namespace, name: str, run_dir: Path, model: list[str
     g, k, inflight = CONFIGS[name]
     base = (["--preset", "tiny", "--compile.backend", "none", "--compile.trainer_cuda_graphs", "false",
              "--compile.decode_cuda_graphs", "false", "--batch_invariant", "false"] if a.tiny
-            else ["--preset", "qwen3_0_6b_sum_digits", "--generator.max_model_len", str(a.max_new_tokens + 512)])
+            # activation checkpointing on everywhere: the same trainer work in every configuration (a colocated
+            # 1.7B run resolves auto to on), and a disaggregated trainer's auto probe trips on the plan's missing
+            # KV row (`monorl plan ... --placement.generator_ranks 1 --nproc 4 --gpu_memory_gb 79.6`: StopIteration)
+            else ["--preset", "qwen3_0_6b_sum_digits", "--generator.max_model_len", str(a.max_new_tokens + 512),
+                  "--trainer.activation_checkpointing", "true"])
     if a.workload == "episodes":  # an unparsable guess gets an answer and the game goes on: the budget binds
         base += ["--task.name", "guess_number", "--task.args.max_turns", "1000",
                  *(["--generator.max_model_len", "512"] if a.tiny else [])]
@@ -300,6 +314,11 @@ def main(argv: list[str] | None = None) -> int:
     if a.tiny:
         print(f"NOTE: {TINY_NOTE}")
     print(table(all_rows))
+    trained = {r["config"]: r["trained_tokens"] for r in all_rows if "trained_tokens" in r}
+    if len(set(trained.values())) > 1:  # the forced lengths make every configuration train the same tokens
+        print(f"WARNING: the configurations trained different token counts in the window: {trained}")
+    elif trained:
+        print(f"every configuration trained the same {next(iter(trained.values()))} tokens in the window")
     return 1 if any("error" in r for r in rows) else 0
 
 

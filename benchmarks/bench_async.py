@@ -175,7 +175,7 @@ def train_flags(a: argparse.Namespace, name: str, run_dir: Path, model: list[str
 def run_config(a: argparse.Namespace, name: str, work: Path, model: list[str], draw: LengthDraw,
                passthrough: list[str]) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     """Run one configuration's job; (its result fields, its step rows) -- an error row when it failed."""
-    run_dir = work / name
+    run_dir = work / f"{name}-{datetime.datetime.now():%Y%m%d-%H%M%S}"  # a work dir reused by a later call
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(a.nproc),
            str(ROOT / "benchmarks" / "async_worker.py"), "train", *train_flags(a, name, run_dir, model), *passthrough]
     env = {**os.environ, FORCED_LENGTHS_ENV: draw.to_env(), "PYTHONUNBUFFERED": "1",
@@ -192,11 +192,12 @@ def run_config(a: argparse.Namespace, name: str, work: Path, model: list[str], d
         return {"error": f"timed out after {a.timeout:.0f} s"}, []
     wall = time.perf_counter() - t
     log = proc.stdout + proc.stderr
-    (work / f"{name}.log").write_text(log)
+    (work / f"{run_dir.name}.log").write_text(log)
     if proc.returncode != 0:
         print(f"--- {name} failed (exit {proc.returncode}):\n{log[-3000:]}", flush=True)
-        return {"error": f"exit {proc.returncode}: {log.strip().splitlines()[-1] if log.strip() else ''}",
-                "job_wall_s": wall}, []
+        why = next((line for line in log.splitlines() if "error:" in line or "Error" in line), "")
+        return {"error": f"exit {proc.returncode}: {why[:300]}", "job_wall_s": wall,
+                "log": str(work / f"{run_dir.name}.log")}, []
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     summary = json.loads((run_dir / "summary.json").read_text())
     return {"job_wall_s": wall, "startup_s": summary.get("startup_s"), "run_dir": str(run_dir)}, \
@@ -267,6 +268,10 @@ def device_name(device: str) -> str:
     return f"cpu ({os.cpu_count()} cores)"
 
 
+def now() -> str:
+    return datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
+
+
 def main(argv: list[str] | None = None) -> int:
     a, passthrough = parse_args(argv)
     draw = length_draw(a)
@@ -288,6 +293,7 @@ def main(argv: list[str] | None = None) -> int:
           f"{window.stop - 1}; run dirs under {work}", flush=True)
     if a.tiny:
         print(TINY_NOTE, flush=True)
+    command = " ".join([Path(sys.executable).name, *sys.argv])
     out_path = Path(a.out) if a.out else None
     kept: list[dict[str, Any]] = []
     if out_path is not None and out_path.is_file():
@@ -298,13 +304,13 @@ def main(argv: list[str] | None = None) -> int:
     for name in a.names:
         info, steps = run_config(a, name, work, model, draw, passthrough)
         row = {"config": name, **info} if "error" in info else {**steady_row(name, a.nproc, steps, window), **info}
+        row.update(date=now(), command=command)  # rows merged from several calls keep their own
         rows.append(row)
         if out_path is not None:  # after every configuration: a cut-off call keeps what it measured
             all_rows = sorted(kept + rows, key=lambda r: list(CONFIGS).index(r["config"]))
             out_path.parent.mkdir(parents=True, exist_ok=True)
             out_path.write_text(json.dumps({
-                "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
-                "device": device_name(a.device), "command": " ".join([sys.executable, *sys.argv]),
+                "date": now(), "device": device_name(a.device), "command": command,
                 "note": TINY_NOTE if a.tiny else "",
                 "window": f"steps {window.start}..{window.stop - 1}: after the first, before the last {K_MAX} "
                 "(the same for every configuration); tokens/s = trained tokens / the window's summed time/step_s",

@@ -49,6 +49,7 @@ import datetime
 import json
 import os
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
@@ -186,12 +187,21 @@ def run_config(a: argparse.Namespace, name: str, work: Path, model: list[str], d
         env["OMP_NUM_THREADS"] = "1"
     print(f"--- {name}: {' '.join(cmd[1:])}", flush=True)
     t = time.perf_counter()
+    # its own process group: a job past --timeout ends with all its ranks (none left holding a GPU)
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True)
     try:
-        proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=a.timeout)
+        log, _ = proc.communicate(timeout=a.timeout)
     except subprocess.TimeoutExpired:
-        return {"error": f"timed out after {a.timeout:.0f} s"}, []
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            log, _ = proc.communicate(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            log, _ = proc.communicate()
+        (work / f"{run_dir.name}.log").write_text(log)
+        return {"error": f"timed out after {a.timeout:.0f} s", "log": str(work / f"{run_dir.name}.log")}, []
     wall = time.perf_counter() - t
-    log = proc.stdout + proc.stderr
     (work / f"{run_dir.name}.log").write_text(log)
     if proc.returncode != 0:
         print(f"--- {name} failed (exit {proc.returncode}):\n{log[-3000:]}", flush=True)

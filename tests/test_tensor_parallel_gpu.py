@@ -46,6 +46,8 @@ def _worker(rank: int, init_file: str, out_dir: str) -> None:
                 res = gen.generate(PROMPTS, sp, n=2)
                 out[(fixed, graphs)] = ([c.token_ids for g in res for c in g], [c.logprobs for g in res for c in g])
                 out[(fixed, graphs, "used_graphs")] = bool(gen.runner.graphs)
+                gen.release_graphs()  # NCCL kernels in graphs: gone before the group is destroyed (pytorch#115388)
+                assert not gen.runner.graphs and not gen.runner.graph_sets
         one = Generator(model, gcfg, eos_token_ids=()).generate(PROMPTS, sp, n=2)
         out["one"] = ([c.token_ids for g in one for c in g], [c.logprobs for g in one for c in g])
         torch.save(out, Path(out_dir) / f"rank{rank}.pt")

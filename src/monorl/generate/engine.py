@@ -166,6 +166,12 @@ class Generator:
         self.blocks = BlockManager(num_blocks)
         self.runner = self._runner(self.kv, self.use_graphs)
 
+    def release_graphs(self) -> None:
+        """Drop the captured graphs (`ModelRunner.release_graphs`): a multi-rank run does it before its process
+        groups go."""
+        if getattr(self, "runner", None) is not None:
+            self.runner.release_graphs()
+
     def _runner(self, kv: KVCache, cuda_graphs: bool) -> ModelRunner:
         c = self.config
         return ModelRunner(self.model, kv, c.max_num_seqs, blocks_for(self.max_model_len, c.block_size),

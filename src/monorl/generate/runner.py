@@ -189,6 +189,21 @@ class ModelRunner:
         """The LM head's logits of `hidden`, the whole vocabulary (a TP shard's gathered: `gather_vocab`)."""
         return gather_vocab(self.model.compute_logits(hidden), self.tp)
 
+    def release_graphs(self) -> None:
+        """Reset and drop every captured graph. A tensor-parallel copy's graphs hold NCCL kernels of its group, and
+        NCCL's communicator teardown (`destroy_process_group`) hangs while such graphs exist (pytorch#115388: a TP 2
+        run on 2 H200s finished its steps and never exited)."""
+        graphs = [g for gs in self.graph_sets.values() for g in gs.values()] + list(self.graphs.values())
+        graphs += [g for g, _, _ in self.prefill_graphs.values()]
+        if graphs:
+            torch.cuda.synchronize(self.device)
+        for g in graphs:
+            g.reset()
+        self.graph_sets.clear()
+        self.graphs = {}
+        self.graph_key = None
+        self.prefill_graphs.clear()
+
     # ---- decode ------------------------------------------------------------------------------------
     def _decode_step(self, B: int, width: int, params: SamplingParams) -> None:
         tok, pos, bt = self.tok[:B], self.pos[:B], self.block_tables[:B, :width]

@@ -484,17 +484,16 @@ class GRPORun:
 
 
 def train(cfg: RunConfig, progress: bool = True, resume: str | Path | None = None) -> RunResult:
-    """Run GRPO; `resume` (a run dir or one of its checkpoints) continues a stopped run. Under torchrun, one
-    rank of the run: rank 0 alone prints and writes the run directory, and a job torchrun restarted
-    (--max-restarts) continues from the run directory's last complete checkpoint."""
+    """Run GRPO; `resume` (a run dir or one of its checkpoints) continues a stopped run. Under torchrun, one rank of
+    the run: rank 0 alone prints and writes the run directory; a restarted job resumes its last checkpoint."""
     world = init_world(cfg.device, cfg.distributed.timeout_s, cfg.distributed.backend)
     quiet_unless_main(world)
-    if resume is None:
-        resume = restart_resume_path(cfg, world.is_main)
+    resume, run = restart_resume_path(cfg, world.is_main) if resume is None else resume, None
     try:
         with best_effort():  # a closed console (`| head`, a dead `| tee`) never ends the run: console.log keeps it
-            return GRPORun(cfg, progress and world.is_main, resume=resume, world=world).run()
+            run = GRPORun(cfg, progress and world.is_main, resume=resume, world=world)
+            return run.run()
     finally:
-        if world.size > 1:  # the run (its CUDA graphs, NCCL kernels captured on its groups) before the groups
-            gc.collect()
+        if world.size > 1 and getattr(run, "generator", None) is not None:  # NCCL kernels in graphs: before groups
+            run.generator.release_graphs()
         close_world(world)

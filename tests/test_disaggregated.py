@@ -188,3 +188,22 @@ def test_reward_failing_on_the_generator_stops_the_trainers_with_a_checkpoint(tm
     assert [row["step"] for row in step_rows(d)] == [0, 1]
     assert (d / "checkpoints" / "step_000002" / "meta.json").is_file()
     assert "failed on every completion" in json.loads((d / "summary.json").read_text())["stopped"]
+
+
+def test_two_generators_one_step_ahead(tmp_path: Path) -> None:
+    """G = 2 (2 generators + 2 trainers, K = 1): each generator makes its share of every step's groups, the two
+    agree on when to take an update (a small all-reduce among them), and the trainers take the step whole: the run
+    finishes, every sample is at most one version old, and the generators end with the trainers' weights."""
+    d = tmp_path / "run"
+    r = run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "4",
+             "-m", "monorl.cli", "train", *cli_args(d, **{**DISAGG, "placement.generator_ranks": "2",
+                                                        "rollout.prompts_per_step": "4",
+                                                        "rollout.max_staleness": "1"})])
+    assert r.returncode == 0, r.stderr[-4000:]
+    rows = step_rows(d)
+    assert [row["step"] for row in rows] == list(range(int(STEPS)))
+    assert [row["staleness/max"] for row in rows] == [0, 1, 1]
+    assert all(math.isfinite(row["loss"]) for row in rows)
+    assert len(prompts_by_step(d)[0]) == 16  # both generators' groups: 4 prompts x 4
+    export = sum(float(t.double().sum()) for t in weights(d).values())
+    assert math.isclose(last_row(d)["generator/weight_sum"], export, rel_tol=1e-12)

@@ -193,11 +193,12 @@ class ModelRunner:
         """Reset and drop every captured graph. A tensor-parallel copy's graphs hold NCCL kernels of its group, and
         NCCL's communicator teardown (`destroy_process_group`) hangs while such graphs exist (pytorch#115388: a TP 2
         run on 2 H200s finished its steps and never exited)."""
-        graphs = [g for gs in self.graph_sets.values() for g in gs.values()] + list(self.graphs.values())
-        graphs += [g for g, _, _ in self.prefill_graphs.values()]
+        # `graphs` is one of `graph_sets`' dicts: each graph once
+        graphs = {id(g): g for gs in [*self.graph_sets.values(), self.graphs] for g in gs.values()}
+        graphs |= {id(g): g for g, _, _ in self.prefill_graphs.values()}
         if graphs:
             torch.cuda.synchronize(self.device)
-        for g in graphs:
+        for g in graphs.values():
             g.reset()
         self.graph_sets.clear()
         self.graphs = {}

@@ -21,6 +21,8 @@ from monorl.plan import param_counts
 from monorl.train.packing import TrainSequence, pack, token_buckets
 from monorl.train.trainer import Trainer, TrainerConfig
 from tests.conftest import HF_FAMILY_CLASSES
+from tests.test_model_parity import hf_logits, random_seqs
+from tests.test_model_parity import our_logits as packed_logits
 
 transformers = pytest.importorskip("transformers")
 
@@ -40,21 +42,6 @@ HF_CASES = {
                                         hidden_size=128)),
 }
 
-
-def packed_logits(model: torch.nn.Module, seqs: list[torch.Tensor]) -> torch.Tensor:
-    ctx = VarlenContext.from_lengths([len(s) for s in seqs], "cpu")
-    with torch.no_grad():
-        return model.compute_logits(model(torch.cat(seqs), ctx.positions, ctx))
-
-
-def hf_logits(model: torch.nn.Module, seqs: list[torch.Tensor]) -> torch.Tensor:
-    with torch.no_grad():
-        return torch.cat([model(s[None]).logits[0] for s in seqs])
-
-
-def random_seqs(lengths: list[int], vocab: int, seed: int = 0) -> list[torch.Tensor]:
-    g = torch.Generator().manual_seed(seed)
-    return [torch.randint(0, vocab, (n,), generator=g) for n in lengths]
 
 
 @pytest.mark.parametrize("case", sorted(HF_CASES))

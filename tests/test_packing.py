@@ -11,6 +11,7 @@ from monorl.train.packing import (
     make_micro_batches,
     plan_micro_batches,
     token_buckets,
+    token_share,
 )
 
 
@@ -95,3 +96,37 @@ def test_static_pack_logprobs_equal_dynamic_pack():
         out.append(lp[: mb.num_targets])
         assert bool(torch.isfinite(lp).all())
     torch.testing.assert_close(out[1], out[0], atol=1e-5, rtol=0)
+
+
+def _grouped(prompt: int, completion: int, group: int) -> TrainSequence:
+    return TrainSequence([1] * prompt, [2] * completion, [0.0] * completion, 1.0, group=group)
+
+
+def _shares(seqs: list[TrainSequence], ranks: int) -> list[tuple[int, int]]:
+    return [(s.start, s.stop) for s in (token_share(seqs, r, ranks) for r in range(ranks))]
+
+
+def test_token_share_balances_packed_tokens_between_groups() -> None:
+    # one long group, three short: by sequence count rank 0 would pack 420 tokens and rank 1 60
+    seqs = [_grouped(10, 100, 0)] * 4 + [_grouped(10, 10, g) for g in (1, 2, 3) for _ in range(4)]
+    assert _shares(seqs, 2) == [(0, 4), (4, 16)]
+    assert _shares(seqs, 4) == [(0, 4), (4, 8), (8, 12), (12, 16)]  # no rank left without a group
+    assert _shares(seqs, 1) == [(0, 16)]
+
+
+def test_token_share_equal_lengths_is_the_even_split() -> None:
+    seqs = [_grouped(10, 10, i // 8) for i in range(64)]
+    assert _shares(seqs, 4) == [(0, 16), (16, 32), (32, 48), (48, 64)]
+    # fewer groups than ranks: cut inside the group, every part packs the prompt once
+    one_group = [_grouped(10, 10, 0)] * 16
+    assert _shares(one_group, 4) == [(0, 4), (4, 8), (8, 12), (12, 16)]
+
+
+def test_token_share_covers_every_sequence_once() -> None:
+    g = torch.Generator().manual_seed(1)
+    for ranks in (2, 3, 4):
+        seqs = [_grouped(5, int(torch.randint(1, 50, (1,), generator=g)), i // 3) for i in range(20)]
+        shares = _shares(seqs, ranks)
+        assert shares[0][0] == 0 and shares[-1][1] == 20
+        assert all(a[1] == b[0] for a, b in zip(shares, shares[1:], strict=False))
+        assert all(lo % 3 == 0 for lo, _ in shares)  # cuts fall between groups

@@ -263,17 +263,19 @@ def plan_memory(cfg: RunConfig, m: ModelConfig, max_prompt_tokens: int, device_b
     graphs = on_gpu and cc.trainer_cuda_graphs
     # trainer graphs write fixed gradient buffers; without them gradients exist only from backward to the
     # optimizer step, while activations are being freed: they count as a transient of the trainer phase
-    graphs = graphs and ranks == 1  # the trainer runs FSDP without graphs (train/trainer.py)
     rows.append(MemoryRow("gradients", trainable * 4 // ranks, "fp32" + ("" if graphs else ", freed after each step"),
                           persistent=graphs))
     rows.append(MemoryRow("optimizer state", trainable * 8 // ranks, "AdamW moments, fp32"))
     if ranks > 1:
         for row in rows:
             row.note += f" (1/{ranks}: sharded)"
-        # FSDP's all-gather of the next block (prefetch) beside the one computing, in the compute dtype
+        # FSDP's all-gather of the next block (prefetch) beside the one computing, in the compute dtype, and a
+        # block's unsharded fp32 gradients before their reduce-scatter; with trainer graphs, in the graphs' pool
         block = (total - counts["embed"] - (counts["lm_head"] or 0)) // m.num_layers
-        rows.append(MemoryRow("FSDP gathered blocks", 2 * block * (2 if compute == "bfloat16" else 4),
-                              "two blocks unsharded at a time", persistent=False))
+        rows.append(MemoryRow("FSDP gathered blocks", 2 * block * (2 if compute == "bfloat16" else 4)
+                              + (0 if lora.enabled else block * 4),
+                              "two blocks unsharded at a time, one block's gradients before reduce-scatter"
+                              + (", CUDA-graph pool" if graphs else ""), persistent=graphs))
     if t.loss.kl_coef > 0:
         rows.append(MemoryRow("KL reference", total * gen_bytes, "frozen copy of the starting policy"))
     if lora.enabled and cfg.batch_invariant:  # an unmerged copy: the frozen base is the policy's (share_frozen_)

@@ -136,6 +136,7 @@ def init_world(device: str = "auto", timeout_s: float = 600.0, backend: str = "a
         backend = "nccl" if cuda else "gloo"
     if cuda:
         torch.cuda.set_device(world.local_rank)
+        nccl_graph_defaults()
     if not dist.is_initialized():
         timeout = datetime.timedelta(seconds=timeout_s)
         restart = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
@@ -151,6 +152,16 @@ def init_world(device: str = "auto", timeout_s: float = 600.0, backend: str = "a
     if (dist.get_rank(), dist.get_world_size()) != (world.rank, world.size):
         raise RuntimeError("the process group disagrees with RANK / WORLD_SIZE")
     return world
+
+
+def nccl_graph_defaults() -> None:
+    """NCCL settings for collectives captured in CUDA graphs (FSDP trainer graphs, tensor-parallel decode graphs),
+    set before NCCL starts unless the user set them. NCCL_GRAPH_REGISTER=0: by default NCCL registers a captured
+    collective's buffers with its peers while the graph is captured, a handshake that makes every rank capture the
+    same collectives at the same time; ranks whose packs differ in shape capture different graphs at different steps
+    (`Trainer._match_capture_passes`), and a 2-rank run hung at its first such step with registration on
+    (TorchTitan's graph-captured SimpleFSDP runs with it off too)."""
+    os.environ.setdefault("NCCL_GRAPH_REGISTER", "0")
 
 
 def close_world(world: World) -> None:

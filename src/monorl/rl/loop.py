@@ -494,6 +494,7 @@ def train(cfg: RunConfig, progress: bool = True, resume: str | Path | None = Non
             run = GRPORun(cfg, progress and world.is_main, resume=resume, world=world)
             return run.run()
     finally:
-        if world.size > 1 and getattr(run, "generator", None) is not None:  # NCCL kernels in graphs: before groups
-            run.generator.release_graphs()
+        if world.size > 1:  # NCCL kernels in graphs (TP generator, FSDP trainer): dropped before the groups
+            for part in filter(None, (getattr(run, "generator", None), getattr(run, "trainer", None))):
+                part.release_graphs()
         close_world(world)

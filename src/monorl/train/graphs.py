@@ -66,6 +66,15 @@ class TrainGraphs:
         self.warmup_s += warm_s
         self.capture_s += time.perf_counter() - t - warm_s
 
+    def release(self) -> None:
+        """Reset and drop every graph. Under FSDP they hold NCCL kernels, and NCCL's communicator teardown
+        (`destroy_process_group`) hangs while such graphs exist (pytorch#115388)."""
+        if self.graphs:
+            torch.cuda.synchronize(self.device)
+        for graph, _ in self.graphs.values():
+            graph.reset()
+        self.graphs.clear()
+
     def replay(self, key: tuple, inputs: tuple) -> None:
         graph, static = self.graphs[key]
         copy_into(static, inputs)

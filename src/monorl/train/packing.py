@@ -305,6 +305,33 @@ def _bucket(n: int, buckets: Sequence[int]) -> int | None:
     return next((b for b in buckets if b >= n), None)
 
 
+def token_share(seqs: Sequence[TrainSequence], rank: int, ranks: int, share_prompts: bool = True) -> range:
+    """The contiguous slice of the step's `seqs` that `rank` of `ranks` trains: cut where each rank's packed tokens
+    (a shared prompt once per group, masked sequences none) come nearest an equal share, between prompt groups where
+    there are at least as many groups as ranks. Balanced by tokens, not by sequences: a rank given the long
+    completions no longer sets the step's pace while the others wait in FSDP's collectives. Every rank computes the
+    same cuts from the same list."""
+    cuts = [i for i in range(len(seqs)) if i == 0 or group_key(seqs[i - 1]) != group_key(seqs[i])]
+    # fewer groups than ranks: cut anywhere (every rank then packs its part's prompt once: a constant)
+    anywhere = len(cuts) < ranks
+    cost = [0 if s.masked else len(s.completion_ids) + (
+        len(s.prompt_ids) if not share_prompts or (not anywhere and i in cuts) else 0) for i, s in enumerate(seqs)]
+    cuts = [*(range(len(seqs)) if anywhere else cuts), len(seqs)]
+    total, cum, acc = sum(cost), [], 0
+    for c in [0, *cost]:
+        acc += c
+        cum.append(acc)
+    bounds = [0]
+    for r in range(1, ranks):
+        # each rank after this one keeps at least one group (or sequence) where there are enough
+        room = cuts[: len(cuts) - (ranks - r)] if len(cuts) > ranks else cuts
+        target, lo = total * r / ranks, bounds[-1]
+        options = [i for i in room if i > lo] or [i for i in cuts if i >= lo]
+        bounds.append(min(options, key=lambda i: (abs(cum[i] - target), i)))
+    bounds.append(len(seqs))
+    return range(bounds[rank], bounds[rank + 1])
+
+
 def make_micro_batches(seqs: Sequence[TrainSequence], max_tokens: int, device: torch.device | str,
                        attn_backend: str = "sdpa", buckets: Sequence[int] | None = None,
                        static: bool = False, indices: Sequence[int] | None = None,

@@ -392,9 +392,12 @@ def _changes(cfg: RunConfig, m: ModelConfig, max_prompt_tokens: int,
     if not t.activation_checkpointing:
         out.append(("--trainer.activation_checkpointing true", "one more forward per micro-batch in training",
                     {"trainer.activation_checkpointing": True}))
-    if cfg.compile.trainer_cuda_graphs:
-        out.append(("--compile.trainer_cuda_graphs false", "a few % of the trainer step; its activations then share "
-                    "memory with generation", {"compile.trainer_cuda_graphs": False}))
+    # trainer graphs off: a few % of one GPU's step; under FSDP the eager step is host-bound (0.066 -> 0.300 s on
+    # 2 H200s), so there it comes after smaller micro-batches
+    no_graphs = [("--compile.trainer_cuda_graphs false", ("a few % of the trainer step" if ranks == 1 else
+                  "the trainer step up to ~4x slower (eager FSDP)") + "; its activations then share memory with "
+                  "generation", {"compile.trainer_cuda_graphs": False})] if cfg.compile.trainer_cuda_graphs else []
+    out += no_graphs if ranks == 1 else []
     need_len = max_prompt_tokens + r.max_new_tokens
     if g.kv_cache_bytes is not None:  # without it the plan already gives the cache what is left (`_kv_to_room_`)
         out.append(("--generator.kv_cache_bytes null", "a KV cache sized to what is left, at least this run's "
@@ -404,6 +407,7 @@ def _changes(cfg: RunConfig, m: ModelConfig, max_prompt_tokens: int,
         mbt //= 2
         out.append((f"--trainer.micro_batch_tokens {mbt}", "more, smaller trainer micro-batches",
                     {"trainer.micro_batch_tokens": mbt}))
+    out += no_graphs if ranks > 1 else []
     # the generator's copy and KV cache split over N of the run's GPUs (one node's): the GPUs the run has, before
     # more of them; N must divide the run's ranks (a pair with --nproc where it does not: `advise`)
     for n in (2, 4, 8):

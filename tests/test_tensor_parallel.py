@@ -36,7 +36,7 @@ from monorl.model.config import ModelConfig, model_shape
 from monorl.model.lora import LoRAConfig, apply_lora_
 from monorl.model.qwen3 import build_model
 from monorl.model.tokenizer import CharTokenizer
-from monorl.model.weight_sync import sync_weights_
+from monorl.model.weight_sync import sync_weights_, syncs_from_shards
 from monorl.rl.rollouts import generate_rollouts
 from tests.conftest import DigitsTask
 
@@ -103,6 +103,7 @@ def _worker(rank: int, world: int, init_file: str, out_dir: str) -> None:
             from monorl.distributed.fsdp import shard_model_
 
             shard_model_(trainer, torch.device("cpu"))
+            result[key]["from_shards"] = syncs_from_shards(two.model, trainer)
             two.load_weights_(trainer)
             result[key]["full_copy"] = {n: p.clone() for n, p in one.model.named_parameters()}
             result[key]["tp_copy"] = {n: p.clone() for n, p in two.model.named_parameters()}
@@ -174,6 +175,7 @@ def _expected_shard(cfg: ModelConfig, full: dict[str, torch.Tensor], rank: int, 
 def test_weight_sync_into_the_tp_copy_equals_slicing_the_full_copy(ranks: list[dict], key: str) -> None:
     cfg = _configs()[key]
     for rank, res in enumerate(ranks):
+        assert res[key]["from_shards"]  # each rank cut its pieces from its own shards (FSDP ranks = the TP group)
         got, want = res[key]["tp_copy"], _expected_shard(cfg, res[key]["full_copy"], rank, 2)
         assert set(got) == set(want)
         for name in want:

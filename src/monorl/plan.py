@@ -330,7 +330,7 @@ GENERATOR_ROWS = ("generator weights", "KV cache", "generator prefill", "decode 
 def tensor_parallel_copy_params(m: ModelConfig, tp: int) -> int:
     """Parameters of one rank's shard of a tensor-parallel generator copy: the projections and the head divided by
     `tp` (a tied head too: its own V/tp rows), the embedding, the norms and o_proj's bias whole (rank 0's is the
-    bias, the others' zeros: `tensor_parallel_placement`)."""
+    bias, the others' zeros: `TensorParallelPlacement`)."""
     counts = param_counts(m)
     o_bias = m.num_layers * m.hidden_size * m.o_bias
     return (counts["linear"] - o_bias) // tp + o_bias + m.vocab_size * m.hidden_size // tp + counts["embed"] \

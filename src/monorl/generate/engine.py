@@ -112,7 +112,7 @@ class Generator:
         p = next(model.parameters())
         device = p.device
         dtype = config.dtype or (torch.bfloat16 if device.type == "cuda" else torch.float32)
-        if tp.size > 1:  # this rank's shard (weight sync cuts its pieces: `tensor_parallel_placement`)
+        if tp.size > 1:  # this rank's shard (weight sync cuts its pieces: `TensorParallelPlacement`)
             self.model = build_tensor_parallel_model(cfg, tp, device, dtype, fused=fused)
         else:
             self.model = build_model(cfg, device=device, dtype=dtype, seed=None, fused=fused and lora is None)

@@ -20,8 +20,11 @@ Placement, per TP rank r of N (Megatron's):
 
 Every rank of the group runs the same host-side schedule: the same prompts, the same KV block count
 (`Generator.allocate_kv_cache` takes the group's minimum), the same sampled tokens (the logits are equal on every
-rank). Weight sync (`tensor_parallel_placement`) gives each rank its slices of the trainer's weights; from an
-FSDP-sharded trainer one unit is gathered at a time, as without TP, and then sliced.
+rank). Weight sync (`TensorParallelPlacement`) gives each rank its slices of the trainer's weights; from an
+FSDP-sharded trainer whose FSDP ranks are the TP group (`--nproc N --generator.tensor_parallel_size N`) each rank
+cuts its piece from its own shard: column-parallel rows and the head's vocabulary rows are the shard itself,
+row-parallel columns take one all-to-all of 1/N of each shard, and only the replicated parameters (embedding,
+norms) are all-gathered, one at a time; any other layout gathers one FSDP unit at a time and slices it.
 
 Bitwise parity: a row-parallel product is summed over ranks after each rank rounded its partial product, so the
 generator's log-probs differ from the trainer's in the last bits (its o / down GEMMs reduce over the whole K in
@@ -155,7 +158,7 @@ def build_tensor_parallel_model(cfg: ModelConfig, tp: TensorParallel, device: to
         if name.rpartition(".")[2] in ROW_PARALLEL:
             module.row_parallel = True  # `fused_kernels.project` must not hand its parts on unsummed
             module.register_forward_hook(lambda _m, _inp, out: row_parallel_sum(out, tp))
-    model.weight_place = tensor_parallel_placement(tp)  # what `weight_sync.sync_weights_` cuts for this rank
+    model.weight_place = TensorParallelPlacement(tp)  # what `weight_sync.sync_weights_` cuts for this rank
     return model
 
 
@@ -194,20 +197,60 @@ def _rows(t: Tensor, tp: TensorParallel, dim: int) -> Tensor:
     return t.narrow(dim, tp.rank * n, n)
 
 
-def tensor_parallel_placement(tp: TensorParallel) -> Callable[[str, str], Take | None]:
+@dataclass(frozen=True)
+class Slice:
+    """A Take: this rank's 1/N of a tensor along `dim` (0: a column-parallel projection's output rows or the head's
+    vocabulary rows; 1: a row-parallel projection's input columns)."""
+
+    tp: TensorParallel
+    dim: int
+
+    def __call__(self, t: Tensor) -> Tensor:
+        return _rows(t, self.tp, self.dim)
+
+    def from_shard(self, local: Tensor, whole: torch.Size) -> Tensor:
+        """The slice straight from this rank's FSDP shard (`local`: rows [r R/N, (r+1) R/N) of a `whole`-shaped
+        tensor sharded by rows over the TP group's ranks: `TensorParallelPlacement.fits_shard`): rows are the shard
+        itself; columns take one all-to-all of 1/N of the shard (each rank sends every other its columns of its
+        rows)."""
+        if self.dim == 0:
+            return local
+        n = self.tp.size
+        cols = whole[1] // n
+        send = torch.stack([local[:, j * cols:(j + 1) * cols] for j in range(n)])  # [N, R/N, cols]
+        got = torch.empty_like(send)
+        dist.all_to_all_single(got, send, group=self.tp.group)  # got[k]: rank k's rows of my columns
+        return got.reshape(whole[0], cols)
+
+
+class TensorParallelPlacement:
     """For weight sync (`monorl.model.weight_sync.sync_weights_(place=...)`): (source name, destination name) ->
-    the function that cuts this rank's piece from the full source tensor, or None for a whole copy."""
-    def place(src: str, dst: str) -> Take | None:
+    the Take that cuts this rank's piece from the full source tensor (a `Slice`, or the bias rule below), or None
+    for a whole copy; and whether a source's FSDP shard lets `Slice.from_shard` cut it (`fits_shard`)."""
+
+    def __init__(self, tp: TensorParallel) -> None:
+        self.tp = tp
+
+    def fits_shard(self, param: Any) -> bool:
+        """Whether `param` (an FSDP2 parameter) is sharded by rows evenly over exactly the TP group's ranks, in
+        their order (a run whose FSDP ranks are one TP group: `--nproc N --generator.tensor_parallel_size N`)."""
+        from torch.distributed.tensor import DTensor, Shard  # a one-process run never imports DTensor (~1.5 s)
+
+        if not isinstance(param, DTensor) or tuple(param.placements) != (Shard(0),) or param.device_mesh.ndim != 1:
+            return False
+        return (dist.get_process_group_ranks(param.device_mesh.get_group())
+                == dist.get_process_group_ranks(self.tp.group) and all(d % self.tp.size == 0 for d in param.shape[:2]))
+
+    def __call__(self, src: str, dst: str) -> Take | None:
+        tp = self.tp
         module, _, leaf = src.rpartition(".")
         proj = module.rpartition(".")[2]
         if proj in COLUMN_PARALLEL:
-            return lambda t: _rows(t, tp, 0)
+            return Slice(tp, 0)
         if proj in ROW_PARALLEL:
             if leaf == "bias":  # added once: by rank 0
                 return (lambda t: t) if tp.rank == 0 else torch.zeros_like
-            return lambda t: _rows(t, tp, 1)
+            return Slice(tp, 1)
         if dst == "lm_head.weight":  # the head's vocabulary rows (a tied head: the embedding's)
-            return lambda t: _rows(t, tp, 0)
+            return Slice(tp, 0)
         return None
-
-    return place

@@ -20,7 +20,8 @@ shared instead of copied (`share_frozen_`): the generator then reads the trainer
 An FSDP2-sharded source (`monorl.distributed.fsdp`, several ranks) is gathered one unit at a time: a block's
 full parameters exist only while its slice of the plan is copied, so the extra memory is one block's (plus the
 root's embeddings and LM head, last). Every rank runs the same gathers, so every rank's copy gets the full
-weights.
+weights. A tensor-parallel copy whose group is the FSDP ranks is filled from each rank's own shards instead
+(`syncs_from_shards`): nothing is gathered whole but the parameters every rank holds whole.
 """
 
 from __future__ import annotations
@@ -44,7 +45,7 @@ PACKED_MODULES: dict[str, tuple[str, int]] = {
 Source = Tensor | LoRALinear  # a source parameter, or a LoRA projection whose merged weight is the source
 Take = Callable[[Tensor], Tensor]  # a full source tensor -> the destination's piece of it
 # (source name, destination name) -> the Take of a destination that holds a piece of its source (a tensor-parallel
-# copy: `monorl.generate.tensor_parallel.tensor_parallel_placement`), None for the whole source
+# copy: `monorl.generate.tensor_parallel.TensorParallelPlacement`), None for the whole source
 Place = Callable[[str, str], Take | None]
 
 
@@ -190,14 +191,49 @@ def sync_weights_(dst: nn.Module, src: nn.Module, packed: Mapping[str, tuple[str
     `share_frozen_` made the source's own is skipped. place: `dst` holds pieces of its sources (a tensor-parallel
     copy, `Place`; default: the one a tensor-parallel copy carries as `weight_place`): each is cut from the full
     source, after an FSDP unit's gather."""
-    plan = _plan(dst, src, packed, place or getattr(dst, "weight_place", None))
+    place = place or getattr(dst, "weight_place", None)
+    plan = _plan(dst, src, packed, place)
     if units := fsdp_units(src):
-        _sync_sharded_(plan, src, units)
+        if _from_shards(plan, place):
+            _sync_from_shards_(plan)
+        else:
+            _sync_sharded_(plan, src, units)
         return
     for _, view, s, take in plan:
         if isinstance(s, Tensor) and view.data_ptr() == s.data_ptr() and view.shape == s.shape:
             continue
         view.copy_(_piece(s, take))
+
+
+def syncs_from_shards(dst: nn.Module, src: nn.Module) -> bool:
+    """Whether `sync_weights_(dst, src)` fills `dst` from each rank's own FSDP shards of `src` (`_from_shards`)."""
+    place = getattr(dst, "weight_place", None)
+    return bool(fsdp_units(src)) and _from_shards(_plan(dst, src, place=place), place)
+
+
+def _from_shards(plan: list[tuple[str, Tensor, Source, Take | None]], place: Place | None) -> bool:
+    """Whether every rank can cut its pieces of an FSDP-sharded source from its own shards instead of gathering
+    whole units: a tensor-parallel destination (`place.fits_shard`) whose group is the FSDP ranks, every source a
+    sharded parameter (no LoRA projection to merge), each one cut by rows or columns laid out as the group's."""
+    fits = getattr(place, "fits_shard", None)
+    if fits is None:
+        return False
+    from torch.distributed.tensor import DTensor  # here: a one-process run never needs it (~1.5 s)
+
+    return all(isinstance(s, DTensor) and (not hasattr(take, "from_shard") or fits(s)) for _, _, s, take in plan)
+
+
+def _sync_from_shards_(plan: list[tuple[str, Tensor, Source, Take | None]]) -> None:
+    """`plan`'s copies from each rank's own FSDP shards (`_from_shards`), cast to the destination's dtype before
+    anything moves: a sliced source is cut by its Take's `from_shard` (rows: the shard itself; columns: one
+    all-to-all), a whole one (embedding, norms, a row-parallel bias) is all-gathered alone. Every rank walks the
+    plan in the same order, so their collectives pair up."""
+    for _, view, s, take in plan:
+        if hasattr(take, "from_shard"):
+            view.copy_(take.from_shard(s.to_local().to(view.dtype), s.shape))
+        else:
+            full = s.to(view.dtype).full_tensor()
+            view.copy_(full if take is None else take(full))
 
 
 def _sync_sharded_(plan: list[tuple[str, Tensor, Source, Take | None]], src: nn.Module, units: list) -> None:

@@ -26,6 +26,7 @@ import argparse
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -52,11 +53,23 @@ def model_dir(models: Path, model: str) -> Path:
     return d
 
 
-def run_train(args: list[str], label: str) -> tuple[subprocess.CompletedProcess, str, float]:
+def run_train(args: list[str], label: str, timeout_s: float | None = None
+              ) -> tuple[subprocess.CompletedProcess, str, float]:
     """`monorl train ARGS` in a fresh process: (the process, its stdout + stderr, wall seconds); a failure's log
-    tail is printed under `label`."""
+    tail is printed under `label`. timeout_s: past it the whole process group is killed (torchrun's workers too: a
+    `timeout` around the benchmark kills only its direct child, and a hung row's workers then kept spinning NCCL
+    kernels on the GPUs the next rows measured) and the row fails with exit -9."""
     t = time.perf_counter()
-    proc = subprocess.run([sys.executable, "-m", "monorl.cli", "train", *args], capture_output=True, text=True)
+    cmd = [sys.executable, "-m", "monorl.cli", "train", *args]
+    with subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                          start_new_session=True) as p:
+        try:
+            out, err = p.communicate(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            os.killpg(p.pid, signal.SIGKILL)
+            out, err = p.communicate()
+            err += f"\n(killed after {timeout_s:g} s)"
+        proc = subprocess.CompletedProcess(cmd, p.returncode, out, err)
     wall = time.perf_counter() - t
     log = proc.stdout + proc.stderr
     if proc.returncode != 0:

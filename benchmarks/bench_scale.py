@@ -51,7 +51,7 @@ def row_args(name: str, nproc: int) -> tuple[str, list[str]] | None:
 
 
 def run_row(name: str, nproc: int, models: Path, steps: int, shape: str | None, device: str,
-            passthrough: list[str]) -> dict:
+            passthrough: list[str], timeout_s: float | None = None) -> dict:
     spec = row_args(name, nproc)
     if spec is None:
         return {"name": name, "nproc": nproc, "skipped": f"5 prompt groups do not divide over {nproc} ranks"}
@@ -63,7 +63,7 @@ def run_row(name: str, nproc: int, models: Path, steps: int, shape: str | None, 
     proc, log, wall = run_train(
         ["--nproc", str(nproc), "--preset", "qwen3_0_6b_sum_digits", *where, "--rollout.ignore_eos", "true",
          "--checkpoint.final", "false", "--steps", str(steps), "--device", device, "--run_dir", str(run_dir), *extra,
-         *passthrough], f"{name} x{nproc}")
+         *passthrough], f"{name} x{nproc}", timeout_s)
     if proc.returncode != 0:
         return {"name": name, "nproc": nproc, "error": log[-2000:], "returncode": proc.returncode, "wall_s": wall}
     print(f"--- {name} x{nproc}\n{proc.stdout[-2000:]}", flush=True)
@@ -96,12 +96,14 @@ def main() -> None:
     ap.add_argument("--shape", default=None, help="run every row on this named shape (smoke test)")
     ap.add_argument("--device", default="auto")
     ap.add_argument("--out", default=None)
+    ap.add_argument("--row-timeout", type=float, default=None,
+                    help="seconds a row may run; past it its processes are killed and the row fails")
     a, passthrough = ap.parse_known_args()  # the rest goes to every `monorl train` (e.g. --compile.backend none)
     os.environ.setdefault("PYTHONUNBUFFERED", "1")
     models = Path(a.models).resolve()
     results = []
     for name in (r for r in a.rows.split(",") if r):
-        results.append(run_row(name, a.nproc, models, a.steps, a.shape, a.device, passthrough))
+        results.append(run_row(name, a.nproc, models, a.steps, a.shape, a.device, passthrough, a.row_timeout))
         if a.out:  # after every row: a call cut off by its time limit keeps what it measured
             Path(a.out).write_text(json.dumps({"nproc": a.nproc, "rows": results}, indent=2) + "\n")
     print("\n| row | ranks | steady step s | tokens/s | generate s | train s | weight sync s | first step s |"

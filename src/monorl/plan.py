@@ -260,7 +260,9 @@ def plan_memory(cfg: RunConfig, m: ModelConfig, max_prompt_tokens: int, device_b
         rows.append(MemoryRow("policy weights", total * 4 // ranks, f"{size} fp32 masters{active}"))
         trainable, residual = total, 4
         copy_params = counts["linear"] + counts["experts"] + (counts["lm_head"] or counts["embed"])
-    graphs = on_gpu and cc.trainer_cuda_graphs
+    # the trainer's graphs: none for a MoE policy in batch-invariant mode (its experts read counts on the host:
+    # `Trainer`); the grouped-GEMM path the plan assumes elsewhere (sm90+) has them
+    graphs = on_gpu and cc.trainer_cuda_graphs and not (m.is_moe and cfg.batch_invariant)
     # trainer graphs write fixed gradient buffers; without them gradients exist only from backward to the
     # optimizer step, while activations are being freed: they count as a transient of the trainer phase
     rows.append(MemoryRow("gradients", trainable * 4 // ranks, "fp32" + ("" if graphs else ", freed after each step"),
@@ -273,8 +275,8 @@ def plan_memory(cfg: RunConfig, m: ModelConfig, max_prompt_tokens: int, device_b
         # block's unsharded fp32 gradients before their reduce-scatter; with trainer graphs, in the graphs' pool
         block = (total - counts["embed"] - (counts["lm_head"] or 0)) // m.num_layers
         rows.append(MemoryRow("FSDP gathered blocks", 2 * block * (2 if compute == "bfloat16" else 4)
-                              + (0 if lora.enabled else block * 4),
-                              "two blocks unsharded at a time, one block's gradients before reduce-scatter"
+                              + (0 if lora.enabled else block * 4), "two blocks unsharded at a time"
+                              + ("" if lora.enabled else ", one block's gradients before reduce-scatter")
                               + (", CUDA-graph pool" if graphs else ""), persistent=graphs))
     if t.loss.kl_coef > 0:
         rows.append(MemoryRow("KL reference", total * gen_bytes, "frozen copy of the starting policy"))

@@ -460,8 +460,8 @@ class Trainer:
         return out
 
     def release_graphs(self) -> None:
-        """Drop the captured micro-batch graphs (before the process group is destroyed: `TrainGraphs.release`);
-        the trainer cannot step afterwards."""
+        """Drop the captured micro-batch graphs (before the process group is destroyed: `TrainGraphs.release`); a
+        later step would capture them again."""
         if self.graphs is not None:
             self.graphs.release()
 

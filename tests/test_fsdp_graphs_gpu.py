@@ -3,8 +3,9 @@ all-gathers and reduce-scatters captured in one graph, train as the same steps w
 batch-invariant mode). A step whose packs differ in shape between the ranks (one rank captures a graph the other does
 not need) does not hang; the graphs are released before the group goes.
 
-Not bit for bit: the eager FSDP step itself is not reproducible run to run (the embedding's backward adds with
-atomics; two runs of `benchmarks/profile_fsdp_step.py` gave different weight digests and equal first losses). So:
+Not bit for bit: the eager FSDP step itself was not reproducible run to run (two runs of
+`benchmarks/profile_fsdp_step.py` gave different weight digests and equal first losses; which kernel differs was not
+isolated). So:
 the first step's loss is equal (a forward from the same weights), later losses agree to 1e-5, and the two runs'
 weights differ by under 2% of what the steps changed."""
 

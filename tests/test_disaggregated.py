@@ -190,19 +190,31 @@ def test_reward_failing_on_the_generator_stops_the_trainers_with_a_checkpoint(tm
     assert "failed on every completion" in json.loads((d / "summary.json").read_text())["stopped"]
 
 
-def test_two_generators_one_step_ahead(tmp_path: Path) -> None:
+@pytest.mark.parametrize("inflight", [False, True])
+def test_two_generators_one_step_ahead(tmp_path: Path, inflight: bool) -> None:
     """G = 2 (2 generators + 2 trainers, K = 1): each generator makes its share of every step's groups, the two
     agree on when to take an update (a small all-reduce among them), and the trainers take the step whole: the run
-    finishes, every sample is at most one version old, and the generators end with the trainers' weights."""
+    finishes, every sample is at most one version old, and the generators end with the trainers' weights. With
+    in-flight updates the two agree at every decode chunk (`InflightUpdates`), the one done first keeping its part
+    until the other is done: a chunk boundary without its partner would hang the job."""
     d = tmp_path / "run"
+    # in flight: long generations (400 tokens, EOS ignored; sum_digits, whose reward never raises) so that the
+    # trainers publish while the generators decode (on this box token lag 0.64 against 1.0; not asserted: timing)
+    long = {"rollout.max_new_tokens": "400", "rollout.ignore_eos": "true", "generator.max_model_len": "512",
+            "task.name": "sum_digits"} if inflight else {}
     r = run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "4",
              "-m", "monorl.cli", "train", *cli_args(d, **{**DISAGG, "placement.generator_ranks": "2",
                                                         "rollout.prompts_per_step": "4",
-                                                        "rollout.max_staleness": "1"})])
+                                                        "rollout.max_staleness": "1",
+                                                        "rollout.inflight_updates": str(inflight).lower(), **long})])
     assert r.returncode == 0, r.stderr[-4000:]
     rows = step_rows(d)
     assert [row["step"] for row in rows] == list(range(int(STEPS)))
-    assert [row["staleness/max"] for row in rows] == [0, 1, 1]
+    if inflight:  # whether an update lands mid-generation depends on timing
+        assert rows[0]["staleness/max"] == 0 and all(0 <= row["staleness/max"] <= 1 for row in rows)
+        assert all(row["staleness/token_mean"] <= row["staleness/mean"] for row in rows)
+    else:
+        assert [row["staleness/max"] for row in rows] == [0, 1, 1]
     assert all(math.isfinite(row["loss"]) for row in rows)
     assert len(prompts_by_step(d)[0]) == 16  # both generators' groups: 4 prompts x 4
     export = sum(float(t.double().sum()) for t in weights(d).values())

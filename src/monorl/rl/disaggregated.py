@@ -18,8 +18,9 @@ the batches carry (`RolloutBatch.stream_end`); on resume every generator reads t
 itself, and batches produced ahead of it are generated again, by the resumed weights. Decisions the whole job would
 take together (save, stop) are the trainers' alone: the generators hold no state a checkpoint needs.
 
-With in-flight updates (`rollout.inflight_updates`, one generator rank) a generator takes an update whose broadcast
-has begun between decode chunks, keeping its KV cache; each token records the version that sampled it.
+With in-flight updates (`rollout.inflight_updates`) a generator takes an update whose broadcast has begun between
+decode chunks, keeping its KV cache; each token records the version that sampled it. Several generator ranks take
+it together, their chunk boundaries in lock-step meanwhile (`InflightUpdates`).
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import torch
 
@@ -38,6 +39,7 @@ from monorl.assembly import RunSpec
 from monorl.distributed.elastic import die_for_test
 from monorl.distributed.placement import Placement
 from monorl.distributed.rollout_transfer import recv_rollouts, send_rollouts
+from monorl.distributed.world import World
 from monorl.rl.checkpointing import read_meta
 from monorl.rl.producer import RolloutBatch
 from monorl.rl.rollout_buffer import TakenStep, staleness_metrics
@@ -57,13 +59,10 @@ def check_disaggregated(spec: RunSpec, placement: Placement) -> None:
     """Refuse, in one line, what a disaggregated run does not do (yet)."""
     if not placement.disaggregated:
         return
-    cfg, g = spec.cfg, len(placement.generators)
+    g = len(placement.generators)
     if spec.warm_start_steps > 0:
         raise ValueError(f"warm_start.steps={spec.warm_start_steps} with placement.generator_ranks={g}: the warm "
                          "start draws from the prompt stream the generator ranks hold; --warm_start.steps 0")
-    if cfg.rollout.inflight_updates and g > 1:
-        raise ValueError(f"rollout.inflight_updates with placement.generator_ranks={g}: generator ranks would take "
-                         "an update (a collective of them all) at different decode steps; use one generator rank")
 
 
 @dataclass
@@ -178,6 +177,36 @@ class ReceivedRollouts:
         return TakenStep(batch, trained, metrics, msg.generate_s)
 
 
+class InflightUpdates:
+    """The in-flight update hook of a generator rank (`rollout.inflight_updates`), called between decode chunks
+    (engine steps for episodes) while its sequences are in flight. An update is a collective of every generator and
+    trainer, so G > 1 generators take it together: at each call they agree (one all-reduce over the generator ranks)
+    on whether any of them sees a publication begun and whether any still generates; one that has finished its
+    share keeps agreeing (`drain`, before the gather they all join) until none generates. With G = 1 it is a host
+    poll, no collective. So the generators' chunk boundaries run in lock-step while an update may come."""
+
+    def __init__(self, weights: Any, generators: World, receive: Callable[[], None]) -> None:
+        self.weights, self.generators, self.receive = weights, generators, receive
+
+    def __call__(self) -> None:
+        self._agree(generating=True)
+
+    def drain(self) -> None:
+        while self._agree(generating=False):
+            pass
+
+    def _agree(self, generating: bool) -> bool:
+        """Take an update if one is begun (on any generator); whether any generator still generates."""
+        if self.generators.size == 1:
+            if generating and self.weights.pending():
+                self.receive()
+            return False
+        begun, anyone = self.generators.any_(self.weights.pending(), generating)
+        if begun:
+            self.receive()
+        return anyone
+
+
 def weight_sum(model: torch.nn.Module) -> float:
     """The sum of every weight, accumulated in float64 (no float64 copy): a check that the generators hold the
     trainers' final weights (equal to the HF export's sum where the copy is fp32: CPU runs)."""
@@ -221,11 +250,8 @@ def run_generator(run: GRPORun) -> RunResult:
         receive()
         validate_taken()
 
-    def take_begun_update() -> None:  # in flight, between decode chunks: its validation waits for the batch's end
-        if weights.pending():
-            receive()
-
-    between_chunks = take_begun_update if cfg.rollout.inflight_updates else None
+    # in flight, between decode chunks: an update's validation waits for the batch's end
+    between_chunks = InflightUpdates(weights, gw, receive) if cfg.rollout.inflight_updates else None
     receive()  # the trainers' weights as the run starts (version `start`)
     pre = producer.validate() if fresh else None
     if pre is not None:

@@ -29,7 +29,7 @@ from monorl.generate.engine import Generator
 from monorl.generate.episodes import ContextOverflowError, EpisodeEngine, TurnEvent
 from monorl.generate.sampling import SamplingParams
 from monorl.generate.tensor_parallel import gathered_once, generation_world
-from monorl.rl.rollouts import Rollout
+from monorl.rl.rollouts import Rollout, drain_updates
 from monorl.tasks.base import Prompt
 
 log = logging.getLogger("monorl")
@@ -218,9 +218,10 @@ def generate_episodes(runner: EpisodeRunner, prompts: Sequence[Prompt], sampling
     mine = list(prompts[lo:hi])
     groups: list[list[Rollout]] = []
     records: list[EpisodeRecord] = []
+    version = runner.gen.policy_version  # an episode that sampled nothing is of the weights it started with
+    played = runner.play(mine, sampling, n, first_prompt_index=lo, between_steps=between_steps) if mine else []
+    drain_updates(between_steps)
     if mine:
-        version = runner.gen.policy_version  # an episode that sampled nothing is of the weights it started with
-        played = runner.play(mine, sampling, n, first_prompt_index=lo, between_steps=between_steps)
         flat = [(p, lv, rec) for p, eps in zip(mine, played, strict=True) for lv, rec in eps]
         scores = iter(safe_score_episodes(runner.task, [p for p, _, _ in flat], [lv.env for _, lv, _ in flat],
                                           [lv.tokens[lv.prompt_len:] for _, lv, _ in flat]))

@@ -100,8 +100,10 @@ def generate_rollouts(generator: Generator, tokenizer, task: Task, prompts: Sequ
     prompts, prompt_ids = prompts[lo:hi], prompt_ids[lo:hi]
     call = context.fresh() if context is not None else None  # this call's logs, merged over ranks below
     groups: list[list[Rollout]] = []
+    outs = generator.generate(prompt_ids, sampling, n=n, first_prompt_index=lo,
+                              between_chunks=between_chunks) if prompts else []
+    drain_updates(between_chunks)
     if prompts:
-        outs = generator.generate(prompt_ids, sampling, n=n, first_prompt_index=lo, between_chunks=between_chunks)
         # reward functions see the text without special tokens, as TRL's do (`Completion.text`)
         texts = [[c.text if c.text is not None else tokenizer.decode(c.token_ids, skip_special_tokens=True)
                   for c in comps] for comps in outs]
@@ -129,6 +131,15 @@ def generate_rollouts(generator: Generator, tokenizer, task: Task, prompts: Sequ
         if context is not None:
             context.add_metrics(metrics)
     return [g for part, _ in parts for g in part]
+
+
+def drain_updates(between_chunks: Callable[[], None] | None) -> None:
+    """After this rank's share of a generation: an in-flight update hook that several generator ranks take in
+    lock-step (`monorl.rl.disaggregated.InflightUpdates`) keeps its part in their agreement until every one of them
+    is done generating (before the gather they all join)."""
+    drain = getattr(between_chunks, "drain", None)
+    if drain is not None:
+        drain()
 
 
 def assign_advantages(groups: list[list[Rollout]], normalize_std: bool, kind: str = "grpo") -> None:

@@ -16,6 +16,8 @@ call `new_group` for every group, in the same order, members or not):
                               on the host between decode steps without blocking
     rollouts[g], g < G        {generator g} + trainers (gloo): generator g sends its scored groups
                               (`rollout_transfer`)
+    generators (gloo)         the generators' agreement at each decode chunk on taking an update in flight
+                              (`rl.disaggregated.InflightUpdates`), on the host: no GPU sync per chunk
 
 Colocated, no group is created: `trainer_world` and `generator_world` are the job's `World` itself.
 """
@@ -81,6 +83,7 @@ class Placement:
     weight_groups: tuple[Any, ...] = field(default=(), repr=False)  # [t]: trainer t + the generators
     announce_group: Any = field(default=None, repr=False)  # trainer 0 + the generators, gloo
     rollout_groups: tuple[Any, ...] = field(default=(), repr=False)  # [g]: generator g + the trainers
+    generator_host_group: Any = field(default=None, repr=False)  # the generators, gloo
 
     @property
     def disaggregated(self) -> bool:
@@ -120,10 +123,12 @@ class Placement:
         # host objects: gloo, off the GPU's NCCL streams the weight broadcasts use
         announce_group = dist.new_group([trainers[0], *generators], backend="gloo")
         rollout_groups = tuple(dist.new_group([*trainers, g], backend="gloo") for g in generators)
+        generator_host_group = dist.new_group(list(generators), backend="gloo")
 
         def sub_world(ranks: tuple[int, ...], group: Any) -> World:  # rank -1: not one of them
             rank = ranks.index(world.rank) if world.rank in ranks else -1
             return World(rank=rank, size=len(ranks), local_rank=world.local_rank, group=group)
 
         return cls(world, trainers, generators, sub_world(trainers, trainer_group),
-                   sub_world(generators, generator_group), weight_groups, announce_group, rollout_groups)
+                   sub_world(generators, generator_group), weight_groups, announce_group, rollout_groups,
+                   generator_host_group)

@@ -34,12 +34,12 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import torch
+import torch.distributed as dist
 
 from monorl.assembly import RunSpec
 from monorl.distributed.elastic import die_for_test
 from monorl.distributed.placement import Placement
 from monorl.distributed.rollout_transfer import recv_rollouts, send_rollouts
-from monorl.distributed.world import World
 from monorl.rl.checkpointing import read_meta
 from monorl.rl.producer import RolloutBatch
 from monorl.rl.rollout_buffer import TakenStep, staleness_metrics
@@ -180,13 +180,15 @@ class ReceivedRollouts:
 class InflightUpdates:
     """The in-flight update hook of a generator rank (`rollout.inflight_updates`), called between decode chunks
     (engine steps for episodes) while its sequences are in flight. An update is a collective of every generator and
-    trainer, so G > 1 generators take it together: at each call they agree (one all-reduce over the generator ranks)
-    on whether any of them sees a publication begun and whether any still generates; one that has finished its
-    share keeps agreeing (`drain`, before the gather they all join) until none generates. With G = 1 it is a host
-    poll, no collective. So the generators' chunk boundaries run in lock-step while an update may come."""
+    trainer, so G > 1 generators take it together: at each call they agree (one all-reduce of two flags over the
+    generators' gloo group, on the host) on whether any of them sees a publication begun and whether any still
+    generates; one that has finished its share keeps agreeing (`drain`, before the gather they all join) until none
+    generates. With G = 1 it is a host poll, no collective. So the generators' chunk boundaries run in lock-step
+    while an update may come."""
 
-    def __init__(self, weights: Any, generators: World, receive: Callable[[], None]) -> None:
-        self.weights, self.generators, self.receive = weights, generators, receive
+    def __init__(self, weights: Any, placement: Placement, receive: Callable[[], None]) -> None:
+        self.weights, self.receive = weights, receive
+        self.group, self.size = placement.generator_host_group, len(placement.generators)
 
     def __call__(self) -> None:
         self._agree(generating=True)
@@ -197,14 +199,16 @@ class InflightUpdates:
 
     def _agree(self, generating: bool) -> bool:
         """Take an update if one is begun (on any generator); whether any generator still generates."""
-        if self.generators.size == 1:
+        if self.size == 1:
             if generating and self.weights.pending():
                 self.receive()
             return False
-        begun, anyone = self.generators.any_(self.weights.pending(), generating)
+        flags = torch.tensor([int(self.weights.pending()), int(generating)])
+        dist.all_reduce(flags, op=dist.ReduceOp.MAX, group=self.group)
+        begun, anyone = flags.tolist()
         if begun:
             self.receive()
-        return anyone
+        return bool(anyone)
 
 
 def weight_sum(model: torch.nn.Module) -> float:
@@ -251,7 +255,7 @@ def run_generator(run: GRPORun) -> RunResult:
         validate_taken()
 
     # in flight, between decode chunks: an update's validation waits for the batch's end
-    between_chunks = InflightUpdates(weights, gw, receive) if cfg.rollout.inflight_updates else None
+    between_chunks = InflightUpdates(weights, placement, receive) if cfg.rollout.inflight_updates else None
     receive()  # the trainers' weights as the run starts (version `start`)
     pre = producer.validate() if fresh else None
     if pre is not None:

@@ -49,7 +49,10 @@ def _configs() -> dict[str, ModelConfig]:
     tiny = model_shape("tiny")  # Qwen3: q/k norm, tied head
     # Llama with attention biases, untied: q/k/v biases sliced, o_proj's bias added once, a head of its own
     llama = tiny.replace(tie_word_embeddings=False, num_layers=2).with_family("llama", attention_bias=True)
-    return {"qwen3_tied": tiny, "llama_bias": llama}
+    # Qwen3-MoE: each expert's MLP columns split, the router whole, the sparse block's output summed over the ranks;
+    # its first layer dense (mlp_only_layers), so both kinds of MLP are in one model
+    moe = model_shape("tiny-moe").replace(mlp_only_layers=(0,))
+    return {"qwen3_tied": tiny, "llama_bias": llama, "qwen3_moe": moe}
 
 
 def _model(cfg: ModelConfig, seed: int) -> torch.nn.Module:
@@ -158,6 +161,11 @@ def _expected_shard(cfg: ModelConfig, full: dict[str, torch.Tensor], rank: int, 
     for name, t in full.items():
         if "qkv_proj" in name:  # [q | k | v] rows: this rank's q heads, then its kv heads'
             out[name] = torch.cat([part(t[:q], q), part(t[q:q + kv], kv), part(t[q + kv:], kv)])
+        elif name.endswith("experts.gate_up_proj"):  # [E, 2I, H]: every expert's gate rows, then its up rows
+            e = cfg.moe_intermediate_size
+            out[name] = torch.cat([part(t[:, :e], e, dim=1), part(t[:, e:], e, dim=1)], dim=1)
+        elif name.endswith("experts.down_proj"):  # [E, H, I]: every expert's columns
+            out[name] = part(t, t.shape[2], dim=2)
         elif "gate_up_proj" in name:
             out[name] = torch.cat([part(t[:i], i), part(t[i:], i)])
         elif "o_proj.weight" in name or "down_proj.weight" in name:

@@ -280,9 +280,13 @@ def plan_memory(cfg: RunConfig, m: ModelConfig, max_prompt_tokens: int, device_b
                               + (", CUDA-graph pool" if graphs else ""), persistent=graphs))
     if t.loss.kl_coef > 0:
         rows.append(MemoryRow("KL reference", total * gen_bytes, "frozen copy of the starting policy"))
-    if lora.enabled and cfg.batch_invariant:  # an unmerged copy: the frozen base is the policy's (share_frozen_)
+    if lora.enabled and cfg.batch_invariant and ranks == 1:  # an unmerged copy, its frozen base the policy's
         rows.append(MemoryRow("generator weights", lora_param_count(m, lora) * gen_bytes,
                               "adapters only: the base is shared with the policy"))
+    elif lora.enabled and cfg.batch_invariant:  # shared before FSDP sharded the policy: the copy keeps it whole
+        rows.append(MemoryRow("generator weights", (total + lora_param_count(m, lora)) * gen_bytes,
+                              "unmerged copy: the whole frozen base (shared with the policy before it was sharded) "
+                              "and the adapters"))
     elif tp > 1:
         rows.append(MemoryRow("generator weights", tensor_parallel_copy_params(m, tp) * gen_bytes,
                               f"bf16 inference copy, 1/{tp}: tensor-parallel (embedding and norms whole)"))
@@ -330,13 +334,14 @@ GENERATOR_ROWS = ("generator weights", "KV cache", "generator prefill", "decode 
 
 
 def tensor_parallel_copy_params(m: ModelConfig, tp: int) -> int:
-    """Parameters of one rank's shard of a tensor-parallel generator copy: the projections and the head divided by
-    `tp` (a tied head too: its own V/tp rows), the embedding, the norms and o_proj's bias whole (rank 0's is the
-    bias, the others' zeros: `TensorParallelPlacement`)."""
+    """Parameters of one rank's shard of a tensor-parallel generator copy: the projections, the experts and the head
+    divided by `tp` (a tied head too: its own V/tp rows), the embedding, the norms, the routers and o_proj's bias
+    whole (rank 0's is the bias, the others' zeros: `TensorParallelPlacement`)."""
     counts = param_counts(m)
     o_bias = m.num_layers * m.hidden_size * m.o_bias
-    return (counts["linear"] - o_bias) // tp + o_bias + m.vocab_size * m.hidden_size // tp + counts["embed"] \
-        + counts["norm"]
+    routers = sum(map(m.sparse_layer, range(m.num_layers))) * m.num_experts * m.hidden_size
+    return (counts["linear"] - o_bias - routers + counts["experts"]) // tp + o_bias + routers \
+        + m.vocab_size * m.hidden_size // tp + counts["embed"] + counts["norm"]
 
 
 def step_kv_need(cfg: RunConfig, m: ModelConfig, max_prompt_tokens: int, ranks: int,

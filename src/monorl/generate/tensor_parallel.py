@@ -126,21 +126,21 @@ def check_tensor_parallel(cfg: ModelConfig, size: int) -> None:
     """Refuse, in one line, a degree that does not divide the model's heads, kv heads, MLP width or vocabulary."""
     if size < 1:
         raise ValueError(f"generator.tensor_parallel_size must be >= 1, got {size}")
-    if size > 1 and cfg.is_moe:
-        raise ValueError(f"generator.tensor_parallel_size={size}: tensor-parallel generation of a mixture-of-experts "
-                         "model is not built (its experts are not split); use 1")
-    for what, n in (("num_heads", cfg.num_heads), ("num_kv_heads", cfg.num_kv_heads),
-                    ("intermediate_size", cfg.intermediate_size), ("vocab_size", cfg.vocab_size)):
+    sizes = [("num_heads", cfg.num_heads), ("num_kv_heads", cfg.num_kv_heads),
+             ("intermediate_size", cfg.intermediate_size), ("vocab_size", cfg.vocab_size)]
+    for what, n in sizes + ([("moe_intermediate_size", cfg.moe_intermediate_size)] if cfg.is_moe else []):
         if n % size:
             raise ValueError(f"generator.tensor_parallel_size={size} does not divide the model's {what}={n}: each "
                              f"rank holds an equal share (use a divisor of {n})")
 
 
 def shard_config(cfg: ModelConfig, size: int) -> ModelConfig:
-    """One rank's config: its heads, kv heads and MLP columns (the KV cache and the layers' shapes follow)."""
+    """One rank's config: its heads, kv heads and MLP columns, every expert's too (the KV cache and the layers'
+    shapes follow)."""
     check_tensor_parallel(cfg, size)
     return cfg.replace(num_heads=cfg.num_heads // size, num_kv_heads=cfg.num_kv_heads // size,
-                       intermediate_size=cfg.intermediate_size // size)
+                       intermediate_size=cfg.intermediate_size // size,
+                       moe_intermediate_size=cfg.moe_intermediate_size // size)
 
 
 def build_tensor_parallel_model(cfg: ModelConfig, tp: TensorParallel, device: torch.device | str,
@@ -154,9 +154,13 @@ def build_tensor_parallel_model(cfg: ModelConfig, tp: TensorParallel, device: to
     # its config stays the model's (an exported config.json, the vocabulary the engine checks), as an FSDP-sharded
     # policy's does; the layers are built from the rank's shard of it
     model.config = cfg
+    from monorl.model.moe import SparseMoeBlock  # (moe.py imports the model; a dense run never needs it)
+
     for name, module in model.named_modules():
         if name.rpartition(".")[2] in ROW_PARALLEL:
             module.row_parallel = True  # `fused_kernels.project` must not hand its parts on unsummed
+            module.register_forward_hook(lambda _m, _inp, out: row_parallel_sum(out, tp))
+        elif isinstance(module, SparseMoeBlock):  # each expert's down projection is row-parallel: the block's sum
             module.register_forward_hook(lambda _m, _inp, out: row_parallel_sum(out, tp))
     model.weight_place = TensorParallelPlacement(tp)  # what `weight_sync.sync_weights_` cuts for this rank
     return model
@@ -223,6 +227,21 @@ class Slice:
         return got.reshape(whole[0], cols)
 
 
+@dataclass(frozen=True)
+class ExpertSlice:
+    """A Take for a sparse layer's stacked experts: every expert's 1/N of its MLP columns -- of `gate_up_proj`
+    [E, 2I, H] this rank's rows of the gate half and of the up half, of `down_proj` [E, H, I] its columns."""
+
+    tp: TensorParallel
+    gate_up: bool
+
+    def __call__(self, t: Tensor) -> Tensor:
+        if not self.gate_up:
+            return _rows(t, self.tp, 2)
+        gate, up = t.chunk(2, dim=1)
+        return torch.cat([_rows(gate, self.tp, 1), _rows(up, self.tp, 1)], dim=1)
+
+
 class TensorParallelPlacement:
     """For weight sync (`monorl.model.weight_sync.sync_weights_(place=...)`): (source name, destination name) ->
     the Take that cuts this rank's piece from the full source tensor (a `Slice`, or the bias rule below), or None
@@ -253,4 +272,6 @@ class TensorParallelPlacement:
             return Slice(tp, 1)
         if dst == "lm_head.weight":  # the head's vocabulary rows (a tied head: the embedding's)
             return Slice(tp, 0)
+        if proj == "experts":  # a sparse layer's stacked experts (the router stays whole)
+            return ExpertSlice(tp, gate_up=leaf == "gate_up_proj")
         return None

@@ -7,7 +7,8 @@ every step generates the same tokens):
            --nproc 1 the row reports the plan's refusal
   weak     Qwen3-1.7B, 5 prompts x 8 per GPU (prompts_per_step = 5 N: weak scaling)
   moe30b   Qwen3-30B-A3B (mixture of experts) with LoRA on the attention, 8 prompts x 8 x 100 tokens: its RL steps on
-           4 H200s (full fine-tuning does not fit them; the generator's bf16 copy alone is 57 GiB, so not on H100s)
+           4 GPUs (full fine-tuning does not fit 4 H200s; on H100s pass --generator.tensor_parallel_size 4, which the
+           plan puts at ~40 GiB a GPU)
   ref      the reference workload, preset qwen3_0_6b_sum_digits (5 prompts x 8, 100 tokens) with random init of
            .models/qwen3-0.6b/config.json; 5 groups do not divide over 2 or 4 ranks, so there the row runs 8
            prompts (`ref8`, also run at N = 1 for the comparison)

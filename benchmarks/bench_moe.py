@@ -25,7 +25,7 @@ from monorl.generate import Generator, GeneratorConfig, SamplingParams
 from monorl.model.batch_invariant import make_batch_invariant_
 from monorl.model.config import ModelConfig, model_shape
 from monorl.model.qwen3 import Qwen3ForCausalLM
-from monorl.plan import active_param_count, param_counts
+from monorl.plan_params import active_param_count, param_counts
 
 
 def hollow_policy(cfg: ModelConfig, device: torch.device, dtype: torch.dtype) -> Qwen3ForCausalLM:

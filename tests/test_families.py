@@ -17,7 +17,7 @@ from monorl.model.config import Llama3RopeScaling, ModelConfig, model_shape
 from monorl.model.lora import LoRAConfig, apply_lora_
 from monorl.model.qwen3 import build_model
 from monorl.model.weight_sync import sync_weights_
-from monorl.plan import param_counts
+from monorl.plan_params import param_counts
 from monorl.train.packing import TrainSequence, pack, token_buckets
 from monorl.train.trainer import Trainer, TrainerConfig
 from tests.conftest import HF_FAMILY_CLASSES

@@ -18,6 +18,7 @@ from monorl.model.config import ModelConfig, model_shape
 from monorl.model.lora import LoRAConfig, apply_lora_
 from monorl.model.qwen3 import build_model
 from monorl.plan import ACTIVATION_COEFFS, GiB, advise, plan_memory
+from monorl.plan_params import lora_param_count
 from monorl.rl.loop import GRPORun
 from tests.test_resume import small_cfg
 
@@ -141,5 +142,5 @@ def test_lora_target_names() -> None:
     m = build_model(model_shape("tiny"), "cpu", torch.float32, seed=0)
     apply_lora_(m, LoRAConfig(rank=2, targets=("q", "v")))
     cfg = run_config("tiny", {"lora.rank": "2", "lora.targets": "q,v"})
-    planned = plan_mod.lora_param_count(model_shape("tiny"), cfg.lora)
+    planned = lora_param_count(model_shape("tiny"), cfg.lora)
     assert planned == sum(p.numel() for p in m.parameters() if p.requires_grad)

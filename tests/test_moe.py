@@ -23,7 +23,7 @@ from monorl.model.moe import (
     route,
 )
 from monorl.model.qwen3 import MLP, build_model
-from monorl.plan import active_param_count, param_counts
+from monorl.plan_params import active_param_count, param_counts
 from tests.test_model_parity import hf_logits, random_seqs
 from tests.test_model_parity import our_logits as packed_logits
 

@@ -11,7 +11,8 @@ from monorl.config import preset
 from monorl.distributed.world import World, check_world
 from monorl.generate.tensor_parallel import TensorParallel, build_tensor_parallel_model
 from monorl.model.config import ModelConfig, model_shape
-from monorl.plan import GiB, advise, auto_checkpointing, plan_memory, tensor_parallel_copy_params
+from monorl.plan import GiB, advise, auto_checkpointing, plan_memory
+from monorl.plan_params import tensor_parallel_copy_params
 from monorl.plan_report import plan_report
 
 

@@ -47,6 +47,10 @@ class TrainGraphs:
     def has(self, key: tuple) -> bool:
         return key in self.graphs
 
+    def new_captures(self, keys: list[tuple]) -> int:
+        """How many graphs capturing `keys` would add now: the new keys, up to the room left."""
+        return min(len({k for k in keys if k not in self.graphs}), self.max_graphs - len(self.graphs))
+
     def full(self) -> bool:
         if len(self.graphs) >= self.max_graphs and not self._warned_full:
             log.warning("trainer: %d CUDA graphs captured; further pack shapes run without graphs", self.max_graphs)

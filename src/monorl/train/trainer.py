@@ -362,26 +362,20 @@ class Trainer:
         """Eager passes before a capture: one where nothing compiles (Dynamo's first passes want two)."""
         return 2 if is_compiled(self.model) else 1
 
-    def _new_graphs(self, mbs: list[MicroBatch], advantages: Tensor, temperature: float) -> int:
-        """How many graphs `_ensure_graph` will capture for `mbs`: new keys that fit, up to the graphs' room."""
-        assert self.graphs is not None
-        new = {key for mb in mbs if not self.graphs.has(key := self._graph_key(mb, advantages, temperature))
-               and (self.max_graph_tokens is None or mb.shape.full_tokens <= self.max_graph_tokens)}
-        return min(len(new), self.graphs.max_graphs - len(self.graphs.graphs))
-
     def _match_capture_passes(self, mbs: list[MicroBatch], norm: LossNorm, advantages: Tensor,
                               temperature: float) -> None:
         """Under FSDP every rank must run the same collectives in the same order. A capture's warm-up passes run
-        them eagerly (the capture itself runs none), and ranks whose packs differ in shape capture different numbers
-        of graphs: before any capture, a rank that will warm up fewer passes this step than the most any rank will
-        runs the difference as fully masked eager passes (exactly zero to the gradients and metric sums). Without
-        this the ranks' collectives part and the job hangs (a tiny run on 2 H200s did, at its first step with a new
-        pack shape on one rank)."""
+        them eagerly (the capture none), and ranks whose packs differ in shape capture different numbers of graphs:
+        before any capture, a rank that will warm up fewer passes this step than the most any rank will runs the
+        difference as fully masked eager passes (exactly zero to gradients and metrics). Without this a tiny run on
+        2 H200s hung at its first step with a new pack shape on one rank."""
         if self.world.size == 1:
             return
-        mine = self._new_graphs(mbs, advantages, temperature) * self._capture_warmup()
-        most = self.world.max_int(mine)
-        for _ in range(most - mine):  # most > mine: some rank has micro-batches, so every rank has (padded)
+        assert self.graphs is not None
+        fit = [self._graph_key(mb, advantages, temperature) for mb in mbs
+               if self.max_graph_tokens is None or mb.shape.full_tokens <= self.max_graph_tokens]
+        mine = self.graphs.new_captures(fit) * self._capture_warmup()
+        for _ in range(self.world.max_int(mine) - mine):  # > 0: some rank has micro-batches, so every rank has
             self._accumulate(masked_copy(mbs[0]), norm, advantages, temperature)
 
     def sft_step(self, seqs: Sequence[TrainSequence]) -> dict[str, float]:
@@ -460,8 +454,7 @@ class Trainer:
         return out
 
     def release_graphs(self) -> None:
-        """Drop the captured micro-batch graphs (before the process group is destroyed: `TrainGraphs.release`); a
-        later step would capture them again."""
+        """Drop the captured graphs (before the process group goes: `TrainGraphs.release`); a step recaptures."""
         if self.graphs is not None:
             self.graphs.release()
 

@@ -65,6 +65,16 @@ def step_rows(run_dir: Path) -> list[dict[str, Any]]:
             for r in rows if "step" in r]
 
 
+def assert_tp_rows_close(got: list[dict[str, Any]], want: list[dict[str, Any]]) -> None:
+    """`assert_rows_close` for a run with tensor-parallel generation: its generator's log-probs move in their last
+    bits (the row-parallel sums split K), so the log-prob mismatch metrics only have to stay below 1e-4."""
+    for rows in (got, want):
+        for row in rows:
+            for k in [k for k in row if k.startswith("logprob_diff")]:
+                assert row.pop(k) < 1e-4, k
+    assert_rows_close(got, want)
+
+
 def assert_rows_close(got: list[dict[str, Any]], want: list[dict[str, Any]]) -> None:
     assert [r["step"] for r in got] == [r["step"] for r in want]
     for g, w in zip(got, want, strict=True):
@@ -239,10 +249,5 @@ def test_tensor_parallel_generation_in_the_loop(one_rank: Path, tmp_path: Path) 
     r = run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
              "-m", "monorl.cli", "train", *cli_args(d, **{"generator.tensor_parallel_size": "2"})])
     assert r.returncode == 0, r.stderr[-4000:]
-    got, want = step_rows(d), step_rows(one_rank)
-    for rows in (got, want):
-        for row in rows:
-            for k in [k for k in row if k.startswith("logprob_diff")]:
-                assert row.pop(k) < 1e-4, k
-    assert_rows_close(got, want)
+    assert_tp_rows_close(step_rows(d), step_rows(one_rank))
     assert_weights_close(weights(d), weights(one_rank))

@@ -7,8 +7,13 @@ every step generates the same tokens):
            --nproc 1 the row reports the plan's refusal
   weak     Qwen3-1.7B, 5 prompts x 8 per GPU (prompts_per_step = 5 N: weak scaling)
   moe30b   Qwen3-30B-A3B (mixture of experts) with LoRA on the attention, 8 prompts x 8 x 100 tokens: its RL steps on
-           4 GPUs (full fine-tuning does not fit 4 H200s; on H100s pass --generator.tensor_parallel_size 4, which the
-           plan puts at ~40 GiB a GPU)
+           4 GPUs, generating tensor-parallel over the 4 (full fine-tuning does not fit 4 H200s; the plan puts this
+           at ~40 GiB a GPU)
+  14b      Qwen3-14B full fine-tuning, 8 prompts x 8 x 100 tokens, on 4 GPUs generating tensor-parallel over the 4
+           (--generator.tensor_parallel_size 4; the plan: 76.1 GiB a GPU, activation checkpointing on)
+  32b      Qwen3-32B with LoRA (rank 16, q,k,v,o), the same batch, 4 GPUs, TP 4 (full fine-tuning needs ~219 GiB a
+           GPU on 4; LoRA ~50). The configs of 14b and 32b are not in ../shared/models: write them as the released
+           ones are (hidden 5120; 40 layers, 40 heads, MLP 17408 / 64 layers, 64 heads, MLP 25600; 8 kv heads)
   ref      the reference workload, preset qwen3_0_6b_sum_digits (5 prompts x 8, 100 tokens) with random init of
            .models/qwen3-0.6b/config.json; 5 groups do not divide over 2 or 4 ranks, so there the row runs 8
            prompts (`ref8`, also run at N = 1 for the comparison)
@@ -39,27 +44,36 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_memory import model_dir, run_train  # noqa: E402 -- the benchmarks' shared helpers
 
+TP4_ROWS = {  # rows of models one GPU's generator copy cannot hold beside the trainer's shard: 4 GPUs, TP 4
+    "moe30b": ("qwen3-30b-a3b", ["--lora.rank", "16", "--lora.targets", "q,k,v,o"]),  # full: 243 GiB a GPU on 4
+    "14b": ("qwen3-14b", []),
+    "32b": ("qwen3-32b", ["--lora.rank", "16", "--lora.targets", "q,k,v,o"]),  # full: 219 GiB a GPU on 4
+}
 
-def row_args(name: str, nproc: int) -> tuple[str, list[str]] | None:
-    """(model, extra flags) of a row at `nproc` ranks; None when the row does not apply there."""
+
+def row_args(name: str, nproc: int) -> tuple[str, list[str]] | str:
+    """(model, extra flags) of a row at `nproc` ranks; a string saying why when the row does not apply there."""
     if name == "8b":
         return "qwen3-8b", ["--rollout.prompts_per_step", "8"]
     if name == "weak":
         return "qwen3-1.7b", ["--rollout.prompts_per_step", str(5 * nproc)]
     if name == "ref":
-        return ("qwen3-0.6b", []) if 5 % nproc == 0 else None
+        return ("qwen3-0.6b", []) if 5 % nproc == 0 else f"5 prompt groups do not divide over {nproc} ranks"
     if name == "ref8":
         return "qwen3-0.6b", ["--rollout.prompts_per_step", "8"]
-    if name == "moe30b":  # #46: full fine-tuning does not fit 4 H200s (the plan: 243 GiB a GPU); LoRA does (92)
-        return "qwen3-30b-a3b", ["--rollout.prompts_per_step", "8", "--lora.rank", "16", "--lora.targets", "q,k,v,o"]
+    if name in TP4_ROWS:
+        if nproc != 4:
+            return "a 4-GPU row (tensor-parallel generation over the 4)"
+        model, extra = TP4_ROWS[name]
+        return model, ["--rollout.prompts_per_step", "8", "--generator.tensor_parallel_size", "4", *extra]
     raise ValueError(f"unknown row {name!r}")
 
 
 def run_row(name: str, nproc: int, models: Path, steps: int, shape: str | None, device: str,
             passthrough: list[str], timeout_s: float | None = None) -> dict:
     spec = row_args(name, nproc)
-    if spec is None:
-        return {"name": name, "nproc": nproc, "skipped": f"5 prompt groups do not divide over {nproc} ranks"}
+    if isinstance(spec, str):
+        return {"name": name, "nproc": nproc, "skipped": spec}
     model, extra = spec
     run_dir = Path(tempfile.mkdtemp(prefix=f"scale_{name}_{nproc}_"))
     # --shape: a named shape (e.g. tiny) instead of the row's model, for a smoke run without .models or a GPU

@@ -217,9 +217,11 @@ def plan_memory(cfg: RunConfig, m: ModelConfig, max_prompt_tokens: int, device_b
         active = f", {active_param_count(m) / 1e9:.2f}B active" if m.is_moe else ""
         rows.append(MemoryRow("policy weights", total * 4 // ranks, f"{size} fp32 masters{active}"))
         trainable, residual = total, 4
-        # autocast's bf16 casts of the fp32 masters; under FSDP2 (ranks > 1) the blocks are gathered in bf16
-        # already (`MixedPrecisionPolicy`, the gathered-blocks row), so there is nothing to cast
-        copy_params = 0 if ranks > 1 else counts["linear"] + counts["experts"] + (counts["lm_head"] or counts["embed"])
+        # autocast's bf16 casts of the fp32 masters. Under FSDP2 the blocks are gathered in bf16 and nothing is
+        # cast, but dropping the term there was refuted (4 H100, 2026-11-27): Qwen3-8B then ran out of memory in the
+        # weight sync with 21 GiB in the trainer graphs' pool, and Qwen3-14B's measured training needs came ~15 GiB
+        # above the plan; the term stands in for what the graphed FSDP step holds (not itemised yet)
+        copy_params = counts["linear"] + counts["experts"] + (counts["lm_head"] or counts["embed"])
     # the trainer's graphs: none for a MoE policy in batch-invariant mode (its experts read counts on the host:
     # `Trainer`); the grouped-GEMM path the plan assumes elsewhere (sm90+) has them
     graphs = on_gpu and cc.trainer_cuda_graphs and not (m.is_moe and cfg.batch_invariant)

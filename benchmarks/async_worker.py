@@ -2,12 +2,14 @@
 its own length, drawn per SAMPLE from a seeded lognormal clipped to [min, rollout.max_new_tokens].
 
 Random weights rarely emit EOS, so without this every sample runs to max_new_tokens. The draw wraps
-`Generator.generate` (nothing in src/ changes): a call for P prompts x n samples becomes one call for P * n prompts
-x 1 sample, each with its own SamplingParams (`Generator.generate` takes one per prompt: same sampler, different
-lengths), and the results are regrouped [prompt][sample]. A sample's length is keyed by its prompt's token ids and its
-index in the group (and the seed), so every configuration -- colocated or not, any rank count or staleness -- draws
-the same lengths for the same prompts. The cost: a group's samples no longer share their prompt's KV blocks (a prompt
-of tens of tokens against completions of hundreds), and the sampling noise keys differ from an unwrapped run's (the
+`Generator.generate` and `ContinuousBatches.sample_sampling` (nothing in src/ changes): a call for P prompts x n
+samples becomes one call for P * n prompts x 1 sample, each with its own SamplingParams (`Generator.generate` takes
+one per prompt: same sampler, different lengths), and the results are regrouped [prompt][sample]; continuous batches
+give each sample its drawn length as they add it. A sample's length is keyed by its prompt's token ids and its index
+in the group (and the seed), so every configuration -- colocated or not, any rank count or staleness -- draws the
+same lengths for the same prompts. The cost: in the wrapped `generate` a group's samples no longer share their
+prompt's KV blocks (a prompt of tens of tokens against completions of hundreds; continuous batches still share
+them), and the sampling noise keys differ from an unwrapped run's (the
 same in every configuration of the benchmark).
 
 Episodes (`--workload episodes`: multi-turn, `monorl.rl.episodes.EpisodeRunner`): there the drawn length is each
@@ -111,6 +113,14 @@ def install(draw: LengthDraw) -> None:
 
     generate.forced_lengths = draw  # type: ignore[attr-defined]
     Generator.generate = generate  # type: ignore[method-assign]
+    # continuous batches (a disaggregated generator with in-flight updates) add each sample to the engine with its
+    # own parameters: the same draw, keyed the same way
+    from monorl.rl.continuous import ContinuousBatches
+
+    def sample_sampling(prompt_ids: list[int], sample: int, sampling: SamplingParams) -> SamplingParams:
+        return dataclasses.replace(sampling, max_new_tokens=draw.length(prompt_ids, sample, sampling.max_new_tokens))
+
+    ContinuousBatches.sample_sampling = staticmethod(sample_sampling)  # type: ignore[method-assign]
 
 
 def install_episodes(draw: LengthDraw, turn_tokens: int) -> None:

@@ -14,10 +14,11 @@ Configurations (--configs, comma-separated; default all):
   sync            colocated, K = 0 (today's on-policy loop)
   coloc_k1        colocated, rollout.max_staleness 1
   g1_k1           disaggregated 1 generator + N-1 trainers, K = 1
-  g1_k1_inflight  the same with in-flight weight updates
   g1_k2           1 + N-1, K = 2
   g2_k1           2 generators + N-2 trainers, K = 1
   g2_k2           2 + N-2, K = 2
+  *_inflight      the same with in-flight weight updates, the generators making continuous batches
+                  (`monorl.rl.continuous`: the next batches' samples take the slots a batch's finished ones free)
 
 Per configuration, over the steady window (the steps after the first and before the last 2, 2 being the largest K
 of the list: the same window for every configuration):
@@ -68,8 +69,11 @@ CONFIGS: dict[str, tuple[int, int, bool]] = {
     "g1_k1": (1, 1, False),
     "g1_k1_inflight": (1, 1, True),
     "g1_k2": (1, 2, False),
+    "g1_k2_inflight": (1, 2, True),
     "g2_k1": (2, 1, False),
+    "g2_k1_inflight": (2, 1, True),
     "g2_k2": (2, 2, False),
+    "g2_k2_inflight": (2, 2, True),
 }
 K_MAX = max(k for _, k, _ in CONFIGS.values())  # the steady window ends K_MAX steps before the last, for every row
 TINY_NOTE = ("--tiny: a tiny model on CPU ranks sharing a few cores; its numbers say the harness runs end to end, "

@@ -133,6 +133,37 @@ def test_first_turn_is_generates_completion(invariant_model):
         assert ep.last_event.logprobs == ref[i][j].logprobs
 
 
+def test_overrun_chunks_keep_the_tokens_and_free_the_blocks(invariant_model):
+    """With `overrun` a chunk runs past the nearest turn's end (those tokens dropped): samples of different budgets,
+    more than the slots, give generate()'s tokens and log-probs (episode (i, j, tag) keys as (i, j)), in fewer
+    engine steps (no stop tokens: chunks are cut by the budgets alone), and every block comes back."""
+    prompts, _ = scripted(4, range(3), invariant_model.config.vocab_size)
+    budgets = {(i, j): 3 + 5 * i + 2 * j for i in range(3) for j in range(3)}
+
+    def sp(budget: int) -> SamplingParams:
+        return SamplingParams(max_new_tokens=budget, temperature=0.9, seed=2, ignore_eos=True)
+
+    steps = {}
+    for overrun in (0, 6):
+        gen = generator(invariant_model, max_num_seqs=5)
+        ref = {k: gen.generate([prompts[k[0]]], sp(b), n=3, first_prompt_index=k[0])[0][k[1]]
+               for k, b in budgets.items()}
+        engine = EpisodeEngine(gen, max_episode_tokens=64, overrun=overrun)
+        for (i, j), b in budgets.items():
+            engine.add((i, j, 7), prompts[i], sp(b))
+        n, done = 0, {}
+        while engine.has_work():
+            n += 1
+            for ev in engine.step():
+                done[ev.episode_id[:2]] = ev
+                engine.finish(ev.episode_id)
+        steps[overrun] = n
+        assert {k: ev.token_ids for k, ev in done.items()} == {k: c.token_ids for k, c in ref.items()}
+        assert {k: ev.logprobs for k, ev in done.items()} == {k: c.logprobs for k, c in ref.items()}
+        assert gen.blocks.num_free() == gen.blocks.usable_blocks
+    assert steps[6] < steps[0]
+
+
 def test_paused_episode_waits_while_others_decode(invariant_model):
     """Episode 0 waits for its 'tool' for several steps while 1 and 2 decode on (and a generate() call takes the
     decode slots between two of their steps); every result is that of a run where each episode resumes at once."""

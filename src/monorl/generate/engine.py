@@ -452,21 +452,27 @@ class Generator:
         self.runner.reset_slots(len(sched.running))
 
     def _completion(self, seq: Sequence) -> Completion:
-        text = None
-        sampling = seq.group.sampling
-        if self.tokenizer is not None:
-            ids = seq.tokens
-            if seq.finish_reason == "stop" and ids and ids[-1] in seq.group.stop_ids:
-                ids = ids[:-1]  # the stop token stays in token_ids (the policy must learn to emit it), not in text
-            # stop strings are matched on the raw text as generated (`_hit_stop_string`), cut here in the text
-            # without special tokens
-            text = self.tokenizer.decode(ids, skip_special_tokens=True)
-            if sampling.stop_strings:
-                cut = [text.find(s) for s in sampling.stop_strings if s in text]
-                if cut:
-                    text = text[:min(cut)]
-        return Completion(token_ids=list(seq.tokens), logprobs=list(seq.logprobs),
-                          finish_reason=seq.finish_reason or "length", text=text, versions=list(seq.versions))
+        return make_completion(self.tokenizer, seq.tokens, seq.logprobs, seq.versions, seq.finish_reason or "length",
+                               seq.group.stop_ids, seq.group.sampling.stop_strings)
+
+
+def make_completion(tokenizer, tokens: list[int], logprobs: list[float], versions: list[int], finish_reason: str,
+                    stop_ids: frozenset[int], stop_strings: tuple[str, ...]) -> Completion:
+    """A finished sample as the caller gets it: its tokens as sampled, and (with a tokenizer) its text."""
+    text = None
+    if tokenizer is not None:
+        ids = tokens
+        if finish_reason == "stop" and ids and ids[-1] in stop_ids:
+            ids = ids[:-1]  # the stop token stays in token_ids (the policy must learn to emit it), not in text
+        # stop strings are matched on the raw text as generated (`_hit_stop_string`), cut here in the text
+        # without special tokens
+        text = tokenizer.decode(ids, skip_special_tokens=True)
+        if stop_strings:
+            cut = [text.find(s) for s in stop_strings if s in text]
+            if cut:
+                text = text[:min(cut)]
+    return Completion(token_ids=list(tokens), logprobs=list(logprobs), finish_reason=finish_reason, text=text,
+                      versions=list(versions))
 
 
 def stop_string_hit(tokenizer, tokens: list[int], stops: tuple[str, ...]) -> str | None:

@@ -103,9 +103,10 @@ class Episode:
 
 
 def episode_key(seed: int, episode_id: Hashable) -> int:
-    """An int id i keys as generate()'s sample 0 of prompt i, a pair (i, j) as its sample j; a string by its crc32."""
-    if isinstance(episode_id, tuple) and len(episode_id) == 2 and all(isinstance(x, int) for x in episode_id):
-        return sequence_key(seed, *episode_id)
+    """An int id i keys as generate()'s sample 0 of prompt i, a pair (i, j) as its sample j, a triple (i, j, tag) as
+    the pair (the tag only keeps ids of different batches apart); a string by its crc32."""
+    if isinstance(episode_id, tuple) and len(episode_id) in (2, 3) and all(isinstance(x, int) for x in episode_id):
+        return sequence_key(seed, *episode_id[:2])
     if isinstance(episode_id, int):
         return sequence_key(seed, episode_id, 0)
     if isinstance(episode_id, str):
@@ -115,13 +116,19 @@ def episode_key(seed: int, episode_id: Hashable) -> int:
 
 class EpisodeEngine:
     def __init__(self, generator: Generator, max_episode_tokens: int | None = None,
-                 turn_prefill: str = "varlen") -> None:
+                 turn_prefill: str = "varlen", overrun: int = 0) -> None:
         """Episodes on `generator`'s model, KV cache, block manager and model runner (its decode graphs included).
         max_episode_tokens: an episode's capacity (all its turns and inserted tokens); None: the generator's
         max_model_len. turn_prefill: how appended tokens attend their cached prefix (`ModelRunner.prefill_cached`:
         varlen, or decode, the older form, kept to measure against). `Generator.generate` may run between steps (it
         reuses the decode slots; the engine restores its running episodes' slots at its next step) while the blocks
-        this engine holds leave it less KV memory."""
+        this engine holds leave it less KV memory. overrun: a decode chunk may run up to this many steps past a
+        running turn's budget (those tokens are dropped; its turn reserves KV blocks for them), so that chunks do not
+        shrink to the nearest turn end when many turns of different budgets run (continuous batches: a host read
+        and an admission per chunk instead of per token). The tokens kept are the same: noise is keyed by position."""
+        if overrun < 0:
+            raise ValueError(f"overrun must be >= 0, got {overrun}")
+        self.overrun = overrun
         if turn_prefill not in TURN_PREFILLS:
             raise ValueError(f"turn_prefill must be one of {TURN_PREFILLS}, got {turn_prefill!r}")
         self.turn_prefill = turn_prefill
@@ -234,7 +241,10 @@ class EpisodeEngine:
         if not self.running:
             return events
         runner, live = self.runner, len(self.running)
-        left = min(self._turn_room(ep) for ep in self.running)
+        # up to the nearest turn's end, or past it by `overrun` (within each turn's reserved blocks and the
+        # episode's capacity)
+        left = min(min(self._turn_room(ep) + self.overrun, self.max_episode_tokens - len(ep.tokens))
+                   for ep in self.running)
         steps = min(left, runner.ring_size)
         if any(ep.stop_ids or ep.stop_sequences or ep.sampling.stop_strings for ep in self.running):
             steps = min(steps, self.gen.config.stop_check_interval)
@@ -259,8 +269,8 @@ class EpisodeEngine:
             n = 1 if donor else len(ep.tokens) - ep.cached  # a preempted episode is prefilled whole
             if (fresh or resumed) and budget + n > cfg.max_prefill_tokens:
                 break
-            need = blocks_for(min(len(ep.tokens) + ep.sampling.max_new_tokens, self.max_episode_tokens),
-                              self.block_size) - len(ep.table) - shared
+            need = blocks_for(min(len(ep.tokens) + ep.sampling.max_new_tokens + self.overrun,
+                                  self.max_episode_tokens), self.block_size) - len(ep.table) - shared
             if not self._make_room(need, (ep, donor)):
                 break
             if donor is not None:

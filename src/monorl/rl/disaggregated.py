@@ -41,6 +41,7 @@ from monorl.distributed.elastic import die_for_test
 from monorl.distributed.placement import Placement
 from monorl.distributed.rollout_transfer import recv_rollouts, send_rollouts
 from monorl.rl.checkpointing import read_meta
+from monorl.rl.continuous import ContinuousBatches, run_continuous, runs_continuous
 from monorl.rl.producer import RolloutBatch
 from monorl.rl.rollout_buffer import TakenStep, staleness_metrics
 from monorl.rl.stopping import GracefulStop
@@ -254,33 +255,50 @@ def run_generator(run: GRPORun) -> RunResult:
         receive()
         validate_taken()
 
-    # in flight, between decode chunks: an update's validation waits for the batch's end
-    between_chunks = InflightUpdates(weights, placement, receive) if cfg.rollout.inflight_updates else None
     receive()  # the trainers' weights as the run starts (version `start`)
     pre = producer.validate() if fresh else None
     if pre is not None:
         send(Message("validation", validation=pre, version=gen.policy_version))
-    send_s = 0.0
+
+    def reward_failed(e: RewardError, step: int) -> RunResult:  # the trainers save what ran and stop the job
+        send(Message("batch", reward_error=str(e), last=True))
+        while weights.version < step:  # what the trainers publish until they reach this step
+            take_update()
+        return RunResult(run.run_dir.path, pre, None, startup=dict(run.startup))
+
     # SIGTERM / a first Ctrl-C: the trainers finish their step (its publication needs this rank), save and stop
     with GracefulStop():
-        for step in range(start, steps):
-            t = time.perf_counter()
-            while weights.version < step - K or update_begun():
-                take_update()
-            waited = time.perf_counter() - t + send_s
-            t = time.perf_counter()
+        if cfg.rollout.inflight_updates and runs_continuous(producer):
+            batches = ContinuousBatches(producer)
+
+            def send_batch(batch: RolloutBatch, generate_s: float, idle_s: float) -> None:
+                send(Message("batch", batch=batch, generate_s=generate_s, metrics={"time/producer_idle_s": idle_s}))
+                die_for_test(run.world.rank, batch.step + 1)
+
             try:
-                batch = producer.produce(step, between_chunks)
-            except RewardError as e:  # the trainers save what ran and stop the job, naming the reward
-                send(Message("batch", reward_error=str(e), last=True))
-                while weights.version < step:  # what the trainers publish until they reach this step
+                run_continuous(batches, placement, weights, K, start, steps, receive, send_batch,
+                               lambda: bool(to_validate), validate_taken)
+            except RewardError as e:
+                return reward_failed(e, batches.taken - 1)
+        else:
+            # in flight, between decode chunks: an update's validation waits for the batch's end
+            between_chunks = InflightUpdates(weights, placement, receive) if cfg.rollout.inflight_updates else None
+            send_s = 0.0
+            for step in range(start, steps):
+                t = time.perf_counter()
+                while weights.version < step - K or update_begun():
                     take_update()
-                return RunResult(run.run_dir.path, pre, None, startup=dict(run.startup))
-            generate_s = time.perf_counter() - t
-            send_s = send(Message("batch", batch=batch, generate_s=generate_s,
-                                  metrics={"time/producer_idle_s": waited}))
-            validate_taken()  # an update taken in flight
-            die_for_test(run.world.rank, step + 1)
+                waited = time.perf_counter() - t + send_s
+                t = time.perf_counter()
+                try:
+                    batch = producer.produce(step, between_chunks)
+                except RewardError as e:
+                    return reward_failed(e, step)
+                generate_s = time.perf_counter() - t
+                send_s = send(Message("batch", batch=batch, generate_s=generate_s,
+                                      metrics={"time/producer_idle_s": waited}))
+                validate_taken()  # an update taken in flight
+                die_for_test(run.world.rank, step + 1)
     while weights.version < steps:  # the final weights, to validate with
         take_update()
     post = producer.validate()

@@ -95,6 +95,13 @@ class RolloutProducer:
         self.records = []
         sampled = fill_batch(lambda n, round_: self.rollouts(step, n, round_, context, between_chunks),
                              ro.prompts_per_step, ro.dynamic_sampling, ro.max_sampling_rounds, metric=self.metric)
+        return self.batch_of(step, sampled, context, version)
+
+    def batch_of(self, step: int, sampled: SampledBatch, context: RewardContext, version: int,
+                 stream_end: int | None = None) -> RolloutBatch:
+        """Step `step`'s batch of the scored groups `sampled` (the reward-failure stop checked), begun at weights
+        `version`; stream_end: where its prompts end in the stream (default: the stream's position now)."""
+        ro = self.cfg.rollout
         if ro.dynamic_sampling and len(sampled.groups) < ro.prompts_per_step and not self.warned_short_batch:
             self.warned_short_batch = True  # once: the step line says it every step
             log.warning("step %d: dynamic sampling found %d of %d groups with reward variance in %d rounds "
@@ -106,7 +113,7 @@ class RolloutProducer:
                              f"{self.spec.max_len} with {ro.max_new_tokens} new tokens")
         self.check_rewards(rollouts)
         return RolloutBatch(step, sampled, context, version, metrics=episode_metrics(self.records),
-                            stream_end=self.stream.position)
+                            stream_end=self.stream.position if stream_end is None else stream_end)
 
     def rollouts(self, step: int, n: int, round_: int = 0, context: RewardContext | None = None,
                  between_chunks: Callable[[], None] | None = None) -> list[list[Rollout]]:
@@ -120,9 +127,14 @@ class RolloutProducer:
             self.records += records
         else:
             groups = self._completions(prompts, sampling, context, between_chunks)
+        self.penalize(groups)
+        return groups
+
+    def penalize(self, groups: list[list[Rollout]]) -> None:
+        """DAPO's overlong penalty on the scored groups, when configured."""
+        ro = self.cfg.rollout
         if ro.overlong_buffer > 0:
             add_overlong_penalty(groups, ro.max_new_tokens, ro.overlong_buffer, ro.overlong_penalty)
-        return groups
 
     def _completions(self, prompts: list[Prompt], sampling: SamplingParams, context: RewardContext | None,
                      between_chunks: Callable[[], None] | None = None) -> list[list[Rollout]]:

@@ -11,7 +11,7 @@ from typing import Any
 import torch
 
 from monorl.distributed.world import SINGLE, World
-from monorl.generate.engine import Generator
+from monorl.generate.engine import Completion, Generator
 from monorl.generate.sampling import SamplingParams
 from monorl.generate.tensor_parallel import gathered_once, generation_world
 from monorl.rl.advantages import compute_advantages
@@ -99,34 +99,50 @@ def generate_rollouts(generator: Generator, tokenizer, task: Task, prompts: Sequ
     lo, hi = generation_world(world, generator.tp).share(len(prompts))  # a TP group's ranks: the same share
     prompts, prompt_ids = prompts[lo:hi], prompt_ids[lo:hi]
     call = context.fresh() if context is not None else None  # this call's logs, merged over ranks below
-    groups: list[list[Rollout]] = []
     outs = generator.generate(prompt_ids, sampling, n=n, first_prompt_index=lo,
                               between_chunks=between_chunks) if prompts else []
     drain_updates(between_chunks)
-    if prompts:
-        # reward functions see the text without special tokens, as TRL's do (`Completion.text`)
-        texts = [[c.text if c.text is not None else tokenizer.decode(c.token_ids, skip_special_tokens=True)
-                  for c in comps] for comps in outs]
-        # One reward call for the whole batch (`Task.score_batch`; its default scores each with `safe_reward`).
-        flat_texts = [t for ts in texts for t in ts]
-        scores = iter(safe_score_batch(task, [p for p, comps in zip(prompts, outs, strict=True) for _ in comps],
-                                       flat_texts, [list(c.token_ids) for cs in outs for c in cs], context=call))
-        extras = iter(call.take_columns(len(flat_texts)) if call is not None else [{}] * len(flat_texts))
-        weights = dict(task.reward_weights)  # one dict, shared by the batch's rollouts
-        for p, ids, comps, ts in zip(prompts, prompt_ids, outs, texts, strict=True):
-            group = []
-            for c, text in zip(comps, ts, strict=True):
-                rewards, error = next(scores)
-                group.append(Rollout(p, ids, list(c.token_ids), list(c.logprobs), c.finish_reason, text, rewards,
-                                     error, weights=weights, extra=next(extras),
-                                     policy_version=min(c.versions or [0]), token_versions=c.versions))
-            groups.append(group)
-        failed = [r.reward_error for g in groups for r in g if r.reward_error is not None]
-        if failed:  # one line per call, not one per completion
-            log.warning("task %r: reward failed on %d of %d completions, scored 0.0 (first: %s)", task.name,
-                        len(failed), sum(map(len, groups)), failed[0])
+    groups = score_groups(tokenizer, task, prompts, prompt_ids, outs, call)
+    return gather_groups(world, generator, groups, call, context)
+
+
+def score_groups(tokenizer, task: Task, prompts: Sequence[Prompt], prompt_ids: Sequence[list[int]],
+                 outs: Sequence[Sequence[Completion]], call: RewardContext | None) -> list[list[Rollout]]:
+    """[prompt][sample] rollouts of the completions `outs`, scored by one reward call for them all (what the rewards
+    log goes into `call`, a `RewardContext.fresh()`)."""
+    if not prompts:
+        return []
+    # reward functions see the text without special tokens, as TRL's do (`Completion.text`)
+    texts = [[c.text if c.text is not None else tokenizer.decode(c.token_ids, skip_special_tokens=True)
+              for c in comps] for comps in outs]
+    # One reward call for the whole batch (`Task.score_batch`; its default scores each with `safe_reward`).
+    flat_texts = [t for ts in texts for t in ts]
+    scores = iter(safe_score_batch(task, [p for p, comps in zip(prompts, outs, strict=True) for _ in comps],
+                                   flat_texts, [list(c.token_ids) for cs in outs for c in cs], context=call))
+    extras = iter(call.take_columns(len(flat_texts)) if call is not None else [{}] * len(flat_texts))
+    weights = dict(task.reward_weights)  # one dict, shared by the batch's rollouts
+    groups: list[list[Rollout]] = []
+    for p, ids, comps, ts in zip(prompts, prompt_ids, outs, texts, strict=True):
+        group = []
+        for c, text in zip(comps, ts, strict=True):
+            rewards, error = next(scores)
+            group.append(Rollout(p, ids, list(c.token_ids), list(c.logprobs), c.finish_reason, text, rewards,
+                                 error, weights=weights, extra=next(extras),
+                                 policy_version=min(c.versions or [0]), token_versions=c.versions))
+        groups.append(group)
+    failed = [r.reward_error for g in groups for r in g if r.reward_error is not None]
+    if failed:  # one line per call, not one per completion
+        log.warning("task %r: reward failed on %d of %d completions, scored 0.0 (first: %s)", task.name,
+                    len(failed), sum(map(len, groups)), failed[0])
+    return groups
+
+
+def gather_groups(world: World, generator: Generator, groups: list[list[Rollout]], call: RewardContext | None,
+                  context: RewardContext | None) -> list[list[Rollout]]:
+    """Every generating rank's share of the groups, in rank order, on every rank (one collective; a TP group's
+    share once), what their rewards logged added to `context`."""
     parts = world.gather_lists(gathered_once([(groups, call.metrics if call is not None else {})],
-                                             generator.tp))  # one collective
+                                             generator.tp))
     for _, metrics in parts:
         if context is not None:
             context.add_metrics(metrics)

@@ -37,7 +37,10 @@ def test_wrapped_generate_stops_each_sample_at_its_draw(monkeypatch: pytest.Monk
     from monorl.generate import Generator, GeneratorConfig, SamplingParams
     from monorl.model import build_model, model_shape
 
-    monkeypatch.setattr(Generator, "generate", Generator.generate)  # undone after the test
+    from monorl.rl.continuous import ContinuousBatches
+
+    monkeypatch.setattr(Generator, "generate", Generator.generate)  # undone after the test, as is the next
+    monkeypatch.setattr(ContinuousBatches, "sample_sampling", ContinuousBatches.__dict__["sample_sampling"])
     install(DRAW)
     with pytest.raises(RuntimeError, match="already has forced lengths"):
         install(DRAW)
@@ -50,6 +53,10 @@ def test_wrapped_generate_stops_each_sample_at_its_draw(monkeypatch: pytest.Monk
     assert got == [[DRAW.length(p, j, 48) for j in range(3)] for p in prompts]
     assert len({n for row in got for n in row}) > 1
     assert all(len(c.logprobs) == len(c.token_ids) for cs in outs for c in cs)
+    # continuous batches give each sample the same draw as it is added
+    sp = SamplingParams(max_new_tokens=48, temperature=1.0, seed=1, ignore_eos=True)
+    assert [ContinuousBatches.sample_sampling(p, j, sp).max_new_tokens for p in prompts for j in range(3)] == \
+        [n for row in got for n in row]
 
 
 def _rows(k0: bool) -> list[dict]:

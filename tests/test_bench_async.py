@@ -36,7 +36,6 @@ def test_draw_is_keyed_by_prompt_sample_and_seed() -> None:
 def test_wrapped_generate_stops_each_sample_at_its_draw(monkeypatch: pytest.MonkeyPatch) -> None:
     from monorl.generate import Generator, GeneratorConfig, SamplingParams
     from monorl.model import build_model, model_shape
-
     from monorl.rl.continuous import ContinuousBatches
 
     monkeypatch.setattr(Generator, "generate", Generator.generate)  # undone after the test, as is the next

@@ -200,8 +200,10 @@ def test_two_generators_one_step_ahead(tmp_path: Path, inflight: bool) -> None:
     d = tmp_path / "run"
     # in flight: long generations (400 tokens, EOS ignored; sum_digits, whose reward never raises) so that the
     # trainers publish while the generators decode (on this box token lag 0.64 against 1.0; not asserted: timing)
+    # in flight the generators make continuous batches (`monorl.rl.continuous`); a validation after step 2 drains
+    # their engines first, the two together
     long = {"rollout.max_new_tokens": "400", "rollout.ignore_eos": "true", "generator.max_model_len": "512",
-            "task.name": "sum_digits"} if inflight else {}
+            "task.name": "sum_digits", "validation.every": "2"} if inflight else {}
     r = run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "4",
              "-m", "monorl.cli", "train", *cli_args(d, **{**DISAGG, "placement.generator_ranks": "2",
                                                         "rollout.prompts_per_step": "4",
@@ -216,6 +218,8 @@ def test_two_generators_one_step_ahead(tmp_path: Path, inflight: bool) -> None:
     else:
         assert [row["staleness/max"] for row in rows] == [0, 1, 1]
     assert all(math.isfinite(row["loss"]) for row in rows)
+    if inflight:  # the generators' validation with the weights step 2 published
+        assert rows[1]["val/policy_version"] == 2
     assert len(prompts_by_step(d)[0]) == 16  # both generators' groups: 4 prompts x 4
     export = sum(float(t.double().sum()) for t in weights(d).values())
     assert math.isclose(last_row(d)["generator/weight_sum"], export, rel_tol=1e-12)

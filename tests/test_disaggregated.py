@@ -178,11 +178,13 @@ def test_plan_shows_a_generator_gpu_and_a_trainer_gpu(tmp_path: Path) -> None:
     assert "(1/2: sharded)" in colocated and "KV cache" in colocated and "a trainer GPU" not in colocated
 
 
-def test_reward_failing_on_the_generator_stops_the_trainers_with_a_checkpoint(tmp_path: Path) -> None:
-    """As colocated (tests/test_cli_errors.py): the steps that ran are kept, the summary says why the run stopped."""
+@pytest.mark.parametrize("inflight", [False, True])
+def test_reward_failing_on_the_generator_stops_the_trainers_with_a_checkpoint(tmp_path: Path, inflight: bool) -> None:
+    """As colocated (tests/test_cli_errors.py): the steps that ran are kept, the summary says why the run stopped;
+    in flight the generator makes continuous batches, and the failure comes from the batch it takes."""
     d = tmp_path / "run"
     r = torchrun(d, **{"task.name": "tests.test_cli_errors:AlwaysFails", "steps": "6", "checkpoint.every": "0",
-                       "rollout.max_staleness": "1"})
+                       "rollout.max_staleness": "1", "rollout.inflight_updates": str(inflight).lower()})
     assert r.returncode == 1
     assert "the reward failed on every completion of 3 steps in a row" in r.stderr, r.stderr[-3000:]
     assert [row["step"] for row in step_rows(d)] == [0, 1]

@@ -19,8 +19,10 @@ itself, and batches produced ahead of it are generated again, by the resumed wei
 take together (save, stop) are the trainers' alone: the generators hold no state a checkpoint needs.
 
 With in-flight updates (`rollout.inflight_updates`) a generator takes an update whose broadcast has begun between
-decode chunks, keeping its KV cache; each token records the version that sampled it. Several generator ranks take
-it together, their chunk boundaries in lock-step meanwhile (`InflightUpdates`).
+decode chunks, keeping its KV cache; each token records the version that sampled it; and it makes its batches back
+to back on one engine (`rl/continuous.py`: continuous batches, staleness bounded at admission). Where batches are
+made one at a time even so (agent tasks, dynamic sampling, a tensor-parallel generator) several generator ranks
+take each update together, their chunk boundaries in lock-step meanwhile (`InflightUpdates`).
 """
 
 from __future__ import annotations

@@ -29,6 +29,7 @@ sampling, a tensor-parallel generator.
 from __future__ import annotations
 
 import itertools
+import logging
 import time
 from collections import deque
 from collections.abc import Callable
@@ -49,14 +50,22 @@ from monorl.rl.rollouts import encode_prompts, gather_groups, score_groups
 from monorl.tasks.base import Prompt
 from monorl.tasks.reward_context import RewardContext
 
+log = logging.getLogger("monorl")
+
 # decode steps a chunk may run past a finished sample (its extra tokens dropped): without it a chunk ends at the
 # nearest sample's end, which with hundreds of samples of different lengths is every step or two
 OVERRUN = 16
 
 
 def runs_continuous(producer: RolloutProducer) -> bool:
-    """Whether a generator rank with in-flight updates makes continuous batches (the module docstring's cases)."""
-    return producer.episodes is None and not producer.cfg.rollout.dynamic_sampling and producer.generator.tp.size == 1
+    """Whether a generator rank with in-flight updates makes continuous batches (the module docstring's cases); if
+    not, it logs why, once."""
+    why = [w for w, off in (("an agent task's episodes", producer.episodes is not None),
+                            ("dynamic sampling", producer.cfg.rollout.dynamic_sampling),
+                            ("a tensor-parallel generator", producer.generator.tp.size > 1)) if off]
+    if why:
+        log.info("rollout.inflight_updates: batches are made one at a time (%s), not continuously", ", ".join(why))
+    return not why
 
 
 @dataclass

@@ -172,7 +172,7 @@ def run_continuous(batches: ContinuousBatches, placement: Placement, weights, ma
     generator calls it); validation_due / validate: a validation the versions received ask for, run with the
     engine empty."""
     gen, engine = batches.gen, batches.engine
-    next_admit = next_send = start
+    next_admit = next_send = batches.taken = start  # a resumed run's first batch is `start`
     idle, t_batch = 0.0, time.perf_counter()
     while next_send < steps:
         due = validation_due()

@@ -73,6 +73,9 @@ def test_choices_are_validated(capsys):
 @pytest.mark.parametrize("args, message", [
     (["--trainer.lr", "fast"], "bad value 'fast' for --trainer.lr: expected float"),
     (["--trainer.lrr", "1"], "unknown config key --trainer.lrr: trainer has no 'lrr' (did you mean --trainer.lr?)"),
+    # a key's prefix is not that key (argparse would take the abbreviation and run with max_staleness 1)
+    (["--rollout.max_stal", "1"], "unknown config key --rollout.max_stal: rollout has no 'max_stal' (did you mean "
+                                  "--rollout.max_staleness?)"),
     (["--steps"], "missing value for --steps"),
     (["--rollout.temperature", "inf"], "expected a finite number"),
     (["--trainer.lr", ".nan"], "bad value nan for --trainer.lr: expected a finite number"),

@@ -238,7 +238,7 @@ def verb_parser(name: str, argv: list[str]) -> tuple[ArgumentParser, RunConfig |
     verb = VERBS[name]
     prog = f"monorl {name}"
     if not verb.config:
-        p = ArgumentParser(prog=prog, description=verb.help, exit_on_error=False)
+        p = ArgumentParser(prog=prog, description=verb.help, exit_on_error=False, allow_abbrev=False)
         if verb.add_args is not None:
             verb.add_args(p)
         return p, None

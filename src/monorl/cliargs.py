@@ -94,8 +94,9 @@ class ConfigParser(ArgumentParser):
 def config_parser(prog: str, description: str, defaults: RunConfig,
                   add_args: Callable[[ArgumentParser], None] | None = None) -> ConfigParser:
     """A parser of every config key (defaults from `defaults`) plus `--config FILE` and a verb's own arguments."""
+    # allow_abbrev off: a misspelt key that happens to be a prefix of one is an error, not that key
     p = ConfigParser(prog=prog, description=description, usage=f"{prog} [options]", exit_on_error=False,
-                       parser_mode="monorl")
+                     allow_abbrev=False, parser_mode="monorl")
     if add_args is not None:
         add_args(p)
     p.add_argument("--config", action=ActionConfigFile,

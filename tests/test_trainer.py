@@ -174,3 +174,16 @@ def test_trace_kernels_leaves_weights_gradients_and_metrics_untouched():
     (m0, w0), (m1, w1) = out
     assert m0 == m1
     assert all(torch.equal(a, b) for a, b in zip(w0, w1, strict=True))
+
+
+def test_capture_log_reports_what_each_step_captured() -> None:
+    from monorl.train.graphs import CaptureLog
+
+    log = CaptureLog()
+    assert log.since_last_read() == {"trainer/graph_captures": 0.0, "time/graph_capture_s": 0.0}
+    log.add(1.5)
+    log.add(0.5)
+    assert log.since_last_read() == {"trainer/graph_captures": 2.0, "time/graph_capture_s": 2.0}
+    assert log.since_last_read() == {"trainer/graph_captures": 0.0, "time/graph_capture_s": 0.0}
+    log.add(0.25)
+    assert log.since_last_read() == {"trainer/graph_captures": 1.0, "time/graph_capture_s": 0.25}

@@ -85,6 +85,10 @@ def test_graph_replayed_steps_match_ordinary_steps(tmp_path, backend, kind):
     assert tr.graphs is not None
     assert tr.graphs.replays == sum(m["micro_batches"] for m in graph_m)  # every micro-batch was a replay
     assert captured[1] == captured[0] < captured[2]  # A's shapes recur in step 2 (no capture); B's are new
+    # each step reports the graphs it captured (the first also the warm-up's: nothing read them before it)
+    assert [m["trainer/graph_captures"] for m in graph_m] == [captured[0], 0, captured[2] - captured[1]]
+    assert graph_m[1]["time/graph_capture_s"] == 0 < graph_m[2]["time/graph_capture_s"]
+    assert all("trainer/graph_captures" not in m for m in plain_m)
     for a, b in zip(plain_m, graph_m, strict=True):
         assert a["micro_batches"] == b["micro_batches"] and a["train_tokens"] == b["train_tokens"]
         for key in ("loss", "pg_loss", "ratio_mean", "logprob_diff_mean", "logprob_diff_max", "grad_norm"):

@@ -129,7 +129,10 @@ class Startup:
                 self.trainer_transient_bytes = (torch.cuda.max_memory_allocated(self.device)
                                                 - torch.cuda.memory_allocated(self.device))
         self.mark_memory("after trainer warm-up")
-        capture = trainer.graphs.capture_s if trainer is not None and trainer.graphs is not None else 0.0
+        graphs = trainer.graphs if trainer is not None else None
+        capture = graphs.capture_s if graphs is not None else 0.0
+        if graphs is not None:
+            graphs.log.since_last_read()  # the steps report their own captures (`trainer/graph_captures`), not these
         self.timings["trainer_graph_capture_s"] = capture
         self.timings["trainer_compile_s"] = time.perf_counter() - t - capture
         with self.timed("kv_alloc_s"):  # the cache and the model runner's buffers

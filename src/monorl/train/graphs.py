@@ -23,6 +23,25 @@ from monorl.compile import capture_cuda_graph, clone_tensors, copy_into
 log = logging.getLogger(__name__)
 
 
+class CaptureLog:
+    """Captures and their seconds (warm-up passes and capture), read per step as what happened since the last read:
+    a step that captures pays an eager warm-up pass and a capture per new pack shape (long-tailed batches keep
+    making new shapes: `benchmarks/count_pack_shapes.py`)."""
+
+    def __init__(self) -> None:
+        self.captures, self.seconds = 0, 0.0
+        self._read = (0, 0.0)
+
+    def add(self, seconds: float) -> None:
+        self.captures += 1
+        self.seconds += seconds
+
+    def since_last_read(self) -> dict[str, float]:
+        n, s = self._read
+        self._read = (self.captures, self.seconds)
+        return {"trainer/graph_captures": float(self.captures - n), "time/graph_capture_s": self.seconds - s}
+
+
 class TrainGraphs:
     """Captured micro-batch graphs keyed by everything the captured work depends on."""
 
@@ -33,6 +52,7 @@ class TrainGraphs:
         self.graphs: dict[tuple, tuple[torch.cuda.CUDAGraph, tuple]] = {}
         self.capture_s = 0.0  # capturing proper; the warm-up passes before each capture in warmup_s
         self.warmup_s = 0.0
+        self.log = CaptureLog()  # both, per step
         self.replays = 0
         self._warned_full = False
 
@@ -69,6 +89,7 @@ class TrainGraphs:
         self.graphs[key] = (graph, static)
         self.warmup_s += warm_s
         self.capture_s += time.perf_counter() - t - warm_s
+        self.log.add(time.perf_counter() - t)
 
     def release(self) -> None:
         """Reset and drop every graph. Under FSDP they hold NCCL kernels, and NCCL's communicator teardown

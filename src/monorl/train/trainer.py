@@ -451,7 +451,7 @@ class Trainer:
         out.update({k: v for k, v in sums.items() if k != "loss"} if mbs else {})
         if self.router_tap is not None:
             out["moe/aux_loss"] = host[_AUX_SLOT]  # the step's load-balancing loss (before its coefficient)
-        return out
+        return out | (self.graphs.log.since_last_read() if self.graphs is not None else {})
 
     def release_graphs(self) -> None:
         """Drop the captured graphs (before the process group goes: `TrainGraphs.release`); a step recaptures."""

@@ -170,7 +170,7 @@ def run_continuous(batches: ContinuousBatches, placement: Placement, weights, ma
     """Make and send batches start..steps-1 (the module docstring). receive: take the next publication (a
     collective of every generator and trainer); send(batch, generate_s, idle_s): a batch to the trainers (every
     generator calls it); validation_due / validate: a validation the versions received ask for, run with the
-    engine empty."""
+    engine empty (one still due when the last batch is sent runs before this returns)."""
     gen, engine = batches.gen, batches.engine
     next_admit = next_send = batches.taken = start  # a resumed run's first batch is `start`
     idle, t_batch = 0.0, time.perf_counter()
@@ -202,3 +202,5 @@ def run_continuous(batches: ContinuousBatches, placement: Placement, weights, ma
         else:
             time.sleep(0.001)  # the others agree at their next chunk; a publication is received together
         idle += time.perf_counter() - t
+    if validation_due():  # an update received while the last batch decoded: the trainers wait for its validation
+        validate()

@@ -282,7 +282,6 @@ def run_generator(run: GRPORun) -> RunResult:
                                lambda: bool(to_validate), validate_taken)
             except RewardError as e:
                 return reward_failed(e, batches.taken - 1)
-            validate_taken()  # an update received while the last batch decoded: the trainers wait for it
         else:
             # in flight, between decode chunks: an update's validation waits for the batch's end
             between_chunks = InflightUpdates(weights, placement, receive) if cfg.rollout.inflight_updates else None

@@ -27,7 +27,13 @@ from monorl.model.tokenizer import load_tokenizer  # noqa: E402
 from monorl.rl.rollouts import encode_prompts  # noqa: E402
 from monorl.tasks import load_task  # noqa: E402
 from monorl.tasks.stream import PromptStream  # noqa: E402
-from monorl.train.packing import TrainSequence, make_micro_batches, token_buckets, token_share  # noqa: E402
+from monorl.train.packing import (  # noqa: E402
+    TrainSequence,
+    covering_shape,
+    make_micro_batches,
+    token_buckets,
+    token_share,
+)
 
 MAX_GRAPHS = 32  # TrainGraphs' default
 
@@ -54,10 +60,13 @@ def main() -> None:
     ap.add_argument("--fixed", type=int, default=None, help="every completion this long (no draw)")
     ap.add_argument("--micro-batch-tokens", type=int, default=None, help="default: the preset's")
     ap.add_argument("--preset", default="qwen3_0_6b_sum_digits")
+    ap.add_argument("--slack", type=float, default=None,
+                    help="trainer.graph_pad_slack (default: the preset's): a new pack padded to a captured shape")
     ap.add_argument("--out", default=None)
     a = ap.parse_args()
     cfg = preset(a.preset)
     mbt = a.micro_batch_tokens or cfg.trainer.micro_batch_tokens
+    slack = cfg.trainer.graph_pad_slack if a.slack is None else a.slack
     tok = load_tokenizer(Path(a.tokenizer))
     task = load_task(a.task)
     stream = PromptStream(task, cfg.seed)
@@ -77,7 +86,10 @@ def main() -> None:
             new, uncaptured = [], 0
             for r in range(ranks):
                 share = token_share(seqs, r, ranks)
-                mbs = make_micro_batches(seqs, mbt, "cpu", buckets=buckets, static=True, indices=share)
+                def cover(mb, have=captured[r]):  # the trainer's `_cover`: a captured shape that holds the pack
+                    return None if slack <= 0 else covering_shape(mb.shape, [k[0] for k in have], slack)
+
+                mbs = make_micro_batches(seqs, mbt, "cpu", buckets=buckets, static=True, indices=share, cover=cover)
                 keys = [(mb.shape, len(seqs), False, 1.0) for mb in mbs]
                 fresh = list(dict.fromkeys(k for k in keys if k not in captured[r]))
                 take = fresh[:max(0, MAX_GRAPHS - len(captured[r]))]
@@ -90,7 +102,7 @@ def main() -> None:
             eager.append(uncaptured)
         rows.append({"ranks": ranks, "new_keys_per_step": per_step, "warmup_passes_per_step": warmups,
                      "eager_micro_batches_per_step": eager, "distinct_keys_per_rank": [len(s) for s in seen]})
-    print(f"micro_batch_tokens {mbt}; {a.prompts} prompts x {a.group}; lengths "
+    print(f"micro_batch_tokens {mbt}, graph_pad_slack {slack}; {a.prompts} prompts x {a.group}; lengths "
           f"{'fixed ' + str(a.fixed) if a.fixed is not None else 'drawn (median 128, sigma 1, [32, 1024])'}")
     print(f"\n| ranks | distinct keys per rank ({a.steps} steps) | captures per step, the busiest rank | "
           "steps with no capture | micro-batches run eager (past the graph limit), all ranks |")
@@ -100,7 +112,8 @@ def main() -> None:
         print(f"| {r['ranks']} | {', '.join(map(str, r['distinct_keys_per_rank']))} | {', '.join(map(str, w))} | "
               f"{sum(x == 0 for x in w)} of {len(w)} | {sum(r['eager_micro_batches_per_step'])} |")
     if a.out:
-        Path(a.out).write_text(json.dumps({"micro_batch_tokens": mbt, "fixed": a.fixed, "rows": rows}, indent=1))
+        Path(a.out).write_text(json.dumps({"micro_batch_tokens": mbt, "graph_pad_slack": slack, "fixed": a.fixed,
+                                           "rows": rows}, indent=1))
 
 
 if __name__ == "__main__":

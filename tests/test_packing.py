@@ -1,6 +1,7 @@
 import pytest
 import torch
 
+from monorl.model.batch_invariant import make_batch_invariant_
 from monorl.model.config import model_shape
 from monorl.model.logprobs import token_logprobs
 from monorl.model.qwen3 import build_model
@@ -8,7 +9,9 @@ from monorl.train.packing import (
     PackShape,
     TrainSequence,
     bucket_size,
+    covering_shape,
     make_micro_batches,
+    pack,
     plan_micro_batches,
     token_buckets,
     token_share,
@@ -130,3 +133,68 @@ def test_token_share_covers_every_sequence_once() -> None:
         assert shares[0][0] == 0 and shares[-1][1] == 20
         assert all(a[1] == b[0] for a, b in zip(shares, shares[1:], strict=False))
         assert all(lo % 3 == 0 for lo, _ in shares)  # cuts fall between groups
+
+
+
+def _shape(**kw) -> PackShape:
+    base = {"tokens": 64, "seqs": 8, "targets": 32, "max_seqlen": 32, "full_tokens": 64, "copies": 1}
+    return PackShape(**(base | kw))
+
+
+def test_covering_shape_is_the_cheapest_captured_shape_that_holds_the_pack():
+    new = _shape()
+    bigger = _shape(tokens=72, full_tokens=72, seqs=16, max_seqlen=64)
+    biggest = _shape(tokens=80, full_tokens=80, targets=36)
+    assert covering_shape(new, [biggest, bigger], slack=0.25) == bigger
+    assert covering_shape(new, [_shape(tokens=96, full_tokens=96)], slack=0.25) is None  # 50% more tokens
+    assert covering_shape(new, [_shape(targets=48)], slack=0.25) is None  # 50% more completion rows
+    assert covering_shape(new, [_shape(tokens=72, full_tokens=72, max_seqlen=16)], slack=0.25) is None  # smaller
+    assert covering_shape(new, [_shape(full_tokens=72, copies=2)], slack=0.25) is None  # a shared layout
+    assert covering_shape(new, [bigger], slack=0.0) is None
+    assert covering_shape(new, [new], slack=0.0) == new
+
+
+@pytest.mark.parametrize("share", [False, True])
+def test_a_pack_padded_to_a_covering_shape_trains_as_its_own(share):
+    """Padded to a captured larger shape (`pack(shape=...)`): more filler tokens, sequence entries, rows and copy
+    columns, and a larger max_seqlen. In batch-invariant mode the real tokens' log-probs are bit for bit the bucketed
+    pack's; the gradients of a weighted sum of them to fp32 rounding (the backward sums over more rows)."""
+    torch.manual_seed(0)
+    model = build_model(model_shape("tiny"), seed=1)
+    make_batch_invariant_(model)
+    prompt = torch.randint(3, 100, (9,)).tolist()
+    seqs = [TrainSequence(prompt if share else torch.randint(3, 100, (9,)).tolist(),
+                          torch.randint(3, 100, (c,)).tolist(), [0.0] * c, 1.0) for c in (3, 7, 5)]
+    (mb,) = make_micro_batches(seqs, max_tokens=512, device="cpu", static=True)
+    sh = mb.shape
+    big = PackShape(tokens=sh.tokens + 32, seqs=2 * sh.seqs, targets=sh.targets + 16, max_seqlen=2 * sh.max_seqlen,
+                    full_tokens=sh.full_tokens + 32, copies=2 * sh.copies if share else 1)
+    (padded,) = make_micro_batches(seqs, max_tokens=512, device="cpu", static=True, cover=lambda _: big)
+    assert padded.shape == big and (padded.ctx.shared is not None) == share
+    assert padded.num_targets == mb.num_targets and padded.token_mask[padded.num_targets:].abs().sum() == 0
+    weights = torch.linspace(0.5, 1.5, mb.num_targets)
+    out = []
+    for m in (mb, padded):
+        model.zero_grad()
+        hidden = model(m.input_ids, m.ctx.positions, m.ctx)
+        lp = token_logprobs(model.compute_logits(hidden[m.logit_index]), m.targets)[: m.num_targets]
+        (lp * weights).sum().backward()
+        out.append((lp.detach(), [p.grad.clone() for p in model.parameters()]))
+    assert torch.equal(out[0][0], out[1][0])
+    for a, b in zip(out[0][1], out[1][1], strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5 * float(b.abs().max()))
+
+
+def test_a_pack_that_cannot_take_a_shape_keeps_its_own():
+    seqs = [_seq(5, 3), _seq(7, 4), _seq(2, 6)]
+    buckets = (16, 32, 64)
+    (mb,) = make_micro_batches(seqs, max_tokens=64, device="cpu", buckets=buckets, static=True)
+    with pytest.raises(ValueError, match="does not fit"):  # 27 tokens into 16
+        pack(seqs, [0, 1, 2], buckets, "cpu", static=True, shape=_shape(tokens=16, full_tokens=16, max_seqlen=16))
+    # too few sequence entries for the fillers the layout needs: make_micro_batches keeps the bucketed pack
+    few = _shape(seqs=4, targets=16, max_seqlen=16)
+    with pytest.raises(ValueError, match="took"):
+        pack(seqs, [0, 1, 2], buckets, "cpu", static=True, shape=few)
+    (kept,) = make_micro_batches(seqs, max_tokens=64, device="cpu", buckets=buckets, static=True,
+                                 cover=lambda _: few)
+    assert kept.shape == mb.shape

@@ -7,6 +7,8 @@ sequences whose tokens carry no loss, so compiled code sees only a handful of sh
 A *static* pack (`static=True`, for the trainer's CUDA graphs) also rounds every other dimension
 to a bucket -- sequence count (zero-length entries), completion-token rows (masked) and the
 attention's max_seqlen -- so that one captured graph replays any pack of the same `PackShape`.
+A static pack can also be padded up to a given larger shape (`pack(shape=...)`): the trainer pads a pack whose
+shape has no graph yet to a captured one that holds it (`covering_shape`), when that costs few padded tokens.
 
 Shared prompts (`share_prompts`, the default): the sequences of one prompt group (`group_key`: the step's group
 index and the prompt ids) are packed as the prompt once, then each completion, so the model's per-token work (every
@@ -19,7 +21,7 @@ batch-invariant mode bit for bit the generator's. A group is kept in one micro-b
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -120,11 +122,12 @@ def static_max_seqlen(lengths: list[int], size: int) -> int:
     return min(next_pow2(max(lengths), 16), size)
 
 
-def filler_lengths(lengths: list[int], size: int, chunk: int, static: bool) -> list[int]:
+def filler_lengths(lengths: list[int], size: int, chunk: int, static: bool, count: int | None = None) -> list[int]:
     """Sequence lengths of a pack padded to `size` tokens: `lengths`, then filler sequences of at most `chunk` tokens
-    (each attends only to itself); static: then zero-length entries up to a power-of-two count (>= 8)."""
+    (each attends only to itself); static: then zero-length entries up to a power-of-two count (>= 8), or to
+    `count` where given."""
     out = [*lengths, *_chunks(size - sum(lengths), chunk)]
-    return out + [0] * (next_pow2(len(out), 8) - len(out)) if static else out
+    return out + [0] * ((count or next_pow2(len(out), 8)) - len(out)) if static else out
 
 
 def _chunks(n: int, chunk: int) -> list[int]:
@@ -177,11 +180,28 @@ def plan_micro_batches(lengths: Sequence[int], max_tokens: int,
     return [sorted(b) for b in bins]
 
 
+def covering_shape(shape: PackShape, have: Iterable[PackShape], slack: float) -> PackShape | None:
+    """The cheapest of `have` that a static pack of `shape` can be padded to: every size at least `shape`'s, the
+    same prompt layout (shared or not), and its tokens, attention tokens and completion rows -- what the work grows
+    with -- at most (1 + slack) times `shape`'s. None if none is."""
+    def fits(h: PackShape) -> bool:
+        grows = ((h.tokens, shape.tokens), (h.full_tokens, shape.full_tokens), (h.targets, shape.targets))
+        return ((h.copies > 1) == (shape.copies > 1) and h.seqs >= shape.seqs and h.max_seqlen >= shape.max_seqlen
+                and h.copies >= shape.copies and all(n <= big <= n * (1 + slack) for big, n in grows))
+    return min(filter(fits, have), key=lambda h: (h.full_tokens, h.tokens, h.targets, h.seqs, h.max_seqlen,
+                                                  h.copies), default=None)
+
+
 def pack(seqs: Sequence[TrainSequence], indices: Sequence[int], buckets: Sequence[int], device: torch.device | str,
-         attn_backend: str = "sdpa", pad_id: int = 0, static: bool = False, share_prompts: bool = True) -> MicroBatch:
+         attn_backend: str = "sdpa", pad_id: int = 0, static: bool = False, share_prompts: bool = True,
+         shape: PackShape | None = None) -> MicroBatch:
     """Lay out `seqs[indices]` end to end, then pad to the smallest bucket that fits with filler sequences.
     static: also pad the sequence count, completion rows and max_seqlen to buckets (see `PackShape`).
-    share_prompts: the sequences of one prompt group (`group_key`) hold their prompt once (module docstring)."""
+    share_prompts: the sequences of one prompt group (`group_key`) hold their prompt once (module docstring).
+    shape (static): pad to this shape instead of the buckets' (`covering_shape`); ValueError if the pack cannot
+    take it."""
+    if shape is not None and not static:
+        raise ValueError("pack(shape=...) pads a static pack")
     group_size: dict[tuple, int] = {}
     for i in indices:
         key = group_key(seqs[i])
@@ -225,14 +245,18 @@ def pack(seqs: Sequence[TrainSequence], indices: Sequence[int], buckets: Sequenc
             ref += s.ref_logprobs
         seq_ids += [i] * len(s.completion_ids)
     real, full_real, num_targets = len(ids), sum(lengths), len(targets)
-    size = _bucket(real, buckets)
+    size = _bucket(real, buckets) if shape is None else shape.tokens
     if size is None:
         raise ValueError(f"{real} tokens do not fit the largest bucket {max(buckets)}")
+    if shape is not None and (real > size or (share and full_real + 1 > shape.full_tokens)
+                              or max(lengths) > shape.max_seqlen or num_targets > shape.targets):
+        raise ValueError(f"a pack of {real} tokens ({num_targets} completion tokens) does not fit {shape}")
     # filler sequences: attend only to themselves, carry no loss; no longer than the longest real
     # sequence (static: than max_seqlen), so the attention's cost and bound do not grow
-    max_seqlen = static_max_seqlen(lengths, size) if static else None
+    max_seqlen = (static_max_seqlen(lengths, size) if shape is None else shape.max_seqlen) if static else None
     chunk = max_seqlen or max(lengths)
     ids += [pad_id] * (size - real)
+    count = None if shape is None else shape.seqs
     shared, positions = None, None  # unshared: the context derives the positions from the lengths
     if share:
         # the attention's layout: the sequences whole, then fillers of its own, at least one row of them: the
@@ -240,24 +264,26 @@ def pack(seqs: Sequence[TrainSequence], indices: Sequence[int], buckets: Sequenc
         # fillers copy row 0, which nothing adds back (`SharedPrompts.copies` never lists them)
         full_size = _bucket(full_real + 1, buckets) or bucket_size(full_real + 1)
         if static:
-            max_seqlen = static_max_seqlen(lengths, full_size)
+            full_size = full_size if shape is None else shape.full_tokens
+            max_seqlen = static_max_seqlen(lengths, full_size) if shape is None else shape.max_seqlen
             chunk = max_seqlen
         expand = host_tensor([r for rows in seq_rows for r in rows], torch.long)
         positions = torch.zeros(size, dtype=torch.long)  # each unique token's, from any of its copies; fillers 0
         positions[expand] = positions_of(lengths)
-        lengths = filler_lengths(lengths, full_size, chunk, static)
+        lengths = filler_lengths(lengths, full_size, chunk, static, count)
         shared = SharedPrompts(expand_index=torch.cat([expand, expand.new_zeros(full_size - full_real)]).to(device),
-                               copies=copies_table(expand, size, full_size, static).to(device))
+                               copies=copies_table(expand, size, full_size, static,
+                                                   None if shape is None else shape.copies).to(device))
     else:
-        lengths = filler_lengths(lengths, size, chunk, static)
+        lengths = filler_lengths(lengths, size, chunk, static, count)
     has_ref = all(seqs[i].ref_logprobs is not None for i in indices)
-    n_rows = bucket_size(num_targets) if static else num_targets
+    n_rows = (bucket_size(num_targets) if shape is None else shape.targets) if static else num_targets
     pad = n_rows - num_targets  # padded rows: row 0, token 0, sequence indices[0], mask 0
 
     def rows(values: list, fill, dtype: torch.dtype) -> Tensor:
         return host_tensor(values + [fill] * pad, dtype).to(device)
 
-    return MicroBatch(
+    mb = MicroBatch(
         input_ids=host_tensor(ids, torch.long).to(device),
         ctx=VarlenContext.from_lengths(lengths, device, attn_backend, max_seqlen=max_seqlen, shared=shared,
                                        positions=positions),
@@ -270,6 +296,9 @@ def pack(seqs: Sequence[TrainSequence], indices: Sequence[int], buckets: Sequenc
         num_real_tokens=full_real,
         num_targets=num_targets,
     )
+    if shape is not None and mb.shape != shape:  # e.g. more filler sequences than the shape's entries
+        raise ValueError(f"a pack of {real} tokens padded to {shape} took {mb.shape}")
+    return mb
 
 
 _NUMPY = {torch.long: np.int64, torch.float32: np.float32}
@@ -286,13 +315,15 @@ def group_key(s: TrainSequence) -> tuple:
     return s.group, tuple(s.prompt_ids)
 
 
-def copies_table(expand: Tensor, size: int, full_size: int, static: bool) -> Tensor:
+def copies_table(expand: Tensor, size: int, full_size: int, static: bool, width: int | None = None) -> Tensor:
     """`SharedPrompts.copies` of a layout whose full row f copies unique row expand[f] (the real rows only): each
     unique row's full rows in order, `full_size` (a zero row) where it has fewer than the widest; a row no full row
-    copies (a filler) gets the last full row, a filler's. static: the width a power of two."""
+    copies (a filler) gets the last full row, a filler's. static: the width a power of two, or `width` where given."""
     counts = torch.bincount(expand, minlength=size)
-    width = max(1, int(counts.max()))
-    width = next_pow2(width) if static else width
+    least = max(1, int(counts.max()))
+    if width is not None and width < least:
+        raise ValueError(f"a copies table {width} wide for a row copied {least} times")
+    width = (width or next_pow2(least)) if static else least
     order = torch.sort(expand, stable=True).indices  # full rows grouped by their unique row, in order
     rank = torch.arange(expand.numel()) - (torch.cumsum(counts, 0) - counts)[expand[order]]
     table = torch.full((size, width), full_size, dtype=torch.long)
@@ -335,12 +366,24 @@ def token_share(seqs: Sequence[TrainSequence], rank: int, ranks: int, share_prom
 def make_micro_batches(seqs: Sequence[TrainSequence], max_tokens: int, device: torch.device | str,
                        attn_backend: str = "sdpa", buckets: Sequence[int] | None = None,
                        static: bool = False, indices: Sequence[int] | None = None,
-                       share_prompts: bool = True) -> list[MicroBatch]:
+                       share_prompts: bool = True,
+                       cover: Callable[[MicroBatch], PackShape | None] | None = None) -> list[MicroBatch]:
     """The packed micro-batches of `seqs` (of `seqs[indices]`: one rank's share of the step), masked sequences
-    left out (their indices stay the step's: seq_ids index the step's advantages). share_prompts: see `pack`."""
+    left out (their indices stay the step's: seq_ids index the step's advantages). share_prompts: see `pack`.
+    cover (static): given a pack, a larger shape to pad it to instead (`covering_shape`), or None."""
     buckets = tuple(buckets) if buckets else token_buckets(max_tokens)
     keep = [i for i in (range(len(seqs)) if indices is None else indices) if not seqs[i].masked]
     groups = [group_key(seqs[i]) for i in keep] if share_prompts else None
     plan = plan_micro_batches([len(seqs[i]) for i in keep], max_tokens, groups)
-    return [pack(seqs, [keep[j] for j in idx], buckets, device, attn_backend, static=static,
-                 share_prompts=share_prompts) for idx in plan]
+    out = []
+    for idx in plan:
+        members = [keep[j] for j in idx]
+        mb = pack(seqs, members, buckets, device, attn_backend, static=static, share_prompts=share_prompts)
+        if static and cover is not None and (shape := cover(mb)) is not None and shape != mb.shape:
+            try:
+                mb = pack(seqs, members, buckets, device, attn_backend, static=True, share_prompts=share_prompts,
+                          shape=shape)
+            except ValueError:  # the layout did not take it (too many filler sequences): the pack as it was
+                pass
+        out.append(mb)
+    return out

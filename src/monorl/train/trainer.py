@@ -45,7 +45,14 @@ from monorl.model.qwen3 import Qwen3ForCausalLM
 from monorl.train.graphs import TrainGraphs
 from monorl.train.losses import LossConfig, LossNorm, loss_metric_names, policy_loss
 from monorl.train.optim import SCHEDULES, Schedule, clip_and_step, launch_update_kernels, lr_factor, make_optimizer
-from monorl.train.packing import MicroBatch, TrainSequence, make_micro_batches, token_share
+from monorl.train.packing import (
+    MicroBatch,
+    PackShape,
+    TrainSequence,
+    covering_shape,
+    make_micro_batches,
+    token_share,
+)
 from monorl.train.rollout_correction import MAX_METRIC, MIN_METRIC
 
 log = logging.getLogger(__name__)
@@ -75,6 +82,10 @@ class TrainerConfig:
     # mixture-of-experts policies: add the routers' load-balancing loss, weighted by config.json's
     # router_aux_loss_coef (off by default, as in transformers, whose output_router_logits is off)
     router_aux_loss: bool = False
+    # with trainer CUDA graphs: a pack whose shape has no graph yet is padded to a captured shape that holds it when
+    # that adds at most this share of tokens and rows (a capture costs an eager pass and the capture; long-tailed
+    # batches make new shapes for many steps: benchmarks/count_pack_shapes.py); 0: every new shape is captured
+    graph_pad_slack: float = 0.25
 
     def __post_init__(self) -> None:
         if self.lr <= 0:
@@ -87,6 +98,8 @@ class TrainerConfig:
             raise ValueError(f"trainer.schedule must be one of {SCHEDULES}, got {self.schedule!r}")
         if self.max_grad_norm <= 0:
             raise ValueError(f"trainer.max_grad_norm must be > 0, got {self.max_grad_norm}")
+        if self.graph_pad_slack < 0:
+            raise ValueError(f"trainer.graph_pad_slack must be >= 0, got {self.graph_pad_slack}")
 
 
 _METRIC_SLOTS = 24  # device accumulator: the loss's metrics, then logprob-diff sum, token count, entropy sum
@@ -267,19 +280,22 @@ class Trainer:
                     launch_update_kernels(self.device, self._update_on_device())
         self._reset_accumulators()
 
-    def _micro_batches(self, seqs: Sequence[TrainSequence], indices: Sequence[int] | None = None) -> list[MicroBatch]:
+    def _micro_batches(self, seqs: Sequence[TrainSequence], indices: Sequence[int] | None = None,
+                       cover: Callable[[MicroBatch], PackShape | None] | None = None) -> list[MicroBatch]:
         return make_micro_batches(seqs, self.cfg.micro_batch_tokens, self.device, self.attn_backend,
-                                  static=self.static_shapes, indices=indices, share_prompts=self.cfg.share_prompts)
+                                  static=self.static_shapes, indices=indices, share_prompts=self.cfg.share_prompts,
+                                  cover=cover)
 
     def _my_share(self, seqs: Sequence[TrainSequence]) -> range:
         """The slice of the step's `seqs` this rank trains (all of them on one rank): balanced by packed tokens."""
         return token_share(seqs, self.world.rank, self.world.size, self.cfg.share_prompts)
 
-    def _my_micro_batches(self, seqs: Sequence[TrainSequence]) -> tuple[list[MicroBatch], int]:
+    def _my_micro_batches(self, seqs: Sequence[TrainSequence], cover: Callable[[MicroBatch], PackShape | None] | None
+                          = None) -> tuple[list[MicroBatch], int]:
         """This rank's packed micro-batches of its share of `seqs` (all of them on one rank), padded with fully
         masked copies to the most any rank has (FSDP runs one all-gather per block per pass on every rank);
-        and how many of them are real."""
-        mbs = [mb for mb in self._micro_batches(seqs, self._my_share(seqs)) if mb.num_targets > 0]
+        and how many of them are real. cover: see `make_micro_batches`."""
+        mbs = [mb for mb in self._micro_batches(seqs, self._my_share(seqs), cover) if mb.num_targets > 0]
         real = len(mbs)
         if (most := self.world.max_int(real)) > real:
             template = mbs[0] if mbs else self._micro_batches(
@@ -336,8 +352,23 @@ class Trainer:
         maxes = [diff.max()] + ([metrics[MAX_METRIC], -metrics[MIN_METRIC]] if correction else [])
         torch.maximum(self._acc_max[: len(maxes)], torch.stack(maxes), out=self._acc_max[: len(maxes)])
 
-    def _graph_key(self, mb: MicroBatch, advantages: Tensor, temperature: float) -> tuple:
-        return (mb.shape, advantages.numel(), mb.ref_logprobs is not None, float(temperature))
+    def _graph_key(self, mb: MicroBatch, advantages: Tensor | int, temperature: float) -> tuple:
+        n = advantages if isinstance(advantages, int) else advantages.numel()
+        return (mb.shape, n, mb.ref_logprobs is not None, float(temperature))
+
+    def _cover(self, num_seqs: int, temperature: float) -> Callable[[MicroBatch], PackShape | None] | None:
+        """With graphs: for a pack whose key has no graph, a captured shape of the same key otherwise that holds it
+        within `graph_pad_slack` (`covering_shape`)."""
+        graphs, slack = self.graphs, self.cfg.graph_pad_slack
+        if graphs is None or slack <= 0:
+            return None
+
+        def cover(mb: MicroBatch) -> PackShape | None:
+            key = self._graph_key(mb, num_seqs, temperature)
+            if graphs.has(key):
+                return None
+            return covering_shape(mb.shape, [k[0] for k in graphs.graphs if k[1:] == key[1:]], slack)
+        return cover
 
     def _ensure_graph(self, mb: MicroBatch, norm: LossNorm, advantages: Tensor, temperature: float) -> tuple | None:
         """Capture the graph for this micro-batch's key if needed; its key, or None when no graph serves it."""
@@ -409,7 +440,7 @@ class Trainer:
         self.model.train()
         norm = LossNorm.for_step(cfg.loss, [s.trained_tokens for s in seqs], self.device)
         advantages = torch.tensor([s.advantage for s in seqs], dtype=torch.float32, device=self.device)
-        mbs, real = self._my_micro_batches(seqs)
+        mbs, real = self._my_micro_batches(seqs, self._cover(len(seqs), temperature))
         keys: list[tuple | None] = [None] * len(mbs)
         if self.graphs is not None:
             # capture every new shape first: a capture's warm-up runs accumulate, and are then cleared

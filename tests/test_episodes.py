@@ -133,6 +133,25 @@ def test_first_turn_is_generates_completion(invariant_model):
         assert ep.last_event.logprobs == ref[i][j].logprobs
 
 
+def test_a_step_admits_rounds_until_the_slots_are_full(invariant_model):
+    """Prefill first, as generate() does: queued episodes whose prompts exceed one prefill's token budget are admitted
+    over several rounds within one step, so every slot decodes from the first step (one round a step decoded each
+    round's whole turn before the next was admitted); the tokens are those of one big round."""
+    prompts, _ = scripted(2, range(4), invariant_model.config.vocab_size)
+    sp = SamplingParams(max_new_tokens=6, temperature=0.9, seed=5, ignore_eos=True)
+    out = {}
+    for budget in (max(map(len, prompts.values())), 4096):
+        engine = EpisodeEngine(generator(invariant_model, max_prefill_tokens=budget), max_episode_tokens=64)
+        for i, p in prompts.items():
+            engine.add(i, p, sp)
+        ended = engine.step()
+        assert not engine.queue and len(engine.running) + len(ended) == 4  # all four admitted in the first step
+        while engine.has_work():
+            engine.step()
+        out[budget] = {i: (engine.episode(i).tokens, engine.episode(i).last_event.logprobs) for i in prompts}
+    assert out[4096] == out[max(map(len, prompts.values()))]
+
+
 def test_overrun_chunks_keep_the_tokens_and_free_the_blocks(invariant_model):
     """With `overrun` a chunk runs past the nearest turn's end (those tokens dropped): samples of different budgets,
     more than the slots, give generate()'s tokens and log-probs (episode (i, j, tag) keys as (i, j)), in fewer

@@ -22,6 +22,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import Tensor
@@ -202,8 +203,10 @@ class CachedPrefillContext:
             raise ValueError(f"cached prefill backend must be flash or sdpa, got {backend!r}")
         if not chunks or len(starts) != len(chunks) or len(tables) != len(chunks) or any(not c for c in chunks):
             raise ValueError("a cached prefill needs, per sequence, a non-empty token list, a start and a block table")
-        lens_q = torch.tensor([len(c) for c in chunks], dtype=torch.int64)
-        start = torch.tensor(starts, dtype=torch.int64)
+        # numpy, not torch's CPU ops: on a many-core host those cost milliseconds each at these sizes (64 episodes x
+        # 700 keys: `positions_of`), and the GPU waits for them at every turn boundary
+        lens_q = np.fromiter(map(len, chunks), dtype=np.int64, count=len(chunks))
+        start = np.asarray(starts, dtype=np.int64)
         lens_k = start + lens_q
         ends = lens_k.tolist()
         for s, (end, table) in enumerate(zip(ends, tables, strict=True)):
@@ -212,22 +215,21 @@ class CachedPrefillContext:
                                  f"{len(table) * block_size} positions")
         width = blocks_for(max(ends), block_size)
         table_rows = table_tensor([t[:width] for t in tables], width, torch.device("cpu"))
+        rows = table_rows.numpy().astype(np.int64)
         S = len(chunks)
-        seq_q = torch.repeat_interleave(torch.arange(S), lens_q)
-        pos_q = start[seq_q] + positions_of(lens_q)
-        seq_k = torch.repeat_interleave(torch.arange(S), lens_k)
-        pos_k = positions_of(lens_k)
+        seq_q = np.repeat(np.arange(S, dtype=np.int64), lens_q)
+        pos_q = start[seq_q] + positions_of(lens_q).numpy()
+        seq_k = np.repeat(np.arange(S, dtype=np.int64), lens_k)
+        pos_k = positions_of(lens_k).numpy()
 
-        def slots(seq: Tensor, pos: Tensor) -> Tensor:
-            return table_rows[seq, pos // block_size].long() * block_size + pos % block_size
+        def slots(seq: np.ndarray, pos: np.ndarray) -> np.ndarray:
+            return rows[seq, pos // block_size] * block_size + pos % block_size
 
-        def cumulative(lengths: Tensor) -> Tensor:
-            cu = torch.zeros(S + 1, dtype=torch.int32)
-            cu[1:] = torch.cumsum(lengths, 0)
-            return cu
+        def cumulative(lengths: np.ndarray) -> np.ndarray:
+            return np.concatenate([[0], np.cumsum(lengths)]).astype(np.int32)
 
-        def dev(t: Tensor) -> Tensor:
-            return t.to(device, non_blocking=True)
+        def dev(a: np.ndarray | Tensor) -> Tensor:
+            return (torch.from_numpy(a) if isinstance(a, np.ndarray) else a).to(device, non_blocking=True)
 
         return CachedPrefillContext(
             slot_mapping=dev(slots(seq_q, pos_q)), positions=dev(pos_q), cu_seqlens_q=dev(cumulative(lens_q)),

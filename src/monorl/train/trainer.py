@@ -352,9 +352,8 @@ class Trainer:
         maxes = [diff.max()] + ([metrics[MAX_METRIC], -metrics[MIN_METRIC]] if correction else [])
         torch.maximum(self._acc_max[: len(maxes)], torch.stack(maxes), out=self._acc_max[: len(maxes)])
 
-    def _graph_key(self, mb: MicroBatch, advantages: Tensor | int, temperature: float) -> tuple:
-        n = advantages if isinstance(advantages, int) else advantages.numel()
-        return (mb.shape, n, mb.ref_logprobs is not None, float(temperature))
+    def _graph_key(self, mb: MicroBatch, num_seqs: int, temperature: float) -> tuple:
+        return (mb.shape, num_seqs, mb.ref_logprobs is not None, float(temperature))
 
     def _cover(self, num_seqs: int, temperature: float) -> Callable[[MicroBatch], PackShape | None] | None:
         """With graphs: for a pack whose key has no graph, a captured shape of the same key otherwise that holds it
@@ -373,7 +372,7 @@ class Trainer:
     def _ensure_graph(self, mb: MicroBatch, norm: LossNorm, advantages: Tensor, temperature: float) -> tuple | None:
         """Capture the graph for this micro-batch's key if needed; its key, or None when no graph serves it."""
         assert self.graphs is not None
-        key = self._graph_key(mb, advantages, temperature)
+        key = self._graph_key(mb, advantages.numel(), temperature)
         if self.graphs.has(key):
             return key
         if self.graphs.full():
@@ -403,7 +402,7 @@ class Trainer:
         if self.world.size == 1:
             return
         assert self.graphs is not None
-        fit = [self._graph_key(mb, advantages, temperature) for mb in mbs
+        fit = [self._graph_key(mb, advantages.numel(), temperature) for mb in mbs
                if self.max_graph_tokens is None or mb.shape.full_tokens <= self.max_graph_tokens]
         mine = self.graphs.new_captures(fit) * self._capture_warmup()
         for _ in range(self.world.max_int(mine) - mine):  # > 0: some rank has micro-batches, so every rank has

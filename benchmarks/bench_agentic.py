@@ -2,8 +2,9 @@
 
 - kv_reuse: monorl's request-level engine (`EpisodeEngine`): each turn pauses holding its KV, the environment's
   tokens are appended and only they are prefilled, then decoding goes on; `--turn-prefill` names how the appended
-  tokens attend their cached prefix (`ModelRunner.prefill_cached`): varlen (the default; row kv_reuse) and / or
-  decode (the older form, one paged-decode row per token; row kv_reuse_decode);
+  tokens attend their cached prefix (`ModelRunner.prefill_cached`), comma-separated: auto (the engine's default:
+  paged on CUDA), paged (the Triton kernel reads the keys through the block tables), varlen (keys gathered, flash),
+  decode (the oldest form, one paged-decode row per token); the first is row kv_reuse, the others kv_reuse_<form>;
 - reprefill: a request per turn, as a client of an engine without prefix caching does: every turn prefills the
   whole conversation so far (`Generator.generate` on prompt + history), then decodes the turn;
 - single_turn: one decode of the same sampled length per episode (turns x turn tokens), no environment;
@@ -120,9 +121,9 @@ def main() -> None:
     ap.add_argument("--runs", type=int, default=2)
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--out", default="benchmarks/results/agentic.json")
-    ap.add_argument("--turn-prefill", default="varlen,decode",
-                    help="kv_reuse's prefill of appended tokens, comma-separated: varlen (row kv_reuse), decode "
-                         "(row kv_reuse_decode)")
+    ap.add_argument("--turn-prefill", default="auto",
+                    help="kv_reuse's prefill of appended tokens, comma-separated, of auto, paged, varlen, decode: the "
+                         "first is row kv_reuse, the others kv_reuse_<form>")
     ap.add_argument("--tiny", action="store_true",
                     help="the tiny model, 4 episodes x 3 turns x 8 sampled + 4 inserted, 8-token prompts, 1 run")
     ap.add_argument("--profile", action="store_true", help="cProfile one kv_reuse run: where its host time goes")
@@ -144,7 +145,7 @@ def main() -> None:
     del model
     sp = SamplingParams(max_new_tokens=a.turn_tokens, temperature=1.0, ignore_eos=True, seed=1)
     sampled = a.episodes * a.turns * a.turn_tokens
-    reuse = {tp: f"kv_reuse_{tp}" if tp != "varlen" else "kv_reuse" for tp in turn_prefills}
+    reuse = {tp: f"kv_reuse_{tp}" if i else "kv_reuse" for i, tp in enumerate(turn_prefills)}
     ways = {name: functools.partial(kv_reuse, gen, prompts, env, sp, a.turns, tp) for tp, name in reuse.items()}
     ways |= {"reprefill": lambda: reprefill(gen, prompts, env, sp, a.turns),
              "single_turn": lambda: single_turn(gen, prompts, sp, a.turns),

@@ -15,7 +15,8 @@ import bench_agentic  # noqa: E402
 
 def test_tiny_run_writes_every_way(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     out = tmp_path / "agentic.json"
-    monkeypatch.setattr(sys, "argv", ["bench_agentic.py", "--tiny", "--device", "cpu", "--out", str(out)])
+    monkeypatch.setattr(sys, "argv", ["bench_agentic.py", "--tiny", "--device", "cpu", "--out", str(out),
+                                      "--turn-prefill", "auto,decode"])
     bench_agentic.main()
     d = json.loads(out.read_text())
     assert set(d["results"]) == {"kv_reuse", "kv_reuse_decode", "reprefill", "single_turn", "single_turn_total"}

@@ -17,6 +17,7 @@ from monorl.generate.kv_cache import blocks_for, slot_mapping
 from monorl.model.batch_invariant import make_batch_invariant_
 from monorl.model.config import model_shape
 from monorl.model.qwen3 import build_model
+from monorl.train.packing import bucket_size
 from tests.test_episodes import generator
 
 # (prefix length, appended length): one-token prefixes and appends, appends within a block, across blocks (8), long
@@ -33,15 +34,16 @@ def invariant_model():
     return make_batch_invariant_(build_model(model_shape("tiny-untied"), seed=3))
 
 
-def three_ways(gen, cases: list[tuple[int, int]], seed: int = 0) -> tuple[torch.Tensor, ...]:
+def three_ways(gen, cases: list[tuple[int, int]], seed: int = 0,
+               ways: tuple[str, ...] = ("varlen", "decode", "whole")) -> tuple[torch.Tensor, ...]:
     """Random sequences of (prefix, appended) lengths `cases`; the last-token logits of each, the prefix prefilled
-    and the rest appended in one prefill_cached call (varlen; decode rows), and each whole sequence prefilled; then
-    each way's cached K/V of the sequences' tokens, stacked."""
+    and the rest appended in one prefill_cached call (varlen; decode rows; any other `turn_prefill` in `ways`), and
+    each whole sequence prefilled; then each way's cached K/V of the sequences' tokens, stacked."""
     runner, bs = gen.runner, gen.kv.block_size
     rng = random.Random(seed)
     seqs = [[rng.randrange(2, gen.model.config.vocab_size) for _ in range(p + n)] for p, n in cases]
     out, kv = [], []
-    for way in ("varlen", "decode", "whole"):
+    for way in ways:
         tables = [gen.blocks.allocate(blocks_for(len(s), bs)) for s in seqs]
         if way == "whole":
             logits = runner.prefill(seqs, [slot_mapping(t, 0, len(s), bs) for s, t in zip(seqs, tables, strict=True)])
@@ -53,7 +55,7 @@ def three_ways(gen, cases: list[tuple[int, int]], seed: int = 0) -> tuple[torch.
         out.append(logits.float())
         slots = torch.tensor([x for s, t in zip(seqs, tables, strict=True) for x in slot_mapping(t, 0, len(s), bs)])
         kv.append(gen.kv.kv.flatten(2, 3)[:, :, slots.to(gen.device)].float())
-    return out[0], out[1], out[2], torch.stack(kv)
+    return (*out, torch.stack(kv))
 
 
 def test_varlen_equals_decode_rows_and_whole_prefill(model):
@@ -84,6 +86,53 @@ def test_layout():
     assert rows.slot_mapping is ctx.slot_mapping and ctx.batch_invariant().backend == "invariant"
 
 
+def test_static_layout():
+    """The layout a CUDA graph replays: block size 4, sequence 0 (table [5, 9]) appends 2 tokens at position 5,
+    sequence 1 (table [3]) one at 1. 3 tokens round up to 64 with filler sequences of at most 16 (each its own
+    keys, in the scratch block 0), then zero-length entries to 8 sequences; 9 + 61 keys to 64 + pad rows of slot 0
+    (a bucket of 64); bounds and table width to powers of two."""
+    ctx = CachedPrefillContext.build([[11, 12], [13]], [5, 1], [[5, 9], [3]], 4, torch.device("cpu"), "sdpa",
+                                     static=True)
+    assert ctx.cu_seqlens_q.tolist() == [0, 2, 3, 19, 35, 51, 64, 64, 64]
+    assert ctx.cu_seqlens_k.tolist() == [0, 7, 9, 25, 41, 57, 70, 70, 70]
+    assert ctx.slot_mapping[:3].tolist() == [37, 38, 13] and ctx.positions[:3].tolist() == [5, 6, 1]
+    assert ctx.positions[3:19].tolist() == list(range(16)) and ctx.positions[51:].tolist() == list(range(13))
+    assert ctx.slot_mapping[3:].tolist() == [p % 4 for p in ctx.positions[3:].tolist()]  # the scratch block
+    assert ctx.key_slots.shape == (bucket_size(70, 64),) and ctx.key_slots[:9].tolist() == [20, 21, 22, 23, 36, 37,
+                                                                                           38, 12, 13]
+    assert not ctx.key_slots[70:].any() and ctx.bounds.shape == (16, 16, 0) and ctx.block_tables.shape == (8, 4)
+    assert ctx.block_tables[:2].tolist() == [[5, 9, 0, 0], [3, 0, 0, 0]] and not ctx.block_tables[2:].any()
+
+
+@pytest.mark.parametrize("invariant", [False, True])
+def test_static_layout_computes_the_real_rows_as_the_plain_one(model, invariant_model, invariant):
+    """The fillers, zero-length entries and unread key rows change no real row: logits and the real tokens' K/V as
+    without them (fp32 tolerance; bit for bit in batch-invariant mode), by either attention form."""
+    gen = generator(invariant_model if invariant else model, max_num_seqs=8)
+    runner, bs = gen.runner, gen.kv.block_size
+    rng = random.Random(5)
+    seqs = [[rng.randrange(2, gen.model.config.vocab_size) for _ in range(p + n)] for p, n in CASES]
+    chunks, starts = [s[p:] for s, (p, _) in zip(seqs, CASES, strict=True)], [p for p, _ in CASES]
+    for way in ("varlen", "decode"):
+        out, kv = [], []
+        for static in (False, True):
+            tables = [gen.blocks.allocate(blocks_for(len(s), bs)) for s in seqs]
+            runner.prefill([s[:p] for s, (p, _) in zip(seqs, CASES, strict=True)],
+                           [slot_mapping(t, 0, p, bs) for t, (p, _) in zip(tables, CASES, strict=True)])
+            ctx = CachedPrefillContext.build(chunks, starts, tables, bs, gen.device, "sdpa", static=static)
+            ids = [t for c in chunks for t in c]
+            ids = torch.tensor(ids + [0] * (ctx.positions.numel() - len(ids)))
+            out.append(runner._cached_forward(ctx.cu_seqlens_q.numel() - 1, way, ids, ctx)[:len(CASES)])
+            slots = torch.tensor([x for s, t in zip(seqs, tables, strict=True) for x in slot_mapping(t, 0, len(s), bs)])
+            kv.append(gen.kv.kv.flatten(2, 3)[:, :, slots].clone())
+            gen.blocks.release([b for t in tables for b in t])
+        if invariant:
+            assert torch.equal(out[0], out[1]) and torch.equal(kv[0], kv[1]), way
+        else:
+            torch.testing.assert_close(out[1], out[0], rtol=0, atol=1e-5)
+            torch.testing.assert_close(kv[1], kv[0], rtol=0, atol=1e-5)
+
+
 def test_sdpa_cached_is_each_sequences_causal_attention():
     """Grouped heads (4 query, 2 kv); sequence s's n queries are its last n positions of len_k keys."""
     torch.manual_seed(0)
@@ -112,5 +161,8 @@ def test_bad_input_is_refused(model):
         runner.prefill_cached([[3]], [1], [table], "eager")
     with pytest.raises(ValueError, match="turn_prefill"):
         EpisodeEngine(gen, turn_prefill="fast")
-    with pytest.raises(ValueError, match="flash or sdpa"):
+    with pytest.raises(ValueError, match="needs the Triton attention kernel"):  # CPU: auto is varlen
+        EpisodeEngine(gen, turn_prefill="paged")
+    assert EpisodeEngine(gen).turn_prefill == "varlen"
+    with pytest.raises(ValueError, match="must be one of"):
         CachedPrefillContext.build([[3]], [1], [table], 8, torch.device("cpu"), "triton")

@@ -1,7 +1,8 @@
-"""`prefill_cached` on CUDA: flash attention over the gathered keys (its causal mask aligned bottom-right) is each
-sequence's causal attention over its cached prefix and its new tokens, as the per-token decode rows it replaced (the
-Triton paged decode) and an fp32 reference are; the runner's varlen form equals its decode rows and a whole prefill
-(bf16: flash, fp32: SDPA). Episodes end to end in both modes: tests/test_episodes_gpu.py."""
+"""`prefill_cached` on CUDA: flash attention over the gathered keys (its causal mask aligned bottom-right) and the
+Triton kernel reading the keys through the block tables (paged) are each sequence's causal attention over its cached
+prefix and its new tokens, as the per-token decode rows (the Triton paged decode) and an fp32 reference are; the
+runner's varlen form equals its decode rows, a whole prefill and (bf16) its paged form, in the static layout a graph
+replays (bf16: flash, fp32: SDPA). Episodes end to end in both modes: tests/test_episodes_gpu.py."""
 
 from __future__ import annotations
 
@@ -41,12 +42,18 @@ def test_flash_is_each_sequences_causal_attention():
         c = cache.clone().float() if f32 else cache.clone()
         args = (q.float(), k.float(), v.float()) if f32 else (q, k, v)
         out[backend] = cached_prefill_attention(*args, c, ctx.slot_mapping, ctx.key_slots, ctx.cu_seqlens_q,
-                                                ctx.cu_seqlens_k, ctx.bounds, backend, False).float()
+                                                ctx.cu_seqlens_k, ctx.bounds, ctx.block_tables, backend,
+                                                False).float()
+    paged = CachedPrefillContext.build(chunks, starts, tables, bs, torch.device("cuda"), "paged")
+    out["paged"] = cached_prefill_attention(q, k, v, cache.clone(), paged.slot_mapping, paged.key_slots,
+                                            paged.cu_seqlens_q, paged.cu_seqlens_k, paged.bounds, paged.block_tables,
+                                            "paged", False).float()
     rows = ctx.decode_rows("triton")
     out["decode"] = decode_attention(q, k, v, cache.clone(), rows.slot_mapping, rows.block_tables, rows.seq_lens,
                                      "triton", False).float()
     torch.testing.assert_close(out["flash"], out["sdpa"], atol=1e-2, rtol=1e-2)
     torch.testing.assert_close(out["decode"], out["sdpa"], atol=1e-2, rtol=1e-2)
+    torch.testing.assert_close(out["paged"], out["sdpa"], atol=1e-2, rtol=1e-2)
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
@@ -59,10 +66,15 @@ def test_varlen_equals_decode_rows_and_whole_prefill(dtype):
     gen = Generator(model, GeneratorConfig(max_num_seqs=8, max_model_len=1024, dtype=dtype),
                     compile=CompileConfig(backend="none"))
     assert gen.runner.prefill_backend == ("flash" if dtype == torch.bfloat16 else "sdpa")
-    varlen, decode, whole, kv = three_ways(gen, CASES)
+    paged = dtype == torch.bfloat16  # the Triton kernel's dtypes
+    assert gen.runner.turn_prefill_form("auto") == ("paged" if paged else "varlen")
+    varlen, decode, whole, *more, kv = three_ways(gen, CASES, ways=("varlen", "decode", "whole") + ("paged",) * paged)
     tol = (0.05 if dtype == torch.bfloat16 else 1e-4) * float(whole.abs().max())
+    for other in more:  # paged: the same attention, no key gathered
+        torch.testing.assert_close(other, whole, atol=tol, rtol=0)
     torch.testing.assert_close(varlen, decode, atol=tol, rtol=0)
     torch.testing.assert_close(varlen, whole, atol=tol, rtol=0)
     kv_tol = (0.05 if dtype == torch.bfloat16 else 1e-4) * float(kv.abs().max())
     torch.testing.assert_close(kv[0], kv[1], atol=kv_tol, rtol=0)
-    torch.testing.assert_close(kv[0], kv[2], atol=kv_tol, rtol=0)
+    for i in range(1, len(kv)):
+        torch.testing.assert_close(kv[0], kv[i], atol=kv_tol, rtol=0)

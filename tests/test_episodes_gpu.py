@@ -79,3 +79,26 @@ def test_default_mode_episode_is_the_models(compile):
         mask = torch.tensor(ep.sampled[1:])
         assert int(mask.sum()) == TURNS * 16
         torch.testing.assert_close(torch.tensor(ep.logprobs[1:])[mask], ref[mask], atol=0.1, rtol=0)
+
+
+@pytest.mark.parametrize("invariant", [False, True])
+def test_turn_boundaries_replay_their_graphs(invariant):
+    """The same episodes four times: a turn boundary's shape is captured at its third run (PREFILL_CAPTURE_AT) and
+    replayed in the fourth, whose tokens and log-probs are the first's (eager) bit for bit: the graph runs the eager
+    run's kernels on the same static layout. In batch-invariant mode the first run is the re-prefilled conversation's
+    (the test above), so the replayed one is too."""
+    model = tiny_cuda_model()
+    gen = Generator(model, GeneratorConfig(max_num_seqs=8, max_model_len=256), compile=CompileConfig(backend="none"))
+    if invariant:
+        make_batch_invariant_(model)
+        make_batch_invariant_(gen.model)
+    prompts, inserts = scripted(2, 6, model.config.vocab_size, 40)
+    sp = SamplingParams(max_new_tokens=16, temperature=1.0, seed=3, ignore_eos=True)
+    runs = []
+    for _ in range(4):
+        done = run_episodes(EpisodeEngine(gen, max_episode_tokens=200), prompts, sp,
+                            lambda ep, ev: inserts[ep.id][ev.turn] if ev.turn < TURNS - 1 else None)
+        runs.append({i: (ep.tokens, ep.logprobs) for i, ep in done.items()})
+    cached = [k for k in gen.runner.prefill_graphs if k[0] == "cached"]
+    assert cached and all(gen.runner.prefill_seen[k] == 3 for k in cached)  # captured, then replayed
+    assert runs[1] == runs[0] and runs[2] == runs[0] and runs[3] == runs[0]

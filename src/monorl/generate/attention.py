@@ -31,9 +31,10 @@ from monorl.compile import mark_dynamic
 from monorl.generate.kv_cache import blocks_for, table_tensor
 from monorl.model.attention import VarlenContext, positions_of
 from monorl.ops import HAS_TRITON, attention_invariant, custom_op, sm_count
-from monorl.ops.attention_triton import attention_triton, decode_splits
+from monorl.ops.attention_triton import attention_triton, cached_attention_triton, decode_splits
 from monorl.ops.block_kernels import write_kv
 from monorl.ops.tunables import chip_of
+from monorl.train.packing import bucket_size, filler_lengths, next_pow2
 
 
 @custom_op("monorl::prefill_attention", mutates_args=("cache",))
@@ -115,13 +116,18 @@ class DecodeContext:
 
 @custom_op("monorl::cached_prefill_attention", mutates_args=("cache",))
 def cached_prefill_attention(q: Tensor, k: Tensor, v: Tensor, cache: Tensor, slot_mapping: Tensor, key_slots: Tensor,
-                             cu_seqlens_q: Tensor, cu_seqlens_k: Tensor, bounds: Tensor, backend: str,
-                             kv_written: bool) -> Tensor:
+                             cu_seqlens_q: Tensor, cu_seqlens_k: Tensor, bounds: Tensor, block_tables: Tensor,
+                             backend: str, kv_written: bool) -> Tensor:
     """Write the new tokens' k/v (unless the caller did), gather every sequence's keys and values (positions 0..,
     cached and new) from the cache into one packed pair, then one varlen attention whose sequences have more keys
-    than queries, the queries being each sequence's last ones. bounds' sizes: the longest query and key runs."""
+    than queries, the queries being each sequence's last ones. bounds' sizes: the longest query and key runs.
+    backend "paged": no gather, the Triton kernel reads each sequence's keys through its block table
+    (`cached_attention_triton`)."""
     if not kv_written:
         write_kv(k, v, cache, slot_mapping)
+    if backend == "paged":
+        return cached_attention_triton(q, cache[0], cache[1], cu_seqlens_q, cu_seqlens_k, block_tables,
+                                       bounds.shape[0]).contiguous()
     # keys and values gathered as whole rows of [slots, Hkv * D] (index_select along dim 0: the vectorised row
     # gather; along dim 1 of [2, slots, Hkv, D] it ran the elementwise gather kernel, 41% of a turn boundary's GPU
     # time on an H200)
@@ -139,7 +145,7 @@ def cached_prefill_attention(q: Tensor, k: Tensor, v: Tensor, cache: Tensor, slo
 
 
 @cached_prefill_attention.register_fake
-def _(q, k, v, cache, slot_mapping, key_slots, cu_seqlens_q, cu_seqlens_k, bounds, backend, kv_written):
+def _(q, k, v, cache, slot_mapping, key_slots, cu_seqlens_q, cu_seqlens_k, bounds, block_tables, backend, kv_written):
     return torch.empty_like(q)
 
 
@@ -167,13 +173,17 @@ def sdpa_cached(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor, cu_seqlen
     return flat[:T]
 
 
+CACHED_BACKENDS = ("flash", "sdpa", "paged")  # `CachedPrefillContext.backend`
+
+
 @dataclass
 class CachedPrefillContext:
     """New tokens of several sequences over the K/V their block tables already hold (an episode's next turn: the
     environment's tokens after its cached conversation). Sequence s's new tokens are rows cu_seqlens_q[s].. at
     positions start_s..; each attends causally to its sequence's keys 0..its position. A layer writes the new
     tokens' k/v, gathers every sequence's keys once and runs one varlen attention ("flash": CUDA, bf16/fp16; "sdpa":
-    portable): cost ~ new tokens x context on tensor cores, no per-sequence launch. `decode_rows` is the same work
+    portable): cost ~ new tokens x context on tensor cores, no per-sequence launch; or ("paged": CUDA, bf16/fp16, the
+    Triton kernel) reads the keys through the block tables, gathering nothing. `decode_rows` is the same work
     as one paged-decode row per new token; a batch-invariant model runs that form (its kernel is the trainer's, so a
     token's result is the trainer's bit for bit). Build with `CachedPrefillContext.build`."""
 
@@ -187,7 +197,7 @@ class CachedPrefillContext:
     bounds: Tensor
     block_tables: Tensor  # int32 [S, W]
     seq_index: Tensor  # int64 [T]: each new token's sequence
-    backend: str = "sdpa"  # flash | sdpa
+    backend: str = "sdpa"  # flash | sdpa | paged
 
     def __post_init__(self) -> None:
         mark_dynamic(self.slot_mapping, self.positions, self.cu_seqlens_q, self.cu_seqlens_k, self.key_slots,
@@ -196,11 +206,18 @@ class CachedPrefillContext:
 
     @staticmethod
     def build(chunks: list[list[int]], starts: list[int], tables: list[list[int]], block_size: int,
-              device: torch.device, backend: str) -> CachedPrefillContext:
+              device: torch.device, backend: str, static: bool = False) -> CachedPrefillContext:
         """chunks[s]: sequence s's new tokens (non-empty), at positions starts[s].. of block table tables[s] (which
-        holds the K/V of positions 0..starts[s]-1). Index tensors are built on the host in a few vectorised ops."""
-        if backend not in ("flash", "sdpa"):
-            raise ValueError(f"cached prefill backend must be flash or sdpa, got {backend!r}")
+        holds the K/V of positions 0..starts[s]-1). Index tensors are built on the host in a few vectorised ops.
+
+        static: the layout a CUDA graph can replay for other boundaries of similar size (`ModelRunner.prefill_cached`),
+        as `static_prefill_pack` lays out prompts: the new tokens rounded up to a bucket (`bucket_size`) by filler
+        sequences of token 0 (each its own keys, at positions 0.., in the scratch block 0), the sequence count to a
+        power of two (>= 8) with zero-length entries, the key count to a bucket (the gathered rows past the last
+        sequence's are never read), the bounds and the table width to powers of two. The real sequences come first;
+        every one of their rows is computed as without the padding (the ops are row- or sequence-local)."""
+        if backend not in CACHED_BACKENDS:
+            raise ValueError(f"cached prefill backend must be one of {CACHED_BACKENDS}, got {backend!r}")
         if not chunks or len(starts) != len(chunks) or len(tables) != len(chunks) or any(not c for c in chunks):
             raise ValueError("a cached prefill needs, per sequence, a non-empty token list, a start and a block table")
         # numpy, not torch's CPU ops: on a many-core host those cost milliseconds each at these sizes (64 episodes x
@@ -214,13 +231,24 @@ class CachedPrefillContext:
                 raise ValueError(f"sequence {s}: start {starts[s]}, end {end}: its block table covers "
                                  f"{len(table) * block_size} positions")
         width = blocks_for(max(ends), block_size)
-        table_rows = table_tensor([t[:width] for t in tables], width, torch.device("cpu"))
+        tables = [t[:width] for t in tables]
+        key_count = int(lens_k.sum())
+        if static:
+            chunk = next_pow2(int(lens_q.max()), 16)  # a filler's tokens: within the longest query run's bound
+            padded = filler_lengths(lens_q.tolist(), bucket_size(int(lens_q.sum()), 64), chunk, static=True)
+            fill = np.asarray(padded[len(chunks):], dtype=np.int64)  # fillers (keys: their own tokens), then 0s
+            lens_q, lens_k = np.concatenate([lens_q, fill]), np.concatenate([lens_k, fill])
+            start = np.concatenate([start, np.zeros_like(fill)])
+            width = next_pow2(max(width, blocks_for(chunk, block_size)))
+            tables = tables + [[]] * len(fill)  # rows of zeros: the scratch block
+            key_count = bucket_size(int(lens_k.sum()), 64)
+        if backend == "paged":  # keys are read through the tables: no key slots, and no key bound in the shape
+            key_count = 0
+        table_rows = table_tensor(tables, width, torch.device("cpu"))
         rows = table_rows.numpy().astype(np.int64)
-        S = len(chunks)
+        S = len(lens_q)
         seq_q = np.repeat(np.arange(S, dtype=np.int64), lens_q)
         pos_q = start[seq_q] + positions_of(lens_q).numpy()
-        seq_k = np.repeat(np.arange(S, dtype=np.int64), lens_k)
-        pos_k = positions_of(lens_k).numpy()
 
         def slots(seq: np.ndarray, pos: np.ndarray) -> np.ndarray:
             return rows[seq, pos // block_size] * block_size + pos % block_size
@@ -231,16 +259,22 @@ class CachedPrefillContext:
         def dev(a: np.ndarray | Tensor) -> Tensor:
             return (torch.from_numpy(a) if isinstance(a, np.ndarray) else a).to(device, non_blocking=True)
 
+        key_slots = np.zeros(key_count, dtype=np.int64)
+        if key_count:
+            seq_k = np.repeat(np.arange(S, dtype=np.int64), lens_k)
+            key_slots[:len(seq_k)] = slots(seq_k, positions_of(lens_k).numpy())
+        max_q, max_k = max(2, int(lens_q.max())), max(2, int(lens_k.max())) if key_count else 2
+        if static:
+            max_q, max_k = next_pow2(max_q, 16), next_pow2(max_k, 16) if key_count else 2
         return CachedPrefillContext(
             slot_mapping=dev(slots(seq_q, pos_q)), positions=dev(pos_q), cu_seqlens_q=dev(cumulative(lens_q)),
-            cu_seqlens_k=dev(cumulative(lens_k)), key_slots=dev(slots(seq_k, pos_k)),
-            bounds=torch.empty(max(2, int(lens_q.max())), max(2, int(lens_k.max())), 0, device=device),
-            block_tables=dev(table_rows),
+            cu_seqlens_k=dev(cumulative(lens_k)), key_slots=dev(key_slots),
+            bounds=torch.empty(max_q, max_k, 0, device=device), block_tables=dev(table_rows),
             seq_index=dev(seq_q), backend=backend)
 
     def attend(self, q: Tensor, k: Tensor, v: Tensor, cache: Tensor, kv_written: bool = False) -> Tensor:
         return cached_prefill_attention(q, k, v, cache, self.slot_mapping, self.key_slots, self.cu_seqlens_q,
-                                        self.cu_seqlens_k, self.bounds, self.backend, kv_written)
+                                        self.cu_seqlens_k, self.bounds, self.block_tables, self.backend, kv_written)
 
     def decode_rows(self, backend: str) -> DecodeContext:
         """The same attention as one paged-decode row per new token (its seq_len: its position + 1; every row's k/v

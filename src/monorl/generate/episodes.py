@@ -48,7 +48,6 @@ import torch
 
 from monorl.generate.engine import Generator, stop_string_hit
 from monorl.generate.kv_cache import blocks_for, slot_mapping, table_tensor
-from monorl.generate.runner import TURN_PREFILLS
 from monorl.generate.sampling import SamplingParams, sequence_key
 from monorl.generate.scheduler import compact_slots
 
@@ -116,25 +115,24 @@ def episode_key(seed: int, episode_id: Hashable) -> int:
 
 class EpisodeEngine:
     def __init__(self, generator: Generator, max_episode_tokens: int | None = None,
-                 turn_prefill: str = "varlen", overrun: int = 0) -> None:
+                 turn_prefill: str = "auto", overrun: int = 0) -> None:
         """Episodes on `generator`'s model, KV cache, block manager and model runner (its decode graphs included).
         max_episode_tokens: an episode's capacity (all its turns and inserted tokens); None: the generator's
         max_model_len. turn_prefill: how appended tokens attend their cached prefix (`ModelRunner.prefill_cached`:
-        varlen, or decode, the older form, kept to measure against). `Generator.generate` may run between steps (it
-        reuses the decode slots; the engine restores its running episodes' slots at its next step) while the blocks
-        this engine holds leave it less KV memory. overrun: a decode chunk may run up to this many steps past a
-        running turn's budget (those tokens are dropped; its turn reserves KV blocks for them), so that chunks do not
-        shrink to the nearest turn end when many turns of different budgets run (continuous batches: a host read
-        and an admission per chunk instead of per token). The tokens kept are the same: noise is keyed by position."""
+        auto -- paged on CUDA, else varlen --, paged, varlen, or decode, the oldest form, kept to measure against).
+        `Generator.generate` may run between steps (it reuses the decode slots; the engine restores its running
+        episodes' slots at its next step) while the blocks this engine holds leave it less KV memory. overrun: a
+        decode chunk may run up to this many steps past a running turn's budget (those tokens are dropped; its turn
+        reserves KV blocks for them), so that chunks do not shrink to the nearest turn end when many turns of
+        different budgets run (continuous batches: a host read and an admission per chunk instead of per token). The
+        tokens kept are the same: noise is keyed by position."""
         if overrun < 0:
             raise ValueError(f"overrun must be >= 0, got {overrun}")
         self.overrun = overrun
-        if turn_prefill not in TURN_PREFILLS:
-            raise ValueError(f"turn_prefill must be one of {TURN_PREFILLS}, got {turn_prefill!r}")
-        self.turn_prefill = turn_prefill
         if generator.kv is None:
             generator.allocate_kv_cache()
         self.gen, self.runner, self.blocks = generator, generator.runner, generator.blocks
+        self.turn_prefill = self.runner.turn_prefill_form(turn_prefill)
         self.block_size = generator.kv.block_size
         self.max_episode_tokens = max_episode_tokens or generator.max_model_len
         if not 2 <= self.max_episode_tokens <= generator.max_model_len:

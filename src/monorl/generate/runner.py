@@ -26,11 +26,11 @@ from monorl.model.qwen3 import Qwen3ForCausalLM, model_rope
 from monorl.ops.decode_state import commit_step, step_inputs
 from monorl.train.packing import bucket_size, filler_lengths, static_max_seqlen
 
-PREFILL_GRAPHS = 16  # prefill shapes kept as CUDA graphs; later new shapes run eagerly
+PREFILL_GRAPHS = 16  # prefill shapes (prompts' and turn boundaries') kept as CUDA graphs; later ones run eagerly
 # A prefill shape is captured at its third eager run: the RL loop's warm-up and its validations before and after
 # repeat their prompts twice, and a capture costs about two eager runs.
 PREFILL_CAPTURE_AT = 3
-TURN_PREFILLS = ("varlen", "decode")  # how `prefill_cached` attends (its docstring)
+TURN_PREFILLS = ("auto", "paged", "varlen", "decode")  # how `prefill_cached` attends (its docstring)
 
 
 def graph_buckets(max_num_seqs: int) -> list[int]:
@@ -99,8 +99,8 @@ class ModelRunner:
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self.graph_key: tuple | None = None
         self.graph_pool: Any = None
-        # prefill graphs, keyed by static pack shape and prompt count; not for a compiled model (Dynamo would
-        # meet each new pack shape inside a capture)
+        # prefill graphs, keyed by static pack shape and prompt count (turn boundaries': "cached" and their static
+        # layout's sizes); not for a compiled model (Dynamo would meet each new pack shape inside a capture)
         self.graph_prefill = self.use_graphs and not is_compiled(model)
         self.prefill_graphs: dict[tuple, tuple[torch.cuda.CUDAGraph, tuple, Tensor]] = {}
         self.prefill_seen: dict[tuple, int] = {}  # eager runs per shape
@@ -140,20 +140,26 @@ class ModelRunner:
             graph.replay()
             return out.clone()  # the graph's output buffer is rewritten by its next replay
         logits = self._prefill_forward(P, *inputs)
-        seen = self.prefill_seen[key] = self.prefill_seen.get(key, 0) + 1
-        if seen == PREFILL_CAPTURE_AT and len(self.prefill_graphs) < PREFILL_GRAPHS:
-            static, out = clone_tensors(inputs), {}
-
-            def fwd() -> None:
-                out["logits"] = self._prefill_forward(P, *static)
-
-            if self.prefill_pool is None:  # apart from the decode graphs': a prefill's output outlives a decode
-                self.prefill_pool = torch.cuda.graph_pool_handle()
-            # no warm-up: the eager run just before used the same kernels and shapes
-            graph, _, capture_s = capture_cuda_graph(fwd, dev, self.prefill_pool, warmup=0)
-            self.timings["graph_capture_s"] += capture_s
-            self.prefill_graphs[key] = (graph, static, out["logits"])
+        self._maybe_capture(key, inputs, lambda static: self._prefill_forward(P, *static))
         return logits
+
+    def _maybe_capture(self, key: tuple, inputs: tuple, forward: Callable[[tuple], Tensor]) -> None:
+        """Count an eager run of a prefill shape; at its PREFILL_CAPTURE_AT-th (while fewer than PREFILL_GRAPHS are
+        kept) capture `forward(static inputs)` as that shape's graph."""
+        seen = self.prefill_seen[key] = self.prefill_seen.get(key, 0) + 1
+        if seen != PREFILL_CAPTURE_AT or len(self.prefill_graphs) >= PREFILL_GRAPHS:
+            return
+        static, out = clone_tensors(inputs), {}
+
+        def fwd() -> None:
+            out["logits"] = forward(static)
+
+        if self.prefill_pool is None:  # apart from the decode graphs': a prefill's output outlives a decode
+            self.prefill_pool = torch.cuda.graph_pool_handle()
+        # no warm-up: the eager run just before used the same kernels and shapes
+        graph, _, capture_s = capture_cuda_graph(fwd, self.device, self.prefill_pool, warmup=0)
+        self.timings["graph_capture_s"] += capture_s
+        self.prefill_graphs[key] = (graph, static, out["logits"])
 
     def _prefill_forward(self, P: int, ids: Tensor, slot_mapping: Tensor, varlen: VarlenContext) -> Tensor:
         ctx = PrefillContext(varlen=varlen, slot_mapping=slot_mapping)
@@ -163,25 +169,58 @@ class ModelRunner:
 
     @torch.inference_mode()
     def prefill_cached(self, chunks: list[list[int]], starts: list[int], tables: list[list[int]],
-                       turn_prefill: str = "varlen") -> Tensor:
+                       turn_prefill: str = "auto") -> Tensor:
         """Run each sequence's new tokens chunks[i] at positions starts[i].. over the K/V its block table already
         holds for the positions before (an episode's next turn), write their K/V; return each sequence's last-token
         logits [P, V]. One forward for all sequences; its attention (`CachedPrefillContext`) per turn_prefill:
-        "varlen": each layer gathers every sequence's keys once and runs one varlen attention (flash on CUDA);
+        "paged": the Triton kernel reads each sequence's keys through its block table, a tile of its new tokens at a
+        time (`cached_attention_triton`); "varlen": each layer gathers every sequence's keys once and runs one varlen
+        attention (flash on CUDA); "auto": paged where the kernel runs, else varlen (`turn_prefill_form`);
         "decode": one paged-decode row per new token (the decode step's kernel: each row reads its keys alone, in a
         tile of mostly padding rows; the form before the varlen one). A batch-invariant model runs the
         decode rows either way, on its kernel, so a token's result is the trainer's (and a varlen prefill's) bit for
-        bit. Eager (no graph: the appended lengths and contexts vary turn by turn)."""
+        bit.
+
+        On CUDA the layout is static (`CachedPrefillContext.build(static=True)`) and, with graphs, a shape is
+        captured at its PREFILL_CAPTURE_AT-th run and replayed after, as `prefill` does: eager, a turn boundary of
+        Qwen3-0.6B (64 episodes x 65 tokens over ~1.1k cached) took 33-45 ms of host time for 12-16 ms of GPU work
+        (H100)."""
+        form = self.turn_prefill_form(turn_prefill)
+        P, static = len(chunks), self.device.type == "cuda"
+        ctx = CachedPrefillContext.build(chunks, starts, tables, self.block_size, self.device,
+                                         "paged" if form == "paged" else self.prefill_backend, static=static)
+        ids = [t for c in chunks for t in c]
+        ids = torch.tensor(ids + [0] * (ctx.positions.numel() - len(ids)), dtype=torch.int64)
+        inputs = (ids.to(self.device, non_blocking=True), ctx)
+        # every sequence's row, fillers and zero-length entries included (those rows are dropped): one graph for any
+        # P of the layout, and no size-1 dimension for a compiled model to specialise on
+        S = ctx.cu_seqlens_q.numel() - 1
+        if not self.graph_prefill:
+            return self._cached_forward(S, form, *inputs)[:P]
+        key = ("cached", form, ids.numel(), S, ctx.key_slots.numel(), *ctx.bounds.shape[:2],
+               ctx.block_tables.shape[1])
+        if key in self.prefill_graphs:
+            graph, static_inputs, out = self.prefill_graphs[key]
+            copy_into(static_inputs, inputs)
+            graph.replay()
+            return out[:P].clone()  # the graph's output buffer is rewritten by its next replay
+        logits = self._cached_forward(S, form, *inputs)
+        self._maybe_capture(key, inputs, lambda static_inputs: self._cached_forward(S, form, *static_inputs))
+        return logits[:P]
+
+    def turn_prefill_form(self, turn_prefill: str) -> str:
+        """`prefill_cached`'s form for `turn_prefill`: auto is paged where the Triton kernel runs (the generator's
+        decode backend is), else varlen."""
         if turn_prefill not in TURN_PREFILLS:
             raise ValueError(f"turn_prefill must be one of {TURN_PREFILLS}, got {turn_prefill!r}")
-        P = len(chunks)
-        if self.device.type == "cuda" and P == 1:
-            # a filler sequence (token 0 at the scratch block's slot 0): with two sequences and tokens at least, a
-            # compiled model meets no size-1 dimension (it specialises them)
-            chunks, starts, tables = [*chunks, [0]], [*starts, 0], [*tables, [0]]
-        ctx = CachedPrefillContext.build(chunks, starts, tables, self.block_size, self.device, self.prefill_backend)
-        ids = torch.tensor([t for c in chunks for t in c], dtype=torch.int64).to(self.device, non_blocking=True)
-        layout = ctx if turn_prefill == "varlen" else ctx.decode_rows(self.decode_backend)
+        paged = self.decode_backend == "triton"
+        if turn_prefill == "paged" and not paged:
+            raise ValueError("turn_prefill paged needs the Triton attention kernel (CUDA, bf16 or fp16, a power-of-two "
+                             "head_dim); use auto or varlen")
+        return ("paged" if paged else "varlen") if turn_prefill == "auto" else turn_prefill
+
+    def _cached_forward(self, P: int, form: str, ids: Tensor, ctx: CachedPrefillContext) -> Tensor:
+        layout = ctx if form != "decode" else ctx.decode_rows(self.decode_backend)
         hidden = self.model(ids, ctx.positions, layout, self.kv.layers)
         return self.logits(hidden[ctx.cu_seqlens_q[1:P + 1].long() - 1])
 

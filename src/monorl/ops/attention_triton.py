@@ -37,7 +37,7 @@ if HAS_TRITON:
                      stride_ot, stride_oh, scale, tiles, part_ptr, ml_ptr, lse_ptr, stride_lse,
                      PAGED: tl.constexpr, G: tl.constexpr, ROWS: tl.constexpr, TOKENS: tl.constexpr,
                      D: tl.constexpr, BS: tl.constexpr, BLOCK_N: tl.constexpr, SPLITS: tl.constexpr = 1,
-                     STORE_LSE: tl.constexpr = False, PDL: tl.constexpr = False):
+                     STORE_LSE: tl.constexpr = False, PDL: tl.constexpr = False, CACHED: tl.constexpr = False):
         if PDL:  # wait for the kernel before (programmatic dependent launch)
             pdl_start()
         # Rows are (token i < TOKENS of the tile, query head hk * G + g). Paged: program = one sequence's new
@@ -46,7 +46,9 @@ if HAS_TRITON:
         # invariant): program (pid, hk, split) walks the split-th of SPLITS equal runs of whole key blocks and
         # writes its unnormalised state to part_ptr / ml_ptr for `_attn_combine_kernel`. STORE_LSE: each row's
         # log-sum-exp of its scaled scores (m + log l) at lse_ptr [Hq, rows], the softmax statistics flash
-        # attention's backward takes, so that backward need not recompute them.
+        # attention's backward takes, so that backward need not recompute them. CACHED (paged): program = tile
+        # `pid % tiles` of sequence `pid // tiles`'s new tokens (cu_ptr: their cu_seqlens; lens_ptr: its keys'
+        # cu_seqlens, cached and new), read through its block table row; its token i sees keys 0..its position.
         pid = tl.program_id(0)
         hk = tl.program_id(1)
         rows = tl.arange(0, ROWS)
@@ -54,11 +56,26 @@ if HAS_TRITON:
         offs_d = tl.arange(0, D)
         offs_n = tl.arange(0, BLOCK_N)
         if PAGED:
-            n = tl.load(lens_ptr + pid)
-            qrow = pid + 0 * i
-            lim = n + 0 * i  # keys visible to each row
-            rmask = i < TOKENS
-            kv_end = n
+            if CACHED:
+                row = pid // tiles
+                t0 = (pid % tiles) * TOKENS
+                qstart = tl.load(cu_ptr + row)
+                nq = tl.load(cu_ptr + row + 1) - qstart
+                if t0 >= nq:  # a tile past its sequence's new tokens (the grid covers the most)
+                    return
+                n = tl.load(lens_ptr + row + 1) - tl.load(lens_ptr + row)
+                tok = t0 + i
+                rmask = (i < TOKENS) & (tok < nq)
+                qrow = qstart + tl.minimum(tok, nq - 1)
+                lim = n - nq + tok + 1
+                kv_end = n - tl.maximum(nq - t0 - TOKENS, 0)  # min(n, the tile's last position + 1)
+            else:
+                row = pid
+                n = tl.load(lens_ptr + pid)
+                qrow = pid + 0 * i
+                lim = n + 0 * i  # keys visible to each row
+                rmask = i < TOKENS
+                kv_end = n
             kbase = 0
             kv_start = 0
             if SPLITS > 1:
@@ -87,7 +104,7 @@ if HAS_TRITON:
         acc = tl.zeros([ROWS, D], dtype=tl.float32)
         if PAGED:  # each key block's cache blocks are read from the table one block ahead: the key and value
             # loads then wait for no table load of their own
-            table = bt_ptr + pid * stride_btb
+            table = bt_ptr + row * stride_btb
             blk_next = tl.load(table + (kv_start + offs_n) // BS, mask=kv_start + offs_n < kv_end, other=0)
         for start_n in range(kv_start, kv_end, BLOCK_N):
             key = start_n + offs_n
@@ -189,6 +206,34 @@ def attention_triton(q: Tensor, k_cache: Tensor, v_cache: Tensor, lens: Tensor, 
     if splits > 1:
         _attn_combine_kernel[(R, Hq)](part, ml, out, out.stride(0), out.stride(1), R, Hq, SPLITS=splits, D=D,
                                       num_warps=tuned("attention.combine_warps", chip), **pdl_launch(q))
+    return out
+
+
+def cached_attention_triton(q: Tensor, k_cache: Tensor, v_cache: Tensor, cu_seqlens_q: Tensor, cu_seqlens_k: Tensor,
+                            block_tables: Tensor, max_q: int) -> Tensor:
+    """New tokens over their sequences' cached keys (an episode's next turn), read through the block tables: q [T, Hq,
+    D] packed by cu_seqlens_q; sequence s's keys are positions 0..len_k - 1 of block_tables[s] (caches [N, BS, Hkv, D],
+    the new tokens' k/v written already), its len_q queries the last of them, each seeing keys up to its own position.
+    No key is gathered or copied: a program holds `attention.cached_rows` query rows (the G heads of consecutive new
+    tokens of one sequence) and walks that sequence's keys once. Not batch-invariant (the invariant mode runs the
+    paged-decode rows: `CachedPrefillContext.decode_rows`). max_q: at least the longest len_q (the grid's tiles)."""
+    T, Hq, D = q.shape
+    Hkv = k_cache.shape[-2]
+    chip = chip_for(q)
+    G = Hq // Hkv
+    rows = max(tuned("attention.cached_rows", chip), triton.next_power_of_2(G))
+    tokens = rows // G
+    q = q.contiguous()
+    out = torch.empty_like(q)
+    if T == 0:
+        return out
+    tiles = triton.cdiv(max_q, tokens)
+    _attn_kernel[((cu_seqlens_q.shape[0] - 1) * tiles, Hkv)](
+        q, k_cache, v_cache, out, cu_seqlens_q, cu_seqlens_k, block_tables,
+        q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), block_tables.stride(0),
+        out.stride(0), out.stride(1), D ** -0.5, tiles, out, out, out, 0,
+        PAGED=True, CACHED=True, G=G, ROWS=rows, TOKENS=tokens, D=D, BS=k_cache.shape[1],
+        BLOCK_N=tuned("attention.block_n", chip), num_warps=tuned("attention.cached_warps", chip), **pdl_launch(q))
     return out
 
 

@@ -89,6 +89,10 @@ def test_tiny_tools_episodes_through_the_loop(tiny_tools_run: Path):
     samples = [json.loads(line) for line in (tiny_tools_run / "samples.jsonl").read_text().splitlines()]
     assert samples and all("episode" in s["extra"] for s in samples)
     assert any(s["extra"]["episode"]["turns"] >= 1 for s in samples)  # a turn cut by the budget is not counted
+    # the conversation with roles: the model's turns, and the tool's answers where it called one
+    assert all(s["extra"]["messages"][0]["role"] == "assistant" for s in samples)
+    assert all(m["role"] in ("assistant", "tool") and isinstance(m["content"], str)
+               for s in samples for m in s["extra"]["messages"])
 
 
 def test_tiny_tools_resume_equals_uninterrupted(tiny_tools_run: Path, tmp_path: Path):

@@ -51,6 +51,12 @@ class _Live:
     mask: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
     versions: list[int] = field(default_factory=list)  # per completion token: the policy version that sampled it, or -1
+    cut_text: str = ""  # a last turn cut by the budget: its text, which the environment never saw
+
+    def messages(self) -> list[dict[str, Any]]:
+        """The conversation after the prompt as messages (TRL's conversational completion), a cut turn included."""
+        cut = [{"role": "assistant", "content": self.cut_text}] if self.cut_text else []
+        return [*self.env.completions, *cut]
 
 
 class EpisodeRunner:
@@ -154,11 +160,12 @@ class EpisodeRunner:
         lv.versions += ev.versions
         lv.closed = tuple(ev.token_ids[-len(self.end_of_turn):]) == self.end_of_turn
         used = len(lv.tokens) - lv.prompt_len
-        if ev.reason == "context" or (ev.reason == "length" and used >= budget):
-            self._cut(ev.episode_id, lv, "length")  # cut mid-turn: nothing to answer
-            return
         text = self.tokenizer.decode(ev.token_ids[: len(ev.token_ids) - (len(self.end_of_turn) if lv.closed else 0)],
                                      skip_special_tokens=True)
+        if ev.reason == "context" or (ev.reason == "length" and used >= budget):
+            lv.cut_text = text
+            self._cut(ev.episode_id, lv, "length")  # cut mid-turn: nothing to answer
+            return
         lv.waiting = self.executor.submit(lv.env.respond, text)
 
     def _cut(self, key: tuple[int, int], lv: _Live, why: str) -> None:
@@ -236,7 +243,9 @@ def generate_episodes(runner: EpisodeRunner, prompts: Sequence[Prompt], sampling
                 sampled = [v for v in lv.versions if v >= 0]
                 group.append(Rollout(p, lv.tokens[:lv.prompt_len], completion, lv.logprobs, lv.finish_reason, text,
                                      rewards, error, weights=weights, completion_mask=lv.mask,
-                                     extra={"episode": rec.to_dict()},
+                                     # the conversation as messages (TRL's conversational completion) beside
+                                     # the decoded tokens: samples.jsonl shows both
+                                     extra={"episode": rec.to_dict(), "messages": lv.messages()},
                                      policy_version=min(sampled, default=version), token_versions=lv.versions))
                 records.append(rec)
             groups.append(group)

@@ -170,8 +170,12 @@ def main() -> None:
         prof.runcall(ways[first])
         pstats.Stats(prof).sort_stats("cumulative").print_stats(25)
     peak = torch.cuda.max_memory_allocated() / 2**30 if a.device == "cuda" else None
+    # the prefill graphs the runs left (`ModelRunner.prefill`, `prefill_cached`; PREFILL_GRAPHS at most): whether the
+    # turn boundaries were replayed or ran eagerly
+    graphs = list(gen.runner.prefill_graphs)
+    graph_counts = {"prefill_graphs": len(graphs), "turn_boundary_graphs": sum(k[0] == "cached" for k in graphs)}
     out = {"date": time.strftime("%Y-%m-%d"), "device": torch.cuda.get_device_name() if a.device == "cuda" else "cpu",
-           "args": vars(a), "sampled_tokens": sampled, "peak_gib": peak, "results": results,
+           "args": vars(a), "sampled_tokens": sampled, "peak_gib": peak, "results": results, **graph_counts,
            "kv_reuse_vs_single_turn": results[first]["sampled_tokens_per_s"]
            / results["single_turn"]["sampled_tokens_per_s"],
            "kv_reuse_vs_single_turn_total": results[first]["sampled_tokens_per_s"]
@@ -181,7 +185,8 @@ def main() -> None:
     Path(a.out).parent.mkdir(parents=True, exist_ok=True)
     Path(a.out).write_text(json.dumps(out, indent=2) + "\n")
     print(f"{a.episodes} episodes x {a.turns} turns x {a.turn_tokens} sampled + {a.inserted} inserted, {a.shape}, "
-          f"{out['device']}, peak {peak if peak is None else round(peak, 1)} GiB")
+          f"{out['device']}, peak {peak if peak is None else round(peak, 1)} GiB, prefill graphs "
+          f"{graph_counts['prefill_graphs']} ({graph_counts['turn_boundary_graphs']} of turn boundaries)")
     print(f"{'way':<17} {'best s':>8} {'sampled tok/s':>14} {'turn prefills s (calls: seqs x tokens)':>40}")
     for name, r in results.items():
         calls = r.get("turn_prefills")

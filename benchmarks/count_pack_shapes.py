@@ -87,7 +87,7 @@ def main() -> None:
             for r in range(ranks):
                 share = token_share(seqs, r, ranks)
                 def cover(mb, have=captured[r]):  # the trainer's `_cover`: a captured shape that holds the pack
-                    return None if slack <= 0 else covering_shape(mb.shape, [k[0] for k in have], slack)
+                    return None if slack <= 0 else covering_shape(mb.shape, [k[0] for k in have], slack, mbt)
 
                 mbs = make_micro_batches(seqs, mbt, "cpu", buckets=buckets, static=True, indices=share, cover=cover)
                 keys = [(mb.shape, len(seqs), False, 1.0) for mb in mbs]

@@ -152,6 +152,9 @@ def test_covering_shape_is_the_cheapest_captured_shape_that_holds_the_pack():
     assert covering_shape(new, [_shape(full_tokens=72, copies=2)], slack=0.25) is None  # a shared layout
     assert covering_shape(new, [bigger], slack=0.0) is None
     assert covering_shape(new, [new], slack=0.0) == new
+    # floor: a pack below it may grow by slack * floor (a rank's small last micro-batch into a captured shape)
+    assert covering_shape(new, [_shape(tokens=96, full_tokens=96)], slack=0.25, floor=160) is not None  # +32 <= 40
+    assert covering_shape(new, [_shape(tokens=112, full_tokens=112)], slack=0.25, floor=160) is None  # +48 > 40
 
 
 @pytest.mark.parametrize("share", [False, True])

@@ -180,14 +180,16 @@ def plan_micro_batches(lengths: Sequence[int], max_tokens: int,
     return [sorted(b) for b in bins]
 
 
-def covering_shape(shape: PackShape, have: Iterable[PackShape], slack: float) -> PackShape | None:
+def covering_shape(shape: PackShape, have: Iterable[PackShape], slack: float, floor: int = 0) -> PackShape | None:
     """The cheapest of `have` that a static pack of `shape` can be padded to: every size at least `shape`'s, the
     same prompt layout (shared or not), and its tokens, attention tokens and completion rows -- what the work grows
-    with -- at most (1 + slack) times `shape`'s. None if none is."""
+    with -- each at most n + slack * max(n, floor) for `shape`'s n. floor (the trainer's micro_batch_tokens): a small
+    pack (a rank's last micro-batch) may grow by slack of a whole micro-batch, since that costs little next to the
+    capture it saves. None if none is."""
     def fits(h: PackShape) -> bool:
         grows = ((h.tokens, shape.tokens), (h.full_tokens, shape.full_tokens), (h.targets, shape.targets))
         return ((h.copies > 1) == (shape.copies > 1) and h.seqs >= shape.seqs and h.max_seqlen >= shape.max_seqlen
-                and h.copies >= shape.copies and all(n <= big <= n * (1 + slack) for big, n in grows))
+                and h.copies >= shape.copies and all(n <= big <= n + slack * max(n, floor) for big, n in grows))
     return min(filter(fits, have), key=lambda h: (h.full_tokens, h.tokens, h.targets, h.seqs, h.max_seqlen,
                                                   h.copies), default=None)
 

@@ -83,8 +83,9 @@ class TrainerConfig:
     # router_aux_loss_coef (off by default, as in transformers, whose output_router_logits is off)
     router_aux_loss: bool = False
     # with trainer CUDA graphs: a pack whose shape has no graph yet is padded to a captured shape that holds it when
-    # that adds at most this share of tokens and rows (a capture costs an eager pass and the capture; long-tailed
-    # batches make new shapes for many steps: benchmarks/count_pack_shapes.py); 0: every new shape is captured
+    # that adds at most this share of its tokens and rows, or of micro_batch_tokens for a smaller pack (a capture
+    # costs an eager pass and the capture, ~1 s for Qwen3-1.7B under FSDP; long-tailed batches make new shapes for
+    # many steps: benchmarks/count_pack_shapes.py); 0: every new shape is captured
     graph_pad_slack: float = 0.25
 
     def __post_init__(self) -> None:
@@ -366,7 +367,8 @@ class Trainer:
             key = self._graph_key(mb, num_seqs, temperature)
             if graphs.has(key):
                 return None
-            return covering_shape(mb.shape, [k[0] for k in graphs.graphs if k[1:] == key[1:]], slack)
+            return covering_shape(mb.shape, [k[0] for k in graphs.graphs if k[1:] == key[1:]], slack,
+                                  self.cfg.micro_batch_tokens)
         return cover
 
     def _ensure_graph(self, mb: MicroBatch, norm: LossNorm, advantages: Tensor, temperature: float) -> tuple | None:

@@ -129,10 +129,13 @@ _HOPPER: dict[str, Tunable] = {
     "attention.max_splits": Tunable(16, "(273aafd, 2026-11-25, H100, tune_decode_attention.py --splits)",
                                     bitwise="the default mode's merge order (never the invariant)"),
     "attention.combine_warps": Tunable(1, _NOT_SWEPT.format("273aafd, 2026-11-25")),
-    "attention.cached_rows": Tunable(128, "query rows a program of a turn boundary's paged prefill (64 new tokens of "
-                                     "Qwen3's 2 query heads a kv head): a sequence's keys are read once a tile, so a "
-                                     "turn's tokens want one tile; " + _NOT_SWEPT.format("2026-11-27")),
-    "attention.cached_warps": Tunable(8, "a 128-row tile's accumulator: " + _NOT_SWEPT.format("2026-11-27")),
+    "attention.cached_rows": Tunable(64, "query rows a program of a turn boundary's paged prefill (32 new tokens of "
+                                     "Qwen3's 2 query heads a kv head), us a layer for 64 sequences x 65 new tokens "
+                                     "over ~2,300 keys (Qwen3-0.6B heads): 64 rows / 4 warps 487, 128 / 8 581, 32 / 4 "
+                                     "765, 16 / 4 820 (profile_turn_boundary.py, H100, 2026-11-27): compute-bound, a "
+                                     "tile's rows past a sequence's tokens are work too"),
+    "attention.cached_warps": Tunable(4, "64 rows: 4 warps 487 us, 8 725; 128 rows: 8 warps 581, 4 1609 (the same "
+                                      "run)"),
     # ---- block_kernels: the generator's fused block ops ----
     "block.split_qk_tokens": Tunable(512, "q and k heads in separate programs up to 512 tokens: 40 tokens 2.42 -> "
                                      "1.95 us a launch; packs keep one program a token (trainer step 0.077 against "

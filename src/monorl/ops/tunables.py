@@ -135,7 +135,7 @@ _HOPPER: dict[str, Tunable] = {
                                      "765, 16 / 4 820 (profile_turn_boundary.py, H100, 2026-11-27): compute-bound, a "
                                      "tile's rows past a sequence's tokens are work too"),
     "attention.cached_warps": Tunable(4, "64 rows: 4 warps 487 us, 8 725; 128 rows: 8 warps 581, 4 1609 (the same "
-                                      "run)"),
+                                      "run, profile_turn_boundary.py, H100, 2026-11-27)"),
     # ---- block_kernels: the generator's fused block ops ----
     "block.split_qk_tokens": Tunable(512, "q and k heads in separate programs up to 512 tokens: 40 tokens 2.42 -> "
                                      "1.95 us a launch; packs keep one program a token (trainer step 0.077 against "

@@ -110,6 +110,21 @@ def single_turn_total(gen: Generator, prompts: list[list[int]], env: list[list[i
     return single_turn(gen, [p + e * (turns - 1) for p, e in zip(prompts, env, strict=True)], sp, turns)
 
 
+def workload(shape: str, device: str, episodes: int, turns: int, turn_tokens: int, inserted: int,
+             prompt_tokens: int) -> tuple[Generator, list[list[int]], list[list[int]], SamplingParams]:
+    """The scripted workload on random weights of `shape`: a generator holding the episodes, their prompts, the
+    tokens the environment inserts after each turn, and a turn's sampling (exactly `turn_tokens`, EOS ignored)."""
+    cfg = model_shape(shape)
+    rng = random.Random(0)
+    prompts = [[rng.randrange(10, cfg.vocab_size - 10) for _ in range(prompt_tokens)] for _ in range(episodes)]
+    env = [[rng.randrange(10, cfg.vocab_size - 10) for _ in range(inserted)] for _ in range(episodes)]
+    model = build_model(cfg, device=device, dtype=torch.bfloat16 if device == "cuda" else torch.float32, seed=0)
+    gen = Generator(model, GeneratorConfig(max_num_seqs=episodes,
+                                           max_model_len=prompt_tokens + turns * (turn_tokens + inserted) + 16),
+                    compile=CompileConfig(backend="none"))
+    return gen, prompts, env, SamplingParams(max_new_tokens=turn_tokens, temperature=1.0, ignore_eos=True, seed=1)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--shape", default="qwen3-0.6b")
@@ -133,17 +148,8 @@ def main() -> None:
     turn_prefills = a.turn_prefill.split(",")
     if not turn_prefills or any(tp not in TURN_PREFILLS for tp in turn_prefills):
         ap.error(f"--turn-prefill: a comma-separated list of {TURN_PREFILLS}, got {a.turn_prefill!r}")
-    cfg = model_shape(a.shape)
-    dtype = torch.bfloat16 if a.device == "cuda" else torch.float32
-    rng = random.Random(0)
-    prompts = [[rng.randrange(10, cfg.vocab_size - 10) for _ in range(a.prompt_tokens)] for _ in range(a.episodes)]
-    env = [[rng.randrange(10, cfg.vocab_size - 10) for _ in range(a.inserted)] for _ in range(a.episodes)]
-    max_len = a.prompt_tokens + a.turns * (a.turn_tokens + a.inserted) + 16
-    model = build_model(cfg, device=a.device, dtype=dtype, seed=0)
-    gen = Generator(model, GeneratorConfig(max_num_seqs=a.episodes, max_model_len=max_len),
-                    compile=CompileConfig(backend="none"))
-    del model
-    sp = SamplingParams(max_new_tokens=a.turn_tokens, temperature=1.0, ignore_eos=True, seed=1)
+    gen, prompts, env, sp = workload(a.shape, a.device, a.episodes, a.turns, a.turn_tokens, a.inserted,
+                                     a.prompt_tokens)
     sampled = a.episodes * a.turns * a.turn_tokens
     reuse = {tp: f"kv_reuse_{tp}" if i else "kv_reuse" for i, tp in enumerate(turn_prefills)}
     ways = {name: functools.partial(kv_reuse, gen, prompts, env, sp, a.turns, tp) for tp, name in reuse.items()}

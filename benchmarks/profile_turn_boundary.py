@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import gc
-import random
 import sys
 import time
 from pathlib import Path
@@ -20,12 +19,10 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_agentic import kv_reuse, sync  # noqa: E402
+from bench_agentic import kv_reuse, sync, workload  # noqa: E402
 
-from monorl.compile import CompileConfig  # noqa: E402
-from monorl.generate import Generator, GeneratorConfig, SamplingParams  # noqa: E402
 from monorl.generate.attention import CachedPrefillContext  # noqa: E402
-from monorl.model import build_model, model_shape  # noqa: E402
+from monorl.model import model_shape  # noqa: E402
 from monorl.ops import tunables  # noqa: E402
 from monorl.ops.attention_triton import cached_attention_triton  # noqa: E402
 
@@ -42,14 +39,8 @@ def main() -> None:
     ap.add_argument("--turn-prefill", default="paged")
     a = ap.parse_args()
     cfg = model_shape("qwen3-0.6b")
-    rng = random.Random(0)
-    prompts = [[rng.randrange(10, cfg.vocab_size - 10) for _ in range(a.prompt_tokens)] for _ in range(a.episodes)]
-    env = [[rng.randrange(10, cfg.vocab_size - 10) for _ in range(a.inserted)] for _ in range(a.episodes)]
-    model = build_model(cfg, device="cuda", dtype=torch.bfloat16, seed=0)
-    gen = Generator(model, GeneratorConfig(max_num_seqs=a.episodes,
-                                           max_model_len=a.prompt_tokens + a.turns * (a.turn_tokens + a.inserted) + 16),
-                    compile=CompileConfig(backend="none"))
-    sp = SamplingParams(max_new_tokens=a.turn_tokens, temperature=1.0, ignore_eos=True, seed=1)
+    gen, prompts, env, sp = workload("qwen3-0.6b", "cuda", a.episodes, a.turns, a.turn_tokens, a.inserted,
+                                     a.prompt_tokens)
     for _ in range(4):  # a boundary shape is captured at its third run
         kv_reuse(gen, prompts, env, sp, a.turns, a.turn_prefill)
     runner = gen.runner

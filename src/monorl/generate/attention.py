@@ -34,7 +34,7 @@ from monorl.ops import HAS_TRITON, attention_invariant, custom_op, sm_count
 from monorl.ops.attention_triton import attention_triton, cached_attention_triton, decode_splits
 from monorl.ops.block_kernels import write_kv
 from monorl.ops.tunables import chip_of
-from monorl.train.packing import bucket_size, filler_lengths, next_pow2
+from monorl.train.packing import bucket_size, filler_lengths, next_pow2, static_max_seqlen
 
 
 @custom_op("monorl::prefill_attention", mutates_args=("cache",))
@@ -232,18 +232,17 @@ class CachedPrefillContext:
                                  f"{len(table) * block_size} positions")
         width = blocks_for(max(ends), block_size)
         tables = [t[:width] for t in tables]
-        key_count = int(lens_k.sum())
         if static:
-            chunk = next_pow2(int(lens_q.max()), 16)  # a filler's tokens: within the longest query run's bound
-            padded = filler_lengths(lens_q.tolist(), bucket_size(int(lens_q.sum()), 64), chunk, static=True)
-            fill = np.asarray(padded[len(chunks):], dtype=np.int64)  # fillers (keys: their own tokens), then 0s
+            size = bucket_size(int(lens_q.sum()), 64)
+            chunk = static_max_seqlen(lens_q.tolist(), size)  # a filler's tokens: within the query runs' bound
+            fill = np.asarray(filler_lengths(lens_q.tolist(), size, chunk, static=True)[len(chunks):],
+                              dtype=np.int64)  # fillers (keys: their own tokens), then zero-length entries
             lens_q, lens_k = np.concatenate([lens_q, fill]), np.concatenate([lens_k, fill])
             start = np.concatenate([start, np.zeros_like(fill)])
             width = next_pow2(max(width, blocks_for(chunk, block_size)))
             tables = tables + [[]] * len(fill)  # rows of zeros: the scratch block
-            key_count = bucket_size(int(lens_k.sum()), 64)
-        if backend == "paged":  # keys are read through the tables: no key slots, and no key bound in the shape
-            key_count = 0
+        # paged: keys are read through the tables, so no key slots and no key bound in the shape
+        key_count = 0 if backend == "paged" else bucket_size(int(lens_k.sum()), 64) if static else int(lens_k.sum())
         table_rows = table_tensor(tables, width, torch.device("cpu"))
         rows = table_rows.numpy().astype(np.int64)
         S = len(lens_q)
@@ -263,9 +262,10 @@ class CachedPrefillContext:
         if key_count:
             seq_k = np.repeat(np.arange(S, dtype=np.int64), lens_k)
             key_slots[:len(seq_k)] = slots(seq_k, positions_of(lens_k).numpy())
-        max_q, max_k = max(2, int(lens_q.max())), max(2, int(lens_k.max())) if key_count else 2
-        if static:
-            max_q, max_k = next_pow2(max_q, 16), next_pow2(max_k, 16) if key_count else 2
+        def bound(n: int) -> int:  # >= 2 (no size-1 dimension); static: a power of two
+            return next_pow2(n, 16) if static else max(2, n)
+
+        max_q, max_k = bound(int(lens_q.max())), bound(int(lens_k.max())) if key_count else 2
         return CachedPrefillContext(
             slot_mapping=dev(slots(seq_q, pos_q)), positions=dev(pos_q), cu_seqlens_q=dev(cumulative(lens_q)),
             cu_seqlens_k=dev(cumulative(lens_k)), key_slots=dev(key_slots),

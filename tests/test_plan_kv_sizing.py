@@ -10,7 +10,16 @@ import torch
 import monorl.plan as plan_mod
 from monorl.config import preset
 from monorl.model.config import ModelConfig
-from monorl.plan import GiB, MemoryPlanError, advise, auto_checkpointing, plan_memory, run_memory_plan, step_kv_need
+from monorl.plan import (
+    GiB,
+    MemoryPlanError,
+    advise,
+    auto_checkpointing,
+    largest_prefill,
+    plan_memory,
+    run_memory_plan,
+    step_kv_need,
+)
 from monorl.plan_report import plan_report
 
 # Qwen3-8B's released config.json (the keys the plan reads)
@@ -44,6 +53,29 @@ def test_qwen3_8b_full_fine_tuning_on_4_h100_is_planned() -> None:
     assert least <= kv.bytes < default  # what is left of the GPU, at least the step's sequences
     assert plan.peak_bytes + plan.reserve_bytes > H100 - 16 * 147456  # the whole GPU, to a KV block
     assert "what is left of the GPU" in kv.note and "16 seqs x 260 tokens" in kv.note
+
+
+def test_the_gsm8k_preset_fits_qwen3_8b_on_4_h100() -> None:
+    """The issue's case with the preset's own defaults: 8 prompts x 8 and 100 validation prompts, the longest of
+    170 tokens (GSM8K's first 32 through the Qwen3 chat template)."""
+    cfg = preset("qwen3_0_6b_gsm8k")
+    ac = auto_checkpointing(cfg, QWEN3_8B, 170, H100, ranks=4)
+    plan = plan_memory(cfg, QWEN3_8B, 170, H100, activation_checkpointing=ac, ranks=4)
+    assert plan.fits, plan.table()
+    # a rank prefills its 25 of the 100 validation prompts at most (each group's prompt once), not 8192 tokens
+    assert plan.row("generator prefill").note == "4250 tokens"
+
+
+def test_largest_prefill_is_a_ranks_share_of_what_the_slots_hold() -> None:
+    cfg = preset("qwen3_0_6b_gsm8k")  # 8 x 8 a step, 100 validation prompts x 1, 64 slots, 8192 tokens a prefill
+    assert largest_prefill(cfg, 170, 1) == 8192  # validation: 64 greedy prompts, packed up to 8192 tokens
+    assert largest_prefill(cfg, 170, 4) == 25 * 170  # a rank's 25 of them
+    assert largest_prefill(cfg, 10_000, 4) == 10_000  # a prompt longer than a packed prefill runs alone
+    cfg.validation.num_prompts = 0
+    assert largest_prefill(cfg, 170, 4) == 2 * 170  # a rank's 2 of the step's 8 groups
+    cfg.rollout.max_staleness = 1  # async: the next batches' groups are admitted while one decodes
+    assert largest_prefill(cfg, 170, 4) == 8 * 170  # the 64 slots hold 8 groups of 8
+    assert largest_prefill(cfg, 2000, 4) == 8192  # 8 groups' prompts, packed up to 8192 tokens
 
 
 def test_plan_report_states_the_kv_cache_chosen() -> None:

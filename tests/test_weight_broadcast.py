@@ -15,15 +15,17 @@ from pathlib import Path
 from queue import Queue
 from threading import Thread
 from typing import Any
+from unittest import mock
 
 import pytest
 import torch
 import torch.multiprocessing as mp
 
-from monorl.distributed.fsdp import shard_model_
+from monorl.distributed import fsdp
+from monorl.distributed.fsdp import shard_model_, shard_rows
 from monorl.distributed.placement import Placement, PlacementSection, check_placement
 from monorl.distributed.rollout_transfer import recv_rollouts, send_rollouts
-from monorl.distributed.weight_broadcast import Entry, WeightBroadcast, plan_messages, shard_rows
+from monorl.distributed.weight_broadcast import Entry, WeightBroadcast, plan_messages
 from monorl.distributed.world import SINGLE, close_world, init_world
 from monorl.model.config import model_shape
 from monorl.model.lora import LoRAConfig, apply_lora_
@@ -100,7 +102,9 @@ def worker(rank: int, port: int, out: str, device_type: str) -> None:
             rollouts = recv_rollouts(placement)  # the generator's step, made with version 0
             train_step(model, placement.trainer_world)
             wb.send_(1)
-            sync_weights_(colocated_copy, model)
+            # a sync's all-gathers in buckets of a few parameters (the first took the whole model in one)
+            with mock.patch.object(fsdp, "GATHER_BUCKET_BYTES", 4096):
+                sync_weights_(colocated_copy, model)
             full = {n: p.full_tensor().cpu() for n, p in model.named_parameters()}  # a trainer-group collective
             result[f"{key} rollouts"] = rollouts
             if placement.trainer_index == 0:

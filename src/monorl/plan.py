@@ -277,8 +277,7 @@ def plan_memory(cfg: RunConfig, m: ModelConfig, max_prompt_tokens: int, device_b
     # eager warm-up's cache beside the graph pool, now emptied before capture (Trainer.warm_up).
     rows.append(MemoryRow("allocator slack", int(0.12 * acts), "measured: 12% of activations"))
     width = act_shape.hidden_size + activation_shape(gen_m).intermediate_size  # a TP rank's MLP share
-    prefill_prompts = max(cfg.rollout.prompts_per_step, cfg.validation.num_prompts)
-    prefill = min(g.max_prefill_tokens, max(max_prompt_tokens, 1) * prefill_prompts)
+    prefill = largest_prefill(cfg, max_prompt_tokens, ranks // tp)
     gen_transient = _GEN_PREFILL_BYTES_PER_TOKEN_LAYER_WIDTH * prefill * width + 4 * prefill * m.vocab_size
     rows.append(MemoryRow("generator prefill", int(gen_transient), f"{prefill} tokens", persistent=False))
     if on_gpu and cc.decode_cuda_graphs:
@@ -290,6 +289,23 @@ def plan_memory(cfg: RunConfig, m: ModelConfig, max_prompt_tokens: int, device_b
     if on_gpu and g.kv_cache_bytes is None and plan.fits is False and role != "trainer":  # a trainer has no KV
         _kv_to_room_(plan, cfg, gen_m, max_prompt_tokens, ranks // tp, gen_dtype)
     return plan
+
+
+def largest_prefill(cfg: RunConfig, max_prompt_tokens: int, groups: int) -> int:
+    """Tokens in the largest prefill one of `groups` generating ranks (or TP groups) runs: its share of a step's or a
+    validation's prompt groups (`World.share`), as many at once as the slots hold (a group's samples take a slot
+    each, its prompt is prefilled once: `Scheduler`), each of the longest prompt, packed up to
+    `generator.max_prefill_tokens` (a longer prompt runs alone). Async runs admit the next batches' groups while
+    one decodes: the slots alone bound them."""
+    r, v, g = cfg.rollout, cfg.validation, cfg.generator
+    length = max(max_prompt_tokens, 1)
+
+    def at_once(prompts: int, per_group: int) -> int:
+        slots = max(1, g.max_num_seqs // per_group)
+        return slots if r.max_staleness > 0 else min(-(-prompts // max(groups, 1)), slots)
+
+    prompts = max(at_once(r.prompts_per_step, r.group_size), at_once(v.num_prompts, v.k) if v.num_prompts else 0)
+    return max(length, min(g.max_prefill_tokens, length * prompts))
 
 
 GENERATOR_ROWS = ("generator weights", "KV cache", "generator prefill", "decode graph pool")

@@ -44,7 +44,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor, nn
 
-from monorl.distributed.fsdp import fsdp_units, gathered_dtype, is_sharded, unsharded
+from monorl.distributed.fsdp import fsdp_units, gathered_dtype, is_sharded, shard_rows, unsharded
 from monorl.distributed.placement import Placement
 from monorl.distributed.world import collective_device
 from monorl.model.lora import LoRALinear
@@ -85,14 +85,6 @@ class Message:
     trainer: int  # index among the trainers: the sender
     pieces: tuple[Piece, ...]
     nbytes: int
-
-
-def shard_rows(rows: int, trainer: int, trainers: int) -> tuple[int, int]:
-    """Rows [lo, hi) of a `rows`-row tensor that trainer `trainer` holds under FSDP2 (torch.chunk's split: equal
-    parts of ceil(rows / trainers), the last ones shorter or empty)."""
-    c = -(-rows // trainers)
-    lo = min(rows, trainer * c)
-    return lo, min(rows, lo + c)
 
 
 def unit_of(name: str) -> str:

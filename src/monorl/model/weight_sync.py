@@ -17,10 +17,11 @@ time and cast once; its `lora_A` / `lora_B` have no place of their own. Where th
 adapters (an unmerged copy), the adapters are copied as ordinary same-name parameters, and the frozen base can be
 shared instead of copied (`share_frozen_`): the generator then reads the trainer's own base tensors.
 
-An FSDP2-sharded source (`monorl.distributed.fsdp`, several ranks) is gathered one unit at a time: a block's
-full parameters exist only while its slice of the plan is copied, so the extra memory is one block's (plus the
-root's embeddings and LM head, last). Every rank runs the same gathers, so every rank's copy gets the full
-weights. A tensor-parallel copy whose group is the FSDP ranks is filled from each rank's own shards instead
+An FSDP2-sharded source (`monorl.distributed.fsdp`, several ranks) is all-gathered in buckets of ~256 MiB
+(`gather_into_`), each full tensor copied to its place as its bucket arrives: the extra memory is one bucket's (or
+the largest parameter's). A source with LoRA projections to merge is gathered one FSDP unit at a time instead (a
+merge reads its block's gathered base and adapters). Every rank runs the same gathers, so every rank's copy gets
+the full weights. A tensor-parallel copy whose group is the FSDP ranks is filled from each rank's own shards instead
 (`syncs_from_shards`): nothing is gathered whole but the parameters every rank holds whole.
 """
 
@@ -31,7 +32,7 @@ from collections.abc import Callable, Collection, Mapping
 import torch
 from torch import Tensor, nn
 
-from monorl.distributed.fsdp import fsdp_units, unsharded
+from monorl.distributed.fsdp import fsdp_units, gather_into_, unsharded
 from monorl.model.lora import LoRALinear, lora_modules
 
 # The generator's copy is built fused: q/k/v as one `qkv_proj` and gate/up as one `gate_up_proj` (one GEMM
@@ -196,6 +197,8 @@ def sync_weights_(dst: nn.Module, src: nn.Module, packed: Mapping[str, tuple[str
     if units := fsdp_units(src):
         if _from_shards(plan, place):
             _sync_from_shards_(plan)
+        elif _all_sharded(plan):
+            _sync_gathered_(plan)
         else:
             _sync_sharded_(plan, src, units)
         return
@@ -234,6 +237,32 @@ def _sync_from_shards_(plan: list[tuple[str, Tensor, Source, Take | None]]) -> N
         else:
             full = s.to(view.dtype).full_tensor()
             view.copy_(full if take is None else take(full))
+
+
+def _all_sharded(plan: list[tuple[str, Tensor, Source, Take | None]]) -> bool:
+    """Whether every source is an FSDP2-sharded parameter (no LoRA projection to merge): `_sync_gathered_` then
+    serves, whose buckets gather only what is sent."""
+    from torch.distributed.tensor import DTensor, Shard
+
+    return all(isinstance(s, DTensor) and s.placements == (Shard(0),) for _, _, s, _ in plan)
+
+
+def _sync_gathered_(plan: list[tuple[str, Tensor, Source, Take | None]]) -> None:
+    """`plan`'s copies from full tensors all-gathered in buckets (`gather_into_`), each source once (a tied
+    embedding may feed two destinations)."""
+    dests: dict[str, list[tuple[Tensor, Take | None]]] = {}
+    srcs: dict[str, Source] = {}
+    for name, view, s, take in plan:
+        dests.setdefault(name, []).append((view, take))
+        srcs[name] = s
+
+    def fill(name: str) -> Callable[[Tensor], None]:
+        def put(full: Tensor) -> None:
+            for view, take in dests[name]:
+                view.copy_(full if take is None else take(full))
+        return put
+
+    gather_into_([(srcs[n], fill(n)) for n in dests])
 
 
 def _sync_sharded_(plan: list[tuple[str, Tensor, Source, Take | None]], src: nn.Module, units: list) -> None:

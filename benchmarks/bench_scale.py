@@ -19,7 +19,7 @@ every step generates the same tokens):
            prompts (`ref8`, also run at N = 1 for the comparison)
 
 Per row: steady-state step (median of the steps after the first), prompt+completion tokens per second of step
-time, generate / train / weight-sync seconds per step (weight sync: the FSDP block-by-block gather into every
+time, generate / train / weight-sync seconds per step (weight sync: the FSDP shards all-gathered into every
 rank's bf16 generator copy), startup, wall time. Prints a table and writes JSON (--out).
 
 Model directories: `.models/qwen3-<size>/config.json` and `.models/qwen3-tokenizer/` (see bench_memory.py).

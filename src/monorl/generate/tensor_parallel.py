@@ -24,7 +24,7 @@ rank). Weight sync (`TensorParallelPlacement`) gives each rank its slices of the
 FSDP-sharded trainer whose FSDP ranks are the TP group (`--nproc N --generator.tensor_parallel_size N`) each rank
 cuts its piece from its own shard: column-parallel rows and the head's vocabulary rows are the shard itself,
 row-parallel columns take one all-to-all of 1/N of each shard, and only the replicated parameters (embedding,
-norms) are all-gathered, one at a time; any other layout gathers one FSDP unit at a time and slices it.
+norms) are all-gathered, one at a time; any other layout all-gathers the shards in buckets and slices them.
 
 Bitwise parity: a row-parallel product is summed over ranks after each rank rounded its partial product, so the
 generator's log-probs differ from the trainer's in the last bits (its o / down GEMMs reduce over the whole K in

@@ -280,6 +280,8 @@ def plan_memory(cfg: RunConfig, m: ModelConfig, max_prompt_tokens: int, device_b
     prefill = largest_prefill(cfg, max_prompt_tokens, ranks // tp)
     gen_transient = _GEN_PREFILL_BYTES_PER_TOKEN_LAYER_WIDTH * prefill * width + 4 * prefill * m.vocab_size
     rows.append(MemoryRow("generator prefill", int(gen_transient), f"{prefill} tokens", persistent=False))
+    if ranks > 1 and role == "both":  # a colocated FSDP run's weight sync gathers the shards into the generator
+        rows.append(_weight_sync_row(m, counts, ranks, tp, lora.enabled, compute, gen_bytes))
     if on_gpu and cc.decode_cuda_graphs:
         # sampler over [max_num_seqs, vocab]: fp32 logits, sort keys and indices, nucleus arrays
         rows.append(MemoryRow("decode graph pool", 32 * max(2, g.max_num_seqs) * m.vocab_size, "sampler buffers"))
@@ -306,6 +308,26 @@ def largest_prefill(cfg: RunConfig, max_prompt_tokens: int, groups: int) -> int:
 
     prompts = max(at_once(r.prompts_per_step, r.group_size), at_once(v.num_prompts, v.k) if v.num_prompts else 0)
     return max(length, min(g.max_prefill_tokens, length * prompts))
+
+
+def _weight_sync_row(m: ModelConfig, counts: dict[str, int], ranks: int, tp: int, lora: bool, compute: str,
+                     gen_bytes: int) -> MemoryRow:
+    """What a colocated FSDP run's weight sync (`monorl.model.weight_sync`) holds beyond both copies, between the
+    trainer's step and the next generation: a bucket of the all-gathered shards and its 1/N sent; with LoRA one FSDP
+    unit gathered at a time, the largest the root (embedding and LM head), and a projection's merged fp32 weight;
+    with tensor-parallel generation from the shards, the embedding gathered whole."""
+    from monorl.distributed.fsdp import GATHER_BUCKET_BYTES
+
+    if lora:
+        base = 2 if compute == "bfloat16" else 4
+        widest = max(m.hidden_size, m.intermediate_size, m.num_heads * m.head_dim)
+        return MemoryRow("weight sync", (counts["embed"] + counts["lm_head"]) * base + widest * m.hidden_size * 4,
+                         "the root FSDP unit gathered, a merged LoRA weight", persistent=False)
+    if tp > 1:
+        return MemoryRow("weight sync", counts["embed"] * gen_bytes, "the embedding gathered whole",
+                         persistent=False)
+    return MemoryRow("weight sync", GATHER_BUCKET_BYTES + GATHER_BUCKET_BYTES // ranks,
+                     "a bucket of the all-gathered shards", persistent=False)
 
 
 GENERATOR_ROWS = ("generator weights", "KV cache", "generator prefill", "decode graph pool")

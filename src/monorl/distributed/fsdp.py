@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import sys
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -89,58 +89,71 @@ def shard_rows(rows: int, rank: int, ranks: int) -> tuple[int, int]:
     return lo, min(rows, lo + c)
 
 
-# what one all-gather of `gather_into_` receives at most (a single larger parameter goes alone): the extra memory of
-# a weight sync, where gathering unit by unit held the root's embedding and LM head at once
+# what one all-gather of `gather_into_` receives at most: the weight sync's extra memory (plus 1/N of it sent), where
+# gathering unit by unit held the root's embedding and LM head at once (2.5 GB for Qwen3-8B)
 GATHER_BUCKET_BYTES = 256 << 20
 
-Fill = Callable[[torch.Tensor], None]  # takes a gathered full tensor (read it before returning: its memory is reused)
 
-
-def gather_into_(shards: Sequence[tuple[Any, Fill]], bucket_bytes: int | None = None) -> None:
-    """Hand every FSDP2-sharded parameter's full tensor (`DTensor`s sharded Shard(0) over one 1-D mesh: every rank
-    holds its `shard_rows`) to its `Fill`, in the dtype FSDP2 gathers in (`gathered_dtype`): what a forward
-    computes with. The shards are cast and packed into buckets of ~`bucket_bytes` received (default
-    `GATHER_BUCKET_BYTES`), one
-    `all_gather_into_tensor` each, instead of one FSDP unit's `unshard` at a time: a weight sync of Qwen3-0.6B on 4
-    ranks queued 29 unshard/reshard pairs (0.040 s of host time a step, 0.007 for one rank's plain copies). Every
-    rank must pass the same parameters in the same order (their collectives pair up)."""
+def gather_into_(pairs: Sequence[tuple[Any, torch.Tensor]], bucket_bytes: int | None = None) -> None:
+    """Copy every FSDP2-sharded parameter (a `DTensor` sharded Shard(0) over one 1-D mesh: each rank holds its
+    `shard_rows`) whole into its destination (a contiguous tensor of its shape, any dtype), through the dtype FSDP2
+    gathers in (`gathered_dtype`: what a forward computes with). The ranks' rows are cast and packed into buckets
+    of at most `bucket_bytes` received (default `GATHER_BUCKET_BYTES`; a large parameter spans several, in row
+    pieces), one `all_gather_into_tensor` each. Every rank must pass the same parameters in the same order (their
+    collectives pair up)."""
     import torch.distributed as dist
 
-    if not shards:
+    if not pairs:
         return
-    bucket_bytes = bucket_bytes or GATHER_BUCKET_BYTES
-    mesh = shards[0][0].device_mesh
+    mesh = pairs[0][0].device_mesh
     ranks, group = mesh.size(), mesh.get_group()
-    bucket: list[tuple[Any, Fill]] = []
+    dtype = gathered_dtype(pairs[0][0].device) or pairs[0][0].dtype
+    cap = max(1, (bucket_bytes or GATHER_BUCKET_BYTES) // (ranks * dtype.itemsize))  # elements a rank sends
+    pieces: list[tuple[Any, torch.Tensor, int, int]] = []  # (source, destination, rows [a, b) of every rank's chunk)
     size = 0
-    for s, fill in shards:
-        if s.device_mesh != mesh:
-            raise ValueError("gather_into_: the parameters are sharded over different meshes")
-        per_rank = -(-s.shape[0] // ranks) * (s.numel() // max(s.shape[0], 1))
-        if bucket and (size + per_rank) * ranks * s.element_size() > bucket_bytes:
-            _gather_bucket(bucket, ranks, group, dist)
-            bucket, size = [], 0
-        bucket.append((s, fill))
-        size += per_rank
-    _gather_bucket(bucket, ranks, group, dist)
+    for s, d in pairs:
+        if s.device_mesh != mesh or (gathered_dtype(s.device) or s.dtype) != dtype:
+            raise ValueError("gather_into_: the parameters are sharded over different meshes or gathered in "
+                             "different dtypes")
+        if tuple(d.shape) != tuple(s.shape) or not d.is_contiguous():
+            raise ValueError(f"gather_into_: a destination of shape {tuple(d.shape)} for a {tuple(s.shape)} source")
+        chunk, width = -(-s.shape[0] // ranks), s[0].numel()
+        a = 0
+        while a < chunk:
+            if size and size + width > cap:
+                _gather_pieces(pieces, size, ranks, group, dtype, dist)
+                pieces, size = [], 0
+            b = min(chunk, a + max(1, (cap - size) // width))
+            pieces.append((s, d, a, b))
+            size += (b - a) * width
+            a = b
+    if pieces:
+        _gather_pieces(pieces, size, ranks, group, dtype, dist)
 
 
-def _gather_bucket(bucket: list[tuple[Any, Fill]], ranks: int, group: Any, dist: Any) -> None:
-    first = bucket[0][0]
-    dtype = gathered_dtype(first.device) or first.dtype
-    per_rank = [-(-s.shape[0] // ranks) * (s.numel() // max(s.shape[0], 1)) for s, _ in bucket]
-    send = torch.empty(sum(per_rank), dtype=dtype, device=first.device)
-    offsets = [0]
-    for n in per_rank[:-1]:
-        offsets.append(offsets[-1] + n)
-    locals_ = [s.to_local() for s, _ in bucket]
-    # each rank's rows, cast to the gathered dtype, at its parameter's offset (a short last shard leaves padding)
-    torch._foreach_copy_([send[o:o + t.numel()].view(t.shape) for o, t in zip(offsets, locals_, strict=True)], locals_)
-    recv = torch.empty(ranks * send.numel(), dtype=dtype, device=send.device)
+def _gather_pieces(pieces: list[tuple[Any, torch.Tensor, int, int]], size: int, ranks: int, group: Any,
+                   dtype: torch.dtype, dist: Any) -> None:
+    send = torch.empty(size, dtype=dtype, device=pieces[0][1].device)
+    outs, ins, offsets, off = [], [], [], 0
+    for s, _, a, b in pieces:
+        offsets.append(off)
+        local = s.to_local()[a:b]  # a short last shard holds fewer rows: the rest of its piece is padding
+        if local.numel():
+            outs.append(send[off:off + local.numel()].view(local.shape))
+            ins.append(local)
+        off += (b - a) * s[0].numel()
+    torch._foreach_copy_(outs, ins)  # cast to the gathered dtype as FSDP2's all-gather does
+    recv = torch.empty(ranks * size, dtype=dtype, device=send.device)
     dist.all_gather_into_tensor(recv, send, group=group)
-    by_rank = recv.view(ranks, send.numel())
-    for (s, fill), o, n in zip(bucket, offsets, per_rank, strict=True):
+    by_rank = recv.view(ranks, size)
+    for (s, d, a, b), o in zip(pieces, offsets, strict=True):
         rows, rest = s.shape[0], tuple(s.shape[1:])
         chunk = -(-rows // ranks)
-        parts = by_rank[:, o:o + n].view(ranks, chunk, *rest)
-        fill(parts.reshape(ranks * chunk, *rest)[:rows])
+        parts = by_rank[:, o:o + (b - a) * s[0].numel()].view(ranks, b - a, *rest)
+        if rows == ranks * chunk:  # even: one strided copy
+            d.view(ranks, chunk, *rest)[:, a:b].copy_(parts)
+            continue
+        for r in range(ranks):  # FSDP2's uneven split: rank r's rows r * chunk + [a, b), cut at the last row
+            lo, hi = r * chunk + a, min(r * chunk + b, rows)
+            if hi > lo:
+                d[lo:hi].copy_(parts[r, :hi - lo])

@@ -240,29 +240,27 @@ def _sync_from_shards_(plan: list[tuple[str, Tensor, Source, Take | None]]) -> N
 
 
 def _all_sharded(plan: list[tuple[str, Tensor, Source, Take | None]]) -> bool:
-    """Whether every source is an FSDP2-sharded parameter (no LoRA projection to merge): `_sync_gathered_` then
-    serves, whose buckets gather only what is sent."""
+    """Whether `_sync_gathered_` serves: every source an FSDP2-sharded parameter (no LoRA projection to merge) whose
+    destination takes it whole (no tensor-parallel cut) into a contiguous view."""
     from torch.distributed.tensor import DTensor, Shard
 
-    return all(isinstance(s, DTensor) and s.placements == (Shard(0),) for _, _, s, _ in plan)
+    return all(isinstance(s, DTensor) and s.placements == (Shard(0),) and take is None and view.is_contiguous()
+               for _, view, s, take in plan)
 
 
 def _sync_gathered_(plan: list[tuple[str, Tensor, Source, Take | None]]) -> None:
-    """`plan`'s copies from full tensors all-gathered in buckets (`gather_into_`), each source once (a tied
-    embedding may feed two destinations)."""
-    dests: dict[str, list[tuple[Tensor, Take | None]]] = {}
-    srcs: dict[str, Source] = {}
-    for name, view, s, take in plan:
-        dests.setdefault(name, []).append((view, take))
-        srcs[name] = s
-
-    def fill(name: str) -> Callable[[Tensor], None]:
-        def put(full: Tensor) -> None:
-            for view, take in dests[name]:
-                view.copy_(full if take is None else take(full))
-        return put
-
-    gather_into_([(srcs[n], fill(n)) for n in dests])
+    """`plan`'s copies all-gathered straight into their destinations in buckets (`gather_into_`), each source once:
+    a source with a second destination (a tied embedding) is copied there from the first."""
+    first: dict[str, tuple[Tensor, Source]] = {}
+    again: list[tuple[Tensor, str]] = []
+    for name, view, s, _ in plan:
+        if name in first:
+            again.append((view, name))
+        else:
+            first[name] = (view, s)
+    gather_into_([(s, view) for view, s in first.values()])
+    for view, name in again:
+        view.copy_(first[name][0])
 
 
 def _sync_sharded_(plan: list[tuple[str, Tensor, Source, Take | None]], src: nn.Module, units: list) -> None:

@@ -231,7 +231,9 @@ class Startup:
         elif transient is None:
             transient = plan.row("trainer activations").bytes
         optimizer = 0 if trainer is None or trainer.optimizer.state else plan.row("optimizer state").bytes
-        gen_bytes = sum(r.bytes for r in plan.rows if r.name in ("generator prefill", "decode graph pool"))
+        # the generator's transients (a prefill, the weight sync's gather: one at a time) and its decode graphs' pool
+        gen_bytes = max((r.bytes for r in plan.rows if r.name in ("generator prefill", "weight sync")), default=0)
+        gen_bytes += sum(r.bytes for r in plan.rows if r.name == "decode graph pool")
         slack = int(0.03 * total) + GiB // 4
         room = generator.tp.min_int(free - transient - optimizer - gen_bytes - slack)  # a TP group decides alike
         need = generator.kv_bytes_needed()

@@ -10,6 +10,7 @@ loss (the trainer divides by step-wide counts), so the sum is the one-rank gradi
 from __future__ import annotations
 
 import contextlib
+import math
 import sys
 from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any
@@ -117,7 +118,7 @@ def gather_into_(pairs: Sequence[tuple[Any, torch.Tensor]], bucket_bytes: int | 
                              "different dtypes")
         if tuple(d.shape) != tuple(s.shape) or not d.is_contiguous():
             raise ValueError(f"gather_into_: a destination of shape {tuple(d.shape)} for a {tuple(s.shape)} source")
-        chunk, width = -(-s.shape[0] // ranks), s[0].numel()
+        chunk, width = -(-s.shape[0] // ranks), math.prod(s.shape[1:])
         a = 0
         while a < chunk:
             if size and size + width > cap:
@@ -141,7 +142,7 @@ def _gather_pieces(pieces: list[tuple[Any, torch.Tensor, int, int]], size: int, 
         if local.numel():
             outs.append(send[off:off + local.numel()].view(local.shape))
             ins.append(local)
-        off += (b - a) * s[0].numel()
+        off += (b - a) * math.prod(s.shape[1:])
     torch._foreach_copy_(outs, ins)  # cast to the gathered dtype as FSDP2's all-gather does
     recv = torch.empty(ranks * size, dtype=dtype, device=send.device)
     dist.all_gather_into_tensor(recv, send, group=group)
@@ -149,7 +150,7 @@ def _gather_pieces(pieces: list[tuple[Any, torch.Tensor, int, int]], size: int, 
     for (s, d, a, b), o in zip(pieces, offsets, strict=True):
         rows, rest = s.shape[0], tuple(s.shape[1:])
         chunk = -(-rows // ranks)
-        parts = by_rank[:, o:o + (b - a) * s[0].numel()].view(ranks, b - a, *rest)
+        parts = by_rank[:, o:o + (b - a) * math.prod(rest)].view(ranks, b - a, *rest)
         if rows == ranks * chunk:  # even: one strided copy
             d.view(ranks, chunk, *rest)[:, a:b].copy_(parts)
             continue

@@ -226,11 +226,16 @@ class Trainer:
 
     def _warm_up_packs(self, prompt_ids: list[int], num_seqs: int, completion_len: int, smaller: bool = True,
                        group_size: int = 1) -> list[tuple[MicroBatch, LossNorm, Tensor, bool]]:
-        """The warm-up's micro-batches: the step's full-size packs (num_seqs rollouts of completion_len tokens, in
-        groups of group_size that share a prompt, as a step's do) and (smaller) one that differs in every size
+        """The warm-up's micro-batches: a rank's share of the step's full-size packs (num_seqs rollouts of
+        completion_len tokens, in groups of group_size that share a prompt, as a step's do) and (smaller) one that
+        differs in every size
         Dynamo sees (tokens, sequences, max_seqlen), so it compiles them as dynamic once, here, instead of
         recompiling at the first real step. (mb, norm, advantages, full size)."""
         comp = (list(prompt_ids) * (completion_len // max(1, len(prompt_ids)) + 1))[:completion_len] or [0]
+        # a rank trains its share of a step (`_my_share`): the packs of the largest share, the same on every rank (their
+        # collectives pair up). The whole step's packs were larger than the graphs' pool is planned for: they ran
+        # without graphs, and step 1's capture grew the pool after the KV cache had taken the rest (Qwen3-8B, 4 H100)
+        num_seqs = -(-num_seqs // self.world.size)
         sizes = [(num_seqs, comp)] + ([(max(1, num_seqs // 4), comp[: max(1, len(comp) // 2)])] if smaller else [])
         packs = []
         for n, c in sizes:

@@ -187,3 +187,21 @@ def test_capture_log_reports_what_each_step_captured() -> None:
     assert log.since_last_read() == {"trainer/graph_captures": 0.0, "time/graph_capture_s": 0.0}
     log.add(0.25)
     assert log.since_last_read() == {"trainer/graph_captures": 1.0, "time/graph_capture_s": 0.25}
+
+
+def test_warm_up_packs_are_a_ranks_share_of_the_step():
+    """Under FSDP a rank trains its share of a step: the warm-up packs (and captures) that many sequences, the same
+    on every rank, not the whole step (whose packs were larger than the graphs' pool is planned for)."""
+    from monorl.distributed.world import World
+
+    one, four = World(0, 1), World(0, 4)
+    tr1 = Trainer(build_model(model_shape("tiny"), seed=3), TrainerConfig(lr=1e-3, micro_batch_tokens=4096),
+                  total_steps=1, world=one)
+    tr4 = Trainer(build_model(model_shape("tiny"), seed=3), TrainerConfig(lr=1e-3, micro_batch_tokens=4096),
+                  total_steps=1, world=four)
+    def shapes(tr: Trainer, num_seqs: int) -> list:
+        packs = tr._warm_up_packs(list(range(3, 9)), num_seqs=num_seqs, completion_len=5, smaller=False, group_size=8)
+        return [(mb.shape, mb.input_ids.numel()) for mb, *_ in packs]
+
+    assert shapes(tr4, 64) == shapes(tr1, 16) != shapes(tr1, 64)  # 64 sequences on 4 ranks: 16 a rank
+    assert shapes(tr4, 40) == shapes(tr1, 10)

@@ -113,6 +113,13 @@ class Startup:
         # two prompts of different lengths: Dynamo specialises a dimension of size 1 (one prompt), which would cost a
         # recompile at the first real prefill
         gen_prompts = [prompt, prompt[: max(2, len(prompt) - 3)]]
+        # the trainer warms up (and captures) the largest pack a step can make: prompts as long as the longest training
+        # prompt (the one the memory plan sizes packs with), completions of max_new_tokens. A step's packs can then
+        # replay its graph, padded (`trainer.graph_pad_slack`); with the validation prompt's length they captured
+        # their own, each capture's eager pass taking memory the KV cache had been given (Qwen3-8B on 4 H100 ran out
+        # of memory in one at step 2)
+        prompt = (prompt * (spec.max_prompt_tokens // max(1, len(prompt)) + 1))[:max(len(prompt),
+                                                                                   spec.max_prompt_tokens)]
         if self.speedups and trainer is not None and generator is not None and policy is not None:
             self.compile_kernels_ahead(spec, policy, trainer, generator, prompt, gen_prompts, samplers)
         self.join_aten_preload()

@@ -27,6 +27,7 @@ the full weights. A tensor-parallel copy whose group is the FSDP ranks is filled
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable, Collection, Mapping
 
 import torch
@@ -299,7 +300,13 @@ def share_frozen_(dst: nn.Module, src: nn.Module) -> int:
         for pname, p in list(m._parameters.items()):
             sp = sm._parameters.get(pname)
             if (p is not None and sp is not None and not sp.requires_grad and sp.shape == p.shape
-                    and sp.dtype == p.dtype and sp.device == p.device):
+                    and sp.dtype == p.dtype and sp.device == p.device and not _is_dtensor(sp)):
                 m._parameters[pname] = sp
                 saved += p.numel() * p.element_size()
     return saved
+
+
+def _is_dtensor(t: Tensor) -> bool:
+    """An FSDP2 shard (a `DTensor`: its shape is the whole tensor's), which a plain copy cannot share."""
+    dt = sys.modules.get("torch.distributed.tensor")
+    return dt is not None and isinstance(t, dt.DTensor)

@@ -144,22 +144,29 @@ class GRPORun:
             # creates every group); batch-invariant runs sum row-parallel partials in a fixed order
             tp = tensor_parallel_group(world.rank, world.size, cfg.generator.tensor_parallel_size,
                                        fixed_order=bool(cfg.batch_invariant))
-            self.generator = None if role == "trainer" else Generator(
-                self.policy, cfg.generator, tokenizer=self.tokenizer, compile=cc, allocate_kv=not on_gpu,
-                eos_token_ids=eos_ids(self.tokenizer, self.spec.model_config),
-                lora=lora if cfg.batch_invariant and lora.enabled else None, tp=tp)
+
+            def build_generator() -> Generator:
+                gen = Generator(self.policy, cfg.generator, tokenizer=self.tokenizer, compile=cc,
+                                allocate_kv=not on_gpu, eos_token_ids=eos_ids(self.tokenizer, self.spec.model_config),
+                                lora=lora if cfg.batch_invariant and lora.enabled else None, tp=tp)
+                if cfg.batch_invariant:  # converted once (the KL reference inherits the policy's conversion)
+                    make_batch_invariant_(gen.model)
+                return gen
+
+            # a colocated FSDP run builds the generator's copy once the policy is sharded, from the shards: each rank
+            # then holds the whole policy alone at start-up, not beside the copy (Qwen3-32B LoRA on 4 H100s ran out of
+            # memory building it: 77.6 GiB allocated)
+            copy_from_shards = role == "both" and self.train_world.size > 1
             if cfg.batch_invariant and not on_gpu:
                 log.warning("batch_invariant on %s runs the invariant ops' reference path (fixed-order tree sums, "
                             "many times slower than the default kernels); --batch_invariant false for a quick run",
                             device.type)
-            if cfg.batch_invariant:  # both sides converted once, here (the KL reference inherits the policy's)
+            if cfg.batch_invariant:
                 make_batch_invariant_(self.policy)
-                if self.generator is not None:
-                    make_batch_invariant_(self.generator.model)
-        self.producer = None if role == "trainer" else RolloutProducer(
-            self.spec, self.generator, placement.generator_world,
-            (lambda: self.generator.policy_version) if role == "generator" else lambda: self.consumer.policy_version)
+            self.generator = None if role == "trainer" or copy_from_shards else build_generator()
         if role == "generator":  # its copy is built: the trainers hold the policy
+            self.producer = RolloutProducer(self.spec, self.generator, placement.generator_world,
+                                            lambda: self.generator.policy_version)
             self.policy = self.trainer = self.consumer = self.rollouts = self.checkpoints = None  # type: ignore
             self.finish_init(placement)
             return
@@ -173,8 +180,14 @@ class GRPORun:
             trainer_cfg = dataclasses.replace(trainer_cfg, compute_dtype=str(gen_dtype).removeprefix("torch."))
         if cc.enabled and cc.trainer:  # before sharding: FSDP's hooks then stay outside the compiled blocks
             compile_blocks(self.policy, cc)
-        if self.train_world.size > 1:  # after the generator and the KL reference copied the full weights
+        if self.train_world.size > 1:  # after the KL reference copied the full weights
             shard_model_(self.policy, device, group=self.train_world.group)
+        if copy_from_shards:
+            with boot.timed("generator_init_s"):
+                self.generator = build_generator()
+            t += boot.timings["generator_init_s"]  # not the trainer's
+        self.producer = None if role == "trainer" else RolloutProducer(
+            self.spec, self.generator, placement.generator_world, lambda: self.consumer.policy_version)
         self.trainer = Trainer(self.policy, trainer_cfg, total_steps=cfg.steps,
                                attn_backend="flash" if self.attn_backend == "flash" else "sdpa",
                                ref_model=ref_model, cuda_graphs=cc.trainer_cuda_graphs,

@@ -78,6 +78,17 @@ def test_largest_prefill_is_a_ranks_share_of_what_the_slots_hold() -> None:
     assert largest_prefill(cfg, 2000, 4) == 8192  # 8 groups' prompts, packed up to 8192 tokens
 
 
+def test_a_colocated_fsdp_plan_holds_the_weight_syncs_gather() -> None:
+    """Between the trainer's step and the next generation the sync holds a 256 MiB bucket and its 1/N sent; with LoRA
+    the root FSDP unit (embedding and LM head) and a merged weight; one rank and disaggregated trainers hold none."""
+    cfg = _cfg()
+    row = _plan(cfg, H100).row("weight sync")
+    assert not row.persistent and row.bytes == (256 << 20) * 5 // 4
+    cfg.lora.rank = 16
+    assert _plan(cfg, H100).row("weight sync").bytes > 2 * 151936 * 4096 * 2  # bf16 embedding and LM head
+    assert "weight sync" not in [r.name for r in _plan(cfg, H100, ranks=1).rows]
+
+
 def test_plan_report_states_the_kv_cache_chosen() -> None:
     cfg = _cfg()
     cfg.model.shape = "qwen3-8b"

@@ -315,7 +315,7 @@ def _weight_sync_row(m: ModelConfig, counts: dict[str, int], ranks: int, tp: int
     """What a colocated FSDP run's weight sync (`monorl.model.weight_sync`) holds beyond both copies, between the
     trainer's step and the next generation: a bucket of the all-gathered shards and its 1/N sent; with LoRA one FSDP
     unit gathered at a time, the largest the root (embedding and LM head), and a projection's merged fp32 weight;
-    with tensor-parallel generation from the shards, the embedding gathered whole."""
+    with tensor-parallel generation, the embedding (and LM head) gathered whole."""
     from monorl.distributed.fsdp import GATHER_BUCKET_BYTES
 
     if lora:
@@ -323,9 +323,9 @@ def _weight_sync_row(m: ModelConfig, counts: dict[str, int], ranks: int, tp: int
         widest = max(m.hidden_size, m.intermediate_size, m.num_heads * m.head_dim)
         return MemoryRow("weight sync", (counts["embed"] + counts["lm_head"]) * base + widest * m.hidden_size * 4,
                          "the root FSDP unit gathered, a merged LoRA weight", persistent=False)
-    if tp > 1:
-        return MemoryRow("weight sync", counts["embed"] * gen_bytes, "the embedding gathered whole",
-                         persistent=False)
+    if tp > 1:  # from the shards the embedding alone is gathered whole; other layouts gather the root unit
+        return MemoryRow("weight sync", (counts["embed"] + counts["lm_head"]) * gen_bytes,
+                         "the embedding (and LM head) gathered whole", persistent=False)
     return MemoryRow("weight sync", GATHER_BUCKET_BYTES + GATHER_BUCKET_BYTES // ranks,
                      "a bucket of the all-gathered shards", persistent=False)
 

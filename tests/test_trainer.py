@@ -205,3 +205,30 @@ def test_warm_up_packs_are_a_ranks_share_of_the_step():
 
     assert shapes(tr4, 64) == shapes(tr1, 16) != shapes(tr1, 64)  # 64 sequences on 4 ranks: 16 a rank
     assert shapes(tr4, 40) == shapes(tr1, 10)
+
+
+def test_run_warms_the_trainer_up_at_the_longest_training_prompt(tmp_path, monkeypatch):
+    """The start-up's trainer warm-up (here, under compiled blocks) packs prompts as long as the longest training
+    prompt the memory plan sizes packs with, and completions of max_new_tokens: the largest pack a step makes, whose
+    graph later packs replay padded."""
+    from monorl.rl.loop import GRPORun
+    from tests.test_resume import small_cfg
+
+    seen = []
+    real = Trainer.warm_up
+
+    def record(self, prompt_ids, num_seqs, completion_len, *args, **kwargs):
+        seen.append((len(prompt_ids), num_seqs, completion_len))
+        return real(self, prompt_ids, num_seqs, completion_len, *args, **kwargs)
+
+    monkeypatch.setattr(Trainer, "warm_up", record)
+    # up to 4 numbers of up to 4 digits: the longest training prompt is longer than the first validation prompt
+    cfg = small_cfg(tmp_path / "run", **{"compile.backend": "eager", "steps": "1", "warm_start.steps": "0",
+                                         "checkpoint.final": "false", "task.args.max_numbers": "4",
+                                         "task.args.max_digits": "4"})
+    run = GRPORun(cfg, progress=False)
+    spec = run.spec
+    assert len(spec.tokenizer.encode(spec.task.render(spec.val_prompts[0], spec.tokenizer))) < spec.max_prompt_tokens
+    run.run()
+    r = run.cfg.rollout
+    assert seen == [(run.spec.max_prompt_tokens, r.prompts_per_step * r.group_size, r.max_new_tokens)]

@@ -14,6 +14,9 @@ every step generates the same tokens):
   32b      Qwen3-32B with LoRA (rank 16, q,k,v,o), the same batch, 4 GPUs, TP 4 (full fine-tuning needs ~219 GiB a
            GPU on 4; LoRA ~50). The configs of 14b and 32b are not in ../shared/models: write them as the released
            ones are (hidden 5120; 40 layers, 40 heads, MLP 17408 / 64 layers, 64 heads, MLP 25600; 8 kv heads)
+  8b_gsm8k Qwen3-8B full fine-tuning with the qwen3_0_6b_gsm8k preset's own defaults (8 prompts x 8, up to 512
+           tokens, 100 validation prompts before and after) on GSM8K (--data DIR: train.jsonl and test.jsonl): #45's
+           "runs with the preset's defaults"; EOS is not ignored (random weights rarely emit it)
   ref      the reference workload, preset qwen3_0_6b_sum_digits (5 prompts x 8, 100 tokens) with random init of
            .models/qwen3-0.6b/config.json; 5 groups do not divide over 2 or 4 ranks, so there the row runs 8
            prompts (`ref8`, also run at N = 1 for the comparison)
@@ -51,8 +54,16 @@ TP4_ROWS = {  # rows of models one GPU's generator copy cannot hold beside the t
 }
 
 
-def row_args(name: str, nproc: int) -> tuple[str, list[str]] | str:
+PRESET_ROWS = {"8b_gsm8k": ("qwen3-8b", "qwen3_0_6b_gsm8k")}  # name: (model, preset run with its own defaults)
+
+
+def row_args(name: str, nproc: int, data: Path | None = None) -> tuple[str, list[str]] | str:
     """(model, extra flags) of a row at `nproc` ranks; a string saying why when the row does not apply there."""
+    if name in PRESET_ROWS:
+        if data is None or not (data / "train.jsonl").is_file():
+            return f"needs --data DIR with GSM8K's train.jsonl and test.jsonl (got {data})"
+        return PRESET_ROWS[name][0], ["--task.args.train_path", str(data / "train.jsonl"),
+                                      "--task.args.test_path", str(data / "test.jsonl")]
     if name == "8b":
         return "qwen3-8b", ["--rollout.prompts_per_step", "8"]
     if name == "weak":
@@ -70,8 +81,8 @@ def row_args(name: str, nproc: int) -> tuple[str, list[str]] | str:
 
 
 def run_row(name: str, nproc: int, models: Path, steps: int, shape: str | None, device: str,
-            passthrough: list[str], timeout_s: float | None = None) -> dict:
-    spec = row_args(name, nproc)
+            passthrough: list[str], timeout_s: float | None = None, data: Path | None = None) -> dict:
+    spec = row_args(name, nproc, data)
     if isinstance(spec, str):
         return {"name": name, "nproc": nproc, "skipped": spec}
     model, extra = spec
@@ -79,10 +90,11 @@ def run_row(name: str, nproc: int, models: Path, steps: int, shape: str | None, 
     # --shape: a named shape (e.g. tiny) instead of the row's model, for a smoke run without .models or a GPU
     where = (["--model.shape", shape] if shape else
              ["--model.path", str(model_dir(models, model)), "--model.random_init", "true"])
+    preset = ["--preset", PRESET_ROWS[name][1]] if name in PRESET_ROWS else [
+        "--preset", "qwen3_0_6b_sum_digits", "--rollout.ignore_eos", "true"]
     proc, log, wall = run_train(
-        ["--nproc", str(nproc), "--preset", "qwen3_0_6b_sum_digits", *where, "--rollout.ignore_eos", "true",
-         "--checkpoint.final", "false", "--steps", str(steps), "--device", device, "--run_dir", str(run_dir), *extra,
-         *passthrough], f"{name} x{nproc}", timeout_s)
+        ["--nproc", str(nproc), *preset, *where, "--checkpoint.final", "false", "--steps", str(steps), "--device",
+         device, "--run_dir", str(run_dir), *extra, *passthrough], f"{name} x{nproc}", timeout_s)
     if proc.returncode != 0:
         return {"name": name, "nproc": nproc, "error": log[-2000:], "returncode": proc.returncode, "wall_s": wall}
     print(f"--- {name} x{nproc}\n{proc.stdout[-2000:]}", flush=True)
@@ -93,7 +105,7 @@ def run_row(name: str, nproc: int, models: Path, steps: int, shape: str | None, 
     def med(key: str) -> float:
         return statistics.median(r[key] for r in steady)
 
-    prompts = int(extra[extra.index("--rollout.prompts_per_step") + 1]) if extra else 5
+    prompts = json.loads((run_dir / "config.json").read_text())["rollout"]["prompts_per_step"]
     first = next(r for r in rows if "step" in r)
     return {"name": name, "nproc": nproc, "model": shape or model, "prompts_per_step": prompts,
             "steady_step_s": med("time/step_s"), "tokens_per_s": med("throughput/tokens_per_s"),
@@ -114,6 +126,7 @@ def main() -> None:
     ap.add_argument("--models", default=".models")
     ap.add_argument("--shape", default=None, help="run every row on this named shape (smoke test)")
     ap.add_argument("--device", default="auto")
+    ap.add_argument("--data", default="../shared/data/gsm8k", help="GSM8K's directory (the 8b_gsm8k row)")
     ap.add_argument("--out", default=None)
     ap.add_argument("--row-timeout", type=float, default=None,
                     help="seconds a row may run; past it its processes are killed and the row fails")
@@ -122,7 +135,8 @@ def main() -> None:
     models = Path(a.models).resolve()
     results = []
     for name in (r for r in a.rows.split(",") if r):
-        results.append(run_row(name, a.nproc, models, a.steps, a.shape, a.device, passthrough, a.row_timeout))
+        results.append(run_row(name, a.nproc, models, a.steps, a.shape, a.device, passthrough, a.row_timeout,
+                               Path(a.data).resolve()))
         if a.out:  # after every row: a call cut off by its time limit keeps what it measured
             Path(a.out).write_text(json.dumps({"nproc": a.nproc, "rows": results}, indent=2) + "\n")
     print("\n| row | ranks | steady step s | tokens/s | generate s | train s | weight sync s | first step s |"

@@ -95,6 +95,7 @@ def shard_rows(rows: int, rank: int, ranks: int) -> tuple[int, int]:
 GATHER_BUCKET_BYTES = 256 << 20
 
 
+@torch.no_grad()
 def gather_into_(pairs: Sequence[tuple[Any, torch.Tensor]], bucket_bytes: int | None = None) -> None:
     """Copy every FSDP2-sharded parameter (a `DTensor` sharded Shard(0) over one 1-D mesh: each rank holds its
     `shard_rows`) whole into its destination (a contiguous tensor of its shape, any dtype), through the dtype FSDP2
@@ -143,7 +144,8 @@ def _gather_pieces(pieces: list[tuple[Any, torch.Tensor, int, int]], size: int, 
             outs.append(send[off:off + local.numel()].view(local.shape))
             ins.append(local)
         off += (b - a) * math.prod(s.shape[1:])
-    torch._foreach_copy_(outs, ins)  # cast to the gathered dtype as FSDP2's all-gather does
+    if outs:  # (a rank may hold none of a bucket's rows: the end of an uneven split)
+        torch._foreach_copy_(outs, ins)  # cast to the gathered dtype as FSDP2's all-gather does
     recv = torch.empty(ranks * size, dtype=dtype, device=send.device)
     dist.all_gather_into_tensor(recv, send, group=group)
     by_rank = recv.view(ranks, size)

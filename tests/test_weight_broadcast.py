@@ -2,8 +2,9 @@
 After a trainer step the generator's fused bf16 copy, written in place by `WeightBroadcast`, equals bitwise what
 `sync_weights_` writes from the full trainer model in one process; the version travels with it; LoRA too (merged
 into the fused copy, or into a copy with the same adapters); a generator polls for an update without blocking;
-rollouts reach every trainer; a copy that does not fit is the same one-line error on every rank. Bad placements
-are refused in one line before any process group exists."""
+rollouts reach every trainer; a copy that does not fit is the same one-line error on every rank; the colocated
+sync's bucketed gather takes awkward shapes whole. Bad placements are refused in one line before any process group
+exists."""
 
 from __future__ import annotations
 
@@ -89,6 +90,7 @@ def worker(rank: int, port: int, out: str, device_type: str) -> None:
                               "generators": placement.generators, "from_rank0": world.broadcast(f"r{rank}")}
     if placement.role == "trainer":  # the trainer World's collectives run among the trainers alone
         result["trainer_sum"] = int(placement.trainer_world.all_reduce_(torch.tensor([rank + 1], device=device)).item())
+        result["awkward"] = awkward_gathers(placement.trainer_world.group, device)
     for key in KINDS:
         lora = key != "full"
         if placement.role == "trainer":
@@ -136,6 +138,28 @@ def worker(rank: int, port: int, out: str, device_type: str) -> None:
         result["error"] = str(e)
     torch.save(result, Path(out) / f"rank{rank}.pt")
     close_world(world)
+
+
+# `gather_into_` (the colocated sync's bucketed gather) on shapes the models above do not have: fewer rows than
+# trainers, uneven splits, 1-D; buckets down to one row, where a trainer holds none of some buckets' rows
+AWKWARD_SHAPES = [(3, 4), (1, 5), (7,), (4, 2), (5, 3)]
+AWKWARD_BUCKETS = [None, 64, 1]  # the default (one bucket); a few rows; a row each
+
+
+def awkward_gathers(group: Any, device: torch.device) -> dict[str, Any]:
+    from torch.distributed.device_mesh import DeviceMesh
+    from torch.distributed.fsdp import fully_shard
+
+    g = torch.Generator().manual_seed(0)
+    params = torch.nn.ParameterList([torch.nn.Parameter(torch.randn(s, generator=g)) for s in AWKWARD_SHAPES])
+    want = [p.detach().clone() for p in params]
+    fully_shard(params.to(device), mesh=DeviceMesh.from_group(group, device.type))
+    got = {}
+    for bucket in AWKWARD_BUCKETS:
+        dst = [torch.full(s, float("nan"), device=device) for s in AWKWARD_SHAPES]
+        fsdp.gather_into_(list(zip(params, dst, strict=True)), bucket)
+        got[bucket] = [d.cpu() for d in dst]
+    return {"want": want, "got": got}
 
 
 STEPS, K = 4, 1
@@ -210,6 +234,13 @@ def assert_bitwise(got: dict[str, torch.Tensor], want: dict[str, torch.Tensor]) 
     assert got.keys() == want.keys()
     for n in want:
         assert got[n].dtype == want[n].dtype and torch.equal(got[n], want[n]), n
+
+
+@pytest.mark.parametrize("bucket", AWKWARD_BUCKETS)
+def test_gather_into_awkward_shapes(ranks: list[dict[str, Any]], bucket: int | None) -> None:
+    for r in ranks[:2]:
+        for got, want in zip(r["awkward"]["got"][bucket], r["awkward"]["want"], strict=True):
+            assert torch.equal(got, want)
 
 
 def test_roles(ranks: list[dict[str, Any]]) -> None:

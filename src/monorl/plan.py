@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from monorl.distributed.fsdp import GATHER_BUCKET_BYTES
 from monorl.distributed.placement import role_share
 from monorl.generate.kv_cache import bytes_per_block, kv_cache_bytes_needed
 from monorl.generate.tensor_parallel import check_tensor_parallel, shard_config
@@ -316,8 +317,6 @@ def _weight_sync_row(m: ModelConfig, counts: dict[str, int], ranks: int, tp: int
     trainer's step and the next generation: a bucket of the all-gathered shards and its 1/N sent; with LoRA one FSDP
     unit gathered at a time, the largest the root (embedding and LM head), and a projection's merged fp32 weight;
     with tensor-parallel generation, the embedding (and LM head) gathered whole."""
-    from monorl.distributed.fsdp import GATHER_BUCKET_BYTES
-
     if lora:
         base = 2 if compute == "bfloat16" else 4
         widest = max(m.hidden_size, m.intermediate_size, m.num_heads * m.head_dim)

@@ -262,6 +262,7 @@ class CachedPrefillContext:
         if key_count:
             seq_k = np.repeat(np.arange(S, dtype=np.int64), lens_k)
             key_slots[:len(seq_k)] = slots(seq_k, positions_of(lens_k).numpy())
+
         def bound(n: int) -> int:  # >= 2 (no size-1 dimension); static: a power of two
             return next_pow2(n, 16) if static else max(2, n)
 

@@ -228,9 +228,8 @@ class Trainer:
                        group_size: int = 1) -> list[tuple[MicroBatch, LossNorm, Tensor, bool]]:
         """The warm-up's micro-batches: a rank's share of the step's full-size packs (num_seqs rollouts of
         completion_len tokens, in groups of group_size that share a prompt, as a step's do) and (smaller) one that
-        differs in every size
-        Dynamo sees (tokens, sequences, max_seqlen), so it compiles them as dynamic once, here, instead of
-        recompiling at the first real step. (mb, norm, advantages, full size)."""
+        differs in every size Dynamo sees (tokens, sequences, max_seqlen), so it compiles them as dynamic once, here,
+        instead of recompiling at the first real step. (mb, norm, advantages, full size)."""
         comp = (list(prompt_ids) * (completion_len // max(1, len(prompt_ids)) + 1))[:completion_len] or [0]
         # a rank trains its share of a step (`_my_share`): the packs of the largest share, the same on every rank (their
         # collectives pair up). The whole step's packs were larger than the graphs' pool is planned for: they ran

@@ -81,7 +81,10 @@ def row_args(name: str, nproc: int, data: Path | None = None) -> tuple[str, list
 
 
 def run_row(name: str, nproc: int, models: Path, steps: int, shape: str | None, device: str,
-            passthrough: list[str], timeout_s: float | None = None, data: Path | None = None) -> dict:
+            passthrough: list[str], timeout_s: float | None = None, data: Path | None = None,
+            log_to: Path | None = None) -> dict:
+    """One row's `monorl train` and its summary; log_to: where its whole output goes (a failure's tail is in the
+    row, not always enough to say where it failed)."""
     spec = row_args(name, nproc, data)
     if isinstance(spec, str):
         return {"name": name, "nproc": nproc, "skipped": spec}
@@ -95,6 +98,8 @@ def run_row(name: str, nproc: int, models: Path, steps: int, shape: str | None, 
     proc, log, wall = run_train(
         ["--nproc", str(nproc), *preset, *where, "--checkpoint.final", "false", "--steps", str(steps), "--device",
          device, "--run_dir", str(run_dir), *extra, *passthrough], f"{name} x{nproc}", timeout_s)
+    if log_to is not None:
+        log_to.write_text(log)
     if proc.returncode != 0:
         return {"name": name, "nproc": nproc, "error": log[-2000:], "returncode": proc.returncode, "wall_s": wall}
     print(f"--- {name} x{nproc}\n{proc.stdout[-2000:]}", flush=True)
@@ -135,8 +140,9 @@ def main() -> None:
     models = Path(a.models).resolve()
     results = []
     for name in (r for r in a.rows.split(",") if r):
+        log_to = Path(a.out).with_suffix(f".{name}_x{a.nproc}.log") if a.out else None
         results.append(run_row(name, a.nproc, models, a.steps, a.shape, a.device, passthrough, a.row_timeout,
-                               Path(a.data).resolve()))
+                               Path(a.data).resolve(), log_to))
         if a.out:  # after every row: a call cut off by its time limit keeps what it measured
             Path(a.out).write_text(json.dumps({"nproc": a.nproc, "rows": results}, indent=2) + "\n")
     print("\n| row | ranks | steady step s | tokens/s | generate s | train s | weight sync s | first step s |"

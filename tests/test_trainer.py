@@ -207,6 +207,25 @@ def test_warm_up_packs_are_a_ranks_share_of_the_step():
     assert shapes(tr4, 40) == shapes(tr1, 10)
 
 
+def test_warm_up_graph_keys_are_the_steps():
+    """The graphs the warm-up captures are the ones a step replays: its packs' keys (shape, the step's sequence
+    count, ...) are those of a rank's share of a step of that many sequences. With the share's count in the key
+    (session 9) no step replayed a warm-up graph: each captured its own, outside the planned pool (Qwen3-8B on 4
+    H100s ran out of memory)."""
+    from monorl.distributed.world import World
+
+    prompt, comp, n, T = list(range(3, 9)), 5, 64, 1.0
+    for rank in range(4):
+        tr = Trainer(build_model(model_shape("tiny"), seed=3), TrainerConfig(lr=1e-3, micro_batch_tokens=4096),
+                     total_steps=1, world=World(rank, 4))
+        warm = {tr._graph_key(mb, adv.numel(), T)
+                for mb, _, adv, full in tr._warm_up_packs(prompt, n, comp, smaller=True, group_size=8) if full}
+        seqs = [TrainSequence(list(prompt), list(range(10, 10 + comp)), [0.0] * comp, 1.0, group=j // 8)
+                for j in range(n)]
+        step = {tr._graph_key(mb, len(seqs), T) for mb in tr._micro_batches(seqs, tr._my_share(seqs))}
+        assert warm == step, rank
+
+
 def test_run_warms_the_trainer_up_at_the_longest_training_prompt(tmp_path, monkeypatch):
     """The start-up's trainer warm-up (here, under compiled blocks) packs prompts as long as the longest training
     prompt the memory plan sizes packs with, and completions of max_new_tokens: the largest pack a step makes, whose

@@ -108,6 +108,9 @@ class World:
 
 
 SINGLE = World()
+# one tensor gathered from every rank into one: torch 2.13 renamed all_gather_into_tensor (deprecated there); torch
+# 2.11 has only the old name
+all_gather_single = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
 
 
 def collective_device() -> torch.device:

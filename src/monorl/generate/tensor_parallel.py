@@ -46,7 +46,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
-from monorl.distributed.world import World
+from monorl.distributed.world import World, all_gather_single
 from monorl.model.config import ModelConfig
 from monorl.model.qwen3 import Linear, Qwen3ForCausalLM, materialize_
 
@@ -83,8 +83,6 @@ class TensorParallel:
 
 
 NO_TP = TensorParallel()
-# torch 2.13 renamed all_gather_into_tensor (deprecated there); torch 2.11 has only the old name
-_gather_single = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
 
 
 def _collective_device(group: Any) -> torch.device:
@@ -192,7 +190,7 @@ def gather_vocab(logits: Tensor, tp: TensorParallel) -> Tensor:
 def _all_gather(t: Tensor, tp: TensorParallel) -> Tensor:
     """[N, *t.shape]: every rank's `t`, in rank order (one collective into one tensor)."""
     parts = t.new_empty((tp.size * t.shape[0], *t.shape[1:]))
-    _gather_single(parts, t.contiguous(), group=tp.group)
+    all_gather_single(parts, t.contiguous(), group=tp.group)
     return parts.view(tp.size, *t.shape)
 
 

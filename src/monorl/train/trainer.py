@@ -233,18 +233,20 @@ class Trainer:
         comp = (list(prompt_ids) * (completion_len // max(1, len(prompt_ids)) + 1))[:completion_len] or [0]
         # a rank trains its share of a step (`_my_share`): the packs of the largest share, the same on every rank (their
         # collectives pair up). The whole step's packs were larger than the graphs' pool is planned for: they ran
-        # without graphs, and step 1's capture grew the pool after the KV cache had taken the rest (Qwen3-8B, 4 H100)
-        num_seqs = -(-num_seqs // self.world.size)
-        sizes = [(num_seqs, comp)] + ([(max(1, num_seqs // 4), comp[: max(1, len(comp) // 2)])] if smaller else [])
+        # without graphs, and step 1's capture grew the pool after the KV cache had taken the rest (Qwen3-8B, 4 H100).
+        # The norm and advantages stay the whole step's, as a step's are: a graph's key holds the step's sequence
+        # count, and graphs captured under the share's count were never replayed (every step captured its own)
+        share = -(-num_seqs // self.world.size)
+        norm = LossNorm.for_step(self.cfg.loss, [len(comp)] * num_seqs, self.device)
+        adv = torch.ones(num_seqs, device=self.device)
+        sizes = [(share, comp)] + ([(max(1, share // 4), comp[: max(1, len(comp) // 2)])] if smaller else [])
         packs = []
-        for n, c in sizes:
+        for i, (n, c) in enumerate(sizes):
             # with a KL term the step's packs carry reference log-probs: so do these (the same graph key and code)
             ref = [0.0] * len(c) if self.cfg.loss.kl_coef > 0 else None
             seqs = [TrainSequence(list(prompt_ids), c, [0.0] * len(c), 1.0, ref_logprobs=ref,
                                   group=j // max(1, group_size)) for j in range(n)]
-            norm = LossNorm.for_step(self.cfg.loss, [len(c)] * n, self.device)
-            adv = torch.ones(n, device=self.device)
-            packs += [(mb, norm, adv, n == num_seqs) for mb in self._micro_batches(seqs)]
+            packs += [(mb, norm, adv, i == 0) for mb in self._micro_batches(seqs)]
         return packs
 
     def warm_up(self, prompt_ids: list[int], num_seqs: int, completion_len: int, temperature: float = 1.0,

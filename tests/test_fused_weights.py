@@ -133,6 +133,28 @@ def test_sync_writes_in_place_and_equals_the_trainer_after_a_step():
         assert torch.equal(view, s.detach().to(torch.bfloat16)), name
 
 
+def test_a_sync_is_planned_once_and_again_when_a_parameter_is_replaced():
+    """`sync_weights_` keeps its plan for a (destination, source) pair: the next sync copies the source's current
+    values without planning again; a source parameter replaced by another tensor (a reload with assign=True) or a
+    new source makes a new plan, and the copy is the new parameter's, never the replaced one's."""
+    from monorl.model import weight_sync
+
+    src, dst = tiny_model(), build_model(tiny_model().config, seed=None, fused=True)
+    sync_weights_(dst, src)
+    plan = weight_sync._PLANNED[dst]
+    with torch.no_grad():
+        src.model.norm.weight.add_(1.0)  # in place: the same plan serves
+    sync_weights_(dst, src)
+    assert weight_sync._PLANNED[dst] is plan and torch.equal(dst.model.norm.weight, src.model.norm.weight)
+    src.model.norm.weight = torch.nn.Parameter(torch.full_like(src.model.norm.weight, 3.0))  # a new tensor
+    sync_weights_(dst, src)
+    assert weight_sync._PLANNED[dst] is not plan and torch.equal(dst.model.norm.weight, src.model.norm.weight)
+    other = tiny_model()
+    sync_weights_(dst, other)
+    for name, view, s in weight_pairs(dst, other):
+        assert torch.equal(view, s), name
+
+
 def gen(model, **kw) -> Generator:
     fused = kw.pop("fused", True)
     cfg = dict(max_num_seqs=4, max_model_len=128, block_size=4)

@@ -5,6 +5,9 @@ longer than --gap-ms with the monorl phase the host was in (`record_function` ra
 and the kernels on either side. A step's time the GPU sits idle is host time no kernel work hides.
 
   python benchmarks/profile_rl_step.py [--model-dir .models] [--steps 6] [--profile 2] [--out rl_step.json]
+
+Under torchrun (`torchrun --standalone --nproc_per_node 4 benchmarks/profile_rl_step.py ...`) every rank runs the
+FSDP step and profiles its own; each writes --out with `.rankN` before the suffix, and rank 0 prints.
 """
 
 from __future__ import annotations
@@ -162,8 +165,11 @@ def main() -> None:
         pstats.Stats(prof).sort_stats("tottime").print_stats(25)
         pstats.Stats(prof).sort_stats("cumulative").print_stats(45)
     device = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
-    Path(args.out).write_text(json.dumps({"device": device, "torch": torch.__version__, "rows": rows}, indent=1))
-    for r in rows:
+    out = Path(args.out)
+    if run.world.size > 1:
+        out = out.with_suffix(f".rank{run.world.rank}{out.suffix}")
+    out.write_text(json.dumps({"device": device, "torch": torch.__version__, "rows": rows}, indent=1))
+    for r in rows if run.world.is_main else []:
         idle = r["wall_s"] - r["gpu_busy_s"]
         print(f"\nstep {r['step']}: wall {r['wall_s'] * 1e3:.1f} ms, GPU busy {r['gpu_busy_s'] * 1e3:.1f} ms, "
               f"idle {idle * 1e3:.1f} ms, {r['kernels']} kernels")

@@ -401,20 +401,23 @@ class Trainer:
         return 2 if is_compiled(self.model) else 1
 
     def _match_capture_passes(self, mbs: list[MicroBatch], norm: LossNorm, advantages: Tensor,
-                              temperature: float) -> None:
+                              temperature: float) -> int:
         """Under FSDP every rank must run the same collectives in the same order. A capture's warm-up passes run
         them eagerly (the capture none), and ranks whose packs differ in shape capture different numbers of graphs:
         before any capture, a rank that will warm up fewer passes this step than the most any rank will runs the
         difference as fully masked eager passes (exactly zero to gradients and metrics). Without this a tiny run on
-        2 H200s hung at its first step with a new pack shape on one rank."""
+        2 H200s hung at its first step with a new pack shape on one rank. Returns the most warm-up passes any rank
+        runs this step (0 on one rank)."""
         if self.world.size == 1:
-            return
+            return 0
         assert self.graphs is not None
         fit = [self._graph_key(mb, advantages.numel(), temperature) for mb in mbs
                if self.max_graph_tokens is None or mb.shape.full_tokens <= self.max_graph_tokens]
         mine = self.graphs.new_captures(fit) * self._capture_warmup()
-        for _ in range(self.world.max_int(mine) - mine):  # > 0: some rank has micro-batches, so every rank has
+        most = self.world.max_int(mine)
+        for _ in range(most - mine):  # > 0: some rank has micro-batches, so every rank has
             self._accumulate(masked_copy(mbs[0]), norm, advantages, temperature)
+        return most
 
     def sft_step(self, seqs: Sequence[TrainSequence]) -> dict[str, float]:
         """One supervised step: mean negative log-likelihood of the completion tokens (warm start)."""
@@ -451,8 +454,14 @@ class Trainer:
         keys: list[tuple | None] = [None] * len(mbs)
         if self.graphs is not None:
             # capture every new shape first: a capture's warm-up runs accumulate, and are then cleared
-            self._match_capture_passes(mbs, norm, advantages, temperature)
+            warm_ups = self._match_capture_passes(mbs, norm, advantages, temperature)
             keys = [self._ensure_graph(mb, norm, advantages, temperature) for mb in mbs]
+            if warm_ups:
+                # a capture's reset clears its own rank's gradients, but each warm-up pass's reduce-scatter also
+                # added its micro-batch to every other rank's shards: a rank that captured nothing after another's
+                # warm-up (its masked passes came first) kept that in its update (2 GPUs: its weights 19% of the
+                # steps' change away from eager's). Every rank clears the warm-ups' gradients here.
+                self.optimizer.zero_grad(set_to_none=False)
             self.graphs.install_grads()
         self._acc.zero_()
         self._zero_acc_max()

@@ -17,7 +17,9 @@ pytestmark = pytest.mark.gpu
 def test_loop_on_gpu(tmp_path, backend):
     if not torch.cuda.is_available():
         pytest.skip("needs CUDA")
-    cfg = digits_cfg(tmp_path)  # the digits user task: reward signal from a random model
+    # the digits user task: reward signal from a random model; 4 steps, the 4th checked for steady state (a run
+    # makes batches for its configured steps only: asking for a 4th of 3 found the rollout buffer empty)
+    cfg = digits_cfg(tmp_path, steps=4)
     cfg.device = "cuda"
     cfg.compile = CompileConfig(backend=backend, cache_dir=str(tmp_path / "cache"))
     run = GRPORun(cfg, progress=False)

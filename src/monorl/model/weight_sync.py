@@ -205,8 +205,9 @@ class _Planned:
     run: Callable[[], None]
 
 
-# dst -> its last sync's plan: a sync that runs every step (the colocated publication) plans once, where planning
-# (names, shapes, FSDP buckets) cost more host time than the copies it queues (~2/3 of a Qwen3-0.6B sync's on 4 GPUs)
+# dst -> its last sync's plan: a sync that runs every step (the colocated publication) plans once; planning (names,
+# shapes, FSDP buckets) every call was about half its host time (Qwen3-0.6B on 4 H100s: 0.018-0.028 -> 0.009-0.014 s).
+# An entry holds its source (and the views of dst) while dst lives; a sync from another source replaces it.
 _PLANNED: weakref.WeakKeyDictionary[nn.Module, _Planned] = weakref.WeakKeyDictionary()
 
 

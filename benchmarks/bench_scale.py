@@ -28,6 +28,7 @@ rank's bf16 generator copy), startup, wall time. Prints a table and writes JSON 
 Model directories: `.models/qwen3-<size>/config.json` and `.models/qwen3-tokenizer/` (see bench_memory.py).
 
   python benchmarks/bench_scale.py --nproc 2 --rows 8b,weak,ref --out results/scale_2.json
+  python benchmarks/bench_scale.py --nproc 4 --rows ref8 --vs-one 3    # 3 pairs of 4 GPUs against the first one
   python benchmarks/bench_scale.py --nproc 2 --rows ref8 --shape tiny --device cpu --steps 2 \
       --compile.backend none --compile.trainer_cuda_graphs false --compile.decode_cuda_graphs false \
       --rollout.max_new_tokens 8 --generator.max_model_len 512 --validation.num_prompts 2 \
@@ -37,11 +38,13 @@ Model directories: `.models/qwen3-<size>/config.json` and `.models/qwen3-tokeniz
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import statistics
 import sys
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -123,28 +126,33 @@ def run_row(name: str, nproc: int, models: Path, steps: int, shape: str | None, 
             "run_wall_s": summary.get("wall_s"), "wall_s": wall}
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--nproc", type=int, choices=(1, 2, 4), required=True)
-    ap.add_argument("--rows", default="8b,weak,ref,ref8")
-    ap.add_argument("--steps", type=int, default=10)
-    ap.add_argument("--models", default=".models")
-    ap.add_argument("--shape", default=None, help="run every row on this named shape (smoke test)")
-    ap.add_argument("--device", default="auto")
-    ap.add_argument("--data", default="../shared/data/gsm8k", help="GSM8K's directory (the 8b_gsm8k row)")
-    ap.add_argument("--out", default=None)
-    ap.add_argument("--row-timeout", type=float, default=None,
-                    help="seconds a row may run; past it its processes are killed and the row fails")
-    a, passthrough = ap.parse_known_args()  # the rest goes to every `monorl train` (e.g. --compile.backend none)
-    os.environ.setdefault("PYTHONUNBUFFERED", "1")
-    models = Path(a.models).resolve()
-    results = []
-    for name in (r for r in a.rows.split(",") if r):
-        log_to = Path(a.out).with_suffix(f".{name}_x{a.nproc}.log") if a.out else None
-        results.append(run_row(name, a.nproc, models, a.steps, a.shape, a.device, passthrough, a.row_timeout,
-                               Path(a.data).resolve(), log_to))
-        if a.out:  # after every row: a call cut off by its time limit keeps what it measured
-            Path(a.out).write_text(json.dumps({"nproc": a.nproc, "rows": results}, indent=2) + "\n")
+@contextlib.contextmanager
+def one_gpu(device: str) -> Iterator[None]:
+    """The 1-GPU side of a pair: the first GPU of this machine alone (CUDA_VISIBLE_DEVICES=0 for the child)."""
+    before = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if device != "cpu":
+        os.environ["CUDA_VISIBLE_DEVICES"] = "0"
+    try:
+        yield
+    finally:
+        if device != "cpu" and before is None:
+            os.environ.pop("CUDA_VISIBLE_DEVICES", None)
+        elif device != "cpu":
+            os.environ["CUDA_VISIBLE_DEVICES"] = before
+
+
+def pair_summary(pairs: list[dict]) -> dict:
+    """Means over the pairs that both ran: each side's steady step, their ratio, and the ratios' median and range."""
+    ok = [p for p in pairs if p["ratio"] is not None]
+    if not ok:
+        return {"pairs": 0}
+    n, one = statistics.mean(p["n_step_s"] for p in ok), statistics.mean(p["one_step_s"] for p in ok)
+    ratios = [p["ratio"] for p in ok]
+    return {"pairs": len(ok), "mean_n_step_s": n, "mean_one_step_s": one, "ratio_of_means": n / one,
+            "median_ratio": statistics.median(ratios), "min_ratio": min(ratios), "max_ratio": max(ratios)}
+
+
+def print_rows(results: list[dict]) -> None:
     print("\n| row | ranks | steady step s | tokens/s | generate s | train s | weight sync s | first step s |"
           " startup s | run wall s | wall s | logprob_diff max |")
     print("|---|---|---|---|---|---|---|---|---|---|---|---|")
@@ -157,6 +165,65 @@ def main() -> None:
               f"{r['generate_s']:.3f} | {r['train_s']:.3f} | {r['sync_s']:.4f} | {r['first_step_s']:.2f} | "
               f"{r['startup_s'] or 0:.1f} | {r['run_wall_s'] or 0:.1f} | {r['wall_s']:.1f} | "
               f"{r['logprob_diff_max']:.3g} |")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--nproc", type=int, choices=(1, 2, 4), required=True)
+    ap.add_argument("--rows", default="8b,weak,ref,ref8")
+    ap.add_argument("--steps", type=int, default=10)
+    ap.add_argument("--models", default=".models")
+    ap.add_argument("--shape", default=None, help="run every row on this named shape (smoke test)")
+    ap.add_argument("--device", default="auto")
+    ap.add_argument("--data", default="../shared/data/gsm8k", help="GSM8K's directory (the 8b_gsm8k row)")
+    ap.add_argument("--out", default=None)
+    ap.add_argument("--row-timeout", type=float, default=None,
+                    help="seconds a row may run; past it its processes are killed and the row fails")
+    ap.add_argument("--vs-one", type=int, default=0, metavar="K",
+                    help="K pairs: each row at --nproc, then on this machine's first GPU alone, K times in turns "
+                         "(runs of one machine spread; a pair's ratio is N GPUs' steady step over one's)")
+    a, passthrough = ap.parse_known_args()  # the rest goes to every `monorl train` (e.g. --compile.backend none)
+    os.environ.setdefault("PYTHONUNBUFFERED", "1")
+    models = Path(a.models).resolve()
+    names = [r for r in a.rows.split(",") if r]
+    results: list[dict] = []
+    pairs: list[dict] = []
+
+    def row(name: str, nproc: int, tag: str) -> dict:
+        log_to = Path(a.out).with_suffix(f".{name}_x{nproc}{tag}.log") if a.out else None
+        r = run_row(name, nproc, models, a.steps, a.shape, a.device, passthrough, a.row_timeout,
+                    Path(a.data).resolve(), log_to)
+        results.append(r)
+        if a.out:  # after every row: a call cut off by its time limit keeps what it measured
+            Path(a.out).write_text(json.dumps({"nproc": a.nproc, "rows": results, "pairs": pairs,
+                                               "pair_summary": pair_summary(pairs)}, indent=2) + "\n")
+        return r
+
+    for k in range(max(1, a.vs_one)):
+        for name in names:
+            tag = f"_{k + 1}" if a.vs_one else ""
+            n = row(name, a.nproc, tag)
+            if not a.vs_one:
+                continue
+            with one_gpu(a.device):
+                one = row(name, 1, tag)
+            steps = [r.get("steady_step_s") for r in (n, one)]
+            pairs.append({"row": name, "pair": k + 1, "n_step_s": steps[0], "one_step_s": steps[1],
+                          "ratio": steps[0] / steps[1] if None not in steps else None})
+    if a.out and a.vs_one:
+        Path(a.out).write_text(json.dumps({"nproc": a.nproc, "rows": results, "pairs": pairs,
+                                           "pair_summary": pair_summary(pairs)}, indent=2) + "\n")
+    print_rows(results)
+    if a.vs_one:
+        print(f"\n| row | pair | {a.nproc} GPUs step s | 1 GPU step s | {a.nproc} / 1 |\n|---|---|---|---|---|")
+        for p in pairs:
+            ratio = f"{p['ratio']:.2f}x" if p["ratio"] is not None else "failed"
+            print(f"| {p['row']} | {p['pair']} | {p['n_step_s'] or 0:.3f} | {p['one_step_s'] or 0:.3f} | {ratio} |")
+        sm = pair_summary(pairs)
+        if sm["pairs"]:
+            print(f"\nover {sm['pairs']} pairs: {sm['mean_n_step_s']:.3f} / {sm['mean_one_step_s']:.3f} s = "
+                  f"{sm['ratio_of_means']:.2f}x (median {sm['median_ratio']:.2f}x, {sm['min_ratio']:.2f}-"
+                  f"{sm['max_ratio']:.2f}x)")
 
 
 if __name__ == "__main__":

@@ -133,8 +133,8 @@ class GatherPlan:
         self.ranks, self.group = mesh.size(), mesh.get_group()
         self.dtype = gathered_dtype(pairs[0][0].device) or pairs[0][0].dtype
         self.device = pairs[0][1].device
-        self.bucket_bytes = bucket_bytes or GATHER_BUCKET_BYTES
-        cap = max(1, self.bucket_bytes // (self.ranks * self.dtype.itemsize))  # elements a rank sends
+        # elements a rank sends in one bucket
+        cap = max(1, (bucket_bytes or GATHER_BUCKET_BYTES) // (self.ranks * self.dtype.itemsize))
         bucket = _Bucket(0)
         for s, d in pairs:
             if s.device_mesh != mesh or (gathered_dtype(s.device) or s.dtype) != self.dtype:

@@ -132,23 +132,23 @@ class ModelRunner:
                   torch.tensor(flat_slots, dtype=torch.int64).to(dev, non_blocking=True), varlen)
         P = len(prompts)
         key = (inputs[0].numel(), len(lengths), max_seqlen, P)
+        return self._prefill_graphed(key, inputs, lambda args: self._prefill_forward(P, *args), P)
+
+    def _prefill_graphed(self, key: tuple, inputs: tuple, forward: Callable[[tuple], Tensor], rows: int) -> Tensor:
+        """The first `rows` rows of `forward(inputs)`, replayed from the graph of its shape `key` if one is kept; else
+        run eagerly and counted: at a shape's PREFILL_CAPTURE_AT-th run (while fewer than PREFILL_GRAPHS are kept)
+        captured for next time."""
         if not self.graph_prefill:
-            return self._prefill_forward(P, *inputs)
+            return forward(inputs)[:rows]
         if key in self.prefill_graphs:
             graph, static, out = self.prefill_graphs[key]
             copy_into(static, inputs)
             graph.replay()
-            return out.clone()  # the graph's output buffer is rewritten by its next replay
-        logits = self._prefill_forward(P, *inputs)
-        self._maybe_capture(key, inputs, lambda static: self._prefill_forward(P, *static))
-        return logits
-
-    def _maybe_capture(self, key: tuple, inputs: tuple, forward: Callable[[tuple], Tensor]) -> None:
-        """Count an eager run of a prefill shape; at its PREFILL_CAPTURE_AT-th (while fewer than PREFILL_GRAPHS are
-        kept) capture `forward(static inputs)` as that shape's graph."""
+            return out[:rows].clone()  # the graph's output buffer is rewritten by its next replay
+        logits = forward(inputs)[:rows]
         seen = self.prefill_seen[key] = self.prefill_seen.get(key, 0) + 1
         if seen != PREFILL_CAPTURE_AT or len(self.prefill_graphs) >= PREFILL_GRAPHS:
-            return
+            return logits
         static, out = clone_tensors(inputs), {}
 
         def fwd() -> None:
@@ -160,6 +160,7 @@ class ModelRunner:
         graph, _, capture_s = capture_cuda_graph(fwd, self.device, self.prefill_pool, warmup=0)
         self.timings["graph_capture_s"] += capture_s
         self.prefill_graphs[key] = (graph, static, out["logits"])
+        return logits
 
     def _prefill_forward(self, P: int, ids: Tensor, slot_mapping: Tensor, varlen: VarlenContext) -> Tensor:
         ctx = PrefillContext(varlen=varlen, slot_mapping=slot_mapping)
@@ -195,18 +196,9 @@ class ModelRunner:
         # every sequence's row, fillers and zero-length entries included (those rows are dropped): one graph for any
         # P of the layout, and no size-1 dimension for a compiled model to specialise on
         S = ctx.cu_seqlens_q.numel() - 1
-        if not self.graph_prefill:
-            return self._cached_forward(S, form, *inputs)[:P]
         key = ("cached", form, ids.numel(), S, ctx.key_slots.numel(), *ctx.bounds.shape[:2],
                ctx.block_tables.shape[1])
-        if key in self.prefill_graphs:
-            graph, static_inputs, out = self.prefill_graphs[key]
-            copy_into(static_inputs, inputs)
-            graph.replay()
-            return out[:P].clone()  # the graph's output buffer is rewritten by its next replay
-        logits = self._cached_forward(S, form, *inputs)
-        self._maybe_capture(key, inputs, lambda static_inputs: self._cached_forward(S, form, *static_inputs))
-        return logits[:P]
+        return self._prefill_graphed(key, inputs, lambda args: self._cached_forward(S, form, *args), P)
 
     def turn_prefill_form(self, turn_prefill: str) -> str:
         """`prefill_cached`'s form for `turn_prefill`: auto is paged where the Triton kernel runs (the generator's

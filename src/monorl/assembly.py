@@ -17,6 +17,7 @@ from typing import Any
 
 import torch
 
+from monorl.agent.task import AgentTask
 from monorl.compile_auto import resolve_auto_
 from monorl.config import RunConfig, resolve_batch_invariant_
 from monorl.config_paths import with_absolute_paths
@@ -88,16 +89,20 @@ def validation_sampling(cfg: RunConfig) -> SamplingParams:
 def longest_fitting_prompt(task: Task, tokenizer: Any, prompts: list[Prompt], max_len: int, new_tokens: int,
                            what: str) -> int | None:
     """The one prompt-fit check: refuse a context that fits none of `prompts` with room for `new_tokens` (every
-    step would skip everything), warn when only some fit. Returns the longest fitting prompt's length in tokens
-    (None for no prompts)."""
+    step would skip everything), warn when only some fit. A prompt is measured as the run renders it (`Task.render`:
+    for an agent task, the episode's first conversation with its tool schemas and system prompt; an episode's
+    context is max_model_len too). Returns the longest fitting prompt's length in tokens (None for no prompts)."""
     if not prompts:
         return None
     lengths = [len(tokenizer.encode(task.render(p, tokenizer))) for p in prompts]
     fit = [n for n in lengths if n + new_tokens <= max_len]
     if not fit:
+        rendered = " (as its episode starts: tool schemas and system prompt included)" if isinstance(
+            task, AgentTask) else ""
         raise ValueError(f"generator.max_model_len={max_len} fits none of the first {len(prompts)} {what} prompts: "
-                         f"the shortest is {min(lengths)} tokens and {new_tokens} new tokens must fit after it; raise "
-                         f"generator.max_model_len to at least {min(lengths) + new_tokens} or lower max_new_tokens")
+                         f"the shortest{rendered} is {min(lengths)} tokens and {new_tokens} new tokens must fit after "
+                         f"it; raise generator.max_model_len to at least {min(lengths) + new_tokens} or lower "
+                         "max_new_tokens")
     if len(fit) < len(prompts):
         log.warning("%d of the first %d %s prompts do not fit generator.max_model_len=%d with %d new tokens; they will "
                     "be skipped", len(prompts) - len(fit), len(prompts), what, max_len, new_tokens)

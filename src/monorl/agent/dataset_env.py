@@ -2,8 +2,10 @@
 ``environment_factory=Cls``, reward functions): the dataset task's data and reward functions
 (`monorl.tasks.dataset`), played as episodes.
 
-    load_task("monorl.agent.dataset_env:AgentDatasetTask", path="data.jsonl", reward="accuracy",
+    load_task("dataset", path="data.jsonl", reward="accuracy",
               tools="python my_tools.py:lookup", environment_factory="my_env.py:Counter")
+
+(``dataset`` returns this task when given tools or an environment_factory; ``agent_dataset`` names it directly.)
 
 - ``tools``: a `load_tools` spec (``"FILE.py:fn1,fn2"``, ``"module:fn"``, ``"python"``, several separated by
   spaces), offered in every episode.
@@ -65,14 +67,28 @@ def _env_reward_fn(name: str) -> Callable[..., list[float | None]]:
 
 
 class AgentDatasetTask(AgentTask):
-    """A dataset played as tool / environment episodes (see the module docstring). Other keyword arguments
-    (``test_path``, ``test_fraction``, ``prompt_column``, ``reward_weights``, ...) are the dataset task's."""
+    """A dataset played as tool / environment episodes (see the module docstring): ``--task.name dataset`` given
+    tools or an environment_factory (or ``agent_dataset``). Other keyword arguments (``test_path``,
+    ``test_fraction``, ``prompt_column``, ``reward_weights``, ...) are the dataset task's."""
 
     name = "agent_dataset"
+    kwargs_to = DatasetTask  # where **dataset_args go (`task_parameters`: --help and the unknown-argument check)
 
     def __init__(self, path: str | Path, reward: Any = None, tools: Any = None, environment_factory: Any = None,
                  max_turns: int = 8, system: str | None = None, tool_timeout: float = 10.0,
                  env_timeout: float = 30.0, **dataset_args: Any) -> None:
+        """Args:
+            tools: tool functions offered in every episode, their JSON schemas in the prompt: FILE.py:fn1,fn2 or
+                module:fn (TRL's tools=), or python (the sandboxed interpreter); several separated by spaces. The
+                completions are then multi-turn episodes
+            environment_factory: FILE.py:Class or module:Class, one instance per episode (TRL's
+                environment_factory=): reset(**row), its public methods as tools, get_reward() a reward component.
+                The completions are then multi-turn episodes
+            max_turns: assistant turns an episode may take (with tools or an environment_factory)
+            system: a system message opening every episode (with tools or an environment_factory)
+            tool_timeout: seconds a tool call may take before it fails (with tools or an environment_factory)
+            env_timeout: seconds the environment's reset / get_reward may take (with an environment_factory)
+        """
         from monorl.tasks import TaskError
 
         self.tool_fns = load_tools(tools) if tools else []
@@ -87,11 +103,11 @@ class AgentDatasetTask(AgentTask):
         if probe is not None and callable(getattr(probe, "get_reward", None)):
             fns.append(_env_reward_fn(type(probe).__name__))
         if not fns:
-            raise TaskError("agent_dataset needs reward functions (reward=...) or an environment_factory whose "
-                            "class has get_reward()")
+            raise TaskError("the dataset task's episodes need reward functions (reward=...) or an "
+                            "environment_factory whose class has get_reward()")
         if probe is None and not self.tool_fns:
-            raise TaskError("agent_dataset needs tools=... or environment_factory=... (without them it is the "
-                            "dataset task)")
+            raise TaskError("agent_dataset needs tools=... or environment_factory=... (without them: --task.name "
+                            "dataset)")
         self.data = _EpisodeRewards(path, reward=fns, **dataset_args)
         self.reward_components, self.reward_weights = self.data.reward_components, self.data.reward_weights
         self.max_turns, self.system = int(max_turns), system

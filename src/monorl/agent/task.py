@@ -10,7 +10,8 @@ from collections.abc import Sequence
 from typing import Any
 
 from monorl.agent.env import EpisodeEnv
-from monorl.tasks.base import Prompt, Task, _components
+from monorl.agent.render import ChatRenderer
+from monorl.tasks.base import ChatTokenizer, Prompt, Task, _components, messages_of
 
 
 class AgentTask(Task):
@@ -44,6 +45,16 @@ class AgentTask(Task):
     def tool_schemas(self, episode: EpisodeEnv) -> list[dict[str, Any]] | None:
         """The ``tools=`` to render for this episode (None: none shown)."""
         return episode.tools if self.render_tools and episode.tools else None
+
+    def render(self, prompt: Prompt, tokenizer: ChatTokenizer) -> str:
+        """The text an episode of `prompt` starts from, as the episode runner renders it: the environment's first
+        conversation (system prompt, reset()'s observation) with the tool schemas the prompt lists, through
+        `ChatRenderer`. The start-up prompt-fit check and the memory plan measure this (a tool schema can take more
+        room than the question). An environment that fails to start: the prompt's own messages with its tools."""
+        env = self.make_env(prompt)
+        first = env.start(prompt)
+        messages = messages_of(prompt) if first.done else first.messages
+        return ChatRenderer(tokenizer).render(messages, tools=self.tool_schemas(env))
 
 
 def safe_score_episode(task: AgentTask, prompt: Prompt,

@@ -134,7 +134,7 @@ class EpisodeRunner:
             try:
                 engine.add(key, lv.tokens, sp, stop_sequences=self.stop_sequences)
             except ContextOverflowError as e:
-                log.warning("episode %s: %s", key, e)
+                log.warning("%s: cut (raise generator.max_model_len)", e)  # e names the episode
                 self._cut(key, lv, "context")
             return
         inserted = self.renderer.delta_ids(turn.messages, tools=lv.tools, closed=lv.closed)

@@ -14,14 +14,16 @@ from typing import Any
 from monorl.tasks.arith import ArithTask
 from monorl.tasks.base import Prompt, Task, safe_reward
 from monorl.tasks.dataset import DatasetTask
+from monorl.tasks.dataset_entry import dataset_task
 from monorl.tasks.gsm8k import Gsm8kTask
 from monorl.tasks.sum_digits import SumDigitsTask
 
-BUILTIN_TASKS: dict[str, type[Task]] = {"sum_digits": SumDigitsTask, "gsm8k": Gsm8kTask, "dataset": DatasetTask,
-                                       "arith": ArithTask}
+# a class, or a factory that returns a Task (`dataset`: a DatasetTask, or with tools an AgentDatasetTask)
+BUILTIN_TASKS: dict[str, Any] = {"sum_digits": SumDigitsTask, "gsm8k": Gsm8kTask, "dataset": dataset_task,
+                                 "arith": ArithTask}
 
 __all__ = ["BUILTIN_TASKS", "ArithTask", "DatasetTask", "Gsm8kTask", "Prompt", "SumDigitsTask", "Task", "TaskError",
-           "load_task", "safe_reward"]
+           "load_task", "safe_reward", "task_parameters"]
 
 
 class TaskError(ValueError):
@@ -69,16 +71,35 @@ def task_object(spec: str) -> Any:
     return obj
 
 
+def task_parameters(factory: Any) -> list[tuple[inspect.Parameter, Any]] | None:
+    """The keyword arguments a task class or factory takes, each with the callable that declares it (whose
+    docstring describes it): its signature's, then, when its ``**kwargs`` go on to another task (its `kwargs_to`
+    attribute: that object, or a 'module:object' spec), that one's, followed on. None when it has no signature
+    or takes ``**kwargs`` without saying where they go (any keyword is then accepted)."""
+    out: list[tuple[inspect.Parameter, Any]] = []
+    while factory is not None:
+        try:
+            params = inspect.signature(factory).parameters
+        except (TypeError, ValueError):
+            return None
+        kinds = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+        seen = {p.name for p, _ in out}
+        out += [(p, factory) for p in params.values() if p.kind in kinds and p.name not in seen]
+        if not any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
+            return out
+        target = getattr(factory, "kwargs_to", None)
+        if target is None:
+            return None
+        factory = import_object(target, "kwargs_to") if isinstance(target, str) else target
+    return out
+
+
 def _construct(factory: Any, kwargs: dict[str, Any], spec: str) -> Any:
     """`factory(**kwargs)`, with arguments it does not take named (a typo'd --task.args.x) before the call,
     and its own ValueError/TypeError (a bad argument value) reported as one TaskError line."""
-    try:
-        params = inspect.signature(factory).parameters
-    except (TypeError, ValueError):  # no introspectable signature: let the call decide
-        params = {}
-    if params and not any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
-        accepted = [n for n, p in params.items()
-                    if p.kind in (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)]
+    params = task_parameters(factory)
+    if params:
+        accepted = [p.name for p, _ in params]
         if unknown := sorted(set(kwargs) - set(accepted)):
             raise TaskError(f"task {spec!r} has no argument {', '.join(map(repr, unknown))} (--task.args.*); "
                             f"its arguments: {', '.join(accepted) or 'none'}")

@@ -8,7 +8,7 @@ import inspect
 import re
 from typing import Any
 
-from monorl.tasks import TaskError, task_object
+from monorl.tasks import TaskError, task_object, task_parameters
 from monorl.tasks.base import Task
 
 _ARG_LINE = re.compile(r"^\s{2,}(\w+)(?:\s*\([^)]*\))?:\s*(.*)$")
@@ -22,8 +22,11 @@ def _arg_docs(doc: str | None) -> dict[str, str]:
         start = next(i for i, line in enumerate(lines) if line.strip() in ("Args:", "Arguments:"))
     except StopIteration:
         return out
+    body = lines[start + 1:]
+    if start == 0:  # a docstring opening with "Args:": cleandoc dedented its entries with the rest; indent them back
+        body = [f"    {line}" if line else line for line in body]
     name, indent = None, None
-    for line in lines[start + 1:]:
+    for line in body:
         if line and not line.startswith(" "):  # the next section
             break
         depth = len(line) - len(line.lstrip())
@@ -36,18 +39,24 @@ def _arg_docs(doc: str | None) -> dict[str, str]:
 
 
 def task_arguments(spec: str) -> list[tuple[str, Any, str]]:
-    """(name, default or inspect.Parameter.empty, description) of each keyword argument the task takes."""
+    """(name, default or inspect.Parameter.empty, description) of each keyword argument the task takes, those its
+    ``**kwargs`` pass on included (`task_parameters`); a description is the first found in the docstrings (class,
+    then ``__init__``) of the callable declaring the argument, then of the others it passes through."""
     obj = task_object(spec)
     if isinstance(obj, Task):
         return []
-    fn = obj.__init__ if isinstance(obj, type) else obj
-    try:
-        params = inspect.signature(obj).parameters
-    except (TypeError, ValueError):
+    params = task_parameters(obj)
+    if not params:
         return []
-    docs = {**_arg_docs(obj.__doc__), **_arg_docs(fn.__doc__)}
-    kinds = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
-    return [(n, p.default, docs.get(n, "")) for n, p in params.items() if p.kind in kinds]
+    declared = {src: _docs_of(src) for _, src in params}  # every declarer, outermost first
+    return [(p.name, p.default, declared[src].get(p.name) or next(
+        (d[p.name] for d in declared.values() if d.get(p.name)), "")) for p, src in params]
+
+
+def _docs_of(source: Any) -> dict[str, str]:
+    """{argument: description} from a task class's docstring and its ``__init__``'s (or a factory's)."""
+    fn = source.__init__ if isinstance(source, type) else source
+    return {**_arg_docs(source.__doc__), **_arg_docs(fn.__doc__)}
 
 
 def task_args_help(spec: str, given: dict[str, Any] | None = None) -> str:

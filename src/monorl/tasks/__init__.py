@@ -1,6 +1,7 @@
 """Tasks: prompt sources + reward functions. `load_task("sum_digits")`, `load_task("gsm8k", data_dir=...)`,
 or a user task as `load_task("my_pkg.my_mod:MyTask")` / `load_task("path/to/file.py:make_task", size=3)`; your own
-data with plain reward functions: `load_task("dataset", path="data.jsonl", reward="accuracy,my_rewards.py:fn")`."""
+data with plain reward functions: `load_task("dataset", path="data.jsonl", reward="accuracy,my_rewards.py:fn")` (with
+`tools=` or `environment_factory=`: played as episodes)."""
 
 from __future__ import annotations
 

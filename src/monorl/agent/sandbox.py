@@ -1,9 +1,9 @@
 """The built-in ``python`` tool: code the model writes runs in a child process, never in the trainer's.
 
 What it does:
-- a fresh interpreter (``python -I``: no user site-packages, no PYTHON* variables), a small environment of its
-  own (no variables of the parent: no tokens, no CUDA_VISIBLE_DEVICES; one BLAS / OpenMP thread), in a new
-  session (its own process group), cwd a new temporary work directory, removed afterwards;
+- a fresh interpreter (``python -I -u``: no user site-packages, no PYTHON* variables, unbuffered), a small
+  environment of its own (no variables of the parent: no tokens, no CUDA_VISIBLE_DEVICES; one BLAS / OpenMP
+  thread), in a new session (its own process group), cwd a new temporary work directory, removed afterwards;
 - isolation (`isolation`, "auto" by default), where Linux allows it without root (unprivileged user namespaces;
   no extra package): new user, mount, network, IPC and PID namespaces and a root of its own -- the system's
   binaries and libraries and the interpreter read-only, the work directory the only writable path, no /etc/passwd,
@@ -196,7 +196,7 @@ def _run(code: str, lim: SandboxLimits, isolate: bool) -> SandboxResult:
             nproc = 0
         else:  # a new user namespace counts only its own processes
             nproc = lim.max_processes + (SANDBOX_PROCESSES if isolate else _user_tasks())
-        argv = [sys.executable, "-I", CHILD, str(lim.cpu_s), str(lim.memory_mb << 20), str(lim.file_mb << 20),
+        argv = [sys.executable, "-I", "-u", CHILD, str(lim.cpu_s), str(lim.memory_mb << 20), str(lim.file_mb << 20),
                 str(nproc), str(int(not lim.allow_subprocesses)), str(int(isolate))]
         proc = subprocess.Popen(argv, cwd=work, env=_child_env(work), stdin=subprocess.DEVNULL,
                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)

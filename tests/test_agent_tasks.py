@@ -127,7 +127,7 @@ def test_gsm8k_python(gsm8k_file):
     assert play(task, prompt, ["\\boxed{35}"])[1] == ({"accuracy": 0.0}, None)
     bad = format_tool_call("python", {"code": "print(1/0)"})
     env, _ = play(task, prompt, [bad, "\\boxed{36}"])
-    assert "ZeroDivisionError" in env.messages[-2]["content"]  # the program failed; the tool call worked
+    assert "ZeroDivisionError" in env.messages[-2]["content"]  # the program's traceback is the (failed) call's result
     assert next(task.train_prompts(seed=0)).answer in (36, 950)
 
 

@@ -12,9 +12,10 @@ from monorl.agent.metrics import EpisodeRecord, episode_metrics
 from monorl.agent.render import ChatRenderer, template_renders_tools
 from monorl.agent.schema import SchemaError, function_schema
 from monorl.agent.task import AgentTask, safe_score_episode
-from monorl.agent.tools import Tool, ToolResult, ToolSet, load_tools
+from monorl.agent.tools import Tool, ToolFailed, ToolResult, ToolSet, load_tools
 
 __all__ = ["AgentExecutor", "AgentTask", "ChatRenderer", "EpisodeEnv", "EpisodeRecord", "FactoryEnv",
-           "MessageEnvAdapter", "SchemaError", "Tool", "ToolCall", "ToolEnv", "ToolResult", "ToolSet", "TurnResult",
+           "MessageEnvAdapter", "SchemaError", "Tool", "ToolCall", "ToolEnv", "ToolFailed", "ToolResult", "ToolSet",
+           "TurnResult",
            "call_with_timeout", "environment_of", "episode_metrics", "format_tool_call", "function_schema",
            "load_tools", "parse_tool_calls", "row_of", "safe_score_episode", "template_renders_tools"]

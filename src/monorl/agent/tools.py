@@ -4,9 +4,11 @@ result (or an error) goes back as a ``tool`` message.
 
 `ToolSet.run(text)` never raises: a malformed call, an unknown tool, arguments that do not fit the signature, an
 exception, a timeout, or a result that is neither text nor JSON-serialisable each become an error string for the
-model and a counted failure of that tool (`ToolResult.ok` False). Results longer than `max_result_chars` are
-cut. Plain functions time out through a thread with a deadline (`executor.call_with_timeout`: fine for trusted
-functions, a hung one keeps its thread); code the model writes runs in the `python` tool's sandboxed process.
+model and a counted failure of that tool (`ToolResult.ok` False); a tool that raises `ToolFailed(text)` fails
+with `text` as the model's result, as is (the `python` tool does, for a program that crashed or was killed).
+Results longer than `max_result_chars` are cut. Plain functions time out through a thread with a deadline
+(`executor.call_with_timeout`: fine for trusted functions, a hung one keeps its thread); code the model writes
+runs in the `python` tool's sandboxed process.
 """
 
 from __future__ import annotations
@@ -26,6 +28,11 @@ DEFAULT_MAX_RESULT_CHARS = 4096
 # what failures are counted under when the call names no tool it could run (one key, however many names a model
 # invents, so the metrics keep a fixed set of keys)
 MALFORMED_CALL, UNKNOWN_TOOL = "malformed_call", "unknown_tool"
+
+
+class ToolFailed(Exception):
+    """Raised by a tool whose call failed, with the text the model reads as the result (the call counts as failed:
+    `ToolResult.ok` False)."""
 
 
 @dataclass
@@ -132,6 +139,8 @@ class ToolSet:
             return self._fail(name, f"Error: bad arguments: {e}", start)
         try:
             value = call_with_timeout(tool.fn, timeout=timeout, **kwargs)
+        except ToolFailed as e:
+            return self._fail(name, str(e), start)
         except TimeoutError:
             return self._fail(name, f"Error: tool {name!r} timed out after {timeout:g} s", start)
         except Exception as e:  # noqa: BLE001 -- any failure of a tool is a message for the model

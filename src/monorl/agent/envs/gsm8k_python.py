@@ -24,18 +24,20 @@ INSTRUCTION = ("Solve the problem. You may run Python with the python tool to co
 
 class Gsm8kPythonTask(AgentTask):
     """GSM8K with a Python tool; see the module docstring. ``python_timeout`` (seconds a program may run) and
-    ``python_memory_mb`` set the sandbox's limits."""
+    ``python_memory_mb`` set the sandbox's limits; ``python_isolation`` is its `isolation` ("auto", "required":
+    refuse to start without namespace isolation, or "off")."""
 
     name = "gsm8k_python"
     reward_components = ("accuracy",)
 
     def __init__(self, train_path: str | Path | None = None, test_path: str | Path | None = None,
                  data_dir: str | Path | None = None, max_turns: int = 4, python_timeout: float = 10.0,
-                 python_memory_mb: int = 1024, system: str | None = None) -> None:
+                 python_memory_mb: int = 1024, system: str | None = None, python_isolation: str = "auto") -> None:
         self.data = Gsm8kTask(train_path=train_path, test_path=test_path, data_dir=data_dir)
         self.max_turns = int(max_turns)
         self.system = system
-        self.python = make_python_tool(timeout_s=python_timeout, memory_mb=python_memory_mb)
+        self.python = make_python_tool(timeout_s=python_timeout, memory_mb=python_memory_mb,
+                                       isolation=python_isolation)
 
     def _prompt(self, p: Prompt) -> Prompt:
         return Prompt(f"{p.meta['question'].strip()}\n\n{INSTRUCTION}", p.answer, dict(p.meta))

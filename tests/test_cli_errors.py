@@ -135,3 +135,17 @@ def test_wrong_shaped_reward_stops_the_run_at_the_first_step(tmp_path):
     with pytest.raises(RewardFunctionError, match=r"task 'digits': score_batch returned 23 results for 24 completions"):
         run.run()
     assert '"step"' not in (tmp_path / "run" / "metrics.jsonl").read_text()
+
+
+@pytest.mark.parametrize("text,key", [("rollout: 5\n", "rollout"), ("trainer:\n  loss: null\n", "trainer.loss")])
+def test_a_config_file_giving_a_section_a_value_is_the_clis_one_line_error(tmp_path, capsys, text, key):
+    """`rollout: 5` in a file ended in `AttributeError: 'int' object has no attribute 'group_size'`; the command
+    line's `--rollout 5` gives one line: the file gives the same, naming the file."""
+    assert main(["config", f"--{key}", "5"]) == 2
+    cli = capsys.readouterr().err.strip()
+    assert cli.startswith("monorl: error: ") and len(cli.splitlines()) == 1
+    path = _write(tmp_path, "run.yaml", text)
+    assert main(["config", "--config", path]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "Traceback" not in err and len(err.splitlines()) == 1
+    assert err.startswith(f"monorl: error: {path}: {cli.removeprefix('monorl: error: ')}")

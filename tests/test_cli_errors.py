@@ -98,6 +98,8 @@ def test_ctrl_c_says_where_the_run_stands(tmp_path, monkeypatch, capsys):
     assert code == 130 and "Traceback" not in err
     assert "interrupted after 1/3 steps" in err and "step_000001" in err
     assert f"monorl train --resume {tmp_path / 'run'}" in err
+    # console.log keeps the line too (under `| tee` the console loses it)
+    assert f"continue with: monorl train --resume {tmp_path / 'run'}" in (tmp_path / "run" / "console.log").read_text()
 
 
 class AlwaysFails(DigitsTask):

@@ -139,3 +139,11 @@ def test_presets_have_descriptions(capsys):
     assert main(["presets"]) == 0
     lines = capsys.readouterr().out.splitlines()
     assert len(lines) == len(PRESETS) and all(len(line.split()) > 3 for line in lines)
+
+
+def test_model_path_help_names_every_kind_of_path(capsys):
+    """--model.path takes more than an HF checkpoint directory: its help says so."""
+    doc = key_doc(RunConfig, "model.path")
+    assert all(kind in doc for kind in ("HF checkpoint directory", "GGUF file", "Hub name", "monorl run directory"))
+    assert main(["train", "--help"]) == 0
+    assert doc in " ".join(capsys.readouterr().out.split())

@@ -98,6 +98,8 @@ def test_ctrl_c_says_where_the_run_stands(tmp_path, monkeypatch, capsys):
     assert code == 130 and "Traceback" not in err
     assert "interrupted after 1/3 steps" in err and "step_000001" in err
     assert f"monorl train --resume {tmp_path / 'run'}" in err
+    # console.log keeps the line too (under `| tee` the console loses it)
+    assert f"continue with: monorl train --resume {tmp_path / 'run'}" in (tmp_path / "run" / "console.log").read_text()
 
 
 class AlwaysFails(DigitsTask):
@@ -135,3 +137,44 @@ def test_wrong_shaped_reward_stops_the_run_at_the_first_step(tmp_path):
     with pytest.raises(RewardFunctionError, match=r"task 'digits': score_batch returned 23 results for 24 completions"):
         run.run()
     assert '"step"' not in (tmp_path / "run" / "metrics.jsonl").read_text()
+
+
+@pytest.mark.parametrize("text,key", [("rollout: 5\n", "rollout"), ("trainer:\n  loss: null\n", "trainer.loss")])
+def test_a_config_file_giving_a_section_a_value_is_the_clis_one_line_error(tmp_path, capsys, text, key):
+    """`rollout: 5` in a file ended in `AttributeError: 'int' object has no attribute 'group_size'`; the command
+    line's `--rollout 5` gives one line: the file gives the same, naming the file."""
+    assert main(["config", f"--{key}", "5"]) == 2
+    cli = capsys.readouterr().err.strip()
+    assert cli.startswith("monorl: error: ") and len(cli.splitlines()) == 1
+    path = _write(tmp_path, "run.yaml", text)
+    assert main(["config", "--config", path]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "Traceback" not in err and len(err.splitlines()) == 1
+    assert err.startswith(f"monorl: error: {path}: {cli.removeprefix('monorl: error: ')}")
+
+
+def test_a_raising_reward_shows_its_traceback_once_and_keeps_every_one(tmp_path):
+    """`reward 'boom' raised RuntimeError: ...` alone gave no file or line to debug: the first failure of each reward
+    function prints its traceback to the console, and console.log keeps every failure's (a real `monorl train`
+    process: its console and console.log as a user gets them)."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    (tmp_path / "d.jsonl").write_text("".join(json.dumps({"prompt": f"say {i}"}) + "\n" for i in range(8)))
+    rw = tmp_path / "rw.py"
+    rw.write_text("def boom(completions, **kw):\n    raise RuntimeError('no column x')\n")
+    run_dir = tmp_path / "run"
+    env = {**os.environ, "PYTHONPATH": f"{root / 'src'}{os.pathsep}{root}"}
+    proc = subprocess.run([sys.executable, "-m", "monorl.cli", "train", *FAST, "--steps", "2", "--task.name",
+                           "dataset", "--task.args.path", str(tmp_path / "d.jsonl"), "--task.args.reward",
+                           f"{rw}:boom", "--run_dir", str(run_dir)], cwd=root, env=env, capture_output=True,
+                          text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    where = f'File "{rw}", line 2, in boom'
+    console = proc.stdout + proc.stderr
+    assert console.count(where) == 1 and "RuntimeError: no column x" in console
+    log = (run_dir / "console.log").read_text()
+    assert log.count(where) == 2  # one reward call a step, each failing

@@ -115,6 +115,28 @@ def test_generate_from_a_run_checkpoint_uses_the_runs_config(ckpt, tmp_path, cap
     assert rows[0]["prompt"] == "Say a number like 0" and rows[0]["tokens"] <= 3
 
 
+def test_eval_of_a_run_writes_into_the_run_directory(ckpt, tmp_path, monkeypatch, capsys):
+    """`monorl eval --model.path RUN` (or one of its checkpoints) without --out: RUN/eval.json, not the working
+    directory; a model outside a run: eval.json here, and the line says where."""
+    run = tmp_path / "run"
+    cfg = preset("tiny")
+    cfg.task.name, cfg.task.args = "tests.test_eval:AnyDigit", {}
+    cfg.rollout.max_new_tokens, cfg.validation.num_prompts = 3, 2
+    (run / "checkpoints").mkdir(parents=True)
+    (run / "config.json").write_text(json.dumps(cfg.to_dict()))
+    save_checkpoint(build_model(model_shape("tiny"), seed=3), run / "checkpoints" / "final", tokenizer=CharTokenizer())
+    here = tmp_path / "here"
+    here.mkdir()
+    monkeypatch.chdir(here)
+    assert main(["eval", "--device", "cpu", "--model.path", str(run), "--k", "0"]) == 0
+    assert main(["eval", "--device", "cpu", "--model.path", str(run / "checkpoints" / "final"), "--k", "0"]) == 0
+    out = capsys.readouterr().out
+    assert f"wrote {run / 'eval.json'}" in out and f"wrote {run / 'eval-2.json'}" in out
+    assert json.loads((run / "eval.json").read_text())["task"] == "any_digit" and not list(here.iterdir())
+    assert main(["eval", *SMALL, "--model.path", str(ckpt), "--k", "0"]) == 0
+    assert f"wrote {here / 'eval.json'}" in capsys.readouterr().out and (here / "eval.json").is_file()
+
+
 def _fake_hub_cache(root: Path, repo: str, ckpt: Path) -> Path:
     """huggingface_hub's cache layout: models--ORG--NAME/{refs/main, snapshots/<commit>/files}."""
     commit = "0123456789abcdef0123456789abcdef01234567"

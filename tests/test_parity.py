@@ -29,7 +29,9 @@ def test_compare_logprobs_counts_and_verdict():
     r = compare_logprobs(gen, tr)
     assert (r.tokens_checked, r.tokens_different, r.sequences) == (3, 1, 2)
     assert r.max_abs_diff == 0.25 and r.mean_abs_diff == pytest.approx(0.25 / 3)
-    assert not r.passed and r.text().endswith("FAIL (bitwise)")
+    assert not r.passed and r.text().endswith("FAIL (bitwise): expected without the mode, as bit-for-bit equality "
+                                              "needs --batch_invariant true; or accept this much with --tolerance 1")
+    assert compare_logprobs(gen, tr, batch_invariant=True).text().endswith("FAIL (bitwise)")  # the mode failed: no hint
     assert compare_logprobs(gen, tr, tolerance=0.25).passed
     nan = compare_logprobs([torch.tensor([float("nan")])], [torch.tensor([-1.0])], tolerance=1.0)
     assert math.isnan(nan.max_abs_diff) and not nan.passed
@@ -53,6 +55,9 @@ def test_parity_verb(capsys):
     assert main(["parity", *FAST, "--batch_invariant", "true"]) == 0
     out = capsys.readouterr().out
     assert "tokens checked" in out and "tokens different 0" in out and out.strip().endswith("PASS (bitwise)")
-    assert main(["parity", *FAST]) == 1
-    assert capsys.readouterr().out.strip().endswith("FAIL (bitwise)")
+    assert main(["parity", *FAST]) == 1  # CPU without the mode: the FAIL line says what bitwise equality needs
+    last = capsys.readouterr().out.strip().splitlines()[-1]
+    assert last.startswith("FAIL (bitwise): ") and "needs --batch_invariant true" in last and "--tolerance 1e-" in last
+    assert main(["parity", *FAST, "--batch_invariant", "auto"]) == 1  # auto on CPU: off, and reported so
+    assert "parity (batch_invariant=false," in capsys.readouterr().out
     assert main(["parity", *FAST, "--tolerance", "-1"]) == 2

@@ -10,7 +10,7 @@ import pytest
 
 from monorl.cli import main
 from monorl.config import preset
-from monorl.rl.report import load_metrics, plot, report, run_title, summary_table
+from monorl.rl.report import figure, load_metrics, plot, report, run_title, summary_table
 
 
 def write_metrics(run_dir: Path) -> None:
@@ -100,3 +100,28 @@ def test_report_title_names_model_task_preset(tmp_path: Path) -> None:
     (tmp_path / "run" / "config.json").write_text(json.dumps(cfg.to_dict()))
     assert run_title(tmp_path / "run") == "Qwen3-0.6B | task gsm8k | preset qwen3_0_6b_gsm8k | loss dapo | run"
     assert report(tmp_path / "run").startswith("Qwen3-0.6B | task gsm8k")
+
+
+def test_validation_marks_say_how_they_were_measured_and_the_legend_leaves_them_visible(tmp_path: Path) -> None:
+    """Sampled validation (k = 4) was labelled "greedy", and the legend (lower right) covered the "validation post"
+    label where the curve ends high and validation lands low."""
+    pytest.importorskip("matplotlib")
+    import matplotlib.pyplot as plt
+
+    rows = [{"step": s, "reward": 1.0, "rewards/correctness/mean": 1.0, "rewards/format/mean": 1.0} for s in range(20)]
+    validation = {"validation/pre": {"mean_reward": 0.5, "components": {}, "mean_length": 5.0},
+                  "validation/post": {"mean_reward": 0.0, "components": {}, "mean_length": 5.0, "k": 4,
+                                      "pass_at_k": 0.5, "mean_at_k": 0.25}}
+    fig = figure(rows, "t", validation)
+    try:
+        ax = fig.axes[0]
+        labels = {t.get_text().split("\n")[0]: t for t in ax.texts}
+        assert labels["validation post"].get_text() == "validation post\n+0.000 (mean of 4 samples)"
+        assert labels["validation pre"].get_text() == "validation pre\n+0.500 (greedy)"
+        assert ax.get_title() == "reward (mean over rollouts); \u2605 validation (greedy / mean of 4 samples)"
+        fig.canvas.draw()
+        renderer = fig.canvas.get_renderer()
+        legend = ax.get_legend().get_window_extent(renderer)
+        assert not [t.get_text() for t in ax.texts if legend.overlaps(t.get_window_extent(renderer))]
+    finally:
+        plt.close(fig)

@@ -72,7 +72,32 @@ def test_ctrl_c_through_tee_writes_the_checkpoint(tmp_path):
     latest = run_dir / "checkpoints" / "latest"
     assert latest.is_file(), err.decode()[-2000:]
     assert (run_dir / "checkpoints" / latest.read_text().strip() / "meta.json").is_file()
-    assert "SIGINT: stopping after the step under way" in (run_dir / LOG_FILE).read_text()
+    log = (run_dir / LOG_FILE).read_text()
+    assert "SIGINT: stopping after the step under way" in log
+    # the line saying how to continue, which the console (tee, dead) lost
+    assert "monorl: stopped by SIGINT after " in log and f"continue with: monorl train --resume {run_dir}" in log
+
+
+def test_a_run_stopped_before_its_first_checkpoint_says_start_over(tmp_path, monkeypatch, capsys):
+    """Ctrl-C during the warm start: no training checkpoint exists, so the interrupt line, a rerun in the same
+    --run_dir and `--resume` all say what works (starting over), never `--resume` (which could only fail)."""
+    import monorl.rl.loop as loop
+
+    def interrupted(self):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(loop.GRPORun, "warm_start", interrupted)
+    run_dir = tmp_path / "run"
+    start_over = f"start over: the same command with a new --run_dir, or after `rm -r {run_dir}`"
+    assert main(["train", *FAST, "--steps", "2", "--run_dir", str(run_dir)]) == 130
+    err = capsys.readouterr().err
+    assert "interrupted before the first RL step" in err and start_over in err and "--resume" not in err
+    assert f"monorl: interrupted before the first RL step; {run_dir} has nothing to resume" in \
+        (run_dir / LOG_FILE).read_text()
+    for argv in (["train", *FAST, "--run_dir", str(run_dir)], ["train", "--resume", str(run_dir)]):
+        assert main(argv) == 2
+        err = capsys.readouterr().err.strip()
+        assert len(err.splitlines()) == 1 and start_over in err and "continue it with" not in err, (argv, err)
 
 
 def test_a_run_dir_holding_a_run_is_refused_and_left_alone(tmp_path, capsys):

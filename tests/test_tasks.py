@@ -225,6 +225,16 @@ def test_safe_reward_bad(out, why):
     assert scores == {"a": 0.0, "b": 0.0} and why in error
 
 
+def test_a_raising_reward_logs_its_traceback_once_per_task(caplog):
+    """The first failure shows where the reward raised (file and line); later ones go to console.log only."""
+    task = Flaky(RuntimeError("boom"))
+    for _ in range(3):
+        assert safe_reward(task, Prompt("q", 1), "c")[1] == "RuntimeError: boom"
+    assert caplog.text.count("Traceback") == 1 and f'File "{__file__}", line' in caplog.text
+    safe_reward(Flaky(RuntimeError("boom")), Prompt("q", 1), "c")  # another task (another run): shown again
+    assert caplog.text.count("Traceback") == 2
+
+
 def test_safe_reward_good():
     assert safe_reward(Flaky({"a": 1, "b": 0.5}), Prompt("q", 1), "c") == ({"a": 1.0, "b": 0.5}, None)
 

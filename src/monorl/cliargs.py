@@ -185,6 +185,7 @@ def parse_config(p: ArgumentParser, argv: list[str], base: RunConfig) -> tuple[R
             msg = f"{files[-1]}: {msg}"  # a key only a config file can have given
         raise ValueError(msg) from None
     data = ns.as_dict()
+    _check_sections(data, _config_files(argv))
     merged = _merge(base.to_dict(), {k: v for k, v in data.items() if k in CONFIG_KEYS})
     cfg = config_from_dict(merged)  # runs every section's checks
     check_finite(cfg)
@@ -204,6 +205,23 @@ def run_config(preset_name: str = DEFAULT_PRESET, overrides: Mapping[str, str] |
     base = base_config(argv)
     cfg, _ = parse_config(config_parser("monorl", "", base), argv, base)
     return cfg
+
+
+def section_error(key: str) -> str:
+    """A section given a value of its own (`--rollout 5`, or `rollout: 5` in a config file)."""
+    return f"--{key} is a section: set one of its keys (--{key}.<name> value), or give it a config file"
+
+
+def _check_sections(data: dict[str, Any], files: list[str], prefix: str = "") -> None:
+    """Every section of the parsed config a mapping: the parser takes `rollout: 5` from a file as the section's value
+    (the command line's `--rollout 5` it refuses), which would fail later as an AttributeError."""
+    for k, v in data.items():
+        if not dataclasses.is_dataclass(CONFIG_KEYS.get(prefix + k)):
+            continue
+        if not isinstance(v, dict):
+            where = f"{files[-1]}: " if files else ""
+            raise ValueError(f"{where}{section_error(prefix + k)}; got {v!r}")
+        _check_sections(v, files, f"{prefix}{k}.")
 
 
 def _merge(base: dict[str, Any], new: dict[str, Any], prefix: str = "") -> dict[str, Any]:
@@ -277,7 +295,7 @@ def condense_error(msg: str) -> str:
                 choices = f"true, false, {choices}"
             return f"--{key}: {key} must be one of {choices}, got {shown}"
         if "Unable to load config" in msg:
-            return f"--{key} is a section: set one of its keys (--{key}.<name> value), or give it a config file"
+            return section_error(key)
         if value and value.group(1).strip().lower().lstrip("+-") in ("nan", "inf", "infinity"):
             return f"bad value {shown} for --{key}: expected a finite number"
         if sub := re.search(r"Subtypes: \[(.*?)\]", msg):

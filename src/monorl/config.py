@@ -27,7 +27,10 @@ from monorl.train.trainer import TrainerConfig
 
 @dataclass
 class ModelSection:
-    path: str | None = None  # HF checkpoint directory (config.json + safetensors + tokenizer.json): its weights
+    # the weights to start from: an HF checkpoint directory (config.json + safetensors + tokenizer.json), a GGUF
+    # file (dequantized at load), a Hub name ORG/NAME (the HF cache, else a download), or a monorl run directory
+    # (its checkpoints/final)
+    path: str | None = None
     shape: str | None = None  # without a path: random weights of this named shape (monorl.model.config.MODEL_SHAPES)
     random_init: bool = False  # with a path: random weights of its config.json instead of its weights
     init_seed: int = 0  # seed of the random weights (model.shape or model.random_init)

@@ -38,13 +38,17 @@ class ConsoleStream(io.TextIOBase):
             except (OSError, ValueError):  # BrokenPipeError, or a closed file: the console is gone
                 self.console = None
         if "\r" not in s:  # progress bars redraw a line: not worth keeping
-            if self.record is not None:
-                with contextlib.suppress(OSError, ValueError):
-                    self.record.write(s)
-            elif self.early is not None and self.early_chars < _EARLY_LIMIT:
-                self.early.append(s)
-                self.early_chars += len(s)
+            self.keep(s)
         return len(s)
+
+    def keep(self, s: str) -> None:
+        """`s` to the record alone (or, before the record is attached, to what it will start with)."""
+        if self.record is not None:
+            with contextlib.suppress(OSError, ValueError):
+                self.record.write(s)
+        elif self.early is not None and self.early_chars < _EARLY_LIMIT:
+            self.early.append(s)
+            self.early_chars += len(s)
 
     def flush(self) -> None:
         if self.console is not None:
@@ -91,6 +95,14 @@ def best_effort() -> Iterator[None]:
                 stream.flush()
                 stream.record = None
         sys.stdout, sys.stderr = saved
+
+
+def record_only(text: str) -> None:
+    """`text` to console.log, not the console: what the console shows another way (Ctrl-C's line, which the CLI
+    prints after the run unwound), or would drown in (every failing reward's traceback). Nothing outside
+    `best_effort`."""
+    if isinstance(sys.stderr, ConsoleStream):
+        sys.stderr.keep(text)
 
 
 def record_to(run_dir: Path) -> TextIO | None:

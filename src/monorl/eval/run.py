@@ -19,6 +19,14 @@ from monorl.model.hub import run_final_checkpoint
 from monorl.rl.passk import mean_at_k, mean_pass_at_k, pass_component_of, passes
 
 
+def run_of_checkpoint(path: str) -> Path | None:
+    """The monorl run directory `path` names (the run itself, or RUN/checkpoints/NAME with RUN/config.json beside),
+    or None."""
+    ckpt = Path(run_final_checkpoint(path) or path).expanduser()
+    run = ckpt.resolve().parent.parent
+    return run if ckpt.parent.name == "checkpoints" and (run / "config.json").is_file() else None
+
+
 def checkpoint_base(argv: list[str]) -> RunConfig:
     """The base config of eval / generate: the training run's config when --model.path is one of its checkpoints
     (RUN/checkpoints/NAME, RUN/config.json beside) and no --preset / --config is given, else the preset's."""
@@ -26,10 +34,11 @@ def checkpoint_base(argv: list[str]) -> RunConfig:
     explicit = any(a.split("=", 1)[0] in ("--preset", "--config") for a in argv)
     if path is None or explicit:
         return base_config(argv)
-    path = str(run_final_checkpoint(path) or path)  # a run directory: its final checkpoint
-    run_config = Path(path).expanduser().resolve().parent.parent / "config.json"
-    if Path(path).expanduser().parent.name != "checkpoints" or not run_config.is_file():
+    run = run_of_checkpoint(path)
+    if run is None:
         return base_config(argv)
+    path = str(run_final_checkpoint(path) or path)  # a run directory: its final checkpoint
+    run_config = run / "config.json"
     try:
         cfg = config_from_dict(json.loads(run_config.read_text(encoding="utf-8")))
     except (OSError, ValueError):
@@ -147,8 +156,9 @@ def eval_args(p: ArgumentParser) -> None:
                                                      "as validation.pass_component / pass_threshold say); 0: greedy "
                                                      "only")
     p.add_argument("--out", default=None, metavar="FILE",
-                   help="where the JSON results go (replaced if it exists); default: eval.json, or eval-2.json, ... "
-                        "when taken")
+                   help="where the JSON results go (replaced if it exists); default: eval.json in the run directory "
+                        "when --model.path is a run or one of its checkpoints, else in the current directory "
+                        "(eval-2.json, ... when taken)")
 
 
 def _stats(groups: list, component: str, threshold: float) -> dict[str, Any]:
@@ -240,9 +250,11 @@ def _unused_path(path: Path) -> Path:
 def cmd_eval(cfg: RunConfig, args: Namespace) -> int:
     if args.k < 0:
         raise ValueError(f"--k must be >= 0, got {args.k}")
+    run = run_of_checkpoint(cfg.model.path) if cfg.model.path else None  # before the path becomes its final checkpoint
     res = evaluate(cfg, args.k)
     print(eval_table(res))
-    out = Path(args.out) if args.out else _unused_path(Path("eval.json"))  # --out FILE: that file, replaced
+    # --out FILE: that file, replaced; else beside the run evaluated, or here
+    out = Path(args.out) if args.out else _unused_path((run or Path()) / "eval.json").absolute()
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({**res, "config": cfg.to_dict()}, indent=2, default=str) + "\n", encoding="utf-8")
     print(f"wrote {out}")

@@ -166,8 +166,26 @@ def find_checkpoint(path: str | os.PathLike) -> Path:
         return target
     found = step_checkpoints(root)
     if not found:
+        run = root.parent if root.name == "checkpoints" else root
+        if (run / "config.json").is_file():  # a run stopped before its first checkpoint (the warm start is not one)
+            raise CheckpointError(f"no training checkpoint in {root}: {no_checkpoint_hint(run)}")
         raise CheckpointError(f"no training checkpoint in {root} (expected {LATEST_FILE} or {PREFIX}NNNNNN/)")
     return found[-1][1]
+
+
+def no_checkpoint_hint(run_dir: Path) -> str:
+    """What works for a run directory without a training checkpoint (stopped before its first one): starting over."""
+    return (f"{run_dir} has nothing to resume from (it stopped before its first checkpoint); start over: the same "
+            f"command with a new --run_dir, or after `rm -r {run_dir}`")
+
+
+def resumable(run_dir: Path) -> bool:
+    """Whether `monorl train --resume run_dir` finds a checkpoint to continue from."""
+    try:
+        find_checkpoint(run_dir)
+    except CheckpointError:
+        return False
+    return True
 
 
 def check_resume_point(path: Path) -> None:

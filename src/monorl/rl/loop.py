@@ -26,7 +26,7 @@ from tqdm import tqdm
 from monorl.assembly import RunSpec, build_run, resolve_device
 from monorl.compile import compile_blocks, compile_counters, setup_compile_cache
 from monorl.config import RunConfig
-from monorl.console import best_effort
+from monorl.console import best_effort, record_only
 from monorl.distributed.elastic import die_for_test, restart_count, restart_resume_path
 from monorl.distributed.fsdp import shard_model_
 from monorl.distributed.placement import Placement
@@ -41,7 +41,7 @@ from monorl.model.lora import apply_lora_
 from monorl.model.source import load_policy
 from monorl.model.tokenizer import eos_ids
 from monorl.plan import GiB
-from monorl.rl.checkpointing import check_resume_point, find_checkpoint, step_checkpoints
+from monorl.rl.checkpointing import check_resume_point, find_checkpoint
 from monorl.rl.consumer import TrainerConsumer
 from monorl.rl.disaggregated import ReceivedRollouts, check_disaggregated, run_generator
 from monorl.rl.episodes import solution_sequence
@@ -51,7 +51,7 @@ from monorl.rl.rollout_buffer import AheadRollouts
 from monorl.rl.run_checkpoints import RunCheckpoints
 from monorl.rl.run_dir import RunDir
 from monorl.rl.startup import Startup
-from monorl.rl.stopping import GracefulStop
+from monorl.rl.stopping import GracefulStop, interrupted_line
 from monorl.rl.summary import (
     RunResult,
     ValidationResult,
@@ -364,18 +364,6 @@ class GRPORun:
                           wall_s=time.perf_counter() - self.t_start, compile_s=self.boot.compile_s,
                           trainer=self.trainer, device=self.device, memory=self.memory_report(), stopped=stopped)
 
-    def interrupted_line(self) -> str:
-        found = step_checkpoints(self.run_dir.checkpoints)
-        where = ("before the first RL step" if self.steps_done is None
-                 else f"after {self.steps_done}/{self.cfg.steps} steps")
-        what = f"stopped by {self.stop_signal}" if self.stop_signal else "interrupted"
-        if not found:
-            return (f"{what} {where}; {self.run_dir.path} has no training checkpoint to resume from "
-                    "(--checkpoint.every N / --checkpoint.every_minutes M write them during the run)")
-        step, path = found[-1]
-        return (f"{what} {where}; the last checkpoint is {path} (step {step}); continue with: "
-                f"monorl train --resume {self.run_dir.path}")
-
     # ---- the run ------------------------------------------------------------------------------------------------
 
     def run(self) -> RunResult:
@@ -386,7 +374,9 @@ class GRPORun:
         try:
             return self._run()
         except KeyboardInterrupt:
-            raise KeyboardInterrupt(self.interrupted_line()) from None
+            line = interrupted_line(self.run_dir.path, self.steps_done, self.cfg.steps, self.stop_signal)
+            record_only(f"\nmonorl: {line}\n")  # console.log keeps it (`monorl.cli` prints it once the run unwound)
+            raise KeyboardInterrupt(line) from None
         finally:
             if self.producer is not None:
                 self.producer.close()

@@ -120,8 +120,27 @@ def run_title(run_dir: str | os.PathLike) -> str:
 
 def plot(rows: list[dict[str, Any]], out: str | os.PathLike, title: str = "",
          validation: dict[str, Any] | None = None) -> Path:
-    """Six panels to a PNG at `out`: reward (components, smoothed, validation pre/post marked), response length
-    and truncation, time split, grad norm, clip fractions, KL (or the generator-trainer log-prob gap)."""
+    """`figure`'s six panels to a PNG at `out`."""
+    fig = figure(rows, title, validation)
+    import matplotlib.pyplot as plt
+
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, dpi=100)
+    plt.close(fig)
+    return out
+
+
+def _validation_label(v: dict[str, Any]) -> str:
+    """How a validation was measured: greedy (k = 1), or the mean over k sampled completions per prompt."""
+    k = _num(v.get("k", 1))
+    return f"mean of {int(k)} samples" if math.isfinite(k) and k > 1 else "greedy"
+
+
+def figure(rows: list[dict[str, Any]], title: str = "", validation: dict[str, Any] | None = None) -> Any:
+    """Six panels (a matplotlib Figure; the caller closes it): reward (components, smoothed, validation pre/post
+    marked), response length and truncation, time split, grad norm, clip fractions, KL (or the generator-trainer
+    log-prob gap)."""
     try:
         import matplotlib
     except ImportError:
@@ -145,15 +164,19 @@ def plot(rows: list[dict[str, Any]], out: str | os.PathLike, title: str = "",
     if has("val/mean_reward"):  # validation.every: the held-out reward at the steps where it was measured
         ax.plot(x, _series(rows, "val/mean_reward"), "o", color="black", markersize=5, label="validation (periodic)")
     marks = [(0, "pre"), (x[-1], "post")]
-    for at, name in marks:  # greedy validation on held-out prompts, before RL and after the last step
+    how = []
+    for at, name in marks:  # validation on held-out prompts (greedy, or k samples each), before RL and after the end
         v = (validation or {}).get(f"validation/{name}")
         if isinstance(v, dict) and math.isfinite(_num(v.get("mean_reward"))):
             y = _num(v.get("mean_reward"))
+            how.append(_validation_label(v))
             ax.plot([at], [y], marker="*", markersize=15, color="black", linestyle="none")
-            ax.annotate(f"validation {name}\n{y:+.3f}", (at, y), textcoords="offset points", fontsize=9,
+            ax.annotate(f"validation {name}\n{y:+.3f} ({how[-1]})", (at, y), textcoords="offset points", fontsize=9,
                         xytext=(8, 6) if name == "pre" else (-8, 6), ha="left" if name == "pre" else "right")
-    ax.set_title("reward (mean over rollouts); \u2605 greedy validation")
-    ax.legend(fontsize=8, loc="lower right")
+    measured = f" ({' / '.join(dict.fromkeys(how))})" if how else ""
+    ax.set_title(f"reward (mean over rollouts); \u2605 validation{measured}")
+    # below the panel: inside, it covered the post-validation label at the right end of the curve
+    ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.14), ncol=2)
 
     ax = axes[0][1]
     ax.plot(x, _series(rows, "completions/mean_length"), color="tab:green", label="mean length")
@@ -208,11 +231,7 @@ def plot(rows: list[dict[str, Any]], out: str | os.PathLike, title: str = "",
         a.grid(alpha=0.3)
     if title:
         fig.suptitle(title, fontsize=12)
-    out = Path(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out, dpi=100)
-    plt.close(fig)
-    return out
+    return fig
 
 
 def report(run_dir: str | os.PathLike, out: str | os.PathLike | None = None) -> str:

@@ -11,6 +11,7 @@ from typing import Any
 
 from monorl.console import record_to, stop_recording
 from monorl.fsutil import json_safe, write_text_atomic
+from monorl.rl.checkpointing import no_checkpoint_hint, resumable
 from monorl.rl.loggers import MetricLogger, scalars
 
 CONFIG_FILE = "config.json"
@@ -36,6 +37,8 @@ class RunDir:
         final checkpoint and mix two runs' metrics. An empty or unrelated directory is fine."""
         p = Path(path)
         marks = [name for name in (CONFIG_FILE, "metrics.jsonl", "checkpoints") if (p / name).exists()]
+        if marks and not resumable(p):
+            raise ValueError(f"run_dir {p} already holds a run ({', '.join(marks)}): {no_checkpoint_hint(p)}")
         if marks:
             raise ValueError(f"run_dir {p} already holds a run ({', '.join(marks)}): continue it with "
                              f"`monorl train --resume {p}`, or give a new --run_dir (or remove that directory)")

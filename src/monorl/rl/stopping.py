@@ -7,7 +7,10 @@ from __future__ import annotations
 import signal
 import sys
 import threading
+from pathlib import Path
 from types import FrameType, TracebackType
+
+from monorl.rl.checkpointing import no_checkpoint_hint, step_checkpoints
 
 
 class GracefulStop:
@@ -37,3 +40,18 @@ class GracefulStop:
             signal.signal(sig, handler)  # type: ignore[arg-type]
         self._previous = {}
 
+
+
+def interrupted_line(run_dir: Path, steps_done: int | None, steps: int, stop_signal: str) -> str:
+    """Where a stopped run stands and what continues it: `--resume` from its last checkpoint, or, stopped before
+    its first one (the warm start and the validation before RL write none), starting over."""
+    found = step_checkpoints(run_dir / "checkpoints")
+    where = "before the first RL step" if steps_done is None else f"after {steps_done}/{steps} steps"
+    what = f"stopped by {stop_signal}" if stop_signal else "interrupted"
+    if not found:
+        every = " (--checkpoint.every N / --checkpoint.every_minutes M write checkpoints during the run)" \
+            if steps_done else ""
+        return f"{what} {where}; {no_checkpoint_hint(run_dir)}{every}"
+    step, path = found[-1]
+    return (f"{what} {where}; the last checkpoint is {path} (step {step}); continue with: "
+            f"monorl train --resume {run_dir}")

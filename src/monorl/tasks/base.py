@@ -15,6 +15,7 @@ from types import MappingProxyType
 from typing import Any, Protocol
 
 from monorl.tasks.reward_context import RewardContext, RewardFunctionError
+from monorl.tasks.reward_failures import report_reward_failure
 
 
 @dataclass
@@ -130,8 +131,13 @@ def safe_reward(task: Task, prompt: Prompt, completion: str) -> tuple[dict[str, 
     and the second element says why (None when the reward worked). The caller logs and counts failures, so a
     reward that fails on everything stops the run (`RewardError`) instead of scoring 0 forever."""
     try:
-        return _components(task, task.reward(prompt, completion), "reward"), None
+        out = task.reward(prompt, completion)
     except Exception as e:  # noqa: BLE001 -- a user reward can fail in any way; the run goes on
+        report_reward_failure(task, task.name, e)
+        return {k: 0.0 for k in task.reward_components}, f"{type(e).__name__}: {e}"
+    try:
+        return _components(task, out, "reward"), None
+    except Exception as e:  # noqa: BLE001 -- not a dict of finite numbers: the message says what it was
         return {k: 0.0 for k in task.reward_components}, f"{type(e).__name__}: {e}"
 
 
@@ -156,9 +162,15 @@ def safe_score_batch(task: Task, prompts: Sequence[Prompt], completions: Sequenc
             out = list(task.score_batch(prompts, completions, completion_ids, context=context))
         else:
             out = list(task.score_batch(prompts, completions, completion_ids))
-        if len(out) != len(completions):
-            raise RewardFunctionError(f"task {task.name!r}: score_batch returned {len(out)} results for "
-                                      f"{len(completions)} completions")
+    except RewardFunctionError:
+        raise
+    except Exception as e:  # noqa: BLE001 -- as safe_reward: a user reward can fail in any way; the run goes on
+        report_reward_failure(task, f"{task.name}.score_batch", e)
+        return [(zeros.copy(), f"{type(e).__name__}: {e}") for _ in completions]
+    if len(out) != len(completions):
+        raise RewardFunctionError(f"task {task.name!r}: score_batch returned {len(out)} results for "
+                                  f"{len(completions)} completions")
+    try:
         checked: list[tuple[dict[str, float | None], str | None]] = []
         for vals, err in out:
             if err is not None:
@@ -169,7 +181,5 @@ def safe_score_batch(task: Task, prompts: Sequence[Prompt], completions: Sequenc
             else:
                 checked.append((_components(task, vals, "score_batch"), None))
         return checked
-    except RewardFunctionError:
-        raise
-    except Exception as e:  # noqa: BLE001 -- as safe_reward: a user reward can fail in any way; the run goes on
+    except Exception as e:  # noqa: BLE001 -- not the task's components as finite numbers: the message says so
         return [(zeros.copy(), f"{type(e).__name__}: {e}") for _ in completions]

@@ -41,6 +41,7 @@ from typing import Any
 from monorl.fsutil import install_hint
 from monorl.tasks.base import Prompt, Task
 from monorl.tasks.reward_context import RewardContext, RewardFunctionError, TrainerState
+from monorl.tasks.reward_failures import report_reward_failure
 from monorl.tasks.rewards import BUILTIN_REWARDS, accuracy, builtin_reward
 from monorl.tasks.stream import shuffled_rows
 
@@ -380,6 +381,7 @@ class DatasetTask(Task):
             if isinstance(out, RewardFunctionError):  # from log_extra / log_metric: a bug, as a wrong return
                 raise RewardFunctionError(f"reward function {f.name!r}: {out}") from None
             if isinstance(out, BaseException):
+                report_reward_failure(self, f.name, out)
                 for e in errors:
                     e.append(f"reward {f.name!r} raised {type(out).__name__}: {out}")
                 continue

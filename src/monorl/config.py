@@ -173,6 +173,9 @@ class RunConfig:
     device: str = "auto"  # auto (cuda if available) | cpu | cuda | cuda:N
     run_dir: str | None = None  # default: runs/<preset>-<time>
     samples_per_step: int = 4  # rollouts written to samples.jsonl each step
+    # stop (with a checkpoint and a one-line reason) after this many steps in a row in which every group's rewards
+    # were equal and the gradient was 0: the run trains on nothing (a collapsed policy); 0: never
+    stop_without_signal: int = 3
     # generator and trainer log-probs equal bit for bit (invariant kernels; docs/guides/parity.md). auto (the
     # Qwen3 presets'): on for full fine-tuning on CUDA, where it costs 1.02-1.14x of a step (Qwen3-0.6B/1.7B, H200);
     # off with LoRA (1.65x: unmerged adapters) and on CPU (reference code); `resolve_batch_invariant_`
@@ -235,6 +238,11 @@ def _tiny_tools() -> RunConfig:
     # an episode: the call (~45 characters), the tool turn (~25, inserted), the answer; within the 128-token context
     cfg.rollout = RolloutSection(prompts_per_step=8, group_size=8, max_new_tokens=96, temperature=1.0, top_p=1.0)
     cfg.warm_start = WarmStartSection(steps=400, batch_size=32, lr=2e-3)
+    # a token-mean loss: with `grpo`'s per-sequence mean a token shared by every episode (the tool call's format) is
+    # weighted sum_s A_s / len_s, which turns negative once failed episodes are the short ones, and Adam amplifies
+    # that small push on saturated tokens until the format breaks (`</tool_cal>`: the run collapsed to reward 0 on 2
+    # of 2 seeds with one thread, #56); the token mean weights it sum_s A_s / total = 0
+    cfg.trainer.loss = LossConfig(kind="token_grpo")
     # greedy decoding already takes the tool after the warm start: validate the sampled policy (mean@4), which GRPO
     # moves from guessing to calling the tool
     cfg.validation = ValidationSection(num_prompts=20, k=4)

@@ -51,7 +51,7 @@ from monorl.rl.rollout_buffer import AheadRollouts
 from monorl.rl.run_checkpoints import RunCheckpoints
 from monorl.rl.run_dir import RunDir
 from monorl.rl.startup import Startup
-from monorl.rl.stopping import GracefulStop, interrupted_line
+from monorl.rl.stopping import GracefulStop, NoLearningSignal, check_learning_signal, interrupted_line
 from monorl.rl.summary import (
     RunResult,
     ValidationResult,
@@ -393,12 +393,19 @@ class GRPORun:
         last_saved = start
         with GracefulStop() as stop:
             for step in range(start, cfg.steps):
+                row = None
                 try:
                     row = self.step(step)
-                except RewardError as e:  # the reward cannot score anything: keep what the run has, then stop
-                    if step > last_saved:
+                    if self.producer is not None:  # (disaggregated, the generator ranks would wait for weights)
+                        check_learning_signal([*result.steps, row], cfg.stop_without_signal)
+                except (RewardError, NoLearningSignal) as e:  # nothing more to learn: keep what the run has, stop
+                    done = step if row is None else step + 1
+                    if row is not None:
+                        result.steps.append(row)
+                        print(step_line(row, cfg.steps), flush=True)
+                    if done > last_saved:
                         with self.timed("checkpoint_s"):
-                            self.save_training_checkpoint(step, pre)
+                            self.save_training_checkpoint(done, pre)
                     self.write_summary(result, stopped=str(e))
                     raise
                 if step == start:

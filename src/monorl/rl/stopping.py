@@ -41,6 +41,23 @@ class GracefulStop:
         self._previous = {}
 
 
+class NoLearningSignal(ValueError):
+    """The run learns nothing more: every group scored alike and the gradient was zero for several steps in a row."""
+
+
+def check_learning_signal(rows: list[dict], patience: int) -> None:
+    """Raise `NoLearningSignal` when the last `patience` steps each had every group's rewards equal (every advantage
+    0) and a zero gradient: a policy collapsed to outputs that all score the same (or one that solves every prompt)
+    trains on nothing, and further steps would only move it on Adam's momentum. patience 0: never."""
+    last = rows[-patience:]
+    if patience <= 0 or len(last) < patience or not all(r.get("frac_reward_zero_std") == 1.0 and r.get("grad_norm") == 0.0
+                                       for r in last):
+        return
+    raise NoLearningSignal(f"no learning signal for {patience} steps in a row: every group's rewards were equal "
+                           f"(mean reward {last[-1]['reward']:+.3f}) and the gradient was 0; stopped after step "
+                           f"{last[-1]['step'] + 1} (samples.jsonl shows what the policy writes; "
+                           f"--stop_without_signal 0 runs on)")
+
 
 def interrupted_line(run_dir: Path, steps_done: int | None, steps: int, stop_signal: str) -> str:
     """Where a stopped run stands and what continues it: `--resume` from its last checkpoint, or, stopped before

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from monorl.tasks.arith import ArithTask
-from monorl.tasks.base import Prompt, Task, safe_reward
+from monorl.tasks.base import Prompt, Task, TaskDataNotFound, safe_reward
 from monorl.tasks.dataset import DatasetTask
 from monorl.tasks.gsm8k import Gsm8kTask
 from monorl.tasks.sum_digits import SumDigitsTask
@@ -20,12 +20,16 @@ from monorl.tasks.sum_digits import SumDigitsTask
 BUILTIN_TASKS: dict[str, type[Task]] = {"sum_digits": SumDigitsTask, "gsm8k": Gsm8kTask, "dataset": DatasetTask,
                                        "arith": ArithTask}
 
-__all__ = ["BUILTIN_TASKS", "ArithTask", "DatasetTask", "Gsm8kTask", "Prompt", "SumDigitsTask", "Task", "TaskError",
-           "load_task", "safe_reward"]
+__all__ = ["BUILTIN_TASKS", "ArithTask", "DatasetNotFound", "DatasetTask", "Gsm8kTask", "Prompt", "SumDigitsTask",
+           "Task", "TaskDataNotFound", "TaskError", "load_task", "safe_reward"]
 
 
 class TaskError(ValueError):
     """A task spec or task arguments that cannot be used (a user error: reported as one line)."""
+
+
+class DatasetNotFound(TaskError, TaskDataNotFound):
+    """A dataset task's file is missing."""
 
 
 def load_task(spec: str, **kwargs: Any) -> Task:
@@ -84,6 +88,8 @@ def _construct(factory: Any, kwargs: dict[str, Any], spec: str) -> Any:
                             f"its arguments: {', '.join(accepted) or 'none'}")
     try:
         return factory(**kwargs)
+    except TaskDataNotFound:
+        raise  # as it is: `monorl plan` plans without the data
     except (TypeError, ValueError) as e:
         raise TaskError(f"task {spec!r}: {e}") from e
 

@@ -1,5 +1,5 @@
 """Measure what one trainer micro-batch holds on a GPU, per model shape, eager and compiled, with and without
-activation checkpointing: the data behind `monorl.plan.ACTIVATION_COEFFS`.
+activation checkpointing: the data behind `monorl.plan_activations.ACTIVATION_COEFFS`.
 
 For each Qwen3 config (random weights, fp32 masters, bf16 autocast, flash attention, no trainer graphs), the
 trainer's own warm-up (forward + backward of the step's packs, no optimizer step) runs on packs of ~4k and ~11k
@@ -22,7 +22,8 @@ import torch
 from monorl.compile import CompileConfig, compile_blocks, setup_compile_cache
 from monorl.model.checkpoint import load_config
 from monorl.model.qwen3 import build_model
-from monorl.plan import GiB, trainer_activation_bytes
+from monorl.plan import GiB
+from monorl.plan_activations import trainer_activation_bytes
 from monorl.train.trainer import Trainer, TrainerConfig
 
 PROMPT, COMPLETION = 150, 100

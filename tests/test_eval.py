@@ -1,9 +1,12 @@
 """`monorl eval` (greedy, pass@k, mean@k), `monorl generate` (greedy, the task's rendering, exactly the given
-checkpoint, a run's config as base) and `--model.path ORG/NAME` through the Hugging Face cache."""
+checkpoint, a run's config as base), `--model.path ORG/NAME` through the Hugging Face cache, both verbs with a
+tensor-parallel generator on 2 gloo ranks, and what batch composition may change in a greedy run's log-probs."""
 
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from math import comb
 from pathlib import Path
 
@@ -18,6 +21,7 @@ from monorl.model.qwen3 import build_model
 from monorl.model.tokenizer import CharTokenizer
 from monorl.rl.passk import mean_at_k, mean_pass_at_k, pass_at_k
 from monorl.tasks.base import Prompt, Task
+from tests.test_distributed import env, run
 
 SMALL = ["--device", "cpu", "--validation.num_prompts", "3", "--rollout.max_new_tokens", "6",
          "--task.name", "tests.test_eval:AnyDigit"]
@@ -161,3 +165,55 @@ def test_model_path_by_hub_name_from_the_cache(ckpt, tmp_path, monkeypatch, caps
     assert rows and f"model: weights of {snap} (someorg/tiny-qwen3 from the Hugging Face cache)" in _generated.err
     assert main(["generate", "--device", "cpu", "--model.path", str(tmp_path / "nowhere")]) == 2
     assert "nowhere" in capsys.readouterr().err
+
+
+# -- tensor-parallel generate / eval (torchrun, gloo) and the batch-composition contract ------------------------
+
+TP_GENERATE = ["generate", "--preset", "tiny", "--device", "cpu", "--temperature", "0", "--prompt", "12+7=",
+               "--logprobs"]
+TORCHRUN_2 = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", "-m",
+              "monorl.cli"]
+
+
+def test_tensor_parallel_generate_equals_one_rank(capsys):
+    """`torchrun --nproc_per_node 2 ... generate --generator.tensor_parallel_size 2` forms the group a training run
+    forms and prints rank 0's lines alone: the 1-rank greedy tokens, log-probs within the last bits (the
+    row-parallel sums split K)."""
+    one = _generated(capsys, *TP_GENERATE[1:])
+    r = run([*TORCHRUN_2, *TP_GENERATE, "--generator.tensor_parallel_size", "2"])
+    assert r.returncode == 0, r.stderr[-4000:]
+    two = [json.loads(line) for line in r.stdout.splitlines()]
+    assert len(two) == 1 and two[0]["token_ids"] == one[0]["token_ids"]
+    assert two[0]["logprobs"] == pytest.approx(one[0]["logprobs"], abs=1e-5)
+
+
+def test_tensor_parallel_eval_equals_one_rank(tmp_path, capsys):
+    """`eval` under tensor_parallel_size 2: every rank plays the prompts together, rank 0 alone writes its results
+    (the default eval.json, once), which equal the 1-rank eval's."""
+    args = ["eval", "--preset", "tiny", "--device", "cpu", "--validation.num_prompts", "2", "--k", "2"]
+    assert main([*args, "--out", str(tmp_path / "one.json")]) == 0
+    capsys.readouterr()
+    work = tmp_path / "tp"
+    work.mkdir()
+    r = subprocess.run([*TORCHRUN_2, *args, "--generator.tensor_parallel_size", "2"], cwd=work, env=env(),
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr[-4000:]
+    assert [p.name for p in work.iterdir()] == ["eval.json"] and r.stdout.count("wrote ") == 1
+    got, want = (json.loads(p.read_text()) for p in (work / "eval.json", tmp_path / "one.json"))
+    assert [got[k] for k in ("prompts", "greedy", "sampled")] == [want[k] for k in ("prompts", "greedy", "sampled")]
+
+
+def test_batch_composition_moves_logprobs_only_outside_batch_invariant_mode(capsys):
+    """Three greedy samples of one prompt in 2 (or 3) decode slots against one sample alone. Default mode: the
+    same tokens; their log-probs may differ in the last bits (a decode step's GEMMs run another row count, whose
+    CPU kernels may round differently: docs/guides/parity.md), so only the tokens are compared.
+    --batch_invariant true (which `generate` now applies to its copy, as a run does): the log-probs too, bit for
+    bit."""
+    base = TP_GENERATE[1:]
+    for mode in ("false", "true"):
+        one = _generated(capsys, *base, "--batch_invariant", mode)[0]
+        for seqs in ("2", "3"):
+            three = _generated(capsys, *base, "--batch_invariant", mode, "--n", "3", "--generator.max_num_seqs", seqs)
+            assert [r["token_ids"] for r in three] == [one["token_ids"]] * 3, (mode, seqs)
+            if mode == "true":
+                assert [r["logprobs"] for r in three] == [one["logprobs"]] * 3, seqs

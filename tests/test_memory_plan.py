@@ -4,6 +4,7 @@ before any work, and `monorl plan` answers without a GPU."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -17,7 +18,8 @@ from monorl.model.attention import VarlenContext
 from monorl.model.config import ModelConfig, model_shape
 from monorl.model.lora import LoRAConfig, apply_lora_
 from monorl.model.qwen3 import build_model
-from monorl.plan import ACTIVATION_COEFFS, GiB, advise, plan_memory
+from monorl.plan import GiB, advise, plan_memory
+from monorl.plan_activations import ACTIVATION_COEFFS
 from monorl.plan_params import lora_param_count
 from monorl.rl.loop import GRPORun
 from tests.test_resume import small_cfg
@@ -136,6 +138,42 @@ def test_plan_verb(capsys) -> None:
                  "--gpu_memory_gb", "140"]) == 0
     assert "fits" in capsys.readouterr().out
     assert main(["plan", "--preset", "tiny", "--gpu_memory_gb", "0"]) == 2  # one-line error
+
+
+def test_plan_verb_without_the_task_data(tmp_path: Path, monkeypatch, capsys) -> None:
+    """`monorl plan --preset qwen3_0_6b_gsm8k` where ../shared/data is not: planned from the prompt length GSM8K
+    declares, saying so (a plan needs shapes, not the data); a dataset task declares none: the config's bound."""
+    monkeypatch.chdir(tmp_path)
+    assert main(["plan", "--preset", "qwen3_0_6b_gsm8k", "--model.shape", "qwen3-0.6b", "--gpu_memory_gb", "79.6"]) == 0
+    out = capsys.readouterr().out
+    assert ("task data not read (GSM8K file not found: ../shared/data/gsm8k/train.jsonl): planned from prompts of 256 "
+            "tokens (the longest prompt task 'gsm8k' declares) and 512 new tokens") in out.splitlines()
+    assert main(["plan", "--preset", "qwen3_0_6b_gsm8k_dapo", "--model.shape", "qwen3-0.6b",
+                 "--gpu_memory_gb", "79.6"]) == 0
+    out = capsys.readouterr().out
+    assert "prompts of 3584 tokens (generator.max_model_len 4096 - rollout.max_new_tokens 512)" in out
+    assert main(["train", "--preset", "qwen3_0_6b_gsm8k", "--model.shape", "qwen3-0.6b", "--device", "cpu"]) == 2
+    assert "GSM8K file not found" in capsys.readouterr().err  # a run still needs its data
+
+
+@pytest.mark.parametrize("preset_name,shape,gpu_gb", [
+    ("qwen3_0_6b_sum_digits", "qwen3-8b", 79.6),  # --lora.rank 16
+    ("qwen3_0_6b_sum_digits", "qwen3-8b", 48),  # --compile.trainer_cuda_graphs false --lora.rank 16
+    ("qwen3_0_6b_gsm8k", "qwen3-8b", 40),  # --nproc 4 --lora.rank 16, from the task's declared lengths
+])
+def test_advice_applied_plans_the_peak_it_quotes(preset_name: str, shape: str, gpu_gb: float, tmp_path: Path,
+                                                 monkeypatch, capsys) -> None:
+    """The advised change, passed to `monorl plan` as printed, plans the peak the advice quoted: each candidate is
+    resolved as the changed run resolves it (`--lora.rank 16` turns batch_invariant auto off, so the generator's
+    copy is its own: the advice had planned it shared with the policy, 43.0 GiB against the 58.13 the changed run
+    planned for Qwen3-8B on 79.6 GiB)."""
+    monkeypatch.chdir(tmp_path)
+    base = ["plan", "--preset", preset_name, "--model.shape", shape, "--gpu_memory_gb", str(gpu_gb)]
+    assert main(base) == 1
+    advice = re.search(r"cheapest change that fits: (.+?)  \(peak ([\d.]+) GiB", capsys.readouterr().out)
+    assert advice is not None
+    assert main([*base, *advice.group(1).split()]) == 0
+    assert re.search(r"peak \(planned\)\s+([\d.]+)", capsys.readouterr().out).group(1) == advice.group(2)
 
 
 def test_lora_target_names() -> None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import copy
 import itertools
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -25,7 +26,7 @@ from monorl.distributed.world import SINGLE, World
 from monorl.generate.sampling import SamplingParams
 from monorl.model.config import ModelConfig
 from monorl.model.source import resolve_model
-from monorl.plan import MemoryPlan, run_memory_plan
+from monorl.plan import MemoryPlan, run_memory_plan, with_overrides
 from monorl.tasks import load_task
 from monorl.tasks.base import Prompt, Task
 from monorl.tasks.rewards import OVERLONG
@@ -57,6 +58,13 @@ def resolve_config(cfg: RunConfig, model_config: ModelConfig, device: torch.devi
     if loss.kind == "dr_grpo" and loss.dr_grpo_norm is None:
         loss.dr_grpo_norm = float(cfg.rollout.max_new_tokens)  # Dr.GRPO's constant normaliser
     return cfg, notes
+
+
+def change_resolver(given: RunConfig, model_config: ModelConfig,
+                    device: torch.device) -> Callable[[dict[str, Any]], RunConfig]:
+    """What the memory plan's advice (`monorl.plan.advise`) plans a candidate change with: the config as `given` with
+    the change's keys set, resolved as a run given those keys resolves it (one process: no collective)."""
+    return lambda overrides: resolve_config(with_overrides(given, overrides), model_config, device)[0]
 
 
 def sampling_params(cfg: RunConfig, *, temperature: float | None = None, max_new_tokens: int | None = None,
@@ -171,9 +179,11 @@ def build_run(cfg: RunConfig, device: torch.device, world: World = SINGLE, plan:
     longest_fitting_prompt(task, tokenizer, val_prompts, max_len, v.max_new_tokens or r.max_new_tokens, "validation")
     components = reward_components(cfg, task)
     pass_component = v.pass_component or (task.reward_components or (None,))[0]
+    given = cfg
     cfg, notes = resolve_config(cfg, model_config, device, world)  # before the plan, which reads what it decides
     spec = RunSpec(cfg, device, model_config, tokenizer, source, task, max_len, val_prompts, longest, components,
                    pass_component, warm_start_steps, notes=notes)
     if plan:
-        spec.plan = run_memory_plan(cfg, model_config, longest, device, world.size, world.rank)
+        spec.plan = run_memory_plan(cfg, model_config, longest, device, world.size, world.rank,
+                                    change_resolver(given, model_config, device))
     return spec

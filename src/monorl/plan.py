@@ -14,7 +14,7 @@ What the run holds (bytes are exact where the run's own code decides them, estim
   persistent (all captured shapes share that one pool, so it is the largest shape's, not their sum).
 
 Activations per token and layer are a linear model in the layer's widths whose coefficients were measured
-(`benchmarks/memory.py`; `ACTIVATION_COEFFS` says where each set comes from). The plan's peak is what
+(`monorl.plan_activations`: `ACTIVATION_COEFFS` says where each set comes from). The plan's peak is what
 `torch.cuda.max_memory_allocated` should report; the fit check adds the CUDA context and allocator slack
 (`reserve_bytes`).
 """
@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import dataclasses
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -33,6 +34,7 @@ from monorl.distributed.placement import role_share
 from monorl.generate.kv_cache import bytes_per_block, kv_cache_bytes_needed
 from monorl.generate.tensor_parallel import check_tensor_parallel, shard_config
 from monorl.model.config import ModelConfig
+from monorl.plan_activations import activation_shape, trainer_activation_bytes
 from monorl.plan_params import (
     active_param_count,
     lora_param_count,
@@ -45,78 +47,7 @@ if TYPE_CHECKING:
     from monorl.config import RunConfig
 
 GiB = 1 << 30
-_LOGPROB_BYTES_PER_ROW_VOCAB = 16  # a chunk's fp32 logits, log-softmax and (backward) their gradient
 _GEN_PREFILL_BYTES_PER_TOKEN_LAYER_WIDTH = 2 * 4  # a prefill's transient: ~4 bf16 [tokens, width] per layer
-
-
-@dataclass(frozen=True)
-class ActivationCoeffs:
-    """Saved bytes per token per layer = h*hidden + i*intermediate + q*(heads*head_dim) + kv*(kv_heads*head_dim)
-    + c; `checkpointed`: bytes per token per layer kept by a checkpointed block (its fp32 input)."""
-
-    h: float
-    i: float
-    q: float
-    kv: float
-    c: float
-    checkpointed: float
-
-    def per_token_layer(self, m: ModelConfig) -> float:
-        return (self.h * m.hidden_size + self.i * m.intermediate_size + self.q * m.num_heads * m.head_dim
-                + self.kv * m.num_kv_heads * m.head_dim + self.c)
-
-
-# bfloat16 (CUDA, bf16 autocast over fp32 masters, Inductor-compiled blocks): fitted to the trainer's warm-up peak
-# on an H200 (benchmarks/bench_memory.py, 2026-11-23: Qwen3-0.6B 54.5 KB and 1.7B 91.3 KB per token and layer at
-# 11264 tokens, after the LM-head chunk and final hidden states), and checked on the slope between 4000- and
-# 10000-token packs (benchmarks/fit_activations.py, 2026-11-23, H200): 0.6B 53.0, 1.7B 82.8, 4B 130.8 KB per
-# token and layer against 54.2 / 90.9 / 132.5 here. bfloat16-eager (the same without compile): those slopes were
-# 88.7 / 141.6 / 213.8 KB, 1.63-1.71x the compiled ones, so 1.67x the compiled coefficients (within +7%).
-# float32 (CPU): measured with torch.autograd.graph.saved_tensors_hooks on this model's eager forward (unique
-# storages, parameters excluded, slope over two pack sizes).
-_COMPILED_BF16 = ActivationCoeffs(h=20, i=5.3, q=6, kv=5, c=0, checkpointed=4)
-ACTIVATION_COEFFS: dict[str, ActivationCoeffs] = {
-    "bfloat16": _COMPILED_BF16,
-    "bfloat16-eager": ActivationCoeffs(**{k: 1.67 * v for k, v in dataclasses.asdict(_COMPILED_BF16).items()
-                                          if k != "checkpointed"}, checkpointed=4),
-    "float32": ActivationCoeffs(h=28, i=16, q=20, kv=16, c=2400, checkpointed=4),
-}
-
-
-def activation_shape(m: ModelConfig) -> ModelConfig:
-    """`m` with the MLP width one token's activations have, averaged over layers, as its intermediate_size: a
-    sparse layer's k routed experts (k * moe_intermediate_size, plus its k sorted copies of the input, counted as
-    width), for the per-token activation coefficients, which were measured on dense models (not measured on MoE)."""
-    if not m.is_moe:
-        return m
-    sparse = sum(map(m.sparse_layer, range(m.num_layers)))
-    moe_width = m.num_experts_per_tok * (m.moe_intermediate_size + m.hidden_size)
-    width = (sparse * moe_width + (m.num_layers - sparse) * m.intermediate_size) // m.num_layers
-    return m.replace(intermediate_size=max(1, width))
-
-
-def trainer_activation_bytes(m: ModelConfig, tokens: int, compute_dtype: str, checkpointing: bool,
-                             logprob_chunk: int, weight_copy_params: int, residual_bytes: int = 4,
-                             compiled: bool = True) -> int:
-    """Peak transient bytes of one micro-batch's forward + backward of `tokens` packed tokens, gradients apart.
-    residual_bytes: the residual stream's element size (fp32 over fp32 masters; a LoRA run's bf16 base: 2).
-    weight_copy_params: parameters autocast casts to bf16 (the fp32 masters' projections; 0 for a bf16 base).
-    Measured (benchmarks/fit_activations.py, H200): without checkpointing the peak is at the start of backward,
-    every block's activations and the bf16 weight casts alive (the same intercept compiled or not); with it,
-    each block keeps its input and the peak is at the end of backward, where eager autocast still holds the casts
-    (compiled blocks do not) or the LM-head chunk is alive."""
-    lm_head = _LOGPROB_BYTES_PER_ROW_VOCAB * min(logprob_chunk, tokens) * m.vocab_size
-    hidden = 2 * 4 * m.hidden_size * tokens  # final hidden states (fp32) and their gradient
-    casts = 2 * weight_copy_params if compute_dtype == "bfloat16" else 0
-    if checkpointing:
-        inputs = residual_bytes * m.hidden_size * tokens * m.num_layers
-        if compute_dtype != "bfloat16":  # fp32 (CPU): one block's activations exist at a time, twice
-            co = ACTIVATION_COEFFS[compute_dtype]
-            return int(inputs + 2 * co.per_token_layer(m) * tokens + lm_head + hidden)
-        return int(inputs + max(lm_head, 0 if compiled else casts) + hidden)
-    key = compute_dtype if compute_dtype != "bfloat16" or compiled else "bfloat16-eager"
-    acts = ACTIVATION_COEFFS[key].per_token_layer(m) * tokens * m.num_layers
-    return int(acts + lm_head + hidden + casts)
 
 
 @dataclass
@@ -431,7 +362,8 @@ def _divides_model(m: ModelConfig, n: int) -> bool:
     return True
 
 
-def _with(cfg: RunConfig, overrides: dict[str, Any]) -> RunConfig:
+def with_overrides(cfg: RunConfig, overrides: dict[str, Any]) -> RunConfig:
+    """`cfg` with a candidate change's keys set (the sections a change touches copied; "nproc" is no key)."""
     new = dataclasses.replace(cfg, trainer=dataclasses.replace(cfg.trainer),
                               generator=dataclasses.replace(cfg.generator), compile=dataclasses.replace(cfg.compile),
                               lora=dataclasses.replace(cfg.lora))
@@ -449,10 +381,14 @@ def _auto_plan(cfg: RunConfig, m: ModelConfig, max_prompt_tokens: int, device_by
     return plan_memory(cfg, m, max_prompt_tokens, device_bytes, activation_checkpointing=ac, ranks=ranks)
 
 
-def advise(cfg: RunConfig, m: ModelConfig, max_prompt_tokens: int, device_bytes: int, ranks: int = 1) -> list[str]:
+def advise(cfg: RunConfig, m: ModelConfig, max_prompt_tokens: int, device_bytes: int, ranks: int = 1,
+           apply: Callable[[dict[str, Any]], RunConfig] | None = None) -> list[str]:
     """For a plan that does not fit: the cheapest single change that makes it fit, else the cheapest pair, else
     a line saying nothing here does. Changes are ordered cheapest first (more GPUs before LoRA, which changes
-    the method); activation checkpointing left on auto is resolved for each candidate, as the run would."""
+    the method); activation checkpointing left on auto is resolved for each candidate, as the run would. apply: the
+    config a change's keys give, as the run would resolve it (`monorl.assembly.change_resolver`: `--lora.rank 16`
+    also turns batch_invariant auto off, and the generator's copy is then its own), so that the peak quoted is the
+    one the changed run plans; default: the keys set on `cfg` as resolved."""
     changes = _changes(cfg, m, max_prompt_tokens, ranks)
     candidates = [[c] for c in changes] + [[a, b] for i, a in enumerate(changes) for b in changes[i + 1:]
                                            if not set(a[2]) & set(b[2])]
@@ -461,13 +397,14 @@ def advise(cfg: RunConfig, m: ModelConfig, max_prompt_tokens: int, device_bytes:
         n = overrides.get(_RANKS, ranks)
         if n % overrides.get("generator.tensor_parallel_size", cfg.generator.tensor_parallel_size):
             continue  # a tensor-parallel group is made of the run's ranks
-        p = _auto_plan(_with(cfg, overrides), m, max_prompt_tokens, device_bytes, n)
+        changed = apply(overrides) if apply is not None else with_overrides(cfg, overrides)
+        p = _auto_plan(changed, m, max_prompt_tokens, device_bytes, n)
         if p.fits:
             flags = " ".join(flag for flag, _, _ in combo)
             ac = (" (activation checkpointing then on, auto)" if p.activation_checkpointing
                   and "trainer.activation_checkpointing" not in overrides and not cfg.trainer.activation_checkpointing
                   else "")
-            return [f"{flags}  (peak {p.peak_bytes / GiB:.1f} GiB{ac}; costs {'; '.join(c for _, c, _ in combo)})"]
+            return [f"{flags}  (peak {p.peak_bytes / GiB:.2f} GiB{ac}; costs {'; '.join(c for _, c, _ in combo)})"]
     return ["nothing here fits GPUs of this size: use GPUs with more memory, more of them (--nproc, with "
             "rollout.prompts_per_step a multiple of it), or a smaller model"]
 
@@ -482,17 +419,19 @@ def device_memory_bytes(device: torch.device) -> int | None:
 
 
 def run_memory_plan(cfg: RunConfig, m: ModelConfig, max_prompt_tokens: int, device: torch.device,
-                    ranks: int = 1, rank: int = 0) -> MemoryPlan:
+                    ranks: int = 1, rank: int = 0,
+                    apply: Callable[[dict[str, Any]], RunConfig] | None = None) -> MemoryPlan:
     """The plan for a run on `device` (its whole memory), with `trainer.activation_checkpointing` auto resolved.
-    A run that does not fit raises MemoryPlanError naming the cheapest change that does, after printing the table.
-    ranks: the run's rank count (one GPU of an FSDP run); rank: this one (its role in a disaggregated run)."""
+    A run that does not fit raises MemoryPlanError naming the cheapest change that does (`advise`, with `apply`),
+    after printing the table. ranks: the run's rank count (one GPU of an FSDP run); rank: this one (its role in a
+    disaggregated run)."""
     on_gpu = device.type == "cuda"
     device_bytes = device_memory_bytes(device)
     role, ranks = role_share(cfg.placement, ranks, rank)
     ac = auto_checkpointing(cfg, m, max_prompt_tokens, device_bytes, on_gpu, ranks, role)
     plan = plan_memory(cfg, m, max_prompt_tokens, device_bytes, on_gpu, ac, ranks=ranks, role=role)
     if plan.fits is False:
-        plan.advice = advise(cfg, m, max_prompt_tokens, device_bytes, ranks)
+        plan.advice = advise(cfg, m, max_prompt_tokens, device_bytes, ranks, apply)
         print(f"memory plan (does not fit {device}):\n{plan.table()}", file=sys.stderr, flush=True)
         raise MemoryPlanError(f"the run does not fit {device}: planned peak {plan.peak_bytes / GiB:.1f} GiB + "
                               f"{plan.reserve_bytes / GiB:.1f} GiB context and slack > {device_bytes / GiB:.1f} GiB; "

@@ -4,44 +4,70 @@ when it does not: the run's own assembly (`monorl.assembly`) up to the plan, on 
 from __future__ import annotations
 
 import itertools
+from collections.abc import Callable
 from typing import Any
 
 import torch
 
-from monorl.assembly import longest_fitting_prompt, resolve_config
+from monorl.assembly import change_resolver, longest_fitting_prompt, resolve_config
 from monorl.config import RunConfig
 from monorl.distributed.world import World, check_world
 from monorl.model.source import resolve_model
 from monorl.plan import advise, auto_checkpointing, plan_memory
-from monorl.tasks import load_task
+from monorl.tasks import load_task, task_object
+from monorl.tasks.base import TaskDataNotFound
 
 
 def plan_report(cfg: RunConfig, device_bytes: int, sample: int = 32, ranks: int = 1) -> tuple[str, bool]:
     """The table, the verdict and (when it does not fit) the cheapest change, for `cfg` on one GPU of
     `device_bytes` (of `ranks` GPUs: an FSDP run's per-GPU plan); reads the model's config.json and tokenizer (never
-    its weights) and the task's prompts. Returns (text, fits)."""
+    its weights) and the task's prompts when its data is at hand (`longest_prompt`). Returns (text, fits)."""
     check_world(cfg, World(size=ranks))  # a rank count that does not divide the step: the run's own one-line error
     m, tok, source = resolve_model(cfg.model)
-    task = load_task(cfg.task.name, **cfg.task.args)
     max_len = cfg.generator.max_model_len or m.max_position_embeddings
-    prompts = list(itertools.islice(task.train_prompts(seed=cfg.seed), sample))
-    longest = longest_fitting_prompt(task, tok, prompts, max_len, cfg.rollout.max_new_tokens, "training") or 1
-    cfg, notes = resolve_config(cfg, m, torch.device("cuda"))  # auto settings as a run on a GPU resolves them
-    lines = [f"model: {source}", f"longest of the first {len(prompts)} training prompts: {longest} tokens", *notes]
+    longest, where = longest_prompt(cfg, tok, max_len, sample)
+    cuda = torch.device("cuda")
+    apply = change_resolver(cfg, m, cuda)  # the advice's changes, resolved as applying them would
+    cfg, notes = resolve_config(cfg, m, cuda)  # auto settings as a run on a GPU resolves them
+    lines = [f"model: {source}", where, *notes]
     if not cfg.placement.disaggregated:
-        text, fits = _one_gpu(cfg, m, longest, device_bytes, ranks, "both")
+        text, fits = _one_gpu(cfg, m, longest, device_bytes, ranks, "both", apply)
         return "\n".join([*lines, *([f"one GPU of {ranks} (FSDP2)"] if ranks > 1 else []), text]), fits
     # disaggregated: a generator GPU holds a copy and its KV cache, a trainer GPU its FSDP2 share of the trainer
     g = cfg.placement.generator_ranks
-    gen, gen_fits = _one_gpu(cfg, m, longest, device_bytes, g, "generator")
-    tr, tr_fits = _one_gpu(cfg, m, longest, device_bytes, ranks - g, "trainer")
+    gen, gen_fits = _one_gpu(cfg, m, longest, device_bytes, g, "generator", apply)
+    tr, tr_fits = _one_gpu(cfg, m, longest, device_bytes, ranks - g, "trainer", apply)
     lines += [f"a generator GPU ({g} of {ranks}, each generating 1/{g} of the step's prompt groups):", gen,
               f"a trainer GPU ({ranks - g} of {ranks}, FSDP2 over them):", tr]
     return "\n".join(lines), gen_fits and tr_fits
 
 
-def _one_gpu(cfg: RunConfig, m: Any, longest: int, device_bytes: int, ranks: int, role: str) -> tuple[str, bool]:
-    """One GPU's table of `ranks` of this role (`plan_memory`), and the cheapest change when it does not fit."""
+def longest_prompt(cfg: RunConfig, tokenizer: Any, max_len: int, sample: int) -> tuple[int, str]:
+    """(the longest training prompt the plan sizes with, in tokens; the line saying where that length comes from):
+    the longest of the task's first `sample` training prompts that fits, as a run checks them; without the task's
+    data (a plan needs shapes, not data) the longest the task declares (`Task.max_prompt_tokens`), else the longest
+    the config lets fit (generator.max_model_len - rollout.max_new_tokens)."""
+    new = cfg.rollout.max_new_tokens
+    try:
+        task = load_task(cfg.task.name, **cfg.task.args)
+    except TaskDataNotFound as e:
+        declared = getattr(task_object(cfg.task.name), "max_prompt_tokens", None)
+        if declared is not None:
+            longest, whose = min(declared, max_len - new), f"the longest prompt task {cfg.task.name!r} declares"
+        else:
+            longest, whose = max_len - new, f"generator.max_model_len {max_len} - rollout.max_new_tokens {new}"
+        longest = max(longest, 1)
+        return longest, (f"task data not read ({e}): planned from prompts of {longest} tokens ({whose}) and {new} "
+                         "new tokens")
+    prompts = list(itertools.islice(task.train_prompts(seed=cfg.seed), sample))
+    longest = longest_fitting_prompt(task, tokenizer, prompts, max_len, new, "training") or 1
+    return longest, f"longest of the first {len(prompts)} training prompts: {longest} tokens"
+
+
+def _one_gpu(cfg: RunConfig, m: Any, longest: int, device_bytes: int, ranks: int, role: str,
+             apply: Callable[[dict[str, Any]], RunConfig]) -> tuple[str, bool]:
+    """One GPU's table of `ranks` of this role (`plan_memory`), and the cheapest change when it does not fit
+    (`advise`, its changes resolved by `apply`)."""
     ac = auto_checkpointing(cfg, m, longest, device_bytes, ranks=ranks, role=role)
     plan = plan_memory(cfg, m, longest, device_bytes, activation_checkpointing=ac, ranks=ranks, role=role)
     lines = []
@@ -52,5 +78,5 @@ def _one_gpu(cfg: RunConfig, m: Any, longest: int, device_bytes: int, ranks: int
         lines.append("trainer.activation_checkpointing: on (auto: the run does not fit without it)")
     lines.append(plan.table())
     if not plan.fits:  # the colocated run's advice (a disaggregated GPU's own is not searched)
-        lines.append("cheapest change that fits: " + advise(cfg, m, longest, device_bytes, ranks)[0])
+        lines.append("cheapest change that fits: " + advise(cfg, m, longest, device_bytes, ranks, apply)[0])
     return "\n".join(lines), bool(plan.fits)

@@ -4,9 +4,12 @@ run's config.json is the base config (its task, prompt format and generator sett
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import json
 import sys
+from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +18,7 @@ from jsonargparse import ArgumentParser, Namespace
 
 from monorl.cliargs import base_config, flag_value
 from monorl.config import RunConfig, config_from_dict
+from monorl.distributed.world import World, close_world, init_world, quiet_unless_main
 from monorl.model.hub import run_final_checkpoint
 from monorl.rl.passk import mean_at_k, mean_pass_at_k, pass_component_of, passes
 
@@ -81,21 +85,53 @@ def load_eval_policy(cfg: RunConfig, device: Any) -> tuple[Any, Any, str]:
     return plain, tok, f"{source} + the LoRA adapter {path} (merged)"
 
 
-def load_generator(cfg: RunConfig) -> tuple[Any, Any, Any, str]:
-    """(generator, tokenizer, task, where the weights came from) for `cfg`'s model and task."""
+@dataclass
+class LoadedGenerator:
+    """What `generate` and `eval` run: the generator, the tokenizer and the task, where the weights came from, and
+    the ranks (one process, or one tensor-parallel group under torchrun; rank 0 prints and writes)."""
+
+    generator: Any
+    tokenizer: Any
+    task: Any
+    source: str
+    world: World
+
+
+@contextlib.contextmanager
+def open_generator(cfg: RunConfig) -> Iterator[LoadedGenerator]:
+    """`cfg`'s model and task, its generator built as a training run builds its own (`monorl.generate.build`): with
+    `generator.tensor_parallel_size` N, under `torchrun --nproc_per_node N`, the N ranks form the group that holds
+    one copy between them and make the same calls; batch_invariant (auto resolved for the device, as a run does)
+    converts the copy. The ranks' process group ends with the block."""
     from monorl.assembly import resolve_device
     from monorl.compile import CompileConfig
-    from monorl.generate.engine import Generator
-    from monorl.model.tokenizer import eos_ids
+    from monorl.config import resolve_batch_invariant_
+    from monorl.generate.build import build_generator, generator_group
     from monorl.tasks import load_task
 
-    task = load_task(cfg.task.name, **cfg.task.args)
-    model, tok, source = load_eval_policy(cfg, resolve_device(cfg.device))
-    print(f"model: {source}", file=sys.stderr)
-    # the generator builds its own copy (bf16 on CUDA); one call is not worth a compile: eager, decode graphs as set
-    gen = Generator(model, cfg.generator, tokenizer=tok, eos_token_ids=eos_ids(tok, model.config),
-                    compile=CompileConfig(decode_cuda_graphs=cfg.compile.decode_cuda_graphs))
-    return gen, tok, task, source
+    world = init_world(cfg.device, cfg.distributed.timeout_s, cfg.distributed.backend)
+    gen = None
+    try:
+        tp = cfg.generator.tensor_parallel_size
+        if world.size != tp:
+            raise ValueError(f"generator.tensor_parallel_size={tp} with {world.size} process(es): generate and eval "
+                             f"run one tensor-parallel group, as torchrun --nproc_per_node {tp}")
+        quiet_unless_main(world)
+        task = load_task(cfg.task.name, **cfg.task.args)
+        device = resolve_device(cfg.device, world)
+        model, tok, source = load_eval_policy(cfg, device)
+        if (why := resolve_batch_invariant_(cfg, device)) and world.is_main:
+            print(why, file=sys.stderr)
+        if world.is_main:
+            print(f"model: {source}", file=sys.stderr)
+        # one call is not worth a compile: eager, decode graphs as set
+        gen = build_generator(model, cfg, tok, generator_group(cfg, world),
+                              CompileConfig(decode_cuda_graphs=cfg.compile.decode_cuda_graphs))
+        yield LoadedGenerator(gen, tok, task, source, world)
+    finally:
+        if gen is not None and world.size > 1:  # NCCL kernels in decode graphs: dropped before the group
+            gen.release_graphs()
+        close_world(world)
 
 
 def _sampling(cfg: RunConfig, temperature: float, n_tokens: int | None = None):
@@ -117,21 +153,27 @@ def generate_args(p: ArgumentParser) -> None:
     p.add_argument("--raw", action="store_true",
                    help="send the prompt text as is (default: render it as the task does: chat template, or the "
                         "plain User:/Assistant: format for tokenizers without one)")
+    p.add_argument("--logprobs", action="store_true",
+                   help="add each completion's token ids and their log-probs (the generator's, as a run records "
+                        "them) to its line")
 
 
 def cmd_generate(cfg: RunConfig, args: Namespace) -> int:
     """One JSON line per completion; held-out prompts (no --prompt) are scored by the task's reward too."""
     from monorl.tasks.base import Prompt, safe_score_batch
 
-    gen, tok, task, _ = load_generator(cfg)
     temperature = cfg.rollout.temperature if args.temperature is None else args.temperature
     if temperature < 0:
         raise ValueError(f"--temperature must be >= 0 (0: greedy), got {temperature}")
-    given = args.prompt is not None
-    prompts = [Prompt(t, None) for t in args.prompt] if given else task.val_prompts(args.num_prompts)
-    texts = [p.text if args.raw else task.render(p, tok) for p in prompts]
-    outs = gen.generate([tok.encode(t) for t in texts], _sampling(cfg, temperature, cfg.rollout.max_new_tokens),
-                        n=args.n)
+    with open_generator(cfg) as loaded:
+        gen, tok, task = loaded.generator, loaded.tokenizer, loaded.task
+        given = args.prompt is not None
+        prompts = [Prompt(t, None) for t in args.prompt] if given else task.val_prompts(args.num_prompts)
+        texts = [p.text if args.raw else task.render(p, tok) for p in prompts]
+        outs = gen.generate([tok.encode(t) for t in texts], _sampling(cfg, temperature, cfg.rollout.max_new_tokens),
+                            n=args.n)
+    if not loaded.world.is_main:
+        return 0
     rows = []
     for p, comps in zip(prompts, outs, strict=True):
         for c in comps:
@@ -144,6 +186,8 @@ def cmd_generate(cfg: RunConfig, args: Namespace) -> int:
                                "finish_reason": c.finish_reason}
         if scores:  # a held-out prompt has an answer
             row |= {"answer": p.answer, "rewards": scores[i][0]}
+        if args.logprobs:
+            row |= {"token_ids": list(c.token_ids), "logprobs": list(c.logprobs)}
         print(json.dumps(row, default=str))
     return 0
 
@@ -171,22 +215,23 @@ def _stats(groups: list, component: str, threshold: float) -> dict[str, Any]:
             "passed": [[passes(r.rewards, component, threshold) for r in g] for g in groups]}
 
 
-def evaluate(cfg: RunConfig, k: int) -> dict[str, Any]:
+def evaluate(cfg: RunConfig, k: int, loaded: LoadedGenerator) -> dict[str, Any]:
     """Greedy, and with k > 0 also k sampled completions per prompt, on the task's first validation.num_prompts
-    held-out prompts: mean reward and components, pass@1 / pass@k, mean@k (monorl.rl.passk), lengths."""
+    held-out prompts: mean reward and components, pass@1 / pass@k, mean@k (monorl.rl.passk), lengths. Every rank
+    of `loaded`'s tensor-parallel group computes the same results."""
     from monorl.agent.task import AgentTask
     from monorl.rl.episodes import EpisodeRunner, generate_episodes
     from monorl.rl.rollouts import generate_rollouts
 
-    gen, tok, task, source = load_generator(cfg)
+    gen, tok, task, source = loaded.generator, loaded.tokenizer, loaded.task, loaded.source
     if isinstance(task, AgentTask):  # an agent task's prompts are played as episodes, as validation plays them
         runner = EpisodeRunner(gen, tok, task, gen.max_model_len)
 
         def play(prompts: list, sampling: Any, n: int) -> list:
-            return generate_episodes(runner, prompts, sampling, n)[0]
+            return generate_episodes(runner, prompts, sampling, n, world=loaded.world)[0]
     else:
         def play(prompts: list, sampling: Any, n: int) -> list:
-            return generate_rollouts(gen, tok, task, prompts, sampling, n, gen.max_model_len)
+            return generate_rollouts(gen, tok, task, prompts, sampling, n, gen.max_model_len, world=loaded.world)
     component = pass_component_of(task.reward_components, cfg.validation.pass_component)
     threshold = cfg.validation.pass_threshold
     prompts = task.val_prompts(cfg.validation.num_prompts)
@@ -251,7 +296,10 @@ def cmd_eval(cfg: RunConfig, args: Namespace) -> int:
     if args.k < 0:
         raise ValueError(f"--k must be >= 0, got {args.k}")
     run = run_of_checkpoint(cfg.model.path) if cfg.model.path else None  # before the path becomes its final checkpoint
-    res = evaluate(cfg, args.k)
+    with open_generator(cfg) as loaded:
+        res = evaluate(cfg, args.k, loaded)
+    if not loaded.world.is_main:  # rank 0 prints and writes
+        return 0
     print(eval_table(res))
     # --out FILE: that file, replaced; else beside the run evaluated, or here
     out = Path(args.out) if args.out else _unused_path((run or Path()) / "eval.json").absolute()

@@ -33,13 +33,12 @@ from monorl.distributed.placement import Placement
 from monorl.distributed.weight_broadcast import WeightBroadcast
 from monorl.distributed.world import World, check_world, close_world, init_world, quiet_unless_main
 from monorl.fsutil import json_safe
+from monorl.generate.build import build_generator, generator_group
 from monorl.generate.engine import Generator
-from monorl.generate.tensor_parallel import tensor_parallel_group
 from monorl.model.attention import resolve_backend
 from monorl.model.batch_invariant import make_batch_invariant_
 from monorl.model.lora import apply_lora_
 from monorl.model.source import load_policy
-from monorl.model.tokenizer import eos_ids
 from monorl.plan import GiB
 from monorl.rl.checkpointing import check_resume_point, find_checkpoint
 from monorl.rl.consumer import TrainerConsumer
@@ -141,17 +140,11 @@ class GRPORun:
             # the unfused one does: `monorl.ops.matmul_invariant`). On CUDA its KV cache is sized after the
             # trainer's warm-up has measured what training needs (`Startup.size_kv_cache`).
             # --generator.tensor_parallel_size N: groups of N consecutive ranks each hold one split copy (every rank
-            # creates every group); batch-invariant runs sum row-parallel partials in a fixed order
-            tp = tensor_parallel_group(world.rank, world.size, cfg.generator.tensor_parallel_size,
-                                       fixed_order=bool(cfg.batch_invariant))
+            # creates every group)
+            tp = generator_group(cfg, world)
 
-            def build_generator() -> Generator:
-                gen = Generator(self.policy, cfg.generator, tokenizer=self.tokenizer, compile=cc,
-                                allocate_kv=not on_gpu, eos_token_ids=eos_ids(self.tokenizer, self.spec.model_config),
-                                lora=lora if cfg.batch_invariant and lora.enabled else None, tp=tp)
-                if cfg.batch_invariant:  # converted once (the KL reference inherits the policy's conversion)
-                    make_batch_invariant_(gen.model)
-                return gen
+            def build() -> Generator:
+                return build_generator(self.policy, cfg, self.tokenizer, tp, cc, allocate_kv=not on_gpu)
 
             # a colocated FSDP run builds the generator's copy once the policy is sharded, from the shards: each rank
             # then holds the whole policy alone at start-up, not beside the copy (Qwen3-32B LoRA on 4 H100s ran out of
@@ -163,7 +156,7 @@ class GRPORun:
                             device.type)
             if cfg.batch_invariant:
                 make_batch_invariant_(self.policy)
-            self.generator = None if role == "trainer" or copy_from_shards else build_generator()
+            self.generator = None if role == "trainer" or copy_from_shards else build()
         if role == "generator":  # its copy is built: the trainers hold the policy
             self.producer = RolloutProducer(self.spec, self.generator, placement.generator_world,
                                             lambda: self.generator.policy_version)
@@ -184,7 +177,7 @@ class GRPORun:
             shard_model_(self.policy, device, group=self.train_world.group)
         if copy_from_shards:
             with boot.timed("generator_init_s"):
-                self.generator = build_generator()
+                self.generator = build()
             t += boot.timings["generator_init_s"]  # not the trainer's
         self.producer = None if role == "trainer" else RolloutProducer(
             self.spec, self.generator, placement.generator_world, lambda: self.consumer.policy_version)

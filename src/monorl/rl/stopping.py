@@ -50,8 +50,8 @@ def check_learning_signal(rows: list[dict], patience: int) -> None:
     0) and a zero gradient: a policy collapsed to outputs that all score the same (or one that solves every prompt)
     trains on nothing, and further steps would only move it on Adam's momentum. patience 0: never."""
     last = rows[-patience:]
-    if patience <= 0 or len(last) < patience or not all(r.get("frac_reward_zero_std") == 1.0 and r.get("grad_norm") == 0.0
-                                       for r in last):
+    dead = [r.get("frac_reward_zero_std") == 1.0 and r.get("grad_norm") == 0.0 for r in last]
+    if patience <= 0 or len(last) < patience or not all(dead):
         return
     raise NoLearningSignal(f"no learning signal for {patience} steps in a row: every group's rewards were equal "
                            f"(mean reward {last[-1]['reward']:+.3f}) and the gradient was 0; stopped after step "

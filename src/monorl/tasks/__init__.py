@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from monorl.tasks.arith import ArithTask
-from monorl.tasks.base import Prompt, Task, safe_reward
+from monorl.tasks.base import Prompt, Task, TaskDataNotFound, safe_reward
 from monorl.tasks.dataset import DatasetTask
 from monorl.tasks.dataset_entry import dataset_task
 from monorl.tasks.gsm8k import Gsm8kTask
@@ -23,12 +23,16 @@ from monorl.tasks.sum_digits import SumDigitsTask
 BUILTIN_TASKS: dict[str, Any] = {"sum_digits": SumDigitsTask, "gsm8k": Gsm8kTask, "dataset": dataset_task,
                                  "arith": ArithTask}
 
-__all__ = ["BUILTIN_TASKS", "ArithTask", "DatasetTask", "Gsm8kTask", "Prompt", "SumDigitsTask", "Task", "TaskError",
-           "load_task", "safe_reward", "task_parameters"]
+__all__ = ["BUILTIN_TASKS", "ArithTask", "DatasetNotFound", "DatasetTask", "Gsm8kTask", "Prompt", "SumDigitsTask",
+           "Task", "TaskDataNotFound", "TaskError", "load_task", "safe_reward", "task_parameters"]
 
 
 class TaskError(ValueError):
     """A task spec or task arguments that cannot be used (a user error: reported as one line)."""
+
+
+class DatasetNotFound(TaskError, TaskDataNotFound):
+    """A dataset task's file is missing."""
 
 
 def load_task(spec: str, **kwargs: Any) -> Task:
@@ -106,6 +110,8 @@ def _construct(factory: Any, kwargs: dict[str, Any], spec: str) -> Any:
                             f"its arguments: {', '.join(accepted) or 'none'}")
     try:
         return factory(**kwargs)
+    except TaskDataNotFound:
+        raise  # as it is: `monorl plan` plans without the data
     except (TypeError, ValueError) as e:
         raise TaskError(f"task {spec!r}: {e}") from e
 

@@ -47,6 +47,10 @@ class Task(ABC):
     reward_components: tuple[str, ...] = ()
     # weight of each component in the reward (absent: 1.0); components are logged unweighted
     reward_weights: Mapping[str, float] = MappingProxyType({})
+    # the longest prompt the task's data holds, rendered, in tokens (of a Qwen3 tokenizer's chat template): what
+    # `monorl plan` sizes a run with when the data is not at hand; None: the config's bound
+    # (generator.max_model_len - rollout.max_new_tokens)
+    max_prompt_tokens: int | None = None
 
     @abstractmethod
     def train_prompts(self, seed: int = 0, start: int = 0) -> Iterator[Prompt]:
@@ -105,6 +109,10 @@ def messages_of(prompt: Prompt) -> list[dict[str, str]]:
     """The conversation of a prompt: `meta["messages"]` when it has one, else one user turn of `text`."""
     messages = prompt.meta.get("messages")
     return list(messages) if messages else [{"role": "user", "content": prompt.text}]
+
+
+class TaskDataNotFound(FileNotFoundError):
+    """A task's data file is missing (`monorl plan` then plans from the lengths the task declares)."""
 
 
 class RewardError(ValueError):

@@ -77,7 +77,9 @@ def load_dataset_file(path: str | Path) -> tuple[Any, Any | None]:
     `datasets.Dataset`s; a saved ``DatasetDict`` gives its ``train`` split and its ``test`` split if any."""
     path = Path(path)
     if not path.exists():
-        raise _task_error(f"dataset not found: {path}")
+        from monorl.tasks import DatasetNotFound
+
+        raise DatasetNotFound(f"dataset not found: {path}")
     if path.is_file() and path.suffix.lower() not in _BUILDERS:
         raise _task_error(f"{path}: unknown dataset format {path.suffix!r}: use .jsonl, .json, .parquet, .csv or a "
                           "directory saved with datasets' save_to_disk")

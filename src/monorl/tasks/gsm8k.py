@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from monorl.tasks.answers import extract_after_hash, extract_boxed, extract_number, numbers_equal, parse_number
-from monorl.tasks.base import Prompt, Task
+from monorl.tasks.base import Prompt, Task, TaskDataNotFound
 from monorl.tasks.stream import shuffled_rows
 
 INSTRUCTIONS = {
@@ -56,7 +56,7 @@ def load_records(path: str | Path) -> list[dict[str, Any]]:
     """Records of a GSM8K-style JSONL or Parquet file, each checked for string `question` and `answer`."""
     path = Path(path)
     if not path.is_file():
-        raise FileNotFoundError(f"GSM8K file not found: {path}")
+        raise TaskDataNotFound(f"GSM8K file not found: {path}")
     if path.suffix == ".parquet":
         try:
             import pyarrow.parquet as pq
@@ -100,6 +100,7 @@ class Gsm8kTask(Task):
 
     name = "gsm8k"
     reward_components = ("correctness", "format")
+    max_prompt_tokens = 256  # the longest of GSM8K's 8792 questions with the instruction: 235 (Qwen3 ChatML)
 
     def __init__(self, train_path: str | Path | None = None, test_path: str | Path | None = None,
                  data_dir: str | Path | None = None, answer_format: str = "boxed",
@@ -157,5 +158,5 @@ def _find(data_dir: Path, split: str) -> Path | None:
         if (data_dir / f"{split}{ext}").is_file():
             return data_dir / f"{split}{ext}"
     if split == "train":
-        raise FileNotFoundError(f"no train.jsonl or train.parquet in {data_dir}")
+        raise TaskDataNotFound(f"no train.jsonl or train.parquet in {data_dir}")
     return None

@@ -238,11 +238,11 @@ def _tiny_tools() -> RunConfig:
     # an episode: the call (~45 characters), the tool turn (~25, inserted), the answer; within the 128-token context
     cfg.rollout = RolloutSection(prompts_per_step=8, group_size=8, max_new_tokens=96, temperature=1.0, top_p=1.0)
     cfg.warm_start = WarmStartSection(steps=400, batch_size=32, lr=2e-3)
-    # a token-mean loss: with `grpo`'s per-sequence mean a token shared by every episode (the tool call's format) is
-    # weighted sum_s A_s / len_s, which turns negative once failed episodes are the short ones, and Adam amplifies
-    # that small push on saturated tokens until the format breaks (`</tool_cal>`: the run collapsed to reward 0 on 2
-    # of 2 seeds with one thread, #56); the token mean weights it sum_s A_s / total = 0
-    cfg.trainer.loss = LossConfig(kind="token_grpo")
+    # lr 1e-4, not the tiny preset's 3e-4: a fresh AdamW's first steps move every weight by about lr whatever its
+    # gradient, and on this 0.8M-parameter model one update at 3e-4 could break the tool call's format for good
+    # (`</tool_cal>`: reward 0.906 -> 0.000 in one step, then a zero gradient; 2 of 2 seeds with one thread, #56);
+    # at 1e-4 the same seeds climb to ~0.95 in ~10 steps
+    cfg.trainer.lr = 1e-4
     # greedy decoding already takes the tool after the warm start: validate the sampled policy (mean@4), which GRPO
     # moves from guessing to calling the tool
     cfg.validation = ValidationSection(num_prompts=20, k=4)

@@ -19,13 +19,24 @@ def _row(step: int, zero_std: float, grad_norm: float, reward: float = 0.0) -> d
 
 
 def test_check_learning_signal():
-    dead = [_row(i, 1.0, 0.0) for i in range(3)]
-    with pytest.raises(NoLearningSignal, match="no learning signal for 3 steps in a row.*stopped after step 3"):
-        check_learning_signal(dead, 3)
-    check_learning_signal(dead[:2], 3)  # not yet
-    check_learning_signal(dead, 0)  # 0: never
-    check_learning_signal([*dead[:2], _row(2, 1.0, 0.3)], 3)  # equal rewards but a gradient (a KL term): learning
-    check_learning_signal([*dead[:2], _row(2, 0.875, 0.0)], 3)  # one group varied
+    alive, dead = _row(0, 0.5, 1.2, 0.4), [_row(i, 1.0, 0.0) for i in range(1, 4)]
+    with pytest.raises(NoLearningSignal, match="no learning signal for 3 steps in a row.*stopped after step 4"):
+        check_learning_signal([alive, *dead], 3)
+    assert check_learning_signal([alive, *dead[:2]], 3) == ""  # not yet
+    assert check_learning_signal([alive, *dead], 0) == ""  # 0: never
+    assert check_learning_signal([alive, *dead[:2], _row(3, 1.0, 0.3)], 3) == ""  # equal rewards, a gradient (KL)
+    assert check_learning_signal([alive, *dead[:2], _row(3, 0.875, 0.0)], 3) == ""  # one group varied
+    # no signal since the start: a warning, once, and the run goes on
+    never = [_row(i, 1.0, 0.0) for i in range(5)]
+    assert check_learning_signal(never[:3], 3).startswith("warning: no learning signal in the first 3 steps")
+    assert check_learning_signal(never, 3) == ""
+
+
+class FadingTask(DigitsTask):
+    """The digits reward for the first step's prompts (indices 0-3), then 0 for everything: a signal, then none."""
+
+    def reward(self, prompt, completion):
+        return super().reward(prompt, completion) if prompt.meta["index"] < 4 else {"digits": 0.0}
 
 
 class ZeroTask(DigitsTask):
@@ -35,14 +46,22 @@ class ZeroTask(DigitsTask):
         return {"digits": 0.0}
 
 
-def test_a_run_without_signal_stops_with_a_checkpoint(tmp_path: Path):
+def test_a_run_that_loses_its_signal_stops_with_a_checkpoint(tmp_path: Path):
     cfg = digits_cfg(tmp_path, steps=8)
-    cfg.task.name = "tests.test_learning_signal:ZeroTask"
+    cfg.task.name = "tests.test_learning_signal:FadingTask"
     run = GRPORun(cfg, progress=False)
     with pytest.raises(NoLearningSignal, match="mean reward \\+0.000"):
         run.run()
     run_dir = tmp_path / "run"
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    assert [r["step"] for r in rows if "step" in r and "reward" in r] == [0, 1, 2]
-    assert (run_dir / "checkpoints" / "step_000003").is_dir()
+    rows = [r for r in rows if "step" in r and "reward" in r]
+    assert [r["step"] for r in rows] == [0, 1, 2, 3] and rows[0]["grad_norm"] > 0
+    assert (run_dir / "checkpoints" / "step_000004").is_dir()
     assert "no learning signal" in json.loads((run_dir / "summary.json").read_text())["stopped"]
+
+
+def test_a_run_without_any_signal_is_warned_about_and_goes_on(tmp_path: Path, capsys: pytest.CaptureFixture):
+    cfg = digits_cfg(tmp_path, steps=4)
+    cfg.task.name = "tests.test_learning_signal:ZeroTask"
+    assert len(GRPORun(cfg, progress=False).run().steps) == 4
+    assert capsys.readouterr().out.count("warning: no learning signal in the first 3 steps") == 1

@@ -390,7 +390,8 @@ class GRPORun:
                 try:
                     row = self.step(step)
                     if self.producer is not None:  # (disaggregated, the generator ranks would wait for weights)
-                        check_learning_signal([*result.steps, row], cfg.stop_without_signal)
+                        if warning := check_learning_signal([*result.steps, row], cfg.stop_without_signal):
+                            print(warning, flush=True)
                 except (RewardError, NoLearningSignal) as e:  # nothing more to learn: keep what the run has, stop
                     done = step if row is None else step + 1
                     if row is not None:

@@ -45,18 +45,25 @@ class NoLearningSignal(ValueError):
     """The run learns nothing more: every group scored alike and the gradient was zero for several steps in a row."""
 
 
-def check_learning_signal(rows: list[dict], patience: int) -> None:
-    """Raise `NoLearningSignal` when the last `patience` steps each had every group's rewards equal (every advantage
-    0) and a zero gradient: a policy collapsed to outputs that all score the same (or one that solves every prompt)
-    trains on nothing, and further steps would only move it on Adam's momentum. patience 0: never."""
-    last = rows[-patience:]
-    dead = [r.get("frac_reward_zero_std") == 1.0 and r.get("grad_norm") == 0.0 for r in last]
-    if patience <= 0 or len(last) < patience or not all(dead):
-        return
-    raise NoLearningSignal(f"no learning signal for {patience} steps in a row: every group's rewards were equal "
-                           f"(mean reward {last[-1]['reward']:+.3f}) and the gradient was 0; stopped after step "
-                           f"{last[-1]['step'] + 1} (samples.jsonl shows what the policy writes; "
-                           f"--stop_without_signal 0 runs on)")
+def check_learning_signal(rows: list[dict], patience: int) -> str:
+    """After each step: a run that had a learning signal and then went `patience` steps in a row with every group's
+    rewards equal (every advantage 0) and a zero gradient has collapsed to outputs that all score alike (or solves
+    every prompt): further steps train on nothing and only move it on AdamW's momentum, so this raises
+    `NoLearningSignal`. A run without any signal since its first step is warned about once (the line returned):
+    a hard start may still find a signal. patience 0: never."""
+    if patience <= 0 or len(rows) < patience:
+        return ""
+    dead = [r.get("frac_reward_zero_std") == 1.0 and r.get("grad_norm") == 0.0 for r in rows]
+    if not all(dead[-patience:]):
+        return ""
+    what = f"every group's rewards were equal (mean reward {rows[-1]['reward']:+.3f}) and the gradient was 0"
+    if all(dead):
+        return (f"warning: no learning signal in the first {patience} steps: {what}; the run trains on nothing "
+                "until a group's samples score differently (a warm start, a larger group, other prompts or "
+                "rewards)") if len(rows) == patience else ""
+    raise NoLearningSignal(f"no learning signal for {patience} steps in a row after steps that had one: {what}; "
+                           f"stopped after step {rows[-1]['step'] + 1} (samples.jsonl shows what the policy "
+                           f"writes; --stop_without_signal 0 runs on)")
 
 
 def interrupted_line(run_dir: Path, steps_done: int | None, steps: int, stop_signal: str) -> str:

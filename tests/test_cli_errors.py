@@ -8,7 +8,7 @@ import json
 import pytest
 import torch
 
-import monorl.rl.loop as loop
+import monorl.rl.run.grpo as loop
 from monorl.cli import main
 from monorl.cliargs import run_config
 from monorl.model.checkpoint import save_checkpoint
@@ -16,7 +16,7 @@ from monorl.model.config import model_shape
 from monorl.model.qwen3 import build_model
 from monorl.model.source import load_policy
 from monorl.model.tokenizer import CharTokenizer
-from monorl.rl.loop import GRPORun
+from monorl.rl.run.grpo import GRPORun
 from monorl.tasks.base import RewardError
 from monorl.tasks.reward_context import RewardFunctionError
 from tests.conftest import DigitsTask, digits_cfg

@@ -15,8 +15,8 @@ import torch
 
 from monorl.config import preset
 from monorl.rl.advantages import group_advantages
-from monorl.rl.loop import GRPORun
-from monorl.rl.stopping import NoLearningSignal, check_learning_signal
+from monorl.rl.run.grpo import GRPORun
+from monorl.rl.run.stopping import NoLearningSignal, check_learning_signal
 from monorl.train.losses import LossConfig, LossNorm, policy_loss
 from tests.conftest import DigitsTask, digits_cfg
 

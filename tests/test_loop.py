@@ -9,7 +9,7 @@ from monorl.config import preset
 from monorl.generate.engine import Generator, GeneratorConfig
 from monorl.generate.sampling import SamplingParams
 from monorl.model.checkpoint import load_checkpoint
-from monorl.rl.loop import GRPORun
+from monorl.rl.run.grpo import GRPORun
 from tests.conftest import digits_cfg
 
 
@@ -41,7 +41,7 @@ def test_short_loop_end_to_end(tmp_path, capsys):
 def test_prompts_encoded_ahead_change_nothing(tmp_path, monkeypatch):
     """The next step's prompts are tokenized during the trainer step (`RolloutProducer.encode_ahead`) and taken by
     the next step's rollouts instead of encoding there; the run's rollouts and metrics are those of a run without it."""
-    import monorl.rl.rollouts as rollouts_mod
+    import monorl.rl.rollouts.rollout as rollouts_mod
 
     encodes = []
     real = rollouts_mod.encode_prompts

@@ -7,10 +7,10 @@ import json
 import os
 import signal
 
-import monorl.rl.loop as loop
+import monorl.rl.run.grpo as loop
 from monorl.cli import main
-from monorl.rl.checkpointing import step_checkpoints
-from monorl.rl.summary import format_duration
+from monorl.rl.run.checkpoints.files import step_checkpoints
+from monorl.rl.run.summary import format_duration
 from tests.test_cli_errors import FAST
 
 NO_CKPT = ["--checkpoint.every", "0", "--checkpoint.every_minutes", "0"]

@@ -17,8 +17,8 @@ from monorl.config import RunConfig
 from monorl.generate.engine import Generator
 from monorl.model.moe_routing import generator_trainer_routing
 from monorl.model.weight_sync import sync_weights_
-from monorl.rl.producer import RolloutBatch
-from monorl.rl.rollouts import assign_advantages
+from monorl.rl.rollouts.producer import RolloutBatch
+from monorl.rl.rollouts.rollout import assign_advantages
 from monorl.train.trainer import Trainer
 
 ROUTING_CHECK_SEQUENCES = 16  # sequences of a step whose routing is compared (a share: a sample is enough)

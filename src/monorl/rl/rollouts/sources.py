@@ -39,7 +39,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Generic, TypeVar
 
-from monorl.rl.producer import RolloutBatch, RolloutProducer
+from monorl.rl.rollouts.producer import RolloutBatch, RolloutProducer
 from monorl.tasks.base import RewardError
 
 T = TypeVar("T")

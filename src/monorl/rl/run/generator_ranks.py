@@ -1,5 +1,5 @@
 """The RL loop with generators and trainers on their own ranks (`placement.generator_ranks G`,
-`monorl.distributed.placement`): the last G ranks run `run_generator`, the others the loop of `rl/loop.py`, which
+`monorl.rl.ranks.placement`): the last G ranks run `run_generator`, the others the loop of `rl/run/grpo.py`, which
 takes its batches from `ReceivedRollouts` instead of a producer of its own.
 
 A generator rank holds the generator's copy (built from the loaded policy, which it then drops) and the prompt
@@ -20,7 +20,7 @@ take together (save, stop) are the trainers' alone: the generators hold no state
 
 With in-flight updates (`rollout.inflight_updates`) a generator takes an update whose broadcast has begun between
 decode chunks, keeping its KV cache; each token records the version that sampled it; and it makes its batches back
-to back on one engine (`rl/continuous.py`: continuous batches, staleness bounded at admission). Where batches are
+to back on one engine (`rollouts/continuous.py`, continuous batches, staleness bounded at admission). Where batches are
 made one at a time even so (agent tasks, dynamic sampling, a tensor-parallel generator) several generator ranks
 take each update together, their chunk boundaries in lock-step meanwhile (`InflightUpdates`).
 """
@@ -39,20 +39,20 @@ import torch
 import torch.distributed as dist
 
 from monorl.assembly import RunSpec
-from monorl.distributed.elastic import die_for_test
-from monorl.distributed.placement import Placement
-from monorl.distributed.rollout_transfer import recv_rollouts, send_rollouts
-from monorl.rl.checkpointing import read_meta
-from monorl.rl.continuous import ContinuousBatches, run_continuous, runs_continuous
-from monorl.rl.producer import RolloutBatch
-from monorl.rl.rollout_buffer import TakenStep, staleness_metrics
-from monorl.rl.stopping import GracefulStop
-from monorl.rl.summary import RunResult, ValidationResult
+from monorl.rl.ranks.placement import Placement
+from monorl.rl.ranks.rollout_transfer import recv_rollouts, send_rollouts
+from monorl.rl.rollouts.continuous import ContinuousBatches, run_continuous, runs_continuous
+from monorl.rl.rollouts.producer import RolloutBatch
+from monorl.rl.rollouts.sources import TakenStep, staleness_metrics
+from monorl.rl.run.checkpoints.files import read_meta
+from monorl.rl.run.elastic import die_for_test
+from monorl.rl.run.stopping import GracefulStop
+from monorl.rl.run.summary import RunResult, ValidationResult
 from monorl.tasks.base import RewardError
 
 if TYPE_CHECKING:
     from monorl.config import RunConfig
-    from monorl.rl.loop import GRPORun
+    from monorl.rl.run.grpo import GRPORun
     from monorl.train.trainer import Trainer
 
 T = TypeVar("T")

@@ -22,7 +22,7 @@ Sampling: sample j of prompt i in a batch draws the noise `generate` would give 
 (the step's seed, i, j)): with the weights unchanged the tokens are those of the batch-by-batch path. Validation
 drains the engine first (no batch is admitted meanwhile), then runs as elsewhere.
 
-Not continuous (batch by batch, as without in-flight updates): agent tasks (episodes, `rl/episodes.py`), dynamic
+Not continuous (batch by batch, as without in-flight updates): agent tasks (episodes, `episodes.py`), dynamic
 sampling, a tensor-parallel generator.
 """
 
@@ -39,14 +39,14 @@ import torch
 import torch.distributed as dist
 
 from monorl.assembly import rollout_sampling
-from monorl.distributed.placement import Placement
 from monorl.generate.engine import Completion, make_completion
 from monorl.generate.episodes import CONTEXT, LENGTH, EpisodeEngine
 from monorl.generate.sampling import SamplingParams
 from monorl.generate.tensor_parallel import generation_world
-from monorl.rl.dynamic_sampling import fill_batch
-from monorl.rl.producer import RolloutBatch, RolloutProducer
-from monorl.rl.rollouts import encode_prompts, gather_groups, score_groups
+from monorl.rl.ranks.placement import Placement
+from monorl.rl.rollouts.dynamic_sampling import fill_batch
+from monorl.rl.rollouts.producer import RolloutBatch, RolloutProducer
+from monorl.rl.rollouts.rollout import encode_prompts, gather_groups, score_groups
 from monorl.tasks.base import Prompt
 from monorl.tasks.reward_context import RewardContext
 

@@ -1,5 +1,5 @@
 """What a run reports while it runs and when it ends: validation results, the metrics and sample rows of a
-step and its log line, and summary.json (the time split the benchmarks read). `monorl report` (rl/report.py)
+step and its log line, and summary.json (the time split the benchmarks read). `monorl report` (rl/run/report.py)
 reads these back afterwards."""
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from monorl.compile import compile_counters, compile_phase_times
-from monorl.rl.passk import mean_at_k, mean_pass_at_k, passes
-from monorl.rl.rollouts import Rollout
+from monorl.rl.rollouts.passk import mean_at_k, mean_pass_at_k, passes
+from monorl.rl.rollouts.rollout import Rollout
 
 if TYPE_CHECKING:
     from monorl.train.trainer import Trainer

@@ -100,7 +100,7 @@ def test_kl_reference_is_the_policy_after_the_warm_start(tmp_path):
         warm_start()
         after_warm_start.update({k: v.clone() for k, v in run.policy.state_dict().items()})
 
-    run.warm_start = recording_warm_start
+    run.driver.warm_start = recording_warm_start
     result = run.run()
     assert "kl" in result.steps[0]
     assert any(not torch.equal(after_warm_start[k], initial[k]) for k in initial)  # the warm start trained

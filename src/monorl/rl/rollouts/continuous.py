@@ -47,6 +47,7 @@ from monorl.rl.ranks.placement import Placement
 from monorl.rl.rollouts.dynamic_sampling import fill_batch
 from monorl.rl.rollouts.producer import RolloutBatch, RolloutProducer
 from monorl.rl.rollouts.rollout import encode_prompts, gather_groups, score_groups
+from monorl.rl.rollouts.staleness import may_generate
 from monorl.tasks.base import Prompt
 from monorl.tasks.reward_context import RewardContext
 
@@ -176,7 +177,7 @@ def run_continuous(batches: ContinuousBatches, placement: Placement, weights, ma
     idle, t_batch = 0.0, time.perf_counter()
     while next_send < steps:
         due = validation_due()
-        while not due and next_admit < steps and next_admit <= gen.policy_version + max_staleness:
+        while not due and next_admit < steps and may_generate(next_admit, gen.policy_version, max_staleness):
             batches.admit(next_admit)
             next_admit += 1
         busy = engine.has_work()

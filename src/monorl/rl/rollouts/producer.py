@@ -24,8 +24,8 @@ from monorl.generate.engine import Generator
 from monorl.generate.sampling import SamplingParams
 from monorl.rl.rollouts.dynamic_sampling import SampledBatch, fill_batch, sampling_metric
 from monorl.rl.rollouts.episodes import EpisodeRunner, generate_episodes
+from monorl.rl.rollouts.metrics import ValidationResult, summarize
 from monorl.rl.rollouts.rollout import Rollout, add_overlong_penalty, encode_prompts, generate_rollouts
-from monorl.rl.run.summary import ValidationResult, summarize
 from monorl.tasks.base import Prompt, RewardError
 from monorl.tasks.reward_context import RewardContext
 from monorl.tasks.stream import PromptStream

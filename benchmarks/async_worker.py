@@ -12,10 +12,10 @@ prompt's KV blocks (a prompt of tens of tokens against completions of hundreds; 
 them), and the sampling noise keys differ from an unwrapped run's (the
 same in every configuration of the benchmark).
 
-Episodes (`--workload episodes`: multi-turn, `monorl.rl.episodes.EpisodeRunner`): there the drawn length is each
-EPISODE's budget of tokens (its sampled and inserted tokens after the prompt, the runner's `max_new_tokens`), keyed by
-its prompt (text, answer, index: a task's prompts may share their text) and its index in the group, and every turn is
-cut after TURN_TOKENS_ENV sampled tokens (the environment then answers and the episode goes on), so on random
+Episodes (`--workload episodes`: multi-turn, `monorl.rl.rollouts.episodes.EpisodeRunner`): there the drawn length is
+each EPISODE's budget of tokens (its sampled and inserted tokens after the prompt, the runner's `max_new_tokens`),
+keyed by its prompt (text, answer, index: a task's prompts may share their text) and its index in the group, and every
+turn is cut after TURN_TOKENS_ENV sampled tokens (the environment then answers and the episode goes on), so on random
 weights an episode takes about budget / (turn + answer) turns: a long tail of turns. The task's environment must
 answer any text and not end the episode first (guess_number with a large max_turns does: an unparsable guess gets
 "Please answer with one integer").
@@ -115,7 +115,7 @@ def install(draw: LengthDraw) -> None:
     Generator.generate = generate  # type: ignore[method-assign]
     # continuous batches (a disaggregated generator with in-flight updates) add each sample to the engine with its
     # own parameters: the same draw, keyed the same way
-    from monorl.rl.continuous import ContinuousBatches
+    from monorl.rl.rollouts.continuous import ContinuousBatches
 
     def sample_sampling(prompt_ids: list[int], sample: int, sampling: SamplingParams) -> SamplingParams:
         return dataclasses.replace(sampling, max_new_tokens=draw.length(prompt_ids, sample, sampling.max_new_tokens))
@@ -125,7 +125,7 @@ def install(draw: LengthDraw) -> None:
 
 def install_episodes(draw: LengthDraw, turn_tokens: int) -> None:
     """Give every episode its drawn budget and cut every turn after `turn_tokens` (module docstring)."""
-    import monorl.rl.episodes as episodes
+    import monorl.rl.rollouts.episodes as episodes
 
     if turn_tokens < 1:
         raise ValueError(f"turn tokens must be >= 1, got {turn_tokens}")

@@ -18,7 +18,8 @@ Configurations (--configs, comma-separated; default all):
   g2_k1           2 generators + N-2 trainers, K = 1
   g2_k2           2 + N-2, K = 2
   *_inflight      the same with in-flight weight updates, the generators making continuous batches
-                  (`monorl.rl.continuous`: the next batches' samples take the slots a batch's finished ones free)
+                  (`monorl.rl.rollouts.continuous`: the next batches' samples take the slots a batch's finished ones
+                  free)
 
 Per configuration, over the steady window (the steps after the first and before the last 2, 2 being the largest K
 of the list: the same window for every configuration):

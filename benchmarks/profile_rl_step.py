@@ -54,8 +54,8 @@ def _phases(run) -> None:
     wrap(run.consumer, "publish", "phase:sync_weights")
     # finer host pieces, for what lies inside an idle gap (the table's "host pieces")
     import monorl.rl.consumer as consumer_mod
-    import monorl.rl.producer as producer_mod
-    import monorl.rl.rollouts as rollouts_mod
+    import monorl.rl.rollouts.producer as producer_mod
+    import monorl.rl.rollouts.rollout as rollouts_mod
     import monorl.train.trainer as trainer_mod
 
     pieces = [(run.generator, "_admit"), (run.generator, "_reap"), (run.generator, "_completion"),
@@ -88,7 +88,7 @@ def main() -> None:
     from bench_memory import model_dir  # the benchmarks' shared model-directory helper
 
     from monorl.cliargs import run_config
-    from monorl.rl.loop import GRPORun
+    from monorl.rl.run.grpo import GRPORun
 
     work = Path(tempfile.mkdtemp(prefix="profile_rl_step_"))
     cfg = run_config("qwen3_0_6b_sum_digits", {

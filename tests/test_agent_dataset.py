@@ -183,7 +183,7 @@ def test_the_memory_plan_counts_the_tool_schemas(tmp_path):
 
 def test_dataset_task_with_tools_trains_on_episodes(tmp_path):
     """`--task.name dataset --task.args.tools FILE.py:fn` (as a TRL user passes tools=): the run plays episodes."""
-    from monorl.rl.loop import GRPORun
+    from monorl.rl.run.grpo import GRPORun
 
     cfg = _weather_run(tmp_path, max_turns=2)
     cfg.generator.max_model_len = 512
@@ -225,7 +225,7 @@ def test_an_episode_that_overflows_is_cut_with_one_warning_naming_it_once(tmp_pa
     from monorl.model.config import model_shape
     from monorl.model.qwen3 import build_model
     from monorl.model.tokenizer import CharTokenizer
-    from monorl.rl.episodes import EpisodeRunner
+    from monorl.rl.rollouts.episodes import EpisodeRunner
 
     cfg = _weather_run(tmp_path)
     task = load_task("dataset", **cfg.task.args)

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from monorl.config import preset
-from monorl.rl.loop import GRPORun
+from monorl.rl.run.grpo import GRPORun
 from monorl.tasks import ArithTask, load_task
 from monorl.tasks.arith import EXAMPLES
 

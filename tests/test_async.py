@@ -18,10 +18,10 @@ from monorl.agent.env import EpisodeEnv, TurnResult
 from monorl.agent.envs.tiny_tools import TinyToolsTask
 from monorl.cliargs import run_config
 from monorl.config import RolloutSection
-from monorl.rl.checkpointing import read_meta
-from monorl.rl.loop import GRPORun
-from monorl.rl.producer import RolloutBatch
-from monorl.rl.rollout_buffer import AheadRollouts, RolloutBuffer
+from monorl.rl.rollouts.producer import RolloutBatch
+from monorl.rl.rollouts.sources import AheadRollouts, RolloutBuffer
+from monorl.rl.run.checkpoints.files import read_meta
+from monorl.rl.run.grpo import GRPORun
 from monorl.tasks.base import Prompt
 from tests.conftest import digits_cfg
 from tests.test_resume import killed_copy, small_cfg, step_rows

@@ -9,7 +9,7 @@ import torch
 
 from monorl.compile import CompileConfig
 from monorl.model.weight_sync import weight_pairs
-from monorl.rl.loop import GRPORun
+from monorl.rl.run.grpo import GRPORun
 from tests.conftest import digits_cfg
 
 pytestmark = pytest.mark.gpu

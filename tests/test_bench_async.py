@@ -36,7 +36,7 @@ def test_draw_is_keyed_by_prompt_sample_and_seed() -> None:
 def test_wrapped_generate_stops_each_sample_at_its_draw(monkeypatch: pytest.MonkeyPatch) -> None:
     from monorl.generate import Generator, GeneratorConfig, SamplingParams
     from monorl.model import build_model, model_shape
-    from monorl.rl.continuous import ContinuousBatches
+    from monorl.rl.rollouts.continuous import ContinuousBatches
 
     monkeypatch.setattr(Generator, "generate", Generator.generate)  # undone after the test, as is the next
     monkeypatch.setattr(ContinuousBatches, "sample_sampling", ContinuousBatches.__dict__["sample_sampling"])
@@ -107,7 +107,7 @@ def test_episodes_take_their_drawn_budget_in_cut_turns(monkeypatch: pytest.Monke
     episode goes on until its drawn budget (sampled + inserted tokens) is spent."""
     import itertools
 
-    import monorl.rl.episodes as episodes
+    import monorl.rl.rollouts.episodes as episodes
     from monorl.agent.envs import GuessNumberTask
     from monorl.generate import Generator, GeneratorConfig, SamplingParams
     from monorl.model import build_model, model_shape

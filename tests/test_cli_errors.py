@@ -8,7 +8,6 @@ import json
 import pytest
 import torch
 
-import monorl.rl.loop as loop
 from monorl.cli import main
 from monorl.cliargs import run_config
 from monorl.model.checkpoint import save_checkpoint
@@ -16,7 +15,8 @@ from monorl.model.config import model_shape
 from monorl.model.qwen3 import build_model
 from monorl.model.source import load_policy
 from monorl.model.tokenizer import CharTokenizer
-from monorl.rl.loop import GRPORun
+from monorl.rl.run.grpo import GRPORun
+from monorl.rl.run.trainer_steps import TrainerSteps
 from monorl.tasks.base import RewardError
 from monorl.tasks.reward_context import RewardFunctionError
 from tests.conftest import DigitsTask, digits_cfg
@@ -85,14 +85,14 @@ def test_model_path_means_its_weights(tmp_path):
 
 
 def test_ctrl_c_says_where_the_run_stands(tmp_path, monkeypatch, capsys):
-    step = loop.GRPORun.step
+    step = TrainerSteps.step
 
     def interrupted_at_second(self, i):
         if i == 1:
             raise KeyboardInterrupt
         return step(self, i)
 
-    monkeypatch.setattr(loop.GRPORun, "step", interrupted_at_second)
+    monkeypatch.setattr(TrainerSteps, "step", interrupted_at_second)
     code = main(["train", *FAST, "--steps", "3", "--checkpoint.every", "1", "--run_dir", str(tmp_path / "run")])
     err = capsys.readouterr().err
     assert code == 130 and "Traceback" not in err

@@ -5,7 +5,7 @@ import torch
 
 from monorl.compile import CompileConfig, compile_counters
 from monorl.config import preset
-from monorl.rl.loop import GRPORun
+from monorl.rl.run.grpo import GRPORun
 
 
 def _cfg(tmp_path, backend: str):

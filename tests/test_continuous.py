@@ -1,4 +1,4 @@
-"""Continuous batches (`monorl.rl.continuous`): a generator rank with in-flight updates makes its batches back to
+"""Continuous batches (`rl.rollouts.continuous`): a generator rank with in-flight updates makes its batches back to
 back on one engine. Here in one process: two batches admitted together come out as the batch-by-batch producer
 makes them (same prompts, tokens, log-probs, rewards, stream positions) while their samples share the engine; the
 whole loop (1 and 2 generators over gloo, a kill and resume) runs in tests/test_disaggregated.py."""
@@ -11,8 +11,8 @@ from typing import Any
 import pytest
 import torch
 
-from monorl.rl.continuous import ContinuousBatches, runs_continuous
-from monorl.rl.loop import GRPORun
+from monorl.rl.rollouts.continuous import ContinuousBatches, runs_continuous
+from monorl.rl.run.grpo import GRPORun
 from tests.conftest import digits_cfg
 
 

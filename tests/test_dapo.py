@@ -11,9 +11,9 @@ from monorl.cliargs import run_config
 from monorl.config import PRESETS, RolloutSection, preset
 from monorl.model.config import model_shape
 from monorl.model.qwen3 import build_model
-from monorl.rl.dynamic_sampling import fill_batch, has_signal, round_size, sampling_metric
-from monorl.rl.loop import GRPORun
-from monorl.rl.rollouts import OVERLONG, Rollout, add_overlong_penalty
+from monorl.rl.rollouts.dynamic_sampling import fill_batch, has_signal, round_size, sampling_metric
+from monorl.rl.rollouts.rollout import OVERLONG, Rollout, add_overlong_penalty
+from monorl.rl.run.grpo import GRPORun
 from monorl.tasks.base import Prompt
 from monorl.tasks.rewards import soft_overlong_penalty
 from monorl.train.packing import TrainSequence

@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from monorl.model.tokenizer import CharTokenizer
-from monorl.rl.loop import GRPORun
-from monorl.rl.rollouts import Rollout
+from monorl.rl.rollouts.rollout import Rollout
+from monorl.rl.run.grpo import GRPORun
 from monorl.tasks import DatasetTask, Prompt, Task, TaskError, load_task
 from monorl.tasks.base import safe_score_batch
 from monorl.tasks.reward_context import RewardContext, RewardFunctionError
@@ -470,7 +470,7 @@ def test_reward_functions_see_text_without_special_tokens(tmp_path):
     """Completions are decoded with special tokens skipped, as TRL decodes them for its reward functions: a sampled
     <pad> / <bos> is in completion_ids, not in the text (the reward's, and samples.jsonl's)."""
     from monorl.generate import SamplingParams
-    from monorl.rl.rollouts import generate_rollouts
+    from monorl.rl.rollouts.rollout import generate_rollouts
 
     tok = CharTokenizer()
     task = _task(tmp_path, reward=[sees_columns])
@@ -491,7 +491,7 @@ def test_logged_metrics_and_columns_through_the_rollouts_of_every_rank(tmp_path)
     and log_metric's values of every rank (here rank 0 of 2, the other rank's part scripted) join the context."""
     from monorl.distributed.world import World
     from monorl.generate import SamplingParams
-    from monorl.rl.rollouts import generate_rollouts
+    from monorl.rl.rollouts.rollout import generate_rollouts
 
     class RankZeroOfTwo(World):
         def gather_lists(self, items):

@@ -28,10 +28,10 @@ from safetensors.torch import load_file
 
 from monorl.cli import main
 from monorl.cliargs import run_config
-from monorl.distributed.elastic import DIE_ENV
-from monorl.distributed.placement import PlacementSection
 from monorl.distributed.world import World, check_world
-from monorl.rl.loop import train
+from monorl.rl.ranks.placement import PlacementSection
+from monorl.rl.run.elastic import DIE_ENV
+from monorl.rl.run.grpo import train
 from tests.test_distributed import OVERRIDES, assert_rows_close, assert_weights_close, cli_args, env, run, step_rows
 
 STEPS = "3"
@@ -202,7 +202,7 @@ def test_two_generators_one_step_ahead(tmp_path: Path, inflight: bool) -> None:
     d = tmp_path / "run"
     # in flight: long generations (400 tokens, EOS ignored; sum_digits, whose reward never raises) so that the
     # trainers publish while the generators decode (on this box token lag 0.64 against 1.0; not asserted: timing)
-    # in flight the generators make continuous batches (`monorl.rl.continuous`); a validation after step 2 drains
+    # in flight the generators make continuous batches (`rl.rollouts.continuous`); a validation after step 2 drains
     # their engines first, the two together
     long = {"rollout.max_new_tokens": "400", "rollout.ignore_eos": "true", "generator.max_model_len": "512",
             "task.name": "sum_digits", "validation.every": "2"} if inflight else {}

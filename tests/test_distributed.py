@@ -27,9 +27,9 @@ import torch
 from safetensors.torch import load_file
 
 from monorl.cliargs import run_config
-from monorl.distributed.elastic import DIE_ENV
 from monorl.distributed.world import World, check_world
-from monorl.rl.loop import GRPORun, train
+from monorl.rl.run.elastic import DIE_ENV
+from monorl.rl.run.grpo import GRPORun, train
 from tests.test_resume import killed_copy
 
 ROOT = Path(__file__).resolve().parents[1]

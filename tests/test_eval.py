@@ -19,7 +19,7 @@ from monorl.model.config import model_shape
 from monorl.model.hub import resolve_model_path
 from monorl.model.qwen3 import build_model
 from monorl.model.tokenizer import CharTokenizer
-from monorl.rl.passk import mean_at_k, mean_pass_at_k, pass_at_k
+from monorl.rl.rollouts.passk import mean_at_k, mean_pass_at_k, pass_at_k
 from monorl.tasks.base import Prompt, Task
 from tests.test_distributed import env, run
 

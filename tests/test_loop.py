@@ -9,7 +9,7 @@ from monorl.config import preset
 from monorl.generate.engine import Generator, GeneratorConfig
 from monorl.generate.sampling import SamplingParams
 from monorl.model.checkpoint import load_checkpoint
-from monorl.rl.loop import GRPORun
+from monorl.rl.run.grpo import GRPORun
 from tests.conftest import digits_cfg
 
 
@@ -41,7 +41,7 @@ def test_short_loop_end_to_end(tmp_path, capsys):
 def test_prompts_encoded_ahead_change_nothing(tmp_path, monkeypatch):
     """The next step's prompts are tokenized during the trainer step (`RolloutProducer.encode_ahead`) and taken by
     the next step's rollouts instead of encoding there; the run's rollouts and metrics are those of a run without it."""
-    import monorl.rl.rollouts as rollouts_mod
+    import monorl.rl.rollouts.rollout as rollouts_mod
 
     encodes = []
     real = rollouts_mod.encode_prompts
@@ -100,7 +100,7 @@ def test_kl_reference_is_the_policy_after_the_warm_start(tmp_path):
         warm_start()
         after_warm_start.update({k: v.clone() for k, v in run.policy.state_dict().items()})
 
-    run.warm_start = recording_warm_start
+    run.driver.warm_start = recording_warm_start
     result = run.run()
     assert "kl" in result.steps[0]
     assert any(not torch.equal(after_warm_start[k], initial[k]) for k in initial)  # the warm start trained

@@ -8,8 +8,9 @@ import torch
 from monorl.model.config import model_shape
 from monorl.model.logprobs import chunked_token_logprobs, chunked_token_logprobs_entropy, token_entropy
 from monorl.model.qwen3 import build_model
-from monorl.rl.rollouts import Rollout
-from monorl.rl.summary import completion_metrics, reward_metrics, step_line, step_metrics, summarize
+from monorl.rl.rollouts.metrics import completion_metrics, reward_metrics, summarize
+from monorl.rl.rollouts.rollout import Rollout
+from monorl.rl.run.summary import step_line, step_metrics
 from monorl.train.losses import LossConfig, LossNorm, policy_loss
 from monorl.train.packing import TrainSequence, make_micro_batches
 from monorl.train.trainer import Trainer, TrainerConfig
@@ -24,7 +25,7 @@ def test_unscorable_rollouts_get_zero_advantage_and_stay_out_of_the_stats():
     gets advantage exactly 0, the others' advantages are their group's without it, and the reward metrics leave it
     out (as TRL's reward / frac_reward_zero_std do)."""
     from monorl.rl.advantages import group_advantages
-    from monorl.rl.rollouts import assign_advantages
+    from monorl.rl.rollouts.rollout import assign_advantages
 
     none = {"a": None, "b": None}
     g0 = [_r({"a": 1.0, "b": None}), _r(none), _r({"a": 0.0, "b": 0.5}), _r({"a": 0.0, "b": None})]

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from monorl.model.checkpoint import load_checkpoint
-from monorl.rl.loop import GRPORun
+from monorl.rl.run.grpo import GRPORun
 from tests.conftest import digits_cfg
 
 

@@ -7,10 +7,10 @@ import json
 import os
 import signal
 
-import monorl.rl.loop as loop
 from monorl.cli import main
-from monorl.rl.checkpointing import step_checkpoints
-from monorl.rl.summary import format_duration
+from monorl.rl.run.checkpoints.files import step_checkpoints
+from monorl.rl.run.summary import format_duration
+from monorl.rl.run.trainer_steps import TrainerSteps
 from tests.test_cli_errors import FAST
 
 NO_CKPT = ["--checkpoint.every", "0", "--checkpoint.every_minutes", "0"]
@@ -34,14 +34,14 @@ def test_piped_run_prints_progress_and_checkpoints_by_time(tmp_path, capsys):
 
 
 def test_sigterm_finishes_the_step_checkpoints_and_says_how_to_resume(tmp_path, monkeypatch, capsys):
-    step = loop.GRPORun.step
+    step = TrainerSteps.step
 
     def terminated_during_second(self, i):
         if i == 1:
             os.kill(os.getpid(), signal.SIGTERM)  # arrives mid-step: the step still completes
         return step(self, i)
 
-    monkeypatch.setattr(loop.GRPORun, "step", terminated_during_second)
+    monkeypatch.setattr(TrainerSteps, "step", terminated_during_second)
     run = tmp_path / "run"
     assert main(["train", *FAST, "--steps", "3", *NO_CKPT, "--run_dir", str(run)]) == 130
     err = capsys.readouterr().err
@@ -49,7 +49,7 @@ def test_sigterm_finishes_the_step_checkpoints_and_says_how_to_resume(tmp_path, 
     assert "stopped by SIGTERM after 2/3 steps" in err and "step_000002" in err
     assert f"monorl train --resume {run}" in err
     assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL  # handlers restored
-    monkeypatch.setattr(loop.GRPORun, "step", step)
+    monkeypatch.setattr(TrainerSteps, "step", step)
     assert main(["train", "--resume", str(run)]) == 0
     rows = [json.loads(ln) for ln in (run / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows if "step" in r] == [0, 1, 2]

@@ -24,7 +24,7 @@ from monorl.config import config_diff, config_from_dict, preset
 from monorl.model.checkpoint import CheckpointError
 from monorl.model.config import model_shape
 from monorl.model.qwen3 import build_model
-from monorl.rl.checkpointing import (
+from monorl.rl.run.checkpoints.files import (
     LATEST_FILE,
     SLOW_WRITE_ENV,
     STATE_FILE,
@@ -34,8 +34,8 @@ from monorl.rl.checkpointing import (
     rng_state,
     set_rng_state,
 )
-from monorl.rl.loop import GRPORun
-from monorl.rl.run_dir import truncate_jsonl
+from monorl.rl.run.grpo import GRPORun
+from monorl.rl.run.run_dir import truncate_jsonl
 from monorl.tasks.stream import PromptStream
 from monorl.tasks.sum_digits import SumDigitsTask
 from monorl.train.trainer import Trainer, TrainerConfig

@@ -17,7 +17,7 @@ import pytest
 
 from monorl.cli import main
 from monorl.console import LOG_FILE
-from monorl.rl.summary import compile_roi
+from monorl.rl.run.summary import compile_roi
 
 ROOT = Path(__file__).resolve().parents[1]
 # a cut-down tiny run: a second or two of CPU per step at most
@@ -81,12 +81,12 @@ def test_ctrl_c_through_tee_writes_the_checkpoint(tmp_path):
 def test_a_run_stopped_before_its_first_checkpoint_says_start_over(tmp_path, monkeypatch, capsys):
     """Ctrl-C during the warm start: no training checkpoint exists, so the interrupt line, a rerun in the same
     --run_dir and `--resume` all say what works (starting over), never `--resume` (which could only fail)."""
-    import monorl.rl.loop as loop
+    from monorl.rl.run.colocated import Colocated
 
     def interrupted(self):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(loop.GRPORun, "warm_start", interrupted)
+    monkeypatch.setattr(Colocated, "warm_start", interrupted)
     run_dir = tmp_path / "run"
     start_over = f"start over: the same command with a new --run_dir, or after `rm -r {run_dir}`"
     assert main(["train", *FAST, "--steps", "2", "--run_dir", str(run_dir)]) == 130

@@ -37,7 +37,7 @@ from monorl.model.lora import LoRAConfig, apply_lora_
 from monorl.model.qwen3 import build_model
 from monorl.model.tokenizer import CharTokenizer
 from monorl.model.weight_sync import sync_weights_, syncs_from_shards
-from monorl.rl.rollouts import generate_rollouts
+from monorl.rl.rollouts.rollout import generate_rollouts
 from tests.conftest import DigitsTask
 
 LOGPROB_ATOL = 1e-5

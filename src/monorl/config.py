@@ -13,7 +13,6 @@ from typing import Any, Literal
 import torch
 
 from monorl.compile import CompileConfig
-from monorl.distributed.placement import PlacementSection
 from monorl.distributed.world import DistributedSection
 from monorl.fsutil import json_safe
 from monorl.generate.engine import GeneratorConfig
@@ -21,6 +20,7 @@ from monorl.model.attention import AttnBackend
 from monorl.model.lora import LoRAConfig
 from monorl.rl.advantages import ADVANTAGE_KINDS, GROUPLESS_ADVANTAGE_KINDS, AdvantageKind
 from monorl.rl.loggers import LoggingSection
+from monorl.rl.ranks.placement import PlacementSection
 from monorl.train.losses import LossConfig
 from monorl.train.trainer import TrainerConfig
 

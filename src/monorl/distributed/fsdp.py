@@ -36,7 +36,7 @@ def gathered_dtype(device: torch.device) -> torch.dtype | None:
 def shard_model_(model: nn.Module, device: torch.device, group: Any = None) -> None:
     """Apply FSDP2 in place: every block of `model.model.layers`, then the root. Call before building the
     optimizer (it must see the sharded parameters). group: the ranks to shard over (default: every rank; a
-    disaggregated run's trainer group, `monorl.distributed.placement`)."""
+    disaggregated run's trainer group, `monorl.rl.ranks.placement`)."""
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
     kw: dict[str, Any] = {}

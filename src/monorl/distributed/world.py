@@ -42,7 +42,7 @@ class World:
     size: int = 1
     local_rank: int = 0  # the rank's GPU on its node
     # the process group the collectives below run in: None is the whole job's; a sub-group (the trainer ranks of
-    # a disaggregated run, `monorl.distributed.placement`) makes this World those ranks alone, rank and size in it
+    # a disaggregated run, `monorl.rl.ranks.placement`) makes this World those ranks alone, rank and size in it
     group: Any = field(default=None, compare=False, repr=False)
 
     @property
@@ -179,7 +179,7 @@ def check_world(cfg: Any, world: World) -> None:
     if tp < 1 or world.size % tp:
         raise ValueError(f"generator.tensor_parallel_size={tp} does not divide the run's {world.size} rank(s): a "
                          f"tensor-parallel generator is split over that many of its GPUs (--nproc a multiple of {tp})")
-    from monorl.distributed.placement import check_placement  # placement.py builds on this module
+    from monorl.rl.ranks.placement import check_placement  # placement.py builds on this module
 
     placement = getattr(cfg, "placement", None)
     if placement is not None:

@@ -20,7 +20,7 @@ from monorl.cliargs import base_config, flag_value
 from monorl.config import RunConfig, config_from_dict
 from monorl.distributed.world import World, close_world, init_world, quiet_unless_main
 from monorl.model.hub import run_final_checkpoint
-from monorl.rl.passk import mean_at_k, mean_pass_at_k, pass_component_of, passes
+from monorl.rl.rollouts.passk import mean_at_k, mean_pass_at_k, pass_component_of, passes
 
 
 def run_of_checkpoint(path: str) -> Path | None:
@@ -217,11 +217,11 @@ def _stats(groups: list, component: str, threshold: float) -> dict[str, Any]:
 
 def evaluate(cfg: RunConfig, k: int, loaded: LoadedGenerator) -> dict[str, Any]:
     """Greedy, and with k > 0 also k sampled completions per prompt, on the task's first validation.num_prompts
-    held-out prompts: mean reward and components, pass@1 / pass@k, mean@k (monorl.rl.passk), lengths. Every rank
+    held-out prompts: mean reward and components, pass@1 / pass@k, mean@k (rl.rollouts.passk), lengths. Every rank
     of `loaded`'s tensor-parallel group computes the same results."""
     from monorl.agent.task import AgentTask
-    from monorl.rl.episodes import EpisodeRunner, generate_episodes
-    from monorl.rl.rollouts import generate_rollouts
+    from monorl.rl.rollouts.episodes import EpisodeRunner, generate_episodes
+    from monorl.rl.rollouts.rollout import generate_rollouts
 
     gen, tok, task, source = loaded.generator, loaded.tokenizer, loaded.task, loaded.source
     if isinstance(task, AgentTask):  # an agent task's prompts are played as episodes, as validation plays them

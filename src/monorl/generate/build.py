@@ -1,4 +1,4 @@
-"""The one way a run's generator is built, for training (`monorl.rl.loop.GRPORun`) and for `monorl generate` /
+"""The one way a run's generator is built, for training (`monorl.rl.run.grpo.GRPORun`) and for `monorl generate` /
 `monorl eval` (`monorl.eval.run.open_generator`): this rank's tensor-parallel group, the copy of the policy, and its
 batch-invariant conversion, each as `cfg` (resolved: `monorl.assembly.resolve_config`) says."""
 

@@ -8,7 +8,7 @@ q/k/v biases alike). It lives with the model it maps; the RL loop, the generator
 row block of a fused one. Nothing is reallocated, so CUDA graphs captured over the destination stay valid. Names
 may carry the `_orig_mod.` prefix of a `torch.compile`d module. A name without a place, a destination left
 partly unwritten, or a shape that does not fit is a `ValueError` of one line. The mapping is two functions that
-a copy in another process (`monorl.distributed.weight_broadcast`) uses too: `sources` (what the source sends,
+a copy in another process (`monorl.rl.ranks.weight_broadcast`) uses too: `sources` (what the source sends,
 under which names) and `destination_views` (where each name goes, from names and shapes alone).
 
 LoRA (`monorl.model.lora`): a source projection with adapters whose destination has none (the generator's
@@ -106,7 +106,7 @@ def destination_views(dst: nn.Module, shapes: Mapping[str, tuple[int, ...]],
     destination parameter of the same name or, for a packed projection (`packed[proj] = (fused, shard)`), its row
     block of the destination's `fused` parameter. Every destination row is covered exactly once, or a one-line
     `ValueError` says what is missing or does not fit. Names and shapes alone: the colocated copy
-    (`sync_weights_`) and the receiver of a broadcast (`monorl.distributed.weight_broadcast`) both use it.
+    (`sync_weights_`) and the receiver of a broadcast (`monorl.rl.ranks.weight_broadcast`) both use it.
     place: the destination holds pieces of its sources (`Place`, a tensor-parallel copy); each entry then carries
     the Take that cuts its piece (None: the whole source)."""
     dst_params = {strip_compile_prefix(n): p for n, p in dst.named_parameters()}

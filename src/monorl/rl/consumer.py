@@ -3,34 +3,51 @@ published to the generator. Colocated (one process holds both), publishing is an
 generator's copy (`sync_weights_`: its CUDA graphs stay valid), queued on the GPU behind the update. For a
 mixture-of-experts model, each step first checks that both copies route the batch's tokens alike
 (`moe/routing_mismatch`). Disaggregated (`placement.generator_ranks`), a trainer rank holds no generator: publishing
-is a broadcast to the generator ranks (`send`: `WeightBroadcast.send_`), and the routing check is left out."""
+is a broadcast to the generator ranks (`WeightBroadcast.send_`), and the routing check is left out. The run hands
+the consumer its publication (`publish(model, version)`: `CopyInPlace`, or the broadcast)."""
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
-from monorl.config import RunConfig
 from monorl.generate.engine import Generator
 from monorl.model.moe_routing import generator_trainer_routing
 from monorl.model.weight_sync import sync_weights_
-from monorl.rl.producer import RolloutBatch
-from monorl.rl.rollouts import assign_advantages
+from monorl.rl.rollouts.producer import RolloutBatch
+from monorl.rl.rollouts.rollout import assign_advantages
 from monorl.train.trainer import Trainer
+
+if TYPE_CHECKING:  # the section's owner composes it in config.py, which imports this package
+    from monorl.config import RolloutSection
 
 ROUTING_CHECK_SEQUENCES = 16  # sequences of a step whose routing is compared (a share: a sample is enough)
 
 
+Publish = Callable[[torch.nn.Module, int], None]  # the trainer's model and its version -> the generators
+
+
+class CopyInPlace:
+    """Publication into a generator's copy in this process: in place (its CUDA graphs stay valid), with the version."""
+
+    def __init__(self, generator: Generator) -> None:
+        self.generator = generator
+
+    def __call__(self, model: torch.nn.Module, version: int) -> None:
+        sync_weights_(self.generator.model, model)
+        self.generator.policy_version = version
+
+
 class TrainerConsumer:
-    def __init__(self, cfg: RunConfig, trainer: Trainer, generator: Generator | None, device: torch.device,
-                 send: Callable[[int], None] | None = None) -> None:
-        """generator: the copy published into in place (colocated), or None and `send(version)` publishes."""
-        if (generator is None) == (send is None):
-            raise ValueError("a trainer consumer publishes into a generator copy or through send, one of the two")
-        self.cfg, self.trainer, self.generator, self.device, self.send = cfg, trainer, generator, device, send
+    def __init__(self, rollout: RolloutSection, loss_kind: str, trainer: Trainer, publish: Publish,
+                 device: torch.device, routing_model: torch.nn.Module | None = None) -> None:
+        """rollout: the rollout section (advantages, masking, temperature); loss_kind: trainer.loss.kind;
+        routing_model: the generator's copy a mixture-of-experts step compares routing with (`routing_check`)."""
+        self.rollout, self.loss_kind, self.trainer, self.device = rollout, loss_kind, trainer, device
+        self.publish_weights, self.routing_model = publish, routing_model
 
     @property
     def policy_version(self) -> int:
@@ -40,22 +57,18 @@ class TrainerConsumer:
     def publish(self) -> None:
         """The trainer's weights into the generator's copy, in place (its CUDA graphs stay valid), and their
         version (disaggregated: sent to the generator ranks)."""
-        if self.send is not None:
-            self.send(self.policy_version)
-            return
-        assert self.generator is not None
-        sync_weights_(self.generator.model, self.trainer.model)
-        self.generator.policy_version = self.policy_version
+        self.publish_weights(self.trainer.model, self.policy_version)
 
     def consume(self, batch: RolloutBatch, after_publish: Callable[[], None] | None = None
                 ) -> tuple[dict[str, Any], dict[str, float]]:
         """Advantages, the trainer step and the weight publication for `batch`; `after_publish` runs right after the
         publication is queued, before the trainer's host sync (host work for the next step, e.g. its prompts'
         tokenization, while the GPU trains). Returns (the trainer's metrics, the step's train/sync seconds)."""
-        cfg, ro = self.cfg, self.cfg.rollout
+        ro = self.rollout
         t0 = time.perf_counter()
-        routing = self.routing_check(batch) if self.trainer.model.config.is_moe and self.generator else {}
-        assign_advantages(batch.groups, normalize_std=ro.advantage_std_norm and cfg.trainer.loss.kind != "dr_grpo",
+        moe = self.trainer.model.config.is_moe and self.routing_model is not None
+        routing = self.routing_check(batch) if moe else {}
+        assign_advantages(batch.groups, normalize_std=ro.advantage_std_norm and self.loss_kind != "dr_grpo",
                           kind=ro.advantage)
         sync = {"s": 0.0}
 
@@ -79,8 +92,8 @@ class TrainerConsumer:
         hold the same weights). 0 by construction in batch-invariant mode; reported, not corrected, outside it.
         Every rank runs it (an FSDP forward is collective) on the same sequences (the batch is every rank's)."""
         seqs = [list(r.prompt_ids) + list(r.completion_ids) for g in batch.groups for r in g]
-        assert self.generator is not None
-        rm = generator_trainer_routing(self.generator.model, self.trainer.model, self.trainer.autocast_dtype,
+        assert self.routing_model is not None
+        rm = generator_trainer_routing(self.routing_model, self.trainer.model, self.trainer.autocast_dtype,
                                        seqs[:ROUTING_CHECK_SEQUENCES])
         return {"moe/routing_mismatch": rm.share,
                 "moe/routing_mismatch_layers": rm.layer_routings_different / max(rm.layer_routings, 1)}

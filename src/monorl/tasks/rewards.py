@@ -13,7 +13,7 @@ completion (None: not applicable to that completion). A completion is a string, 
   ``get_soft_overlong_punishment``) over completion tokens: 0 up to ``length_max - length_soft``, then linear
   down to -1 at ``length_max`` and beyond (``--task.args.length_max N``, typically ``rollout.max_new_tokens``;
   ``length_soft`` defaults to a quarter of it). For any task, ``--rollout.overlong_buffer`` adds the same
-  penalty as a reward component of its own (`monorl.rl.rollouts.add_overlong_penalty`).
+  penalty as a reward component of its own (`monorl.rl.rollouts.rollout.add_overlong_penalty`).
 """
 
 from __future__ import annotations

@@ -11,19 +11,19 @@ from typing import Any
 
 import torch
 
-from monorl.distributed.checkpoint import (
-    full_policy_on_main,
-    is_sharded_checkpoint,
-    load_sharded_checkpoint,
-    save_sharded_checkpoint,
-)
 from monorl.distributed.world import World
 from monorl.model.checkpoint import save_checkpoint
 from monorl.model.config import ModelConfig
 from monorl.model.lora import LoRAConfig, apply_lora_, is_lora, save_adapter, save_merged_checkpoint
 from monorl.model.qwen3 import Qwen3ForCausalLM, build_model
-from monorl.rl.checkpointing import load_training_checkpoint, save_training_checkpoint
-from monorl.rl.summary import ValidationResult
+from monorl.rl.rollouts.metrics import ValidationResult
+from monorl.rl.run.checkpoints.files import load_training_checkpoint, save_training_checkpoint
+from monorl.rl.run.checkpoints.sharded import (
+    full_policy_on_main,
+    is_sharded_checkpoint,
+    load_sharded_checkpoint,
+    save_sharded_checkpoint,
+)
 from monorl.train.trainer import Trainer
 
 

@@ -29,7 +29,7 @@ from monorl.generate.engine import Generator
 from monorl.generate.episodes import ContextOverflowError, EpisodeEngine, TurnEvent
 from monorl.generate.sampling import SamplingParams
 from monorl.generate.tensor_parallel import gathered_once, generation_world
-from monorl.rl.rollouts import Rollout, drain_updates
+from monorl.rl.rollouts.rollout import Rollout, drain_updates
 from monorl.tasks.base import Prompt
 
 log = logging.getLogger("monorl")

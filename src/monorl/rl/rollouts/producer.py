@@ -22,10 +22,10 @@ from monorl.assembly import RunSpec, rollout_sampling, validation_sampling
 from monorl.distributed.world import World
 from monorl.generate.engine import Generator
 from monorl.generate.sampling import SamplingParams
-from monorl.rl.dynamic_sampling import SampledBatch, fill_batch, sampling_metric
-from monorl.rl.episodes import EpisodeRunner, generate_episodes
-from monorl.rl.rollouts import Rollout, add_overlong_penalty, encode_prompts, generate_rollouts
-from monorl.rl.summary import ValidationResult, summarize
+from monorl.rl.rollouts.dynamic_sampling import SampledBatch, fill_batch, sampling_metric
+from monorl.rl.rollouts.episodes import EpisodeRunner, generate_episodes
+from monorl.rl.rollouts.metrics import ValidationResult, summarize
+from monorl.rl.rollouts.rollout import Rollout, add_overlong_penalty, encode_prompts, generate_rollouts
 from monorl.tasks.base import Prompt, RewardError
 from monorl.tasks.reward_context import RewardContext
 from monorl.tasks.stream import PromptStream
@@ -65,7 +65,7 @@ class RolloutProducer:
         self.encoded_ahead: tuple[int, list[Prompt], tuple[list, list[list[int]]]] | None = None
         self.reward_failed_steps = 0  # consecutive steps whose reward failed on every completion
         self.warned_short_batch = False
-        # an agent task's prompts are played as multi-turn episodes (`rl/episodes.py`)
+        # an agent task's prompts are played as multi-turn episodes (`rl/rollouts/episodes.py`)
         self.episodes = (EpisodeRunner(generator, spec.tokenizer, spec.task, spec.max_len)
                          if isinstance(spec.task, AgentTask) else None)
         self.records: list[EpisodeRecord] = []  # the step's episodes so far (over dynamic sampling's rounds)

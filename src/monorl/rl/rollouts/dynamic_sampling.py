@@ -22,8 +22,8 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from monorl.rl.rollouts import Rollout
-from monorl.rl.summary import zero_std
+from monorl.rl.rollouts.metrics import zero_std
+from monorl.rl.rollouts.rollout import Rollout
 
 REWARD = "reward"  # dynamic_sampling_metric's name for the total reward
 

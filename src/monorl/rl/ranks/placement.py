@@ -17,7 +17,7 @@ call `new_group` for every group, in the same order, members or not):
     rollouts[g], g < G        {generator g} + trainers (gloo): generator g sends its scored groups
                               (`rollout_transfer`)
     generators (gloo)         the generators' agreement at each decode chunk on taking an update in flight
-                              (`rl.disaggregated.InflightUpdates`), on the host: no GPU sync per chunk
+                              (`rl.run.generator_ranks.InflightUpdates`), on the host: no GPU sync per chunk
 
 Colocated, no group is created: `trainer_world` and `generator_world` are the job's `World` itself.
 """
@@ -94,6 +94,11 @@ class Placement:
         if not self.disaggregated:
             return "both"
         return "trainer" if self.world.rank in self.trainers else "generator"
+
+    @property
+    def role_world(self) -> World:
+        """This rank among the ranks of its role (the trainers, colocated or not; or the generators)."""
+        return self.generator_world if self.role == "generator" else self.trainer_world
 
     @property
     def trainer_index(self) -> int:

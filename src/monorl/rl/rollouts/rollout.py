@@ -151,7 +151,7 @@ def gather_groups(world: World, generator: Generator, groups: list[list[Rollout]
 
 def drain_updates(between_chunks: Callable[[], None] | None) -> None:
     """After this rank's share of a generation: an in-flight update hook that several generator ranks take in
-    lock-step (`monorl.rl.disaggregated.InflightUpdates`) keeps its part in their agreement until every one of them
+    lock-step (`InflightUpdates`) keeps its part in their agreement until every one of them
     is done generating (before the gather they all join)."""
     drain = getattr(between_chunks, "drain", None)
     if drain is not None:

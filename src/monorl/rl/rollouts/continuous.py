@@ -22,7 +22,7 @@ Sampling: sample j of prompt i in a batch draws the noise `generate` would give 
 (the step's seed, i, j)): with the weights unchanged the tokens are those of the batch-by-batch path. Validation
 drains the engine first (no batch is admitted meanwhile), then runs as elsewhere.
 
-Not continuous (batch by batch, as without in-flight updates): agent tasks (episodes, `rl/episodes.py`), dynamic
+Not continuous (batch by batch, as without in-flight updates): agent tasks (episodes, `episodes.py`), dynamic
 sampling, a tensor-parallel generator.
 """
 
@@ -39,14 +39,15 @@ import torch
 import torch.distributed as dist
 
 from monorl.assembly import rollout_sampling
-from monorl.distributed.placement import Placement
 from monorl.generate.engine import Completion, make_completion
 from monorl.generate.episodes import CONTEXT, LENGTH, EpisodeEngine
 from monorl.generate.sampling import SamplingParams
 from monorl.generate.tensor_parallel import generation_world
-from monorl.rl.dynamic_sampling import fill_batch
-from monorl.rl.producer import RolloutBatch, RolloutProducer
-from monorl.rl.rollouts import encode_prompts, gather_groups, score_groups
+from monorl.rl.ranks.placement import Placement
+from monorl.rl.rollouts.dynamic_sampling import fill_batch
+from monorl.rl.rollouts.producer import RolloutBatch, RolloutProducer
+from monorl.rl.rollouts.rollout import encode_prompts, gather_groups, score_groups
+from monorl.rl.rollouts.staleness import may_generate
 from monorl.tasks.base import Prompt
 from monorl.tasks.reward_context import RewardContext
 
@@ -176,7 +177,7 @@ def run_continuous(batches: ContinuousBatches, placement: Placement, weights, ma
     idle, t_batch = 0.0, time.perf_counter()
     while next_send < steps:
         due = validation_due()
-        while not due and next_admit < steps and next_admit <= gen.policy_version + max_staleness:
+        while not due and next_admit < steps and may_generate(next_admit, gen.policy_version, max_staleness):
             batches.admit(next_admit)
             next_admit += 1
         busy = engine.has_work()

@@ -37,9 +37,11 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Generic, TypeVar
+from typing import Generic, Protocol, TypeVar
 
-from monorl.rl.producer import RolloutBatch, RolloutProducer
+from monorl.rl.rollouts.metrics import ValidationResult
+from monorl.rl.rollouts.producer import RolloutBatch, RolloutProducer
+from monorl.rl.rollouts.staleness import checked_staleness, may_generate
 from monorl.tasks.base import RewardError
 
 T = TypeVar("T")
@@ -68,21 +70,6 @@ class RolloutBuffer:
         return self.batches.popleft()
 
 
-def staleness_metrics(batch: RolloutBatch, trainer_version: int) -> dict[str, float]:
-    """The batch's lag behind `trainer_version`: per sample (its oldest sampled token's version) mean and max, and
-    per sampled token mean (below the sample mean only when weights changed during a sample's generation)."""
-    rollouts = [r for g in batch.groups for r in g]
-    lags = [trainer_version - r.policy_version for r in rollouts]
-    token_lags: list[int] = []
-    for r in rollouts:
-        if r.token_versions is None:
-            token_lags += [trainer_version - r.policy_version] * len(r.completion_ids)
-        else:
-            token_lags += [trainer_version - v for v in r.token_versions if v >= 0]
-    return {"staleness/mean": sum(lags) / max(1, len(lags)), "staleness/max": max(lags, default=0),
-            "staleness/token_mean": sum(token_lags) / max(1, len(token_lags))}
-
-
 @dataclass
 class TakenStep(Generic[T]):
     batch: RolloutBatch  # the step's batch
@@ -91,8 +78,33 @@ class TakenStep(Generic[T]):
     generate_s: float  # seconds the producer generated in this step (not counting a trainer step inside it)
 
 
+class RolloutSource(Protocol):
+    """Where the trainer takes each step's batch from: its producer in lock-step or ahead (`AheadRollouts`), or the
+    generator ranks (`rl/rollouts/received.py`). Every source checks a batch's staleness with `checked_staleness`."""
+
+    def start(self, step: int, data_position: int | None = None) -> None:
+        """Begin (again) at `step`; a resumed run's prompt stream continues at `data_position`."""
+
+    def step(self, step: int, train: Callable[[RolloutBatch], T]) -> TakenStep[T]:
+        """Step `step`'s batch, trained on by `train`, and the step's staleness / buffer metrics."""
+
+    @property
+    def consumed_position(self) -> int:
+        """The stream position of the first prompt whose batch the trainer has not trained on (a checkpoint's)."""
+
+    def validation(self) -> ValidationResult:
+        """The held-out prompts' results with the weights the trainer published last."""
+
+    def final_metrics(self) -> dict[str, float]:
+        """What the run's last metrics row adds (the generator ranks' final weights)."""
+
+    def close(self) -> None:
+        """Let its threads go."""
+
+
 class AheadRollouts:
-    """The trainer's batches in the colocated placement: the producer runs up to `max_staleness` batches ahead."""
+    """The trainer's batches from a producer of its own (the colocated placement): in lock-step (max_staleness 0),
+    or up to `max_staleness` batches ahead."""
 
     def __init__(self, producer: RolloutProducer, max_staleness: int, steps: int,
                  policy_version: Callable[[], int], inflight_updates: bool = False) -> None:
@@ -109,8 +121,11 @@ class AheadRollouts:
         self.consumed: int | None = None  # the stream position after the last batch trained on
         self.pending_error: RewardError | None = None  # raised by a batch made during a finished trainer step
 
-    def start(self, step: int) -> None:
-        """Begin (again) at step `step`, the buffer empty: a fresh run's first step or a resumed run's."""
+    def start(self, step: int, data_position: int | None = None) -> None:
+        """Begin (again) at step `step`, the buffer empty: a fresh run's first step or a resumed run's (its prompt
+        stream at `data_position`)."""
+        if data_position is not None:
+            self.producer.restart_at(data_position)
         self.buffer.batches.clear()
         self.next_produce = self.next_take = step
         self.consumed, self.pending_error = None, None
@@ -120,10 +135,19 @@ class AheadRollouts:
         """The stream position of the first prompt whose batch the trainer has not trained on (a checkpoint's)."""
         return self.producer.stream.position if self.consumed is None else self.consumed
 
+    def validation(self) -> ValidationResult:
+        return self.producer.validate()
+
+    def final_metrics(self) -> dict[str, float]:
+        return {}
+
+    def close(self) -> None:
+        self.producer.close()
+
     def _produce(self, between_chunks: Callable[[], None] | None = None) -> None:
         assert self.next_produce is not None
         version = self.policy_version()
-        if version < self.next_produce - self.max_staleness:  # the bound; unreachable in lock-step
+        if not may_generate(self.next_produce, version, self.max_staleness):  # unreachable in lock-step
             raise RuntimeError(f"batch {self.next_produce + 1} would be generated by policy version {version}, "
                                f"more than rollout.max_staleness={self.max_staleness} behind")
         self.buffer.put(self.producer.produce(self.next_produce, between_chunks))
@@ -156,10 +180,7 @@ class AheadRollouts:
         if batch.step != step:
             raise RuntimeError(f"the rollout buffer handed step {batch.step + 1}'s batch to step {step + 1}")
         self.next_take = step + 1
-        metrics = staleness_metrics(batch, self.policy_version()) if self.max_staleness > 0 else {}
-        if metrics and metrics["staleness/max"] > self.max_staleness:
-            raise RuntimeError(f"step {step + 1} would train on samples {metrics['staleness/max']} policy versions "
-                               f"old, more than rollout.max_staleness={self.max_staleness}")
+        metrics = checked_staleness(batch, self.policy_version(), self.max_staleness)
         trained: list[T] = []
         train_s = 0.0
 

@@ -1,5 +1,5 @@
 """The RL loop with generators and trainers on their own ranks (`placement.generator_ranks G`,
-`monorl.distributed.placement`): the last G ranks run `run_generator`, the others the loop of `rl/loop.py`, which
+`monorl.rl.ranks.placement`): the last G ranks run `run_generator`, the others the loop of `rl/run/grpo.py`, which
 takes its batches from `ReceivedRollouts` instead of a producer of its own.
 
 A generator rank holds the generator's copy (built from the loaded policy, which it then drops) and the prompt
@@ -20,42 +20,35 @@ take together (save, stop) are the trainers' alone: the generators hold no state
 
 With in-flight updates (`rollout.inflight_updates`) a generator takes an update whose broadcast has begun between
 decode chunks, keeping its KV cache; each token records the version that sampled it; and it makes its batches back
-to back on one engine (`rl/continuous.py`: continuous batches, staleness bounded at admission). Where batches are
+to back on one engine (`rollouts/continuous.py`, continuous batches, staleness bounded at admission). Where batches are
 made one at a time even so (agent tasks, dynamic sampling, a tensor-parallel generator) several generator ranks
 take each update together, their chunk boundaries in lock-step meanwhile (`InflightUpdates`).
 """
 
 from __future__ import annotations
 
-import queue
-import threading
 import time
-from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any
 
 import torch
 import torch.distributed as dist
 
 from monorl.assembly import RunSpec
-from monorl.distributed.elastic import die_for_test
-from monorl.distributed.placement import Placement
-from monorl.distributed.rollout_transfer import recv_rollouts, send_rollouts
-from monorl.rl.checkpointing import read_meta
-from monorl.rl.continuous import ContinuousBatches, run_continuous, runs_continuous
-from monorl.rl.producer import RolloutBatch
-from monorl.rl.rollout_buffer import TakenStep, staleness_metrics
-from monorl.rl.stopping import GracefulStop
-from monorl.rl.summary import RunResult, ValidationResult
+from monorl.console import record_only
+from monorl.rl.ranks.placement import Placement
+from monorl.rl.ranks.rollout_transfer import send_rollouts
+from monorl.rl.ranks.weight_broadcast import WeightBroadcast
+from monorl.rl.rollouts.continuous import ContinuousBatches, run_continuous, runs_continuous
+from monorl.rl.rollouts.producer import RolloutBatch
+from monorl.rl.rollouts.received import Message
+from monorl.rl.rollouts.staleness import may_generate
+from monorl.rl.run.checkpoints.files import read_meta
+from monorl.rl.run.elastic import die_for_test
+from monorl.rl.run.parts import Parts, build_producer, generator_builder, join_run_dir, load_policy_part
+from monorl.rl.run.stopping import GracefulStop, interrupted_line
+from monorl.rl.run.summary import RunResult
 from monorl.tasks.base import RewardError
-
-if TYPE_CHECKING:
-    from monorl.config import RunConfig
-    from monorl.rl.loop import GRPORun
-    from monorl.train.trainer import Trainer
-
-T = TypeVar("T")
 
 
 def check_disaggregated(spec: RunSpec, placement: Placement) -> None:
@@ -66,118 +59,6 @@ def check_disaggregated(spec: RunSpec, placement: Placement) -> None:
     if spec.warm_start_steps > 0:
         raise ValueError(f"warm_start.steps={spec.warm_start_steps} with placement.generator_ranks={g}: the warm "
                          "start draws from the prompt stream the generator ranks hold; --warm_start.steps 0")
-
-
-@dataclass
-class Message:
-    """What a generator rank sends the trainers: a step's batch, or a validation result."""
-
-    kind: str  # "batch" | "validation"
-    batch: RolloutBatch | None = None
-    validation: ValidationResult | None = None
-    version: int = 0  # the generator's weights' version when it validated
-    metrics: dict[str, float] = field(default_factory=dict)  # the generator side's times; the final weights' sum
-    generate_s: float = 0.0
-    last: bool = False  # the run's last message (the receiver thread ends with it)
-    reward_error: str = ""  # instead of a batch: the reward failed for good (`RolloutProducer.check_rewards`)
-
-
-class ReceivedRollouts:
-    """A trainer rank's batches, received from the generator ranks: the interface of `AheadRollouts` (`start`,
-    `step`, `consumed_position`), and the validations the generators ran (`validation`)."""
-
-    def __init__(self, placement: Placement, cfg: RunConfig, trainer: Trainer, validates: bool) -> None:
-        """validates: the run has held-out prompts (validation.every then asks the generators for results)."""
-        self.placement, self.cfg, self.trainer, self.validates = placement, cfg, trainer, validates
-        self.max_staleness = cfg.rollout.max_staleness
-        self.queue: queue.Queue[Message | BaseException] = queue.Queue(maxsize=self.max_staleness + 1)
-        self.stash: deque[Message] = deque()  # received, put aside while looking for another kind
-        self.thread: threading.Thread | None = None
-        self.consumed: int | None = None
-        self.generator_state: dict[str, float] = {}  # the final weights the generators hold (the post message's)
-
-    def start(self, step: int) -> None:
-        """Start receiving (the generators begin at `step`, the run's first or a resumed run's)."""
-        self.next_take = step
-        self.thread = threading.Thread(target=self._receive, name="monorl-rollouts", daemon=True)
-        self.thread.start()
-
-    def _receive(self) -> None:
-        try:
-            while True:
-                (msg,) = recv_rollouts(self.placement)
-                self.queue.put(msg)
-                if msg.last or msg.reward_error:
-                    return
-        except BaseException as e:  # noqa: BLE001 - a dead generator: the trainer raises it where it waits
-            self.queue.put(e)
-
-    def close(self) -> None:
-        """Let the receiver thread go: it has ended after the last message, or is a daemon blocked in a receive
-        that fails when the job closes (a run that stopped early)."""
-        if self.thread is not None and not self.thread.is_alive():
-            self.thread.join()
-
-    def _next(self, kind: str) -> Message:
-        for msg in self.stash:
-            if msg.kind == kind:
-                self.stash.remove(msg)
-                return msg
-        while True:
-            got = self.queue.get()
-            if isinstance(got, BaseException):
-                raise RuntimeError(f"rollouts from the generator ranks stopped: {type(got).__name__}: {got}") from got
-            if got.kind == kind:
-                return got
-            self.stash.append(got)
-
-    @property
-    def consumed_position(self) -> int:
-        """The stream position of the first prompt whose batch the trainer has not trained on (a checkpoint's)."""
-        if self.consumed is None:
-            raise RuntimeError("no batch trained on yet: a disaggregated run checkpoints after its steps")
-        return self.consumed
-
-    def validation(self) -> ValidationResult:
-        """The generators' next validation result (before the first step, after the last)."""
-        msg = self._next("validation")
-        self.generator_state.update(msg.metrics)
-        assert msg.validation is not None
-        return msg.validation
-
-    def step(self, step: int, train: Callable[[RolloutBatch], T]) -> TakenStep[T]:
-        """Step `step`: its batch as the generators made it, then the trainer's step on it (`train`, which publishes
-        the new weights). Metrics: staleness (max_staleness > 0), async/buffer_depth (steps received ahead),
-        time/consumer_idle_s (this trainer waiting for the batch), the generator's time/producer_idle_s (waiting
-        for weights and for the trainers to take its previous batch), and the generators' validation after this
-        step when validation.every asks for one (val/..., made with the weights this step published)."""
-        if step != self.next_take:
-            raise RuntimeError(f"the trainer asked for step {step + 1}'s batch; the next is {self.next_take + 1}'s")
-        t0 = time.perf_counter()
-        msg = self._next("batch")
-        idle = time.perf_counter() - t0
-        if msg.reward_error:  # the loop keeps what ran (a checkpoint) and stops, as colocated
-            raise RewardError(msg.reward_error)
-        batch = msg.batch
-        assert batch is not None
-        if batch.step != step:
-            raise RuntimeError(f"the generator ranks sent step {batch.step + 1}'s batch for step {step + 1}")
-        metrics = staleness_metrics(batch, self.trainer.step_count) if self.max_staleness > 0 else {}
-        if metrics and metrics["staleness/max"] > self.max_staleness:
-            raise RuntimeError(f"step {step + 1} would train on samples {metrics['staleness/max']} policy versions "
-                               f"old, more than rollout.max_staleness={self.max_staleness}")
-        trained = train(batch)
-        self.consumed, self.next_take = batch.stream_end, step + 1
-        if self.max_staleness > 0:
-            ahead = self.queue.qsize() + sum(m.kind == "batch" for m in self.stash)
-            metrics["async/buffer_depth"] = ahead
-        metrics.update({"time/consumer_idle_s": idle, **msg.metrics})
-        every, done = self.cfg.validation.every, step + 1
-        if every > 0 and self.validates and done % every == 0 and done < self.cfg.steps:
-            val = self._next("validation")
-            assert val.validation is not None
-            metrics.update({**val.validation.metrics("val/"), "val/policy_version": val.version})
-        return TakenStep(batch, trained, metrics, msg.generate_s)
 
 
 class InflightUpdates:
@@ -220,13 +101,53 @@ def weight_sum(model: torch.nn.Module) -> float:
     return float(sum(p.detach().sum(dtype=torch.float64).item() for p in model.parameters()))
 
 
-def run_generator(run: GRPORun) -> RunResult:
-    """A generator rank's whole run (module docstring); the trainers' side is `GRPORun._run`."""
+def build(p: Parts) -> None:
+    """The generator's copy (built from the loaded policy, which it then drops), the producer, the run directory rank
+    0 named, and the weight broadcast (a collective of the whole job)."""
+    check_disaggregated(p.spec, p.placement)
+    load_policy_part(p)
+    with p.boot.timed("generator_init_s"):
+        p.generator = generator = generator_builder(p)()
+    p.producer = build_producer(p, generator, lambda: generator.policy_version)
+    p.policy = None  # the trainers hold the policy
+    p.run_dir = join_run_dir(p)
+    p.weights = WeightBroadcast(p.placement, generator.model)
+
+
+class GeneratorRanks:
+    """Drives a generator rank's parts (`run_generator`)."""
+
+    def __init__(self, parts: Parts, progress: bool = True) -> None:
+        self.parts, self.progress = parts, progress
+        self.cfg, self.spec, self.world, self.boot = parts.cfg, parts.spec, parts.world, parts.boot
+        self.generator, self.producer, self.run_dir = parts.generator, parts.producer, parts.run_dir
+        self.policy = self.trainer = self.consumer = self.rollouts = None
+
+    def warm_up(self) -> None:
+        self.boot.warm_up(self.spec, None, None, self.generator, self.producer.warm_up_samplers())
+
+    def validate(self) -> Any:
+        return self.producer.validate()
+
+    def run(self) -> RunResult:
+        try:
+            return run_generator(self.parts, self.warm_up)
+        except KeyboardInterrupt:
+            line = interrupted_line(self.run_dir.path, None, self.cfg.steps, "")
+            record_only(f"\nmonorl: {line}\n")
+            raise KeyboardInterrupt(line) from None
+        finally:
+            self.producer.close()
+            self.run_dir.close()
+
+
+def run_generator(run: Parts, warm_up: Callable[[], None]) -> RunResult:
+    """A generator rank's whole run (module docstring); the trainers' side is `rl/run/trainer_steps.py`."""
     cfg, placement, weights, producer = run.cfg, run.placement, run.weights, run.producer
     gen, gw = run.generator, placement.generator_world
     assert weights is not None and producer is not None and gen is not None
     K, steps, every = cfg.rollout.max_staleness, cfg.steps, cfg.validation.every
-    run.warm_up()
+    warm_up()
     run.world.barrier()  # the trainers' warm-up too: startup ends when the slowest rank is ready
     start, fresh = 0, run.resume_from is None
     if not fresh:  # the trainers restore the checkpoint; its step and stream position are in its meta.json
@@ -288,7 +209,7 @@ def run_generator(run: GRPORun) -> RunResult:
             send_s = 0.0
             for step in range(start, steps):
                 t = time.perf_counter()
-                while weights.version < step - K or update_begun():
+                while not may_generate(step, weights.version, K) or update_begun():
                     take_update()
                 waited = time.perf_counter() - t + send_s
                 t = time.perf_counter()

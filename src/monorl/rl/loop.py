@@ -34,7 +34,7 @@ from monorl.distributed.weight_broadcast import WeightBroadcast
 from monorl.distributed.world import World, check_world, close_world, init_world, quiet_unless_main
 from monorl.fsutil import json_safe
 from monorl.generate.build import build_generator, generator_group
-from monorl.generate.engine import Generator
+from monorl.generate.generator import Generator
 from monorl.model.attention import resolve_backend
 from monorl.model.batch_invariant import make_batch_invariant_
 from monorl.model.lora import apply_lora_

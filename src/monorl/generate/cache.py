@@ -18,19 +18,19 @@ handed out: padded rows of a CUDA-graph batch write their (ignored) keys there.
 How the next kinds plug in (not implemented; each is a class beside `PagedKV`, listed by `cache_kinds` for its
 layers, and its layers' attention context reads its tensor):
 
-- **Sliding window** (a layer attending its last W keys): a paged kind over the same pool whose per-sequence blocks
-  older than W tokens are recycled. `bytes_per_sequence` is its window's blocks, `bytes_per_token` 0 past the window;
-  `Cache.extend` asks each kind for the blocks a sequence needs at a length (`blocks_needed`), so a window kind
-  needs at most `blocks_for(W) + 1` however long the sequence, and `Cache.trim` hands back the blocks that fell
-  out of the window (the block table keeps their slots as 0, the scratch block, which the kernel never reads).
+- **Sliding window** (a layer attending its last W keys): a paged kind over the same pool whose blocks older than
+  W tokens are recycled: `bytes_per_block` as `PagedKV`'s for its layers, the engine's reservation asking each kind
+  how many blocks a sequence holds at a length (at most `blocks_for(W) + 1` for a window), and `Cache.trim` after
+  each step handing back the blocks that fell out of the window (their table entries set to 0, the scratch block,
+  which the window's kernel never reads).
 - **Linear attention / Gated DeltaNet** (a per-sequence recurrent state and a short convolution state, no per-token
-  keys): `bytes_per_token` 0, `bytes_per_sequence` the state's size; storage is one state row per decode slot
-  plus one per paused sequence, indexed by a slot id the kind keeps in `SequenceState.slots[kind]`; sharing a
-  prompt copies the state row after the prompt (a prefix is not shareable mid-way), and a preempted sequence
-  recomputes it, as paged KV is recomputed.
+  keys): `bytes_per_block` 0, `bytes_per_sequence` the states' size; storage is one state row per decode slot plus
+  one per paused sequence, indexed by a row id kept in `SequenceState` (a field the kind adds); sharing a prompt
+  copies the state row after the prompt (a prefix is not shareable mid-way), and a preempted sequence recomputes
+  it, as paged KV is recomputed.
 - **Image embeddings** (a request's vision encoder output, computed once per request): `bytes_per_sequence` the
-  embeddings of its images, held from admission to the request's end, never per layer; the prefill reads them
-  where the prompt has image placeholder tokens.
+  embeddings of its images, held from admission to the request's end, not per layer; the prefill reads them where
+  the prompt has image placeholder tokens.
 """
 
 from __future__ import annotations

@@ -87,7 +87,7 @@ class LengthDraw:
 
 def install(draw: LengthDraw) -> None:
     """Wrap `Generator.generate` so every sample stops after its drawn length (module docstring)."""
-    from monorl.generate.engine import Generator
+    from monorl.generate.generator import Generator
     from monorl.generate.sampling import SamplingParams
 
     plain = Generator.generate
@@ -141,7 +141,7 @@ def install_episodes(draw: LengthDraw, turn_tokens: int) -> None:
         plain_answer(self, key, lv, turn, sampling, stop_ids, budget_of(lv, key, budget))
 
     def _turn_ended(self: Any, lv: Any, ev: Any, budget: int) -> None:
-        plain_turn_ended(self, lv, ev, budget_of(lv, ev.episode_id, budget))
+        plain_turn_ended(self, lv, ev, budget_of(lv, ev.request_id, budget))
 
     def _turn_sampling(sampling: Any, max_new: int, stop_ids: tuple[int, ...]) -> Any:
         return plain_turn_sampling(sampling, min(max_new, turn_tokens), stop_ids)

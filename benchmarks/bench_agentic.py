@@ -1,6 +1,6 @@
 """Multi-turn episodes on one GPU (#42): sampled tokens/s of the same episodes three ways.
 
-- kv_reuse: monorl's request-level engine (`EpisodeEngine`): each turn pauses holding its KV, the environment's
+- kv_reuse: monorl's request-level engine (`Engine`): each turn pauses holding its KV, the environment's
   tokens are appended and only they are prefilled, then decoding goes on; `--turn-prefill` names how the appended
   tokens attend their cached prefix (`ModelRunner.prefill_cached`), comma-separated: auto (the engine's default:
   paged on CUDA), paged (the Triton kernel reads the keys through the block tables), varlen (keys gathered, flash),
@@ -35,7 +35,7 @@ from typing import Any
 import torch
 
 from monorl.compile import CompileConfig
-from monorl.generate import EpisodeEngine, Generator, GeneratorConfig, SamplingParams
+from monorl.generate import Engine, Generator, GeneratorConfig, SamplingParams
 from monorl.generate.runner import TURN_PREFILLS
 from monorl.model import build_model, model_shape
 
@@ -47,18 +47,18 @@ def sync() -> None:
 
 def kv_reuse(gen: Generator, prompts: list[list[int]], env: list[list[int]], sp: SamplingParams, turns: int,
              turn_prefill: str) -> float:
-    engine = EpisodeEngine(gen, max_episode_tokens=gen.max_model_len, turn_prefill=turn_prefill)
+    engine = Engine(gen, max_tokens=gen.max_model_len, turn_prefill=turn_prefill)
     for i, p in enumerate(prompts):
         engine.add(i, p, sp)
     done_turns = dict.fromkeys(range(len(prompts)), 0)
     t = time.perf_counter()
     while engine.has_work():
         for ev in engine.step():
-            done_turns[ev.episode_id] += 1
-            if done_turns[ev.episode_id] == turns:
-                engine.finish(ev.episode_id)
+            done_turns[ev.request_id] += 1
+            if done_turns[ev.request_id] == turns:
+                engine.finish(ev.request_id)
             else:
-                engine.resume(ev.episode_id, env[ev.episode_id])
+                engine.resume(ev.request_id, env[ev.request_id])
     sync()
     return time.perf_counter() - t
 

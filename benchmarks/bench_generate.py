@@ -18,7 +18,7 @@ import torch
 
 from monorl.compile import CompileConfig
 from monorl.generate import Generator, GeneratorConfig, SamplingParams
-from monorl.generate.kv_cache import bytes_per_block
+from monorl.generate.cache import bytes_per_block
 from monorl.model import build_model, model_shape
 
 

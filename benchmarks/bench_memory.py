@@ -110,7 +110,7 @@ def decode_lora(model: str, models: Path) -> dict:
     import torch
 
     from monorl.compile import CompileConfig
-    from monorl.generate.engine import Generator, GeneratorConfig
+    from monorl.generate.generator import Generator, GeneratorConfig
     from monorl.generate.sampling import SamplingParams
     from monorl.model.checkpoint import load_config
     from monorl.model.lora import LoRAConfig, apply_lora_

@@ -84,7 +84,7 @@ def main() -> None:
     ctx = CachedPrefillContext.build(chunks, starts, tables, runner.block_size, runner.device, "paged")
     T, keys = ctx.positions.numel(), int(ctx.cu_seqlens_k[-1])
     q = torch.randn(T, cfg.num_heads, cfg.head_dim, device="cuda", dtype=torch.bfloat16)
-    k_cache, v_cache = gen.kv.layers[0][0], gen.kv.layers[0][1]
+    k_cache, v_cache = gen.cache.layers[0][0], gen.cache.layers[0][1]
     read = keys * cfg.num_kv_heads * cfg.head_dim * 2 * 2  # K and V, bf16, once
     print(f"T {T}, keys {keys}: K+V read once {read / 1e6:.0f} MB a layer")
     for rows, warps in TILES:

@@ -240,5 +240,5 @@ def test_an_episode_that_overflows_is_cut_with_one_warning_naming_it_once(tmp_pa
         runner.close()
     assert played[1].truncation == "context"
     warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
-    assert len(warnings) == 1 and warnings[0].count("episode (0, 0)") == 1, warnings
-    assert "leaves no room in max_episode_tokens 128" in warnings[0] and "generator.max_model_len" in warnings[0]
+    assert len(warnings) == 1 and warnings[0].count("request (0, 0)") == 1, warnings
+    assert "leaves no room in max_tokens 128" in warnings[0] and "generator.max_model_len" in warnings[0]

@@ -369,7 +369,7 @@ def test_generator_swaps_weights_between_chunks(stops: bool) -> None:
     chunk's tokens are read after the next chunk was queued (no stops: 256-token chunks, read deferred). Against
     the same generation without the update, the tokens before it are equal, log-probs included; the first one
     after it is scored by the new weights."""
-    from monorl.generate.engine import Generator, GeneratorConfig
+    from monorl.generate.generator import Generator, GeneratorConfig
     from monorl.generate.sampling import SamplingParams
     from monorl.model.config import model_shape
     from monorl.model.qwen3 import build_model

@@ -9,7 +9,7 @@ import random
 import pytest
 import torch
 
-from monorl.generate.engine import Generator, GeneratorConfig
+from monorl.generate.generator import Generator, GeneratorConfig
 from monorl.generate.sampling import SamplingParams
 from monorl.model.attention import VarlenContext
 from monorl.model.batch_invariant import is_batch_invariant, make_batch_invariant_

@@ -12,8 +12,8 @@ import torch
 import torch.nn.functional as F
 
 from monorl.generate.attention import CachedPrefillContext, sdpa_cached
-from monorl.generate.episodes import EpisodeEngine
-from monorl.generate.kv_cache import blocks_for, slot_mapping
+from monorl.generate.cache import blocks_for, slot_mapping
+from monorl.generate.engine import Engine
 from monorl.model.batch_invariant import make_batch_invariant_
 from monorl.model.config import model_shape
 from monorl.model.qwen3 import build_model
@@ -39,12 +39,12 @@ def three_ways(gen, cases: list[tuple[int, int]], seed: int = 0,
     """Random sequences of (prefix, appended) lengths `cases`; the last-token logits of each, the prefix prefilled
     and the rest appended in one prefill_cached call (varlen; decode rows; any other `turn_prefill` in `ways`), and
     each whole sequence prefilled; then each way's cached K/V of the sequences' tokens, stacked."""
-    runner, bs = gen.runner, gen.kv.block_size
+    runner, bs = gen.runner, gen.cache.block_size
     rng = random.Random(seed)
     seqs = [[rng.randrange(2, gen.model.config.vocab_size) for _ in range(p + n)] for p, n in cases]
     out, kv = [], []
     for way in ways:
-        tables = [gen.blocks.allocate(blocks_for(len(s), bs)) for s in seqs]
+        tables = [gen.cache.blocks.allocate(blocks_for(len(s), bs)) for s in seqs]
         if way == "whole":
             logits = runner.prefill(seqs, [slot_mapping(t, 0, len(s), bs) for s, t in zip(seqs, tables, strict=True)])
         else:
@@ -54,7 +54,7 @@ def three_ways(gen, cases: list[tuple[int, int]], seed: int = 0,
                                            [p for p, _ in cases], tables, way)
         out.append(logits.float())
         slots = torch.tensor([x for s, t in zip(seqs, tables, strict=True) for x in slot_mapping(t, 0, len(s), bs)])
-        kv.append(gen.kv.kv.flatten(2, 3)[:, :, slots.to(gen.device)].float())
+        kv.append(gen.cache.kv.flatten(2, 3)[:, :, slots.to(gen.device)].float())
     return (*out, torch.stack(kv))
 
 
@@ -109,14 +109,14 @@ def test_static_layout_computes_the_real_rows_as_the_plain_one(model, invariant_
     """The fillers, zero-length entries and unread key rows change no real row: logits and the real tokens' K/V as
     without them (fp32 tolerance; bit for bit in batch-invariant mode), by either attention form."""
     gen = generator(invariant_model if invariant else model, max_num_seqs=8)
-    runner, bs = gen.runner, gen.kv.block_size
+    runner, bs = gen.runner, gen.cache.block_size
     rng = random.Random(5)
     seqs = [[rng.randrange(2, gen.model.config.vocab_size) for _ in range(p + n)] for p, n in CASES]
     chunks, starts = [s[p:] for s, (p, _) in zip(seqs, CASES, strict=True)], [p for p, _ in CASES]
     for way in ("varlen", "decode"):
         out, kv = [], []
         for static in (False, True):
-            tables = [gen.blocks.allocate(blocks_for(len(s), bs)) for s in seqs]
+            tables = [gen.cache.blocks.allocate(blocks_for(len(s), bs)) for s in seqs]
             runner.prefill([s[:p] for s, (p, _) in zip(seqs, CASES, strict=True)],
                            [slot_mapping(t, 0, p, bs) for t, (p, _) in zip(tables, CASES, strict=True)])
             ctx = CachedPrefillContext.build(chunks, starts, tables, bs, gen.device, "sdpa", static=static)
@@ -124,8 +124,8 @@ def test_static_layout_computes_the_real_rows_as_the_plain_one(model, invariant_
             ids = torch.tensor(ids + [0] * (ctx.positions.numel() - len(ids)))
             out.append(runner._cached_forward(ctx.cu_seqlens_q.numel() - 1, way, ids, ctx)[:len(CASES)])
             slots = torch.tensor([x for s, t in zip(seqs, tables, strict=True) for x in slot_mapping(t, 0, len(s), bs)])
-            kv.append(gen.kv.kv.flatten(2, 3)[:, :, slots].clone())
-            gen.blocks.release([b for t in tables for b in t])
+            kv.append(gen.cache.kv.flatten(2, 3)[:, :, slots].clone())
+            gen.cache.blocks.release([b for t in tables for b in t])
         if invariant:
             assert torch.equal(out[0], out[1]) and torch.equal(kv[0], kv[1]), way
         else:
@@ -152,7 +152,7 @@ def test_sdpa_cached_is_each_sequences_causal_attention():
 def test_bad_input_is_refused(model):
     gen = generator(model)
     runner = gen.runner
-    table = gen.blocks.allocate(1)  # positions 0..7
+    table = gen.cache.blocks.allocate(1)  # positions 0..7
     with pytest.raises(ValueError, match="non-empty token list"):
         runner.prefill_cached([[3], []], [1, 1], [table, table])
     with pytest.raises(ValueError, match="covers 8 positions"):
@@ -160,9 +160,9 @@ def test_bad_input_is_refused(model):
     with pytest.raises(ValueError, match="turn_prefill"):
         runner.prefill_cached([[3]], [1], [table], "eager")
     with pytest.raises(ValueError, match="turn_prefill"):
-        EpisodeEngine(gen, turn_prefill="fast")
+        Engine(gen, turn_prefill="fast")
     with pytest.raises(ValueError, match="needs the Triton attention kernel"):  # CPU: auto is varlen
-        EpisodeEngine(gen, turn_prefill="paged")
-    assert EpisodeEngine(gen).turn_prefill == "varlen"
+        Engine(gen, turn_prefill="paged")
+    assert Engine(gen).turn_prefill == "varlen"
     with pytest.raises(ValueError, match="must be one of"):
         CachedPrefillContext.build([[3]], [1], [table], 8, torch.device("cpu"), "triton")

@@ -11,8 +11,8 @@ import torch
 
 from monorl.compile import CompileConfig
 from monorl.generate.attention import CachedPrefillContext, cached_prefill_attention, decode_attention
-from monorl.generate.engine import Generator, GeneratorConfig
-from monorl.generate.kv_cache import blocks_for
+from monorl.generate.cache import blocks_for
+from monorl.generate.generator import Generator, GeneratorConfig
 from monorl.model.config import model_shape
 from monorl.model.qwen3 import build_model
 from tests.test_cached_prefill import three_ways

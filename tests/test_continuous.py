@@ -58,7 +58,7 @@ def test_two_batches_on_one_engine_equal_the_batch_by_batch_producer(tmp_path: P
     assert got == expected
     assert not batches.engine.has_work() and not batches.open
     gen = run.producer.generator
-    assert gen.blocks.num_free() == gen.blocks.usable_blocks
+    assert gen.cache.blocks.num_free() == gen.cache.blocks.usable_blocks
     assert overlapped
 
 

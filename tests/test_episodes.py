@@ -1,4 +1,4 @@
-"""EpisodeEngine on CPU: an episode decoded with KV reuse across turns equals one whose whole conversation is
+"""Engine on CPU: an episode decoded with KV reuse across turns equals one whose whole conversation is
 prefilled anew at every turn (bit for bit in batch-invariant mode), pauses (stop token / sequence / string, turn
 budget, episode capacity), interleaving, context overflow, and block accounting. Tiny random models."""
 
@@ -9,20 +9,20 @@ import random
 import pytest
 import torch
 
-from monorl.generate.engine import Generator, GeneratorConfig
-from monorl.generate.episodes import (
+from monorl.generate.cache import bytes_per_block, slot_mapping
+from monorl.generate.engine import Engine
+from monorl.generate.episodes import run_episodes
+from monorl.generate.generator import Generator, GeneratorConfig
+from monorl.generate.requests import (
     CONTEXT,
     LENGTH,
     STOP_SEQUENCE,
     STOP_STRING,
     STOP_TOKEN,
     ContextOverflowError,
-    Episode,
-    EpisodeEngine,
+    Request,
     TurnEvent,
-    run_episodes,
 )
-from monorl.generate.kv_cache import bytes_per_block, slot_mapping
 from monorl.generate.sampling import SamplingParams
 from monorl.model.batch_invariant import make_batch_invariant_
 from monorl.model.config import model_shape
@@ -60,11 +60,11 @@ def scripted(seed: int, ids: list, vocab: int) -> tuple[dict, dict]:
     return prompts, inserts
 
 
-def turn_starts(ep: Episode) -> list[int]:
+def turn_starts(ep: Request) -> list[int]:
     return [k for k in range(len(ep.tokens)) if ep.sampled[k] and not ep.sampled[k - 1]]
 
 
-def reprefilled_turn(engine: EpisodeEngine, ep: Episode, start: int, sp: SamplingParams) -> TurnEvent:
+def reprefilled_turn(engine: Engine, ep: Request, start: int, sp: SamplingParams) -> TurnEvent:
     """The turn that starts at tokens[start], from an episode whose prompt is the whole conversation before it."""
     engine.add(ep.id, ep.tokens[:start], sp)
     events: list[TurnEvent] = []
@@ -78,24 +78,24 @@ def reprefilled_turn(engine: EpisodeEngine, ep: Episode, start: int, sp: Samplin
 def test_kv_reuse_equals_reprefill_every_turn(model, invariant_model, invariant):
     m = invariant_model if invariant else model
     gen = generator(m, stop_check_interval=3)  # episodes decode past their stops between checks
-    engine = EpisodeEngine(gen, max_episode_tokens=80)
-    free = gen.blocks.num_free()
+    engine = Engine(gen, max_tokens=80)
+    free = gen.cache.blocks.num_free()
     prompts, inserts = scripted(0, [0, 1, 2], m.config.vocab_size)
     # frequent stop tokens, so that some turns end on one and the others at the budget
     sp = SamplingParams(max_new_tokens=6, temperature=0.9, seed=5, stop_token_ids=tuple(range(2, 14)))
 
-    def environment(ep: Episode, ev: TurnEvent) -> list[int] | None:
+    def environment(ep: Request, ev: TurnEvent) -> list[int] | None:
         engine.policy_version += 1  # a weight update after every turn
         return inserts[ep.id][ev.turn] if ev.turn < TURNS - 1 else None
 
     reasons: list[str] = []
 
-    def recording(ep: Episode, ev: TurnEvent) -> list[int] | None:
+    def recording(ep: Request, ev: TurnEvent) -> list[int] | None:
         reasons.append(ev.reason)
         return environment(ep, ev)
 
     done = run_episodes(engine, prompts, sp, recording)
-    assert gen.blocks.num_free() == free
+    assert gen.cache.blocks.num_free() == free
     assert {STOP_TOKEN, LENGTH} <= set(reasons)
     assert max(v for ep in done.values() for v in ep.versions) >= 3  # later turns saw the updates
     for i, ep in done.items():
@@ -117,16 +117,16 @@ def test_kv_reuse_equals_reprefill_every_turn(model, invariant_model, invariant)
             else:
                 torch.testing.assert_close(torch.tensor(ref.logprobs), torch.tensor(ep.logprobs[s:end]),
                                            rtol=0, atol=1e-5)
-    assert gen.blocks.num_free() == free
+    assert gen.cache.blocks.num_free() == free
 
 
 def test_first_turn_is_generates_completion(invariant_model):
-    """Episode (i, j) draws generate()'s noise for sample j of prompt i: its first turn is that completion."""
+    """Request (i, j) draws generate()'s noise for sample j of prompt i: its first turn is that completion."""
     gen = generator(invariant_model)
     prompts, _ = scripted(1, [0, 1], invariant_model.config.vocab_size)
     sp = SamplingParams(max_new_tokens=8, temperature=0.9, seed=7)
     ref = gen.generate([prompts[0], prompts[1]], sp, n=2)
-    engine = EpisodeEngine(gen, max_episode_tokens=64)
+    engine = Engine(gen, max_tokens=64)
     done = run_episodes(engine, {(i, j): prompts[i] for i in range(2) for j in range(2)}, sp, lambda ep, ev: None)
     for (i, j), ep in done.items():
         assert ep.last_event.token_ids == ref[i][j].token_ids
@@ -141,14 +141,14 @@ def test_a_step_admits_rounds_until_the_slots_are_full(invariant_model):
     sp = SamplingParams(max_new_tokens=6, temperature=0.9, seed=5, ignore_eos=True)
     out = {}
     for budget in (max(map(len, prompts.values())), 4096):
-        engine = EpisodeEngine(generator(invariant_model, max_prefill_tokens=budget), max_episode_tokens=64)
+        engine = Engine(generator(invariant_model, max_prefill_tokens=budget), max_tokens=64)
         for i, p in prompts.items():
             engine.add(i, p, sp)
         ended = engine.step()
         assert not engine.queue and len(engine.running) + len(ended) == 4  # all four admitted in the first step
         while engine.has_work():
             engine.step()
-        out[budget] = {i: (engine.episode(i).tokens, engine.episode(i).last_event.logprobs) for i in prompts}
+        out[budget] = {i: (engine.request(i).tokens, engine.request(i).last_event.logprobs) for i in prompts}
     assert out[4096] == out[max(map(len, prompts.values()))]
 
 
@@ -167,68 +167,68 @@ def test_overrun_chunks_keep_the_tokens_and_free_the_blocks(invariant_model):
         gen = generator(invariant_model, max_num_seqs=5)
         ref = {k: gen.generate([prompts[k[0]]], sp(b), n=3, first_prompt_index=k[0])[0][k[1]]
                for k, b in budgets.items()}
-        engine = EpisodeEngine(gen, max_episode_tokens=64, overrun=overrun)
+        engine = Engine(gen, max_tokens=64, overrun=overrun)
         for (i, j), b in budgets.items():
             engine.add((i, j, 7), prompts[i], sp(b))
         n, done = 0, {}
         while engine.has_work():
             n += 1
             for ev in engine.step():
-                done[ev.episode_id[:2]] = ev
-                engine.finish(ev.episode_id)
+                done[ev.request_id[:2]] = ev
+                engine.finish(ev.request_id)
         steps[overrun] = n
         assert {k: ev.token_ids for k, ev in done.items()} == {k: c.token_ids for k, c in ref.items()}
         assert {k: ev.logprobs for k, ev in done.items()} == {k: c.logprobs for k, c in ref.items()}
-        assert gen.blocks.num_free() == gen.blocks.usable_blocks
+        assert gen.cache.blocks.num_free() == gen.cache.blocks.usable_blocks
     assert steps[6] < steps[0]
 
 
 def test_paused_episode_waits_while_others_decode(invariant_model):
-    """Episode 0 waits for its 'tool' for several steps while 1 and 2 decode on (and a generate() call takes the
+    """Request 0 waits for its 'tool' for several steps while 1 and 2 decode on (and a generate() call takes the
     decode slots between two of their steps); every result is that of a run where each episode resumes at once."""
     gen = generator(invariant_model)
     prompts, inserts = scripted(2, [0, 1, 2], invariant_model.config.vocab_size)
     sp = SamplingParams(max_new_tokens=4, temperature=0.9, seed=5)  # eos may stop a turn: one token a step
 
-    def environment(ep: Episode, ev: TurnEvent) -> list[int] | None:
+    def environment(ep: Request, ev: TurnEvent) -> list[int] | None:
         return inserts[ep.id][ev.turn] if ev.turn < TURNS - 1 else None
 
-    engine = EpisodeEngine(gen, max_episode_tokens=64)
+    engine = Engine(gen, max_tokens=64)
     ref = run_episodes(engine, prompts, sp, environment)
     for i, p in prompts.items():
         engine.add(i, p, sp)
     held, held_steps, others_meanwhile, generated, done = None, 0, 0, False, {}
     while len(done) < 3:
         if held is not None and (held_steps == 6 or not engine.has_work()):
-            engine.resume(0, environment(engine.episode(0), held))
+            engine.resume(0, environment(engine.request(0), held))
             held = None
         events = engine.step()
         if held is not None:
             held_steps += 1
-            assert engine.episode(0).state == "paused" and engine.episode(0).table
-            if not generated and any(e.state == "running" for e in engine.episodes.values()):
+            assert engine.request(0).state == "paused" and engine.request(0).cache.table
+            if not generated and any(e.state == "running" for e in engine.requests.values()):
                 gen.generate([[5, 6, 7]], SamplingParams(max_new_tokens=4, temperature=0.0))
                 generated = True
         for ev in events:
-            new = environment(engine.episode(ev.episode_id), ev)
+            new = environment(engine.request(ev.request_id), ev)
             if new is None:
-                done[ev.episode_id] = engine.finish(ev.episode_id)
-            elif ev.episode_id == 0 and ev.turn == 0:
+                done[ev.request_id] = engine.finish(ev.request_id)
+            elif ev.request_id == 0 and ev.turn == 0:
                 held, held_steps = ev, 0
             else:
-                engine.resume(ev.episode_id, new)
-            others_meanwhile += held is not None and ev.episode_id != 0
+                engine.resume(ev.request_id, new)
+            others_meanwhile += held is not None and ev.request_id != 0
     assert generated and others_meanwhile > 0
     for i in range(3):
         assert done[i].tokens == ref[i].tokens
         assert done[i].logprobs == ref[i].logprobs
-    assert gen.blocks.num_free() == gen.blocks.usable_blocks
+    assert gen.cache.blocks.num_free() == gen.cache.blocks.usable_blocks
 
 
 def test_pauses_on_budget_stop_token_sequence_and_string(model):
     tok = LetterTokenizer()
     gen = generator(model, tokenizer=tok)
-    engine = EpisodeEngine(gen, max_episode_tokens=96)
+    engine = Engine(gen, max_tokens=96)
     prompt = scripted(3, [0], model.config.vocab_size)[0][0]
     fixed = dict(temperature=1.0, seed=11, ignore_eos=True)  # seeded: the same tokens every time
 
@@ -259,16 +259,16 @@ def test_pauses_on_budget_stop_token_sequence_and_string(model):
     assert (prompt[-1], toks[0]) not in zip(toks, toks[1:], strict=False)
     ev = turn(SamplingParams(max_new_tokens=12, **fixed), [(prompt[-1], toks[0])])
     assert ev.reason == LENGTH
-    assert gen.blocks.num_free() == gen.blocks.usable_blocks
+    assert gen.cache.blocks.num_free() == gen.cache.blocks.usable_blocks
 
 
 def test_resume_overflow_and_full_context(model):
     gen = generator(model)
-    engine = EpisodeEngine(gen, max_episode_tokens=32)
-    start = gen.blocks.num_free()
+    engine = Engine(gen, max_tokens=32)
+    start = gen.cache.blocks.num_free()
     engine.add(0, list(range(2, 22)), SamplingParams(max_new_tokens=6, temperature=0.0, ignore_eos=True))
     [ev] = engine.step()
-    ep = engine.episode(0)
+    ep = engine.request(0)
     assert ev.reason == LENGTH and len(ep.tokens) == 26 and ep.state == "paused"
     before = list(ep.tokens)
     with pytest.raises(ContextOverflowError, match="26 tokens \\+ 6 appended = 32"):
@@ -280,7 +280,7 @@ def test_resume_overflow_and_full_context(model):
     with pytest.raises(ContextOverflowError):
         engine.resume(0, [])
     engine.finish(0)
-    assert gen.blocks.num_free() == start and not engine.episodes
+    assert gen.cache.blocks.num_free() == start and not engine.requests
     with pytest.raises(ContextOverflowError, match="no room"):
         engine.add(1, list(range(2, 34)), SamplingParams())
 
@@ -294,16 +294,16 @@ def test_preempted_episodes_recompute_the_same_tokens(invariant_model):
 
     def run(blocks: int | None) -> dict:
         gen = generator(invariant_model, kv_cache_bytes=blocks and blocks * per_block)
-        engine = EpisodeEngine(gen, max_episode_tokens=64)
+        engine = Engine(gen, max_tokens=64)
         held: list[int] = []
 
-        def environment(ep: Episode, ev: TurnEvent) -> list[int] | None:
-            assert len(ep.table) == -(-len(ep.tokens) // 8)  # a paused episode keeps only its tokens' blocks
-            held.append(gen.blocks.usable_blocks - gen.blocks.num_free())
+        def environment(ep: Request, ev: TurnEvent) -> list[int] | None:
+            assert len(ep.cache.table) == -(-(len(ep.tokens) - 1) // 8)  # a paused episode keeps only its K/V's blocks
+            held.append(gen.cache.blocks.usable_blocks - gen.cache.blocks.num_free())
             return inserts[ep.id][ev.turn] if ev.turn < TURNS - 1 else None
 
         done = run_episodes(engine, prompts, sp, environment)
-        assert gen.blocks.num_free() == gen.blocks.usable_blocks
+        assert gen.cache.blocks.num_free() == gen.cache.blocks.usable_blocks
         if blocks:
             assert engine.preemptions > 0 and max(held) <= 10
         return done
@@ -321,15 +321,15 @@ def test_a_group_shares_its_prompts_kv(invariant_model):
     inserts = {(0, j): [[2 + j] * (j + 1), [9, 9]] for j in range(3)}
     sp = SamplingParams(max_new_tokens=4, temperature=0.9, seed=4, ignore_eos=True)
     gen = generator(invariant_model, max_num_seqs=2)
-    engine = EpisodeEngine(gen, max_episode_tokens=64)
+    engine = Engine(gen, max_tokens=64)
     tables = []
 
-    def environment(ep: Episode, ev: TurnEvent) -> list[int] | None:
-        tables.append(list(ep.table))
+    def environment(ep: Request, ev: TurnEvent) -> list[int] | None:
+        tables.append(list(ep.cache.table))
         return inserts[ep.id][ev.turn] if ev.turn < TURNS - 1 else None
 
     group = run_episodes(engine, {i: prompt for i in inserts}, sp, environment)
-    assert gen.blocks.num_free() == gen.blocks.usable_blocks and not engine.by_prompt
+    assert gen.cache.blocks.num_free() == gen.cache.blocks.usable_blocks and not engine.groups
     assert len({tuple(t[:2]) for t in tables}) == 1 and len({t[2] for t in tables}) > 1
     for i in inserts:
         alone = run_episodes(engine, {i: prompt}, sp, environment)[i]
@@ -338,21 +338,21 @@ def test_a_group_shares_its_prompts_kv(invariant_model):
 
 def test_finish_frees_queued_and_running_episodes(model):
     gen = generator(model, max_num_seqs=2)
-    engine = EpisodeEngine(gen, max_episode_tokens=64)
+    engine = Engine(gen, max_tokens=64)
     sp = SamplingParams(max_new_tokens=8, temperature=0.9, seed=1)  # eos may stop a turn: one token a step
     for i, p in scripted(5, range(4), model.config.vocab_size)[0].items():
         engine.add(i, p, sp)
     engine.step()
-    states = {e.state for e in engine.episodes.values()}
+    states = {e.state for e in engine.requests.values()}
     assert "queued" in states and states & {"running", "paused"}
     engine.preempt(3)
     for i in range(4):
         engine.finish(i)
-    assert gen.blocks.num_free() == gen.blocks.usable_blocks and not engine.has_work()
+    assert gen.cache.blocks.num_free() == gen.cache.blocks.usable_blocks and not engine.has_work()
 
 
 def test_bad_input_is_refused(model):
-    engine = EpisodeEngine(generator(model), max_episode_tokens=64)
+    engine = Engine(generator(model), max_tokens=64)
     sp = SamplingParams(max_new_tokens=4, temperature=0.9)
     engine.add(0, [2, 3], sp)
     with pytest.raises(ValueError, match="exists"):
@@ -367,25 +367,25 @@ def test_bad_input_is_refused(model):
         engine.add(1, [2, 3], SamplingParams(temperature=0.9, stop_strings=("x",)))
     with pytest.raises(ValueError, match="empty stop sequence"):
         engine.add(1, [2, 3], sp, [()])
-    with pytest.raises(TypeError, match="episode ids"):
+    with pytest.raises(TypeError, match="request ids"):
         engine.add(1.5, [2, 3], sp)
     with pytest.raises(ValueError, match="queued, not paused"):
         engine.resume(0, [4])
-    with pytest.raises(KeyError, match="no episode 7"):
+    with pytest.raises(KeyError, match="no request 7"):
         engine.finish(7)
-    with pytest.raises(ValueError, match="max_episode_tokens"):
-        EpisodeEngine(generator(model), max_episode_tokens=1000)
+    with pytest.raises(ValueError, match="max_tokens"):
+        Engine(generator(model), max_tokens=1000)
 
 
 def test_prefill_cached_equals_prefill_in_invariant_mode(invariant_model):
     """The runner's piece alone: a prompt's last logits from a plain prefill, and from a prefill of its first part
     then of the rest over the cached prefix, are equal bit for bit."""
     gen = generator(invariant_model)
-    runner, bs = gen.runner, gen.kv.block_size
+    runner, bs = gen.runner, gen.cache.block_size
     p = scripted(5, [0], invariant_model.config.vocab_size)[0][0] + [7] * 9
-    t1, t2 = gen.blocks.allocate(4), gen.blocks.allocate(4)
+    t1, t2 = gen.cache.blocks.allocate(4), gen.cache.blocks.allocate(4)
     whole = runner.prefill([p], [slot_mapping(t1, 0, len(p), bs)])
     runner.prefill([p[:5]], [slot_mapping(t2, 0, 5, bs)])
     part = runner.prefill_cached([p[5:]], [5], [t2])
     assert torch.equal(whole, part)
-    assert torch.equal(gen.kv.kv[:, :, t1], gen.kv.kv[:, :, t2])  # the same keys and values were cached
+    assert torch.equal(gen.cache.kv[:, :, t1], gen.cache.kv[:, :, t2])  # the same keys and values were cached

@@ -1,4 +1,4 @@
-"""EpisodeEngine on CUDA: with the decode step replayed from CUDA graphs and the appended tokens prefilled by the
+"""Engine on CUDA: with the decode step replayed from CUDA graphs and the appended tokens prefilled by the
 Triton paged attention over the cached prefix, an episode equals its conversation re-prefilled at every turn, bit
 for bit in batch-invariant mode; in the default mode its log-probs are an eager full forward's over its tokens."""
 
@@ -11,8 +11,10 @@ import pytest
 import torch
 
 from monorl.compile import CompileConfig
-from monorl.generate.engine import Generator, GeneratorConfig
-from monorl.generate.episodes import Episode, EpisodeEngine, TurnEvent, run_episodes
+from monorl.generate.engine import Engine
+from monorl.generate.episodes import run_episodes
+from monorl.generate.generator import Generator, GeneratorConfig
+from monorl.generate.requests import Request, TurnEvent
 from monorl.generate.sampling import SamplingParams
 from monorl.model.batch_invariant import make_batch_invariant_
 from monorl.model.config import model_shape
@@ -42,13 +44,13 @@ def test_kv_reuse_equals_reprefill_bitwise_in_invariant_mode(compile):
     make_batch_invariant_(model)
     make_batch_invariant_(gen.model)
     assert gen.runner.use_graphs
-    engine = EpisodeEngine(gen, max_episode_tokens=400)
+    engine = Engine(gen, max_tokens=400)
     prompts, inserts = scripted(0, 6, cfg.vocab_size, 150)
     # ~2% of the vocabulary stops a turn: some turns end on a stop token, mid-way through a decode chunk
     sp = SamplingParams(max_new_tokens=24, temperature=1.0, seed=7, stop_token_ids=tuple(range(2, 3000)))
     done = run_episodes(engine, prompts, sp,
                         lambda ep, ev: inserts[ep.id][ev.turn] if ev.turn < TURNS - 1 else None)
-    assert gen.blocks.num_free() == gen.blocks.usable_blocks
+    assert gen.cache.blocks.num_free() == gen.cache.blocks.usable_blocks
     for i, ep in done.items():
         starts = turn_starts(ep)
         for t, s in enumerate(starts[1:], start=1):
@@ -64,16 +66,16 @@ def test_default_mode_episode_is_the_models(compile):
     model = tiny_cuda_model()
     gen = Generator(model, GeneratorConfig(max_num_seqs=4, max_model_len=256),
                     compile=CompileConfig(backend="inductor" if compile else "none"))
-    engine = EpisodeEngine(gen, max_episode_tokens=200)
+    engine = Engine(gen, max_tokens=200)
     prompts, inserts = scripted(1, 5, model.config.vocab_size, 40)
     inserts[0][0] = []
     sp = SamplingParams(max_new_tokens=16, temperature=0.8, top_p=0.95, seed=3, ignore_eos=True)
 
-    def environment(ep: Episode, ev: TurnEvent) -> list[int] | None:
+    def environment(ep: Request, ev: TurnEvent) -> list[int] | None:
         return inserts[ep.id][ev.turn] if ev.turn < TURNS - 1 else None
 
     done = run_episodes(engine, prompts, sp, environment)
-    assert gen.blocks.num_free() == gen.blocks.usable_blocks
+    assert gen.cache.blocks.num_free() == gen.cache.blocks.usable_blocks
     for ep in done.values():
         ref = full_forward_logprobs(model, ep.tokens[:1], ep.tokens[1:], sp.temperature)
         mask = torch.tensor(ep.sampled[1:])
@@ -96,7 +98,7 @@ def test_turn_boundaries_replay_their_graphs(invariant):
     sp = SamplingParams(max_new_tokens=16, temperature=1.0, seed=3, ignore_eos=True)
     runs = []
     for _ in range(4):
-        done = run_episodes(EpisodeEngine(gen, max_episode_tokens=200), prompts, sp,
+        done = run_episodes(Engine(gen, max_tokens=200), prompts, sp,
                             lambda ep, ev: inserts[ep.id][ev.turn] if ev.turn < TURNS - 1 else None)
         runs.append({i: (ep.tokens, ep.logprobs) for i, ep in done.items()})
     cached = [k for k in gen.runner.prefill_graphs if k[0] == "cached"]

@@ -112,7 +112,7 @@ def test_prefix_sharing_n_greedy_equals_separate_runs(model, monkeypatch):
         [[alone]] = gen(model).generate([p], sp)
         assert all(c.token_ids == alone.token_ids for c in comps)
         torch.testing.assert_close(torch.tensor(comps[3].logprobs), torch.tensor(alone.logprobs), atol=1e-5, rtol=0)
-    assert g.blocks.num_free() == g.blocks.usable_blocks  # every block came back
+    assert g.cache.blocks.num_free() == g.cache.blocks.usable_blocks  # every block came back
 
 
 def test_prefix_sharing_shares_blocks(model):
@@ -121,7 +121,7 @@ def test_prefix_sharing_shares_blocks(model):
     orig = g.runner.decode
 
     def spy(live, width, params):
-        sched_peak.append(g.blocks.usable_blocks - g.blocks.num_free())
+        sched_peak.append(g.cache.blocks.usable_blocks - g.cache.blocks.num_free())
         return orig(live, width, params)
 
     g.runner.decode = spy
@@ -188,12 +188,12 @@ def test_more_sequences_than_slots(model):
         ref = gen(model, max_num_seqs=32).generate(prompts, sp, n=3)
         # 2 slots; and a KV budget that holds ~3 sequences, so admission also waits on memory
         g = gen(model, max_num_seqs=2, stop_check_interval=3)
-        small = gen(model, max_num_seqs=6, kv_cache_bytes=g.kv.kv[:, :, :40].numel() * 4)
+        small = gen(model, max_num_seqs=6, kv_cache_bytes=g.cache.kv[:, :, :40].numel() * 4)
         for eng in (g, small):
             out = eng.generate(prompts, sp, n=3)
             assert [[c.token_ids for c in x] for x in out] == [[c.token_ids for c in x] for x in ref]
             assert [[c.finish_reason for c in x] for x in out] == [[c.finish_reason for c in x] for x in ref]
-            assert eng.blocks.num_free() == eng.blocks.usable_blocks
+            assert eng.cache.blocks.num_free() == eng.cache.blocks.usable_blocks
 
 
 def test_deferred_ring_reads_equal_reads_before_the_next_steps(model):
@@ -208,7 +208,7 @@ def test_deferred_ring_reads_equal_reads_before_the_next_steps(model):
         g = gen(model, max_num_seqs=4)
         g.defer_ring_reads = defer
         outs.append(g.generate(prompts, sps, n=2))
-        assert g.blocks.num_free() == g.blocks.usable_blocks
+        assert g.cache.blocks.num_free() == g.cache.blocks.usable_blocks
     (a, b) = outs
     for x, y in zip(a, b, strict=True):
         assert [c.token_ids for c in x] == [c.token_ids for c in y]
@@ -235,13 +235,13 @@ def test_kv_budget_and_length_errors(model):
     g = gen(model, kv_cache_bytes=None, max_model_len=64)
     with pytest.raises(ValueError, match="max_model_len"):
         g.generate([[3] * 50], SamplingParams(max_new_tokens=20))
-    tiny = gen(model, kv_cache_bytes=6 * gen(model).kv.kv[:, :, :1].numel() * 4)  # 5 usable blocks of 4
+    tiny = gen(model, kv_cache_bytes=6 * gen(model).cache.kv[:, :, :1].numel() * 4)  # 5 usable blocks of 4
     with pytest.raises(ValueError, match="KV blocks"):
         tiny.generate([[3] * 10], SamplingParams(max_new_tokens=20))
     # 3 prompt blocks + 2 own per sample: one sample at a time fits, the others wait for its blocks
     out = tiny.generate([[3] * 10], SamplingParams(max_new_tokens=4, temperature=0.0, ignore_eos=True), n=3)
     assert all(c.token_ids == out[0][0].token_ids and len(c.token_ids) == 4 for c in out[0])
-    assert tiny.blocks.num_free() == tiny.blocks.usable_blocks
+    assert tiny.cache.blocks.num_free() == tiny.cache.blocks.usable_blocks
     with pytest.raises(ValueError, match="empty"):
         g.generate([[]], SamplingParams())
 
@@ -335,9 +335,9 @@ def test_trace_kernels_leaves_the_generator_as_it_was(model):
     sp = SamplingParams(max_new_tokens=6, temperature=0.8, top_p=0.9, seed=1)
     g = gen(model)
     expected = g.generate(prompts, sp, n=2)
-    kv = g.kv.kv.clone()
+    kv = g.cache.kv.clone()
     g.trace_kernels(prompts, [sp, SamplingParams(max_new_tokens=4, temperature=0.0)], n=2)
-    assert torch.equal(g.kv.kv, kv)
+    assert torch.equal(g.cache.kv, kv)
     got = g.generate(prompts, sp, n=2)
     assert [[c.token_ids for c in row] for row in got] == [[c.token_ids for c in row] for row in expected]
 

@@ -6,7 +6,7 @@ import math
 import torch
 
 from monorl.config import preset
-from monorl.generate.engine import Generator, GeneratorConfig
+from monorl.generate.generator import Generator, GeneratorConfig
 from monorl.generate.sampling import SamplingParams
 from monorl.model.checkpoint import load_checkpoint
 from monorl.rl.run.grpo import GRPORun

@@ -46,7 +46,7 @@ def test_plan_rows_equal_what_the_run_allocates(tmp_path: Path, lora: bool, inva
     assert plan.row("generator weights").bytes == _nbytes(own)
     run.warm_up()
     run.size_kv_cache()
-    assert plan.row("KV cache").bytes == _nbytes([run.generator.kv.kv])
+    assert plan.row("KV cache").bytes == _nbytes([run.generator.cache.kv])
     run.step(0)  # one optimizer step: AdamW's moments exist now
     moments = [v for st in run.trainer.optimizer.state.values() for k, v in st.items() if k != "step"]
     assert plan.row("optimizer state").bytes == _nbytes(moments)

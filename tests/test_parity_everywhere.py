@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from monorl.compile import CompileConfig, compile_blocks, compile_counters
-from monorl.generate.engine import Generator, GeneratorConfig
+from monorl.generate.generator import Generator, GeneratorConfig
 from monorl.generate.sampling import SamplingParams
 from monorl.model.batch_invariant import make_batch_invariant_
 from monorl.model.config import model_shape

@@ -24,7 +24,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from monorl.distributed.world import SINGLE, World
-from monorl.generate.engine import Generator, GeneratorConfig
+from monorl.generate.generator import Generator, GeneratorConfig
 from monorl.generate.sampling import SamplingParams
 from monorl.generate.tensor_parallel import (
     TensorParallel,
@@ -95,7 +95,7 @@ def _worker(rank: int, world: int, init_file: str, out_dir: str) -> None:
             fixed = Generator(model, GeneratorConfig(**GEN, tensor_parallel_size=world), eos_token_ids=(),
                               tp=TensorParallel(tp.size, tp.rank, tp.group, fixed_order=True))
             result[key] = {"one": _generate(one), "two": _generate(two), "fixed": _generate(fixed),
-                           "kv_heads": two.kv.kv.shape[-2], "config_whole": two.model.config == cfg}
+                           "kv_heads": two.cache.kv.shape[-2], "config_whole": two.model.config == cfg}
             if key == "qwen3_tied":  # the RL step's rollouts: the TP group generates the step's groups once
                 result["rollouts"] = {name: _rollouts(gen, World(rank=rank, size=world) if name == "two" else SINGLE)
                                       for name, gen in (("one", one), ("two", two))}

@@ -14,7 +14,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from monorl.compile import CompileConfig
-from monorl.generate.engine import Generator, GeneratorConfig
+from monorl.generate.generator import Generator, GeneratorConfig
 from monorl.generate.sampling import SamplingParams
 from monorl.generate.tensor_parallel import TensorParallel, tensor_parallel_group
 from monorl.model.config import model_shape

@@ -15,7 +15,7 @@ import torch
 from monorl.compile import CompileConfig
 from monorl.distributed.world import DistributedSection
 from monorl.fsutil import json_safe
-from monorl.generate.engine import GeneratorConfig
+from monorl.generate.generator import GeneratorConfig
 from monorl.model.attention import AttnBackend
 from monorl.model.lora import LoRAConfig
 from monorl.rl.advantages import ADVANTAGE_KINDS, GROUPLESS_ADVANTAGE_KINDS, AdvantageKind

@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from monorl.distributed.fsdp import GATHER_BUCKET_BYTES
-from monorl.generate.kv_cache import bytes_per_block, kv_cache_bytes_needed
+from monorl.generate.cache import bytes_per_block, kv_cache_bytes_needed
 from monorl.generate.tensor_parallel import check_tensor_parallel, shard_config
 from monorl.model.config import ModelConfig
 from monorl.plan_activations import activation_shape, trainer_activation_bytes

@@ -28,7 +28,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from monorl.compile import mark_dynamic
-from monorl.generate.kv_cache import blocks_for, table_tensor
+from monorl.generate.cache import blocks_for, table_tensor
 from monorl.model.attention import VarlenContext, positions_of
 from monorl.ops import HAS_TRITON, attention_invariant, custom_op, sm_count
 from monorl.ops.attention_triton import attention_triton, cached_attention_triton, decode_splits

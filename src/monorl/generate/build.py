@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 
 from monorl.compile import CompileConfig
 from monorl.distributed.world import World
-from monorl.generate.engine import Generator
+from monorl.generate.generator import Generator
 from monorl.generate.tensor_parallel import TensorParallel, tensor_parallel_group
 from monorl.model.batch_invariant import make_batch_invariant_
 from monorl.model.lora import is_lora

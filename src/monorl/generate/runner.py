@@ -18,7 +18,7 @@ from torch import Tensor
 
 from monorl.compile import capture_cuda_graph, clone_tensors, copy_into, is_compiled
 from monorl.generate.attention import CachedPrefillContext, DecodeContext, PrefillContext
-from monorl.generate.kv_cache import KVCache
+from monorl.generate.cache import Cache
 from monorl.generate.sampling import SamplingParams, sample
 from monorl.generate.tensor_parallel import NO_TP, TensorParallel, gather_vocab
 from monorl.model.attention import VarlenContext, resolve_backend
@@ -59,18 +59,18 @@ def static_prefill_pack(prompts: list[list[int]],
 
 
 class ModelRunner:
-    def __init__(self, model: Qwen3ForCausalLM, kv: KVCache, max_num_seqs: int, max_blocks_per_seq: int,
+    def __init__(self, model: Qwen3ForCausalLM, cache: Cache, max_num_seqs: int, max_blocks_per_seq: int,
                  ring_size: int, decode_backend: str, cuda_graphs: bool, sample_fn: Callable = sample,
                  tp: TensorParallel = NO_TP) -> None:
         """sample_fn: `sampling.sample`, or its compiled form (`monorl.compile.compile_generator` decides). tp: the
         model is this rank's tensor-parallel shard; its vocabulary shards' logits are gathered whole on every rank."""
-        self.model, self.kv, self.tp = model, kv, tp
+        self.model, self.cache, self.tp = model, cache, tp
         self.cfg = model.config
-        self.device = kv.kv.device
-        self.block_size = kv.block_size
+        self.device = cache.device
+        self.block_size = cache.block_size
         self.max_num_seqs, self.width = max_num_seqs, max_blocks_per_seq
         self.decode_backend = decode_backend
-        self.prefill_backend = resolve_backend("auto", self.device, kv.kv.dtype)
+        self.prefill_backend = resolve_backend("auto", self.device, cache.dtype)
         self.ring_size = ring_size
         self.buckets = graph_buckets(max_num_seqs)
         dev, S = self.device, self.buckets[-1]  # slot state rows: the largest bucket (>= max_num_seqs)
@@ -109,7 +109,7 @@ class ModelRunner:
         self.host_ring: list[tuple[Tensor, Tensor]] = []  # pinned copies of the ring (`copy_ring`), made at first use
         self.host_turn = 0
         self.sample_fn = sample_fn
-        self.slot_owner: object | None = None  # who set the slot state last (a Generator or an EpisodeEngine)
+        self.slot_owner: object | None = None  # which engine set the slot state last (`Engine._own_slots`)
 
     # ---- prefill -----------------------------------------------------------------------------------
     @torch.inference_mode()
@@ -164,7 +164,7 @@ class ModelRunner:
 
     def _prefill_forward(self, P: int, ids: Tensor, slot_mapping: Tensor, varlen: VarlenContext) -> Tensor:
         ctx = PrefillContext(varlen=varlen, slot_mapping=slot_mapping)
-        hidden = self.model(ids, varlen.positions, ctx, self.kv.layers)
+        hidden = self.model(ids, varlen.positions, ctx, self.cache.layers)
         last = varlen.cu_seqlens[1:P + 1].long() - 1
         return self.logits(hidden[last])
 
@@ -213,7 +213,7 @@ class ModelRunner:
 
     def _cached_forward(self, P: int, form: str, ids: Tensor, ctx: CachedPrefillContext) -> Tensor:
         layout = ctx if form != "decode" else ctx.decode_rows(self.decode_backend)
-        hidden = self.model(ids, ctx.positions, layout, self.kv.layers)
+        hidden = self.model(ids, ctx.positions, layout, self.cache.layers)
         return self.logits(hidden[ctx.cu_seqlens_q[1:P + 1].long() - 1])
 
     def logits(self, hidden: Tensor) -> Tensor:
@@ -242,7 +242,7 @@ class ModelRunner:
         # Padded rows keep advancing between host checks; step_inputs clamps their (scratch) writes in range.
         slots, seq_lens, next_pos, rope = step_inputs(pos, bt, self.block_size, self.rope_tables)
         ctx = DecodeContext(block_tables=bt, seq_lens=seq_lens, slot_mapping=slots, backend=self.decode_backend)
-        hidden = self.model(tok, pos, ctx, self.kv.layers, rope)
+        hidden = self.model(tok, pos, ctx, self.cache.layers, rope)
         logits = self.logits(hidden)
         nxt, lp = self.sample_fn(logits, self.keys[:B], next_pos, params, self.model.token_logprobs)
         commit_step(nxt, lp, self.ring_tok, self.ring_lp, self.ring_idx, self.tok, self.pos)
@@ -336,7 +336,7 @@ class ModelRunner:
 
     def read_ring(self, steps: int, live: int) -> tuple[list[list[int]], list[list[float]]]:
         """[slot][step] tokens and log-probs of the last `steps` steps (one host sync): a sequence's new tokens are
-        one list, which the engine extends by whole (`Generator._extend`)."""
+        one list, which the engine extends by whole (`Request.record`)."""
         return self.copy_ring(steps, live)()
 
     def copy_ring(self, steps: int, live: int) -> Callable[[], tuple[list[list[int]], list[list[float]]]]:

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from monorl.generate.engine import Generator
+from monorl.generate.generator import Generator
 from monorl.model.moe_routing import generator_trainer_routing
 from monorl.model.weight_sync import sync_weights_
 from monorl.rl.rollouts.producer import RolloutBatch

@@ -1,6 +1,6 @@
 """Continuous batches: a generator rank of the disaggregated placement with in-flight weight updates
 (`placement.generator_ranks G`, `rollout.inflight_updates`) makes its batches back to back on one request-level engine
-(`EpisodeEngine`, every sample a one-turn episode), instead of one `generate` call per batch.
+(`generate.engine.Engine`, every sample a one-turn request), instead of one `generate` call per batch.
 
 Why: with long-tailed completion lengths a batch's last samples decode with few rows beside them, and a generator
 that waits for the batch's end before beginning the next idles most of its GPU through that tail (the synchronous
@@ -39,8 +39,8 @@ import torch
 import torch.distributed as dist
 
 from monorl.assembly import rollout_sampling
-from monorl.generate.engine import Completion, make_completion
-from monorl.generate.episodes import CONTEXT, LENGTH, EpisodeEngine
+from monorl.generate.engine import Engine
+from monorl.generate.requests import Completion, completion_of
 from monorl.generate.sampling import SamplingParams
 from monorl.generate.tensor_parallel import generation_world
 from monorl.rl.ranks.placement import Placement
@@ -94,7 +94,7 @@ class ContinuousBatches:
 
     def __init__(self, producer: RolloutProducer) -> None:
         self.producer, self.gen = producer, producer.generator
-        self.engine = EpisodeEngine(self.gen, max_episode_tokens=producer.spec.max_len, overrun=OVERRUN)
+        self.engine = Engine(self.gen, max_tokens=producer.spec.max_len, overrun=OVERRUN)
         self.open: deque[OpenBatch] = deque()
         self.taken = 0  # batches taken so far
 
@@ -116,20 +116,16 @@ class ContinuousBatches:
                           p.stream.position)
         for i, pid in enumerate(batch.prompt_ids):
             for j in range(batch.n):
-                self.engine.add((lo + i, j, step), pid, self.sample_sampling(pid, j, sampling))
+                self.engine.add((lo + i, j, step), pid, self.sample_sampling(pid, j, sampling), one_turn=True)
         self.open.append(batch)
 
     def step(self) -> None:
         """One engine step (admissions, one decode chunk); finished samples go to their batches."""
-        self.engine.policy_version = self.gen.policy_version
         for ev in self.engine.step():
-            ep = self.engine.finish(ev.episode_id)
-            i, j, step = ev.episode_id
+            req = self.engine.finish(ev.request_id)
+            i, j, step = ev.request_id
             batch = next(b for b in self.open if b.step == step)
-            k = ep.prompt_len
-            batch.done[(i - batch.first, j)] = make_completion(
-                self.gen.tokenizer, ep.tokens[k:], ep.logprobs[k:], ep.versions[k:],
-                "length" if ev.reason in (LENGTH, CONTEXT) else "stop", ep.stop_ids, ep.sampling.stop_strings)
+            batch.done[(i - batch.first, j)] = completion_of(self.gen.tokenizer, req)
 
     def finished_upto(self) -> int:
         """The step after the last of the leading finished batches (the batches that can be taken, in order)."""

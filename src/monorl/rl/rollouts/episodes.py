@@ -1,6 +1,6 @@
 """Multi-turn rollouts: a step's prompts played as episodes of an `AgentTask`, token in / token out.
 
-Every episode runs on the generator's request-level engine (`generate.episodes.EpisodeEngine`): its first turn
+Every episode runs on the generator's request-level engine (`generate.engine.Engine`): its first turn
 decodes from the rendered prompt; when a turn ends (end-of-turn token, a `</tool_call>` close, the turn budget) the
 episode pauses holding its KV, its environment answers in a worker thread (`agent.executor.AgentExecutor`: a slow
 tool stalls only its own episode, the others keep decoding), and the answer's tokens (`ChatRenderer.delta_ids`:
@@ -25,8 +25,9 @@ from monorl.agent.metrics import EpisodeRecord
 from monorl.agent.render import ChatRenderer
 from monorl.agent.task import AgentTask, safe_score_episodes
 from monorl.distributed.world import SINGLE, World
-from monorl.generate.engine import Generator
-from monorl.generate.episodes import ContextOverflowError, EpisodeEngine, TurnEvent
+from monorl.generate.engine import Engine
+from monorl.generate.generator import Generator
+from monorl.generate.requests import ContextOverflowError, TurnEvent
 from monorl.generate.sampling import SamplingParams
 from monorl.generate.tensor_parallel import gathered_once, generation_world
 from monorl.rl.rollouts.rollout import Rollout, drain_updates
@@ -67,7 +68,7 @@ class EpisodeRunner:
         self.gen, self.tokenizer, self.task = generator, tokenizer, task
         self.renderer = ChatRenderer(tokenizer)
         self.max_len = max_len
-        self.engine: EpisodeEngine | None = None  # built at first use (it needs the generator's KV cache)
+        self.engine: Engine | None = None  # built at first use (it needs the generator's KV cache)
         self.executor = AgentExecutor(max_workers=max_workers)
         eot = tokenizer.encode(self.renderer.end_of_turn)
         self.end_of_turn = tuple(eot)
@@ -84,9 +85,8 @@ class EpisodeRunner:
         episodes are in flight; it may load new weights into the generator (an in-flight update: the episodes go
         on with them, keeping their KV cache)."""
         if self.engine is None:
-            self.engine = EpisodeEngine(self.gen, max_episode_tokens=self.max_len)
+            self.engine = Engine(self.gen, max_tokens=self.max_len)
         engine, budget = self.engine, sampling.max_new_tokens
-        engine.policy_version = self.gen.policy_version
         stop_ids = tuple(dict.fromkeys((*sampling.stop_token_ids, *self.end_of_turn[-1:])))
         live: dict[tuple[int, int], _Live] = {}
         for i, p in enumerate(prompts):
@@ -103,10 +103,9 @@ class EpisodeRunner:
                     self._answer(key, lv, turn, sampling, stop_ids, budget)
             if engine.has_work():
                 for ev in engine.step():
-                    self._turn_ended(live[ev.episode_id], ev, budget)
+                    self._turn_ended(live[ev.request_id], ev, budget)
                 if between_steps is not None:
                     between_steps()
-                    engine.policy_version = self.gen.policy_version
             else:
                 waiting = [lv.waiting for lv in live.values() if lv.waiting is not None]
                 if waiting:
@@ -164,7 +163,7 @@ class EpisodeRunner:
                                      skip_special_tokens=True)
         if ev.reason == "context" or (ev.reason == "length" and used >= budget):
             lv.cut_text = text
-            self._cut(ev.episode_id, lv, "length")  # cut mid-turn: nothing to answer
+            self._cut(ev.request_id, lv, "length")  # cut mid-turn: nothing to answer
             return
         lv.waiting = self.executor.submit(lv.env.respond, text)
 
@@ -175,7 +174,7 @@ class EpisodeRunner:
         self._finish(key, lv)
 
     def _finish(self, key: tuple[int, int], lv: _Live) -> None:
-        if self.engine is not None and key in self.engine.episodes:
+        if self.engine is not None and key in self.engine.requests:
             self.engine.finish(key)
         lv.env.finish()
         if not lv.tokens:  # the environment failed or ended before any turn: an empty episode

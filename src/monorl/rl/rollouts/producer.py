@@ -20,7 +20,7 @@ from monorl.agent.metrics import EpisodeRecord, episode_metrics
 from monorl.agent.task import AgentTask
 from monorl.assembly import RunSpec, rollout_sampling, validation_sampling
 from monorl.distributed.world import World
-from monorl.generate.engine import Generator
+from monorl.generate.generator import Generator
 from monorl.generate.sampling import SamplingParams
 from monorl.rl.rollouts.dynamic_sampling import SampledBatch, fill_batch, sampling_metric
 from monorl.rl.rollouts.episodes import EpisodeRunner, generate_episodes

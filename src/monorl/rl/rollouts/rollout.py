@@ -11,7 +11,8 @@ from typing import Any
 import torch
 
 from monorl.distributed.world import SINGLE, World
-from monorl.generate.engine import Completion, Generator
+from monorl.generate.generator import Generator
+from monorl.generate.requests import Completion
 from monorl.generate.sampling import SamplingParams
 from monorl.generate.tensor_parallel import gathered_once, generation_world
 from monorl.rl.advantages import compute_advantages

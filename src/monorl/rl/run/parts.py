@@ -24,7 +24,7 @@ from monorl.distributed.fsdp import shard_model_
 from monorl.distributed.world import World, check_world, init_world
 from monorl.fsutil import json_safe
 from monorl.generate.build import build_generator, generator_group
-from monorl.generate.engine import Generator
+from monorl.generate.generator import Generator
 from monorl.model.attention import resolve_backend
 from monorl.model.batch_invariant import make_batch_invariant_
 from monorl.model.lora import apply_lora_

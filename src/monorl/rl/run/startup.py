@@ -24,7 +24,7 @@ from monorl.assembly import RunSpec
 from monorl.compile import is_compiled
 from monorl.compile_auto import mark_compiled, run_aten_key, run_compile_key, run_kernels_key
 from monorl.distributed.world import World
-from monorl.generate.engine import Generator
+from monorl.generate.generator import Generator
 from monorl.generate.sampling import SamplingParams
 from monorl.model.batch_invariant import is_batch_invariant
 from monorl.ops import HAS_TRITON
@@ -223,7 +223,7 @@ class Startup:
         slack. Less than a step's rollouts need is an error; less than the full need, a warning. A generator rank
         of a disaggregated run (no trainer) sets nothing aside for training."""
         cfg, plan = self.cfg, spec.plan
-        if generator is None or generator.kv is not None:
+        if generator is None or generator.cache is not None:
             return
         if cfg.generator.kv_cache_bytes is not None or self.device.type != "cuda" or plan is None:
             generator.allocate_kv_cache()
@@ -260,7 +260,7 @@ class Startup:
                 spec.max_len)
         generator.allocate_kv_cache(min(need, room))
         kv_row = plan.row("KV cache")
-        allocated = generator.kv.kv.numel() * generator.kv.kv.element_size()
+        allocated = generator.cache.kv.numel() * generator.cache.kv.element_size()
         if allocated != kv_row.bytes:  # the plan then shows what was allocated
             kv_row.note += " (capped by free memory)" if allocated < kv_row.bytes else " (sized to free memory)"
             kv_row.bytes = allocated

@@ -1,0 +1,246 @@
+"""The engine's cache: what a sequence keeps per layer kind between its forwards, as a small interface.
+
+A *layer cache kind* (`LayerCache`) is one kind of per-layer state over a set of the model's layers: it says what it
+holds per token and per sequence (the memory plan and the generator's default budget ask it: `kv_cache_bytes_needed`),
+allocates its storage for a pool of blocks, hands each of its layers the tensor that layer's attention context reads
+and writes (`layers`), and copies blocks. `Cache` puts the kinds of a model over one pool of fixed-size blocks
+(`BlockPool`: a free list and refcounts) and owns every per-sequence operation the engine does: allocate / extend /
+trim / free a sequence's state (`SequenceState`: its block table and how many positions hold state), share a prefix
+(a group's prompt blocks, refcounted) and copy a partial block. The engine (`monorl.generate.engine`) sees only
+`Cache` and `SequenceState`; a kind is chosen per layer by `cache_kinds`, so a new kind is a new class there, not a
+branch in the engine.
+
+The first kind, `PagedKV` (full attention): `kv[layer, 0 | 1, block, slot_in_block, kv_head, head_dim]` (0 = keys,
+1 = values). Token p of a sequence lives at `table[p // block_size]`, slot `p % block_size`. The n samples of one
+prompt share the prompt's full blocks (refcounted); the partial last block is copied per sample. Block 0 is never
+handed out: padded rows of a CUDA-graph batch write their (ignored) keys there.
+
+How the next kinds plug in (not implemented; each is a class beside `PagedKV`, listed by `cache_kinds` for its
+layers, and its layers' attention context reads its tensor):
+
+- **Sliding window** (a layer attending its last W keys): a paged kind over the same pool whose blocks older than
+  W tokens are recycled: `bytes_per_block` as `PagedKV`'s for its layers, the engine's reservation asking each kind
+  how many blocks a sequence holds at a length (at most `blocks_for(W) + 1` for a window), and `Cache.trim` after
+  each step handing back the blocks that fell out of the window (their table entries set to 0, the scratch block,
+  which the window's kernel never reads).
+- **Linear attention / Gated DeltaNet** (a per-sequence recurrent state and a short convolution state, no per-token
+  keys): `bytes_per_block` 0, `bytes_per_sequence` the states' size; storage is one state row per decode slot plus
+  one per paused sequence, indexed by a row id kept in `SequenceState` (a field the kind adds); sharing a prompt
+  copies the state row after the prompt (a prefix is not shareable mid-way), and a preempted sequence recomputes
+  it, as paged KV is recomputed.
+- **Image embeddings** (a request's vision encoder output, computed once per request): `bytes_per_sequence` the
+  embeddings of its images, held from admission to the request's end, not per layer; the prefill reads them where
+  the prompt has image placeholder tokens.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import torch
+from torch import Tensor
+
+from monorl.model.config import ModelConfig
+
+
+def blocks_for(num_tokens: int, block_size: int) -> int:
+    return -(-num_tokens // block_size)
+
+
+class LayerCache(Protocol):
+    """One kind of per-layer state over some of the model's layers (the module docstring)."""
+
+    layer_ids: list[int]  # the model layers of this kind
+
+    def bytes_per_block(self, block_size: int, dtype: torch.dtype) -> int:
+        """Bytes one block of `block_size` tokens of one sequence costs over all this kind's layers."""
+        ...
+
+    def bytes_per_sequence(self, dtype: torch.dtype) -> int:
+        """Bytes a sequence costs whatever its length (a recurrent state; 0 for paged KV)."""
+        ...
+
+    def allocate(self, num_blocks: int, block_size: int, device: torch.device, dtype: torch.dtype) -> None:
+        """Allocate this kind's storage for `num_blocks` blocks."""
+        ...
+
+    def layer_state(self, layer: int) -> Tensor:
+        """What layer `layer`'s attention context is handed as `cache`."""
+        ...
+
+    def copy_blocks(self, src: Tensor, dst: Tensor) -> None:
+        """Copy blocks src[i] -> dst[i] of every layer of this kind."""
+        ...
+
+
+class PagedKV:
+    """Paged full-attention keys and values: the first `LayerCache` kind."""
+
+    def __init__(self, cfg: ModelConfig, layer_ids: list[int]) -> None:
+        self.cfg, self.layer_ids = cfg, layer_ids
+        self.kv: Tensor | None = None
+
+    def bytes_per_block(self, block_size: int, dtype: torch.dtype) -> int:
+        elem = torch.empty((), dtype=dtype).element_size()
+        return len(self.layer_ids) * 2 * block_size * self.cfg.num_kv_heads * self.cfg.head_dim * elem
+
+    def bytes_per_sequence(self, dtype: torch.dtype) -> int:
+        return 0
+
+    def allocate(self, num_blocks: int, block_size: int, device: torch.device, dtype: torch.dtype) -> None:
+        cfg = self.cfg
+        self.kv = torch.zeros(len(self.layer_ids), 2, num_blocks, block_size, cfg.num_kv_heads, cfg.head_dim,
+                              device=device, dtype=dtype)
+
+    def layer_state(self, layer: int) -> Tensor:
+        # one view per layer, [2, blocks, block_size, kv_heads, head_dim]: a single tensor (not a k/v pair of views
+        # into one storage), so a compiled block sees one mutated input and updates it in place
+        assert self.kv is not None
+        return self.kv[self.layer_ids.index(layer)]
+
+    def copy_blocks(self, src: Tensor, dst: Tensor) -> None:
+        assert self.kv is not None
+        self.kv[:, :, dst] = self.kv[:, :, src]
+
+
+def cache_kinds(cfg: ModelConfig) -> list[LayerCache]:
+    """The cache kinds of a model's layers: today every layer is full attention (`PagedKV`)."""
+    return [PagedKV(cfg, list(range(cfg.num_layers)))]
+
+
+def bytes_per_block(cfg: ModelConfig, block_size: int, dtype: torch.dtype) -> int:
+    """What one block of one sequence costs over every layer kind of `cfg`."""
+    return sum(k.bytes_per_block(block_size, dtype) for k in cache_kinds(cfg))
+
+
+def kv_cache_bytes_needed(cfg: ModelConfig, max_num_seqs: int, max_model_len: int, block_size: int,
+                          dtype: torch.dtype) -> int:
+    """What `max_num_seqs` sequences of `max_model_len` tokens need, plus the scratch block (the generator's
+    default budget, and the memory plan's KV row): each kind's per-block and per-sequence bytes."""
+    blocks = max_num_seqs * blocks_for(max_model_len, block_size) + 1
+    return sum(blocks * k.bytes_per_block(block_size, dtype) + max_num_seqs * k.bytes_per_sequence(dtype)
+               for k in cache_kinds(cfg))
+
+
+@dataclass
+class SequenceState:
+    """A sequence's cache state: its blocks (positions p at `table[p // block_size]`) and how many of its positions
+    hold state computed for it (`cached`)."""
+
+    table: list[int] = field(default_factory=list)
+    cached: int = 0
+
+
+class BlockPool:
+    """Free list + refcounts. Allocation is all-or-nothing so callers can check `can_allocate` first."""
+
+    def __init__(self, num_blocks: int) -> None:
+        self.num_blocks = num_blocks
+        self.free: deque[int] = deque(range(1, num_blocks))  # block 0 is the scratch block
+        self.refs = [0] * num_blocks
+
+    @property
+    def usable_blocks(self) -> int:
+        return self.num_blocks - 1
+
+    def num_free(self) -> int:
+        return len(self.free)
+
+    def can_allocate(self, n: int) -> bool:
+        return n <= len(self.free)
+
+    def allocate(self, n: int) -> list[int]:
+        if n > len(self.free):
+            raise RuntimeError(f"out of KV blocks: need {n}, have {len(self.free)}")
+        out = [self.free.popleft() for _ in range(n)]
+        for b in out:
+            self.refs[b] = 1
+        return out
+
+    def incref(self, blocks: list[int]) -> None:
+        for b in blocks:
+            self.refs[b] += 1
+
+    def release(self, blocks: list[int]) -> None:
+        for b in blocks:
+            self.refs[b] -= 1
+            if self.refs[b] == 0:
+                self.free.append(b)
+            elif self.refs[b] < 0:
+                raise RuntimeError(f"block {b} released more often than referenced")
+
+
+class Cache:
+    """A model's cache kinds over one pool of `num_blocks` blocks of `block_size` tokens: every per-sequence
+    operation of the engine."""
+
+    def __init__(self, cfg: ModelConfig, num_blocks: int, block_size: int, device: torch.device,
+                 dtype: torch.dtype) -> None:
+        if num_blocks < 2:
+            raise ValueError(f"KV cache budget too small: {num_blocks} blocks (need >= 2)")
+        self.block_size, self.num_blocks, self.device, self.dtype = block_size, num_blocks, device, dtype
+        self.kinds = cache_kinds(cfg)
+        for kind in self.kinds:
+            kind.allocate(num_blocks, block_size, device, dtype)
+        by_layer = {i: kind for kind in self.kinds for i in kind.layer_ids}
+        self.layers = [by_layer[i].layer_state(i) for i in range(cfg.num_layers)]  # what the model is handed
+        self.blocks = BlockPool(num_blocks)
+
+    @property
+    def kv(self) -> Tensor:
+        """The paged full-attention kind's tensor (tests and the memory plan read it)."""
+        paged = next(k for k in self.kinds if isinstance(k, PagedKV))
+        assert paged.kv is not None
+        return paged.kv
+
+    def blocks_needed(self, positions: int) -> int:
+        """Blocks a sequence whose state covers `positions` positions holds."""
+        return blocks_for(positions, self.block_size)
+
+    def can_extend(self, n_blocks: int) -> bool:
+        return self.blocks.can_allocate(n_blocks)
+
+    def extend(self, state: SequenceState, n_blocks: int) -> list[int]:
+        """Give a sequence `n_blocks` more blocks (at the end of its table); returns them."""
+        new = self.blocks.allocate(n_blocks)
+        state.table += new
+        return new
+
+    def share(self, state: SequenceState, blocks: list[int]) -> None:
+        """Start a sequence's table with a prefix others hold (a group's prompt blocks: refcounted)."""
+        assert not state.table
+        self.blocks.incref(blocks)
+        state.table = list(blocks)
+
+    def trim(self, state: SequenceState, positions: int) -> None:
+        """Hand back the blocks past those `positions` positions use."""
+        keep = self.blocks_needed(positions)
+        self.blocks.release(state.table[keep:])
+        del state.table[keep:]
+
+    def free(self, state: SequenceState) -> None:
+        if state.table:
+            self.blocks.release(state.table)
+        state.table, state.cached = [], 0
+
+    def copy_blocks(self, pairs: list[tuple[int, int]]) -> None:
+        """Copy partial blocks (src, dst) in every kind: a sample's own copy of its group's last prompt block."""
+        if pairs:
+            src = torch.tensor([p[0] for p in pairs], device=self.device)
+            dst = torch.tensor([p[1] for p in pairs], device=self.device)
+            for kind in self.kinds:
+                kind.copy_blocks(src, dst)
+
+
+def slot_mapping(table: list[int], start: int, end: int, block_size: int) -> list[int]:
+    """Flat cache slots (block * block_size + offset) of positions start..end-1."""
+    return [table[p // block_size] * block_size + p % block_size for p in range(start, end)]
+
+
+def table_tensor(tables: list[list[int]], width: int, device: torch.device) -> Tensor:
+    out = torch.zeros(len(tables), width, dtype=torch.int32)
+    for i, t in enumerate(tables):
+        out[i, :len(t)] = torch.tensor(t, dtype=torch.int32)
+    return out.to(device)

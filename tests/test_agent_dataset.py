@@ -223,7 +223,7 @@ def test_an_episode_that_overflows_is_cut_with_one_warning_naming_it_once(tmp_pa
     from monorl.generate import Generator, GeneratorConfig
     from monorl.generate.sampling import SamplingParams
     from monorl.model.config import model_shape
-    from monorl.model.qwen3 import build_model
+    from monorl.model.decoder import build_model
     from monorl.model.tokenizer import CharTokenizer
     from monorl.rl.episodes import EpisodeRunner
 

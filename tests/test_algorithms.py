@@ -344,7 +344,7 @@ def test_advantage_config_key_and_group_size_rule():
 @pytest.mark.parametrize("kind", ["gspo", "cispo"])
 def test_trainer_accumulation_is_exact(kind):
     from monorl.model.config import model_shape
-    from monorl.model.qwen3 import build_model
+    from monorl.model.decoder import build_model
     from monorl.train.trainer import Trainer, TrainerConfig
     from tests.test_trainer import _seqs
 

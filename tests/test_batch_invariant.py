@@ -14,8 +14,8 @@ from monorl.generate.sampling import SamplingParams
 from monorl.model.attention import VarlenContext
 from monorl.model.batch_invariant import is_batch_invariant, make_batch_invariant_
 from monorl.model.config import model_shape
+from monorl.model.decoder import build_model
 from monorl.model.logprobs import token_logprobs
-from monorl.model.qwen3 import build_model
 from monorl.ops import attention_invariant, logprob_invariant, matmul_invariant, rmsnorm_invariant
 from monorl.train.packing import TrainSequence, make_micro_batches
 from monorl.train.trainer import Trainer, TrainerConfig

@@ -16,7 +16,7 @@ from monorl.generate.engine import Generator, GeneratorConfig
 from monorl.generate.sampling import SamplingParams
 from monorl.model.batch_invariant import make_batch_invariant_
 from monorl.model.config import model_shape
-from monorl.model.qwen3 import build_model
+from monorl.model.decoder import build_model
 from monorl.ops import matmul_invariant
 from monorl.ops.tunables import chip_of, tuned
 from monorl.train.packing import TrainSequence, make_micro_batches

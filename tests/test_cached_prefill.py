@@ -16,7 +16,7 @@ from monorl.generate.episodes import EpisodeEngine
 from monorl.generate.kv_cache import blocks_for, slot_mapping
 from monorl.model.batch_invariant import make_batch_invariant_
 from monorl.model.config import model_shape
-from monorl.model.qwen3 import build_model
+from monorl.model.decoder import build_model
 from monorl.train.packing import bucket_size
 from tests.test_episodes import generator
 

@@ -11,9 +11,9 @@ import torch
 import monorl.rl.loop as loop
 from monorl.cli import main
 from monorl.cliargs import run_config
-from monorl.model.checkpoint import save_checkpoint
 from monorl.model.config import model_shape
-from monorl.model.qwen3 import build_model
+from monorl.model.decoder import build_model
+from monorl.model.hf_checkpoint import save_checkpoint
 from monorl.model.source import load_policy
 from monorl.model.tokenizer import CharTokenizer
 from monorl.rl.loop import GRPORun

@@ -10,7 +10,7 @@ import torch
 from monorl.cliargs import run_config
 from monorl.config import PRESETS, RolloutSection, preset
 from monorl.model.config import model_shape
-from monorl.model.qwen3 import build_model
+from monorl.model.decoder import build_model
 from monorl.rl.dynamic_sampling import fill_batch, has_signal, round_size, sampling_metric
 from monorl.rl.loop import GRPORun
 from monorl.rl.rollouts import OVERLONG, Rollout, add_overlong_penalty

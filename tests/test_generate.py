@@ -6,14 +6,14 @@ from __future__ import annotations
 import pytest
 import torch
 
+from monorl.distributed.weight_sync import weight_pairs
 from monorl.generate import Generator, GeneratorConfig, SamplingParams
 from monorl.generate.runner import static_prefill_pack
 from monorl.generate.sampling import gumbel_noise, sample, sequence_key
 from monorl.model.attention import VarlenContext
-from monorl.model.checkpoint import load_checkpoint
+from monorl.model.hf_checkpoint import load_checkpoint
 from monorl.model.logprobs import token_logprobs
 from monorl.model.tokenizer import eos_ids
-from monorl.model.weight_sync import weight_pairs
 from monorl.train.packing import bucket_size
 
 PROMPT_LENS = [3, 17, 9, 33, 1]

@@ -15,10 +15,10 @@ import numpy as np
 import pytest
 import torch
 
-from monorl.model.checkpoint import CheckpointError, load_checkpoint, load_config, save_checkpoint
 from monorl.model.config import model_shape
-from monorl.model.qwen3 import build_model
-from monorl.model.tokenizer import TokenizerError, load_tokenizer
+from monorl.model.decoder import build_model
+from monorl.model.hf_checkpoint import CheckpointError, load_checkpoint, load_config, load_tokenizer, save_checkpoint
+from monorl.model.tokenizer import TokenizerError
 
 gguf = pytest.importorskip("gguf")
 transformers = pytest.importorskip("transformers")

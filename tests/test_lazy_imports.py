@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from monorl.model.config import model_shape
-from monorl.model.qwen3 import build_model
+from monorl.model.decoder import build_model
 from monorl.train.optim import AdamW
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -51,7 +51,7 @@ def test_a_custom_op_is_disabled_for_dynamo_once_dynamo_is_imported(tmp_path):
     got = _python("""
 import json, sys
 import torch
-from monorl.model.qwen3 import rope_cos_sin
+from monorl.model.decoder import rope_cos_sin
 inner = rope_cos_sin._backend_fns[None].__wrapped__
 pos = torch.arange(5)
 before = rope_cos_sin(pos, 8, 1e4, torch.float32)

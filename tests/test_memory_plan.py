@@ -16,8 +16,8 @@ from monorl.cliargs import run_config
 from monorl.config import preset
 from monorl.model.attention import VarlenContext
 from monorl.model.config import ModelConfig, model_shape
+from monorl.model.decoder import build_model
 from monorl.model.lora import LoRAConfig, apply_lora_
-from monorl.model.qwen3 import build_model
 from monorl.plan import GiB, advise, plan_memory
 from monorl.plan_activations import ACTIVATION_COEFFS
 from monorl.plan_params import lora_param_count

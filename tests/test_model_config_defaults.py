@@ -16,9 +16,9 @@ from typing import Any
 
 import pytest
 
-from monorl.model.checkpoint import load_checkpoint
 from monorl.model.config import HF_QWEN3_DEFAULTS, ModelConfig, model_shape
 from monorl.model.families import FAMILIES
+from monorl.model.hf_checkpoint import load_checkpoint
 from tests.conftest import HF_FAMILY_CLASSES
 
 transformers = pytest.importorskip("transformers")

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from monorl.model.attention import VarlenContext
-from monorl.model.checkpoint import load_checkpoint
+from monorl.model.hf_checkpoint import load_checkpoint
 
 
 def our_logits(model: torch.nn.Module, seqs: list[torch.Tensor]) -> torch.Tensor:

@@ -8,13 +8,13 @@ from __future__ import annotations
 import pytest
 import torch
 
+from monorl.distributed.weight_sync import sync_weights_
 from monorl.generate import Generator, GeneratorConfig, SamplingParams
 from monorl.model.attention import VarlenContext
 from monorl.model.batch_invariant import make_batch_invariant_
 from monorl.model.config import model_shape
+from monorl.model.decoder import build_model
 from monorl.model.moe_routing import RouterTap, compare_routing, routing_mismatch
-from monorl.model.qwen3 import build_model
-from monorl.model.weight_sync import sync_weights_
 from monorl.train.packing import TrainSequence
 from tests.test_families import prompts_of, scaled_model, trainer_logprobs
 

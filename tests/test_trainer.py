@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from monorl.model.config import model_shape
-from monorl.model.qwen3 import build_model
+from monorl.model.decoder import build_model
 from monorl.train.losses import LossConfig
 from monorl.train.optim import AdamW, lr_factor
 from monorl.train.packing import TrainSequence

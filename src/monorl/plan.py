@@ -244,7 +244,7 @@ def largest_prefill(cfg: RunConfig, max_prompt_tokens: int, groups: int) -> int:
 
 def _weight_sync_row(m: ModelConfig, counts: dict[str, int], ranks: int, tp: int, lora: bool, compute: str,
                      gen_bytes: int) -> MemoryRow:
-    """What a colocated FSDP run's weight sync (`monorl.model.weight_sync`) holds beyond both copies, between the
+    """What a colocated FSDP run's weight sync (`monorl.distributed.weight_sync`) holds beyond both copies, between the
     trainer's step and the next generation: a bucket of the all-gathered shards and its 1/N sent; with LoRA one FSDP
     unit gathered at a time, the largest the root (embedding and LM head), and a projection's merged fp32 weight;
     with tensor-parallel generation, the embedding (and LM head) gathered whole."""

@@ -12,5 +12,5 @@
     rollout_transfer.py  disaggregated: each generator's scored groups to every trainer
 
 Where the rest of monorl meets it: the trainer trains its share of the step (`train/trainer.py`), rollouts
-generate theirs (`rl/rollouts.py`), the weight sync all-gathers the shards in buckets (`model/weight_sync.py`).
+generate theirs (`rl/rollouts.py`), the weight sync all-gathers the shards in buckets (`distributed/weight_sync.py`).
 """

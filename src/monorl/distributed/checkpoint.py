@@ -35,7 +35,7 @@ from torch import nn
 
 from monorl.distributed.world import World
 from monorl.fsutil import json_safe, remove_leftovers, write_dir_atomic, write_text_atomic
-from monorl.model.checkpoint import CheckpointError, write_checkpoint_files
+from monorl.model.hf_checkpoint import CheckpointError, write_checkpoint_files
 from monorl.rl import checkpointing as ck
 from monorl.train.trainer import Trainer
 

@@ -46,9 +46,7 @@ from torch import Tensor, nn
 
 from monorl.distributed.fsdp import fsdp_units, gathered_dtype, is_sharded, shard_rows, unsharded
 from monorl.distributed.placement import Placement
-from monorl.distributed.world import collective_device
-from monorl.model.lora import LoRALinear
-from monorl.model.weight_sync import (
+from monorl.distributed.weight_sync import (
     Source,
     destination_lora,
     destination_views,
@@ -56,6 +54,8 @@ from monorl.model.weight_sync import (
     sources,
     strip_compile_prefix,
 )
+from monorl.distributed.world import collective_device
+from monorl.model.lora import LoRALinear
 
 ALIGN = 16  # bytes: each piece starts aligned, so a byte slice can be viewed as any dtype
 _LAYER = re.compile(r"(model\.layers\.\d+)\.")

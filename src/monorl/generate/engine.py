@@ -1,6 +1,6 @@
 """`Generator`: prompts (token ids) -> n sampled completions each, with per-token log-probs.
 
-Runs the one `Qwen3ForCausalLM` through the generator's attention contexts: a paged KV cache, prefix
+Runs the one `DecoderForCausalLM` through the generator's attention contexts: a paged KV cache, prefix
 sharing across the n samples of a prompt, continuous batching over `max_num_seqs` decode slots, and
 (on CUDA) a decode step replayed from a CUDA graph per batch-size bucket, with sampling and the
 log-prob inside the graph.
@@ -20,6 +20,7 @@ import torch
 from torch import nn
 
 from monorl.compile import CompileConfig, compile_generator
+from monorl.distributed.weight_sync import share_frozen_, sync_weights_
 from monorl.generate.attention import paged_decode_splits, triton_decode_supported
 from monorl.generate.kv_cache import (
     BlockManager,
@@ -35,11 +36,10 @@ from monorl.generate.sampling import SamplingParams, sample, sequence_key
 from monorl.generate.scheduler import Group, Scheduler, Sequence
 from monorl.generate.tensor_parallel import NO_TP, TensorParallel, build_tensor_parallel_model, shard_config
 from monorl.model.batch_invariant import is_batch_invariant
+from monorl.model.decoder import DecoderForCausalLM, build_model
 from monorl.model.fused_kernels import use_fused_kernels_
 from monorl.model.lora import LoRAConfig, apply_lora_
-from monorl.model.qwen3 import Qwen3ForCausalLM, build_model
 from monorl.model.tokenizer import eos_ids
-from monorl.model.weight_sync import share_frozen_, sync_weights_
 
 _CPU_DEFAULT_KV_BYTES = 256 << 20
 
@@ -81,7 +81,7 @@ class Generator:
     # tokens before the next is queued (a test compares the two)
     defer_ring_reads = True
 
-    def __init__(self, model: Qwen3ForCausalLM, config: GeneratorConfig | None = None, tokenizer=None,
+    def __init__(self, model: DecoderForCausalLM, config: GeneratorConfig | None = None, tokenizer=None,
                  eos_token_ids: tuple[int, ...] | list[int] | None = None, compile: CompileConfig | None = None,
                  fused: bool = True, allocate_kv: bool = True, lora: LoRAConfig | None = None,
                  tp: TensorParallel = NO_TP) -> None:
@@ -226,7 +226,7 @@ class Generator:
     # ---- weights -----------------------------------------------------------------------------------
     def load_weights_(self, src: nn.Module) -> None:
         """Copy src's parameters (HF names, e.g. the trainer's fp32 masters) into the generator's copy, in
-        place: captured CUDA graphs stay valid (`monorl.model.weight_sync`)."""
+        place: captured CUDA graphs stay valid (`monorl.distributed.weight_sync`)."""
         sync_weights_(self.model, src)
 
     # ---- generate ----------------------------------------------------------------------------------

@@ -1,5 +1,5 @@
 """The model families monorl runs, keyed by a checkpoint's `model_type`: what each states that differs from the
-shared decoder (`monorl.model.qwen3.Qwen3ForCausalLM`, parameterised by `ModelConfig`).
+shared decoder (`monorl.model.decoder.DecoderForCausalLM`, parameterised by `ModelConfig`).
 
 Every family is a Llama-shaped decoder: RMSNorm, rotate-half RoPE, GQA attention, a SiLU-gated MLP (Qwen3-MoE: a
 sparse mixture of such MLPs in its sparse layers, `monorl.model.moe`). They differ in a per-head q/k RMSNorm (Qwen3,

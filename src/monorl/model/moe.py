@@ -32,7 +32,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from monorl.model.config import ModelConfig
-from monorl.model.qwen3 import Linear
+from monorl.model.layers import Linear
 from monorl.ops import matmul_invariant
 from monorl.ops.tree_sum import tree_sum
 

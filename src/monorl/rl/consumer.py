@@ -14,9 +14,9 @@ from typing import Any
 import torch
 
 from monorl.config import RunConfig
+from monorl.distributed.weight_sync import sync_weights_
 from monorl.generate.engine import Generator
 from monorl.model.moe_routing import generator_trainer_routing
-from monorl.model.weight_sync import sync_weights_
 from monorl.rl.producer import RolloutBatch
 from monorl.rl.rollouts import assign_advantages
 from monorl.train.trainer import Trainer

@@ -38,10 +38,10 @@ from monorl.compile import is_compiled
 from monorl.distributed.fsdp import is_sharded
 from monorl.distributed.world import SINGLE, World
 from monorl.model.batch_invariant import is_batch_invariant
+from monorl.model.decoder import DecoderForCausalLM
 from monorl.model.logprobs import chunked_token_logprobs, chunked_token_logprobs_entropy
 from monorl.model.moe import grouped_mm_serves
 from monorl.model.moe_routing import RouterTap, load_balancing_loss
-from monorl.model.qwen3 import Qwen3ForCausalLM
 from monorl.train.graphs import TrainGraphs
 from monorl.train.losses import LossConfig, LossNorm, loss_metric_names, policy_loss
 from monorl.train.optim import SCHEDULES, Schedule, clip_and_step, launch_update_kernels, lr_factor, make_optimizer
@@ -110,8 +110,8 @@ _MAX_SLOTS = 3
 
 
 class Trainer:
-    def __init__(self, model: Qwen3ForCausalLM, cfg: TrainerConfig, total_steps: int, attn_backend: str = "sdpa",
-                 ref_model: Qwen3ForCausalLM | None = None, cuda_graphs: bool = False,
+    def __init__(self, model: DecoderForCausalLM, cfg: TrainerConfig, total_steps: int, attn_backend: str = "sdpa",
+                 ref_model: DecoderForCausalLM | None = None, cuda_graphs: bool = False,
                  static_shapes: bool | None = None, max_graph_tokens: int | None = None,
                  world: World = SINGLE) -> None:
         """cuda_graphs: replay each micro-batch from a graph captured per pack shape (CUDA with the flash
@@ -168,7 +168,7 @@ class Trainer:
             return contextlib.nullcontext()
         return torch.autocast(self.device.type, dtype=self.autocast_dtype)
 
-    def response_logprobs(self, model: Qwen3ForCausalLM, mb: MicroBatch, temperature: float) -> Tensor:
+    def response_logprobs(self, model: DecoderForCausalLM, mb: MicroBatch, temperature: float) -> Tensor:
         """Log-probs of the completion tokens of one micro-batch, [N] fp32."""
         with self._autocast():
             hidden = model(mb.input_ids, mb.ctx.positions, mb.ctx)
@@ -511,7 +511,7 @@ class Trainer:
         if self.ref_model is None:
             return
         if is_sharded(self.model):  # the reference is a full copy on every rank: gather into it
-            from monorl.model.weight_sync import sync_weights_
+            from monorl.distributed.weight_sync import sync_weights_
 
             sync_weights_(self.ref_model, self.model)
         else:

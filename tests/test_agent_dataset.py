@@ -13,7 +13,8 @@ import torch
 from monorl.agent import format_tool_call
 from monorl.agent.dataset_env import AgentDatasetTask
 from monorl.agent.task import safe_score_episodes
-from monorl.tasks import Prompt, TaskError, load_task
+from monorl.task_registry import load_task
+from monorl.tasks import Prompt, TaskError
 
 pytest.importorskip("datasets")
 

@@ -8,7 +8,8 @@ import pytest
 
 from monorl.config import preset
 from monorl.rl.loop import GRPORun
-from monorl.tasks import ArithTask, load_task
+from monorl.task_registry import load_task
+from monorl.tasks import ArithTask
 from monorl.tasks.arith import EXAMPLES
 
 

@@ -251,7 +251,7 @@ def test_presets():
 def test_gsm8k_dataset_preset_grades_with_math_verify():
     pytest.importorskip("datasets")
     pytest.importorskip("math_verify")
-    from monorl.tasks import load_task
+    from monorl.task_registry import load_task
 
     cfg = preset("qwen3_0_6b_gsm8k_dataset")
     args = {**cfg.task.args, "path": str(GSM8K / "train.jsonl"), "test_path": str(GSM8K / "test.jsonl")}

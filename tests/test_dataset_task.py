@@ -10,7 +10,8 @@ import torch
 from monorl.model.tokenizer import CharTokenizer
 from monorl.rl.loop import GRPORun
 from monorl.rl.rollouts import Rollout
-from monorl.tasks import DatasetTask, Prompt, Task, TaskError, load_task
+from monorl.task_registry import load_task
+from monorl.tasks import DatasetTask, Prompt, Task, TaskError
 from monorl.tasks.base import safe_score_batch
 from monorl.tasks.reward_context import RewardContext, RewardFunctionError
 from monorl.tasks.rewards import accuracy

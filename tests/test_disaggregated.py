@@ -30,7 +30,8 @@ from monorl.cli import main
 from monorl.cliargs import run_config
 from monorl.distributed.elastic import DIE_ENV
 from monorl.distributed.placement import PlacementSection
-from monorl.distributed.world import World, check_world
+from monorl.distributed.world import World
+from monorl.distributed.world_fit import check_world
 from monorl.rl.loop import train
 from tests.test_distributed import OVERRIDES, assert_rows_close, assert_weights_close, cli_args, env, run, step_rows
 

@@ -28,7 +28,8 @@ from safetensors.torch import load_file
 
 from monorl.cliargs import run_config
 from monorl.distributed.elastic import DIE_ENV
-from monorl.distributed.world import World, check_world
+from monorl.distributed.world import World
+from monorl.distributed.world_fit import check_world
 from monorl.rl.loop import GRPORun, train
 from tests.test_resume import killed_copy
 

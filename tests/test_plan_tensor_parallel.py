@@ -8,7 +8,8 @@ import pytest
 import torch
 
 from monorl.config import preset
-from monorl.distributed.world import World, check_world
+from monorl.distributed.world import World
+from monorl.distributed.world_fit import check_world
 from monorl.generate.tensor_parallel import TensorParallel, build_tensor_parallel_model
 from monorl.model.config import ModelConfig, model_shape
 from monorl.plan import GiB, advise, auto_checkpointing, plan_memory

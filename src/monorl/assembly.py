@@ -27,7 +27,7 @@ from monorl.generate.sampling import SamplingParams
 from monorl.model.config import ModelConfig
 from monorl.model.source import resolve_model
 from monorl.plan import MemoryPlan, run_memory_plan, with_overrides
-from monorl.tasks import load_task
+from monorl.task_registry import load_task
 from monorl.tasks.base import Prompt, Task
 from monorl.tasks.rewards import OVERLONG
 

@@ -245,10 +245,11 @@ def verb_parser(name: str, argv: list[str]) -> tuple[ArgumentParser, RunConfig |
     base = verb.base(argv)
     p = config_parser(prog, f"{verb.help}. Example: {verb.example}", base, verb.add_args)
     if any(a in ("-h", "--help") for a in argv):  # the chosen task's arguments, with their descriptions
+        from monorl.task_registry import task_object
         from monorl.tasks.arguments import task_args_help
 
         name = flag_value(argv, "--task.name") or base.task.name
-        p.help_appendix = task_args_help(name, base.task.args if name == base.task.name else None)
+        p.help_appendix = task_args_help(name, task_object, base.task.args if name == base.task.name else None)
         if name != base.task.name:  # the base's task args belong to its own task (`parse_config` drops them too)
             p.set_defaults({"task.args": {}})
     return p, base

@@ -107,7 +107,7 @@ def open_generator(cfg: RunConfig) -> Iterator[LoadedGenerator]:
     from monorl.compile import CompileConfig
     from monorl.config import resolve_batch_invariant_
     from monorl.generate.build import build_generator, generator_group
-    from monorl.tasks import load_task
+    from monorl.task_registry import load_task
 
     world = init_world(cfg.device, cfg.distributed.timeout_s, cfg.distributed.backend)
     gen = None

@@ -31,7 +31,8 @@ from monorl.distributed.elastic import die_for_test, restart_count, restart_resu
 from monorl.distributed.fsdp import shard_model_
 from monorl.distributed.placement import Placement
 from monorl.distributed.weight_broadcast import WeightBroadcast
-from monorl.distributed.world import World, check_world, close_world, init_world, quiet_unless_main
+from monorl.distributed.world import World, close_world, init_world, quiet_unless_main
+from monorl.distributed.world_fit import check_world
 from monorl.fsutil import json_safe
 from monorl.generate.build import build_generator, generator_group
 from monorl.generate.engine import Generator

@@ -12,7 +12,8 @@ from typing import Any
 import pytest
 import torch
 
-from monorl.config import RunConfig, preset
+from monorl.config import RunConfig
+from monorl.presets import preset
 from monorl.tasks.base import Prompt, Task
 
 

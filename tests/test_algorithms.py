@@ -7,7 +7,8 @@ import pytest
 import torch
 
 from monorl.cliargs import run_config
-from monorl.config import RolloutSection, RunConfig, preset
+from monorl.config import RolloutSection, RunConfig
+from monorl.presets import preset
 from monorl.rl.advantages import (
     ADVANTAGE_KINDS,
     compute_advantages,

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from monorl.config import preset
+from monorl.presets import preset
 from monorl.rl.loop import GRPORun
 from monorl.task_registry import load_task
 from monorl.tasks import ArithTask

@@ -225,7 +225,7 @@ def test_default_mode_is_not_bitwise(model) -> None:
 
 def test_loop_reports_zero_logprob_diff(tmp_path) -> None:
     """In the RL loop with `batch_invariant: true`, the reported logprob_diff max is 0 every step."""
-    from monorl.config import preset
+    from monorl.presets import preset
     from monorl.rl.loop import GRPORun
 
     cfg = preset("tiny")

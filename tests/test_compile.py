@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from monorl.compile import CompileConfig, compile_counters
-from monorl.config import preset
+from monorl.presets import preset
 from monorl.rl.loop import GRPORun
 
 

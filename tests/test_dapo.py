@@ -8,9 +8,10 @@ import pytest
 import torch
 
 from monorl.cliargs import run_config
-from monorl.config import PRESETS, RolloutSection, preset
+from monorl.config import RolloutSection
 from monorl.model.config import model_shape
 from monorl.model.decoder import build_model
+from monorl.presets import PRESETS, preset
 from monorl.rl.dynamic_sampling import fill_batch, has_signal, round_size, sampling_metric
 from monorl.rl.loop import GRPORun
 from monorl.rl.rollouts import OVERLONG, Rollout, add_overlong_penalty

@@ -239,9 +239,9 @@ def test_rope_op_backward_is_the_rotations_transpose():
 @pytest.mark.parametrize("family", ["llama", "qwen2"])
 def test_parity_verb_on_a_family_checkpoint(tmp_path, family):
     """`monorl parity` (the RL loop's own trainer and generator) on a checkpoint of another family: bitwise."""
-    from monorl.config import preset
     from monorl.model.tokenizer import CharTokenizer
     from monorl.parity import check_parity
+    from monorl.presets import preset
 
     model = build_model(model_shape("tiny").with_family(family), seed=1)
     save_checkpoint(model, tmp_path / "ckpt", tokenizer=CharTokenizer())

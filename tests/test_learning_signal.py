@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from monorl.config import preset
+from monorl.presets import preset
 from monorl.rl.advantages import group_advantages
 from monorl.rl.loop import GRPORun
 from monorl.rl.stopping import NoLearningSignal, check_learning_signal

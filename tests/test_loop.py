@@ -5,10 +5,10 @@ import math
 
 import torch
 
-from monorl.config import preset
 from monorl.generate.engine import Generator, GeneratorConfig
 from monorl.generate.sampling import SamplingParams
 from monorl.model.hf_checkpoint import load_checkpoint
+from monorl.presets import preset
 from monorl.rl.loop import GRPORun
 from tests.conftest import digits_cfg
 

@@ -232,8 +232,8 @@ def test_lora_against_peft(make_hf_checkpoint, load_hf_model, tmp_path):
 
 def test_plan_advises_attention_lora_for_a_moe():
     """The plan's advice must be a run monorl accepts: LoRA on a MoE model adapts the attention only."""
-    from monorl.config import preset
     from monorl.plan import GiB, advise
+    from monorl.presets import preset
 
     cfg = preset("tiny")
     advice = advise(cfg, model_shape("qwen3-30b-a3b"), 56, 141 * GiB)

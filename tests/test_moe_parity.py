@@ -108,8 +108,8 @@ def test_generator_copy_takes_the_trainers_experts():
 def test_parity_verb_reports_routing():
     """`monorl parity` on a random tiny MoE (the RL loop's own generator and trainer): in the mode PASS, routing
     mismatch 0; without it the routing line is reported too."""
-    from monorl.config import preset
     from monorl.parity import check_parity
+    from monorl.presets import preset
 
     cfg = preset("tiny")
     cfg.device, cfg.batch_invariant, cfg.model.shape = "cpu", True, "tiny-moe"

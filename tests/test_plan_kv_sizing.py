@@ -8,7 +8,6 @@ import pytest
 import torch
 
 import monorl.plan as plan_mod
-from monorl.config import preset
 from monorl.model.config import ModelConfig
 from monorl.plan import (
     GiB,
@@ -21,6 +20,7 @@ from monorl.plan import (
     step_kv_need,
 )
 from monorl.plan_report import plan_report
+from monorl.presets import preset
 
 # Qwen3-8B's released config.json (the keys the plan reads)
 QWEN3_8B = ModelConfig.from_hf({

@@ -7,7 +7,6 @@ from __future__ import annotations
 import pytest
 import torch
 
-from monorl.config import preset
 from monorl.distributed.world import World
 from monorl.distributed.world_fit import check_world
 from monorl.generate.tensor_parallel import TensorParallel, build_tensor_parallel_model
@@ -15,6 +14,7 @@ from monorl.model.config import ModelConfig, model_shape
 from monorl.plan import GiB, advise, auto_checkpointing, plan_memory
 from monorl.plan_params import tensor_parallel_copy_params
 from monorl.plan_report import plan_report
+from monorl.presets import preset
 
 
 def _qwen3(hidden: int, intermediate: int, layers: int, heads: int) -> ModelConfig:

@@ -16,11 +16,12 @@ from pathlib import Path
 from jsonargparse import ArgumentError, ArgumentParser, Namespace
 
 from monorl.cliargs import base_config, condense_error, config_file_text, config_parser, flag_value, parse_config
-from monorl.config import PRESETS, RunConfig, config_diff, config_from_dict, format_config_diff
+from monorl.config import RunConfig, config_diff, config_from_dict, format_config_diff
 from monorl.config_paths import with_absolute_paths
 from monorl.console import best_effort
 from monorl.eval.run import checkpoint_base, eval_args, generate_args
 from monorl.parity import cmd_parity, parity_args
+from monorl.presets import PRESETS
 
 
 @dataclass(frozen=True)

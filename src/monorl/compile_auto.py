@@ -1,4 +1,5 @@
-"""`compile.backend auto`: compile only when the run's steps pay for the compile.
+"""`compile.backend auto`: compile only when the run's steps pay for the compile (`auto_backend`; the choice is
+made by `monorl.assembly.resolve_config`, with the other `auto` settings).
 
 On the reference workload (Qwen3-0.6B, 10 steps of 5 x 8 rollouts, one H200, real tokenizer; benchmarks/RESULTS.md,
 2026-11-23, after the generator moved to fused Triton kernels) only the trainer is compiled: the generator's decode
@@ -110,13 +111,3 @@ def run_aten_key(cfg: RunConfig, m: ModelConfig, world_size: int) -> str:
     the models exist, so `run_kernels_key`'s parts but the passes traced (a stale list costs only its misses), and
     torch's version."""
     return compile_key({"kernels": run_kernels_key(cfg, m, world_size, {}), "torch": torch.__version__})
-
-
-def resolve_auto_(cfg: RunConfig, m: ModelConfig, device: torch.device) -> str | None:
-    """Replace compile.backend auto in `cfg` by what `auto_backend` picks (before the memory plan, which depends on
-    it); the line saying why, or None when the backend was not auto."""
-    if cfg.compile.backend != "auto":
-        return None
-    cfg.compile.backend, why = auto_backend(cfg.steps, device, cfg.compile.cache_path, run_compile_key(cfg, m),
-                                            cfg.batch_invariant)
-    return why

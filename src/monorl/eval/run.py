@@ -103,9 +103,8 @@ def open_generator(cfg: RunConfig) -> Iterator[LoadedGenerator]:
     `generator.tensor_parallel_size` N, under `torchrun --nproc_per_node N`, the N ranks form the group that holds
     one copy between them and make the same calls; batch_invariant (auto resolved for the device, as a run does)
     converts the copy. The ranks' process group ends with the block."""
-    from monorl.assembly import resolve_device
+    from monorl.assembly import resolve_batch_invariant_, resolve_device
     from monorl.compile import CompileConfig
-    from monorl.config import resolve_batch_invariant_
     from monorl.generate.build import build_generator, generator_group
     from monorl.task_registry import load_task
 

@@ -15,7 +15,7 @@ from monorl.model.hub import resolve_model_path
 from monorl.model.tokenizer import TOKENIZER_FILE, CharTokenizer
 
 if TYPE_CHECKING:
-    from monorl.config import ModelSection
+    from monorl.model.section import ModelSection
 
 
 def resolve_model(m: ModelSection) -> tuple[ModelConfig, Any, str]:

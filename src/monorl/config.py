@@ -22,7 +22,7 @@ from monorl.rl.advantages import GROUPLESS_ADVANTAGE_KINDS
 from monorl.rl.loggers import LoggingSection
 from monorl.rl.sections import CheckpointSection, RolloutSection, ValidationSection, WarmStartSection
 from monorl.tasks.section import TaskSection
-from monorl.train.trainer import TrainerConfig
+from monorl.train.trainer_config import TrainerConfig
 
 __all__ = ["CheckpointSection", "ModelSection", "RolloutSection", "RunConfig", "TaskSection", "ValidationSection",
            "WarmStartSection", "config_diff", "config_from_dict", "format_config_diff"]

@@ -15,7 +15,7 @@ from monorl.config import (
 )
 from monorl.generate.engine import GeneratorConfig
 from monorl.train.losses import LossConfig
-from monorl.train.trainer import TrainerConfig
+from monorl.train.trainer_config import TrainerConfig
 
 
 def _tiny() -> RunConfig:

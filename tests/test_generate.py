@@ -329,7 +329,7 @@ def test_static_prefill_pack_only_adds_filler(model, lengths):
 
 
 def test_trace_kernels_leaves_the_generator_as_it_was(model):
-    """The pass `monorl.ops.precompile` traces runs on a scratch KV cache and runner: the generator's own cache,
+    """The pass `monorl.speedups.precompile` traces runs on a scratch KV cache and runner: the generator's own cache,
     decode state and results are untouched."""
     prompts = prompts_of([5, 9], model.config.vocab_size)
     sp = SamplingParams(max_new_tokens=6, temperature=0.8, top_p=0.9, seed=1)

@@ -95,7 +95,7 @@ def run_compile_key(cfg: RunConfig, m: ModelConfig) -> str:
 
 
 def run_kernels_key(cfg: RunConfig, m: ModelConfig, world_size: int, traced: dict[str, bool]) -> str:
-    """`compile_key` of the Triton specialisations a run's warm-ups launch (`monorl.ops.precompile`'s kept list):
+    """`compile_key` of the Triton specialisations a run's warm-ups launch (`monorl.speedups.precompile`'s kept list):
     `run_compile_key`'s parts, the settings that set the warm-ups' shapes (prompts, rollouts, generator, packing),
     the ranks, the passes traced and Triton's version."""
     import triton
@@ -107,7 +107,7 @@ def run_kernels_key(cfg: RunConfig, m: ModelConfig, world_size: int, traced: dic
 
 
 def run_aten_key(cfg: RunConfig, m: ModelConfig, world_size: int) -> str:
-    """`compile_key` of the ATen ops a run's traced warm-ups launch (`monorl.ops.preload`'s kept list): taken before
-    the models exist, so `run_kernels_key`'s parts but the passes traced (a stale list costs only its misses), and
-    torch's version."""
+    """`compile_key` of the ATen ops a run's traced warm-ups launch (`monorl.speedups.preload`'s kept list): taken
+    before the models exist, so `run_kernels_key`'s parts but the passes traced (a stale list costs only its
+    misses), and torch's version."""
     return compile_key({"kernels": run_kernels_key(cfg, m, world_size, {}), "torch": torch.__version__})

@@ -34,6 +34,7 @@ from monorl.ops import HAS_TRITON, attention_invariant, custom_op, sm_count
 from monorl.ops.attention_triton import attention_triton, cached_attention_triton, decode_splits
 from monorl.ops.block_kernels import write_kv
 from monorl.ops.tunables import chip_of
+from monorl.speedups.private_apis import flash_attention_forward
 from monorl.train.packing import bucket_size, filler_lengths, next_pow2, static_max_seqlen
 
 
@@ -137,7 +138,7 @@ def cached_prefill_attention(q: Tensor, k: Tensor, v: Tensor, cache: Tensor, slo
     if backend == "flash":
         # flash attention's causal mask is aligned bottom-right: query i of a sequence's n sees its keys 0..len_k-n+i.
         # The ATen op (not `varlen_attn`): it takes fewer kv heads on every torch we support; no autograd here.
-        out = torch.ops.aten._flash_attention_forward(q, kv[0], kv[1], cu_seqlens_q, cu_seqlens_k, max_q, max_k, 0.0,
+        out = flash_attention_forward(q, kv[0], kv[1], cu_seqlens_q, cu_seqlens_k, max_q, max_k, 0.0,
                                                       True, False)[0]
     else:
         out = sdpa_cached(q, kv[0], kv[1], cu_seqlens_q, cu_seqlens_k, max_q, max_k)

@@ -191,7 +191,7 @@ class Generator:
     def trace_kernels(self, prompts: list[list[int]], samplers: list[SamplingParams], n: int) -> None:
         """Launch what `generate(prompts, sp, n)` launches for each sampler -- the prefill, the first tokens'
         sampler, decode steps -- on a scratch KV cache and runner shaped as the real ones
-        (block size, table width, buckets), without graphs, for `monorl.ops.precompile.recording()` to see the
+        (block size, table width, buckets), without graphs, for `monorl.speedups.precompile.recording()` to see the
         Triton kernels (their outputs are garbage there, and dropped; the decode state is reset after each step)."""
         bs = self.config.block_size
         lengths = [len(p) for p in prompts]

@@ -31,6 +31,7 @@ from torch import Tensor
 from monorl.compile import mark_dynamic
 from monorl.ops import attention_invariant
 from monorl.ops.row_copies import sum_row_copies
+from monorl.speedups.private_apis import flash_attention_forward
 
 AttnBackend = Literal["auto", "sdpa", "flash"]
 BACKENDS: tuple[str, ...] = get_args(AttnBackend)
@@ -108,7 +109,7 @@ def flash_varlen(q: Tensor, k: Tensor, v: Tensor, cu_seqlens: Tensor, max_seqlen
             # the flash kernel itself takes fewer kv heads (query head h reads kv head h // group); only torch
             # 2.11's wrapper has no flag for it. Without autograd, call the kernel: no expanded copies of k and v
             # (two copies a layer, ~40 ms of a 0.45 s prefill total in benchmarks/bench_throughput.py, H200)
-            return torch.ops.aten._flash_attention_forward(q, k, v, cu_seqlens, cu_seqlens, max_seqlen, max_seqlen,
+            return flash_attention_forward(q, k, v, cu_seqlens, cu_seqlens, max_seqlen, max_seqlen,
                                                            0.0, True, False)[0]
         else:
             rep = q.shape[1] // k.shape[1]

@@ -70,7 +70,7 @@ class TrainerWarmUps:
 
     def trace_kernels(self, prompt_ids: list[int], num_seqs: int, completion_len: int, temperature: float,
                       first_pass: contextlib.AbstractContextManager | None = None, group_size: int = 1) -> None:
-        """The warm-up's eager passes without graphs, for `monorl.ops.precompile.recording()` to see the Triton
+        """The warm-up's eager passes without graphs, for `monorl.speedups.precompile.recording()` to see the Triton
         kernels they launch (their outputs are garbage there: dropped with the gradients and metric sums).
         first_pass: a context the first pass alone runs in (the run's ATen op recorder)."""
         self.model.train()

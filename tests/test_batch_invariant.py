@@ -16,7 +16,8 @@ from monorl.model.batch_invariant import is_batch_invariant, make_batch_invarian
 from monorl.model.config import model_shape
 from monorl.model.decoder import build_model
 from monorl.model.logprobs import token_logprobs
-from monorl.ops import attention_invariant, logprob_invariant, matmul_invariant, rmsnorm_invariant
+from monorl.ops import logprob_invariant, matmul_invariant, rmsnorm_invariant
+from monorl.ops.attention import invariant as attention_invariant
 from monorl.train.packing import TrainSequence, make_micro_batches
 from monorl.train.trainer import Trainer, TrainerConfig
 

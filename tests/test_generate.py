@@ -345,7 +345,7 @@ def test_trace_kernels_leaves_the_generator_as_it_was(model):
 def test_decode_splits_fill_idle_sms_only():
     """The default mode's decode splits a row's keys only when rows * kv heads leave SMs idle: a power of two,
     capped, 1 once the rows fill the GPU (the batch-invariant decode never splits)."""
-    from monorl.ops.attention_triton import decode_splits
+    from monorl.ops.attention.kernel import decode_splits
     from monorl.ops.tunables import HOPPER, tuned
 
     MAX_SPLITS = tuned("attention.max_splits", HOPPER)

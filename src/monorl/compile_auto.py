@@ -46,7 +46,7 @@ def compile_key(parts: dict[str, Any]) -> str:
     src = Path(__file__).parent
     code = hashlib.sha256()
     for d in _CODE_DIRS:
-        for f in sorted((src / d).glob("*.py")):
+        for f in sorted((src / d).rglob("*.py")):
             code.update(f.name.encode() + f.read_bytes())
     device = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
     blob = json.dumps({**parts, "torch": torch.__version__, "device": device, "code": code.hexdigest()},

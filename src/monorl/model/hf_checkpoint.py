@@ -3,7 +3,7 @@
 
 Loading builds the model on the meta device and reads each tensor straight to its target device and
 dtype, so the weights exist once (a Qwen3-MoE checkpoint's per-expert tensors are stacked a layer at a time:
-`monorl.model.moe_checkpoint`). Saving writes a directory that `transformers` loads as
+`monorl.model.expert_stacking`). Saving writes a directory that `transformers` loads as
 the family's `*ForCausalLM`, atomically (`monorl.fsutil.write_dir_atomic`: a temp dir beside the target, then one
 rename).
 """
@@ -23,7 +23,7 @@ from torch import Tensor
 from monorl.fsutil import read_json, write_dir_atomic
 from monorl.model.config import ModelConfig
 from monorl.model.decoder import DecoderForCausalLM
-from monorl.model.moe_checkpoint import is_stacked, per_expert_expected, stack_experts, unstack_experts
+from monorl.model.expert_stacking import is_stacked, per_expert_expected, stack_experts, unstack_experts
 from monorl.model.tokenizer import HFTokenizer, Tokenizer, TokenizerError
 
 CONFIG_FILE = "config.json"
@@ -170,7 +170,7 @@ def load_checkpoint(path: str | os.PathLike, device: torch.device | str = "cpu",
         dtype = _stored_dtype(path, "model.embed_tokens.weight")
     # Tied checkpoints may still carry lm_head.weight (a copy of the embedding): read past it.
     ignore = ("lm_head.weight",) if cfg.tie_word_embeddings else ()
-    # experts stored one by one (the Hub's form, `monorl.model.moe_checkpoint`), unless the file has them stacked
+    # experts stored one by one (the Hub's form, `monorl.model.expert_stacking`), unless the file has them stacked
     per_expert = cfg.is_moe and not any(map(is_stacked, _stored_names(path)))
     state = load_state_dict(path, per_expert_expected(expected) if per_expert else expected, device=device,
                             dtype=dtype, ignore=ignore)

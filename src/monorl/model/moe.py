@@ -5,7 +5,7 @@ probability, weighted by those probabilities (renormalised to sum to 1 with `nor
 the weighted sum of the k experts' SiLU-gated MLPs. Names and layouts are transformers' 5.x `Qwen3MoeSparseMoeBlock`:
 `mlp.gate.weight`, `mlp.experts.gate_up_proj` [E, 2I, hidden] (each expert's gate rows, then its up rows) and
 `mlp.experts.down_proj` [E, hidden, I]: one stacked tensor per projection, so FSDP2 shards the experts on dim 0
-and a grouped kernel reads one tensor. Checkpoints store experts one by one (`monorl.model.moe_checkpoint`).
+and a grouped kernel reads one tensor. Checkpoints store experts one by one (`monorl.model.expert_stacking`).
 
 The experts run by one of four paths, each exact (the same products per token as the per-expert loop):
 - `experts_gathered`: a decode step's few tokens: each (token, slot)'s expert weights gathered (index_select), one

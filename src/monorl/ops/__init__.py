@@ -4,9 +4,9 @@ neither on the other rows of the batch nor on the layout (decode step vs full-se
 
 - `matmul_invariant`: x @ w^T, tiles and K order a function of the weight's shape only.
 - `rmsnorm_invariant`, `logprob_invariant`: one fixed reduction order per row.
-- `attention_triton`: the one Triton attention kernel (varlen-causal and paged decode); the generator's
+- `attention.kernel`: the one Triton attention kernel (varlen-causal and paged decode); the generator's
   ordinary paged decode runs it too.
-- `attention_invariant`: the invariant attention ops (that kernel on CUDA, an exact CPU path elsewhere).
+- `attention.invariant`: the invariant attention ops (that kernel on CUDA, an exact CPU path elsewhere).
 - `tree_sum`: the fixed-order sum every CPU path is built from.
 - `rope`: RoPE's formula (the model's, and the fused kernels' CPU path).
 - `block_kernels`, `sample_kernels`: the generator's fused Triton kernels (a block's elementwise work; the

@@ -13,7 +13,7 @@ import torch
 from torch import Tensor
 
 from monorl.ops import custom_op, use_triton
-from monorl.ops.attention_triton import attention_triton, varlen_attention_triton
+from monorl.ops.attention.kernel import attention_triton, varlen_attention_triton
 from monorl.ops.tree_sum import tree_sum
 from monorl.speedups.private_apis import flash_attention_backward
 

@@ -13,8 +13,8 @@ from monorl.generate.sampling import gumbel_noise, sample, sequence_key
 from monorl.model.attention import VarlenContext
 from monorl.model.hf_checkpoint import load_checkpoint
 from monorl.model.logprobs import token_logprobs
+from monorl.model.pack_layout import bucket_size
 from monorl.model.tokenizer import eos_ids
-from monorl.train.packing import bucket_size
 
 PROMPT_LENS = [3, 17, 9, 33, 1]
 

@@ -34,6 +34,7 @@ from monorl.distributed.placement import role_share
 from monorl.generate.kv_cache import bytes_per_block, kv_cache_bytes_needed
 from monorl.generate.tensor_parallel import check_tensor_parallel, shard_config
 from monorl.model.config import ModelConfig
+from monorl.model.pack_layout import bucket_size
 from monorl.plan_activations import activation_shape, trainer_activation_bytes
 from monorl.plan_params import (
     active_param_count,
@@ -41,7 +42,6 @@ from monorl.plan_params import (
     param_counts,
     tensor_parallel_copy_params,
 )
-from monorl.train.packing import bucket_size
 
 if TYPE_CHECKING:
     from monorl.config import RunConfig

@@ -30,13 +30,13 @@ from torch import Tensor
 from monorl.compile import mark_dynamic
 from monorl.generate.kv_cache import blocks_for, table_tensor
 from monorl.model.attention import VarlenContext, positions_of
+from monorl.model.pack_layout import bucket_size, filler_lengths, next_pow2, static_max_seqlen
 from monorl.ops import HAS_TRITON, custom_op, sm_count
 from monorl.ops.attention import invariant as attention_invariant
 from monorl.ops.attention.kernel import attention_triton, cached_attention_triton, decode_splits
 from monorl.ops.block_kernels import write_kv
 from monorl.ops.tunables import chip_of
 from monorl.speedups.private_apis import flash_attention_forward
-from monorl.train.packing import bucket_size, filler_lengths, next_pow2, static_max_seqlen
 
 
 @custom_op("monorl::prefill_attention", mutates_args=("cache",))

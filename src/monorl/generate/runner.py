@@ -23,8 +23,8 @@ from monorl.generate.sampling import SamplingParams, sample
 from monorl.generate.tensor_parallel import NO_TP, TensorParallel, gather_vocab
 from monorl.model.attention import VarlenContext, resolve_backend
 from monorl.model.decoder import DecoderForCausalLM, model_rope
+from monorl.model.pack_layout import bucket_size, filler_lengths, static_max_seqlen
 from monorl.ops.decode_state import commit_step, step_inputs
-from monorl.train.packing import bucket_size, filler_lengths, static_max_seqlen
 
 PREFILL_GRAPHS = 16  # prefill shapes (prompts' and turn boundaries') kept as CUDA graphs; later ones run eagerly
 # A prefill shape is captured at its third eager run: the RL loop's warm-up and its validations before and after

@@ -112,10 +112,9 @@ def decode_lora(model: str, models: Path) -> dict:
     from monorl.compile import CompileConfig
     from monorl.generate.generator import Generator, GeneratorConfig
     from monorl.generate.sampling import SamplingParams
-    from monorl.model.checkpoint import load_config
+    from monorl.model.decoder import build_model
+    from monorl.model.hf_checkpoint import load_config, load_tokenizer
     from monorl.model.lora import LoRAConfig, apply_lora_
-    from monorl.model.qwen3 import build_model
-    from monorl.model.tokenizer import load_tokenizer
 
     path = model_dir(models, f"qwen3-{model}")
     cfg, tok = load_config(path), load_tokenizer(path)

@@ -24,14 +24,14 @@ import torch
 from monorl.generate import Generator, GeneratorConfig, SamplingParams
 from monorl.model.batch_invariant import make_batch_invariant_
 from monorl.model.config import ModelConfig, model_shape
-from monorl.model.qwen3 import Qwen3ForCausalLM
+from monorl.model.decoder import DecoderForCausalLM
 from monorl.plan_params import active_param_count, param_counts
 
 
-def hollow_policy(cfg: ModelConfig, device: torch.device, dtype: torch.dtype) -> Qwen3ForCausalLM:
+def hollow_policy(cfg: ModelConfig, device: torch.device, dtype: torch.dtype) -> DecoderForCausalLM:
     """The model with every tensor a stride-0 view of one zero on `device`: what `Generator` copies from, free."""
     with torch.device("meta"):
-        model = Qwen3ForCausalLM(cfg)
+        model = DecoderForCausalLM(cfg)
     zero = torch.zeros((), dtype=dtype, device=device)
     return model._apply(lambda t: zero.expand(t.shape))
 

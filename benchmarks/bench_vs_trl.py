@@ -51,8 +51,9 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
-from monorl.config import RunConfig, preset  # noqa: E402 -- after the src path
-from monorl.tasks import load_task  # noqa: E402
+from monorl.config import RunConfig  # noqa: E402 -- after the src path
+from monorl.presets import preset  # noqa: E402
+from monorl.task_registry import load_task  # noqa: E402
 from monorl.tasks.base import Prompt, Task  # noqa: E402
 
 SMOKE = {"steps": 2, "rollout.prompts_per_step": 2, "rollout.group_size": 4, "rollout.max_new_tokens": 8,

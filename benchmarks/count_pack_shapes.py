@@ -22,10 +22,10 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from async_worker import LengthDraw  # noqa: E402 -- the benchmarks' length draw
 
-from monorl.config import preset  # noqa: E402
-from monorl.model.tokenizer import load_tokenizer  # noqa: E402
+from monorl.model.hf_checkpoint import load_tokenizer  # noqa: E402
+from monorl.presets import preset  # noqa: E402
 from monorl.rl.rollouts.rollout import encode_prompts  # noqa: E402
-from monorl.tasks import load_task  # noqa: E402
+from monorl.task_registry import load_task  # noqa: E402
 from monorl.tasks.stream import PromptStream  # noqa: E402
 from monorl.train.packing import (  # noqa: E402
     TrainSequence,

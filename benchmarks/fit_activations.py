@@ -20,8 +20,8 @@ from pathlib import Path
 import torch
 
 from monorl.compile import CompileConfig, compile_blocks, setup_compile_cache
-from monorl.model.checkpoint import load_config
-from monorl.model.qwen3 import build_model
+from monorl.model.decoder import build_model
+from monorl.model.hf_checkpoint import load_config
 from monorl.plan import GiB
 from monorl.plan_activations import trainer_activation_bytes
 from monorl.train.trainer import Trainer, TrainerConfig

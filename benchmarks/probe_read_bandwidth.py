@@ -7,7 +7,7 @@ Three kernels over the same bytes, timed in CUDA graphs (`triton.testing.do_benc
   paged:   the paged decode's addressing without its arithmetic: program (row, kv head) walks its keys in 64-key
            blocks through the block table (16-token cache blocks [N, 16, Hkv, D], 256 contiguous bytes a key and
            head), the block ids loaded a block ahead, and sums the key and value tiles.
-  attn:    `monorl.ops.attention_triton.attention_triton` on the same caches (one split, the throughput run's).
+  attn:    `monorl.ops.attention.kernel.attention_triton` on the same caches (one split, the throughput run's).
   rows:    program (row, split) reads its share of the row's cache blocks for every kv head at once (a block's
            keys are one contiguous 16 x 8 x 128 run, 32 KiB), splits 1-8, 4 or 8 warps: another layout of the
            same reads.
@@ -28,7 +28,7 @@ import triton
 import triton.language as tl
 from triton.testing import do_bench_cudagraph
 
-from monorl.ops import attention_triton as at
+from monorl.ops.attention import kernel as at
 from monorl.ops.tunables import chip_of, tuned
 
 

@@ -19,7 +19,7 @@ import torch
 from monorl.compile import CompileConfig, compile_blocks, setup_compile_cache
 from monorl.model.batch_invariant import make_batch_invariant_
 from monorl.model.config import model_shape
-from monorl.model.qwen3 import build_model
+from monorl.model.decoder import build_model
 from monorl.train.packing import TrainSequence
 from monorl.train.trainer import Trainer, TrainerConfig
 

@@ -24,7 +24,7 @@ from bench_agentic import kv_reuse, sync, workload  # noqa: E402
 from monorl.generate.attention import CachedPrefillContext  # noqa: E402
 from monorl.model import model_shape  # noqa: E402
 from monorl.ops import tunables  # noqa: E402
-from monorl.ops.attention_triton import cached_attention_triton  # noqa: E402
+from monorl.ops.attention.kernel import cached_attention_triton  # noqa: E402
 
 TILES = ((128, 8), (128, 4), (64, 4), (64, 8), (32, 4), (16, 4))  # (rows, warps)
 

@@ -1,7 +1,7 @@
 """Where a run's Triton JIT time goes: runs `monorl ARGS...` in this process with Triton's compile and its
 per-signature C launcher (built with the host compiler on a cold cache) timed, then prints one row per kernel:
 how many specialisations were compiled or loaded, the seconds in `triton.compile` and in launcher builds (summed
-over threads where `monorl.ops.precompile` compiled them ahead), and how many were compiled at their first launch
+over threads where `monorl.speedups.precompile` compiled them ahead), and how many were compiled at their first launch
 instead (outside its threads -- the main one, or autograd's for backward kernels: ones the ahead-of-time pass
 missed, or all of them with it off).
 Kernels Inductor generates go through the same two calls and are listed under their generated names.
@@ -20,7 +20,7 @@ from collections import defaultdict
 import triton.compiler
 from triton.backends.nvidia import driver as nvidia_driver
 
-from monorl.ops.precompile import COMPILE_THREADS
+from monorl.speedups.precompile import COMPILE_THREADS
 
 # compiles, compile s, launchers, launcher s, compiles at first launch (outside monorl's compile-ahead threads)
 ROWS: dict[str, list[float]] = defaultdict(lambda: [0, 0.0, 0, 0.0, 0])

@@ -1,4 +1,4 @@
-"""Pipeline depth and warps of the paged-decode attention (`monorl.ops.attention_triton._attn_kernel`, PAGED) at
+"""Pipeline depth and warps of the paged-decode attention (`monorl.ops.attention.kernel._attn_kernel`, PAGED) at
 the reference workload's decode shapes: Qwen3-0.6B heads (16 q, 8 kv, head dim 128), 40 sequences, 16-token KV
 blocks, contexts of ~150-600 keys. num_stages only changes how far ahead the key/value loads are issued, not the
 arithmetic. Each launch is checked bitwise against one with 4 warps and the default stages (what the varlen path
@@ -21,7 +21,7 @@ import torch
 import triton
 from triton.testing import do_bench_cudagraph
 
-from monorl.ops import attention_triton as at
+from monorl.ops.attention import kernel as at
 from monorl.ops.tunables import chip_of, tuned
 
 CHIP = chip_of(0)

@@ -1,6 +1,6 @@
 """The CLI and config reference pages, generated from the code that defines them: the verbs from `monorl.cli.VERBS`,
 every config key (type, default, description) from the config dataclasses through `monorl.config_docs` (the same
-comments `monorl VERB --help` shows), and what each preset changes from `monorl.config.PRESETS`. So a new key, verb
+comments `monorl VERB --help` shows), and what each preset changes from `monorl.presets.PRESETS`. So a new key, verb
 or preset is documented by the comment beside it. Run by the mkdocs hook (docs/hooks.py) at build time, or by hand:
 `PYTHONPATH=src python docs/gen_reference.py config` prints the config page."""
 
@@ -18,8 +18,9 @@ SRC = Path(__file__).resolve().parent.parent / "src"
 if str(SRC) not in sys.path:  # document this checkout's code, not an installed copy elsewhere
     sys.path.insert(0, str(SRC))
 
-from monorl.config import PRESETS, RunConfig, config_diff  # noqa: E402
+from monorl.config import RunConfig, config_diff  # noqa: E402
 from monorl.config_docs import cli_type, config_fields, key_doc  # noqa: E402
+from monorl.presets import PRESETS  # noqa: E402
 
 
 def type_text(tp: Any) -> str:

@@ -4,7 +4,7 @@ import time
 import torch
 
 from monorl.model.config import model_shape
-from monorl.model.qwen3 import build_model
+from monorl.model.decoder import build_model
 
 t = time.perf_counter()
 torch.zeros(1, device="cuda")

@@ -13,7 +13,8 @@ import torch
 from monorl.agent import format_tool_call
 from monorl.agent.dataset_env import AgentDatasetTask
 from monorl.agent.task import safe_score_episodes
-from monorl.tasks import Prompt, TaskError, load_task
+from monorl.task_registry import load_task
+from monorl.tasks import Prompt, TaskError
 
 pytest.importorskip("datasets")
 
@@ -223,7 +224,7 @@ def test_an_episode_that_overflows_is_cut_with_one_warning_naming_it_once(tmp_pa
     from monorl.generate import Generator, GeneratorConfig
     from monorl.generate.sampling import SamplingParams
     from monorl.model.config import model_shape
-    from monorl.model.qwen3 import build_model
+    from monorl.model.decoder import build_model
     from monorl.model.tokenizer import CharTokenizer
     from monorl.rl.rollouts.episodes import EpisodeRunner
 

@@ -13,7 +13,7 @@ from monorl.agent.envs.guess_number import parse_guess
 from monorl.agent.episode import play_episode
 from monorl.agent.task import AgentTask
 from monorl.model.tokenizer import CharTokenizer
-from monorl.tasks import load_task
+from monorl.task_registry import load_task
 
 
 def play(task: AgentTask, prompt, turns) -> tuple:

@@ -13,7 +13,8 @@ import pytest
 from monorl.agent.calls import coerce, format_tool_call, parse_tool_calls
 from monorl.agent.metrics import EpisodeRecord, episode_metrics
 from monorl.agent.schema import SchemaError, function_schema
-from monorl.agent.tools import ToolSet, load_tools
+from monorl.agent.tool_specs import load_tools
+from monorl.agent.tools import ToolSet
 from monorl.tasks import TaskError
 
 

@@ -16,7 +16,7 @@ import torch
 
 from monorl.cliargs import run_config
 from monorl.model.config import model_shape
-from monorl.model.qwen3 import build_model
+from monorl.model.decoder import build_model
 from monorl.rl.run.grpo import GRPORun
 from monorl.train.packing import TrainSequence
 from monorl.train.trainer import Trainer, TrainerConfig

@@ -7,7 +7,8 @@ import pytest
 import torch
 
 from monorl.cliargs import run_config
-from monorl.config import RolloutSection, RunConfig, preset
+from monorl.config import RolloutSection, RunConfig
+from monorl.presets import preset
 from monorl.rl.advantages import (
     ADVANTAGE_KINDS,
     compute_advantages,
@@ -344,7 +345,7 @@ def test_advantage_config_key_and_group_size_rule():
 @pytest.mark.parametrize("kind", ["gspo", "cispo"])
 def test_trainer_accumulation_is_exact(kind):
     from monorl.model.config import model_shape
-    from monorl.model.qwen3 import build_model
+    from monorl.model.decoder import build_model
     from monorl.train.trainer import Trainer, TrainerConfig
     from tests.test_trainer import _seqs
 

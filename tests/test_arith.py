@@ -6,9 +6,10 @@ from pathlib import Path
 
 import pytest
 
-from monorl.config import preset
+from monorl.presets import preset
 from monorl.rl.run.grpo import GRPORun
-from monorl.tasks import ArithTask, load_task
+from monorl.task_registry import load_task
+from monorl.tasks import ArithTask
 from monorl.tasks.arith import EXAMPLES
 
 

@@ -372,7 +372,7 @@ def test_generator_swaps_weights_between_chunks(stops: bool) -> None:
     from monorl.generate.generator import Generator, GeneratorConfig
     from monorl.generate.sampling import SamplingParams
     from monorl.model.config import model_shape
-    from monorl.model.qwen3 import build_model
+    from monorl.model.decoder import build_model
 
     model = build_model(model_shape("tiny"), "cpu", torch.float32, seed=0)
     moved = build_model(model_shape("tiny"), "cpu", torch.float32, seed=1)  # "the trainer's next weights"

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from monorl.compile import CompileConfig
-from monorl.model.weight_sync import weight_pairs
+from monorl.distributed.weight_sync import weight_pairs
 from monorl.rl.run.grpo import GRPORun
 from tests.conftest import digits_cfg
 

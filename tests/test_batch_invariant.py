@@ -14,9 +14,10 @@ from monorl.generate.sampling import SamplingParams
 from monorl.model.attention import VarlenContext
 from monorl.model.batch_invariant import is_batch_invariant, make_batch_invariant_
 from monorl.model.config import model_shape
+from monorl.model.decoder import build_model
 from monorl.model.logprobs import token_logprobs
-from monorl.model.qwen3 import build_model
-from monorl.ops import attention_invariant, logprob_invariant, matmul_invariant, rmsnorm_invariant
+from monorl.ops import logprob_invariant, matmul_invariant, rmsnorm_invariant
+from monorl.ops.attention import invariant as attention_invariant
 from monorl.train.packing import TrainSequence, make_micro_batches
 from monorl.train.trainer import Trainer, TrainerConfig
 
@@ -225,7 +226,7 @@ def test_default_mode_is_not_bitwise(model) -> None:
 
 def test_loop_reports_zero_logprob_diff(tmp_path) -> None:
     """In the RL loop with `batch_invariant: true`, the reported logprob_diff max is 0 every step."""
-    from monorl.config import preset
+    from monorl.presets import preset
     from monorl.rl.run.grpo import GRPORun
 
     cfg = preset("tiny")

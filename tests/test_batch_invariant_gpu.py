@@ -16,7 +16,7 @@ from monorl.generate.generator import Generator, GeneratorConfig
 from monorl.generate.sampling import SamplingParams
 from monorl.model.batch_invariant import make_batch_invariant_
 from monorl.model.config import model_shape
-from monorl.model.qwen3 import build_model
+from monorl.model.decoder import build_model
 from monorl.ops import matmul_invariant
 from monorl.ops.tunables import chip_of, tuned
 from monorl.train.packing import TrainSequence, make_micro_batches
@@ -170,7 +170,7 @@ def test_attention_backward_flash_matches_textbook() -> None:
     the invariant forward's output and log-sum-exp (that log-sum-exp is flash's own forward's, to fp32 rounding):
     its gradients agree with the textbook formulas in fp32, GQA and a static pack's zero-length entries included."""
     from monorl.model.attention import VarlenContext
-    from monorl.ops.attention_invariant import backward_flash, backward_padded, bi_varlen_attn
+    from monorl.ops.attention.invariant import backward_flash, backward_padded, bi_varlen_attn
 
     g = torch.Generator(device="cuda").manual_seed(0)
     ctx = VarlenContext.from_lengths([37, 120, 5, 1, 0, 0], "cuda", "invariant", max_seqlen=128)

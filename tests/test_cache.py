@@ -13,7 +13,7 @@ from monorl.generate.engine import Engine
 from monorl.generate.generator import Generator, GeneratorConfig
 from monorl.generate.sampling import SamplingParams
 from monorl.model.config import model_shape
-from monorl.model.qwen3 import build_model
+from monorl.model.decoder import build_model
 
 
 @pytest.fixture(scope="module")

@@ -16,8 +16,8 @@ from monorl.generate.cache import blocks_for, slot_mapping
 from monorl.generate.engine import Engine
 from monorl.model.batch_invariant import make_batch_invariant_
 from monorl.model.config import model_shape
-from monorl.model.qwen3 import build_model
-from monorl.train.packing import bucket_size
+from monorl.model.decoder import build_model
+from monorl.model.pack_layout import bucket_size
 from tests.test_episodes import generator
 
 # (prefix length, appended length): one-token prefixes and appends, appends within a block, across blocks (8), long

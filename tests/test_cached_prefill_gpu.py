@@ -14,7 +14,7 @@ from monorl.generate.attention import CachedPrefillContext, cached_prefill_atten
 from monorl.generate.cache import blocks_for
 from monorl.generate.generator import Generator, GeneratorConfig
 from monorl.model.config import model_shape
-from monorl.model.qwen3 import build_model
+from monorl.model.decoder import build_model
 from tests.test_cached_prefill import three_ways
 
 pytestmark = pytest.mark.gpu

@@ -10,15 +10,15 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from monorl.model.attention import VarlenContext
-from monorl.model.checkpoint import (
+from monorl.model.config import model_shape
+from monorl.model.decoder import build_model
+from monorl.model.hf_checkpoint import (
     CheckpointError,
     load_checkpoint,
     load_config,
     load_pretrained,
     save_checkpoint,
 )
-from monorl.model.config import model_shape
-from monorl.model.qwen3 import build_model
 from monorl.model.tokenizer import CharTokenizer, HFTokenizer
 
 
@@ -89,7 +89,7 @@ def test_transformers_loads_what_we_save(tmp_path, load_hf_model, tied, shard):
 
     model = build_model(model_shape("tiny" if tied else "tiny-untied"), seed=5)
     out = save_checkpoint(model, tmp_path / "ckpt", max_shard_bytes=shard)
-    ref, info = transformers.Qwen3ForCausalLM.from_pretrained(out, dtype=torch.float32, output_loading_info=True)
+    ref, info = transformers.DecoderForCausalLM.from_pretrained(out, dtype=torch.float32, output_loading_info=True)
     assert not info["missing_keys"] and not info["unexpected_keys"] and not info["mismatched_keys"]
     ids = torch.randint(0, model.config.vocab_size, (20,), generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
@@ -144,9 +144,9 @@ def test_failed_save_keeps_the_old_checkpoint(tmp_path):
 
 def test_save_refuses_meta_model_and_file_target(tmp_path):
     with torch.device("meta"):
-        from monorl.model.qwen3 import Qwen3ForCausalLM
+        from monorl.model.decoder import DecoderForCausalLM
 
-        meta = Qwen3ForCausalLM(model_shape("tiny"))
+        meta = DecoderForCausalLM(model_shape("tiny"))
     with pytest.raises(CheckpointError, match="meta"):
         save_checkpoint(meta, tmp_path / "ckpt")
     (tmp_path / "file").write_text("x")

@@ -11,8 +11,9 @@ import pytest
 
 from monorl.cli import VERBS, main
 from monorl.cliargs import CONFIG_KEYS, SKIPPED_KEYS, config_file_text
-from monorl.config import PRESETS, RunConfig, preset
+from monorl.config import RunConfig
 from monorl.config_docs import field_docs, key_doc
+from monorl.presets import PRESETS, preset
 
 KEYS = [k for k, tp in CONFIG_KEYS.items() if k not in SKIPPED_KEYS and not dataclasses.is_dataclass(tp)]
 

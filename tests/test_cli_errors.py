@@ -10,9 +10,9 @@ import torch
 
 from monorl.cli import main
 from monorl.cliargs import run_config
-from monorl.model.checkpoint import save_checkpoint
 from monorl.model.config import model_shape
-from monorl.model.qwen3 import build_model
+from monorl.model.decoder import build_model
+from monorl.model.hf_checkpoint import save_checkpoint
 from monorl.model.source import load_policy
 from monorl.model.tokenizer import CharTokenizer
 from monorl.rl.run.grpo import GRPORun

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from monorl.compile import CompileConfig, compile_counters
-from monorl.config import preset
+from monorl.presets import preset
 from monorl.rl.run.grpo import GRPORun
 
 
@@ -54,10 +54,10 @@ def test_no_recompiles_in_steady_state(tmp_path):
 
 
 def test_a_kept_kernel_list_that_cannot_be_read_is_skipped(tmp_path, capsys):
-    """`monorl.ops.precompile.load_specs`: no list -> None, silently; a damaged one -> None with a line naming it
+    """`monorl.speedups.precompile.load_specs`: no list -> None, silently; a damaged one -> None with a line naming it
     (the run then traces, as with none). The GPU test `test_kernels_compiled_ahead_cover_the_warm_up` loads a
     list a run kept."""
-    from monorl.ops.precompile import load_specs
+    from monorl.speedups.precompile import load_specs
 
     assert load_specs(tmp_path / "none.json") is None
     assert capsys.readouterr().out == ""
@@ -76,7 +76,7 @@ def test_keeping_a_kernel_list_never_fails_the_run(tmp_path, capsys):
     import json
     import types
 
-    from monorl.ops.precompile import Recorded, save_specs
+    from monorl.speedups.precompile import Recorded, save_specs
 
     kernel = types.SimpleNamespace(module="monorl.ops.matmul_invariant")
     kernel.__name__ = "_mm_kernel"
@@ -100,7 +100,7 @@ def test_triton_key_from_the_child_process_is_tritons_own(monkeypatch):
 
     from triton.runtime import cache
 
-    from monorl.ops.precompile import TritonKeyPrefetch
+    from monorl.speedups.precompile import TritonKeyPrefetch
 
     original = getattr(cache.triton_key, "__wrapped__", cache.triton_key)
     expected = original()

@@ -2,7 +2,7 @@ import pytest
 
 from monorl.cli import main
 from monorl.cliargs import run_config
-from monorl.config import PRESETS, preset
+from monorl.presets import PRESETS, preset
 
 
 def test_presets_build():
@@ -23,7 +23,7 @@ def test_batch_invariant_auto_resolves_per_run():
     """auto: on for full fine-tuning on CUDA, off with LoRA (1.65x) and on CPU; an explicit value stays."""
     import torch
 
-    from monorl.config import resolve_batch_invariant_
+    from monorl.assembly import resolve_batch_invariant_
 
     cuda, cpu = torch.device("cuda"), torch.device("cpu")  # device objects only: no GPU needed
     for device, lora, want in ((cuda, 0, True), (cuda, 16, False), (cpu, 0, False)):

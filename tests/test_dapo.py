@@ -8,9 +8,10 @@ import pytest
 import torch
 
 from monorl.cliargs import run_config
-from monorl.config import PRESETS, RolloutSection, preset
+from monorl.config import RolloutSection
 from monorl.model.config import model_shape
-from monorl.model.qwen3 import build_model
+from monorl.model.decoder import build_model
+from monorl.presets import PRESETS, preset
 from monorl.rl.rollouts.dynamic_sampling import fill_batch, has_signal, round_size, sampling_metric
 from monorl.rl.rollouts.rollout import OVERLONG, Rollout, add_overlong_penalty
 from monorl.rl.run.grpo import GRPORun
@@ -251,7 +252,7 @@ def test_presets():
 def test_gsm8k_dataset_preset_grades_with_math_verify():
     pytest.importorskip("datasets")
     pytest.importorskip("math_verify")
-    from monorl.tasks import load_task
+    from monorl.task_registry import load_task
 
     cfg = preset("qwen3_0_6b_gsm8k_dataset")
     args = {**cfg.task.args, "path": str(GSM8K / "train.jsonl"), "test_path": str(GSM8K / "test.jsonl")}

@@ -10,7 +10,8 @@ import torch
 from monorl.model.tokenizer import CharTokenizer
 from monorl.rl.rollouts.rollout import Rollout
 from monorl.rl.run.grpo import GRPORun
-from monorl.tasks import DatasetTask, Prompt, Task, TaskError, load_task
+from monorl.task_registry import load_task
+from monorl.tasks import DatasetTask, Prompt, Task, TaskError
 from monorl.tasks.base import safe_score_batch
 from monorl.tasks.reward_context import RewardContext, RewardFunctionError
 from monorl.tasks.rewards import accuracy
@@ -459,7 +460,7 @@ def test_short_run_on_a_jsonl_dataset_with_two_reward_functions(tmp_path):
 def _tiny_generator(tok):
     from monorl.generate import Generator, GeneratorConfig
     from monorl.model.config import model_shape
-    from monorl.model.qwen3 import build_model
+    from monorl.model.decoder import build_model
 
     model = build_model(model_shape("tiny"), "cpu", torch.float32, seed=0)
     return Generator(model, GeneratorConfig(max_num_seqs=8, max_model_len=128, block_size=4), tokenizer=tok,

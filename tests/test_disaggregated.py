@@ -28,8 +28,9 @@ from safetensors.torch import load_file
 
 from monorl.cli import main
 from monorl.cliargs import run_config
-from monorl.distributed.world import World, check_world
-from monorl.rl.ranks.placement import PlacementSection
+from monorl.distributed.placement import PlacementSection
+from monorl.distributed.world import World
+from monorl.distributed.world_fit import check_world
 from monorl.rl.run.elastic import DIE_ENV
 from monorl.rl.run.grpo import train
 from tests.test_distributed import OVERRIDES, assert_rows_close, assert_weights_close, cli_args, env, run, step_rows

@@ -8,8 +8,9 @@ from pathlib import Path
 import pytest
 
 from monorl.cli import VERBS
-from monorl.config import PRESETS, RunConfig
+from monorl.config import RunConfig
 from monorl.config_docs import config_fields, key_doc
+from monorl.presets import PRESETS
 
 GEN = Path(__file__).resolve().parent.parent / "docs" / "gen_reference.py"
 

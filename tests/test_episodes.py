@@ -26,7 +26,7 @@ from monorl.generate.requests import (
 from monorl.generate.sampling import SamplingParams
 from monorl.model.batch_invariant import make_batch_invariant_
 from monorl.model.config import model_shape
-from monorl.model.qwen3 import build_model
+from monorl.model.decoder import build_model
 from tests.test_generate import LetterTokenizer
 
 TURNS = 3

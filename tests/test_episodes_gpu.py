@@ -18,7 +18,7 @@ from monorl.generate.requests import Request, TurnEvent
 from monorl.generate.sampling import SamplingParams
 from monorl.model.batch_invariant import make_batch_invariant_
 from monorl.model.config import model_shape
-from monorl.model.qwen3 import build_model
+from monorl.model.decoder import build_model
 from tests.conftest import full_forward_logprobs
 from tests.test_episodes import reprefilled_turn, turn_starts
 from tests.test_generate_gpu import tiny_cuda_model

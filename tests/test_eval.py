@@ -13,12 +13,12 @@ from pathlib import Path
 import pytest
 
 from monorl.cli import main
-from monorl.config import preset
-from monorl.model.checkpoint import save_checkpoint
 from monorl.model.config import model_shape
+from monorl.model.decoder import build_model
+from monorl.model.hf_checkpoint import save_checkpoint
 from monorl.model.hub import resolve_model_path
-from monorl.model.qwen3 import build_model
 from monorl.model.tokenizer import CharTokenizer
+from monorl.presets import preset
 from monorl.rl.rollouts.passk import mean_at_k, mean_pass_at_k, pass_at_k
 from monorl.tasks.base import Prompt, Task
 from tests.test_distributed import env, run

@@ -9,14 +9,14 @@ import json
 import pytest
 import torch
 
+from monorl.distributed.weight_sync import sync_weights_
 from monorl.generate import Generator, GeneratorConfig, SamplingParams
 from monorl.model.attention import VarlenContext
 from monorl.model.batch_invariant import make_batch_invariant_
-from monorl.model.checkpoint import load_checkpoint, load_config, save_checkpoint
 from monorl.model.config import Llama3RopeScaling, ModelConfig, model_shape
+from monorl.model.decoder import build_model
+from monorl.model.hf_checkpoint import load_checkpoint, load_config, save_checkpoint
 from monorl.model.lora import LoRAConfig, apply_lora_
-from monorl.model.qwen3 import build_model
-from monorl.model.weight_sync import sync_weights_
 from monorl.plan_params import param_counts
 from monorl.train.packing import TrainSequence, pack, token_buckets
 from monorl.train.trainer import Trainer, TrainerConfig
@@ -225,7 +225,7 @@ def test_a_config_states_its_family_consistently():
 
 def test_rope_op_backward_is_the_rotations_transpose():
     """`rope` (the opaque RoPE of the no-q/k-norm families' fused-kernels block) has a hand-written backward."""
-    from monorl.model.qwen3 import apply_rope, rope, rope_cos_sin
+    from monorl.model.decoder import apply_rope, rope, rope_cos_sin
 
     g = torch.Generator().manual_seed(0)
     q = torch.randn(5, 3, 8, generator=g, dtype=torch.float64, requires_grad=True)
@@ -239,9 +239,9 @@ def test_rope_op_backward_is_the_rotations_transpose():
 @pytest.mark.parametrize("family", ["llama", "qwen2"])
 def test_parity_verb_on_a_family_checkpoint(tmp_path, family):
     """`monorl parity` (the RL loop's own trainer and generator) on a checkpoint of another family: bitwise."""
-    from monorl.config import preset
     from monorl.model.tokenizer import CharTokenizer
     from monorl.parity import check_parity
+    from monorl.presets import preset
 
     model = build_model(model_shape("tiny").with_family(family), seed=1)
     save_checkpoint(model, tmp_path / "ckpt", tokenizer=CharTokenizer())

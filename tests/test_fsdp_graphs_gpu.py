@@ -23,7 +23,7 @@ from monorl.distributed.fsdp import shard_model_
 from monorl.distributed.world import World, nccl_graph_defaults
 from monorl.model.batch_invariant import make_batch_invariant_
 from monorl.model.config import model_shape
-from monorl.model.qwen3 import build_model
+from monorl.model.decoder import build_model
 from monorl.train.packing import TrainSequence
 from monorl.train.trainer import Trainer, TrainerConfig
 

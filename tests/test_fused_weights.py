@@ -1,6 +1,6 @@
 """Fused q/k/v and gate/up projections: the generator's copy is built with `qkv_proj` / `gate_up_proj` (one GEMM
-each) and filled from the trainer's HF-named parameters by `monorl.model.weight_sync`, in place. CPU tests in fp32;
-one GPU test (bf16, CUDA graphs)."""
+each) and filled from the trainer's HF-named parameters by `monorl.distributed.weight_sync`, in place. CPU tests
+in fp32; one GPU test (bf16, CUDA graphs)."""
 
 from __future__ import annotations
 
@@ -10,12 +10,12 @@ import pytest
 import torch
 
 from monorl.compile import CompileConfig
+from monorl.distributed.weight_sync import PACKED_MODULES, sync_weights_, weight_pairs
 from monorl.generate import Generator, GeneratorConfig, SamplingParams
 from monorl.generate.runner import graph_buckets
 from monorl.model.attention import VarlenContext
 from monorl.model.config import model_shape
-from monorl.model.qwen3 import build_model
-from monorl.model.weight_sync import PACKED_MODULES, sync_weights_, weight_pairs
+from monorl.model.decoder import build_model
 from monorl.train.packing import TrainSequence
 from monorl.train.trainer import Trainer, TrainerConfig
 from tests.conftest import full_forward_logprobs
@@ -137,7 +137,7 @@ def test_a_sync_is_planned_once_and_again_when_a_parameter_is_replaced():
     """`sync_weights_` keeps its plan for a (destination, source) pair: the next sync copies the source's current
     values without planning again; a source parameter replaced by another tensor (a reload with assign=True) or a
     new source makes a new plan, and the copy is the new parameter's, never the replaced one's."""
-    from monorl.model import weight_sync
+    from monorl.distributed import weight_sync
 
     src, dst = tiny_model(), build_model(tiny_model().config, seed=None, fused=True)
     sync_weights_(dst, src)

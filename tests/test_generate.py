@@ -6,15 +6,15 @@ from __future__ import annotations
 import pytest
 import torch
 
+from monorl.distributed.weight_sync import weight_pairs
 from monorl.generate import Generator, GeneratorConfig, SamplingParams
 from monorl.generate.runner import static_prefill_pack
 from monorl.generate.sampling import gumbel_noise, sample, sequence_key
 from monorl.model.attention import VarlenContext
-from monorl.model.checkpoint import load_checkpoint
+from monorl.model.hf_checkpoint import load_checkpoint
 from monorl.model.logprobs import token_logprobs
+from monorl.model.pack_layout import bucket_size
 from monorl.model.tokenizer import eos_ids
-from monorl.model.weight_sync import weight_pairs
-from monorl.train.packing import bucket_size
 
 PROMPT_LENS = [3, 17, 9, 33, 1]
 
@@ -329,7 +329,7 @@ def test_static_prefill_pack_only_adds_filler(model, lengths):
 
 
 def test_trace_kernels_leaves_the_generator_as_it_was(model):
-    """The pass `monorl.ops.precompile` traces runs on a scratch KV cache and runner: the generator's own cache,
+    """The pass `monorl.speedups.precompile` traces runs on a scratch KV cache and runner: the generator's own cache,
     decode state and results are untouched."""
     prompts = prompts_of([5, 9], model.config.vocab_size)
     sp = SamplingParams(max_new_tokens=6, temperature=0.8, top_p=0.9, seed=1)
@@ -345,7 +345,7 @@ def test_trace_kernels_leaves_the_generator_as_it_was(model):
 def test_decode_splits_fill_idle_sms_only():
     """The default mode's decode splits a row's keys only when rows * kv heads leave SMs idle: a power of two,
     capped, 1 once the rows fill the GPU (the batch-invariant decode never splits)."""
-    from monorl.ops.attention_triton import decode_splits
+    from monorl.ops.attention.kernel import decode_splits
     from monorl.ops.tunables import HOPPER, tuned
 
     MAX_SPLITS = tuned("attention.max_splits", HOPPER)

@@ -10,7 +10,7 @@ from monorl.compile import CompileConfig
 from monorl.generate import Generator, GeneratorConfig, SamplingParams
 from monorl.generate.attention import paged_decode_torch, paged_decode_triton, triton_decode_supported
 from monorl.model import build_model, model_shape
-from monorl.ops.attention_triton import attention_triton
+from monorl.ops.attention.kernel import attention_triton
 from tests.conftest import full_forward_logprobs
 
 pytestmark = pytest.mark.gpu

@@ -6,8 +6,8 @@ import torch
 
 from monorl.model.batch_invariant import make_batch_invariant_
 from monorl.model.config import model_shape
+from monorl.model.decoder import build_model
 from monorl.model.logprobs import chunked_token_logprobs, chunked_token_logprobs_entropy
-from monorl.model.qwen3 import build_model
 
 
 def _inputs(model, n: int = 11, dtype=torch.float32, seed: int = 0):

@@ -5,10 +5,10 @@ import math
 
 import torch
 
-from monorl.config import preset
 from monorl.generate.generator import Generator, GeneratorConfig
 from monorl.generate.sampling import SamplingParams
-from monorl.model.checkpoint import load_checkpoint
+from monorl.model.hf_checkpoint import load_checkpoint
+from monorl.presets import preset
 from monorl.rl.run.grpo import GRPORun
 from tests.conftest import digits_cfg
 

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from monorl.compile import CompileConfig, compile_counters
-from monorl.model.weight_sync import weight_pairs
+from monorl.distributed.weight_sync import weight_pairs
 from monorl.rl.run.grpo import GRPORun
 from tests.conftest import digits_cfg
 
@@ -70,8 +70,8 @@ def test_kernels_compiled_ahead_cover_the_warm_up(tmp_path, monkeypatch):
 
     from triton import knobs
 
-    from monorl.ops.precompile import COMPILE_THREADS, _NoLaunch, monorl_kernels
-    from monorl.rl import startup
+    from monorl.rl.run import startup
+    from monorl.speedups.precompile import COMPILE_THREADS, _NoLaunch, monorl_kernels
 
     monkeypatch.setattr(startup, "specs_path", lambda key: tmp_path / "specs" / f"{key}.json")
     kernels = monorl_kernels()
@@ -110,7 +110,7 @@ def test_recording_skips_kernels_compiled_before():
     if not torch.cuda.is_available():
         pytest.skip("needs CUDA")
     from monorl.ops.entropy import _entropy_kernel
-    from monorl.ops.precompile import recording
+    from monorl.speedups.precompile import recording
 
     x = torch.randn(3, 1000, device="cuda")
     out = torch.full((3,), -1.0, device="cuda")

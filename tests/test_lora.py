@@ -9,10 +9,12 @@ import json
 import pytest
 import torch
 
+from monorl.distributed.weight_sync import sync_weights_, weight_pairs
 from monorl.model.attention import VarlenContext
 from monorl.model.batch_invariant import BatchInvariantLinear, BatchInvariantLoRALinear, make_batch_invariant_
-from monorl.model.checkpoint import load_checkpoint
 from monorl.model.config import ModelConfig
+from monorl.model.decoder import build_model
+from monorl.model.hf_checkpoint import load_checkpoint
 from monorl.model.lora import (
     LoRAConfig,
     LoRALinear,
@@ -25,8 +27,6 @@ from monorl.model.lora import (
     save_adapter,
     save_merged_checkpoint,
 )
-from monorl.model.qwen3 import build_model
-from monorl.model.weight_sync import sync_weights_, weight_pairs
 
 CFG = LoRAConfig(rank=4, alpha=8.0)  # scale 2
 TINY = ModelConfig(vocab_size=96, hidden_size=64, intermediate_size=128, num_layers=2, num_heads=4, num_kv_heads=2,
@@ -129,7 +129,7 @@ def test_apply_lora_refusals():
     assert "fused" in one_line_error(apply_lora_, build_model(base.config, fused=True), CFG)
     assert "before make_batch_invariant_" in one_line_error(apply_lora_, make_batch_invariant_(copy.deepcopy(base)),
                                                             CFG)
-    assert "Qwen3ForCausalLM" in one_line_error(apply_lora_, torch.nn.Linear(2, 2), CFG, exc=TypeError)
+    assert "DecoderForCausalLM" in one_line_error(apply_lora_, torch.nn.Linear(2, 2), CFG, exc=TypeError)
 
 
 def test_gradients_reach_only_the_adapters(make_hf_checkpoint):

@@ -13,14 +13,14 @@ import torch
 import monorl.plan as plan_mod
 from monorl.cli import main
 from monorl.cliargs import run_config
-from monorl.config import preset
 from monorl.model.attention import VarlenContext
 from monorl.model.config import ModelConfig, model_shape
+from monorl.model.decoder import build_model
 from monorl.model.lora import LoRAConfig, apply_lora_
-from monorl.model.qwen3 import build_model
 from monorl.plan import GiB, advise, plan_memory
 from monorl.plan_activations import ACTIVATION_COEFFS
 from monorl.plan_params import lora_param_count
+from monorl.presets import preset
 from monorl.rl.run.grpo import GRPORun
 from tests.test_resume import small_cfg
 

@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from monorl.model.config import model_shape
+from monorl.model.decoder import build_model
 from monorl.model.logprobs import chunked_token_logprobs, chunked_token_logprobs_entropy, token_entropy
-from monorl.model.qwen3 import build_model
 from monorl.rl.rollouts.metrics import completion_metrics, reward_metrics, summarize
 from monorl.rl.rollouts.rollout import Rollout
 from monorl.rl.run.summary import step_line, step_metrics

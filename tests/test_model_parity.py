@@ -1,4 +1,4 @@
-"""Our Qwen3 (loaded with `load_checkpoint`) against HF transformers' Qwen3ForCausalLM on the same checkpoint."""
+"""Our Qwen3 (loaded with `load_checkpoint`) against HF transformers' DecoderForCausalLM on the same checkpoint."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from monorl.model.attention import VarlenContext
-from monorl.model.checkpoint import load_checkpoint
+from monorl.model.hf_checkpoint import load_checkpoint
 
 
 def our_logits(model: torch.nn.Module, seqs: list[torch.Tensor]) -> torch.Tensor:

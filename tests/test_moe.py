@@ -11,8 +11,9 @@ import torch
 from safetensors import safe_open
 
 from monorl.model.attention import VarlenContext
-from monorl.model.checkpoint import load_checkpoint, load_config, save_checkpoint
 from monorl.model.config import ModelConfig, model_shape
+from monorl.model.decoder import MLP, build_model
+from monorl.model.hf_checkpoint import load_checkpoint, load_config, save_checkpoint
 from monorl.model.moe import (
     SparseMoeBlock,
     experts_every_expert,
@@ -22,7 +23,6 @@ from monorl.model.moe import (
     moe_blocks,
     route,
 )
-from monorl.model.qwen3 import MLP, build_model
 from monorl.plan_params import active_param_count, param_counts
 from tests.test_model_parity import hf_logits, random_seqs
 from tests.test_model_parity import our_logits as packed_logits
@@ -204,8 +204,8 @@ def test_lora_against_peft(make_hf_checkpoint, load_hf_model, tmp_path):
     does not adapt experts."""
     import peft
 
+    from monorl.distributed.weight_sync import sync_weights_
     from monorl.model.lora import LoRAConfig, LoRALinear, apply_lora_, save_adapter
-    from monorl.model.weight_sync import sync_weights_
 
     path = make_hf_checkpoint(family="qwen3_moe", **MOE, norm_topk_prob=True, mlp_only_layers=[0])
     with pytest.raises(ValueError, match=r"lora.targets \['gate_proj', 'up_proj'\] on a mixture-of-experts") as e:
@@ -232,8 +232,8 @@ def test_lora_against_peft(make_hf_checkpoint, load_hf_model, tmp_path):
 
 def test_plan_advises_attention_lora_for_a_moe():
     """The plan's advice must be a run monorl accepts: LoRA on a MoE model adapts the attention only."""
-    from monorl.config import preset
     from monorl.plan import GiB, advise
+    from monorl.presets import preset
 
     cfg = preset("tiny")
     advice = advise(cfg, model_shape("qwen3-30b-a3b"), 56, 141 * GiB)

@@ -11,6 +11,7 @@ import torch
 from monorl.generate import Generator, GeneratorConfig, SamplingParams
 from monorl.model.batch_invariant import BatchInvariantLinear, make_batch_invariant_
 from monorl.model.config import model_shape
+from monorl.model.decoder import build_model
 from monorl.model.moe import (
     BatchInvariantSparseMoeBlock,
     SparseMoeBlock,
@@ -20,7 +21,6 @@ from monorl.model.moe import (
     grouped_mm_fits,
     route,
 )
-from monorl.model.qwen3 import build_model
 from monorl.train.packing import TrainSequence, make_micro_batches
 from monorl.train.trainer import Trainer, TrainerConfig
 

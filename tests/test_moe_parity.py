@@ -8,13 +8,13 @@ from __future__ import annotations
 import pytest
 import torch
 
+from monorl.distributed.weight_sync import sync_weights_
 from monorl.generate import Generator, GeneratorConfig, SamplingParams
 from monorl.model.attention import VarlenContext
 from monorl.model.batch_invariant import make_batch_invariant_
 from monorl.model.config import model_shape
+from monorl.model.decoder import build_model
 from monorl.model.moe_routing import RouterTap, compare_routing, routing_mismatch
-from monorl.model.qwen3 import build_model
-from monorl.model.weight_sync import sync_weights_
 from monorl.train.packing import TrainSequence
 from tests.test_families import prompts_of, scaled_model, trainer_logprobs
 
@@ -108,8 +108,8 @@ def test_generator_copy_takes_the_trainers_experts():
 def test_parity_verb_reports_routing():
     """`monorl parity` on a random tiny MoE (the RL loop's own generator and trainer): in the mode PASS, routing
     mismatch 0; without it the routing line is reported too."""
-    from monorl.config import preset
     from monorl.parity import check_parity
+    from monorl.presets import preset
 
     cfg = preset("tiny")
     cfg.device, cfg.batch_invariant, cfg.model.shape = "cpu", True, "tiny-moe"

@@ -9,7 +9,7 @@ import math
 import pytest
 import torch
 
-from monorl.model.checkpoint import load_checkpoint
+from monorl.model.hf_checkpoint import load_checkpoint
 from monorl.rl.run.grpo import GRPORun
 from tests.conftest import digits_cfg
 
@@ -43,7 +43,7 @@ def test_grpo_on_a_tiny_moe(tmp_path, batch_invariant):
 
 def test_router_aux_loss_needs_experts():
     from monorl.model.config import model_shape
-    from monorl.model.qwen3 import build_model
+    from monorl.model.decoder import build_model
     from monorl.train.trainer import Trainer, TrainerConfig
 
     with pytest.raises(ValueError, match="router_aux_loss needs a mixture-of-experts model"):

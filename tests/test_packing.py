@@ -3,8 +3,8 @@ import torch
 
 from monorl.model.batch_invariant import make_batch_invariant_
 from monorl.model.config import model_shape
+from monorl.model.decoder import build_model
 from monorl.model.logprobs import token_logprobs
-from monorl.model.qwen3 import build_model
 from monorl.train.packing import (
     PackShape,
     TrainSequence,

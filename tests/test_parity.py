@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from monorl.cli import main
-from monorl.config import preset
 from monorl.parity import check_parity, compare_logprobs
+from monorl.presets import preset
 
 FAST = ["--device", "cpu", "--rollout.max_new_tokens", "6", "--validation.num_prompts", "3",
         "--prompts", "3", "--samples", "2"]

@@ -18,8 +18,8 @@ from monorl.generate.generator import Generator, GeneratorConfig
 from monorl.generate.sampling import SamplingParams
 from monorl.model.batch_invariant import make_batch_invariant_
 from monorl.model.config import model_shape
+from monorl.model.decoder import build_model
 from monorl.model.lora import LoRAConfig, apply_lora_, lora_parameters
-from monorl.model.qwen3 import build_model
 from monorl.train.packing import TrainSequence, make_micro_batches, pack, token_buckets
 from monorl.train.trainer import Trainer, TrainerConfig
 

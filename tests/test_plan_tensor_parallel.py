@@ -7,19 +7,20 @@ from __future__ import annotations
 import pytest
 import torch
 
-from monorl.config import preset
-from monorl.distributed.world import World, check_world
+from monorl.distributed.world import World
+from monorl.distributed.world_fit import check_world
 from monorl.generate.tensor_parallel import TensorParallel, build_tensor_parallel_model
 from monorl.model.config import ModelConfig, model_shape
 from monorl.plan import GiB, advise, auto_checkpointing, plan_memory
 from monorl.plan_params import tensor_parallel_copy_params
 from monorl.plan_report import plan_report
+from monorl.presets import preset
 
 
 def _qwen3(hidden: int, intermediate: int, layers: int, heads: int) -> ModelConfig:
     """A released Qwen3 config.json (the keys the plan reads)."""
     return ModelConfig.from_hf({
-        "architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "hidden_size": hidden,
+        "architectures": ["DecoderForCausalLM"], "model_type": "qwen3", "hidden_size": hidden,
         "intermediate_size": intermediate, "num_hidden_layers": layers, "num_attention_heads": heads,
         "num_key_value_heads": 8, "head_dim": 128, "vocab_size": 151936, "max_position_embeddings": 40960,
         "rope_theta": 1000000, "rms_norm_eps": 1e-6, "tie_word_embeddings": False, "bos_token_id": 151643,

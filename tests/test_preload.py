@@ -1,4 +1,4 @@
-"""`monorl.ops.preload`: the ATen ops a pass runs are recorded once per signature, kept as JSON, and replayed on
+"""`monorl.speedups.preload`: the ATen ops a pass runs are recorded once per signature, kept as JSON, and replayed on
 one-element tensors without touching the RNG; what cannot be replayed is counted, never raised."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from monorl.ops.preload import AtenRecorder, load_ops, replay, save_ops, start_preload
+from monorl.speedups.preload import AtenRecorder, load_ops, replay, save_ops, start_preload
 
 CPU = torch.device("cpu")
 

@@ -1,4 +1,4 @@
-"""The private torch / Triton APIs monorl's start-up machinery relies on (`rl/startup.py`, `ops/precompile.py`,
+"""The private torch / Triton APIs monorl relies on, all reached through `monorl.speedups` (`speedups/precompile.py`,
 `ops/__init__.py`'s lazy Dynamo disable, `train/optim.py`'s unwrapped AdamW, `compile.py`'s caches) still exist in
 the installed versions: an upgrade that removes or reshapes one fails here, by name, not as a slow or broken run.
 Turning the machinery off (`--compile.startup_speedups false`) is the fallback while it is mended."""
@@ -14,7 +14,8 @@ import torch
 def test_custom_op_backend_wrappers_carry_the_dynamo_disable_cache():
     """`ops.custom_op` pre-sets what `torch._disable_dynamo` caches on a custom op's backend function, reached
     through `op._backend_fns[...]` and its `__wrapped__`."""
-    from monorl.ops import _DISABLE_ATTR, _DisableDynamoLazily, custom_op
+    from monorl.ops import custom_op
+    from monorl.speedups.private_apis import DISABLE_ATTR, DisableDynamoLazily
 
     @custom_op("monorl_test::private_api_probe", mutates_args=())
     def probe(x: torch.Tensor) -> torch.Tensor:
@@ -24,7 +25,7 @@ def test_custom_op_backend_wrappers_carry_the_dynamo_disable_cache():
     assert isinstance(fns, dict) and fns, "torch.library.CustomOpDef._backend_fns is gone"
     inner = [getattr(f, "__wrapped__", None) for f in fns.values()]
     assert all(i is not None for i in inner), "the backend wrappers no longer expose __wrapped__"
-    assert all(isinstance(getattr(i, _DISABLE_ATTR), _DisableDynamoLazily) for i in inner)
+    assert all(isinstance(getattr(i, DISABLE_ATTR), DisableDynamoLazily) for i in inner)
     assert torch.equal(probe(torch.ones(2)), torch.ones(2))
     assert callable(torch._disable_dynamo)
 
@@ -53,7 +54,7 @@ def test_compile_cache_and_counter_modules():
 
 
 def test_triton_cache_key_and_jit_function():
-    """`ops/precompile.py`: Triton's cache key function (an lru_cache it replaces with the child's result) and the
+    """`speedups/precompile.py`: Triton's cache key function (an lru_cache it replaces with the child's result) and the
     JITFunction class whose per-device caches it fills."""
     pytest.importorskip("triton")
     from triton.runtime import cache
@@ -61,3 +62,58 @@ def test_triton_cache_key_and_jit_function():
 
     assert hasattr(cache.triton_key, "cache_info"), "triton.runtime.cache.triton_key is no longer an lru_cache"
     assert "device_caches" in inspect.getsource(JITFunction), "JITFunction.device_caches is gone"
+
+
+def _private_uses(path) -> list[str]:
+    """The private torch / Triton APIs a source file reaches: an import of a module with a `_private` part
+    (`torch._dynamo`, `torch.utils._pytree`) or of `triton.runtime` / `triton.compiler`, and an attribute of
+    `torch` whose name starts with one underscore (`torch._grouped_mm`; not `torch.__version__`)."""
+    import ast
+
+    def private(dotted: str) -> bool:
+        parts = dotted.split(".")
+        return parts[0] in ("torch", "triton") and (
+            any(p.startswith("_") and not p.startswith("__") for p in parts[1:])
+            or parts[:2] in (["triton", "runtime"], ["triton", "compiler"]))
+
+    out = []
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            out += [a.name for a in node.names if private(a.name)]
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level and private(node.module):
+            out.append(node.module)
+        elif isinstance(node, ast.Attribute):
+            chain, cur = [node.attr], node.value
+            while isinstance(cur, ast.Attribute):
+                chain.append(cur.attr)
+                cur = cur.value
+            if isinstance(cur, ast.Name) and private(".".join([cur.id, *reversed(chain)])):
+                out.append(".".join([cur.id, *reversed(chain)]))
+    return out
+
+
+def test_private_apis_are_used_inside_monorl_speedups_only():
+    """Every private torch / Triton API is reached through `monorl.speedups` (its `private_apis`, `precompile`,
+    `preload`), so the probes above cover them all and an upgrade breaks one package, not eleven files."""
+    from pathlib import Path
+
+    import monorl
+
+    src = Path(monorl.__file__).parent
+    outside = {str(p.relative_to(src)): uses for p in sorted(src.rglob("*.py"))
+               if p.relative_to(src).parts[0] != "speedups" and (uses := _private_uses(p))}
+    assert outside == {}, f"private APIs used outside monorl/speedups/: {outside}"
+
+
+def test_private_ops_monorl_calls_exist():
+    """`speedups.private_apis`' ops: `_grouped_mm` (MoE experts), `_foreach_copy_` (FSDP gathers for weight sync),
+    flash attention's ATen forward / backward (GQA without expanded copies; the invariant backward)."""
+    assert callable(getattr(torch, "_grouped_mm", None)), "torch._grouped_mm is gone"
+    assert callable(getattr(torch, "_foreach_copy_", None)), "torch._foreach_copy_ is gone"
+    for op in ("_flash_attention_forward", "_flash_attention_backward"):
+        assert hasattr(torch.ops.aten, op), f"torch.ops.aten.{op} is gone"
+    from monorl.speedups.private_apis import foreach_copy_
+
+    dst = [torch.zeros(2), torch.zeros(3, dtype=torch.float64)]
+    foreach_copy_(dst, [torch.ones(2), torch.full((3,), 2.0)])
+    assert dst[0].tolist() == [1.0, 1.0] and dst[1].tolist() == [2.0, 2.0, 2.0]

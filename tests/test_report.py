@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from monorl.cli import main
-from monorl.config import preset
+from monorl.presets import preset
 from monorl.rl.run.report import figure, load_metrics, plot, report, run_title, summary_table
 
 

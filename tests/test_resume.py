@@ -20,10 +20,11 @@ import torch
 
 from monorl.cli import main
 from monorl.cliargs import run_config
-from monorl.config import config_diff, config_from_dict, preset
-from monorl.model.checkpoint import CheckpointError
+from monorl.config import config_diff, config_from_dict
 from monorl.model.config import model_shape
-from monorl.model.qwen3 import build_model
+from monorl.model.decoder import build_model
+from monorl.model.hf_checkpoint import CheckpointError
+from monorl.presets import preset
 from monorl.rl.run.checkpoints.files import (
     LATEST_FILE,
     SLOW_WRITE_ENV,

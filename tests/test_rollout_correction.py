@@ -10,7 +10,7 @@ import torch
 
 from monorl.cliargs import run_config
 from monorl.model.config import model_shape
-from monorl.model.qwen3 import build_model
+from monorl.model.decoder import build_model
 from monorl.train.losses import LOSS_KINDS, LossConfig, LossNorm, policy_loss
 from monorl.train.packing import TrainSequence
 from monorl.train.rollout_correction import RolloutCorrectionConfig

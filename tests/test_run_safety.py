@@ -170,7 +170,8 @@ def test_negative_values_after_a_flag(capsys):
 
 
 def test_a_saved_char_vocabulary_refuses_characters_it_lacks(tmp_path):
-    from monorl.model.tokenizer import CharTokenizer, load_tokenizer
+    from monorl.model.hf_checkpoint import load_tokenizer
+    from monorl.model.tokenizer import CharTokenizer
 
     CharTokenizer().save(tmp_path)
     tok = load_tokenizer(tmp_path)

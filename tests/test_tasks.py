@@ -6,7 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from monorl.tasks import Gsm8kTask, Prompt, SumDigitsTask, Task, TaskError, load_task, safe_reward
+from monorl.task_registry import load_task
+from monorl.tasks import Gsm8kTask, Prompt, SumDigitsTask, Task, TaskError, safe_reward
 from monorl.tasks.answers import extract_boxed, extract_number, find_numbers, numbers_equal, parse_number
 from monorl.tasks.gsm8k import gold_answer, load_records
 from monorl.tasks.sum_digits import INSTRUCTIONS

@@ -23,6 +23,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from monorl.distributed.weight_sync import sync_weights_, syncs_from_shards
 from monorl.distributed.world import SINGLE, World
 from monorl.generate.generator import Generator, GeneratorConfig
 from monorl.generate.sampling import SamplingParams
@@ -33,10 +34,9 @@ from monorl.generate.tensor_parallel import (
     tensor_parallel_group,
 )
 from monorl.model.config import ModelConfig, model_shape
+from monorl.model.decoder import build_model
 from monorl.model.lora import LoRAConfig, apply_lora_
-from monorl.model.qwen3 import build_model
 from monorl.model.tokenizer import CharTokenizer
-from monorl.model.weight_sync import sync_weights_, syncs_from_shards
 from monorl.rl.rollouts.rollout import generate_rollouts
 from tests.conftest import DigitsTask
 

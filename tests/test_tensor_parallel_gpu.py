@@ -18,7 +18,7 @@ from monorl.generate.generator import Generator, GeneratorConfig
 from monorl.generate.sampling import SamplingParams
 from monorl.generate.tensor_parallel import TensorParallel, tensor_parallel_group
 from monorl.model.config import model_shape
-from monorl.model.qwen3 import build_model
+from monorl.model.decoder import build_model
 
 pytestmark = pytest.mark.gpu
 PROMPTS = [[3, 17, 5, 9, 22], [40, 2, 11], [7, 7, 8, 1, 30, 31, 2]]

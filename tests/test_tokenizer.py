@@ -11,7 +11,8 @@ import jinja2
 import pytest
 from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, trainers
 
-from monorl.model.tokenizer import CharTokenizer, HFTokenizer, TokenizerError, load_tokenizer
+from monorl.model.hf_checkpoint import load_tokenizer
+from monorl.model.tokenizer import CharTokenizer, HFTokenizer, TokenizerError
 
 SENTENCES = [
     "The quick brown fox jumps over the lazy dog.",

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from monorl.model.config import model_shape
-from monorl.model.qwen3 import build_model
+from monorl.model.decoder import build_model
 from monorl.train.losses import LossConfig
 from monorl.train.optim import AdamW, lr_factor
 from monorl.train.packing import TrainSequence
@@ -161,7 +161,7 @@ def test_static_shapes_step_equals_dynamic_step(kind):
 
 
 def test_trace_kernels_leaves_weights_gradients_and_metrics_untouched():
-    """The pass `monorl.ops.precompile` traces (on CUDA its kernels' outputs are garbage) changes nothing a step
+    """The pass `monorl.speedups.precompile` traces (on CUDA its kernels' outputs are garbage) changes nothing a step
     reads: the next step equals a step on a fresh trainer."""
     out = []
     for trace in (False, True):

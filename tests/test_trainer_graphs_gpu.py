@@ -9,7 +9,7 @@ import torch
 from monorl.compile import CompileConfig, compile_blocks
 from monorl.model.attention import VarlenContext
 from monorl.model.config import model_shape
-from monorl.model.qwen3 import build_model
+from monorl.model.decoder import build_model
 from monorl.train.losses import LossConfig
 from monorl.train.packing import TrainSequence
 from monorl.train.trainer import Trainer, TrainerConfig

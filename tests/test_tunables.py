@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from monorl.ops import attention_triton, decode_gemm, matmul_invariant, rmsnorm_invariant, tunables
+from monorl.ops import decode_gemm, matmul_invariant, rmsnorm_invariant, tunables
+from monorl.ops.attention import kernel as attention_triton
 from monorl.ops.tunables import DEFAULT, HOPPER, TABLE, lookup, overridden, tuned
 
 # The values the kernels held as constants and literals before the table (commit f38d3cf), Hopper (H100 / H200).
@@ -110,12 +111,12 @@ def test_the_kernels_read_every_value_from_the_table():
     """Each entry is read by the kernel file its name starts with, and no kernel launch in ops/ passes a literal
     warps or stages count (a value outside the table)."""
     ops = Path(tunables.__file__).parent
-    files = {"matmul": "matmul_invariant", "attention": "attention_triton", "block": "block_kernels",
+    files = {"matmul": "matmul_invariant", "attention": "attention/kernel", "block": "block_kernels",
              "logprob": "logprob_invariant", "rmsnorm": "rmsnorm_invariant", "sampler": "sample_kernels"}
     for name in PINNED:
         family = name.split(".")[0]
         text = (ops / f"{files.get(family, family)}.py").read_text()
         assert f'"{name}"' in text, f"{name} is not read by ops/{files.get(family, family)}.py"
-    for path in ops.glob("*.py"):
+    for path in ops.rglob("*.py"):
         if path.name != "tunables.py":
             assert not re.search(r"num_(warps|stages)=\d", path.read_text()), path.name

@@ -24,12 +24,12 @@ import torch.multiprocessing as mp
 
 from monorl.distributed import fsdp
 from monorl.distributed.fsdp import shard_model_, shard_rows
+from monorl.distributed.placement import Placement, PlacementSection, check_placement
+from monorl.distributed.weight_sync import sync_weights_
 from monorl.distributed.world import SINGLE, close_world, init_world
 from monorl.model.config import model_shape
+from monorl.model.decoder import build_model
 from monorl.model.lora import LoRAConfig, apply_lora_
-from monorl.model.qwen3 import build_model
-from monorl.model.weight_sync import sync_weights_
-from monorl.rl.ranks.placement import Placement, PlacementSection, check_placement
 from monorl.rl.ranks.rollout_transfer import recv_rollouts, send_rollouts
 from monorl.rl.ranks.weight_broadcast import Entry, WeightBroadcast, plan_messages
 from monorl.train.packing import TrainSequence

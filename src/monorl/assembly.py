@@ -19,15 +19,15 @@ from typing import Any
 import torch
 
 from monorl.agent.task import AgentTask
-from monorl.compile_auto import resolve_auto_
-from monorl.config import RunConfig, resolve_batch_invariant_
+from monorl.compile_auto import auto_backend, run_compile_key
+from monorl.config import RunConfig
 from monorl.config_paths import with_absolute_paths
 from monorl.distributed.world import SINGLE, World
 from monorl.generate.sampling import SamplingParams
 from monorl.model.config import ModelConfig
 from monorl.model.source import resolve_model
 from monorl.plan import MemoryPlan, run_memory_plan, with_overrides
-from monorl.tasks import load_task
+from monorl.task_registry import load_task
 from monorl.tasks.base import Prompt, Task
 from monorl.tasks.rewards import OVERLONG
 
@@ -46,13 +46,36 @@ def resolve_device(name: str, world: World = SINGLE) -> torch.device:
     return dev
 
 
+def resolve_batch_invariant_(cfg: RunConfig, device: torch.device) -> str | None:
+    """Replace batch_invariant auto in `cfg` by what it means for this run: on for full fine-tuning on CUDA (cost
+    1.02-1.14x of a step, Qwen3-0.6B/1.7B on an H200), off with LoRA (1.65x: the generator runs the adapters as
+    separate matmuls, unmerged) and on CPU (the invariant ops' reference path). Returns the line saying which, or
+    None when it was not auto. Before anything reads it: the memory plan and the compile key depend on it."""
+    if cfg.batch_invariant != "auto":
+        return None
+    cfg.batch_invariant = device.type == "cuda" and not cfg.lora.enabled
+    why = "full fine-tuning on CUDA" if cfg.batch_invariant else ("LoRA" if cfg.lora.enabled else device.type)
+    return f"batch_invariant auto -> {str(cfg.batch_invariant).lower()} ({why})"
+
+
+def resolve_compile_backend_(cfg: RunConfig, m: ModelConfig, device: torch.device) -> str | None:
+    """Replace compile.backend auto in `cfg` by what `compile_auto.auto_backend` picks (before the memory plan, which
+    depends on it); the line saying why, or None when the backend was not auto."""
+    if cfg.compile.backend != "auto":
+        return None
+    cfg.compile.backend, why = auto_backend(cfg.steps, device, cfg.compile.cache_path, run_compile_key(cfg, m),
+                                            cfg.batch_invariant)
+    return why
+
+
 def resolve_config(cfg: RunConfig, model_config: ModelConfig, device: torch.device,
                    world: World = SINGLE) -> tuple[RunConfig, list[str]]:
     """The config the run executes, as a copy of `cfg`: paths absolute (config.json names the same files from any
     directory), batch_invariant and compile.backend `auto` decided for this device (rank 0's choice on every rank),
     Dr.GRPO's normaliser defaulted to max_new_tokens. Returns (config, lines saying what `auto` chose)."""
     cfg = with_absolute_paths(copy.deepcopy(cfg))
-    notes = [why for why in (resolve_batch_invariant_(cfg, device), resolve_auto_(cfg, model_config, device)) if why]
+    notes = [why for why in (resolve_batch_invariant_(cfg, device), resolve_compile_backend_(cfg, model_config, device))
+             if why]
     cfg.compile.backend = world.broadcast(cfg.compile.backend)  # rank 0's choice (its node's cache marker)
     loss = cfg.trainer.loss
     if loss.kind == "dr_grpo" and loss.dr_grpo_norm is None:

@@ -16,11 +16,12 @@ from pathlib import Path
 from jsonargparse import ArgumentError, ArgumentParser, Namespace
 
 from monorl.cliargs import base_config, condense_error, config_file_text, config_parser, flag_value, parse_config
-from monorl.config import PRESETS, RunConfig, config_diff, config_from_dict, format_config_diff
+from monorl.config import RunConfig, config_diff, config_from_dict, format_config_diff
 from monorl.config_paths import with_absolute_paths
 from monorl.console import best_effort
 from monorl.eval.run import checkpoint_base, eval_args, generate_args
 from monorl.parity import cmd_parity, parity_args
+from monorl.presets import PRESETS
 
 
 @dataclass(frozen=True)
@@ -245,10 +246,11 @@ def verb_parser(name: str, argv: list[str]) -> tuple[ArgumentParser, RunConfig |
     base = verb.base(argv)
     p = config_parser(prog, f"{verb.help}. Example: {verb.example}", base, verb.add_args)
     if any(a in ("-h", "--help") for a in argv):  # the chosen task's arguments, with their descriptions
+        from monorl.task_registry import task_object
         from monorl.tasks.arguments import task_args_help
 
         name = flag_value(argv, "--task.name") or base.task.name
-        p.help_appendix = task_args_help(name, base.task.args if name == base.task.name else None)
+        p.help_appendix = task_args_help(name, task_object, base.task.args if name == base.task.name else None)
         if name != base.task.name:  # the base's task args belong to its own task (`parse_config` drops them too)
             p.set_defaults({"task.args": {}})
     return p, base

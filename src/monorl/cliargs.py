@@ -19,9 +19,10 @@ from typing import Any
 import yaml
 from jsonargparse import ActionConfigFile, ArgumentError, ArgumentParser, Namespace, set_loader
 
-from monorl.config import RunConfig, config_from_dict, preset
+from monorl.config import RunConfig, config_from_dict
 from monorl.config_docs import cli_type, config_fields, key_doc
 from monorl.fsutil import json_safe
+from monorl.presets import preset
 
 DEFAULT_PRESET = "tiny"
 

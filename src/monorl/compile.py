@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -19,6 +18,14 @@ from typing import Any, Literal, get_args
 
 import torch
 from torch import Tensor
+
+from monorl.speedups.private_apis import (
+    compilation_time_metrics,
+    dynamo_counters,
+    dynamo_imported,
+    enable_compile_caches,
+    maybe_mark_dynamic,
+)
 
 CompileBackend = Literal["none", "eager", "aot_eager", "inductor", "auto"]
 COMPILE_BACKENDS: tuple[str, ...] = get_args(CompileBackend)
@@ -37,7 +44,7 @@ class CompileConfig:
     trainer: bool = True  # compile the trainer's blocks
     eager_step_s: float | None = None  # a measured eager RL step time: the run then reports compile break-even
     cache_dir: str | None = None  # persistent Inductor/AOTAutograd cache; default ~/.cache/monorl/torch_compile
-    # monorl's Triton kernels for the warm-ups compiled ahead in this many threads (monorl.ops.precompile);
+    # monorl's Triton kernels for the warm-ups compiled ahead in this many threads (monorl.speedups.precompile);
     # 0: one per CPU core (shared by a node's ranks, at most 16); 1: none ahead, each at its first launch
     kernel_compile_threads: int = 0
     # CUDA start-up speed-ups (monorl/rl/startup.py): Triton's cache key in a child process, monorl's kernels
@@ -71,14 +78,7 @@ def setup_compile_cache(cfg: CompileConfig) -> Path | None:
     path.mkdir(parents=True, exist_ok=True)
     os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(path))
     os.environ.setdefault("TRITON_CACHE_DIR", str(path / "triton"))
-    import torch._inductor.config as inductor_config
-
-    inductor_config.fx_graph_cache = True
-    # One block's code serves trainer (grad, autocast) and generator (prefill, decode) of two model
-    # copies: more variants than Dynamo's default limit of 8, past which it silently runs eager.
-    import torch._dynamo.config as dynamo_config
-
-    dynamo_config.recompile_limit = max(dynamo_config.recompile_limit, 64)
+    enable_compile_caches()
     # AOTAutograd's cache (torch._functorch.config.enable_autograd_cache) is on by default and shares the dir
     return path
 
@@ -145,11 +145,11 @@ def mark_dynamic(*tensors: Tensor, dims: tuple[int, ...] | None = None) -> None:
     trace the call, and the graph's inputs were marked where they entered."""
     # Nothing imported torch._dynamo yet: nothing is compiled in this process, and importing it here would cost
     # ~1 s of a run that compiles nothing (torch.compile imports it first, so compiled runs still get the hints).
-    if torch.compiler.is_compiling() or "torch._dynamo" not in sys.modules:
+    if torch.compiler.is_compiling() or not dynamo_imported():
         return
     for t in tensors:
         for d in range(t.dim()) if dims is None else dims:
-            torch._dynamo.maybe_mark_dynamic(t, d)
+            maybe_mark_dynamic(t, d)
 
 
 # ---- CUDA graphs ------------------------------------------------------------------------------------------
@@ -207,10 +207,8 @@ def clone_tensors(x: Any) -> Any:
 def compile_counters() -> dict[str, int]:
     """Dynamo's frame counters: 'ok' frames compiled, and recompiles/graph breaks seen so far (all 0 in a process
     that never imported Dynamo: nothing compiled, and importing it to say so costs ~1 s)."""
-    if "torch._dynamo" not in sys.modules:
+    if not (counters := dynamo_counters()):
         return {"frames_compiled": 0, "unique_graphs": 0, "graph_breaks": 0, "recompiles": 0}
-    from torch._dynamo.utils import counters
-
     return {
         "frames_compiled": int(counters["frames"]["ok"]),
         "unique_graphs": int(counters["stats"]["unique_graphs"]),
@@ -222,11 +220,10 @@ def compile_counters() -> dict[str, int]:
 def compile_phase_times(top: int = 12) -> dict[str, Any]:
     """Where compile time went: seconds per Dynamo/AOT/Inductor phase (summed over frames, largest first)
     and each frame's total compile time in order (`frames_s`); empty where Dynamo was never imported."""
-    if "torch._dynamo" not in sys.modules:
+    if not dynamo_imported():
         return {"phases_s": {}, "frames_s": []}
-    from torch._dynamo.utils import compilation_time_metrics
-
-    sums = {k: sum(v) for k, v in compilation_time_metrics.items()}
+    metrics = compilation_time_metrics()
+    sums = {k: sum(v) for k, v in metrics.items()}
     phases = dict(sorted(sums.items(), key=lambda kv: -kv[1])[:top])
-    frames = compilation_time_metrics.get("_compile.compile_inner", [])
+    frames = metrics.get("_compile.compile_inner", [])
     return {"phases_s": {k: round(v, 3) for k, v in phases.items()}, "frames_s": [round(t, 3) for t in frames]}

@@ -1,4 +1,5 @@
-"""`compile.backend auto`: compile only when the run's steps pay for the compile.
+"""`compile.backend auto`: compile only when the run's steps pay for the compile (`auto_backend`; the choice is
+made by `monorl.assembly.resolve_config`, with the other `auto` settings).
 
 On the reference workload (Qwen3-0.6B, 10 steps of 5 x 8 rollouts, one H200, real tokenizer; benchmarks/RESULTS.md,
 2026-11-23, after the generator moved to fused Triton kernels) only the trainer is compiled: the generator's decode
@@ -45,7 +46,7 @@ def compile_key(parts: dict[str, Any]) -> str:
     src = Path(__file__).parent
     code = hashlib.sha256()
     for d in _CODE_DIRS:
-        for f in sorted((src / d).glob("*.py")):
+        for f in sorted((src / d).rglob("*.py")):
             code.update(f.name.encode() + f.read_bytes())
     device = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
     blob = json.dumps({**parts, "torch": torch.__version__, "device": device, "code": code.hexdigest()},
@@ -94,7 +95,7 @@ def run_compile_key(cfg: RunConfig, m: ModelConfig) -> str:
 
 
 def run_kernels_key(cfg: RunConfig, m: ModelConfig, world_size: int, traced: dict[str, bool]) -> str:
-    """`compile_key` of the Triton specialisations a run's warm-ups launch (`monorl.ops.precompile`'s kept list):
+    """`compile_key` of the Triton specialisations a run's warm-ups launch (`monorl.speedups.precompile`'s kept list):
     `run_compile_key`'s parts, the settings that set the warm-ups' shapes (prompts, rollouts, generator, packing),
     the ranks, the passes traced and Triton's version."""
     import triton
@@ -106,17 +107,7 @@ def run_kernels_key(cfg: RunConfig, m: ModelConfig, world_size: int, traced: dic
 
 
 def run_aten_key(cfg: RunConfig, m: ModelConfig, world_size: int) -> str:
-    """`compile_key` of the ATen ops a run's traced warm-ups launch (`monorl.ops.preload`'s kept list): taken before
-    the models exist, so `run_kernels_key`'s parts but the passes traced (a stale list costs only its misses), and
-    torch's version."""
+    """`compile_key` of the ATen ops a run's traced warm-ups launch (`monorl.speedups.preload`'s kept list): taken
+    before the models exist, so `run_kernels_key`'s parts but the passes traced (a stale list costs only its
+    misses), and torch's version."""
     return compile_key({"kernels": run_kernels_key(cfg, m, world_size, {}), "torch": torch.__version__})
-
-
-def resolve_auto_(cfg: RunConfig, m: ModelConfig, device: torch.device) -> str | None:
-    """Replace compile.backend auto in `cfg` by what `auto_backend` picks (before the memory plan, which depends on
-    it); the line saying why, or None when the backend was not auto."""
-    if cfg.compile.backend != "auto":
-        return None
-    cfg.compile.backend, why = auto_backend(cfg.steps, device, cfg.compile.cache_path, run_compile_key(cfg, m),
-                                            cfg.batch_invariant)
-    return why

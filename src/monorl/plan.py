@@ -30,9 +30,11 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from monorl.distributed.fsdp import GATHER_BUCKET_BYTES
+from monorl.distributed.placement import role_share
 from monorl.generate.cache import bytes_per_block, kv_cache_bytes_needed
 from monorl.generate.tensor_parallel import check_tensor_parallel, shard_config
 from monorl.model.config import ModelConfig
+from monorl.model.pack_layout import bucket_size
 from monorl.plan_activations import activation_shape, trainer_activation_bytes
 from monorl.plan_params import (
     active_param_count,
@@ -40,8 +42,6 @@ from monorl.plan_params import (
     param_counts,
     tensor_parallel_copy_params,
 )
-from monorl.rl.ranks.placement import role_share
-from monorl.train.packing import bucket_size
 
 if TYPE_CHECKING:
     from monorl.config import RunConfig
@@ -244,7 +244,7 @@ def largest_prefill(cfg: RunConfig, max_prompt_tokens: int, groups: int) -> int:
 
 def _weight_sync_row(m: ModelConfig, counts: dict[str, int], ranks: int, tp: int, lora: bool, compute: str,
                      gen_bytes: int) -> MemoryRow:
-    """What a colocated FSDP run's weight sync (`monorl.model.weight_sync`) holds beyond both copies, between the
+    """What a colocated FSDP run's weight sync (`monorl.distributed.weight_sync`) holds beyond both copies, between the
     trainer's step and the next generation: a bucket of the all-gathered shards and its 1/N sent; with LoRA one FSDP
     unit gathered at a time, the largest the root (embedding and LM head), and a projection's merged fp32 weight;
     with tensor-parallel generation, the embedding (and LM head) gathered whole."""

@@ -11,10 +11,11 @@ import torch
 
 from monorl.assembly import change_resolver, longest_fitting_prompt, resolve_config
 from monorl.config import RunConfig
-from monorl.distributed.world import World, check_world
+from monorl.distributed.world import World
+from monorl.distributed.world_fit import check_world
 from monorl.model.source import resolve_model
 from monorl.plan import advise, auto_checkpointing, plan_memory
-from monorl.tasks import load_task, task_object
+from monorl.task_registry import load_task, task_object
 from monorl.tasks.base import TaskDataNotFound
 
 

@@ -12,7 +12,8 @@ from monorl.agent.metrics import EpisodeRecord, episode_metrics
 from monorl.agent.render import ChatRenderer, template_renders_tools
 from monorl.agent.schema import SchemaError, function_schema
 from monorl.agent.task import AgentTask, safe_score_episode
-from monorl.agent.tools import Tool, ToolFailed, ToolResult, ToolSet, load_tools
+from monorl.agent.tool_specs import load_tools
+from monorl.agent.tools import Tool, ToolFailed, ToolResult, ToolSet
 
 __all__ = ["AgentExecutor", "AgentTask", "ChatRenderer", "EpisodeEnv", "EpisodeRecord", "FactoryEnv",
            "MessageEnvAdapter", "SchemaError", "Tool", "ToolCall", "ToolEnv", "ToolFailed", "ToolResult", "ToolSet",

@@ -27,7 +27,8 @@ from typing import Any
 from monorl.agent.env import EpisodeEnv, ToolEnv
 from monorl.agent.environments import FactoryEnv
 from monorl.agent.task import AgentTask
-from monorl.agent.tools import ToolSet, load_tools
+from monorl.agent.tool_specs import load_tools
+from monorl.agent.tools import ToolSet
 from monorl.tasks.base import Prompt
 from monorl.tasks.dataset import DatasetTask
 
@@ -48,7 +49,7 @@ class _EpisodeRewards(DatasetTask):
 def _factory(spec: Any) -> Callable[[], Any]:
     if callable(spec):
         return spec
-    from monorl.tasks import TaskError, import_object
+    from monorl.tasks.spec import TaskError, import_object
 
     if not isinstance(spec, str) or ":" not in spec:
         raise TaskError(f"environment_factory {spec!r} must look like 'FILE.py:Class' or 'module:Class'")
@@ -89,7 +90,7 @@ class AgentDatasetTask(AgentTask):
             tool_timeout: seconds a tool call may take before it fails (with tools or an environment_factory)
             env_timeout: seconds the environment's reset / get_reward may take (with an environment_factory)
         """
-        from monorl.tasks import TaskError
+        from monorl.tasks.spec import TaskError
 
         self.tool_fns = load_tools(tools) if tools else []
         self.factory = _factory(environment_factory) if environment_factory is not None else None

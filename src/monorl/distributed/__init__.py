@@ -9,5 +9,5 @@ restarts `rl/run/elastic.py`, `--nproc` `rl/run/launch.py`; the placement, the w
 transfer `rl/ranks/`.
 
 Where the rest of monorl meets it: the trainer trains its share of the step (`train/trainer.py`), rollouts
-generate theirs (`rl/rollouts.py`), the weight sync all-gathers the shards in buckets (`model/weight_sync.py`).
+generate theirs (`rl/rollouts.py`), the weight sync all-gathers the shards in buckets (`distributed/weight_sync.py`).
 """

@@ -19,6 +19,8 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import nn
 
+from monorl.speedups.private_apis import foreach_copy_
+
 if TYPE_CHECKING:
     from torch.distributed.fsdp import FSDPModule
 
@@ -36,7 +38,7 @@ def gathered_dtype(device: torch.device) -> torch.dtype | None:
 def shard_model_(model: nn.Module, device: torch.device, group: Any = None) -> None:
     """Apply FSDP2 in place: every block of `model.model.layers`, then the root. Call before building the
     optimizer (it must see the sharded parameters). group: the ranks to shard over (default: every rank; a
-    disaggregated run's trainer group, `monorl.rl.ranks.placement`)."""
+    disaggregated run's trainer group, `monorl.distributed.placement`)."""
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
     kw: dict[str, Any] = {}
@@ -180,11 +182,11 @@ class GatherPlan:
                     outs.append(out[:local.numel()])
                     ins.append(local.reshape(-1))
             if outs:  # (a rank may hold none of a bucket's rows: the end of an uneven split)
-                torch._foreach_copy_(outs, ins)  # cast to the gathered dtype as FSDP2's all-gather does
+                foreach_copy_(outs, ins)  # cast to the gathered dtype as FSDP2's all-gather does
             recv = torch.empty(self.ranks * bucket.size, dtype=self.dtype, device=self.device)
             all_gather_single(recv, send, group=self.group)
             parts = recv.view(self.ranks, bucket.size).split(sizes, dim=1)
             if bucket.even:
-                torch._foreach_copy_([d for _, d in bucket.even], [parts[i] for i, _ in bucket.even])
+                foreach_copy_([d for _, d in bucket.even], [parts[i] for i, _ in bucket.even])
             for i, r, n, d in bucket.uneven:
                 d.copy_(parts[i][r, :n])

@@ -59,6 +59,7 @@ def load_eval_policy(cfg: RunConfig, device: Any) -> tuple[Any, Any, str]:
     """(model, tokenizer, where the weights came from): `load_policy`'s, or for a LoRA adapter directory (PEFT's
     format: a LoRA run's checkpoints/final) its base with the adapter merged in (fp32). The base is the adapter's
     base_model_name_or_path; a run that started from random weights (no path) gets the same ones from its config."""
+    from monorl.model.decoder import DecoderForCausalLM
     from monorl.model.lora import (
         ADAPTER_CONFIG_FILE,
         apply_lora_,
@@ -66,7 +67,6 @@ def load_eval_policy(cfg: RunConfig, device: Any) -> tuple[Any, Any, str]:
         load_adapter_config,
         merged_state_dict,
     )
-    from monorl.model.qwen3 import Qwen3ForCausalLM
     from monorl.model.source import load_policy
 
     path = cfg.model.path = str(run_final_checkpoint(cfg.model.path) or cfg.model.path) if cfg.model.path else None
@@ -80,7 +80,7 @@ def load_eval_policy(cfg: RunConfig, device: Any) -> tuple[Any, Any, str]:
     apply_lora_(model, adapter)
     load_adapter_(model, path)
     with torch.device("meta"):
-        plain = Qwen3ForCausalLM(model.config)
+        plain = DecoderForCausalLM(model.config)
     plain.load_state_dict(merged_state_dict(model, torch.float32), strict=True, assign=True)
     return plain, tok, f"{source} + the LoRA adapter {path} (merged)"
 
@@ -103,11 +103,10 @@ def open_generator(cfg: RunConfig) -> Iterator[LoadedGenerator]:
     `generator.tensor_parallel_size` N, under `torchrun --nproc_per_node N`, the N ranks form the group that holds
     one copy between them and make the same calls; batch_invariant (auto resolved for the device, as a run does)
     converts the copy. The ranks' process group ends with the block."""
-    from monorl.assembly import resolve_device
+    from monorl.assembly import resolve_batch_invariant_, resolve_device
     from monorl.compile import CompileConfig
-    from monorl.config import resolve_batch_invariant_
     from monorl.generate.build import build_generator, generator_group
-    from monorl.tasks import load_task
+    from monorl.task_registry import load_task
 
     world = init_world(cfg.device, cfg.distributed.timeout_s, cfg.distributed.backend)
     gen = None

@@ -8,7 +8,7 @@ Decode backends:
   Reads `width * block_size` keys per sequence, so callers pass tables cut to the longest live one.
 - "triton": a paged flash-decode kernel (CUDA, bf16/fp16, power-of-two head_dim), reads only
   `seq_len` keys per sequence; the CUDA-graph path needs it (its cost does not depend on table width).
-- "invariant": a batch-invariant model's (`batch_invariant()`, `monorl.ops.attention_invariant`): the same
+- "invariant": a batch-invariant model's (`batch_invariant()`, `monorl.ops.attention.invariant`): the same
   key-block order as its varlen prefill / training path.
 
 `attend` is one custom op per context (`monorl::prefill_attention`, `monorl::decode_attention`,
@@ -30,11 +30,13 @@ from torch import Tensor
 from monorl.compile import mark_dynamic
 from monorl.generate.cache import blocks_for, table_tensor
 from monorl.model.attention import VarlenContext, positions_of
-from monorl.ops import HAS_TRITON, attention_invariant, custom_op, sm_count
-from monorl.ops.attention_triton import attention_triton, cached_attention_triton, decode_splits
+from monorl.model.pack_layout import bucket_size, filler_lengths, next_pow2, static_max_seqlen
+from monorl.ops import HAS_TRITON, custom_op, sm_count
+from monorl.ops.attention import invariant as attention_invariant
+from monorl.ops.attention.kernel import attention_triton, cached_attention_triton, decode_splits
 from monorl.ops.block_kernels import write_kv
 from monorl.ops.tunables import chip_of
-from monorl.train.packing import bucket_size, filler_lengths, next_pow2, static_max_seqlen
+from monorl.speedups.private_apis import flash_attention_forward
 
 
 @custom_op("monorl::prefill_attention", mutates_args=("cache",))
@@ -137,7 +139,7 @@ def cached_prefill_attention(q: Tensor, k: Tensor, v: Tensor, cache: Tensor, slo
     if backend == "flash":
         # flash attention's causal mask is aligned bottom-right: query i of a sequence's n sees its keys 0..len_k-n+i.
         # The ATen op (not `varlen_attn`): it takes fewer kv heads on every torch we support; no autograd here.
-        out = torch.ops.aten._flash_attention_forward(q, kv[0], kv[1], cu_seqlens_q, cu_seqlens_k, max_q, max_k, 0.0,
+        out = flash_attention_forward(q, kv[0], kv[1], cu_seqlens_q, cu_seqlens_k, max_q, max_k, 0.0,
                                                       True, False)[0]
     else:
         out = sdpa_cached(q, kv[0], kv[1], cu_seqlens_q, cu_seqlens_k, max_q, max_k)
@@ -308,7 +310,7 @@ def triton_decode_supported(device: torch.device, dtype: torch.dtype, head_dim: 
 
 def paged_decode_triton(q: Tensor, k_cache: Tensor, v_cache: Tensor, block_tables: Tensor,
                         seq_lens: Tensor) -> Tensor:
-    """Paged flash-decode: the one Triton attention kernel of monorl (`monorl.ops.attention_triton`), which the
+    """Paged flash-decode: the one Triton attention kernel of monorl (`monorl.ops.attention.kernel`), which the
     batch-invariant ops also run for varlen prefill/training. Programs per (sequence, kv head), keys in blocks of
     64 read through the block table; only seq_len keys are read. Few sequences split their keys over several
     programs (`decode_splits`: a function of the row count, so one CUDA graph per batch bucket keeps its

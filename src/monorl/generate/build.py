@@ -11,8 +11,8 @@ from monorl.distributed.world import World
 from monorl.generate.generator import Generator
 from monorl.generate.tensor_parallel import TensorParallel, tensor_parallel_group
 from monorl.model.batch_invariant import make_batch_invariant_
+from monorl.model.decoder import DecoderForCausalLM
 from monorl.model.lora import is_lora
-from monorl.model.qwen3 import Qwen3ForCausalLM
 from monorl.model.tokenizer import eos_ids
 
 if TYPE_CHECKING:
@@ -27,7 +27,7 @@ def generator_group(cfg: RunConfig, world: World) -> TensorParallel:
                                  fixed_order=bool(cfg.batch_invariant))
 
 
-def build_generator(policy: Qwen3ForCausalLM, cfg: RunConfig, tokenizer: object, tp: TensorParallel,
+def build_generator(policy: DecoderForCausalLM, cfg: RunConfig, tokenizer: object, tp: TensorParallel,
                     compile: CompileConfig, allocate_kv: bool = True) -> Generator:
     """The generator's own copy of `policy` (this rank's shard of it with tensor parallelism). In batch-invariant mode
     the copy is converted (`make_batch_invariant_`) and a LoRA policy's adapters stay separate matmuls, unmerged (the

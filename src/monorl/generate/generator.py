@@ -1,7 +1,7 @@
 """`Generator`: the generator's own copy of the policy, its cache (`monorl.generate.cache`) and model runner, and
 `generate`: prompts (token ids) -> n sampled completions each, with per-token log-probs.
 
-Runs the one `Qwen3ForCausalLM` through the generator's attention contexts: a paged KV cache, prefix
+Runs the one `DecoderForCausalLM` through the generator's attention contexts: a paged KV cache, prefix
 sharing across the n samples of a prompt, continuous batching over `max_num_seqs` decode slots (the request
 engine, `monorl.generate.engine`; `generate` is a thin function over it, `monorl.generate.batch`), and
 (on CUDA) a decode step replayed from a CUDA graph per batch-size bucket, with sampling and the
@@ -22,6 +22,7 @@ import torch
 from torch import nn
 
 from monorl.compile import CompileConfig, compile_generator
+from monorl.distributed.weight_sync import share_frozen_, sync_weights_
 from monorl.generate.attention import paged_decode_splits, triton_decode_supported
 from monorl.generate.batch import generate_batch
 from monorl.generate.cache import Cache, blocks_for, bytes_per_block, kv_cache_bytes_needed, slot_mapping
@@ -30,11 +31,10 @@ from monorl.generate.runner import ModelRunner
 from monorl.generate.sampling import SamplingParams, sample
 from monorl.generate.tensor_parallel import NO_TP, TensorParallel, build_tensor_parallel_model, shard_config
 from monorl.model.batch_invariant import is_batch_invariant
+from monorl.model.decoder import DecoderForCausalLM, build_model
 from monorl.model.fused_kernels import use_fused_kernels_
 from monorl.model.lora import LoRAConfig, apply_lora_
-from monorl.model.qwen3 import Qwen3ForCausalLM, build_model
 from monorl.model.tokenizer import eos_ids
-from monorl.model.weight_sync import share_frozen_, sync_weights_
 
 _CPU_DEFAULT_KV_BYTES = 256 << 20
 
@@ -65,7 +65,7 @@ class Generator:
     # chunk's tokens before the next is queued (a test compares the two)
     defer_ring_reads = True
 
-    def __init__(self, model: Qwen3ForCausalLM, config: GeneratorConfig | None = None, tokenizer=None,
+    def __init__(self, model: DecoderForCausalLM, config: GeneratorConfig | None = None, tokenizer=None,
                  eos_token_ids: tuple[int, ...] | list[int] | None = None, compile: CompileConfig | None = None,
                  fused: bool = True, allocate_kv: bool = True, lora: LoRAConfig | None = None,
                  tp: TensorParallel = NO_TP) -> None:
@@ -174,7 +174,7 @@ class Generator:
     def trace_kernels(self, prompts: list[list[int]], samplers: list[SamplingParams], n: int) -> None:
         """Launch what `generate(prompts, sp, n)` launches for each sampler -- the prefill, the first tokens'
         sampler, decode steps -- on a scratch KV cache and runner shaped as the real ones
-        (block size, table width, buckets), without graphs, for `monorl.ops.precompile.recording()` to see the
+        (block size, table width, buckets), without graphs, for `monorl.speedups.precompile.recording()` to see the
         Triton kernels (their outputs are garbage there, and dropped; the decode state is reset after each step)."""
         bs = self.config.block_size
         lengths = [len(p) for p in prompts]
@@ -209,7 +209,7 @@ class Generator:
     # ---- weights -----------------------------------------------------------------------------------
     def load_weights_(self, src: nn.Module) -> None:
         """Copy src's parameters (HF names, e.g. the trainer's fp32 masters) into the generator's copy, in
-        place: captured CUDA graphs stay valid (`monorl.model.weight_sync`)."""
+        place: captured CUDA graphs stay valid (`monorl.distributed.weight_sync`)."""
         sync_weights_(self.model, src)
 
     # ---- generate ----------------------------------------------------------------------------------

@@ -22,9 +22,9 @@ from monorl.generate.cache import Cache
 from monorl.generate.sampling import SamplingParams, sample
 from monorl.generate.tensor_parallel import NO_TP, TensorParallel, gather_vocab
 from monorl.model.attention import VarlenContext, resolve_backend
-from monorl.model.qwen3 import Qwen3ForCausalLM, model_rope
+from monorl.model.decoder import DecoderForCausalLM, model_rope
+from monorl.model.pack_layout import bucket_size, filler_lengths, static_max_seqlen
 from monorl.ops.decode_state import commit_step, step_inputs
-from monorl.train.packing import bucket_size, filler_lengths, static_max_seqlen
 
 PREFILL_GRAPHS = 16  # prefill shapes (prompts' and turn boundaries') kept as CUDA graphs; later ones run eagerly
 # A prefill shape is captured at its third eager run: the RL loop's warm-up and its validations before and after
@@ -59,7 +59,7 @@ def static_prefill_pack(prompts: list[list[int]],
 
 
 class ModelRunner:
-    def __init__(self, model: Qwen3ForCausalLM, cache: Cache, max_num_seqs: int, max_blocks_per_seq: int,
+    def __init__(self, model: DecoderForCausalLM, cache: Cache, max_num_seqs: int, max_blocks_per_seq: int,
                  ring_size: int, decode_backend: str, cuda_graphs: bool, sample_fn: Callable = sample,
                  tp: TensorParallel = NO_TP) -> None:
         """sample_fn: `sampling.sample`, or its compiled form (`monorl.compile.compile_generator` decides). tp: the

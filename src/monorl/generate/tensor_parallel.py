@@ -48,7 +48,8 @@ from torch import Tensor
 
 from monorl.distributed.world import World, all_gather_single
 from monorl.model.config import ModelConfig
-from monorl.model.qwen3 import Linear, Qwen3ForCausalLM, materialize_
+from monorl.model.decoder import DecoderForCausalLM, materialize_
+from monorl.model.layers import Linear
 
 COLUMN_PARALLEL = ("q_proj", "k_proj", "v_proj", "gate_proj", "up_proj")  # output rows sharded
 ROW_PARALLEL = ("o_proj", "down_proj")  # input columns sharded; outputs summed over ranks
@@ -142,11 +143,11 @@ def shard_config(cfg: ModelConfig, size: int) -> ModelConfig:
 
 
 def build_tensor_parallel_model(cfg: ModelConfig, tp: TensorParallel, device: torch.device | str,
-                                dtype: torch.dtype, fused: bool = True) -> Qwen3ForCausalLM:
+                                dtype: torch.dtype, fused: bool = True) -> DecoderForCausalLM:
     """This rank's shard of the generator's copy (uninitialised: weight sync fills it), its row-parallel
     projections summed over the group after each forward."""
     with torch.device("meta"):
-        model = Qwen3ForCausalLM(shard_config(cfg, tp.size), fused)
+        model = DecoderForCausalLM(shard_config(cfg, tp.size), fused)
         model.lm_head = Linear(cfg.hidden_size, cfg.vocab_size // tp.size, bias=False)  # tied too: its own rows
     materialize_(model, device, dtype)
     # its config stays the model's (an exported config.json, the vocabulary the engine checks), as an FSDP-sharded
@@ -241,7 +242,7 @@ class ExpertSlice:
 
 
 class TensorParallelPlacement:
-    """For weight sync (`monorl.model.weight_sync.sync_weights_(place=...)`): (source name, destination name) ->
+    """For weight sync (`monorl.distributed.weight_sync.sync_weights_(place=...)`): (source name, destination name) ->
     the Take that cuts this rank's piece from the full source tensor (a `Slice`, or the bias rule below), or None
     for a whole copy; and whether a source's FSDP shard lets `Slice.from_shard` cut it (`fits_shard`)."""
 

@@ -11,7 +11,7 @@ The model never sees padding or caches. Each attention layer hands its q, k, v (
 Two backends compute varlen causal attention: "sdpa" (portable, CPU and GPU: the pack gathered
 into a padded batch, one causal scaled_dot_product_attention) and "flash"
 (`torch.nn.attention.varlen.varlen_attn`, CUDA, bf16/fp16). "auto" picks flash where it can.
-A third, "invariant" (`monorl.ops.attention_invariant`), is no user's choice: a batch-invariant model
+A third, "invariant" (`monorl.ops.attention.invariant`), is no user's choice: a batch-invariant model
 (`monorl.model.batch_invariant`) rebinds every context it is given to it (`batch_invariant()`).
 """
 
@@ -29,8 +29,9 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from monorl.compile import mark_dynamic
-from monorl.ops import attention_invariant
+from monorl.ops.attention import invariant as attention_invariant
 from monorl.ops.row_copies import sum_row_copies
+from monorl.speedups.private_apis import flash_attention_forward
 
 AttnBackend = Literal["auto", "sdpa", "flash"]
 BACKENDS: tuple[str, ...] = get_args(AttnBackend)
@@ -46,7 +47,7 @@ class AttentionContext(Protocol):
         ...
 
     def batch_invariant(self) -> AttentionContext:
-        """The same layout, attended by the batch-invariant kernel (`monorl.ops.attention_invariant`)."""
+        """The same layout, attended by the batch-invariant kernel (`monorl.ops.attention.invariant`)."""
         ...
 
 
@@ -108,7 +109,7 @@ def flash_varlen(q: Tensor, k: Tensor, v: Tensor, cu_seqlens: Tensor, max_seqlen
             # the flash kernel itself takes fewer kv heads (query head h reads kv head h // group); only torch
             # 2.11's wrapper has no flag for it. Without autograd, call the kernel: no expanded copies of k and v
             # (two copies a layer, ~40 ms of a 0.45 s prefill total in benchmarks/bench_throughput.py, H200)
-            return torch.ops.aten._flash_attention_forward(q, k, v, cu_seqlens, cu_seqlens, max_seqlen, max_seqlen,
+            return flash_attention_forward(q, k, v, cu_seqlens, cu_seqlens, max_seqlen, max_seqlen,
                                                            0.0, True, False)[0]
         else:
             rep = q.shape[1] // k.shape[1]

@@ -28,7 +28,7 @@ untouched:
 - each block -> the fused Triton block kernels (`monorl.model.fused_kernels`: norms, q/k norm + RoPE, SiLU * up,
   row-local, with a backward), where the model's shape allows them (a power-of-two head_dim >= 16): one kernel
   per piece of elementwise work, shared by both sides, instead of whatever fusion each side's compile picks;
-- the model -> `BatchInvariantQwen3ForCausalLM`: the LM head and `token_logprobs` (the trainer and the
+- the model -> `BatchInvariantDecoderForCausalLM`: the LM head and `token_logprobs` (the trainer and the
   sampler both call it through the model) use the invariant ops, and `forward` rebinds the attention
   context it is given to the invariant kernel (`ctx.batch_invariant()`): the context still says how the
   tokens are laid out, the model says which kernel attends them, whoever built the context.
@@ -46,15 +46,16 @@ import torch
 from torch import Tensor, nn
 
 from monorl.model.attention import AttentionContext
+from monorl.model.decoder import DecoderForCausalLM
 from monorl.model.fused_kernels import (
     FusedKernelsFinalNorm,
     FusedKernelsLinear,
     fused_kernels_supported,
     use_fused_kernels_,
 )
+from monorl.model.layers import Linear, RMSNorm
 from monorl.model.lora import LoRALinear
 from monorl.model.moe import BatchInvariantSparseMoeBlock, SparseMoeBlock
-from monorl.model.qwen3 import Linear, Qwen3ForCausalLM, RMSNorm
 from monorl.ops import decode_gemm, logprob_invariant, matmul_invariant, rmsnorm_invariant
 
 
@@ -83,7 +84,7 @@ class BatchInvariantFinalNorm(BatchInvariantRMSNorm):
     """A fused-kernels model's final norm in the mode: the last block's pending pair (h, m) summed first (m a
     product, or its split-K parts: `monorl.ops.decode_gemm.sum_parts`), then the invariant norm."""
 
-    takes_pending = True  # `Qwen3ForCausalLM.forward` hands it the last block's output as it is
+    takes_pending = True  # `DecoderForCausalLM.forward` hands it the last block's output as it is
 
     def forward(self, x: Tensor | tuple[Tensor, Tensor]) -> Tensor:
         if isinstance(x, tuple):
@@ -99,7 +100,7 @@ class BatchInvariantEmbedding(nn.Embedding):
         return x.to(torch.get_autocast_dtype(device)) if torch.is_autocast_enabled(device) else x
 
 
-class BatchInvariantQwen3ForCausalLM(Qwen3ForCausalLM):
+class BatchInvariantDecoderForCausalLM(DecoderForCausalLM):
     token_logprobs = staticmethod(logprob_invariant.token_logprobs)
 
     def forward(self, input_ids: Tensor, positions: Tensor, ctx: AttentionContext,
@@ -113,14 +114,14 @@ class BatchInvariantQwen3ForCausalLM(Qwen3ForCausalLM):
 _CONVERTED = {Linear: BatchInvariantLinear, FusedKernelsLinear: BatchInvariantLinear,
               LoRALinear: BatchInvariantLoRALinear, RMSNorm: BatchInvariantRMSNorm,
               FusedKernelsFinalNorm: BatchInvariantFinalNorm,
-              nn.Embedding: BatchInvariantEmbedding, Qwen3ForCausalLM: BatchInvariantQwen3ForCausalLM,
+              nn.Embedding: BatchInvariantEmbedding, DecoderForCausalLM: BatchInvariantDecoderForCausalLM,
               SparseMoeBlock: BatchInvariantSparseMoeBlock}
 
 
-def make_batch_invariant_(model: Qwen3ForCausalLM) -> Qwen3ForCausalLM:
+def make_batch_invariant_(model: DecoderForCausalLM) -> DecoderForCausalLM:
     """Convert `model` in place (see the module docstring); idempotent. Returns it."""
-    if not isinstance(model, Qwen3ForCausalLM):
-        raise TypeError(f"make_batch_invariant_ converts a Qwen3ForCausalLM, got {type(model).__name__}")
+    if not isinstance(model, DecoderForCausalLM):
+        raise TypeError(f"make_batch_invariant_ converts a DecoderForCausalLM, got {type(model).__name__}")
     if fused_kernels_supported(model):
         use_fused_kernels_(model)
     for m in model.modules():
@@ -136,4 +137,4 @@ def make_batch_invariant_(model: Qwen3ForCausalLM) -> Qwen3ForCausalLM:
 
 
 def is_batch_invariant(model: nn.Module) -> bool:
-    return isinstance(model, BatchInvariantQwen3ForCausalLM)
+    return isinstance(model, BatchInvariantDecoderForCausalLM)

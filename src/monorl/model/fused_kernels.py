@@ -13,7 +13,7 @@ o_proj, residual add + RMSNorm, the gate/up GEMM with SiLU * up as its epilogue 
 fused copy's decode rows on Hopper; elsewhere the GEMM, then `silu_mul`), down_proj; the residual add after it runs
 in the next block's first norm (a converted block passes its output on as the pair (h, m), sum pending). At decode
 rows o_proj and down_proj may hand that add their product as fp32 K parts (`project`, `monorl.ops.decode_gemm`).
-A copy with fused projections (`Qwen3ForCausalLM(fused=True)`, the generator's) hands the kernels column slices of
+A copy with fused projections (`DecoderForCausalLM(fused=True)`, the generator's) hands the kernels column slices of
 one GEMM's output; an unfused model (the trainer's) its separate projections. Norm weights enter the kernels in the
 activations' dtype (the trainer's fp32 masters as exactly the generator's bf16 copy).
 """
@@ -26,7 +26,8 @@ import torch
 from torch import Tensor, nn
 
 from monorl.model.attention import AttentionContext
-from monorl.model.qwen3 import MLP, Attention, Linear, Qwen3ForCausalLM, RMSNorm, TransformerBlock, rope
+from monorl.model.decoder import MLP, Attention, DecoderForCausalLM, TransformerBlock, rope
+from monorl.model.layers import Linear, RMSNorm
 from monorl.ops import block_kernels, decode_gemm, matmul_invariant, rmsnorm_invariant
 
 
@@ -68,7 +69,7 @@ class FusedKernelsFinalNorm(RMSNorm):
     rsqrt, products, casts). It takes the last block's output pair (h, m) itself (`takes_pending`), its add in the
     same launch (`add_norm`)."""
 
-    takes_pending = True  # `Qwen3ForCausalLM.forward` hands it the last block's (h, m) as they are
+    takes_pending = True  # `DecoderForCausalLM.forward` hands it the last block's (h, m) as they are
 
     def forward(self, x: Tensor | tuple[Tensor, Tensor]) -> Tensor:
         if isinstance(x, tuple):
@@ -117,7 +118,7 @@ class FusedKernelsTransformerBlock(TransformerBlock):
                 cache: Any = None) -> tuple[Tensor, Tensor]:
         """x: the residual stream, or (h, m) with its last add h + m still pending (the block before's output; m
         may be split-K parts, see `project`); returns such a pair: the add runs in the next block's first norm
-        (`Qwen3ForCausalLM.forward` does the last one), one kernel where it took two."""
+        (`DecoderForCausalLM.forward` does the last one), one kernel where it took two."""
         ln1, ln2 = self.input_layernorm, self.post_attention_layernorm
         if isinstance(x, tuple):
             x, normed = add_norm(x[0], x[1], ln1.weight.to(x[0].dtype), ln1.eps)
@@ -134,13 +135,13 @@ _CONVERTED: dict[type[nn.Module], type[nn.Module]] = {
 FUSED_KERNEL_CLASSES = tuple(_CONVERTED.values())
 
 
-def fused_kernels_supported(model: Qwen3ForCausalLM) -> bool:
+def fused_kernels_supported(model: DecoderForCausalLM) -> bool:
     """The q/k kernel's shape limit: a power-of-two head_dim >= 16."""
     head_dim = model.config.head_dim
     return head_dim >= 16 and not head_dim & (head_dim - 1)
 
 
-def use_fused_kernels_(model: Qwen3ForCausalLM) -> Qwen3ForCausalLM:
+def use_fused_kernels_(model: DecoderForCausalLM) -> DecoderForCausalLM:
     """Convert in place (see the module docstring); idempotent. Returns it."""
     if not fused_kernels_supported(model):
         raise ValueError(f"use_fused_kernels_: the q/k kernel needs a power-of-two head_dim >= 16, got "

@@ -1,5 +1,5 @@
 """Log-probabilities of chosen tokens: the one function the generator and the trainer share. Both call it
-through the model (`Qwen3ForCausalLM.token_logprobs`), so a batch-invariant model
+through the model (`DecoderForCausalLM.token_logprobs`), so a batch-invariant model
 (`monorl.model.batch_invariant`) gives both its invariant form.
 
 Log-probs are of the temperature-scaled distribution, `log_softmax(logits / temperature)`, i.e. the

@@ -16,7 +16,7 @@ No dropout: RL post-training uses none (the rollouts' log-probs must be those of
 and no rslora, DoRA, bias or per-layer rank: `save_adapter` writes a PEFT adapter (`adapter_config.json` +
 `adapter_model.safetensors`) that `peft.PeftModel.from_pretrained` loads, and `load_adapter_` reads one back
 (also one PEFT saved, of the same kind). `save_merged_checkpoint` writes a plain HF checkpoint of
-W + scale * B @ A. The generator's copy gets the merged weights through `monorl.model.weight_sync`.
+W + scale * B @ A. The generator's copy gets the merged weights through `monorl.distributed.weight_sync`.
 """
 
 from __future__ import annotations
@@ -35,7 +35,8 @@ from safetensors.torch import save_file
 from torch import Tensor, nn
 
 from monorl.fsutil import read_json, write_dir_atomic
-from monorl.model.qwen3 import MLP, Attention, Linear, Qwen3ForCausalLM, materialize_
+from monorl.model.decoder import MLP, Attention, DecoderForCausalLM, materialize_
+from monorl.model.layers import Linear
 
 # short name -> HF module name, in the model's order
 TARGET_MODULES: dict[str, str] = {"q": "q_proj", "k": "k_proj", "v": "v_proj", "o": "o_proj",
@@ -145,14 +146,14 @@ def _adapted(model: nn.Module) -> tuple[LoRAConfig, dict[str, LoRALinear]]:
 
 
 @torch.no_grad()
-def apply_lora_(model: Qwen3ForCausalLM, cfg: LoRAConfig, seed: int = 0,
-                base_dtype: torch.dtype | None = None) -> Qwen3ForCausalLM:
+def apply_lora_(model: DecoderForCausalLM, cfg: LoRAConfig, seed: int = 0,
+                base_dtype: torch.dtype | None = None) -> DecoderForCausalLM:
     """Add LoRA adapters to `model` in place (see the module docstring) and return it. Every non-adapter
     parameter is frozen and, given `base_dtype`, cast to it; adapters are fp32, A drawn from `seed` on the
     parameters' device (deterministic for a seed and device type), B zero. A model that already has
     adapters, a fused (generator) copy, or a batch-invariant one (convert after adding LoRA) is refused."""
-    if not isinstance(model, Qwen3ForCausalLM):
-        raise TypeError(f"apply_lora_ adapts a Qwen3ForCausalLM, got {type(model).__name__}")
+    if not isinstance(model, DecoderForCausalLM):
+        raise TypeError(f"apply_lora_ adapts a DecoderForCausalLM, got {type(model).__name__}")
     if not cfg.enabled:
         raise ValueError("apply_lora_: lora.rank is 0 (LoRA off)")
     if is_lora(model):
@@ -296,7 +297,7 @@ def load_adapter_(model: nn.Module, path: str | os.PathLike) -> nn.Module:
     return model
 
 
-def merged_state_dict(model: Qwen3ForCausalLM, dtype: torch.dtype | None = None,
+def merged_state_dict(model: DecoderForCausalLM, dtype: torch.dtype | None = None,
                       device: torch.device | str | None = None) -> dict[str, Tensor]:
     """The plain model's state (HF names, no adapters): each adapted projection's weight is its merged weight,
     computed in fp32 and cast to `dtype` (default: the base's dtype) on `device` (default: where it is)
@@ -316,14 +317,14 @@ def merged_state_dict(model: Qwen3ForCausalLM, dtype: torch.dtype | None = None,
     return out
 
 
-def save_merged_checkpoint(model: Qwen3ForCausalLM, path: str | os.PathLike, tokenizer: Any = None,
+def save_merged_checkpoint(model: DecoderForCausalLM, path: str | os.PathLike, tokenizer: Any = None,
                            dtype: torch.dtype | None = None, max_shard_bytes: int | None = None) -> Path:
-    """Write base + merged adapters as a plain HF checkpoint (`monorl.model.checkpoint.save_checkpoint`) that
+    """Write base + merged adapters as a plain HF checkpoint (`monorl.model.hf_checkpoint.save_checkpoint`) that
     transformers loads; the live model is not changed. dtype: default the base's dtype."""
-    from monorl.model.checkpoint import save_checkpoint
+    from monorl.model.hf_checkpoint import save_checkpoint
 
     state = merged_state_dict(model, dtype, device="cpu")
     with torch.device("meta"):
-        plain = Qwen3ForCausalLM(model.config)
+        plain = DecoderForCausalLM(model.config)
     plain.load_state_dict(state, strict=True, assign=True)
     return save_checkpoint(plain, path, dtype=dtype, tokenizer=tokenizer, max_shard_bytes=max_shard_bytes)

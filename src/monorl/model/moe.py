@@ -5,7 +5,7 @@ probability, weighted by those probabilities (renormalised to sum to 1 with `nor
 the weighted sum of the k experts' SiLU-gated MLPs. Names and layouts are transformers' 5.x `Qwen3MoeSparseMoeBlock`:
 `mlp.gate.weight`, `mlp.experts.gate_up_proj` [E, 2I, hidden] (each expert's gate rows, then its up rows) and
 `mlp.experts.down_proj` [E, hidden, I]: one stacked tensor per projection, so FSDP2 shards the experts on dim 0
-and a grouped kernel reads one tensor. Checkpoints store experts one by one (`monorl.model.moe_checkpoint`).
+and a grouped kernel reads one tensor. Checkpoints store experts one by one (`monorl.model.expert_stacking`).
 
 The experts run by one of four paths, each exact (the same products per token as the per-expert loop):
 - `experts_gathered`: a decode step's few tokens: each (token, slot)'s expert weights gathered (index_select), one
@@ -32,9 +32,10 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from monorl.model.config import ModelConfig
-from monorl.model.qwen3 import Linear
+from monorl.model.layers import Linear
 from monorl.ops import matmul_invariant
 from monorl.ops.tree_sum import tree_sum
+from monorl.speedups.private_apis import grouped_mm
 
 # the gathered decode path's transient weight copies, at most (above it: grouped_mm, or the loop)
 GATHER_MAX_BYTES = 64 << 20
@@ -129,8 +130,8 @@ def experts_grouped_mm(x: Tensor, weights: Tensor, experts: Tensor, gate_up: Ten
     total = -(-(T * k + E * (GROUP_ALIGN - 1)) // GROUP_ALIGN) * GROUP_ALIGN  # >= ends[-1]
     offs = torch.cat([ends[:-1], ends.new_full((1,), total)]).to(torch.int32)  # the last group takes the tail
     xs = x.new_zeros(total, x.shape[1]).index_copy(0, rows, x[order // k])
-    gate, up = torch._grouped_mm(xs, gate_up.transpose(1, 2), offs=offs).chunk(2, dim=-1)
-    y = torch._grouped_mm(F.silu(gate) * up, down.transpose(1, 2), offs=offs)
+    gate, up = grouped_mm(xs, gate_up.transpose(1, 2), offs).chunk(2, dim=-1)
+    y = grouped_mm(F.silu(gate) * up, down.transpose(1, 2), offs)
     return _combine(y[rows[inverse]], weights)
 
 

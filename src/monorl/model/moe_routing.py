@@ -11,7 +11,6 @@ forward is an eager one.
 from __future__ import annotations
 
 import contextlib
-import sys
 from dataclasses import dataclass
 from typing import Any
 
@@ -20,6 +19,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from monorl.model.moe import moe_blocks
+from monorl.speedups.private_apis import dynamo_imported
 
 
 class RouterTap:
@@ -131,7 +131,7 @@ def generator_trainer_routing(generator_model: nn.Module, trainer_model: nn.Modu
 
         def run() -> None:
             # compiled blocks run eagerly (their hooks then fire); a run that compiles nothing never imports Dynamo
-            eager = (torch.compiler.set_stance("force_eager") if "torch._dynamo" in sys.modules
+            eager = (torch.compiler.set_stance("force_eager") if dynamo_imported()
                      else contextlib.nullcontext())
             with eager, torch.autocast(p.device.type, dtype=dtype, enabled=dtype is not None):
                 model(flat, ctx.positions, ctx)

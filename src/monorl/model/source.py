@@ -7,15 +7,15 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from monorl.model.checkpoint import load_checkpoint, load_config
 from monorl.model.config import MODEL_SHAPES, ModelConfig, model_shape
+from monorl.model.decoder import DecoderForCausalLM, build_model
 from monorl.model.gguf import gguf_file
+from monorl.model.hf_checkpoint import load_checkpoint, load_config, load_tokenizer
 from monorl.model.hub import resolve_model_path
-from monorl.model.qwen3 import Qwen3ForCausalLM, build_model
-from monorl.model.tokenizer import TOKENIZER_FILE, CharTokenizer, load_tokenizer
+from monorl.model.tokenizer import TOKENIZER_FILE, CharTokenizer
 
 if TYPE_CHECKING:
-    from monorl.config import ModelSection
+    from monorl.model.section import ModelSection
 
 
 def resolve_model(m: ModelSection) -> tuple[ModelConfig, Any, str]:
@@ -48,7 +48,7 @@ def resolve_model(m: ModelSection) -> tuple[ModelConfig, Any, str]:
 
 
 def load_policy(m: ModelSection, device: torch.device, dtype: torch.dtype = torch.float32,
-                resolved: tuple[ModelConfig, Any, str] | None = None) -> tuple[Qwen3ForCausalLM, Any, str]:
+                resolved: tuple[ModelConfig, Any, str] | None = None) -> tuple[DecoderForCausalLM, Any, str]:
     """The policy (in `dtype`: the trainer's fp32 masters, or a LoRA run's frozen base), its tokenizer, and the
     line `resolve_model` gives (pass its result as `resolved` when already at hand: a real tokenizer takes ~1 s
     to read)."""

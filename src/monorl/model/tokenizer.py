@@ -359,16 +359,3 @@ class CharTokenizer(Tokenizer):
             "clean_up_tokenization_spaces": False,
         }
         (p / TOKENIZER_CONFIG_FILE).write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
-
-
-def load_tokenizer(path: str | os.PathLike) -> Tokenizer:
-    """The tokenizer of an HF checkpoint directory (needs tokenizer.json), or of a GGUF file (from its metadata:
-    `monorl.model.gguf`; a directory holding one .gguf file and no config.json is the file)."""
-    from monorl.model.gguf import GGUFError, gguf_file, gguf_tokenizer
-
-    try:
-        if (file := gguf_file(path)) is not None:
-            return gguf_tokenizer(file)
-    except GGUFError as e:
-        raise TokenizerError(str(e)) from None
-    return HFTokenizer.from_dir(path)

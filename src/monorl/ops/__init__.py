@@ -4,9 +4,9 @@ neither on the other rows of the batch nor on the layout (decode step vs full-se
 
 - `matmul_invariant`: x @ w^T, tiles and K order a function of the weight's shape only.
 - `rmsnorm_invariant`, `logprob_invariant`: one fixed reduction order per row.
-- `attention_triton`: the one Triton attention kernel (varlen-causal and paged decode); the generator's
+- `attention.kernel`: the one Triton attention kernel (varlen-causal and paged decode); the generator's
   ordinary paged decode runs it too.
-- `attention_invariant`: the invariant attention ops (that kernel on CUDA, an exact CPU path elsewhere).
+- `attention.invariant`: the invariant attention ops (that kernel on CUDA, an exact CPU path elsewhere).
 - `tree_sum`: the fixed-order sum every CPU path is built from.
 - `rope`: RoPE's formula (the model's, and the fused kernels' CPU path).
 - `block_kernels`, `sample_kernels`: the generator's fused Triton kernels (a block's elementwise work; the
@@ -24,22 +24,17 @@ gaps between them are a visible part of the step (benchmarks/RESULTS.md, 2026-11
 from __future__ import annotations
 
 import functools
-import sys
 from collections.abc import Callable
 from typing import Any
 
 import torch
 from torch import Tensor
 
-try:  # triton only exists on the GPU machines
-    import triton
-    from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
-
-    HAS_TRITON = True
-except ImportError:  # pragma: no cover - CPU CI
-    HAS_TRITON = False
+from monorl.speedups.private_apis import HAS_TRITON, disable_dynamo_lazily_
 
 if HAS_TRITON:
+    import triton
+    from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
     @triton.jit
     def pdl_start():
@@ -50,38 +45,13 @@ if HAS_TRITON:
         gdc_launch_dependents()
 
 
-_DISABLE_ATTR = "__dynamo_disable"  # a string: written as an attribute inside a class, Python would mangle it
-
-
-class _DisableDynamoLazily:
-    """What `torch._disable_dynamo` caches on the function it wraps (its `__dynamo_disable`), set ahead so that the
-    wrapper's first call does not import torch._dynamo (~1 s on the GPU machines, #18): while nothing has imported
-    Dynamo nothing runs compiled, and disabling it would change nothing, so the function is called as it is; once
-    something has, the real `torch._dynamo.disable(fn)` is built, cached in this one's place and called, as torch
-    would have done from the start."""
-
-    def __init__(self, fn: Callable) -> None:
-        self.fn = fn
-
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        if "torch._dynamo" not in sys.modules:
-            return self.fn(*args, **kwargs)
-        disabled = torch._dynamo.disable(self.fn, recursive=True, wrapping=False)
-        setattr(self.fn, _DISABLE_ATTR, disabled)
-        return disabled(*args, **kwargs)
-
-
 def custom_op(name: str, mutates_args: tuple[str, ...] | str) -> Callable[[Callable], Any]:
     """`torch.library.custom_op(name, mutates_args=...)` as a decorator, its implementation's call made without
-    importing torch._dynamo while nothing else has (`_DisableDynamoLazily`): every monorl op is defined through it."""
+    importing torch._dynamo while nothing else has (`monorl.speedups.private_apis.disable_dynamo_lazily_`): every
+    monorl op is defined through it."""
 
     def define(fn: Callable) -> Any:
-        op = torch.library.custom_op(name, mutates_args=mutates_args)(fn)
-        for backend_fn in op._backend_fns.values():  # torch._disable_dynamo's wrappers (one per device type)
-            inner = getattr(backend_fn, "__wrapped__", None)
-            if inner is not None and not hasattr(inner, _DISABLE_ATTR):
-                setattr(inner, _DISABLE_ATTR, _DisableDynamoLazily(inner))
-        return op
+        return disable_dynamo_lazily_(torch.library.custom_op(name, mutates_args=mutates_args)(fn))
 
     return define
 

@@ -1,4 +1,4 @@
-"""RoPE's formula, rotate-half (non-interleaved) as in HF: the model's (`monorl.model.qwen3`) and the fused block
+"""RoPE's formula, rotate-half (non-interleaved) as in HF: the model's (`monorl.model.decoder`) and the fused block
 kernels' CPU path (`block_kernels.qk_norm_rope`), one definition for both."""
 
 from __future__ import annotations

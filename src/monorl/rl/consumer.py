@@ -14,9 +14,9 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from monorl.distributed.weight_sync import sync_weights_
 from monorl.generate.generator import Generator
 from monorl.model.moe_routing import generator_trainer_routing
-from monorl.model.weight_sync import sync_weights_
 from monorl.rl.rollouts.producer import RolloutBatch
 from monorl.rl.rollouts.rollout import assign_advantages
 from monorl.train.trainer import Trainer

@@ -6,10 +6,11 @@ from __future__ import annotations
 
 import inspect
 import re
+from collections.abc import Callable
 from typing import Any
 
-from monorl.tasks import TaskError, task_object, task_parameters
 from monorl.tasks.base import Task
+from monorl.tasks.spec import TaskError, task_parameters
 
 _ARG_LINE = re.compile(r"^\s{2,}(\w+)(?:\s*\([^)]*\))?:\s*(.*)$")
 
@@ -38,11 +39,11 @@ def _arg_docs(doc: str | None) -> dict[str, str]:
     return out
 
 
-def task_arguments(spec: str) -> list[tuple[str, Any, str]]:
+def task_arguments(obj: Any) -> list[tuple[str, Any, str]]:
     """(name, default or inspect.Parameter.empty, description) of each keyword argument the task takes, those its
     ``**kwargs`` pass on included (`task_parameters`); a description is the first found in the docstrings (class,
-    then ``__init__``) of the callable declaring the argument, then of the others it passes through."""
-    obj = task_object(spec)
+    then ``__init__``) of the callable declaring the argument, then of the others it passes through. `obj`: what
+    the task spec names (`monorl.task_registry.task_object`)."""
     if isinstance(obj, Task):
         return []
     params = task_parameters(obj)
@@ -59,11 +60,12 @@ def _docs_of(source: Any) -> dict[str, str]:
     return {**_arg_docs(source.__doc__), **_arg_docs(fn.__doc__)}
 
 
-def task_args_help(spec: str, given: dict[str, Any] | None = None) -> str:
+def task_args_help(spec: str, task_object: Callable[[str], Any], given: dict[str, Any] | None = None) -> str:
     """The help section listing task `spec`'s arguments (one line each: flag, description, default; `given`: the
-    values the config sets, shown instead of the signature's defaults)."""
+    values the config sets, shown instead of the signature's defaults). `task_object`: the registry's lookup of a
+    spec (`monorl.task_registry.task_object`)."""
     try:
-        args = task_arguments(spec)
+        args = task_arguments(task_object(spec))
     except TaskError as e:
         return f"task.args: (cannot list the arguments of task {spec!r}: {e})\n"
     if not args:

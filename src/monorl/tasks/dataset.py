@@ -51,7 +51,7 @@ _RESERVED = ("prompts", "completions", "completion_ids", "trainer_state", "log_m
 
 
 def _task_error(msg: str) -> ValueError:
-    from monorl.tasks import TaskError  # here: monorl.tasks imports this module at its own import
+    from monorl.tasks.spec import TaskError
 
     return TaskError(msg)
 
@@ -77,7 +77,7 @@ def load_dataset_file(path: str | Path) -> tuple[Any, Any | None]:
     `datasets.Dataset`s; a saved ``DatasetDict`` gives its ``train`` split and its ``test`` split if any."""
     path = Path(path)
     if not path.exists():
-        from monorl.tasks import DatasetNotFound
+        from monorl.tasks.spec import DatasetNotFound
 
         raise DatasetNotFound(f"dataset not found: {path}")
     if path.is_file() and path.suffix.lower() not in _BUILDERS:
@@ -138,7 +138,7 @@ def _resolve(spec: Any, options: dict[str, Any]) -> Callable[..., Any]:
         raise _task_error(f"reward {spec!r}: expected a name, 'module:function' or a callable")
     if ":" not in spec or spec in BUILTIN_REWARDS:
         return builtin_reward(spec, **options)
-    from monorl.tasks import import_object  # load_task's (here: monorl.tasks imports this module)
+    from monorl.tasks.spec import import_object
 
     obj = import_object(spec, "reward")
     if not callable(obj):

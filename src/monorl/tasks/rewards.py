@@ -39,7 +39,7 @@ def completion_text(completion: Any) -> str:
 
 
 def _task_error(msg: str) -> ValueError:
-    from monorl.tasks import TaskError  # here: monorl.tasks imports this module's users at its own import
+    from monorl.tasks.spec import TaskError
 
     return TaskError(msg)
 

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-import inspect
 import math
 from typing import Any, Literal, get_args
 
 import torch
+
+from monorl.speedups.private_apis import unwrapped_methods
 
 Schedule = Literal["linear", "cosine", "constant"]
 SCHEDULES: tuple[str, ...] = get_args(Schedule)
@@ -25,8 +26,8 @@ def lr_factor(step: int, warmup_steps: int, total_steps: int, schedule: str, min
     return min_ratio + (1.0 - min_ratio) * decay
 
 
-_UNWRAPPED = {name: inspect.unwrap(getattr(torch.optim.AdamW, name))
-              for name in ("add_param_group", "zero_grad", "state_dict", "load_state_dict", "step")}
+_UNWRAPPED = unwrapped_methods(torch.optim.AdamW,
+                               ("add_param_group", "zero_grad", "state_dict", "load_state_dict", "step"))
 
 
 class AdamW(torch.optim.AdamW):
@@ -87,7 +88,8 @@ def clip_and_step(params: list[torch.nn.Parameter], optimizer: AdamW, max_norm: 
 def launch_update_kernels(device: torch.device, on_device: bool) -> None:
     """`clip_and_step` and `zero_grad` once on a throwaway one-element parameter: their kernels' first launches (CUDA
     loads each kernel's module then, 5-70 ms each on the GPU machines), which the ATen preload of a later run
-    (`monorl.ops.preload`) can then pay in its thread when this runs under its recorder. Touches nothing of a run."""
+    (`monorl.speedups.preload`) can then pay in its thread when this runs under its recorder. Touches nothing of a
+    run."""
     p = torch.nn.Parameter(torch.zeros(1, device=device))
     p.grad = torch.ones(1, device=device)
     opt = AdamW([p], lr=1e-3, fused=True if on_device else None)

@@ -29,6 +29,7 @@ import torch
 from torch import Tensor
 
 from monorl.model.attention import SharedPrompts, VarlenContext, positions_of
+from monorl.model.pack_layout import bucket_size, filler_lengths, next_pow2, static_max_seqlen
 
 
 @dataclass
@@ -102,36 +103,6 @@ class MicroBatch:
         T = self.input_ids.numel()
         return PackShape(T, self.ctx.cu_seqlens.numel() - 1, self.targets.numel(), self.ctx.max_seqlen,
                          T if sh is None else sh.expand_index.numel(), 1 if sh is None else sh.copies.shape[1])
-
-
-def bucket_size(n: int, smallest: int = 16) -> int:
-    """Round n up to a bucket: a multiple of `smallest`, and above 8 * smallest one of 8 steps per power
-    of two, so padding stays within 12.5% (8400 -> 9216) and a run sees few distinct sizes."""
-    if n <= smallest:
-        return smallest
-    step = max(smallest, 1 << ((n.bit_length() - 1) - 3))
-    return -(-n // step) * step
-
-
-def next_pow2(n: int, smallest: int = 1) -> int:
-    return max(smallest, 1 << max(0, n - 1).bit_length())
-
-
-def static_max_seqlen(lengths: list[int], size: int) -> int:
-    """A static pack's max_seqlen: the longest sequence rounded up to a power of two (>= 16), at most the pack."""
-    return min(next_pow2(max(lengths), 16), size)
-
-
-def filler_lengths(lengths: list[int], size: int, chunk: int, static: bool, count: int | None = None) -> list[int]:
-    """Sequence lengths of a pack padded to `size` tokens: `lengths`, then filler sequences of at most `chunk` tokens
-    (each attends only to itself); static: then zero-length entries up to a power-of-two count (>= 8), or to
-    `count` where given."""
-    out = [*lengths, *_chunks(size - sum(lengths), chunk)]
-    return out + [0] * ((count or next_pow2(len(out), 8)) - len(out)) if static else out
-
-
-def _chunks(n: int, chunk: int) -> list[int]:
-    return [min(chunk, n - s) for s in range(0, n, chunk)]
 
 
 def token_buckets(max_tokens: int, smallest: int = 64) -> tuple[int, ...]:

@@ -28,8 +28,7 @@ import dataclasses
 import logging
 import warnings
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -38,13 +37,13 @@ from monorl.compile import is_compiled
 from monorl.distributed.fsdp import is_sharded
 from monorl.distributed.world import SINGLE, World
 from monorl.model.batch_invariant import is_batch_invariant
+from monorl.model.decoder import DecoderForCausalLM
 from monorl.model.logprobs import chunked_token_logprobs, chunked_token_logprobs_entropy
 from monorl.model.moe import grouped_mm_serves
 from monorl.model.moe_routing import RouterTap, load_balancing_loss
-from monorl.model.qwen3 import Qwen3ForCausalLM
 from monorl.train.graphs import TrainGraphs
-from monorl.train.losses import LossConfig, LossNorm, loss_metric_names, policy_loss
-from monorl.train.optim import SCHEDULES, Schedule, clip_and_step, launch_update_kernels, lr_factor, make_optimizer
+from monorl.train.losses import LossNorm, loss_metric_names, policy_loss
+from monorl.train.optim import clip_and_step, lr_factor, make_optimizer
 from monorl.train.packing import (
     MicroBatch,
     PackShape,
@@ -54,53 +53,10 @@ from monorl.train.packing import (
     token_share,
 )
 from monorl.train.rollout_correction import MAX_METRIC, MIN_METRIC
+from monorl.train.trainer_config import TrainerConfig
+from monorl.train.warm_up import TrainerWarmUps
 
 log = logging.getLogger(__name__)
-
-
-@dataclass
-class TrainerConfig:
-    lr: float = 2e-6  # peak learning rate (AdamW)
-    weight_decay: float = 0.0  # AdamW decoupled weight decay
-    beta1: float = 0.9  # AdamW beta1
-    beta2: float = 0.999  # AdamW beta2
-    eps: float = 1e-8  # AdamW epsilon
-    max_grad_norm: float = 1.0  # clip the global gradient norm to this
-    warmup_steps: int = 2  # linear lr warmup steps
-    schedule: Schedule = "linear"  # lr after warmup: linear or cosine decay to min_lr_ratio, or constant
-    min_lr_ratio: float = 0.0  # the decay's final lr, as a fraction of lr
-    micro_batch_tokens: int = 8192  # token budget of one packed micro-batch (whole sequences, shared prompts or not)
-    # a prompt group's prompt packed once, its forward and backward run once for the group; attention still sees
-    # every sequence whole, so each token's log-prob is the unshared one (monorl.train.packing)
-    share_prompts: bool = True
-    logprob_chunk: int = 1024  # rows of LM head + log-softmax at a time
-    compute_dtype: Literal["auto", "bfloat16", "float32"] = "auto"  # auto: bf16 autocast on CUDA, fp32 on CPU
-    # recompute each block's activations in backward (keeps only block inputs); none: on when the memory plan
-    # says the run does not fit without it (monorl.plan)
-    activation_checkpointing: bool | None = None
-    loss: LossConfig = field(default_factory=LossConfig)  # the policy loss and the KL to the reference
-    # mixture-of-experts policies: add the routers' load-balancing loss, weighted by config.json's
-    # router_aux_loss_coef (off by default, as in transformers, whose output_router_logits is off)
-    router_aux_loss: bool = False
-    # with trainer CUDA graphs: a pack whose shape has no graph yet is padded to a captured shape that holds it when
-    # that adds at most this share of its tokens and rows, or of micro_batch_tokens for a smaller pack (a capture
-    # costs an eager pass and the capture, ~1 s for Qwen3-1.7B under FSDP; long-tailed batches make new shapes for
-    # many steps: benchmarks/count_pack_shapes.py); 0: every new shape is captured
-    graph_pad_slack: float = 0.25
-
-    def __post_init__(self) -> None:
-        if self.lr <= 0:
-            raise ValueError(f"trainer.lr must be > 0, got {self.lr}")
-        if self.micro_batch_tokens < 16:
-            raise ValueError(f"trainer.micro_batch_tokens must be >= 16, got {self.micro_batch_tokens}")
-        if self.compute_dtype not in ("auto", "bfloat16", "float32"):
-            raise ValueError(f"trainer.compute_dtype must be auto|bfloat16|float32, got {self.compute_dtype!r}")
-        if self.schedule not in SCHEDULES:
-            raise ValueError(f"trainer.schedule must be one of {SCHEDULES}, got {self.schedule!r}")
-        if self.max_grad_norm <= 0:
-            raise ValueError(f"trainer.max_grad_norm must be > 0, got {self.max_grad_norm}")
-        if self.graph_pad_slack < 0:
-            raise ValueError(f"trainer.graph_pad_slack must be >= 0, got {self.graph_pad_slack}")
 
 
 _METRIC_SLOTS = 24  # device accumulator: the loss's metrics, then logprob-diff sum, token count, entropy sum
@@ -109,9 +65,11 @@ _AUX_SLOT = _METRIC_SLOTS - 1  # ... and in the last slot the routers' load-bala
 _MAX_SLOTS = 3
 
 
-class Trainer:
-    def __init__(self, model: Qwen3ForCausalLM, cfg: TrainerConfig, total_steps: int, attn_backend: str = "sdpa",
-                 ref_model: Qwen3ForCausalLM | None = None, cuda_graphs: bool = False,
+class Trainer(TrainerWarmUps):
+    """The trainer step (see the module docstring); its ahead-of-time warm-ups are `TrainerWarmUps`'."""
+
+    def __init__(self, model: DecoderForCausalLM, cfg: TrainerConfig, total_steps: int, attn_backend: str = "sdpa",
+                 ref_model: DecoderForCausalLM | None = None, cuda_graphs: bool = False,
                  static_shapes: bool | None = None, max_graph_tokens: int | None = None,
                  world: World = SINGLE) -> None:
         """cuda_graphs: replay each micro-batch from a graph captured per pack shape (CUDA with the flash
@@ -168,7 +126,7 @@ class Trainer:
             return contextlib.nullcontext()
         return torch.autocast(self.device.type, dtype=self.autocast_dtype)
 
-    def response_logprobs(self, model: Qwen3ForCausalLM, mb: MicroBatch, temperature: float) -> Tensor:
+    def response_logprobs(self, model: DecoderForCausalLM, mb: MicroBatch, temperature: float) -> Tensor:
         """Log-probs of the completion tokens of one micro-batch, [N] fp32."""
         with self._autocast():
             hidden = model(mb.input_ids, mb.ctx.positions, mb.ctx)
@@ -223,69 +181,6 @@ class Trainer:
         if skipped:
             log.warning("non-finite gradient norm (%s) at trainer step %d: update skipped", norm, self.step_count - 1)
         return float(norm), bool(skipped)
-
-    def _warm_up_packs(self, prompt_ids: list[int], num_seqs: int, completion_len: int, smaller: bool = True,
-                       group_size: int = 1) -> list[tuple[MicroBatch, LossNorm, Tensor, bool]]:
-        """The warm-up's micro-batches: a rank's share of the step's full-size packs (num_seqs rollouts of
-        completion_len tokens, in groups of group_size that share a prompt, as a step's do) and (smaller) one that
-        differs in every size Dynamo sees (tokens, sequences, max_seqlen), so it compiles them as dynamic once, here,
-        instead of recompiling at the first real step. (mb, norm, advantages, full size)."""
-        comp = (list(prompt_ids) * (completion_len // max(1, len(prompt_ids)) + 1))[:completion_len] or [0]
-        # a rank trains its share of a step (`_my_share`): the packs of the largest share, the same on every rank (their
-        # collectives pair up). The whole step's packs were larger than the graphs' pool is planned for: they ran
-        # without graphs, and step 1's capture grew the pool after the KV cache had taken the rest (Qwen3-8B, 4 H100).
-        # The norm and advantages stay the whole step's, as a step's are: a graph's key holds the step's sequence
-        # count, and graphs captured under the share's count were never replayed (every step captured its own)
-        share = -(-num_seqs // self.world.size)
-        norm = LossNorm.for_step(self.cfg.loss, [len(comp)] * num_seqs, self.device)
-        adv = torch.ones(num_seqs, device=self.device)
-        sizes = [(share, comp)] + ([(max(1, share // 4), comp[: max(1, len(comp) // 2)])] if smaller else [])
-        packs = []
-        for i, (n, c) in enumerate(sizes):
-            # with a KL term the step's packs carry reference log-probs: so do these (the same graph key and code)
-            ref = [0.0] * len(c) if self.cfg.loss.kl_coef > 0 else None
-            seqs = [TrainSequence(list(prompt_ids), c, [0.0] * len(c), 1.0, ref_logprobs=ref,
-                                  group=j // max(1, group_size)) for j in range(n)]
-            packs += [(mb, norm, adv, i == 0) for mb in self._micro_batches(seqs)]
-        return packs
-
-    def warm_up(self, prompt_ids: list[int], num_seqs: int, completion_len: int, temperature: float = 1.0,
-                group_size: int = 1) -> None:
-        """Compile ahead of the first step: forward+backward on `_warm_up_packs`; with CUDA graphs, also capture
-        the full-size packs' graphs. Then drop the gradients and metric sums. Weights and optimizer state are
-        untouched. A model that is not compiled skips the eager passes when graphs are captured: the capture's
-        own warm-up pass does what they did (first launches, cuBLAS and autograd set-up), and the smaller pack
-        is only there for Dynamo."""
-        self.model.train()
-        full = []
-        eager = self.graphs is None or is_compiled(self.model)
-        for mb, norm, adv, is_full in self._warm_up_packs(prompt_ids, num_seqs, completion_len, smaller=eager,
-                                                          group_size=group_size):
-            if eager:
-                self._accumulate(mb, norm, adv, temperature)
-            full += [(mb, norm, adv)] if is_full else []
-        if self.graphs is not None:  # after compiling, so capture time is only capture
-            if self.device.type == "cuda" and eager:
-                # the eager passes' freed blocks back to the driver before the graphs' pool takes its own: cached,
-                # they doubled the reserved peak (1.7B: 116.9 GiB reserved for 62.3 allocated; traced on an H200)
-                torch.cuda.empty_cache()
-            for mb, norm, adv in full:
-                self._ensure_graph(mb, norm, adv, temperature)
-        self._reset_accumulators()
-
-    def trace_kernels(self, prompt_ids: list[int], num_seqs: int, completion_len: int, temperature: float,
-                      first_pass: contextlib.AbstractContextManager | None = None, group_size: int = 1) -> None:
-        """The warm-up's eager passes without graphs, for `monorl.ops.precompile.recording()` to see the Triton
-        kernels they launch (their outputs are garbage there: dropped with the gradients and metric sums).
-        first_pass: a context the first pass alone runs in (the run's ATen op recorder)."""
-        self.model.train()
-        for i, (mb, norm, adv, _) in enumerate(self._warm_up_packs(prompt_ids, num_seqs, completion_len,
-                                                                   group_size=group_size)):
-            with first_pass if first_pass is not None and i == 0 else contextlib.nullcontext():
-                self._accumulate(mb, norm, adv, temperature)
-                if i == 0:  # the update's kernels too (on a throwaway parameter): else step 1 loads them
-                    launch_update_kernels(self.device, self._update_on_device())
-        self._reset_accumulators()
 
     def _micro_batches(self, seqs: Sequence[TrainSequence], indices: Sequence[int] | None = None,
                        cover: Callable[[MicroBatch], PackShape | None] | None = None) -> list[MicroBatch]:
@@ -511,7 +406,7 @@ class Trainer:
         if self.ref_model is None:
             return
         if is_sharded(self.model):  # the reference is a full copy on every rank: gather into it
-            from monorl.model.weight_sync import sync_weights_
+            from monorl.distributed.weight_sync import sync_weights_
 
             sync_weights_(self.ref_model, self.model)
         else:

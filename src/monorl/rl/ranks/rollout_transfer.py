@@ -1,4 +1,4 @@
-"""Rollouts from the generator ranks to the trainer ranks of a disaggregated run (`monorl.rl.ranks.placement`).
+"""Rollouts from the generator ranks to the trainer ranks of a disaggregated run (`monorl.distributed.placement`).
 
 Each generator sends its share of a step's scored groups to every trainer as one pickled object
 (`broadcast_object_list` in its group {generator g} + trainers, a gloo group: host objects stay off the GPUs'
@@ -21,7 +21,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from monorl.rl.ranks.placement import Placement
+from monorl.distributed.placement import Placement
 
 _HOST = torch.device("cpu")
 

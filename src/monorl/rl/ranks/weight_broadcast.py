@@ -1,4 +1,4 @@
-"""Weight publication across processes (a disaggregated run, `monorl.rl.ranks.placement`): after an optimizer
+"""Weight publication across processes (a disaggregated run, `monorl.distributed.placement`): after an optimizer
 step the trainer ranks send the new weights to the generator ranks, which write them in place into their fused
 inference copy, so its CUDA graphs stay valid. The result is bitwise what `sync_weights_` writes colocated.
 
@@ -45,9 +45,8 @@ import torch.distributed as dist
 from torch import Tensor, nn
 
 from monorl.distributed.fsdp import fsdp_units, gathered_dtype, is_sharded, shard_rows, unsharded
-from monorl.distributed.world import collective_device
-from monorl.model.lora import LoRALinear
-from monorl.model.weight_sync import (
+from monorl.distributed.placement import Placement
+from monorl.distributed.weight_sync import (
     Source,
     destination_lora,
     destination_views,
@@ -55,7 +54,8 @@ from monorl.model.weight_sync import (
     sources,
     strip_compile_prefix,
 )
-from monorl.rl.ranks.placement import Placement
+from monorl.distributed.world import collective_device
+from monorl.model.lora import LoRALinear
 
 ALIGN = 16  # bytes: each piece starts aligned, so a byte slice can be viewed as any dtype
 _LAYER = re.compile(r"(model\.layers\.\d+)\.")

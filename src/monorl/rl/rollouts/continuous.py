@@ -39,11 +39,11 @@ import torch
 import torch.distributed as dist
 
 from monorl.assembly import rollout_sampling
+from monorl.distributed.placement import Placement
 from monorl.generate.engine import Engine
 from monorl.generate.requests import Completion, completion_of
 from monorl.generate.sampling import SamplingParams
 from monorl.generate.tensor_parallel import generation_world
-from monorl.rl.ranks.placement import Placement
 from monorl.rl.rollouts.dynamic_sampling import fill_batch
 from monorl.rl.rollouts.producer import RolloutBatch, RolloutProducer
 from monorl.rl.rollouts.rollout import encode_prompts, gather_groups, score_groups

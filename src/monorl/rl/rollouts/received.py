@@ -12,7 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TypeVar
 
-from monorl.rl.ranks.placement import Placement
+from monorl.distributed.placement import Placement
 from monorl.rl.ranks.rollout_transfer import recv_rollouts
 from monorl.rl.rollouts.metrics import ValidationResult
 from monorl.rl.rollouts.producer import RolloutBatch

@@ -1,5 +1,5 @@
 """The RL loop with generators and trainers on their own ranks (`placement.generator_ranks G`,
-`monorl.rl.ranks.placement`): the last G ranks run `run_generator`, the others the loop of `rl/run/grpo.py`, which
+`monorl.distributed.placement`): the last G ranks run `run_generator`, the others the loop of `rl/run/grpo.py`, which
 takes its batches from `ReceivedRollouts` instead of a producer of its own.
 
 A generator rank holds the generator's copy (built from the loaded policy, which it then drops) and the prompt
@@ -36,7 +36,7 @@ import torch.distributed as dist
 
 from monorl.assembly import RunSpec
 from monorl.console import record_only
-from monorl.rl.ranks.placement import Placement
+from monorl.distributed.placement import Placement
 from monorl.rl.ranks.rollout_transfer import send_rollouts
 from monorl.rl.ranks.weight_broadcast import WeightBroadcast
 from monorl.rl.rollouts.continuous import ContinuousBatches, run_continuous, runs_continuous

@@ -11,7 +11,8 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from monorl.distributed.world import World, check_world, launched_by_torchrun
+from monorl.distributed.world import World, launched_by_torchrun
+from monorl.distributed.world_fit import check_world
 
 
 def relaunch_train(cfg: Any, nproc: int, resume: str | None = None, allow_config_change: bool = False) -> int:

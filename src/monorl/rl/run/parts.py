@@ -21,7 +21,9 @@ from monorl.assembly import RunSpec, build_run, resolve_device
 from monorl.compile import compile_blocks, setup_compile_cache
 from monorl.config import RunConfig
 from monorl.distributed.fsdp import shard_model_
-from monorl.distributed.world import World, check_world, init_world
+from monorl.distributed.placement import Placement
+from monorl.distributed.world import World, init_world
+from monorl.distributed.world_fit import check_world
 from monorl.fsutil import json_safe
 from monorl.generate.build import build_generator, generator_group
 from monorl.generate.generator import Generator
@@ -31,7 +33,6 @@ from monorl.model.lora import apply_lora_
 from monorl.model.source import load_policy
 from monorl.rl.consumer import Publish, TrainerConsumer
 from monorl.rl.loggers import check_loggers, open_loggers
-from monorl.rl.ranks.placement import Placement
 from monorl.rl.ranks.weight_broadcast import WeightBroadcast
 from monorl.rl.rollouts.producer import RolloutProducer
 from monorl.rl.rollouts.sources import RolloutSource

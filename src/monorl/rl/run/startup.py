@@ -4,8 +4,8 @@ cache), the KV cache itself, and the generator's warm-up with each sampler the r
 
 The start-up-speed machinery lives behind one switch, `compile.startup_speedups` (on by default, CUDA + Triton
 only): Triton's cache key computed in a child process meanwhile (`TritonKeyPrefetch`), the run's Triton kernels
-compiled ahead in threads from a kept list (`ops/precompile.py`), and the ATen kernels an earlier run launched
-replayed in a thread (`ops/preload.py`). Each relies on private Triton / torch APIs; `tests/test_private_apis.py`
+compiled ahead in threads from a kept list (`speedups/precompile.py`), and the ATen kernels an earlier run launched
+replayed in a thread (`speedups/preload.py`). Each relies on private Triton / torch APIs; `tests/test_private_apis.py`
 fails when an upgrade removes one. Off, start-up compiles on first launch as torch and Triton normally do.
 """
 
@@ -28,7 +28,8 @@ from monorl.generate.generator import Generator
 from monorl.generate.sampling import SamplingParams
 from monorl.model.batch_invariant import is_batch_invariant
 from monorl.ops import HAS_TRITON
-from monorl.ops.precompile import (
+from monorl.plan import GiB, step_kv_need
+from monorl.speedups.precompile import (
     TritonKeyPrefetch,
     compile_ahead,
     default_threads,
@@ -37,8 +38,7 @@ from monorl.ops.precompile import (
     save_specs,
     specs_path,
 )
-from monorl.ops.preload import AtenRecorder, Preload, save_ops, start_preload
-from monorl.plan import GiB, step_kv_need
+from monorl.speedups.preload import AtenRecorder, Preload, save_ops, start_preload
 from monorl.train.trainer import Trainer
 
 log = logging.getLogger("monorl")
@@ -168,7 +168,7 @@ class Startup:
     def compile_kernels_ahead(self, spec: RunSpec, policy: torch.nn.Module, trainer: Trainer, generator: Generator,
                               prompt: list[int], gen_prompts: list[list[int]], samplers: list[SamplingParams]) -> None:
         """Compile the Triton kernels the warm-ups will launch, in parallel threads, before them
-        (`monorl.ops.precompile`): their launches are traced first, skipped, by the warm-ups' own passes -- the
+        (`monorl.speedups.precompile`): their launches are traced first, skipped, by the warm-ups' own passes -- the
         trainer's when its model runs monorl's kernels (batch-invariant mode), the generator's -- except where
         torch.compile runs a model (those passes would compile it here). The traced list is kept beside Triton's
         cache; a later run with the same shapes, settings and code loads it instead of tracing. Rank-local (each
@@ -198,7 +198,7 @@ class Startup:
         aten = AtenRecorder()
         with recording() as rec:
             if traced["trainer"]:
-                # its first pass also lists its ATen ops, for a later run's preload (`monorl.ops.preload`): the
+                # its first pass also lists its ATen ops, for a later run's preload (`monorl.speedups.preload`): the
                 # trainer's warm-up pays most first launches, and recording slows the ops it sees (a dispatch mode)
                 trainer.trace_kernels(prompt, r.prompts_per_step * r.group_size, r.max_new_tokens, r.temperature,
                                       first_pass=aten, group_size=r.group_size)

@@ -12,10 +12,10 @@ from typing import Any
 import torch
 
 from monorl.distributed.world import World
-from monorl.model.checkpoint import save_checkpoint
 from monorl.model.config import ModelConfig
+from monorl.model.decoder import DecoderForCausalLM, build_model
+from monorl.model.hf_checkpoint import save_checkpoint
 from monorl.model.lora import LoRAConfig, apply_lora_, is_lora, save_adapter, save_merged_checkpoint
-from monorl.model.qwen3 import Qwen3ForCausalLM, build_model
 from monorl.rl.rollouts.metrics import ValidationResult
 from monorl.rl.run.checkpoints.files import load_training_checkpoint, save_training_checkpoint
 from monorl.rl.run.checkpoints.sharded import (
@@ -73,7 +73,7 @@ class RunCheckpoints:
         final = self.root / "final"
         policy = self.policy
         if self.world.size > 1:  # gathered into one plain CPU copy on rank 0, which alone writes
-            def plain_policy() -> Qwen3ForCausalLM:  # unsharded, on CPU, of the run's shape; values unset
+            def plain_policy() -> DecoderForCausalLM:  # unsharded, on CPU, of the run's shape; values unset
                 model = build_model(model_config, torch.device("cpu"), torch.float32, seed=None)
                 if lora.enabled:
                     apply_lora_(model, lora, base_dtype=next(self.config_source.parameters()).dtype)

@@ -36,9 +36,9 @@ from typing import Any
 import torch
 
 from monorl.fsutil import json_safe, remove_leftovers, write_dir_atomic, write_text_atomic
-from monorl.model.checkpoint import CheckpointError, load_config, load_state_dict, write_checkpoint_files
+from monorl.model.decoder import DecoderForCausalLM
+from monorl.model.hf_checkpoint import CheckpointError, load_config, load_state_dict, write_checkpoint_files
 from monorl.model.lora import is_lora, load_adapter_, save_adapter
-from monorl.model.qwen3 import Qwen3ForCausalLM
 from monorl.train.trainer import Trainer
 
 STATE_FILE = "trainer_state.pt"
@@ -109,7 +109,7 @@ def step_checkpoints(root: Path) -> list[tuple[int, Path]]:
     return sorted(out)
 
 
-def save_training_checkpoint(root: str | os.PathLike, step: int, policy: Qwen3ForCausalLM, trainer: Trainer, *,
+def save_training_checkpoint(root: str | os.PathLike, step: int, policy: DecoderForCausalLM, trainer: Trainer, *,
                              data_position: int, tokenizer: Any = None, meta: dict[str, Any] | None = None,
                              keep_last: int = 2) -> Path:
     """Write `root/step_<step>/` atomically, point `root/latest` at it, and delete step checkpoints older than
@@ -249,7 +249,7 @@ class TrainingCheckpoint:
     meta: dict[str, Any]
 
 
-def load_training_checkpoint(path: str | os.PathLike, policy: Qwen3ForCausalLM, trainer: Trainer,
+def load_training_checkpoint(path: str | os.PathLike, policy: DecoderForCausalLM, trainer: Trainer,
                              restore_rng: bool = True) -> TrainingCheckpoint:
     """Restore a checkpoint into an existing policy (in place, so the optimizer's parameters and any
     generator copy stay the same objects) and trainer. Everything is read and checked before anything is

@@ -36,7 +36,7 @@ from torch import nn
 import monorl.rl.run.checkpoints.files as ck
 from monorl.distributed.world import World
 from monorl.fsutil import json_safe, remove_leftovers, write_dir_atomic, write_text_atomic
-from monorl.model.checkpoint import CheckpointError, write_checkpoint_files
+from monorl.model.hf_checkpoint import CheckpointError, write_checkpoint_files
 from monorl.train.trainer import Trainer
 
 # torch.distributed.checkpoint is imported where it is used: with DTensor and sympy it costs ~1.5 s, which a

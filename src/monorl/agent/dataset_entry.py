@@ -10,6 +10,7 @@ from typing import Any
 
 from monorl.tasks.base import Task
 from monorl.tasks.dataset import DatasetTask
+from monorl.tasks.spec import TaskError
 
 # what the episodes take beyond the dataset task's arguments (meaningless without tools or an environment)
 _EPISODE_ONLY = ("max_turns", "system", "tool_timeout", "env_timeout")
@@ -21,8 +22,6 @@ def dataset_task(path: str | Path, reward: Any = None, tools: Any = None, enviro
     arguments' descriptions: `AgentDatasetTask` (tools, environment_factory, the episodes' settings) and
     `DatasetTask` (the rest), where ``**args`` go (`kwargs_to`)."""
     if tools is None and environment_factory is None:
-        from monorl.tasks import TaskError  # here: monorl.tasks imports this module at its own import
-
         if given := [a for a in _EPISODE_ONLY if a in args]:
             raise TaskError(f"--task.args.{given[0]} applies to episodes: give --task.args.tools or "
                             "--task.args.environment_factory too")

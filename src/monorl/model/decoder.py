@@ -1,12 +1,12 @@
 """The one decoder model definition, used by both the trainer and the generator, for every family in
 `monorl.model.families` (Qwen3, Llama, Qwen2, Qwen3-MoE): the config says which pieces a family has (a q/k norm,
 q/k/v and o biases, Llama 3 RoPE scaling, a tied head, mixture-of-experts MLPs in its sparse layers:
-`monorl.model.moe`); the class keeps the name it had when Qwen3 was the only one.
+`monorl.model.moe`).
 
 Inputs are always flat: `input_ids [T]`, `positions [T]` and an `AttentionContext` that says how
 the T tokens are laid out (packed sequences, a prefill, or one token per live decode sequence).
 Parameter names equal HF transformers' `*ForCausalLM` of the family, so checkpoints map one to one (the
-generator's inference copy alone is built with fused projections: `monorl.model.weight_sync.PACKED_MODULES`).
+generator's inference copy alone is built with fused projections: `monorl.distributed.weight_sync.PACKED_MODULES`).
 """
 
 from __future__ import annotations
@@ -24,38 +24,10 @@ from monorl.compile import mark_dynamic
 from monorl.model import logprobs
 from monorl.model.attention import AttentionContext
 from monorl.model.config import Llama3RopeScaling, ModelConfig
+from monorl.model.layers import Linear, RMSNorm, embedding
+from monorl.model.moe import SparseMoeBlock
 from monorl.ops import custom_op
 from monorl.ops.rope import apply_rope
-
-
-class RMSNorm(nn.Module):
-    def __init__(self, dim: int, eps: float) -> None:
-        super().__init__()
-        self.weight = nn.Parameter(torch.ones(dim))
-        self.eps = eps
-
-    def forward(self, x: Tensor) -> Tensor:
-        # Normalise in fp32, scale in the input dtype: the same rounding as HF's Qwen3RMSNorm.
-        dtype = x.dtype
-        x = x.float()
-        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * x.to(dtype)
-
-
-class Linear(nn.Linear):
-    """The model's projections: nn.Linear (`monorl.model.batch_invariant` converts exactly this class)."""
-
-    def reset_parameters(self) -> None:
-        # The model is built on meta and filled by init_weights or a checkpoint: nn.init's draw on a meta tensor
-        # has nothing to do, and would import torch._dynamo (~3 s of a GPU run's startup, measured on an H200)
-        if not self.weight.is_meta:
-            super().reset_parameters()
-
-
-def embedding(num: int, dim: int) -> nn.Embedding:
-    """nn.Embedding, without its init draw when built on meta (see `Linear.reset_parameters`)."""
-    weight = torch.empty(num, dim)
-    return nn.Embedding(num, dim, _weight=weight) if weight.is_meta else nn.Embedding(num, dim)
 
 
 @custom_op("monorl::rope_cos_sin", mutates_args=())
@@ -190,8 +162,6 @@ class TransformerBlock(nn.Module):
         super().__init__()
         self.self_attn = Attention(cfg, fused)
         if sparse:
-            from monorl.model.moe import SparseMoeBlock  # (moe.py builds on this module's Linear)
-
             self.mlp: nn.Module = SparseMoeBlock(cfg)
         else:
             self.mlp = MLP(cfg, fused)
@@ -211,13 +181,13 @@ class Qwen3Model(nn.Module):
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
 
-class Qwen3ForCausalLM(nn.Module):
+class DecoderForCausalLM(nn.Module):
     """The decoder of every family (see the module docstring). `forward` returns final hidden states [T, hidden];
     `compute_logits` applies the LM head, so callers can chunk it (the trainer never materialises a whole pack's
     logits).
 
-    fused: q/k/v and gate/up as one projection each (`monorl.model.weight_sync.PACKED_MODULES`), for an
-    inference copy whose weights come from an unfused model through `monorl.model.weight_sync`; unfused (the
+    fused: q/k/v and gate/up as one projection each (`monorl.distributed.weight_sync.PACKED_MODULES`), for an
+    inference copy whose weights come from an unfused model through `monorl.distributed.weight_sync`; unfused (the
     default), names equal HF's."""
 
     # recompute each block in backward instead of keeping its activations (set by the trainer's memory plan)
@@ -272,7 +242,7 @@ class Qwen3ForCausalLM(nn.Module):
         return list(logits.split([len(s) for s in sequences]))
 
     @torch.no_grad()
-    def init_weights(self, seed: int = 0, std: float = 0.02) -> Qwen3ForCausalLM:
+    def init_weights(self, seed: int = 0, std: float = 0.02) -> DecoderForCausalLM:
         """Random init (normal(0, std) matrices and biases, unit norms), deterministic for a seed and device type.
         Drawn on the parameters' device: 0.6B normal samples on a CPU take seconds of startup."""
         gens: dict[torch.device, torch.Generator] = {}
@@ -298,11 +268,11 @@ def materialize_(module: nn.Module, device: torch.device | str, dtype: torch.dty
 
 
 def build_model(cfg: ModelConfig, device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32,
-                seed: int | None = 0, fused: bool = False) -> Qwen3ForCausalLM:
+                seed: int | None = 0, fused: bool = False) -> DecoderForCausalLM:
     """A randomly initialised model (seed) or, with seed=None, an uninitialised one (`torch.empty`).
-    fused: with fused projections (see `Qwen3ForCausalLM`)."""
+    fused: with fused projections (see `DecoderForCausalLM`)."""
     with torch.device("meta"):
-        model = Qwen3ForCausalLM(cfg, fused)
+        model = DecoderForCausalLM(cfg, fused)
     materialize_(model, device, dtype)
     if seed is not None:
         model.init_weights(seed)

@@ -13,8 +13,9 @@ import torch
 from torch import Tensor
 
 from monorl.ops import custom_op, use_triton
-from monorl.ops.attention_triton import attention_triton, varlen_attention_triton
+from monorl.ops.attention.kernel import attention_triton, varlen_attention_triton
 from monorl.ops.tree_sum import tree_sum
+from monorl.speedups.private_apis import flash_attention_backward
 
 
 def _attn_cpu_rows(q: Tensor, k: Tensor, v: Tensor, valid: Tensor) -> tuple[Tensor, Tensor]:
@@ -89,7 +90,7 @@ def backward_flash(grad: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, l
     group's key/value gradients itself). On a Qwen3-0.6B pack the padded textbook backward took 46% of an invariant
     trainer step (H200). The ATen op directly: this runs below autograd (inside a custom op)."""
     rng = torch.zeros(2, dtype=torch.uint64, device=q.device)  # no dropout: no RNG state to replay
-    dq, dk, dv = torch.ops.aten._flash_attention_backward(grad, q, k, v, out, lse, cu_seqlens, cu_seqlens, max_seqlen,
+    dq, dk, dv = flash_attention_backward(grad, q, k, v, out, lse, cu_seqlens, cu_seqlens, max_seqlen,
                                                           max_seqlen, 0.0, True, rng, q.new_empty(0))
     return dq, dk, dv
 

@@ -39,7 +39,7 @@ from typing import Any
 import torch
 
 from monorl.fsutil import write_text_atomic
-from monorl.ops import HAS_TRITON
+from monorl.speedups.private_apis import HAS_TRITON
 
 MAX_THREADS = 16
 COMPILE_THREADS = "triton-compile"  # the pool's thread names start with this

@@ -3,7 +3,7 @@
 
 Loading builds the model on the meta device and reads each tensor straight to its target device and
 dtype, so the weights exist once (a Qwen3-MoE checkpoint's per-expert tensors are stacked a layer at a time:
-`monorl.model.moe_checkpoint`). Saving writes a directory that `transformers` loads as
+`monorl.model.expert_stacking`). Saving writes a directory that `transformers` loads as
 the family's `*ForCausalLM`, atomically (`monorl.fsutil.write_dir_atomic`: a temp dir beside the target, then one
 rename).
 """
@@ -22,9 +22,9 @@ from torch import Tensor
 
 from monorl.fsutil import read_json, write_dir_atomic
 from monorl.model.config import ModelConfig
-from monorl.model.moe_checkpoint import is_stacked, per_expert_expected, stack_experts, unstack_experts
-from monorl.model.qwen3 import Qwen3ForCausalLM
-from monorl.model.tokenizer import Tokenizer, load_tokenizer
+from monorl.model.decoder import DecoderForCausalLM
+from monorl.model.expert_stacking import is_stacked, per_expert_expected, stack_experts, unstack_experts
+from monorl.model.tokenizer import HFTokenizer, Tokenizer, TokenizerError
 
 CONFIG_FILE = "config.json"
 SINGLE_FILE = "model.safetensors"
@@ -149,13 +149,13 @@ def load_state_dict(path: str | os.PathLike, expected: dict[str, Tensor], device
 
 
 def load_checkpoint(path: str | os.PathLike, device: torch.device | str = "cpu",
-                    dtype: torch.dtype | None = None) -> Qwen3ForCausalLM:
+                    dtype: torch.dtype | None = None) -> DecoderForCausalLM:
     """A model from an HF checkpoint directory or a GGUF file. dtype=None keeps the stored dtype (of the
     embedding, so a checkpoint with mixed dtypes still gives a model of one dtype; a GGUF file's: fp32, in which
     its dequantized values are exact)."""
     cfg = load_config(path)
     with torch.device("meta"):
-        model = Qwen3ForCausalLM(cfg)
+        model = DecoderForCausalLM(cfg)
     expected = model.state_dict()
     if (file := _gguf(path)) is not None:
         from monorl.model.gguf import GGUFError, gguf_state_dict
@@ -170,7 +170,7 @@ def load_checkpoint(path: str | os.PathLike, device: torch.device | str = "cpu",
         dtype = _stored_dtype(path, "model.embed_tokens.weight")
     # Tied checkpoints may still carry lm_head.weight (a copy of the embedding): read past it.
     ignore = ("lm_head.weight",) if cfg.tie_word_embeddings else ()
-    # experts stored one by one (the Hub's form, `monorl.model.moe_checkpoint`), unless the file has them stacked
+    # experts stored one by one (the Hub's form, `monorl.model.expert_stacking`), unless the file has them stacked
     per_expert = cfg.is_moe and not any(map(is_stacked, _stored_names(path)))
     state = load_state_dict(path, per_expert_expected(expected) if per_expert else expected, device=device,
                             dtype=dtype, ignore=ignore)
@@ -207,13 +207,26 @@ def _stored_dtype(path: str | os.PathLike, name: str) -> torch.dtype | None:
 
 
 def load_pretrained(path: str | os.PathLike, device: torch.device | str = "cpu",
-                    dtype: torch.dtype | None = None) -> tuple[Qwen3ForCausalLM, Tokenizer]:
+                    dtype: torch.dtype | None = None) -> tuple[DecoderForCausalLM, Tokenizer]:
     """Model and tokenizer from one HF checkpoint directory or GGUF file."""
     model = load_checkpoint(path, device=device, dtype=dtype)
     return model, load_tokenizer(path)
 
 
 # ---- writing ---------------------------------------------------------------------------------------
+
+def load_tokenizer(path: str | os.PathLike) -> Tokenizer:
+    """The tokenizer of an HF checkpoint directory (needs tokenizer.json), or of a GGUF file (from its metadata:
+    `monorl.model.gguf`; a directory holding one .gguf file and no config.json is the file)."""
+    from monorl.model.gguf import GGUFError, gguf_file, gguf_tokenizer  # imports the tokenizers library
+
+    try:
+        if (file := gguf_file(path)) is not None:
+            return gguf_tokenizer(file)
+    except GGUFError as e:
+        raise TokenizerError(str(e)) from None
+    return HFTokenizer.from_dir(path)
+
 
 def _shards(state: dict[str, Tensor], max_shard_bytes: int | None) -> list[dict[str, Tensor]]:
     """Greedy split in insertion order; a tensor larger than the limit gets a shard of its own."""
@@ -231,7 +244,7 @@ def _shards(state: dict[str, Tensor], max_shard_bytes: int | None) -> list[dict[
     return shards
 
 
-def save_checkpoint(model: Qwen3ForCausalLM, path: str | os.PathLike, dtype: torch.dtype | None = None,
+def save_checkpoint(model: DecoderForCausalLM, path: str | os.PathLike, dtype: torch.dtype | None = None,
                     tokenizer: Tokenizer | None = None, max_shard_bytes: int | None = None) -> Path:
     """Write `model` (and `tokenizer`, if given) as an HF checkpoint directory at `path`, replacing any
     existing one only once the new one is complete. dtype=None keeps the model's dtype."""
@@ -241,7 +254,7 @@ def save_checkpoint(model: Qwen3ForCausalLM, path: str | os.PathLike, dtype: tor
     return write_dir_atomic(path, lambda d: write_checkpoint_files(model, d, dtype, tokenizer, max_shard_bytes))
 
 
-def write_checkpoint_files(model: Qwen3ForCausalLM, directory: Path, dtype: torch.dtype | None = None,
+def write_checkpoint_files(model: DecoderForCausalLM, directory: Path, dtype: torch.dtype | None = None,
                            tokenizer: Tokenizer | None = None, max_shard_bytes: int | None = None,
                            weights: bool = True) -> None:
     """The files of `save_checkpoint`, into an existing directory and not atomically: for a writer that adds

@@ -9,7 +9,7 @@ construction with torch._dynamo's import, the Triton kernel load): 8 first launc
 0.35-0.37 s in a thread against 0.46-0.55 s in turn (`benchmarks/probe_startup_costs.py --overlap`).
 
 Which kernels: `AtenRecorder`, a dispatch mode, records the ATen ops (the first call of each, with its arguments'
-dtypes and ranks) of the trainer's first pass that `monorl.ops.precompile` traces; the list is kept beside Triton's
+dtypes and ranks) of the trainer's first pass that `monorl.speedups.precompile` traces; the list is kept beside Triton's
 kernel list and a later run replays it (`start_preload`) on tensors of one element: the kernel a tiny call launches
 is not always the one the real shapes pick, but it lives in the same module (one per ATen source file), which is
 what costs. A list that is missing, stale or partly unreplayable costs nothing but the loads it did not do: every

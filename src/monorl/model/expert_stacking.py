@@ -30,7 +30,7 @@ def per_expert_shapes(name: str, shape: tuple[int, ...]) -> dict[str, tuple[int,
 
 def per_expert_expected(expected: dict[str, Tensor]) -> dict[str, Tensor]:
     """`expected` (a model's state dict) with each stacked expert tensor replaced by its per-expert names (meta
-    tensors of their shapes), for `monorl.model.checkpoint.load_state_dict`."""
+    tensors of their shapes), for `monorl.model.hf_checkpoint.load_state_dict`."""
     out: dict[str, Tensor] = {}
     for name, t in expected.items():
         if is_stacked(name):

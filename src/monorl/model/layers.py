@@ -1,0 +1,38 @@
+"""The decoder's plain building blocks: the RMSNorm, the projection class every conversion recognises, the
+embedding. Their own module so that the dense decoder (`decoder.py`) and the sparse MLP (`moe.py`) both build on
+them without importing each other."""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+
+    def forward(self, x: Tensor) -> Tensor:
+        # Normalise in fp32, scale in the input dtype: the same rounding as HF's Qwen3RMSNorm.
+        dtype = x.dtype
+        x = x.float()
+        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * x.to(dtype)
+
+
+class Linear(nn.Linear):
+    """The model's projections: nn.Linear (`monorl.model.batch_invariant` converts exactly this class)."""
+
+    def reset_parameters(self) -> None:
+        # The model is built on meta and filled by init_weights or a checkpoint: nn.init's draw on a meta tensor
+        # has nothing to do, and would import torch._dynamo (~3 s of a GPU run's startup, measured on an H200)
+        if not self.weight.is_meta:
+            super().reset_parameters()
+
+
+def embedding(num: int, dim: int) -> nn.Embedding:
+    """nn.Embedding, without its init draw when built on meta (see `Linear.reset_parameters`)."""
+    weight = torch.empty(num, dim)
+    return nn.Embedding(num, dim, _weight=weight) if weight.is_meta else nn.Embedding(num, dim)

@@ -88,7 +88,7 @@ def main() -> None:
     from bench_memory import model_dir  # the benchmarks' shared model-directory helper
 
     from monorl.cliargs import run_config
-    from monorl.rl.run.grpo import GRPORun
+    from monorl.run.grpo import GRPORun
 
     work = Path(tempfile.mkdtemp(prefix="profile_rl_step_"))
     cfg = run_config("qwen3_0_6b_sum_digits", {

@@ -45,7 +45,7 @@ def main() -> None:
     from monorl.cliargs import run_config  # the command line's parser: not part of the import timed below
 
     t = time.perf_counter()
-    from monorl.rl.run.grpo import GRPORun
+    from monorl.run.grpo import GRPORun
 
     import_monorl_s = time.perf_counter() - t
     work = Path(tempfile.mkdtemp(prefix="profile_startup_"))
@@ -69,7 +69,7 @@ def main() -> None:
         torch.cuda.synchronize()
     prof.disable()
     total = time.perf_counter() - t
-    print(f"import torch {IMPORT_TORCH_S:.2f}s, import monorl.rl.run.grpo {import_monorl_s:.2f}s, "
+    print(f"import torch {IMPORT_TORCH_S:.2f}s, import monorl.run.grpo {import_monorl_s:.2f}s, "
           f"{'warm_up' if args.only_warm_up else 'GRPORun' if args.no_warm_up else 'GRPORun + warm_up'} "
           f"{total:.2f}s (under cProfile)")
     print("startup split: " + ", ".join(f"{k}={v:.2f}" for k, v in run.startup.items()))
@@ -88,7 +88,7 @@ def _preset_run(model_dir_arg: str, backend: str):
     from bench_memory import model_dir  # the benchmarks' shared model-directory helper
 
     from monorl.cliargs import run_config
-    from monorl.rl.run.grpo import GRPORun
+    from monorl.run.grpo import GRPORun
 
     work = Path(tempfile.mkdtemp(prefix="profile_startup_"))
     cfg = run_config("qwen3_0_6b_sum_digits", {

@@ -184,7 +184,7 @@ def test_the_memory_plan_counts_the_tool_schemas(tmp_path):
 
 def test_dataset_task_with_tools_trains_on_episodes(tmp_path):
     """`--task.name dataset --task.args.tools FILE.py:fn` (as a TRL user passes tools=): the run plays episodes."""
-    from monorl.rl.run.grpo import GRPORun
+    from monorl.run.grpo import GRPORun
 
     cfg = _weather_run(tmp_path, max_turns=2)
     cfg.generator.max_model_len = 512

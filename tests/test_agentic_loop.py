@@ -17,7 +17,7 @@ import torch
 from monorl.cliargs import run_config
 from monorl.model.config import model_shape
 from monorl.model.decoder import build_model
-from monorl.rl.run.grpo import GRPORun
+from monorl.run.grpo import GRPORun
 from monorl.train.packing import TrainSequence
 from monorl.train.trainer import Trainer, TrainerConfig
 

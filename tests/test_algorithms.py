@@ -366,7 +366,7 @@ def test_trainer_accumulation_is_exact(kind):
 
 def test_loop_passes_the_advantage_kind_and_keeps_dr_grpos_rule(tmp_path, monkeypatch):
     import monorl.rl.consumer as consumer
-    import monorl.rl.run.grpo as loop
+    import monorl.run.grpo as loop
     from tests.conftest import digits_cfg
 
     calls = []
@@ -387,7 +387,7 @@ def test_loop_passes_the_advantage_kind_and_keeps_dr_grpos_rule(tmp_path, monkey
 
 
 def test_loop_reinforce_pp_with_single_completions(tmp_path):
-    from monorl.rl.run.grpo import GRPORun
+    from monorl.run.grpo import GRPORun
     from tests.conftest import digits_cfg
 
     cfg = digits_cfg(tmp_path, steps=1)
@@ -403,7 +403,7 @@ def test_loop_reinforce_pp_with_single_completions(tmp_path):
 def test_kl_term_under_compiled_trainer_blocks(tmp_path):
     """A compiled trainer warms up on packs that carry reference log-probs when the loss has a KL term (its
     warm-up packs had none: `kl_coef > 0 needs ref_logprobs` before the first step)."""
-    from monorl.rl.run.grpo import GRPORun
+    from monorl.run.grpo import GRPORun
     from tests.test_resume import small_cfg
 
     cfg = small_cfg(tmp_path / "run", **{"trainer.loss.kl_coef": "0.1", "compile.backend": "eager", "steps": "1",

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from monorl.presets import preset
-from monorl.rl.run.grpo import GRPORun
+from monorl.run.grpo import GRPORun
 from monorl.task_registry import load_task
 from monorl.tasks import ArithTask
 from monorl.tasks.arith import EXAMPLES

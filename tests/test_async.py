@@ -20,8 +20,8 @@ from monorl.cliargs import run_config
 from monorl.config import RolloutSection
 from monorl.rl.rollouts.producer import RolloutBatch
 from monorl.rl.rollouts.sources import AheadRollouts, RolloutBuffer
-from monorl.rl.run.checkpoints.files import read_meta
-from monorl.rl.run.grpo import GRPORun
+from monorl.run.checkpoints.files import read_meta
+from monorl.run.grpo import GRPORun
 from monorl.tasks.base import Prompt
 from tests.conftest import digits_cfg
 from tests.test_resume import killed_copy, small_cfg, step_rows

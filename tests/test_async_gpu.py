@@ -9,7 +9,7 @@ import torch
 
 from monorl.compile import CompileConfig
 from monorl.distributed.weight_sync import weight_pairs
-from monorl.rl.run.grpo import GRPORun
+from monorl.run.grpo import GRPORun
 from tests.conftest import digits_cfg
 
 pytestmark = pytest.mark.gpu

@@ -227,7 +227,7 @@ def test_default_mode_is_not_bitwise(model) -> None:
 def test_loop_reports_zero_logprob_diff(tmp_path) -> None:
     """In the RL loop with `batch_invariant: true`, the reported logprob_diff max is 0 every step."""
     from monorl.presets import preset
-    from monorl.rl.run.grpo import GRPORun
+    from monorl.run.grpo import GRPORun
 
     cfg = preset("tiny")
     cfg.run_dir, cfg.steps, cfg.batch_invariant = str(tmp_path / "run"), 2, True

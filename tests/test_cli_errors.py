@@ -15,8 +15,8 @@ from monorl.model.decoder import build_model
 from monorl.model.hf_checkpoint import save_checkpoint
 from monorl.model.source import load_policy
 from monorl.model.tokenizer import CharTokenizer
-from monorl.rl.run.grpo import GRPORun
-from monorl.rl.run.trainer_steps import TrainerSteps
+from monorl.run.grpo import GRPORun
+from monorl.run.trainer_steps import TrainerSteps
 from monorl.tasks.base import RewardError
 from monorl.tasks.reward_context import RewardFunctionError
 from tests.conftest import DigitsTask, digits_cfg

@@ -5,7 +5,7 @@ import torch
 
 from monorl.compile import CompileConfig, compile_counters
 from monorl.presets import preset
-from monorl.rl.run.grpo import GRPORun
+from monorl.run.grpo import GRPORun
 
 
 def _cfg(tmp_path, backend: str):

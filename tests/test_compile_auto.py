@@ -17,7 +17,7 @@ from monorl.compile_auto import (
     compile_key,
     mark_compiled,
 )
-from monorl.rl.run.grpo import GRPORun
+from monorl.run.grpo import GRPORun
 
 CUDA = torch.device("cuda")  # a device object only: auto_backend reads its type, no GPU needed
 

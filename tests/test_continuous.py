@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from monorl.rl.rollouts.continuous import ContinuousBatches, runs_continuous
-from monorl.rl.run.grpo import GRPORun
+from monorl.run.grpo import GRPORun
 from tests.conftest import digits_cfg
 
 

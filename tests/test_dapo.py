@@ -14,7 +14,7 @@ from monorl.model.decoder import build_model
 from monorl.presets import PRESETS, preset
 from monorl.rl.rollouts.dynamic_sampling import fill_batch, has_signal, round_size, sampling_metric
 from monorl.rl.rollouts.rollout import OVERLONG, Rollout, add_overlong_penalty
-from monorl.rl.run.grpo import GRPORun
+from monorl.run.grpo import GRPORun
 from monorl.tasks.base import Prompt
 from monorl.tasks.rewards import soft_overlong_penalty
 from monorl.train.packing import TrainSequence

@@ -9,7 +9,7 @@ import torch
 
 from monorl.model.tokenizer import CharTokenizer
 from monorl.rl.rollouts.rollout import Rollout
-from monorl.rl.run.grpo import GRPORun
+from monorl.run.grpo import GRPORun
 from monorl.task_registry import load_task
 from monorl.tasks import DatasetTask, Prompt, Task, TaskError
 from monorl.tasks.base import safe_score_batch

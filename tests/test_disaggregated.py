@@ -31,8 +31,8 @@ from monorl.cliargs import run_config
 from monorl.distributed.placement import PlacementSection
 from monorl.distributed.world import World
 from monorl.distributed.world_fit import check_world
-from monorl.rl.run.elastic import DIE_ENV
-from monorl.rl.run.grpo import train
+from monorl.run.elastic import DIE_ENV
+from monorl.run.grpo import train
 from tests.test_distributed import OVERRIDES, assert_rows_close, assert_weights_close, cli_args, env, run, step_rows
 
 STEPS = "3"

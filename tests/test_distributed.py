@@ -29,8 +29,8 @@ from safetensors.torch import load_file
 from monorl.cliargs import run_config
 from monorl.distributed.world import World
 from monorl.distributed.world_fit import check_world
-from monorl.rl.run.elastic import DIE_ENV
-from monorl.rl.run.grpo import GRPORun, train
+from monorl.run.elastic import DIE_ENV
+from monorl.run.grpo import GRPORun, train
 from tests.test_resume import killed_copy
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from monorl.rl.run.grpo import GRPORun
-from monorl.rl.run.stopping import NoLearningSignal, check_learning_signal
+from monorl.run.grpo import GRPORun
+from monorl.run.stopping import NoLearningSignal, check_learning_signal
 from tests.conftest import DigitsTask, digits_cfg
 
 

@@ -9,7 +9,7 @@ from monorl.generate.generator import Generator, GeneratorConfig
 from monorl.generate.sampling import SamplingParams
 from monorl.model.hf_checkpoint import load_checkpoint
 from monorl.presets import preset
-from monorl.rl.run.grpo import GRPORun
+from monorl.run.grpo import GRPORun
 from tests.conftest import digits_cfg
 
 

@@ -7,7 +7,7 @@ import torch
 
 from monorl.compile import CompileConfig, compile_counters
 from monorl.distributed.weight_sync import weight_pairs
-from monorl.rl.run.grpo import GRPORun
+from monorl.run.grpo import GRPORun
 from tests.conftest import digits_cfg
 
 pytestmark = pytest.mark.gpu
@@ -70,7 +70,7 @@ def test_kernels_compiled_ahead_cover_the_warm_up(tmp_path, monkeypatch):
 
     from triton import knobs
 
-    from monorl.rl.run import startup
+    from monorl.run import startup
     from monorl.speedups.precompile import COMPILE_THREADS, _NoLaunch, monorl_kernels
 
     monkeypatch.setattr(startup, "specs_path", lambda key: tmp_path / "specs" / f"{key}.json")

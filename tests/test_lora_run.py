@@ -12,7 +12,7 @@ import torch
 
 from monorl.cli import main
 from monorl.model.lora import is_lora, lora_parameters
-from monorl.rl.run.grpo import GRPORun
+from monorl.run.grpo import GRPORun
 from tests.test_resume import killed_copy, small_cfg, step_rows
 
 LORA = {"lora.rank": "8", "lora.alpha": "16", "trainer.lr": "3e-2", "warm_start.steps": "0"}

@@ -21,7 +21,7 @@ from monorl.plan import GiB, advise, plan_memory
 from monorl.plan_activations import ACTIVATION_COEFFS
 from monorl.plan_params import lora_param_count
 from monorl.presets import preset
-from monorl.rl.run.grpo import GRPORun
+from monorl.run.grpo import GRPORun
 from tests.test_resume import small_cfg
 
 

@@ -10,7 +10,7 @@ from monorl.model.decoder import build_model
 from monorl.model.logprobs import chunked_token_logprobs, chunked_token_logprobs_entropy, token_entropy
 from monorl.rl.rollouts.metrics import completion_metrics, reward_metrics, summarize
 from monorl.rl.rollouts.rollout import Rollout
-from monorl.rl.run.summary import step_line, step_metrics
+from monorl.run.summary import step_line, step_metrics
 from monorl.train.losses import LossConfig, LossNorm, policy_loss
 from monorl.train.packing import TrainSequence, make_micro_batches
 from monorl.train.trainer import Trainer, TrainerConfig

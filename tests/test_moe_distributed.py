@@ -11,7 +11,7 @@ import pytest
 from safetensors import safe_open
 
 from monorl.cliargs import run_config
-from monorl.rl.run.grpo import train
+from monorl.run.grpo import train
 from tests.test_distributed import (
     OVERRIDES,
     assert_rows_close,

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from monorl.model.hf_checkpoint import load_checkpoint
-from monorl.rl.run.grpo import GRPORun
+from monorl.run.grpo import GRPORun
 from tests.conftest import digits_cfg
 
 

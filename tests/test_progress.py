@@ -8,9 +8,9 @@ import os
 import signal
 
 from monorl.cli import main
-from monorl.rl.run.checkpoints.files import step_checkpoints
-from monorl.rl.run.summary import format_duration
-from monorl.rl.run.trainer_steps import TrainerSteps
+from monorl.run.checkpoints.files import step_checkpoints
+from monorl.run.summary import format_duration
+from monorl.run.trainer_steps import TrainerSteps
 from tests.test_cli_errors import FAST
 
 NO_CKPT = ["--checkpoint.every", "0", "--checkpoint.every_minutes", "0"]

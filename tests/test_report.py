@@ -10,7 +10,7 @@ import pytest
 
 from monorl.cli import main
 from monorl.presets import preset
-from monorl.rl.run.report import figure, load_metrics, plot, report, run_title, summary_table
+from monorl.run.report import figure, load_metrics, plot, report, run_title, summary_table
 
 
 def write_metrics(run_dir: Path) -> None:

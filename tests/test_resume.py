@@ -25,7 +25,7 @@ from monorl.model.config import model_shape
 from monorl.model.decoder import build_model
 from monorl.model.hf_checkpoint import CheckpointError
 from monorl.presets import preset
-from monorl.rl.run.checkpoints.files import (
+from monorl.run.checkpoints.files import (
     LATEST_FILE,
     SLOW_WRITE_ENV,
     STATE_FILE,
@@ -35,8 +35,8 @@ from monorl.rl.run.checkpoints.files import (
     rng_state,
     set_rng_state,
 )
-from monorl.rl.run.grpo import GRPORun
-from monorl.rl.run.run_dir import truncate_jsonl
+from monorl.run.grpo import GRPORun
+from monorl.run.run_dir import truncate_jsonl
 from monorl.tasks.stream import PromptStream
 from monorl.tasks.sum_digits import SumDigitsTask
 from monorl.train.trainer import Trainer, TrainerConfig

@@ -191,7 +191,7 @@ def test_short_run_with_correction_trains(tmp_path):
     cfg = digits_cfg(tmp_path, steps=2)
     cfg.trainer.loss.rollout_correction = RolloutCorrectionConfig(rollout_is="sequence", rollout_rs="token",
                                                                   rollout_rs_threshold=2.0)
-    from monorl.rl.run.grpo import GRPORun
+    from monorl.run.grpo import GRPORun
 
     run = GRPORun(cfg, progress=False)
     before = [p.detach().clone() for p in run.policy.parameters()]

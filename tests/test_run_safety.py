@@ -17,7 +17,7 @@ import pytest
 
 from monorl.cli import main
 from monorl.console import LOG_FILE
-from monorl.rl.run.summary import compile_roi
+from monorl.run.summary import compile_roi
 
 ROOT = Path(__file__).resolve().parents[1]
 # a cut-down tiny run: a second or two of CPU per step at most
@@ -81,7 +81,7 @@ def test_ctrl_c_through_tee_writes_the_checkpoint(tmp_path):
 def test_a_run_stopped_before_its_first_checkpoint_says_start_over(tmp_path, monkeypatch, capsys):
     """Ctrl-C during the warm start: no training checkpoint exists, so the interrupt line, a rerun in the same
     --run_dir and `--resume` all say what works (starting over), never `--resume` (which could only fail)."""
-    from monorl.rl.run.colocated import Colocated
+    from monorl.run.colocated import Colocated
 
     def interrupted(self):
         raise KeyboardInterrupt

@@ -230,7 +230,7 @@ def test_run_warms_the_trainer_up_at_the_longest_training_prompt(tmp_path, monke
     """The start-up's trainer warm-up (here, under compiled blocks) packs prompts as long as the longest training
     prompt the memory plan sizes packs with, and completions of max_new_tokens: the largest pack a step makes, whose
     graph later packs replay padded."""
-    from monorl.rl.run.grpo import GRPORun
+    from monorl.run.grpo import GRPORun
     from tests.test_resume import small_cfg
 
     seen = []

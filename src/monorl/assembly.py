@@ -23,7 +23,6 @@ from monorl.compile_auto import auto_backend, run_compile_key
 from monorl.config import RunConfig
 from monorl.config_paths import with_absolute_paths
 from monorl.distributed.world import SINGLE, World
-from monorl.generate.sampling import SamplingParams
 from monorl.model.config import ModelConfig
 from monorl.model.source import resolve_model
 from monorl.plan import MemoryPlan, run_memory_plan, with_overrides
@@ -88,33 +87,6 @@ def change_resolver(given: RunConfig, model_config: ModelConfig,
     """What the memory plan's advice (`monorl.plan.advise`) plans a candidate change with: the config as `given` with
     the change's keys set, resolved as a run given those keys resolves it (one process: no collective)."""
     return lambda overrides: resolve_config(with_overrides(given, overrides), model_config, device)[0]
-
-
-def sampling_params(cfg: RunConfig, *, temperature: float | None = None, max_new_tokens: int | None = None,
-                    seed: int | None = None) -> SamplingParams:
-    """The one place `rollout.*` becomes a sampler: the rollouts' (defaults), validation's and eval's (another
-    temperature: 0 is greedy, top-p / top-k off)."""
-    r = cfg.rollout
-    t = r.temperature if temperature is None else temperature
-    return SamplingParams(max_new_tokens=max_new_tokens or r.max_new_tokens, temperature=t,
-                          top_p=r.top_p if t > 0 else 1.0, top_k=r.top_k if t > 0 else 0, ignore_eos=r.ignore_eos,
-                          seed=cfg.seed if seed is None else seed)
-
-
-def rollout_sampling(cfg: RunConfig, step: int, round_: int = 0) -> SamplingParams:
-    """The rollout sampler of a step's generation round (dynamic sampling's later rounds get seeds of their own,
-    far from any step's)."""
-    return sampling_params(cfg, seed=cfg.seed * 1_000_003 + step + round_ * 1_000_000_007)
-
-
-def validation_sampling(cfg: RunConfig) -> SamplingParams:
-    """Validation's sampler: greedy for validation.k = 1, else sampled as the rollouts are with one fixed seed (every
-    validation of the run draws the same noise)."""
-    v = cfg.validation
-    max_new = v.max_new_tokens or cfg.rollout.max_new_tokens
-    if v.k == 1:
-        return sampling_params(cfg, temperature=0.0, max_new_tokens=max_new)
-    return sampling_params(cfg, max_new_tokens=max_new, seed=cfg.seed * 1_000_003 - 1)
 
 
 def longest_fitting_prompt(task: Task, tokenizer: Any, prompts: list[Prompt], max_len: int, new_tokens: int,

@@ -49,7 +49,7 @@ def _train_args(p: ArgumentParser) -> None:
 
 def _stored_config(resume: str) -> tuple[Path, RunConfig]:
     """(the run dir, its config.json as read back: keys a newer monorl added take their defaults)."""
-    from monorl.rl.run.checkpoints.files import find_checkpoint
+    from monorl.run.checkpoints.files import find_checkpoint
 
     run_dir = find_checkpoint(resume).parent.parent  # CheckpointError (a ValueError) names what is missing
     stored_file = run_dir / "config.json"
@@ -90,7 +90,7 @@ def _check_resume(cfg: RunConfig, run_dir: Path, stored: RunConfig, allow_change
 
 
 def cmd_train(cfg: RunConfig | None, args: Namespace) -> int:
-    from monorl.rl.run.grpo import train
+    from monorl.run.grpo import train
 
     assert cfg is not None
     if args.resume is None and args.allow_config_change:
@@ -100,7 +100,7 @@ def cmd_train(cfg: RunConfig | None, args: Namespace) -> int:
         run_dir, stored = _stored_config(args.resume)
         cfg = _check_resume(cfg, run_dir, stored, args.allow_config_change)
     if args.nproc is not None:  # this run as N ranks under torchrun, each reading the config resolved here
-        from monorl.rl.run.launch import relaunch_train
+        from monorl.run.launch import relaunch_train
 
         return relaunch_train(cfg, args.nproc, args.resume, args.allow_config_change)
     train(cfg, progress=sys.stderr.isatty(), resume=args.resume)
@@ -142,7 +142,7 @@ def _report_args(p: ArgumentParser) -> None:
 
 
 def cmd_report(cfg: RunConfig | None, args: Namespace) -> int:
-    from monorl.rl.run.report import report
+    from monorl.run.report import report
 
     print(report(args.run_dir, args.out))
     return 0

@@ -100,9 +100,9 @@ def check_parity(cfg: RunConfig, num_prompts: int = 4, samples: int = 2, toleran
     """Sample `samples` completions for each of the task's first `num_prompts` held-out prompts with the run's
     generator, re-score them with the run's trainer, and compare (see the module docstring). `cfg` is not changed;
     the run directory the loop writes goes to a temporary directory."""
-    from monorl.assembly import rollout_sampling
     from monorl.rl.rollouts.rollout import generate_rollouts
-    from monorl.rl.run.grpo import GRPORun
+    from monorl.rl.rollouts.sampling import rollout_sampling
+    from monorl.run.grpo import GRPORun
 
     if num_prompts < 1 or samples < 1:
         raise ValueError(f"parity needs >= 1 prompt and >= 1 sample, got {num_prompts} and {samples}")

@@ -268,7 +268,7 @@ def step_kv_need(cfg: RunConfig, m: ModelConfig, max_prompt_tokens: int, ranks: 
     """(sequences, tokens each, bytes): the KV cache one step's rollouts need on one rank -- its share of the prompt
     groups, every completion live at once, each of the longest fitting prompt plus max_new_tokens. The least a run
     is given: with less, a step's sequences would wait for each other's blocks (the single-GPU start-up refuses it
-    too, `monorl.rl.run.startup.Startup.size_kv_cache`). Tensor-parallel: `m` a rank's shard (`shard_config`), `ranks`
+    too, `monorl.run.startup.Startup.size_kv_cache`). Tensor-parallel: `m` a rank's shard (`shard_config`), `ranks`
     the generator groups."""
     r = cfg.rollout
     seqs = min(cfg.generator.max_num_seqs, -(-r.prompts_per_step // ranks) * r.group_size)

@@ -17,7 +17,7 @@ call `new_group` for every group, in the same order, members or not):
     rollouts[g], g < G        {generator g} + trainers (gloo): generator g sends its scored groups
                               (`rollout_transfer`)
     generators (gloo)         the generators' agreement at each decode chunk on taking an update in flight
-                              (`rl.run.generator_ranks.InflightUpdates`), on the host: no GPU sync per chunk
+                              (`run.generator_ranks.InflightUpdates`), on the host: no GPU sync per chunk
 
 Colocated, no group is created: `trainer_world` and `generator_world` are the job's `World` itself.
 """

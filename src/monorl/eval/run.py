@@ -134,7 +134,7 @@ def open_generator(cfg: RunConfig) -> Iterator[LoadedGenerator]:
 
 
 def _sampling(cfg: RunConfig, temperature: float, n_tokens: int | None = None):
-    from monorl.assembly import sampling_params
+    from monorl.rl.rollouts.sampling import sampling_params
 
     return sampling_params(cfg, temperature=temperature,
                            max_new_tokens=n_tokens or cfg.validation.max_new_tokens or cfg.rollout.max_new_tokens)

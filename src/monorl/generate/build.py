@@ -1,25 +1,30 @@
-"""The one way a run's generator is built, for training (`monorl.rl.run.grpo.GRPORun`) and for `monorl generate` /
+"""The one way a run's generator is built, for training (`monorl.run.grpo.GRPORun`) and for `monorl generate` /
 `monorl eval` (`monorl.eval.run.open_generator`): this rank's tensor-parallel group, the copy of the policy, and its
 batch-invariant conversion, each as `cfg` (resolved: `monorl.assembly.resolve_config`) says."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from monorl.compile import CompileConfig
 from monorl.distributed.world import World
-from monorl.generate.generator import Generator
+from monorl.generate.generator import Generator, GeneratorConfig
 from monorl.generate.tensor_parallel import TensorParallel, tensor_parallel_group
 from monorl.model.batch_invariant import make_batch_invariant_
 from monorl.model.decoder import DecoderForCausalLM
-from monorl.model.lora import is_lora
+from monorl.model.lora import LoRAConfig, is_lora
 from monorl.model.tokenizer import eos_ids
 
-if TYPE_CHECKING:
-    from monorl.config import RunConfig
+
+class GeneratorSections(Protocol):
+    """The parts of a run's config a generator is built from (`monorl.config.RunConfig` has them)."""
+
+    generator: GeneratorConfig
+    lora: LoRAConfig
+    batch_invariant: bool | str
 
 
-def generator_group(cfg: RunConfig, world: World) -> TensorParallel:
+def generator_group(cfg: GeneratorSections, world: World) -> TensorParallel:
     """This rank's group of `generator.tensor_parallel_size` ranks sharing one copy (every rank of `world` must call
     it once, before any copy is built: creating groups is a collective); batch-invariant runs sum row-parallel
     partials in a fixed order."""
@@ -27,7 +32,7 @@ def generator_group(cfg: RunConfig, world: World) -> TensorParallel:
                                  fixed_order=bool(cfg.batch_invariant))
 
 
-def build_generator(policy: DecoderForCausalLM, cfg: RunConfig, tokenizer: object, tp: TensorParallel,
+def build_generator(policy: DecoderForCausalLM, cfg: GeneratorSections, tokenizer: object, tp: TensorParallel,
                     compile: CompileConfig, allocate_kv: bool = True) -> Generator:
     """The generator's own copy of `policy` (this rank's shard of it with tensor parallelism). In batch-invariant mode
     the copy is converted (`make_batch_invariant_`) and a LoRA policy's adapters stay separate matmuls, unmerged (the

@@ -22,7 +22,7 @@ from monorl.rl.rollouts.rollout import assign_advantages
 from monorl.train.trainer import Trainer
 
 if TYPE_CHECKING:  # the section's owner composes it in config.py, which imports this package
-    from monorl.config import RolloutSection
+    from monorl.rl.sections import RolloutSection
 
 ROUTING_CHECK_SEQUENCES = 16  # sequences of a step whose routing is compared (a share: a sample is enough)
 

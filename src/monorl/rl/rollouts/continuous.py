@@ -38,7 +38,6 @@ from dataclasses import dataclass, field
 import torch
 import torch.distributed as dist
 
-from monorl.assembly import rollout_sampling
 from monorl.distributed.placement import Placement
 from monorl.generate.engine import Engine
 from monorl.generate.requests import Completion, completion_of
@@ -47,6 +46,7 @@ from monorl.generate.tensor_parallel import generation_world
 from monorl.rl.rollouts.dynamic_sampling import fill_batch
 from monorl.rl.rollouts.producer import RolloutBatch, RolloutProducer
 from monorl.rl.rollouts.rollout import encode_prompts, gather_groups, score_groups
+from monorl.rl.rollouts.sampling import rollout_sampling
 from monorl.rl.rollouts.staleness import may_generate
 from monorl.tasks.base import Prompt
 from monorl.tasks.reward_context import RewardContext

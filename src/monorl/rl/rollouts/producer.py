@@ -18,7 +18,6 @@ from typing import Any
 
 from monorl.agent.metrics import EpisodeRecord, episode_metrics
 from monorl.agent.task import AgentTask
-from monorl.assembly import RunSpec, rollout_sampling, validation_sampling
 from monorl.distributed.world import World
 from monorl.generate.generator import Generator
 from monorl.generate.sampling import SamplingParams
@@ -26,6 +25,7 @@ from monorl.rl.rollouts.dynamic_sampling import SampledBatch, fill_batch, sampli
 from monorl.rl.rollouts.episodes import EpisodeRunner, generate_episodes
 from monorl.rl.rollouts.metrics import ValidationResult, summarize
 from monorl.rl.rollouts.rollout import Rollout, add_overlong_penalty, encode_prompts, generate_rollouts
+from monorl.rl.rollouts.sampling import RolloutSpec, rollout_sampling, validation_sampling
 from monorl.tasks.base import Prompt, RewardError
 from monorl.tasks.reward_context import RewardContext
 from monorl.tasks.stream import PromptStream
@@ -52,7 +52,7 @@ class RolloutBatch:
 
 
 class RolloutProducer:
-    def __init__(self, spec: RunSpec, generator: Generator, world: World, policy_version: Callable[[], int],
+    def __init__(self, spec: RolloutSpec, generator: Generator, world: World, policy_version: Callable[[], int],
                  stream: PromptStream | None = None) -> None:
         """policy_version: the version of the generator's weights now (the trainer's step count: weights are
         published after every trainer step)."""

@@ -1,5 +1,5 @@
 """A trainer rank's rollout source in the disaggregated placement: each step's batch as the generator ranks made it
-(`rl/run/generator_ranks.py`), received in a thread of its own into a bounded queue (K + 1 steps, K =
+(`run/generator_ranks.py`), received in a thread of its own into a bounded queue (K + 1 steps, K =
 rollout.max_staleness) and taken in step order; the generators' validation results come the same way."""
 
 from __future__ import annotations

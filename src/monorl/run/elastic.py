@@ -9,8 +9,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from monorl.rl.run.checkpoints.files import step_checkpoints
-from monorl.rl.run.run_dir import truncate_jsonl
+from monorl.run.checkpoints.files import step_checkpoints
+from monorl.run.run_dir import truncate_jsonl
 
 
 def restart_count() -> int:

@@ -1,8 +1,8 @@
 """The trainer side's run, for the placements whose ranks train (colocated, disaggregated trainer ranks): start-up,
 the pre-validation (or a resume), the RL steps -- each: the rollout source's batch for the step, trained on and
 published by the consumer, the step's metrics and samples logged -- checkpoints, the post-validation and
-summary.json. Where the placements differ is a method a placement's driver defines (`rl/run/colocated.py`,
-`rl/run/trainer_ranks.py`); nothing here asks which placement runs it."""
+summary.json. Where the placements differ is a method a placement's driver defines (`run/colocated.py`,
+`run/trainer_ranks.py`); nothing here asks which placement runs it."""
 
 from __future__ import annotations
 
@@ -20,10 +20,10 @@ from monorl.console import record_only
 from monorl.generate.sampling import SamplingParams
 from monorl.plan import GiB
 from monorl.rl.rollouts.metrics import ValidationResult
-from monorl.rl.run.elastic import die_for_test
-from monorl.rl.run.parts import Parts
-from monorl.rl.run.stopping import GracefulStop, NoLearningSignal, interrupted_line
-from monorl.rl.run.summary import (
+from monorl.run.elastic import die_for_test
+from monorl.run.parts import Parts
+from monorl.run.stopping import GracefulStop, NoLearningSignal, interrupted_line
+from monorl.run.summary import (
     RunResult,
     compile_roi,
     sample_rows,
@@ -163,7 +163,7 @@ class TrainerSteps:
 
     def run(self) -> RunResult:
         """The run; Ctrl-C ends it with one line saying where it stands and how to continue. During the RL steps,
-        SIGTERM or a first Ctrl-C finish the step under way and write a checkpoint first (rl/run/stopping.py)."""
+        SIGTERM or a first Ctrl-C finish the step under way and write a checkpoint first (run/stopping.py)."""
         try:
             return self._run()
         except KeyboardInterrupt:

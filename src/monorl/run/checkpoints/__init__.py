@@ -17,8 +17,8 @@ from monorl.model.decoder import DecoderForCausalLM, build_model
 from monorl.model.hf_checkpoint import save_checkpoint
 from monorl.model.lora import LoRAConfig, apply_lora_, is_lora, save_adapter, save_merged_checkpoint
 from monorl.rl.rollouts.metrics import ValidationResult
-from monorl.rl.run.checkpoints.files import load_training_checkpoint, save_training_checkpoint
-from monorl.rl.run.checkpoints.sharded import (
+from monorl.run.checkpoints.files import load_training_checkpoint, save_training_checkpoint
+from monorl.run.checkpoints.sharded import (
     full_policy_on_main,
     is_sharded_checkpoint,
     load_sharded_checkpoint,

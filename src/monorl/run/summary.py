@@ -1,5 +1,5 @@
 """What a run reports while it runs and when it ends: the metrics and sample rows of a step and its log line, and
-summary.json (the time split the benchmarks read). `monorl report` (rl/run/report.py) reads these back afterwards.
+summary.json (the time split the benchmarks read). `monorl report` (run/report.py) reads these back afterwards.
 The rollout metrics it builds on are `rl/rollouts/metrics.py`'s."""
 
 from __future__ import annotations

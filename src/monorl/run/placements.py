@@ -10,8 +10,8 @@ from typing import Any, NamedTuple
 
 from monorl.config import RunConfig
 from monorl.distributed.world import World
-from monorl.rl.run import colocated, generator_ranks, trainer_ranks
-from monorl.rl.run.parts import Parts, start_parts
+from monorl.run import colocated, generator_ranks, trainer_ranks
+from monorl.run.parts import Parts, start_parts
 
 
 class PlacementKind(NamedTuple):

@@ -15,7 +15,7 @@ from monorl.generate.sampling import SamplingParams
 from monorl.rl.consumer import CopyInPlace
 from monorl.rl.rollouts.episodes import solution_sequence
 from monorl.rl.rollouts.sources import AheadRollouts
-from monorl.rl.run.parts import (
+from monorl.run.parts import (
     Parts,
     build_checkpoints,
     build_consumer,
@@ -26,9 +26,9 @@ from monorl.rl.run.parts import (
     open_run_dir,
     prepare_trainer_policy,
 )
-from monorl.rl.run.stopping import check_learning_signal
-from monorl.rl.run.summary import format_duration
-from monorl.rl.run.trainer_steps import TrainerSteps
+from monorl.run.stopping import check_learning_signal
+from monorl.run.summary import format_duration
+from monorl.run.trainer_steps import TrainerSteps
 from monorl.train.packing import TrainSequence
 from monorl.train.trainer import Trainer, TrainerConfig
 

@@ -10,7 +10,7 @@ import threading
 from pathlib import Path
 from types import FrameType, TracebackType
 
-from monorl.rl.run.checkpoints.files import no_checkpoint_hint, step_checkpoints
+from monorl.run.checkpoints.files import no_checkpoint_hint, step_checkpoints
 
 
 class GracefulStop:

@@ -1,5 +1,5 @@
 """The RL loop with generators and trainers on their own ranks (`placement.generator_ranks G`,
-`monorl.distributed.placement`): the last G ranks run `run_generator`, the others the loop of `rl/run/grpo.py`, which
+`monorl.distributed.placement`): the last G ranks run `run_generator`, the others the loop of `run/grpo.py`, which
 takes its batches from `ReceivedRollouts` instead of a producer of its own.
 
 A generator rank holds the generator's copy (built from the loaded policy, which it then drops) and the prompt
@@ -43,11 +43,11 @@ from monorl.rl.rollouts.continuous import ContinuousBatches, run_continuous, run
 from monorl.rl.rollouts.producer import RolloutBatch
 from monorl.rl.rollouts.received import Message
 from monorl.rl.rollouts.staleness import may_generate
-from monorl.rl.run.checkpoints.files import read_meta
-from monorl.rl.run.elastic import die_for_test
-from monorl.rl.run.parts import Parts, build_producer, generator_builder, join_run_dir, load_policy_part
-from monorl.rl.run.stopping import GracefulStop, interrupted_line
-from monorl.rl.run.summary import RunResult
+from monorl.run.checkpoints.files import read_meta
+from monorl.run.elastic import die_for_test
+from monorl.run.parts import Parts, build_producer, generator_builder, join_run_dir, load_policy_part
+from monorl.run.stopping import GracefulStop, interrupted_line
+from monorl.run.summary import RunResult
 from monorl.tasks.base import RewardError
 
 
@@ -142,7 +142,7 @@ class GeneratorRanks:
 
 
 def run_generator(run: Parts, warm_up: Callable[[], None]) -> RunResult:
-    """A generator rank's whole run (module docstring); the trainers' side is `rl/run/trainer_steps.py`."""
+    """A generator rank's whole run (module docstring); the trainers' side is `run/trainer_steps.py`."""
     cfg, placement, weights, producer = run.cfg, run.placement, run.weights, run.producer
     gen, gw = run.generator, placement.generator_world
     assert weights is not None and producer is not None and gen is not None

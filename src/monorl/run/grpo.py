@@ -1,9 +1,9 @@
 """A GRPO run, the public entry: `GRPORun(cfg).run()` (tests, benchmarks) and `train` (the CLI, one rank under
-torchrun). The run is its parts built from the resolved config (`rl/run/parts.py`, per placement:
-`rl/run/placements.py`), run by the placement's driver: colocated (`rl/run/colocated.py`: the producer and the
+torchrun). The run is its parts built from the resolved config (`run/parts.py`, per placement:
+`run/placements.py`), run by the placement's driver: colocated (`run/colocated.py`: the producer and the
 trainer in lock-step, rollout.max_staleness 0, or the producer up to K batches ahead), or disaggregated trainer ranks
-(`rl/run/trainer_ranks.py`) and generator ranks (`rl/run/generator_ranks.py`). The data flow of one step is
-`TrainerSteps.step` (`rl/run/trainer_steps.py`)."""
+(`run/trainer_ranks.py`) and generator ranks (`run/generator_ranks.py`). The data flow of one step is
+`TrainerSteps.step` (`run/trainer_steps.py`)."""
 
 from __future__ import annotations
 
@@ -13,10 +13,10 @@ from typing import Any
 from monorl.config import RunConfig
 from monorl.console import best_effort
 from monorl.distributed.world import World, close_world, init_world, quiet_unless_main
-from monorl.rl.run.elastic import restart_resume_path
-from monorl.rl.run.parts import Parts
-from monorl.rl.run.placements import build_parts, driver_for
-from monorl.rl.run.summary import RunResult
+from monorl.run.elastic import restart_resume_path
+from monorl.run.parts import Parts
+from monorl.run.placements import build_parts, driver_for
+from monorl.run.summary import RunResult
 
 
 class GRPORun:

@@ -1,6 +1,6 @@
 """A run's parts, built from the resolved config: `start_parts` does what every rank does first (the world, the
 placement, the resume point, the resolved config and memory plan: `monorl.assembly.build_run`), then the placement's
-own `build` (`rl/run/placements.py`) adds the parts its ranks hold with the builders here, one per part, each taking
+own `build` (`run/placements.py`) adds the parts its ranks hold with the builders here, one per part, each taking
 its config section(s). No builder asks which placement it serves: a placement is the list of builders it calls."""
 
 from __future__ import annotations
@@ -36,11 +36,11 @@ from monorl.rl.loggers import check_loggers, open_loggers
 from monorl.rl.ranks.weight_broadcast import WeightBroadcast
 from monorl.rl.rollouts.producer import RolloutProducer
 from monorl.rl.rollouts.sources import RolloutSource
-from monorl.rl.run.checkpoints import RunCheckpoints
-from monorl.rl.run.checkpoints.files import check_resume_point, find_checkpoint
-from monorl.rl.run.elastic import restart_count
-from monorl.rl.run.run_dir import RunDir
-from monorl.rl.run.startup import Startup
+from monorl.run.checkpoints import RunCheckpoints
+from monorl.run.checkpoints.files import check_resume_point, find_checkpoint
+from monorl.run.elastic import restart_count
+from monorl.run.run_dir import RunDir
+from monorl.run.startup import Startup
 from monorl.train.trainer import Trainer
 
 log = logging.getLogger("monorl")

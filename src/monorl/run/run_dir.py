@@ -12,7 +12,7 @@ from typing import Any
 from monorl.console import record_to, stop_recording
 from monorl.fsutil import json_safe, write_text_atomic
 from monorl.rl.loggers import MetricLogger, scalars
-from monorl.rl.run.checkpoints.files import no_checkpoint_hint, resumable
+from monorl.run.checkpoints.files import no_checkpoint_hint, resumable
 
 CONFIG_FILE = "config.json"
 

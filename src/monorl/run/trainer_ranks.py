@@ -1,5 +1,5 @@
 """The disaggregated placement's trainer ranks (`placement.generator_ranks G`: the first ranks train, the last G
-generate, `rl/run/generator_ranks.py`). A trainer rank holds the policy, sharded over the trainer ranks, and no
+generate, `run/generator_ranks.py`). A trainer rank holds the policy, sharded over the trainer ranks, and no
 generator: its batches and validation results come from the generator ranks (`ReceivedRollouts`), and each update
 goes to them by broadcast (`WeightBroadcast`), after every step, the last too."""
 
@@ -9,8 +9,8 @@ import time
 
 from monorl.rl.ranks.weight_broadcast import WeightBroadcast
 from monorl.rl.rollouts.received import ReceivedRollouts
-from monorl.rl.run.generator_ranks import check_disaggregated
-from monorl.rl.run.parts import (
+from monorl.run.generator_ranks import check_disaggregated
+from monorl.run.parts import (
     Parts,
     build_checkpoints,
     build_consumer,
@@ -20,7 +20,7 @@ from monorl.rl.run.parts import (
     open_run_dir,
     prepare_trainer_policy,
 )
-from monorl.rl.run.trainer_steps import TrainerSteps
+from monorl.run.trainer_steps import TrainerSteps
 
 
 def build(p: Parts) -> None:

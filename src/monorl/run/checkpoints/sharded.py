@@ -1,7 +1,7 @@
 """Training checkpoints of a run on several ranks: sharded with torch.distributed.checkpoint (DCP), so a run
 resumes on the same number of ranks or another (4 -> 2, 2 -> 1: DCP reshards on load).
 
-Layout of `step_N/` (the single-process layout of `monorl.rl.run.checkpoints.files`, with the weights and optimizer
+Layout of `step_N/` (the single-process layout of `monorl.run.checkpoints.files`, with the weights and optimizer
 moved into DCP):
 
     dcp/               DCP shards: the policy's state dict, the optimizer's (both by parameter name), and with
@@ -33,7 +33,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-import monorl.rl.run.checkpoints.files as ck
+import monorl.run.checkpoints.files as ck
 from monorl.distributed.world import World
 from monorl.fsutil import json_safe, remove_leftovers, write_dir_atomic, write_text_atomic
 from monorl.model.hf_checkpoint import CheckpointError, write_checkpoint_files

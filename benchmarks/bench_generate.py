@@ -121,7 +121,7 @@ def main() -> None:
 
         hcfg = transformers.Qwen3Config(**cfg.to_hf())
         with torch.device("cuda"):
-            hf = transformers.DecoderForCausalLM(hcfg).to(torch.bfloat16).eval()
+            hf = transformers.Qwen3ForCausalLM(hcfg).to(torch.bfloat16).eval()
         seqs = [p for p in prompts for _ in range(n)]
         T = max(lengths)
         ids = torch.zeros(len(seqs), T, dtype=torch.long)

@@ -1,4 +1,4 @@
-"""Shared fixtures and helpers. The oracle for "is the model right" is HF transformers' DecoderForCausalLM, built
+"""Shared fixtures and helpers. The oracle for "is the model right" is HF transformers' Qwen3ForCausalLM, built
 tiny and random here and saved with `save_pretrained`, so every test reads a real HF checkpoint.
 
 Helpers other test files use are plain names here: `from tests.conftest import DigitsTask, digits_cfg`."""
@@ -37,7 +37,7 @@ def randomize_hf_model(model: torch.nn.Module, seed: int = 0, std: float = 0.1) 
 
 
 # monorl's families (`monorl.model.families`) -> transformers' (config class, model class): the oracles
-HF_FAMILY_CLASSES = {"qwen3": ("Qwen3Config", "DecoderForCausalLM"), "llama": ("LlamaConfig", "LlamaForCausalLM"),
+HF_FAMILY_CLASSES = {"qwen3": ("Qwen3Config", "Qwen3ForCausalLM"), "llama": ("LlamaConfig", "LlamaForCausalLM"),
                      "qwen2": ("Qwen2Config", "Qwen2ForCausalLM"),
                      "qwen3_moe": ("Qwen3MoeConfig", "Qwen3MoeForCausalLM")}
 

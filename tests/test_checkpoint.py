@@ -89,7 +89,7 @@ def test_transformers_loads_what_we_save(tmp_path, load_hf_model, tied, shard):
 
     model = build_model(model_shape("tiny" if tied else "tiny-untied"), seed=5)
     out = save_checkpoint(model, tmp_path / "ckpt", max_shard_bytes=shard)
-    ref, info = transformers.DecoderForCausalLM.from_pretrained(out, dtype=torch.float32, output_loading_info=True)
+    ref, info = transformers.Qwen3ForCausalLM.from_pretrained(out, dtype=torch.float32, output_loading_info=True)
     assert not info["missing_keys"] and not info["unexpected_keys"] and not info["mismatched_keys"]
     ids = torch.randint(0, model.config.vocab_size, (20,), generator=torch.Generator().manual_seed(0))
     with torch.no_grad():

@@ -184,7 +184,7 @@ def test_weights_and_logits_equal_transformers_gguf_loader(tiny_gguf):
     ours, ref = load_checkpoint(file), hf_gguf_model(file)
     family = ours.config.model_type
     assert type(ref).__name__ == {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM",
-                                  "qwen3": "DecoderForCausalLM"}[family]
+                                  "qwen3": "Qwen3ForCausalLM"}[family]
     theirs = ref.state_dict()
     ours_sd = ours.state_dict()
     assert set(ours_sd) == {n for n in theirs if not (ours.lm_head is None and n == "lm_head.weight")}

@@ -25,7 +25,7 @@ transformers = pytest.importorskip("transformers")
 
 # Qwen3-0.6B's released config.json (legacy style: top-level rope_theta, rope_scaling null; 16 heads, 8 KV heads).
 QWEN3_0_6B = {
-    "architectures": ["DecoderForCausalLM"], "attention_bias": False, "attention_dropout": 0.0, "bos_token_id": 151643,
+    "architectures": ["Qwen3ForCausalLM"], "attention_bias": False, "attention_dropout": 0.0, "bos_token_id": 151643,
     "eos_token_id": 151645, "head_dim": 128, "hidden_act": "silu", "hidden_size": 1024, "initializer_range": 0.02,
     "intermediate_size": 3072, "max_position_embeddings": 40960, "max_window_layers": 28, "model_type": "qwen3",
     "num_attention_heads": 16, "num_hidden_layers": 28, "num_key_value_heads": 8, "rms_norm_eps": 1e-06,

@@ -1,4 +1,4 @@
-"""Our Qwen3 (loaded with `load_checkpoint`) against HF transformers' DecoderForCausalLM on the same checkpoint."""
+"""Our Qwen3 (loaded with `load_checkpoint`) against HF transformers' Qwen3ForCausalLM on the same checkpoint."""
 
 from __future__ import annotations
 

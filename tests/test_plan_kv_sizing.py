@@ -24,7 +24,7 @@ from monorl.presets import preset
 
 # Qwen3-8B's released config.json (the keys the plan reads)
 QWEN3_8B = ModelConfig.from_hf({
-    "architectures": ["DecoderForCausalLM"], "model_type": "qwen3", "hidden_size": 4096, "intermediate_size": 12288,
+    "architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "hidden_size": 4096, "intermediate_size": 12288,
     "num_hidden_layers": 36, "num_attention_heads": 32, "num_key_value_heads": 8, "head_dim": 128,
     "vocab_size": 151936, "max_position_embeddings": 40960, "rope_theta": 1000000, "rms_norm_eps": 1e-6,
     "tie_word_embeddings": False, "bos_token_id": 151643, "eos_token_id": 151645})

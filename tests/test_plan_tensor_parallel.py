@@ -20,7 +20,7 @@ from monorl.presets import preset
 def _qwen3(hidden: int, intermediate: int, layers: int, heads: int) -> ModelConfig:
     """A released Qwen3 config.json (the keys the plan reads)."""
     return ModelConfig.from_hf({
-        "architectures": ["DecoderForCausalLM"], "model_type": "qwen3", "hidden_size": hidden,
+        "architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "hidden_size": hidden,
         "intermediate_size": intermediate, "num_hidden_layers": layers, "num_attention_heads": heads,
         "num_key_value_heads": 8, "head_dim": 128, "vocab_size": 151936, "max_position_embeddings": 40960,
         "rope_theta": 1000000, "rms_norm_eps": 1e-6, "tie_word_embeddings": False, "bos_token_id": 151643,

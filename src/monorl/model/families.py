@@ -44,7 +44,7 @@ _COMMON_DEFAULTS = {"hidden_act": "silu", "rms_norm_eps": 1e-6, "tie_word_embedd
 # transformers' Qwen3Config (models/qwen3/configuration_qwen3.py; rope_theta: RotaryEmbeddingConfigMixin's
 # default_theta). tests/test_model_config_defaults.py checks each family's against the installed transformers.
 QWEN3 = Family(
-    model_type="qwen3", architecture="DecoderForCausalLM", gguf_arch="qwen3", qk_norm=True, qkv_bias=None,
+    model_type="qwen3", architecture="Qwen3ForCausalLM", gguf_arch="qwen3", qk_norm=True, qkv_bias=None,
     defaults=MappingProxyType({
         **_COMMON_DEFAULTS, "vocab_size": 151936, "hidden_size": 4096, "intermediate_size": 22016,
         "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 32, "head_dim": 128,

@@ -336,6 +336,33 @@ def test_a_group_shares_its_prompts_kv(invariant_model):
         assert alone.tokens == group[i].tokens and alone.logprobs == group[i].logprobs
 
 
+def test_a_member_added_after_its_group_began_decoding(invariant_model):
+    """A group member added while an earlier one decodes and another still waits for a slot (an environment that
+    answers late: #56's 2-thread runs stopped with "group ... has another prompt", the group's prompt being the first
+    member's token list, grown by its decoding) joins the group and is the episode it is alone, bit for bit."""
+    prompt = scripted(6, [0], invariant_model.config.vocab_size)[0][0][:3] * 5
+    sp = SamplingParams(max_new_tokens=40, temperature=0.9, seed=4, ignore_eos=True)
+    STOP = [[0] * 8]  # a stop sequence (never sampled here) makes a step decode one token, not the whole turn
+    engine = Engine(generator(invariant_model, max_num_seqs=1), max_tokens=64)
+
+    def finish(engine: Engine, done: dict) -> dict:
+        while engine.has_work():
+            done.update({ev.request_id: ev for ev in engine.step()})
+        return done
+
+    for j in range(2):
+        engine.add((0, j), prompt, sp, STOP, one_turn=True)
+    done = {ev.request_id: ev for ev in engine.step()}  # (0, 0) prefills and decodes, (0, 1) waits for the slot
+    assert (0, 0) not in done and engine.groups
+    engine.add((0, 2), prompt, sp, STOP, one_turn=True)
+    finish(engine, done)
+    for j in range(3):
+        alone = Engine(generator(invariant_model), max_tokens=64)
+        alone.add((0, j), prompt, sp, STOP, one_turn=True)
+        ev = finish(alone, {})[(0, j)]
+        assert ev.token_ids == done[(0, j)].token_ids and ev.logprobs == done[(0, j)].logprobs
+
+
 def test_finish_frees_queued_and_running_episodes(model):
     gen = generator(model, max_num_seqs=2)
     engine = Engine(gen, max_tokens=64)

@@ -140,7 +140,7 @@ class Engine(Admission):
         seed = sampling.seed if sampling.seed is not None else self.default_seed
         sample_key = request_key(seed, request_id)
         key = tuple(prompt) if group is None else group
-        g = self.groups.setdefault(key, PromptGroup(key, prompt))
+        g = self.groups.setdefault(key, PromptGroup(key, list(prompt)))  # its own copy: `prompt` becomes req.tokens
         if g.prompt != prompt:
             raise ValueError(f"request {request_id!r}: group {key!r} has another prompt")
         g.pending += 1

@@ -114,7 +114,7 @@ def check_parity(cfg: RunConfig, num_prompts: int = 4, samples: int = 2, toleran
         run.policy.train()  # as a training step runs it
         prompts = run.task.val_prompts(num_prompts)
         groups = generate_rollouts(run.generator, run.tokenizer, run.task, prompts, rollout_sampling(run.cfg, 0),
-                                   samples, run.max_len)
+                                   samples, run.spec.max_len)
         seqs = [r.train_sequence() for g in groups for r in g if r.completion_ids]
         if not seqs:
             raise ValueError("parity: no prompt fits generator.max_model_len with rollout.max_new_tokens")

@@ -120,9 +120,11 @@ def test_eval_plays_episodes(tiny_tools_run: Path, tmp_path: Path):
 def test_tiny_tools_preset_learns(tmp_path: Path):
     """The preset's first 10 GRPO steps (its 400-step warm start, no validation; ~2.5 min on 2 CPU cores): the
     rollouts' reward rises as GRPO moves the warm-started policy from guessing to calling the tool. The margin holds
-    across CPUs and thread counts: the whole preset run for 5 seeds x {1, 2} threads on this 2-core box (2026-12-06,
-    #56) gained +0.27 to +0.47 from the first two steps to steps 8-10 (the seeds stand in for other machines'
-    rounding, which changes the trajectory as much); at the preset's old lr 3e-4 runs collapsed to reward 0."""
+    across CPUs and thread counts: the whole preset run for 5 seeds x {1, 2} threads on a 2-core AMD EPYC box
+    (2026-12-06, #56; 1 and 2 threads gave the same trajectories there) gained +0.32 to +0.43 from the mean of the
+    first two steps to that of steps 8-10, and the tool reward rose on every one (the seeds stand in for other
+    machines' rounding, which changes a trajectory as much); at the preset's old lr 3e-4, seeds 0 and 1 collapsed to
+    reward 0 with one thread."""
     cfg = run_config("tiny_tools", {"device": "cpu", "steps": "10", "validation.num_prompts": "0",
                                     "checkpoint.final": "false", "run_dir": str(tmp_path / "run")})
     rows = GRPORun(cfg, progress=False).run().steps

@@ -317,6 +317,12 @@ MODEL_SHAPES: dict[str, ModelConfig] = {
                                  tie_word_embeddings=False, **{**_QWEN3_COMMON, "num_kv_heads": 4}).with_family(
         "qwen3_moe", num_experts=128, num_experts_per_tok=8, moe_intermediate_size=768, norm_topk_prob=True,
         router_aux_loss_coef=0.001),
+    # SmolLM2-135M(-Instruct), HuggingFaceTB's released config.json: the small real model of the arith preset, for
+    # random-weight benchmarks of its shapes (#62)
+    "smollm2-135m": ModelConfig(vocab_size=49152, hidden_size=576, intermediate_size=1536, num_layers=30, num_heads=9,
+                                num_kv_heads=3, head_dim=64, rope_theta=100000.0, rms_norm_eps=1e-5,
+                                max_position_embeddings=8192, tie_word_embeddings=True, bos_token_id=1,
+                                eos_token_id=2).with_family("llama"),
     # Test / embedded shapes: same architecture, a few hundred thousand parameters.
     "tiny": ModelConfig(vocab_size=128, hidden_size=128, intermediate_size=384, num_layers=4, num_heads=4,
                         num_kv_heads=2, head_dim=32, rope_theta=10000.0, max_position_embeddings=1024,

@@ -51,13 +51,13 @@ def check_learning_signal(rows: list[dict], patience: int) -> str:
     every prompt): further steps train on nothing and only move it on AdamW's momentum, so this raises
     `NoLearningSignal`. A run without any signal since its first step is warned about once (the line returned):
     a hard start may still find a signal. patience 0: never."""
-    if patience <= 0 or len(rows) < patience:
-        return ""
-    dead = [r.get("frac_reward_zero_std") == 1.0 and r.get("grad_norm") == 0.0 for r in rows]
-    if not all(dead[-patience:]):
-        return ""
+    def dead(r: dict) -> bool:
+        return r.get("frac_reward_zero_std") == 1.0 and r.get("grad_norm") == 0.0
+
+    if patience <= 0 or len(rows) < patience or not all(map(dead, rows[-patience:])):
+        return ""  # (the earlier rows are read only once the last `patience` are silent: not every step)
     what = f"every group's rewards were equal (mean reward {rows[-1]['reward']:+.3f}) and the gradient was 0"
-    if all(dead):
+    if all(map(dead, rows[:-patience])):
         return (f"warning: no learning signal in the first {patience} steps: {what}; the run trains on nothing "
                 "until a group's samples score differently (a warm start, a larger group, other prompts or "
                 "rewards)") if len(rows) == patience else ""

@@ -38,7 +38,8 @@ def setup(a):
     from monorl.model.attention import VarlenContext
     from monorl.model.batch_invariant import make_batch_invariant_
     from monorl.model.config import model_shape
-    from monorl.model.decoder import build_model, rope_cos_sin
+    from monorl.model.decoder import build_model
+    from monorl.model.rope import rope_cos_sin
 
     cfg = model_shape(a.shape)
     cfg = dataclasses.replace(cfg, num_layers=2)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from monorl.model.decoder import rope_cos_sin
+from monorl.model.rope import rope_cos_sin
 from monorl.ops import decode_state
 
 

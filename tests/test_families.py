@@ -225,7 +225,7 @@ def test_a_config_states_its_family_consistently():
 
 def test_rope_op_backward_is_the_rotations_transpose():
     """`rope` (the opaque RoPE of the no-q/k-norm families' fused-kernels block) has a hand-written backward."""
-    from monorl.model.decoder import apply_rope, rope, rope_cos_sin
+    from monorl.model.rope import apply_rope, rope, rope_cos_sin
 
     g = torch.Generator().manual_seed(0)
     q = torch.randn(5, 3, 8, generator=g, dtype=torch.float64, requires_grad=True)

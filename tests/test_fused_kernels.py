@@ -141,7 +141,7 @@ def test_kernels_match_fallbacks(T, Hq, Hkv, D, hidden, inter):
     dt, cuda = torch.bfloat16, "cuda"
     qkv = torch.randn(T, (Hq + 2 * Hkv) * D, device=cuda, dtype=dt)
     qw, kw = (1 + 0.3 * torch.randn(D, device=cuda)).to(dt), (1 + 0.3 * torch.randn(D, device=cuda)).to(dt)
-    from monorl.model.decoder import rope_cos_sin
+    from monorl.model.rope import rope_cos_sin
 
     cos, sin = rope_cos_sin(torch.arange(T, device=cuda) * 13, D, 1e6, dt)
     x, a = torch.randn(T, hidden, device=cuda, dtype=dt), torch.randn(T, hidden, device=cuda, dtype=dt)
@@ -172,7 +172,7 @@ def test_backward_kernels_match_fallbacks(T, Hq, Hkv, D, hidden, inter, dt):
     """Each op's backward kernel (the norms' with RoPE's or the residual's gradient folded in; SiLU * up's; the
     token log-probs') against its PyTorch fallback through autograd: every input's gradient, weights' included
     (summed over rows in blocks, then the blocks), fp32 up to summation order, bf16 up to the output's rounding."""
-    from monorl.model.decoder import rope_cos_sin
+    from monorl.model.rope import rope_cos_sin
     from monorl.ops.logprob_invariant import token_logprobs
     from monorl.ops.rmsnorm_invariant import bi_rms_norm
 
@@ -216,7 +216,7 @@ def test_kv_write_in_the_qk_pass_equals_the_separate_write(T, Hq, Hkv, D):
     qkv = torch.randn(T, (Hq + 2 * Hkv) * D, device=cuda, dtype=dt)
     q, k, v = qkv.split([Hq * D, Hkv * D, Hkv * D], dim=-1)  # column slices of one GEMM's output, as generated
     qw, kw = (1 + 0.3 * torch.randn(D, device=cuda)).to(dt), (1 + 0.3 * torch.randn(D, device=cuda)).to(dt)
-    from monorl.model.decoder import rope_cos_sin
+    from monorl.model.rope import rope_cos_sin
 
     cos, sin = rope_cos_sin(torch.arange(T, device=cuda) * 7, D, 1e6, dt)
     blocks = T // 8 + 1  # twice the slots the tokens take, at least

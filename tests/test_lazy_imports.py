@@ -51,7 +51,7 @@ def test_a_custom_op_is_disabled_for_dynamo_once_dynamo_is_imported(tmp_path):
     got = _python("""
 import json, sys
 import torch
-from monorl.model.decoder import rope_cos_sin
+from monorl.model.rope import rope_cos_sin
 inner = rope_cos_sin._backend_fns[None].__wrapped__
 pos = torch.arange(5)
 before = rope_cos_sin(pos, 8, 1e4, torch.float32)

@@ -15,8 +15,9 @@ The first kind, `PagedKV` (full attention): `kv[layer, 0 | 1, block, slot_in_blo
 prompt share the prompt's full blocks (refcounted); the partial last block is copied per sample. Block 0 is never
 handed out: padded rows of a CUDA-graph batch write their (ignored) keys there.
 
-How the next kinds plug in (not implemented; each is a class beside `PagedKV`, listed by `cache_kinds` for its
-layers, and its layers' attention context reads its tensor):
+How the next kinds plug in (each is a class beside `PagedKV`, registered in `CACHE_KINDS` under its
+`ModelConfig.layer_type`, and its layers' attention context reads its tensor; per-sequence data of its own lives in
+`SequenceState.kind_state[<kind>]`, set and freed by the kind inside `Cache`'s operations, never by the engine):
 
 - **Sliding window** (a layer attending its last W keys): a paged kind over the same pool whose blocks older than
   W tokens are recycled: `bytes_per_block` as `PagedKV`'s for its layers, the engine's reservation asking each kind
@@ -37,7 +38,7 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
 import torch
 from torch import Tensor
@@ -105,9 +106,16 @@ class PagedKV:
         self.kv[:, :, dst] = self.kv[:, :, src]
 
 
+# the cache kind of each layer kind (`ModelConfig.layer_type`): a new layer kind registers its class here
+CACHE_KINDS: dict[str, type] = {"full_attention": PagedKV}
+
+
 def cache_kinds(cfg: ModelConfig) -> list[LayerCache]:
-    """The cache kinds of a model's layers: today every layer is full attention (`PagedKV`)."""
-    return [PagedKV(cfg, list(range(cfg.num_layers)))]
+    """The cache kinds of a model's layers: one instance per layer kind present, over that kind's layers."""
+    by_type: dict[str, list[int]] = {}
+    for i in range(cfg.num_layers):
+        by_type.setdefault(cfg.layer_type(i), []).append(i)
+    return [CACHE_KINDS[t](cfg, ids) for t, ids in by_type.items()]
 
 
 def bytes_per_block(cfg: ModelConfig, block_size: int, dtype: torch.dtype) -> int:
@@ -131,6 +139,9 @@ class SequenceState:
 
     table: list[int] = field(default_factory=list)
     cached: int = 0
+    # per-sequence state a kind owns beyond the shared block table, keyed by the kind (a recurrent kind's state
+    # row, a window kind's own table): the kind sets and frees it in the `Cache` operations
+    kind_state: dict[str, Any] = field(default_factory=dict)
 
 
 class BlockPool:

@@ -22,8 +22,9 @@ from monorl.generate.cache import Cache
 from monorl.generate.sampling import SamplingParams, sample
 from monorl.generate.tensor_parallel import NO_TP, TensorParallel, gather_vocab
 from monorl.model.attention import VarlenContext, resolve_backend
-from monorl.model.decoder import DecoderForCausalLM, model_rope
+from monorl.model.decoder import DecoderForCausalLM
 from monorl.model.pack_layout import bucket_size, filler_lengths, static_max_seqlen
+from monorl.model.rope import model_rope
 from monorl.ops.decode_state import commit_step, step_inputs
 
 PREFILL_GRAPHS = 16  # prefill shapes (prompts' and turn boundaries') kept as CUDA graphs; later ones run eagerly

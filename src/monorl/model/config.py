@@ -17,6 +17,8 @@ SUPPORTED_ARCHITECTURES = tuple(f.architecture for f in FAMILIES.values())
 # defaults, not those of a released model (see MODEL_SHAPES).
 HF_QWEN3_DEFAULTS: dict[str, Any] = dict(QWEN3.defaults)
 ROPE_TYPES = ("default", "llama3")
+# the layer kinds monorl runs (HF's `layer_types` values); a family adding one adds its cache kind and attention
+LAYER_TYPES = ("full_attention",)
 
 
 def _is_int(v: Any) -> bool:
@@ -75,8 +77,18 @@ class ModelConfig:
     decoder_sparse_step: int = 1  # layer i is sparse when (i + 1) % decoder_sparse_step == 0 ...
     mlp_only_layers: tuple[int, ...] = ()  # ... and i is not one of these (HF's rule)
     router_aux_loss_coef: float = 0.0  # the load-balancing loss's weight (when `trainer.router_aux_loss` is on)
+    # each layer's kind (HF's `layer_types`; empty: every layer full attention); a kind decides the layer's cache
+    # (`monorl.generate.cache.cache_kinds`) and how its attention reads it
+    layer_types: tuple[str, ...] = ()
+    sliding_window: int = 0  # keys a "sliding_attention" layer attends (its own and the W - 1 before it)
 
     def __post_init__(self) -> None:
+        if self.layer_types and len(self.layer_types) != self.num_layers:
+            raise ValueError(f"layer_types has {len(self.layer_types)} entries for {self.num_layers} layers")
+        if bad := sorted(set(self.layer_types) - set(LAYER_TYPES)):
+            raise ValueError(f"unsupported layer_types {bad}; monorl runs {list(LAYER_TYPES)}")
+        if "sliding_attention" in self.layer_types and self.sliding_window < 1:
+            raise ValueError(f"sliding_attention layers need sliding_window >= 1, got {self.sliding_window}")
         if self.num_heads % self.num_kv_heads:
             raise ValueError(
                 f"num_heads ({self.num_heads}) must be a multiple of num_kv_heads ({self.num_kv_heads})"
@@ -100,6 +112,15 @@ class ModelConfig:
                                  f"{self.moe_intermediate_size} and {self.decoder_sparse_step}")
             if bad := [i for i in self.mlp_only_layers if not 0 <= i < self.num_layers]:
                 raise ValueError(f"mlp_only_layers {bad} are not layers of a {self.num_layers}-layer model")
+
+    def layer_type(self, i: int) -> str:
+        """Layer i's kind, one of `LAYER_TYPES`."""
+        return self.layer_types[i] if self.layer_types else "full_attention"
+
+    def rope_kind(self, i: int) -> str:
+        """Which RoPE table layer i rotates by (`monorl.model.rope.model_rope`): one for every layer unless a
+        family's layer kinds differ in RoPE base or rotary width."""
+        return "default"
 
     def sparse_layer(self, i: int) -> bool:
         """Whether layer i's MLP is a sparse MoE block (transformers' Qwen3MoeDecoderLayer rule)."""

@@ -35,7 +35,8 @@ from safetensors.torch import save_file
 from torch import Tensor, nn
 
 from monorl.fsutil import read_json, write_dir_atomic
-from monorl.model.decoder import MLP, Attention, DecoderForCausalLM, materialize_
+from monorl.model.blocks import MLP, Attention
+from monorl.model.decoder import DecoderForCausalLM, materialize_
 from monorl.model.layers import Linear
 
 # short name -> HF module name, in the model's order

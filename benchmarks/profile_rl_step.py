@@ -4,7 +4,7 @@ each profiled step: its wall time, the GPU's busy time (the union of its kernels
 longer than --gap-ms with the monorl phase the host was in (`record_function` ranges around the loop's phases)
 and the kernels on either side. A step's time the GPU sits idle is host time no kernel work hides.
 
-  python benchmarks/profile_rl_step.py [--model-dir .models] [--steps 6] [--profile 2] [--out rl_step.json]
+  python benchmarks/profile_rl_step.py [--preset smollm2_135m_arith --set model.path=FILE.gguf] [--model-dir .models] [--steps 6] [--profile 2] [--out rl_step.json]
 
 Under torchrun (`torchrun --standalone --nproc_per_node 4 benchmarks/profile_rl_step.py ...`) every rank runs the
 FSDP step and profiles its own; each writes --out with `.rankN` before the suffix, and rank 0 prints.
@@ -74,6 +74,8 @@ def _phases(run) -> None:
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--model-dir", default=".models")
+    ap.add_argument("--preset", default="qwen3_0_6b_sum_digits",
+                    help="the run's preset; another than W0's takes its weights from --set model.path=...")
     ap.add_argument("--steps", type=int, default=6, help="steps run before the profiled ones")
     ap.add_argument("--profile", type=int, default=2, help="steps profiled")
     ap.add_argument("--gap-ms", type=float, default=0.5, help="idle gaps listed from this length")
@@ -91,9 +93,10 @@ def main() -> None:
     from monorl.run.grpo import GRPORun
 
     work = Path(tempfile.mkdtemp(prefix="profile_rl_step_"))
-    cfg = run_config("qwen3_0_6b_sum_digits", {
-        "model.path": str(model_dir(Path(args.model_dir), "qwen3-0.6b")), "model.random_init": "true",
-        "rollout.ignore_eos": "true", "checkpoint.final": "false", "checkpoint.every_minutes": "0",
+    w0 = {"model.path": str(model_dir(Path(args.model_dir), "qwen3-0.6b")), "model.random_init": "true",
+          "rollout.ignore_eos": "true"} if args.preset == "qwen3_0_6b_sum_digits" else {"validation.num_prompts": "0"}
+    cfg = run_config(args.preset, {
+        **w0, "checkpoint.final": "false", "checkpoint.every_minutes": "0",
         "steps": str(args.steps + args.profile * (2 if args.cprofile else 1) + 1), "run_dir": str(work / "run"),
         **dict(kv.split("=", 1) for kv in args.set)})
     run = GRPORun(cfg, progress=False)

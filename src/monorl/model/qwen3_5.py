@@ -118,7 +118,7 @@ class GatedDeltaNet(nn.Module):
         shared = run.shared
         if shared is not None:  # each sequence whole (a shared prompt copied into every one), as attention sees it
             mixed, b, a = (shared.expand(t[:, None])[:, 0] for t in (mixed, b, a))
-        conv_init, state_init = (None, None) if run.rows is None else cache.read(run.rows)
+        conv_init, state_init = cache.read(run.rows) if run.from_state else (None, None)
         mixed, conv_final = causal_conv(mixed, self.conv1d.weight[:, 0], run.cu_seqlens, conv_init)
         n = mixed.shape[0]
         q, k, v = mixed.split([self.key_dim, self.key_dim, self.value_dim], dim=-1)
@@ -138,8 +138,10 @@ class _Layout:
     """How a forward's tokens form sequences for a Gated DeltaNet layer (`layout_of`)."""
 
     def __init__(self, cu_seqlens: Tensor, rows: Tensor | None = None, ends: Tensor | None = None,
-                 one_token_each: bool = False, shared: Any = None, reference: bool = False) -> None:
+                 one_token_each: bool = False, shared: Any = None, reference: bool = False,
+                 from_state: bool = True) -> None:
         self.cu_seqlens, self.rows, self.ends = cu_seqlens, rows, ends
+        self.from_state = rows is not None and from_state
         self.one_token_each, self.shared, self.reference = one_token_each, shared, reference
 
 
@@ -155,7 +157,7 @@ def layout_of(ctx: Any, cache: Any) -> _Layout:
     if hasattr(ctx, "varlen"):  # a prefill from position 0
         cu = ctx.varlen.cu_seqlens
         rows, ends = cache.rows(ctx.slot_mapping, cu), (cu[1:] - cu[:-1]).long()
-        return _Layout(cu, cache.fresh(rows), ends, reference=reference)
+        return _Layout(cu, rows, ends, reference=reference, from_state=False)
     if hasattr(ctx, "cu_seqlens_q"):  # a turn's new tokens over each sequence's kept state
         cu = ctx.cu_seqlens_q
         rows = cache.rows(ctx.slot_mapping, cu)

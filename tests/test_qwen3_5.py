@@ -142,7 +142,8 @@ def test_chunked_continues_from_its_final_state():
 def test_causal_conv_carries_its_state():
     g = torch.Generator().manual_seed(3)
     x, w = torch.randn(30, 6, generator=g), torch.randn(6, 4, generator=g)
-    ref = torch.nn.functional.silu(torch.nn.functional.conv1d(x.t()[None], w[:, None], padding=3, groups=6)[0, :, :30].t())
+    F = torch.nn.functional
+    ref = F.silu(F.conv1d(x.t()[None], w[:, None], padding=3, groups=6)[0, :, :30].t())
     whole, final = causal_conv(x, w, torch.tensor([0, 30]), None)
     assert (whole - ref).abs().max().item() < 1e-5
     a, s = causal_conv(x[:2], w, torch.tensor([0, 2]), None)  # shorter than the state: zeros kept in it
@@ -151,4 +152,5 @@ def test_causal_conv_carries_its_state():
     assert torch.equal(s, final) and torch.equal(final[0], x[-3:])
     # a pack of several (and an empty) sequence: each from its own state
     packed, _ = causal_conv(x, w, torch.tensor([0, 2, 2, 30]), None)
-    assert torch.equal(packed[:2], a) and (packed[2:] - causal_conv(x[2:], w, torch.tensor([0, 28]), None)[0]).abs().max() < 1e-6
+    alone = causal_conv(x[2:], w, torch.tensor([0, 28]), None)[0]
+    assert torch.equal(packed[:2], a) and (packed[2:] - alone).abs().max() < 1e-6

@@ -82,12 +82,12 @@ class Admission:
                 break
             if g is not None:
                 if g.blocks is None:
-                    g.blocks = cache.blocks.allocate(cache.blocks_needed(n))
+                    g.blocks = cache.allocate_prefix(cache.blocks_needed(n))
                     whole.append((g.prompt, g.blocks, g))
                 cache.share(req.cache, g.blocks[:full])
                 new = cache.extend(req.cache, own)
-                if n % bs and new:
-                    copies.append((g.blocks[full], new[0]))
+                if new and (n % bs or cache.copies_prompt_state):  # (a recurrent state row rides on the pair)
+                    copies.append((g.blocks[full] if n % bs else g.blocks[-1], new[0]))
                 g.pending -= 1
                 members[id(req)] = g
                 req.group = None

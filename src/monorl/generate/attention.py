@@ -103,6 +103,9 @@ class DecodeContext:
     seq_lens: Tensor  # int32 [B]
     slot_mapping: Tensor  # int64 [B]
     backend: str = "torch"  # torch | triton | invariant (see the module docstring)
+    # `CachedPrefillContext.decode_rows`: the rows' sequences (int32 [S+1]), for layers whose state is per
+    # sequence, not per key (a recurrent layer runs each sequence's rows in order); None: one row per sequence
+    cu_seqlens: Tensor | None = None
 
     def __post_init__(self) -> None:
         # batch buckets (and, eager, table widths) vary: compile once for any, not once static then dynamic
@@ -284,7 +287,7 @@ class CachedPrefillContext:
         is written before any row attends), on a decode backend (torch | triton | invariant)."""
         return DecodeContext(block_tables=self.block_tables.index_select(0, self.seq_index),
                              seq_lens=(self.positions + 1).to(torch.int32), slot_mapping=self.slot_mapping,
-                             backend=backend)
+                             backend=backend, cu_seqlens=self.cu_seqlens_q)
 
     def batch_invariant(self) -> DecodeContext:
         return self.decode_rows("invariant")

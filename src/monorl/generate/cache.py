@@ -24,11 +24,13 @@ How the next kinds plug in (each is a class beside `PagedKV`, registered in `CAC
   how many blocks a sequence holds at a length (at most `blocks_for(W) + 1` for a window), and `Cache.trim` after
   each step handing back the blocks that fell out of the window (their table entries set to 0, the scratch block,
   which the window's kernel never reads).
-- **Linear attention / Gated DeltaNet** (a per-sequence recurrent state and a short convolution state, no per-token
-  keys): `bytes_per_block` 0, `bytes_per_sequence` the states' size; storage is one state row per decode slot plus
-  one per paused sequence, indexed by a row id kept in `SequenceState` (a field the kind adds); sharing a prompt
-  copies the state row after the prompt (a prefix is not shareable mid-way), and a preempted sequence recomputes
-  it, as paged KV is recomputed.
+- **Linear attention / Gated DeltaNet** (`monorl.generate.recurrent_state.RecurrentState`, registered for
+  "linear_attention"): a per-sequence recurrent state and a short convolution state, no per-token keys:
+  `bytes_per_block` 0, `bytes_per_sequence` the states' size; a row per sequence (its id in `kind_state`, found by
+  the layers through the blocks the sequence writes), allocated at admission, kept across an episode's turns,
+  freed with the request; a prompt group's prompt state has a row of its own, copied into each sample's; a
+  preempted sequence (or one whose decode ran past its stop) recomputes it. Its hooks (`extended`, `freed`,
+  `keeps`, `prefix_allocated`, `prefix_released`) are called by `Cache`'s operations.
 - **Image embeddings** (a request's vision encoder output, computed once per request): `bytes_per_sequence` the
   embeddings of its images, held from admission to the request's end, not per layer; the prefill reads them where
   the prompt has image placeholder tokens.
@@ -43,6 +45,7 @@ from typing import Any, Protocol
 import torch
 from torch import Tensor
 
+from monorl.generate.recurrent_state import RecurrentState
 from monorl.model.config import ModelConfig
 
 
@@ -107,7 +110,7 @@ class PagedKV:
 
 
 # the cache kind of each layer kind (`ModelConfig.layer_type`): a new layer kind registers its class here
-CACHE_KINDS: dict[str, type] = {"full_attention": PagedKV}
+CACHE_KINDS: dict[str, type] = {"full_attention": PagedKV, "linear_attention": RecurrentState}
 
 
 def cache_kinds(cfg: ModelConfig) -> list[LayerCache]:
@@ -213,10 +216,21 @@ class Cache:
     def can_extend(self, n_blocks: int) -> bool:
         return self.blocks.can_allocate(n_blocks)
 
+    def _hook(self, name: str, *args: Any) -> list[Any]:
+        """Call the kinds' optional hook `name` (a kind with per-sequence state of its own: `RecurrentState`)."""
+        return [hook(*args) for k in self.kinds if (hook := getattr(k, name, None)) is not None]
+
+    @property
+    def copies_prompt_state(self) -> bool:
+        """A kind keeps per-sequence state past the blocks (a recurrent row): a group's samples copy it even when
+        the prompt ends on a block boundary (`copy_blocks` of its last block)."""
+        return any(isinstance(k, RecurrentState) for k in self.kinds)
+
     def extend(self, state: SequenceState, n_blocks: int) -> list[int]:
         """Give a sequence `n_blocks` more blocks (at the end of its table); returns them."""
         new = self.blocks.allocate(n_blocks)
         state.table += new
+        self._hook("extended", state, new)
         return new
 
     def share(self, state: SequenceState, blocks: list[int]) -> None:
@@ -224,9 +238,24 @@ class Cache:
         assert not state.table
         self.blocks.incref(blocks)
         state.table = list(blocks)
+        self._hook("extended", state, [])
+
+    def allocate_prefix(self, n_blocks: int) -> list[int]:
+        """Blocks for a prompt group's prompt, prefilled once (and a recurrent kind's row for its final state)."""
+        blocks = self.blocks.allocate(n_blocks)
+        self._hook("prefix_allocated", blocks)
+        return blocks
+
+    def release_prefix(self, blocks: list[int]) -> None:
+        self.blocks.release(blocks)
+        self._hook("prefix_released", blocks)
 
     def trim(self, state: SequenceState, positions: int) -> None:
-        """Hand back the blocks past those `positions` positions use."""
+        """Hand back the blocks past those `positions` positions use; a sequence whose recurrent state covers other
+        positions (its decode ran past its stop) is freed instead, to be recomputed."""
+        if not all(self._hook("keeps", state, positions)):
+            self.free(state)
+            return
         keep = self.blocks_needed(positions)
         self.blocks.release(state.table[keep:])
         del state.table[keep:]
@@ -235,6 +264,7 @@ class Cache:
         if state.table:
             self.blocks.release(state.table)
         state.table, state.cached = [], 0
+        self._hook("freed", state)
 
     def copy_blocks(self, pairs: list[tuple[int, int]]) -> None:
         """Copy partial blocks (src, dst) in every kind: a sample's own copy of its group's last prompt block."""

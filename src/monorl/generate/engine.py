@@ -295,7 +295,7 @@ class Engine(Admission):
         """A group whose members are all admitted gives back its own references to the prompt's blocks."""
         if g.pending == 0:
             if g.blocks:
-                self.cache.blocks.release(g.blocks)
+                self.cache.release_prefix(g.blocks)
             g.blocks, g.row = [], None
             if self.groups.get(g.key) is g:
                 del self.groups[g.key]

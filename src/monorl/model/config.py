@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from monorl.model.families import FAMILIES, QWEN3, Family, family, family_of_hf
+from monorl.model.qwen3_5_hf import check_linear_attention, hybrid_from_hf, hybrid_to_hf, text_config
 
 SUPPORTED_ARCHITECTURES = tuple(f.architecture for f in FAMILIES.values())
 
@@ -18,7 +19,7 @@ SUPPORTED_ARCHITECTURES = tuple(f.architecture for f in FAMILIES.values())
 HF_QWEN3_DEFAULTS: dict[str, Any] = dict(QWEN3.defaults)
 ROPE_TYPES = ("default", "llama3")
 # the layer kinds monorl runs (HF's `layer_types` values); a family adding one adds its cache kind and attention
-LAYER_TYPES = ("full_attention",)
+LAYER_TYPES = ("full_attention", "linear_attention")
 
 
 def _is_int(v: Any) -> bool:
@@ -81,6 +82,14 @@ class ModelConfig:
     # (`monorl.generate.cache.cache_kinds`) and how its attention reads it
     layer_types: tuple[str, ...] = ()
     sliding_window: int = 0  # keys a "sliding_attention" layer attends (its own and the W - 1 before it)
+    # Qwen3.5 (`monorl.model.qwen3_5`): its full-attention layers rotate the first partial_rotary_factor of each
+    # head; its "linear_attention" layers are Gated DeltaNet of this shape (0: the model has none)
+    partial_rotary_factor: float = 1.0
+    linear_conv_kernel_dim: int = 0  # the causal depthwise convolution's width over q/k/v
+    linear_num_key_heads: int = 0
+    linear_num_value_heads: int = 0  # a multiple of linear_num_key_heads (each key head serves a group)
+    linear_key_head_dim: int = 0
+    linear_value_head_dim: int = 0
 
     def __post_init__(self) -> None:
         if self.layer_types and len(self.layer_types) != self.num_layers:
@@ -89,6 +98,8 @@ class ModelConfig:
             raise ValueError(f"unsupported layer_types {bad}; monorl runs {list(LAYER_TYPES)}")
         if "sliding_attention" in self.layer_types and self.sliding_window < 1:
             raise ValueError(f"sliding_attention layers need sliding_window >= 1, got {self.sliding_window}")
+        if "linear_attention" in self.layer_types:
+            check_linear_attention(self)
         if self.num_heads % self.num_kv_heads:
             raise ValueError(
                 f"num_heads ({self.num_heads}) must be a multiple of num_kv_heads ({self.num_kv_heads})"
@@ -116,6 +127,11 @@ class ModelConfig:
     def layer_type(self, i: int) -> str:
         """Layer i's kind, one of `LAYER_TYPES`."""
         return self.layer_types[i] if self.layer_types else "full_attention"
+
+    @property
+    def rotary_dim(self) -> int:
+        """How many leading dims of each head RoPE rotates (HF: int(head_dim * partial_rotary_factor))."""
+        return int(self.head_dim * self.partial_rotary_factor)
 
     def rope_kind(self, i: int) -> str:
         """Which RoPE table layer i rotates by (`monorl.model.rope.model_rope`): one for every layer unless a
@@ -157,6 +173,7 @@ class ModelConfig:
         family's transformers config default, exactly as HF resolves it, so monorl and transformers read every
         config.json the same way.
         """
+        hf = text_config(hf)  # (a vision-language checkpoint's language model: its text_config)
         fam = family_of_hf(hf)
         defaults = fam.defaults
 
@@ -175,7 +192,7 @@ class ModelConfig:
         def flag(key: str) -> bool:
             return get(key, lambda v: isinstance(v, bool), "true or false")
 
-        theta, scaling = _rope_from_hf(hf, defaults["rope_theta"])
+        theta, scaling = _rope_from_hf(hf, defaults["rope_theta"], fam.partial_rotary)
         attention_bias = flag("attention_bias")
         if attention_bias and fam.qkv_bias:
             raise ValueError(f"unsupported: attention_bias=true ({fam.model_type} has q/k/v biases only)")
@@ -221,7 +238,8 @@ class ModelConfig:
             eos_token_id=get("eos_token_id", _is_token_ids, "an integer, a list of integers, or null"),
             rope_scaling=scaling,
         )
-        return base.with_family(fam.model_type, attention_bias, **(_moe_from_hf(hf, defaults) if fam.moe else {}))
+        base = base.with_family(fam.model_type, attention_bias, **(_moe_from_hf(hf, defaults) if fam.moe else {}))
+        return base.replace(**hybrid_from_hf(hf, defaults)) if fam.hybrid else base
 
     def to_hf(self, dtype: str = "bfloat16") -> dict[str, Any]:
         """The HF `config.json` dict that transformers loads as this family's class."""
@@ -261,6 +279,8 @@ class ModelConfig:
                        moe_intermediate_size=self.moe_intermediate_size, norm_topk_prob=self.norm_topk_prob,
                        decoder_sparse_step=self.decoder_sparse_step, mlp_only_layers=list(self.mlp_only_layers),
                        router_aux_loss_coef=self.router_aux_loss_coef, output_router_logits=False)
+        if fam.hybrid:
+            out.update(hybrid_to_hf(self))
         return out
 
     def replace(self, **kw: Any) -> ModelConfig:
@@ -291,9 +311,11 @@ def _moe_from_hf(hf: dict[str, Any], defaults: Any) -> dict[str, Any]:
     )
 
 
-def _rope_from_hf(hf: dict[str, Any], default_theta: float) -> tuple[float, Llama3RopeScaling | None]:
+def _rope_from_hf(hf: dict[str, Any], default_theta: float,
+                  partial_ok: bool = False) -> tuple[float, Llama3RopeScaling | None]:
     """(rope_theta, scaling) as HF resolves them: rope_scaling (legacy name), when set, wins over rope_parameters;
-    rope_theta comes from that dict, else the top-level rope_theta, else the default."""
+    rope_theta comes from that dict, else the top-level rope_theta, else the default. partial_ok: the family reads
+    partial_rotary_factor itself (`monorl.model.qwen3_5_hf`)."""
     rope = hf.get("rope_scaling") or hf.get("rope_parameters") or {}
     if not isinstance(rope, dict):
         raise ValueError(f"config.json: rope_parameters must be an object, got {rope!r}")
@@ -301,7 +323,7 @@ def _rope_from_hf(hf: dict[str, Any], default_theta: float) -> tuple[float, Llam
     if rope_type not in (*ROPE_TYPES, None):
         raise ValueError(f"unsupported rope_type {rope_type!r} (monorl implements {', '.join(ROPE_TYPES)})")
     partial = rope.get("partial_rotary_factor", hf.get("partial_rotary_factor", 1.0))
-    if partial not in (1, 1.0, None):
+    if partial not in (1, 1.0, None) and not partial_ok:
         raise ValueError(f"unsupported partial_rotary_factor {partial!r} (monorl rotates whole heads)")
     theta = rope.get("rope_theta", hf.get("rope_theta", default_theta))
     if not (_is_number(theta) and theta > 0):

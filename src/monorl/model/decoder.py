@@ -11,6 +11,7 @@ generator's inference copy alone is built with fused projections: `monorl.distri
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -32,10 +33,14 @@ from monorl.model.rope import model_rope
 # layer gets (x, cos, sin, ctx, cache) and returns x; what it reads from `cache` is its layer kind's state
 # (`monorl.generate.cache.cache_kinds`, by `cfg.layer_type(i)`).
 FAMILY_BLOCKS: dict[str, Callable[[ModelConfig, int, bool], nn.Module]] = {}
+# a family whose final norm differs (e.g. Qwen3.5's (1 + w) RMSNorm) registers its class here, keyed by model_type
+FAMILY_NORMS: dict[str, Callable[[int, float], nn.Module]] = {}
 
 
 def make_block(cfg: ModelConfig, i: int, fused: bool) -> nn.Module:
     """Layer i of a `cfg` model: its family's registered block, else the Llama-shaped one."""
+    if cfg.family.block_module:  # the module that registers the family's block (imported when first needed)
+        importlib.import_module(cfg.family.block_module)
     if (block := FAMILY_BLOCKS.get(cfg.model_type)) is not None:
         return block(cfg, i, fused)
     return TransformerBlock(cfg, fused, cfg.sparse_layer(i))
@@ -46,7 +51,7 @@ class Qwen3Model(nn.Module):
         super().__init__()
         self.embed_tokens = embedding(cfg.vocab_size, cfg.hidden_size)
         self.layers = nn.ModuleList(make_block(cfg, i, fused) for i in range(cfg.num_layers))
-        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.norm = FAMILY_NORMS.get(cfg.model_type, RMSNorm)(cfg.hidden_size, cfg.rms_norm_eps)
 
 
 class DecoderForCausalLM(nn.Module):
@@ -125,9 +130,11 @@ class DecoderForCausalLM(nn.Module):
         """Random init (normal(0, std) matrices and biases, unit norms), deterministic for a seed and device type.
         Drawn on the parameters' device: 0.6B normal samples on a CPU take seconds of startup."""
         gens: dict[torch.device, torch.Generator] = {}
+        # a norm scaling by (1 + w) starts at 0 (its `init_value`), the others at 1
+        norm_init = {f"{n}.weight": m.init_value for n, m in self.named_modules() if hasattr(m, "init_value")}
         for name, p in self.named_parameters():
             if name.endswith("norm.weight"):
-                p.fill_(1.0)
+                p.fill_(norm_init.get(name, 1.0))
                 continue
             if p.device not in gens:
                 gens[p.device] = torch.Generator(device=p.device).manual_seed(seed)

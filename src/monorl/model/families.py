@@ -36,6 +36,13 @@ class Family:
     extra_hf: Mapping[str, Any] = field(default_factory=dict)
     # sparse mixture-of-experts MLPs (`monorl.model.moe`): config.json's num_experts, num_experts_per_tok, ...
     moe: bool = False
+    # config.json's partial_rotary_factor (RoPE on the first part of each head) is read, not refused
+    partial_rotary: bool = False
+    # linear-attention layers beside full attention (Qwen3.5's Gated DeltaNet, `monorl.model.qwen3_5`): its own
+    # decoder layer, config keys (`monorl.model.qwen3_5_hf`) and cache kind
+    hybrid: bool = False
+    # the module registering the family's own decoder layer (`monorl.model.decoder.FAMILY_BLOCKS`), if any
+    block_module: str = ""
 
 
 _COMMON_DEFAULTS = {"hidden_act": "silu", "rms_norm_eps": 1e-6, "tie_word_embeddings": False,
@@ -88,7 +95,20 @@ QWEN3_MOE = Family(
     moe=True,
 )
 
-FAMILIES: dict[str, Family] = {f.model_type: f for f in (QWEN3, LLAMA, QWEN2, QWEN3_MOE)}
+# transformers' Qwen3_5TextConfig (models/qwen3_5/configuration_qwen3_5.py): every 4th layer gated full attention
+# ((1 + w) norms, an output gate, RoPE on a quarter of each head), the others Gated DeltaNet; no GGUF reader
+QWEN3_5 = Family(
+    model_type="qwen3_5_text", architecture="Qwen3_5ForCausalLM", gguf_arch="", qk_norm=True, qkv_bias=None,
+    defaults=MappingProxyType({
+        **_COMMON_DEFAULTS, "vocab_size": 248320, "hidden_size": 4096, "intermediate_size": 12288,
+        "num_hidden_layers": 32, "num_attention_heads": 16, "num_key_value_heads": 4, "head_dim": 256,
+        "max_position_embeddings": 32768, "bos_token_id": None, "eos_token_id": None, "linear_conv_kernel_dim": 4,
+        "linear_key_head_dim": 128, "linear_value_head_dim": 128, "linear_num_key_heads": 16,
+        "linear_num_value_heads": 32, "layer_types": None}),
+    partial_rotary=True, hybrid=True, block_module="monorl.model.qwen3_5",
+)
+
+FAMILIES: dict[str, Family] = {f.model_type: f for f in (QWEN3, LLAMA, QWEN2, QWEN3_MOE, QWEN3_5)}
 
 
 def family(model_type: str) -> Family:
@@ -115,7 +135,7 @@ def family_of_hf(hf: Mapping[str, Any]) -> Family:
 def family_of_gguf(arch: str) -> Family:
     """The family of a GGUF file's `general.architecture`."""
     for fam in FAMILIES.values():
-        if fam.gguf_arch == arch and not fam.moe:  # (monorl's GGUF reader maps dense tensors only)
+        if fam.gguf_arch and fam.gguf_arch == arch and not fam.moe:  # (monorl's GGUF reader maps dense tensors only)
             return fam
     raise ValueError(f"unsupported GGUF architecture {arch!r}; monorl reads "
-                     f"{sorted(f.gguf_arch for f in FAMILIES.values() if not f.moe)}")
+                     f"{sorted(f.gguf_arch for f in FAMILIES.values() if f.gguf_arch and not f.moe)}")

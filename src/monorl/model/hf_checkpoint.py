@@ -24,6 +24,7 @@ from monorl.fsutil import read_json, write_dir_atomic
 from monorl.model.config import ModelConfig
 from monorl.model.decoder import DecoderForCausalLM
 from monorl.model.expert_stacking import is_stacked, per_expert_expected, stack_experts, unstack_experts
+from monorl.model.qwen3_5_hf import is_nested
 from monorl.model.tokenizer import HFTokenizer, Tokenizer, TokenizerError
 
 CONFIG_FILE = "config.json"
@@ -31,6 +32,8 @@ SINGLE_FILE = "model.safetensors"
 INDEX_FILE = "model.safetensors.index.json"
 GENERATION_CONFIG_FILE = "generation_config.json"
 
+NESTED_PREFIX = "model.language_model."
+NESTED_IGNORED = ("model.visual.", "mtp.")  # a vision-language checkpoint's vision tower and multi-token head
 _ST_DTYPES = {"F64": torch.float64, "F32": torch.float32, "BF16": torch.bfloat16, "F16": torch.float16}
 _DTYPE_NAMES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16",
                 torch.float64: "float64"}
@@ -111,9 +114,11 @@ def _device_str(device: torch.device | str) -> str:
 
 
 def load_state_dict(path: str | os.PathLike, expected: dict[str, Tensor], device: torch.device | str = "cpu",
-                    dtype: torch.dtype | None = None, ignore: tuple[str, ...] = ()) -> dict[str, Tensor]:
+                    dtype: torch.dtype | None = None, ignore: tuple[str, ...] = (),
+                    ignore_prefixes: tuple[str, ...] = ()) -> dict[str, Tensor]:
     """Read every tensor named in `expected` (name -> a tensor of the right shape, e.g. on meta) from
-    the checkpoint at `path`, checking names and shapes before reading any data."""
+    the checkpoint at `path`, checking names and shapes before reading any data; names in `ignore` or starting
+    with one of `ignore_prefixes` are read past."""
     out: dict[str, Tensor] = {}
     unexpected: list[str] = []
     for file, indexed_names in weight_files(path).items():
@@ -123,7 +128,7 @@ def load_state_dict(path: str | os.PathLike, expected: dict[str, Tensor], device
                 if indexed_names is not None and (missing := sorted(set(indexed_names) - set(names))):
                     raise CheckpointError(f"{file} lacks tensors its index assigns to it: {missing[:8]}")
                 for name in names:
-                    if name in ignore:
+                    if name in ignore or name.startswith(ignore_prefixes):
                         continue
                     if name not in expected:
                         unexpected.append(name)
@@ -166,14 +171,20 @@ def load_checkpoint(path: str | os.PathLike, device: torch.device | str = "cpu",
             raise CheckpointError(str(e)) from None
         model.load_state_dict(state, strict=True, assign=True)
         return model.eval()
+    # a vision-language checkpoint (`qwen3_5_hf.is_nested`): its language model's tensors are model.language_model.*
+    nested = is_nested(read_json(Path(path) / CONFIG_FILE, CheckpointError))
+    name = (lambda n: n.replace("model.", NESTED_PREFIX, 1) if n.startswith("model.") else n) if nested else str
     if dtype is None:
-        dtype = _stored_dtype(path, "model.embed_tokens.weight")
+        dtype = _stored_dtype(path, name("model.embed_tokens.weight"))
     # Tied checkpoints may still carry lm_head.weight (a copy of the embedding): read past it.
     ignore = ("lm_head.weight",) if cfg.tie_word_embeddings else ()
     # experts stored one by one (the Hub's form, `monorl.model.expert_stacking`), unless the file has them stacked
     per_expert = cfg.is_moe and not any(map(is_stacked, _stored_names(path)))
-    state = load_state_dict(path, per_expert_expected(expected) if per_expert else expected, device=device,
-                            dtype=dtype, ignore=ignore)
+    want = per_expert_expected(expected) if per_expert else expected
+    state = load_state_dict(path, {name(n): t for n, t in want.items()}, device=device, dtype=dtype, ignore=ignore,
+                            ignore_prefixes=NESTED_IGNORED if nested else ())
+    if nested:
+        state = {n.replace(NESTED_PREFIX, "model.", 1): t for n, t in state.items()}
     if per_expert:
         state = stack_experts(state, expected)
     model.load_state_dict(state, strict=True, assign=True)

@@ -55,7 +55,7 @@ def model_rope(cfg: ModelConfig, positions: Tensor, dtype: torch.dtype,
     s: Llama3RopeScaling | None = cfg.rope_scaling
     llama3 = None if s is None else [s.factor, s.low_freq_factor, s.high_freq_factor,
                                      float(s.original_max_position_embeddings)]
-    return rope_cos_sin(positions, cfg.head_dim, cfg.rope_theta, dtype, llama3)
+    return rope_cos_sin(positions, cfg.rotary_dim, cfg.rope_theta, dtype, llama3)  # rotary_dim: head_dim unless partial
 
 
 @custom_op("monorl::rope", mutates_args=())

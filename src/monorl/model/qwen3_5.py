@@ -1,0 +1,194 @@
+"""Qwen3.5's decoder layer (`Qwen3_5ForCausalLM`, model_type qwen3_5_text; transformers' models/qwen3_5 is the
+oracle, names equal its): a hybrid of Gated DeltaNet layers ("linear_attention") and gated full-attention layers,
+each with a SiLU-gated MLP, every norm an RMSNorm scaling by (1 + w) in fp32.
+
+- `GatedAttention`: q_proj gives each head's query and an output gate side by side ([q | gate] per head); q/k
+  (1 + w) norms; RoPE on the first `rotary_dim` dims of each head (`ModelConfig.partial_rotary_factor`); the
+  attention output times sigmoid(gate) before o_proj. Its cache is the paged KV of every full-attention layer.
+- `GatedDeltaNet`: in_proj_qkv -> causal depthwise conv1d (+ SiLU) -> q, k, v; beta = sigmoid(in_proj_b), the
+  log decay g = -exp(A_log) * softplus(in_proj_a + dt_bias); the gated delta rule (`monorl.ops.gated_delta`);
+  a gated RMSNorm by in_proj_z; out_proj. Its cache (`monorl.generate.recurrent_state.RecurrentLayer`) holds a
+  conv state and a delta-rule state per sequence, in rows the attention context's sequences are looked up in.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from monorl.model.attention import AttentionContext
+from monorl.model.blocks import MLP
+from monorl.model.config import ModelConfig
+from monorl.model.decoder import FAMILY_BLOCKS, FAMILY_NORMS
+from monorl.model.layers import Linear
+from monorl.ops.gated_delta import causal_conv, gated_delta_rule
+from monorl.ops.rope import apply_rope
+
+
+class ZeroCenteredRMSNorm(nn.Module):
+    """transformers' Qwen3_5RMSNorm: x normalised in fp32, times (1 + w) in fp32, cast once (w starts at 0)."""
+
+    init_value = 0.0  # `DecoderForCausalLM.init_weights`
+
+    def __init__(self, dim: int, eps: float) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.zeros(dim))
+        self.eps = eps
+
+    def forward(self, x: Tensor) -> Tensor:
+        h = x.float()
+        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
+        return (h * (1.0 + self.weight.float())).to(x.dtype)
+
+
+class GatedRMSNorm(nn.Module):
+    """transformers' Qwen3_5RMSNormGated: w * norm(x) (cast back to x's dtype), times SiLU(gate) in fp32."""
+
+    def __init__(self, dim: int, eps: float) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+
+    def forward(self, x: Tensor, gate: Tensor) -> Tensor:
+        h = x.float()
+        h = self.weight * (h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)).to(x.dtype)
+        return (h * F.silu(gate.float())).to(x.dtype)
+
+
+class GatedAttention(nn.Module):
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.num_heads, self.num_kv_heads, self.head_dim = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+        self.rotary_dim = cfg.rotary_dim
+        self.q_proj = Linear(cfg.hidden_size, cfg.num_heads * cfg.head_dim * 2, bias=cfg.o_bias)
+        self.k_proj = Linear(cfg.hidden_size, cfg.num_kv_heads * cfg.head_dim, bias=cfg.o_bias)
+        self.v_proj = Linear(cfg.hidden_size, cfg.num_kv_heads * cfg.head_dim, bias=cfg.o_bias)
+        self.o_proj = Linear(cfg.num_heads * cfg.head_dim, cfg.hidden_size, bias=cfg.o_bias)
+        self.q_norm = ZeroCenteredRMSNorm(cfg.head_dim, cfg.rms_norm_eps)
+        self.k_norm = ZeroCenteredRMSNorm(cfg.head_dim, cfg.rms_norm_eps)
+
+    def _rope(self, x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+        r = self.rotary_dim
+        return torch.cat([apply_rope(x[..., :r], cos, sin), x[..., r:]], dim=-1)
+
+    def forward(self, x: Tensor, cos: Tensor, sin: Tensor, ctx: AttentionContext, cache: Any) -> Tensor:
+        T = x.shape[0]
+        q, gate = self.q_proj(x).view(T, self.num_heads, 2 * self.head_dim).chunk(2, dim=-1)
+        q = self.q_norm(q)
+        k = self.k_norm(self.k_proj(x).view(T, self.num_kv_heads, self.head_dim))
+        v = self.v_proj(x).view(T, self.num_kv_heads, self.head_dim)
+        q, k = self._rope(q, cos, sin).to(v.dtype), self._rope(k, cos, sin).to(v.dtype)
+        o = ctx.attend(q.contiguous(), k.contiguous(), v, cache)
+        return self.o_proj(o.flatten(1) * torch.sigmoid(gate.reshape(T, -1)))
+
+
+class _Conv(nn.Module):
+    """The depthwise conv's weight [C, 1, K], under HF's name (`conv1d.weight`); `causal_conv` applies it."""
+
+    def __init__(self, channels: int, width: int) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.empty(channels, 1, width))
+
+
+class GatedDeltaNet(nn.Module):
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.hk, self.hv = cfg.linear_num_key_heads, cfg.linear_num_value_heads
+        self.dk, self.dv = cfg.linear_key_head_dim, cfg.linear_value_head_dim
+        self.key_dim, self.value_dim = self.hk * self.dk, self.hv * self.dv
+        conv_dim = 2 * self.key_dim + self.value_dim
+        self.in_proj_qkv = Linear(cfg.hidden_size, conv_dim, bias=False)
+        self.in_proj_z = Linear(cfg.hidden_size, self.value_dim, bias=False)
+        self.in_proj_b = Linear(cfg.hidden_size, self.hv, bias=False)
+        self.in_proj_a = Linear(cfg.hidden_size, self.hv, bias=False)
+        self.conv1d = _Conv(conv_dim, cfg.linear_conv_kernel_dim)
+        self.dt_bias = nn.Parameter(torch.ones(self.hv))
+        self.A_log = nn.Parameter(torch.zeros(self.hv))
+        self.norm = GatedRMSNorm(self.dv, cfg.rms_norm_eps)
+        self.out_proj = Linear(self.value_dim, cfg.hidden_size, bias=False)
+
+    def forward(self, x: Tensor, cos: Tensor, sin: Tensor, ctx: AttentionContext, cache: Any) -> Tensor:
+        T = x.shape[0]
+        mixed, b, a = self.in_proj_qkv(x), self.in_proj_b(x), self.in_proj_a(x)
+        z = self.in_proj_z(x).view(T, self.hv, self.dv)
+        run = layout_of(ctx, cache)
+        shared = run.shared
+        if shared is not None:  # each sequence whole (a shared prompt copied into every one), as attention sees it
+            mixed, b, a = (shared.expand(t[:, None])[:, 0] for t in (mixed, b, a))
+        conv_init, state_init = cache.read(run.rows) if run.from_state else (None, None)
+        mixed, conv_final = causal_conv(mixed, self.conv1d.weight[:, 0], run.cu_seqlens, conv_init)
+        n = mixed.shape[0]
+        q, k, v = mixed.split([self.key_dim, self.key_dim, self.value_dim], dim=-1)
+        g = -self.A_log.float().exp() * F.softplus(a.float() + self.dt_bias)
+        o, state_final = gated_delta_rule(q.view(n, self.hk, self.dk), k.view(n, self.hk, self.dk),
+                                          v.view(n, self.hv, self.dv), g, b.sigmoid(), run.cu_seqlens, state_init,
+                                          run.one_token_each, reference=run.reference)
+        if run.rows is not None:
+            cache.write(run.rows, conv_final, state_final, run.ends)
+        if shared is not None:
+            o = shared.contract(o)
+        o = self.norm(o.to(x.dtype).reshape(-1, self.dv), z.reshape(-1, self.dv))
+        return self.out_proj(o.view(T, self.value_dim))
+
+
+class _Layout:
+    """How a forward's tokens form sequences for a Gated DeltaNet layer (`layout_of`)."""
+
+    def __init__(self, cu_seqlens: Tensor, rows: Tensor | None = None, ends: Tensor | None = None,
+                 one_token_each: bool = False, shared: Any = None, reference: bool = False,
+                 from_state: bool = True) -> None:
+        self.cu_seqlens, self.rows, self.ends = cu_seqlens, rows, ends
+        self.from_state = rows is not None and from_state
+        self.one_token_each, self.shared, self.reference = one_token_each, shared, reference
+
+
+def layout_of(ctx: Any, cache: Any) -> _Layout:
+    """The sequences of `ctx` (the trainer's varlen pack, or the generator's prefill / cached prefill / decode) and,
+    with a cache, each one's state row and how many positions its state covers after this forward. A prefill
+    starts every sequence from zeros (its rows are written); a cached prefill and a decode continue each from its
+    row. Batch-invariant contexts run the reference rule (both sides the same code)."""
+    backend = getattr(ctx, "backend", None) or getattr(getattr(ctx, "varlen", None), "backend", None)
+    reference = backend == "invariant"
+    if cache is None or getattr(ctx, "slot_mapping", None) is None:  # the trainer's pack: no state kept
+        return _Layout(ctx.cu_seqlens, shared=getattr(ctx, "shared", None), reference=reference)
+    if hasattr(ctx, "varlen"):  # a prefill from position 0
+        cu = ctx.varlen.cu_seqlens
+        rows, ends = cache.rows(ctx.slot_mapping, cu), (cu[1:] - cu[:-1]).long()
+        return _Layout(cu, rows, ends, reference=reference, from_state=False)
+    if hasattr(ctx, "cu_seqlens_q"):  # a turn's new tokens over each sequence's kept state
+        cu = ctx.cu_seqlens_q
+        rows = cache.rows(ctx.slot_mapping, cu)
+        return _Layout(cu, rows, ctx.positions[(cu[1:].long() - 1).clamp(min=0)] + 1, reference=reference)
+    cu = getattr(ctx, "cu_seqlens", None)  # a decode (or the decode rows of a turn, one sequence's in order)
+    one = cu is None
+    if one:
+        cu = torch.arange(ctx.seq_lens.shape[0] + 1, dtype=torch.int32, device=ctx.seq_lens.device)
+    rows = cache.rows(ctx.slot_mapping, cu)
+    return _Layout(cu, rows, ctx.seq_lens[(cu[1:].long() - 1).clamp(min=0)].long(), one_token_each=one,
+                   reference=reference)
+
+
+class Qwen3_5Block(nn.Module):
+    """One Qwen3.5 decoder layer: its kind's token mixer (`linear_attn` or `self_attn`), then the MLP."""
+
+    def __init__(self, cfg: ModelConfig, i: int, fused: bool = False) -> None:
+        super().__init__()
+        if cfg.layer_type(i) == "linear_attention":
+            self.linear_attn = GatedDeltaNet(cfg)
+        else:
+            self.self_attn = GatedAttention(cfg)
+        self.mlp = MLP(cfg, fused)
+        self.input_layernorm = ZeroCenteredRMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.post_attention_layernorm = ZeroCenteredRMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+
+    def forward(self, x: Tensor, cos: Tensor, sin: Tensor, ctx: AttentionContext, cache: Any = None) -> Tensor:
+        mixer = self.linear_attn if hasattr(self, "linear_attn") else self.self_attn
+        x = x + mixer(self.input_layernorm(x), cos, sin, ctx, cache)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+FAMILY_BLOCKS["qwen3_5_text"] = Qwen3_5Block
+FAMILY_NORMS["qwen3_5_text"] = ZeroCenteredRMSNorm

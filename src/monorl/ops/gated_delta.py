@@ -1,0 +1,181 @@
+"""Gated DeltaNet's token mixing (Qwen3.5's linear-attention layers, `monorl.model.qwen3_5`): the causal depthwise
+convolution with its carried state, and the gated delta rule over packed sequences with carried recurrent states.
+
+Plain PyTorch references, monorl's own (CPU, the CI's path, and every device where `fla` is absent):
+`chunk_gated_delta_rule` (training and prefill: transformers' `torch_chunk_gated_delta_rule` algorithm, chunks of 64
+from each sequence's start, autograd through it) and `recurrent_gated_delta_rule` (one token at a time: decode).
+Both take the state of each sequence (`initial_state`, zeros where None) and return each one's final state, so a
+pack of sequences is computed as each alone. On CUDA `gated_delta_rule` calls `fla` (the `linear-attention` extra,
+`fla-core`: the kernels transformers and vLLM call) when it is importable.
+
+Shapes: q, k [T, Hk, Dk]; v [T, Hv, Dv] (Hv a multiple of Hk: each key head serves Hv / Hk consecutive value
+heads); g (log decay, <= 0) and beta [T, Hv]; states [N, Hv, Dk, Dv] in fp32; cu_seqlens [N + 1]. q and k are
+L2-normalised here (transformers' `use_qk_l2norm_in_kernel=True`) and q scaled by Dk ** -0.5.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+CHUNK = 64  # the chunked form's chunk (transformers' and fla's)
+
+
+def l2norm(x: Tensor, eps: float = 1e-6) -> Tensor:
+    return x * torch.rsqrt((x * x).sum(dim=-1, keepdim=True) + eps)
+
+
+def _prepare(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor) -> tuple[Tensor, ...]:
+    """fp32, q/k heads repeated to v's, q and k L2-normalised, q scaled: [H, T, D] / [H, T]."""
+    rep = v.shape[1] // k.shape[1]
+    if rep > 1:
+        q, k = q.repeat_interleave(rep, dim=1), k.repeat_interleave(rep, dim=1)
+    q, k, v = (x.transpose(0, 1).float() for x in (q, k, v))
+    q, k = l2norm(q), l2norm(k)
+    q = q * q.shape[-1] ** -0.5
+    return q, k, v, g.t().float(), beta.t().float()
+
+
+def _chunk_one(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, state: Tensor,
+               chunk: int) -> tuple[Tensor, Tensor]:
+    """One sequence, prepared ([H, n, D]), from `state` [H, Dk, Dv]: transformers' chunked algorithm."""
+    n = q.shape[1]
+    pad = (chunk - n % chunk) % chunk
+    q, k, v = (F.pad(x, (0, 0, 0, pad)) for x in (q, k, v))
+    g, beta = F.pad(g, (0, pad)), F.pad(beta, (0, pad))
+    H, Dv = v.shape[0], v.shape[-1]
+    v_beta, k_beta = v * beta[..., None], k * beta[..., None]
+    q, k, k_beta, v_beta = (x.reshape(H, -1, chunk, x.shape[-1]) for x in (q, k, k_beta, v_beta))
+    cum = g.reshape(H, -1, chunk).cumsum(dim=-1)
+    upper = torch.ones(chunk, chunk, dtype=torch.bool, device=q.device).triu(1)
+    decay = (cum[..., :, None] - cum[..., None, :]).masked_fill(upper, float("-inf")).exp()
+    system = (k_beta @ k.transpose(-1, -2)) * decay
+    intra = (q @ k.transpose(-1, -2)) * decay
+    # (I + strictly-lower(system)) x = rhs: the UT transform of the chunk's delta-rule updates
+    new_values = torch.linalg.solve_triangular(system, v_beta, upper=False, unitriangular=True)
+    k_cumdecay = torch.linalg.solve_triangular(system, k_beta * cum.exp()[..., None], upper=False,
+                                               unitriangular=True)
+    q = q * cum.exp()[..., None]
+    k = k * (cum[..., -1:] - cum).exp()[..., None]
+    chunk_decay = cum[..., -1].exp()[..., None, None]
+    out = []
+    for i in range(q.shape[1]):
+        v_new = new_values[:, i] - k_cumdecay[:, i] @ state
+        out.append(q[:, i] @ state + intra[:, i] @ v_new)
+        state = state * chunk_decay[:, i] + k[:, i].transpose(-1, -2) @ v_new
+    o = torch.cat(out, dim=1) if out else v.new_zeros(H, 0, Dv)
+    return o[:, :n], state
+
+
+def _states(initial_state: Tensor | None, n: int, v: Tensor, dk: int) -> Tensor:
+    if initial_state is not None:
+        return initial_state.float()
+    return torch.zeros(n, v.shape[1], dk, v.shape[2], dtype=torch.float32, device=v.device)
+
+
+def chunk_gated_delta_rule(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, cu_seqlens: Tensor,
+                           initial_state: Tensor | None = None, chunk: int = CHUNK) -> tuple[Tensor, Tensor]:
+    """The chunked reference over packed sequences -> (o [T, Hv, Dv] in v's dtype, final states [N, ...] fp32).
+    Reads cu_seqlens on the host (sequence by sequence; a sequence's chunks are batched)."""
+    q, k, v, g, beta = _prepare(q, k, v, g, beta)
+    bounds = cu_seqlens.tolist()
+    states = _states(initial_state, len(bounds) - 1, v.transpose(0, 1), q.shape[-1])
+    outs, finals = [], []
+    for s, (a, b) in enumerate(zip(bounds[:-1], bounds[1:], strict=True)):
+        o, st = _chunk_one(q[:, a:b], k[:, a:b], v[:, a:b], g[:, a:b], beta[:, a:b], states[s], chunk)
+        outs.append(o)
+        finals.append(st)
+    return torch.cat(outs, dim=1).transpose(0, 1), torch.stack(finals)
+
+
+def recurrent_gated_delta_rule(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, cu_seqlens: Tensor,
+                               initial_state: Tensor | None = None) -> tuple[Tensor, Tensor]:
+    """The token-by-token reference (transformers' `torch_recurrent_gated_delta_rule`), same contract as
+    `chunk_gated_delta_rule`. With one token per sequence (decode) it reads nothing on the host."""
+    q, k, v, g, beta = _prepare(q, k, v, g, beta)
+    N = cu_seqlens.shape[0] - 1
+    state = _states(initial_state, N, v.transpose(0, 1), q.shape[-1])
+    if q.shape[1] == N:  # one token each: [H, N, ...] -> [N, H, ...], one batched step
+        o, state = _step(q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1), g.t(), beta.t(), state)
+        return o, state
+    bounds = cu_seqlens.tolist()
+    outs, finals = [], []
+    for s, (a, b) in enumerate(zip(bounds[:-1], bounds[1:], strict=True)):
+        st = state[s]
+        for t in range(a, b):
+            o, st = _step(q[:, t], k[:, t], v[:, t], g[:, t], beta[:, t], st)
+            outs.append(o)
+        finals.append(st)
+    o = torch.stack(outs) if outs else v.new_zeros(0, v.shape[0], v.shape[-1])
+    return o, torch.stack(finals)
+
+
+def _step(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, state: Tensor) -> tuple[Tensor, Tensor]:
+    """One token per state: q, k [..., Dk], v [..., Dv], g, beta [...], state [..., Dk, Dv]."""
+    state = state * g.exp()[..., None, None]
+    memory = (state * k[..., None]).sum(dim=-2)
+    delta = (v - memory) * beta[..., None]
+    state = state + k[..., None] * delta[..., None, :]
+    return (state * q[..., None]).sum(dim=-2), state
+
+
+@functools.cache
+def _fla() -> Any:
+    """fla's gated delta rule ops, or None where `fla-core` is not installed (the optional extra)."""
+    try:
+        from fla.ops.gated_delta_rule import chunk_gated_delta_rule as chunk
+        from fla.ops.gated_delta_rule import fused_recurrent_gated_delta_rule as recurrent
+    except ImportError:
+        return None
+    return chunk, recurrent
+
+
+def gated_delta_rule(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, cu_seqlens: Tensor,
+                     initial_state: Tensor | None, one_token_each: bool,
+                     reference: bool = False) -> tuple[Tensor, Tensor]:
+    """The rule over packed sequences: fla's kernels on CUDA when installed (unless `reference`), else the
+    references; one_token_each (decode): the recurrent step, else the chunked form."""
+    fla = None if reference or not q.is_cuda else _fla()
+    if fla is None:
+        if one_token_each:
+            return recurrent_gated_delta_rule(q, k, v, g, beta, cu_seqlens, initial_state)
+        return chunk_gated_delta_rule(q, k, v, g, beta, cu_seqlens, initial_state)
+    chunk, recurrent = fla
+    state = None if initial_state is None else initial_state.float()
+    if one_token_each:  # [B, 1, H, D]: each sequence its own batch row
+        o, final = recurrent(q[:, None], k[:, None], v[:, None], g[:, None].float(), beta[:, None],
+                             initial_state=state, output_final_state=True, use_qk_l2norm_in_kernel=True)
+        return o[:, 0], final
+    o, final = chunk(q[None], k[None], v[None], g[None].float(), beta[None], initial_state=state,
+                     output_final_state=True, cu_seqlens=cu_seqlens.long(), use_qk_l2norm_in_kernel=True)
+    return o[0], final
+
+
+def causal_conv(x: Tensor, weight: Tensor, cu_seqlens: Tensor, initial: Tensor | None) -> tuple[Tensor, Tensor]:
+    """SiLU(causal depthwise conv) of packed sequences x [T, C] by weight [C, K], each sequence continuing from its
+    state initial [N, K - 1, C] (its K - 1 inputs before; zeros where None) -> (out [T, C], final states
+    [N, K - 1, C]: the last K - 1 inputs, state rows included). Gathers, no host read; row-local (a token's
+    output is the same whatever else is packed)."""
+    T, C = x.shape
+    K = weight.shape[1]
+    N = cu_seqlens.shape[0] - 1
+    dev = x.device
+    if initial is None:
+        initial = x.new_zeros(N, K - 1, C)
+    src = torch.cat([x, initial.to(x.dtype).reshape(N * (K - 1), C)])
+    cu = cu_seqlens.long()
+    t = torch.arange(T, device=dev)
+    seq = torch.searchsorted(cu[1:], t, right=True)
+    j = t - cu[seq]  # position within the sequence
+    back = torch.arange(K - 1, -1, -1, device=dev)  # tap i reads the input K - 1 - i before
+    p = j[:, None] - back  # [T, K]: position of each tap's input (< 0: from the state)
+    idx = torch.where(p >= 0, t[:, None] - back, T + seq[:, None] * (K - 1) + (K - 1) + p)
+    out = (src[idx] * weight.t().to(x.dtype)).sum(dim=1)
+    n = cu[1:] - cu[:-1]
+    q = n[:, None] - (K - 1) + torch.arange(K - 1, device=dev)  # [N, K-1]: positions of the last K - 1 inputs
+    fidx = torch.where(q >= 0, cu[:-1, None] + q, T + torch.arange(N, device=dev)[:, None] * (K - 1) + (K - 1) + q)
+    return F.silu(out), src[fidx]

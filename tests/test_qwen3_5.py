@@ -1,0 +1,156 @@
+"""Qwen3.5 (`monorl.model.qwen3_5`, model_type qwen3_5_text) against transformers' `Qwen3_5ForCausalLM`, and the
+gated delta rule's references (`monorl.ops.gated_delta`) against each other. Tiny configs, CPU, fp32."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from monorl.model.config import ModelConfig
+from monorl.model.hf_checkpoint import load_checkpoint, save_checkpoint
+from monorl.ops.gated_delta import causal_conv, chunk_gated_delta_rule, recurrent_gated_delta_rule
+from tests.test_model_parity import hf_logits, our_logits, random_seqs
+
+transformers = pytest.importorskip("transformers")
+
+# two Gated DeltaNet shapes (conv width, key / value head sizes, value heads per key head) and both layer kinds
+CASES = {
+    "k4-gva": dict(linear_conv_kernel_dim=4, linear_key_head_dim=8, linear_value_head_dim=16,
+                   linear_num_key_heads=2, linear_num_value_heads=4),
+    "k2-tied": dict(linear_conv_kernel_dim=2, linear_key_head_dim=16, linear_value_head_dim=8,
+                    linear_num_key_heads=2, linear_num_value_heads=2, tie_word_embeddings=True,
+                    layer_types=["full_attention", "linear_attention", "linear_attention"], num_hidden_layers=3),
+}
+
+
+@pytest.fixture
+def qwen3_5(make_hf_checkpoint):
+    def make(case: str):
+        kw = {"num_hidden_layers": 4, "head_dim": 16, **CASES[case]}
+        return make_hf_checkpoint(family="qwen3_5_text", **kw)
+    return make
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_logits_match_hf(qwen3_5, load_hf_model, case):
+    path = qwen3_5(case)
+    ours, ref = load_checkpoint(path), load_hf_model(path)
+    assert type(ref).__name__ == "Qwen3_5ForCausalLM"
+    cfg = ours.config
+    assert set(cfg.layer_types) == {"linear_attention", "full_attention"}
+    assert cfg.rotary_dim == 4  # a quarter of head_dim 16
+    seqs = random_seqs([70, 7, 130], cfg.vocab_size)  # several chunks of 64, a partial one, a short sequence
+    a, b = our_logits(ours, seqs), hf_logits(ref, seqs)
+    assert b.std() > 0.3
+    assert (a - b).abs().max().item() < 1e-4
+
+
+def test_a_pack_equals_each_sequence_alone(qwen3_5):
+    """The pack's conv and delta-rule states start from zero at each sequence start."""
+    ours = load_checkpoint(qwen3_5("k4-gva"))
+    seqs = random_seqs([9, 70, 3], ours.config.vocab_size, seed=1)
+    packed = our_logits(ours, seqs)
+    alone = torch.cat([our_logits(ours, [s]) for s in seqs])
+    assert (packed - alone).abs().max().item() < 1e-3  # GEMMs of other row counts round differently
+
+
+def test_save_then_transformers_loads(qwen3_5, tmp_path):
+    ours = load_checkpoint(qwen3_5("k2-tied"))
+    save_checkpoint(ours, tmp_path / "out")
+    ref = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "out").eval()
+    assert type(ref).__name__ == "Qwen3_5ForCausalLM"
+    seqs = random_seqs([33], ours.config.vocab_size)
+    assert (our_logits(ours, seqs) - hf_logits(ref, seqs)).abs().max().item() < 1e-4
+    assert ModelConfig.from_hf(json.loads((tmp_path / "out" / "config.json").read_text())) == ours.config
+
+
+def test_vision_language_checkpoint_loads_its_language_model(qwen3_5, tmp_path):
+    """A `Qwen3_5ForConditionalGeneration` directory: text_config nested, weights under model.language_model.*,
+    a vision tower and an MTP head read past."""
+    path = qwen3_5("k4-gva")
+    text = json.loads((path / "config.json").read_text())
+    out = tmp_path / "vl"
+    out.mkdir()
+    (out / "config.json").write_text(json.dumps({
+        "architectures": ["Qwen3_5ForConditionalGeneration"], "model_type": "qwen3_5", "text_config": text,
+        "vision_config": {"depth": 1}, "tie_word_embeddings": False}))
+    state = {(k.replace("model.", "model.language_model.", 1) if k.startswith("model.") else k): v
+             for k, v in load_file(path / "model.safetensors").items()}
+    state["model.visual.patch_embed.weight"] = torch.zeros(2)
+    state["mtp.fc.weight"] = torch.zeros(2)
+    save_file(state, out / "model.safetensors")
+    seqs = random_seqs([20], text["vocab_size"])
+    assert torch.equal(our_logits(load_checkpoint(out), seqs), our_logits(load_checkpoint(path), seqs))
+
+
+def test_config_json_errors_are_one_line():
+    base = dict(ModelConfig.from_hf({"model_type": "qwen3_5_text", "num_hidden_layers": 4}).to_hf())
+    with pytest.raises(ValueError, match="linear_num_value_heads .* multiple of linear_num_key_heads"):
+        ModelConfig.from_hf({**base, "linear_num_key_heads": 3, "linear_num_value_heads": 4})
+    with pytest.raises(ValueError, match="partial_rotary_factor"):
+        ModelConfig.from_hf({**base, "rope_parameters": {"rope_theta": 1e4, "partial_rotary_factor": 2.0}})
+    cfg = ModelConfig.from_hf({"model_type": "qwen3_5_text", "num_hidden_layers": 8})
+    assert cfg.layer_types == ("linear_attention",) * 3 + ("full_attention",) + ("linear_attention",) * 3 + (
+        "full_attention",)  # HF's full_attention_interval 4
+    assert cfg.partial_rotary_factor == 0.25
+
+
+# ---- the kernels' references --------------------------------------------------------------------------------
+
+def _inputs(lengths: list[int], hk: int = 2, hv: int = 4, dk: int = 8, dv: int = 16, seed: int = 0):
+    g = torch.Generator().manual_seed(seed)
+    T = sum(lengths)
+    q, k = torch.randn(T, hk, dk, generator=g), torch.randn(T, hk, dk, generator=g)
+    v = torch.randn(T, hv, dv, generator=g)
+    decay = -torch.nn.functional.softplus(torch.randn(T, hv, generator=g))
+    beta = torch.rand(T, hv, generator=g)
+    cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32)
+    state = torch.randn(len(lengths), hv, dk, dv, generator=g)
+    return q, k, v, decay, beta, cu, state
+
+
+@pytest.mark.parametrize("with_state", [False, True])
+def test_chunked_equals_recurrent_on_a_pack(with_state):
+    q, k, v, g, beta, cu, state = _inputs([1, 70, 0, 130, 64])
+    init = state if with_state else None
+    o_c, s_c = chunk_gated_delta_rule(q, k, v, g, beta, cu, init)
+    o_r, s_r = recurrent_gated_delta_rule(q, k, v, g, beta, cu, init)
+    assert (o_c - o_r).abs().max().item() < 1e-4
+    assert (s_c - s_r).abs().max().item() < 1e-4
+    if with_state:  # the state is read: a pack continued from it differs from one from zeros
+        assert (o_c - chunk_gated_delta_rule(q, k, v, g, beta, cu)[0]).abs().max() > 1e-2
+
+
+def test_chunked_continues_from_its_final_state():
+    """A sequence in two pieces, the second from the first's final state, equals it whole (a turn boundary)."""
+    q, k, v, g, beta, _, _ = _inputs([100], seed=2)
+    whole, s_whole = chunk_gated_delta_rule(q, k, v, g, beta, torch.tensor([0, 100]))
+    cut = 37
+    a, s_a = chunk_gated_delta_rule(q[:cut], k[:cut], v[:cut], g[:cut], beta[:cut], torch.tensor([0, cut]))
+    b, s_b = chunk_gated_delta_rule(q[cut:], k[cut:], v[cut:], g[cut:], beta[cut:], torch.tensor([0, 100 - cut]),
+                                    s_a)
+    assert (torch.cat([a, b]) - whole).abs().max().item() < 1e-4
+    assert (s_b - s_whole).abs().max().item() < 1e-4
+    step, _ = recurrent_gated_delta_rule(q[cut:cut + 1], k[cut:cut + 1], v[cut:cut + 1], g[cut:cut + 1],
+                                         beta[cut:cut + 1], torch.tensor([0, 1]), s_a)  # one decode step
+    assert (step[0] - whole[cut]).abs().max().item() < 1e-4
+
+
+def test_causal_conv_carries_its_state():
+    g = torch.Generator().manual_seed(3)
+    x, w = torch.randn(30, 6, generator=g), torch.randn(6, 4, generator=g)
+    F = torch.nn.functional
+    ref = F.silu(F.conv1d(x.t()[None], w[:, None], padding=3, groups=6)[0, :, :30].t())
+    whole, final = causal_conv(x, w, torch.tensor([0, 30]), None)
+    assert (whole - ref).abs().max().item() < 1e-5
+    a, s = causal_conv(x[:2], w, torch.tensor([0, 2]), None)  # shorter than the state: zeros kept in it
+    b, s = causal_conv(x[2:], w, torch.tensor([0, 28]), s)
+    assert (torch.cat([a, b]) - whole).abs().max().item() < 1e-6
+    assert torch.equal(s, final) and torch.equal(final[0], x[-3:])
+    # a pack of several (and an empty) sequence: each from its own state
+    packed, _ = causal_conv(x, w, torch.tensor([0, 2, 2, 30]), None)
+    alone = causal_conv(x[2:], w, torch.tensor([0, 28]), None)[0]
+    assert torch.equal(packed[:2], a) and (packed[2:] - alone).abs().max() < 1e-6

@@ -1,0 +1,112 @@
+"""The engine's recurrent state (`monorl.generate.recurrent_state.RecurrentState`) on a hybrid tiny Qwen3.5 model,
+CPU: the generator's tokens and log-probs equal the trainer-side forward on the same tokens; an episode continued
+from its kept state equals its conversation prefilled anew; a prompt group's samples start from the prompt's state;
+the cache's sizing and row accounting."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from monorl.generate.cache import Cache, kv_cache_bytes_needed
+from monorl.generate.engine import Engine
+from monorl.generate.episodes import run_episodes
+from monorl.generate.recurrent_state import KIND, RecurrentState
+from monorl.generate.requests import Request, TurnEvent
+from monorl.generate.sampling import SamplingParams
+from monorl.model.config import ModelConfig
+from monorl.model.decoder import build_model
+from tests.test_episodes import generator, reprefilled_turn, scripted, turn_starts
+
+HYBRID = ModelConfig(vocab_size=128, hidden_size=64, intermediate_size=128, num_layers=4, num_heads=4, num_kv_heads=2,
+                     head_dim=16, rope_theta=10000.0, max_position_embeddings=1024).with_family("qwen3_5_text").replace(
+    layer_types=("linear_attention", "full_attention", "linear_attention", "linear_attention"),
+    partial_rotary_factor=0.25, linear_conv_kernel_dim=4, linear_num_key_heads=2, linear_num_value_heads=4,
+    linear_key_head_dim=8, linear_value_head_dim=8)
+
+
+@pytest.fixture(scope="module")
+def model():
+    return build_model(HYBRID, seed=None).init_weights(3, std=0.2)
+
+
+def trainer_logprobs(model, tokens: list[int], start: int) -> tuple[list[int], list[float]]:
+    """Greedy tokens and log p of tokens[start:] from one varlen forward over the whole sequence."""
+    logits = model.logits_for([tokens])[0][start - 1:-1]
+    lp = torch.log_softmax(logits.float(), dim=-1)
+    return logits.argmax(-1).tolist(), lp.gather(1, torch.tensor(tokens[start:])[:, None])[:, 0].tolist()
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_generator_equals_the_trainer_forward(model, temperature):
+    """Prompts of several blocks and chunk sizes, n = 2 samples sharing each prompt's state (one exactly a block)."""
+    gen = generator(model, max_num_seqs=6)
+    prompts = [[5 + i % 100 for i in range(n)] for n in (8, 13, 70)]
+    sp = SamplingParams(max_new_tokens=20, temperature=temperature, seed=11, ignore_eos=True)
+    for prompt, samples in zip(prompts, gen.generate(prompts, sp, n=2), strict=True):
+        for c in samples:
+            greedy, lps = trainer_logprobs(model, prompt + c.token_ids, len(prompt))
+            if temperature == 0:
+                assert c.token_ids == greedy
+            else:
+                torch.testing.assert_close(torch.tensor(c.logprobs), torch.tensor(lps), rtol=0, atol=1e-4)
+        if temperature:  # the two samples differ: each continued its own copy of the prompt's state
+            assert samples[0].token_ids != samples[1].token_ids
+
+
+@pytest.mark.parametrize("stop_check_interval", [1, 3])
+def test_episode_turns_continue_the_kept_state(model, stop_check_interval):
+    """Each later turn (its inserted tokens prefilled from the kept state, or recomputed after a decode that ran past
+    its stop) equals the turn sampled after prefilling the whole conversation anew."""
+    gen = generator(model, stop_check_interval=stop_check_interval)
+    engine = Engine(gen, max_tokens=100)
+    free = gen.cache.blocks.num_free()
+    prompts, inserts = scripted(0, [0, 1, 2], HYBRID.vocab_size)
+    sp = SamplingParams(max_new_tokens=6, temperature=0.9, seed=5, stop_token_ids=tuple(range(2, 14)))
+
+    def environment(ep: Request, ev: TurnEvent) -> list[int] | None:
+        return inserts[ep.id][ev.turn] if ev.turn < len(inserts[ep.id]) else None
+
+    done = run_episodes(engine, prompts, sp, environment)
+    for ep in done.values():
+        starts = turn_starts(ep)
+        for t, s in enumerate(starts[1:], start=1):
+            end = starts[t + 1] - len(inserts[ep.id][t]) if t + 1 < len(starts) else len(ep.tokens)
+            ref = reprefilled_turn(engine, ep, s, sp)
+            assert ref.token_ids == ep.tokens[s:end], (ep.id, t)
+            torch.testing.assert_close(torch.tensor(ref.logprobs), torch.tensor(ep.logprobs[s:end]), rtol=0,
+                                       atol=1e-4)
+    assert gen.cache.blocks.num_free() == free
+    kind = next(k for k in gen.cache.kinds if isinstance(k, RecurrentState))
+    assert len(kind.free_rows) == gen.cache.num_blocks and not kind.prefix_rows  # every row back
+
+
+def test_sizing_counts_state_rows():
+    per_seq = RecurrentState(HYBRID, [0, 2, 3]).bytes_per_sequence(torch.float32)
+    conv_dim = 2 * 2 * 8 + 4 * 8
+    assert per_seq == 3 * (3 * conv_dim * 4 + 4 * 8 * 8 * 4)
+    paged_only = HYBRID.replace(layer_types=("full_attention",) * 4, linear_conv_kernel_dim=0)
+    base = kv_cache_bytes_needed(paged_only, 4, 64, 8, torch.float32)
+    with_rows = kv_cache_bytes_needed(HYBRID, 4, 64, 8, torch.float32)
+    assert with_rows == base // 4 + 4 * per_seq + 0  # one full-attention layer of four, plus four rows
+
+
+def test_rows_follow_sequences():
+    cache = Cache(HYBRID, 9, 8, torch.device("cpu"), torch.float32)
+    kind = next(k for k in cache.kinds if isinstance(k, RecurrentState))
+    from monorl.generate.cache import SequenceState
+
+    a, b = SequenceState(), SequenceState()
+    cache.extend(a, 2)
+    prefix = cache.allocate_prefix(1)
+    cache.share(b, prefix)
+    assert len({a.kind_state[KIND], b.kind_state[KIND], kind.prefix_rows[prefix[0]]}) == 3
+    assert kind.row_of_block[a.table].tolist() == [a.kind_state[KIND]] * 2
+    kind.covered[a.kind_state[KIND]] = 5
+    cache.trim(a, 5)
+    assert a.table  # its state covers its positions: kept
+    cache.trim(a, 4)
+    assert not a.table and KIND not in a.kind_state  # it does not: freed, to be recomputed
+    cache.free(b)
+    cache.release_prefix(prefix)
+    assert len(kind.free_rows) == 9

@@ -117,6 +117,7 @@ def hf_resolved(d: dict[str, Any]) -> dict[str, Any]:
                 decoder_sparse_step=1, mlp_only_layers=(), router_aux_loss_coef=0.0)),
         # these families' layers are all full attention (a family with other layer kinds reads HF's layer_types)
         layer_types=(), sliding_window=0,
+        vision=None,  # text-only families (Qwen3-VL: tests/test_qwen3_vl.py)
     )
 
 
@@ -182,7 +183,7 @@ def test_empty_config_matches_hf():
         tie_word_embeddings=False, bos_token_id=None, eos_token_id=None, model_type="qwen3", qk_norm=True,
         qkv_bias=False, o_bias=False, rope_scaling=None, num_experts=0, num_experts_per_tok=0,
         moe_intermediate_size=0, norm_topk_prob=False, decoder_sparse_step=1, mlp_only_layers=(),
-        router_aux_loss_coef=0.0, layer_types=(), sliding_window=0)
+        router_aux_loss_coef=0.0, layer_types=(), sliding_window=0, vision=None)
 
 
 @pytest.mark.parametrize("model_type", ["llama", "qwen2", "qwen3_moe"])

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from monorl.model.families import FAMILIES, QWEN3, Family, family, family_of_hf
+from monorl.model.vision_config import VisionConfig
 
 SUPPORTED_ARCHITECTURES = tuple(f.architecture for f in FAMILIES.values())
 
@@ -81,6 +82,8 @@ class ModelConfig:
     # (`monorl.generate.cache.cache_kinds`) and how its attention reads it
     layer_types: tuple[str, ...] = ()
     sliding_window: int = 0  # keys a "sliding_attention" layer attends (its own and the W - 1 before it)
+    # a vision-language model's tower, image tokens and M-RoPE (Qwen3-VL: `monorl.model.qwen3_vl`); None: text only
+    vision: VisionConfig | None = None
 
     def __post_init__(self) -> None:
         if self.layer_types and len(self.layer_types) != self.num_layers:
@@ -120,7 +123,7 @@ class ModelConfig:
     def rope_kind(self, i: int) -> str:
         """Which RoPE table layer i rotates by (`monorl.model.rope.model_rope`): one for every layer unless a
         family's layer kinds differ in RoPE base or rotary width."""
-        return "default"
+        return "mrope" if self.vision is not None else "default"
 
     def sparse_layer(self, i: int) -> bool:
         """Whether layer i's MLP is a sparse MoE block (transformers' Qwen3MoeDecoderLayer rule)."""
@@ -157,6 +160,10 @@ class ModelConfig:
         family's transformers config default, exactly as HF resolves it, so monorl and transformers read every
         config.json the same way.
         """
+        if hf.get("model_type") == "qwen3_vl":
+            from monorl.model.qwen3_vl import config_from_hf
+
+            return config_from_hf(hf)
         fam = family_of_hf(hf)
         defaults = fam.defaults
 
@@ -225,6 +232,10 @@ class ModelConfig:
 
     def to_hf(self, dtype: str = "bfloat16") -> dict[str, Any]:
         """The HF `config.json` dict that transformers loads as this family's class."""
+        if self.vision is not None:
+            from monorl.model.qwen3_vl import config_to_hf
+
+            return config_to_hf(self, dtype)
         fam = self.family
         rope = {"rope_type": "default", "rope_theta": self.rope_theta}
         if self.rope_scaling is not None:

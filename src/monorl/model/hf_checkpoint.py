@@ -166,14 +166,20 @@ def load_checkpoint(path: str | os.PathLike, device: torch.device | str = "cpu",
             raise CheckpointError(str(e)) from None
         model.load_state_dict(state, strict=True, assign=True)
         return model.eval()
+    if cfg.vision is not None:  # a vision-language checkpoint names the decoder model.language_model.*
+        from monorl.model.qwen3_vl import hf_name, monorl_name
+    else:
+        hf_name = monorl_name = _same_name
     if dtype is None:
-        dtype = _stored_dtype(path, "model.embed_tokens.weight")
+        dtype = _stored_dtype(path, hf_name("model.embed_tokens.weight"))
     # Tied checkpoints may still carry lm_head.weight (a copy of the embedding): read past it.
     ignore = ("lm_head.weight",) if cfg.tie_word_embeddings else ()
     # experts stored one by one (the Hub's form, `monorl.model.expert_stacking`), unless the file has them stacked
     per_expert = cfg.is_moe and not any(map(is_stacked, _stored_names(path)))
-    state = load_state_dict(path, per_expert_expected(expected) if per_expert else expected, device=device,
-                            dtype=dtype, ignore=ignore)
+    stored = per_expert_expected(expected) if per_expert else expected
+    state = load_state_dict(path, {hf_name(n): t for n, t in stored.items()}, device=device, dtype=dtype,
+                            ignore=ignore)
+    state = {monorl_name(n): t for n, t in state.items()}
     if per_expert:
         state = stack_experts(state, expected)
     model.load_state_dict(state, strict=True, assign=True)
@@ -181,6 +187,10 @@ def load_checkpoint(path: str | os.PathLike, device: torch.device | str = "cpu",
     if left := [n for n, t in [*model.named_parameters(), *model.named_buffers()] if t.is_meta]:
         raise CheckpointError(f"tensors not initialised by the checkpoint (still on meta): {left}")
     return model.eval()
+
+
+def _same_name(name: str) -> str:
+    return name
 
 
 def _stored_names(path: str | os.PathLike) -> list[str]:
@@ -269,6 +279,10 @@ def write_checkpoint_files(model: DecoderForCausalLM, directory: Path, dtype: to
     state = {name: t.detach().to("cpu", dtype=dtype or t.dtype).contiguous() for name, t in model.state_dict().items()}
     if model.config.is_moe:  # experts one by one, as the Hub, transformers and vLLM store them
         state = unstack_experts(state)
+    if model.config.vision is not None:
+        from monorl.model.qwen3_vl import hf_name
+
+        state = {hf_name(n): t for n, t in state.items()}
     saved_dtype = dtype or next(iter(state.values())).dtype
     _write_json(directory / CONFIG_FILE, model.config.to_hf(_DTYPE_NAMES.get(saved_dtype, str(saved_dtype))))
     shards = _shards(state, max_shard_bytes)

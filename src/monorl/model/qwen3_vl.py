@@ -8,9 +8,10 @@ DeepStack features the decoder adds at those tokens (`DecoderForCausalLM.forward
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
+import torch
 from torch import Tensor, nn
 
 from monorl.model.config import ModelConfig
@@ -20,6 +21,7 @@ from monorl.model.vision_config import (
     HF_VL_TOKEN_DEFAULTS,
     VisionConfig,
 )
+from monorl.model.vision_prompt import ImageInputs
 
 ARCHITECTURE = "Qwen3VLForConditionalGeneration"
 # transformers' Qwen3VLTextConfig defaults (tests/test_qwen3_vl.py checks them against the installed transformers)
@@ -147,3 +149,32 @@ def freeze_vision_(model: nn.Module) -> int:
         p.requires_grad_(False)
     return len(params)
 
+
+
+def sequence_positions(inputs: ImageInputs | None, length: int) -> Tensor:
+    """M-RoPE positions [3, length] of a sequence: its prompt's (`ImageInputs.positions`), then each later token
+    (a sampled or inserted one) one past the last on all three rows (text-only: 0, 1, 2, .. on each row)."""
+    if inputs is None:
+        return torch.arange(length).expand(3, -1)
+    n = inputs.prompt_len
+    if length < n:
+        raise ValueError(f"a sequence of {length} tokens is shorter than its image prompt ({n})")
+    after = torch.arange(inputs.next_position, inputs.next_position + length - n).expand(3, -1)
+    return torch.cat([inputs.positions, after], dim=1)
+
+
+def pack_inputs(model: nn.Module, sequences: Sequence[Sequence[int]], images: Sequence[ImageInputs | None]
+                ) -> tuple[Tensor, Tensor, tuple[Tensor, list[Tensor]] | None]:
+    """(inputs_embeds, positions [3, T], deepstack) of a pack of sequences (prompt + completion tokens each, the
+    prompt's images or None), for `DecoderForCausalLM.forward`: the tower runs once over every prompt's images
+    (each image attends only within itself, so this equals one run per prompt)."""
+    dev = model.lm_head_weight.device
+    ids = torch.tensor([t for s in sequences for t in s], dtype=torch.long, device=dev)
+    positions = torch.cat([sequence_positions(im, len(s)) for s, im in zip(sequences, images, strict=True)], 1)
+    with_images = [im for im in images if im is not None]
+    if not with_images:
+        return model.model.embed_tokens(ids), positions.to(dev), None
+    pixels = torch.cat([im.pixel_values for im in with_images]).to(dev)
+    grids = torch.cat([im.grid_thw for im in with_images])
+    embeds, deepstack = embed_images(model, ids, pixels, grids)
+    return embeds, positions.to(dev), deepstack

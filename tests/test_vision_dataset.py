@@ -104,3 +104,14 @@ def test_placeholders_must_match_images(tokenizer):
     vision = vision_for(tokenizer)
     with pytest.raises(ValueError, match="1 image placeholder"):
         encode_with_images(tokenizer.encode("<|image_pad|>"), [picture(8, 8, (1, 2, 3))] * 2, vision, PROCESSOR)
+
+
+def test_rollouts_refuse_prompts_with_images(tmp_path, tokenizer):
+    """Until the generator feeds images (#59), encoding such a prompt for rollouts stops in one line."""
+    from monorl.rl.rollouts.rollout import encode_prompts
+
+    picture(8, 8, (1, 2, 3)).save(tmp_path / "a.png")
+    (tmp_path / "data.jsonl").write_text(json.dumps({"prompt": "x", "image": "a.png", "answer": "y"}) + "\n")
+    task = DatasetTask(path=tmp_path / "data.jsonl", reward="format")
+    with pytest.raises(ValueError, match="do not feed images to the model yet"):
+        encode_prompts(task, tokenizer, [next(task.train_prompts(seed=0))], max_len=512, max_new_tokens=8)

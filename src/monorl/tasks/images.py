@@ -42,3 +42,11 @@ def with_placeholders(messages: list[dict[str, str]], count: int) -> list[dict[s
     out = [dict(m) for m in messages]
     out[at]["content"] = PLACEHOLDER * count + out[at]["content"]
     return out
+
+
+def check_no_images(prompt: Any) -> None:
+    """Until the generator and the trainer carry a prompt's images (#59), a prompt with images stops the run in
+    one line rather than training on its placeholders alone."""
+    if prompt.meta.get("images"):
+        raise ValueError(f"a prompt holds {len(prompt.meta['images'])} image(s); monorl's generator and trainer do "
+                         "not feed images to the model yet (#59): drop the image column")

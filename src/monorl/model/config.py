@@ -9,6 +9,8 @@ from typing import Any
 
 from monorl.model.families import FAMILIES, QWEN3, Family, family, family_of_hf
 from monorl.model.qwen3_5_hf import check_linear_attention, hybrid_from_hf, hybrid_to_hf, text_config
+from monorl.model.qwen3_vl_hf import join_config, split_config
+from monorl.model.vision_config import VisionConfig
 
 SUPPORTED_ARCHITECTURES = tuple(f.architecture for f in FAMILIES.values())
 
@@ -90,6 +92,8 @@ class ModelConfig:
     linear_num_value_heads: int = 0  # a multiple of linear_num_key_heads (each key head serves a group)
     linear_key_head_dim: int = 0
     linear_value_head_dim: int = 0
+    # a vision-language model's tower, image tokens and M-RoPE (Qwen3-VL: `monorl.model.qwen3_vl`); None: text only
+    vision: VisionConfig | None = None
 
     def __post_init__(self) -> None:
         if self.layer_types and len(self.layer_types) != self.num_layers:
@@ -136,7 +140,7 @@ class ModelConfig:
     def rope_kind(self, i: int) -> str:
         """Which RoPE table layer i rotates by (`monorl.model.rope.model_rope`): one for every layer unless a
         family's layer kinds differ in RoPE base or rotary width."""
-        return "default"
+        return "mrope" if self.vision is not None else "default"
 
     def sparse_layer(self, i: int) -> bool:
         """Whether layer i's MLP is a sparse MoE block (transformers' Qwen3MoeDecoderLayer rule)."""
@@ -173,6 +177,9 @@ class ModelConfig:
         family's transformers config default, exactly as HF resolves it, so monorl and transformers read every
         config.json the same way.
         """
+        if hf.get("model_type") == "qwen3_vl":  # the Qwen3 decoder of a vision-language model, and its tower
+            text, vision = split_config(hf)
+            return cls.from_hf(text).replace(vision=vision)
         hf = text_config(hf)  # (a vision-language checkpoint's language model: its text_config)
         fam = family_of_hf(hf)
         defaults = fam.defaults
@@ -243,6 +250,8 @@ class ModelConfig:
 
     def to_hf(self, dtype: str = "bfloat16") -> dict[str, Any]:
         """The HF `config.json` dict that transformers loads as this family's class."""
+        if self.vision is not None:
+            return join_config(self.replace(vision=None).to_hf(dtype), self.vision, dtype)
         fam = self.family
         rope = {"rope_type": "default", "rope_theta": self.rope_theta}
         if self.rope_scaling is not None:

@@ -52,6 +52,10 @@ class Qwen3Model(nn.Module):
         self.embed_tokens = embedding(cfg.vocab_size, cfg.hidden_size)
         self.layers = nn.ModuleList(make_block(cfg, i, fused) for i in range(cfg.num_layers))
         self.norm = FAMILY_NORMS.get(cfg.model_type, RMSNorm)(cfg.hidden_size, cfg.rms_norm_eps)
+        if cfg.vision is not None:  # a vision-language model's tower (HF: model.visual)
+            from monorl.model.vision import VisionTower
+
+            self.visual = VisionTower(cfg.vision)
 
 
 class DecoderForCausalLM(nn.Module):
@@ -77,11 +81,16 @@ class DecoderForCausalLM(nn.Module):
         return self.model.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
 
     def forward(self, input_ids: Tensor, positions: Tensor, ctx: AttentionContext,
-                kv_cache: Sequence[Any] | None = None, rope: tuple[Tensor, Tensor] | None = None) -> Tensor:
-        """input_ids, positions: [T]. kv_cache: one entry per layer (or None), handed to `ctx.attend`. rope: the
-        positions' `rope_cos_sin` in the activations' dtype, where the caller has them (the generator's decode
-        step gathers them from tables of every position: `monorl.ops.decode_state`)."""
-        x = self.model.embed_tokens(input_ids)
+                kv_cache: Sequence[Any] | None = None, rope: tuple[Tensor, Tensor] | None = None,
+                inputs_embeds: Tensor | None = None,
+                deepstack: tuple[Tensor, Sequence[Tensor]] | None = None) -> Tensor:
+        """input_ids, positions: [T] ([3, T] for M-RoPE). kv_cache: one entry per layer (or None), handed to
+        `ctx.attend`. rope: the positions' `rope_cos_sin` in the activations' dtype, where the caller has them (the
+        generator's decode step gathers them from tables of every position: `monorl.ops.decode_state`).
+        inputs_embeds: [T, hidden] in place of the token embeddings (image tokens replaced by the tower's:
+        `monorl.model.qwen3_vl.embed_images`); deepstack: (token indices, one [n, hidden] tensor per layer), each
+        added to those tokens' hidden states after layer i."""
+        x = self.model.embed_tokens(input_ids) if inputs_embeds is None else inputs_embeds
         ropes = self.rope_by_layer_type(positions, x.dtype, rope)
         mark_dynamic(x, *(t for cs in ropes.values() for t in cs), dims=(0,))  # token counts vary
         checkpointed = self.activation_checkpointing and torch.is_grad_enabled()
@@ -92,6 +101,8 @@ class DecoderForCausalLM(nn.Module):
                 x = checkpoint(layer, x, cos, sin, ctx, cache, use_reentrant=False, preserve_rng_state=False)
             else:
                 x = layer(x, cos, sin, ctx, cache)
+            if deepstack is not None and i < len(deepstack[1]):
+                x = x.index_add(0, deepstack[0], deepstack[1][i].to(x.dtype))
         return self.model.norm(x)  # a fused-kernels model's norm takes the last block's pending (h, m) pair itself
 
     def rope_by_layer_type(self, positions: Tensor, dtype: torch.dtype,

@@ -32,7 +32,6 @@ SINGLE_FILE = "model.safetensors"
 INDEX_FILE = "model.safetensors.index.json"
 GENERATION_CONFIG_FILE = "generation_config.json"
 
-NESTED_PREFIX = "model.language_model."
 NESTED_IGNORED = ("model.visual.", "mtp.")  # a vision-language checkpoint's vision tower and multi-token head
 _ST_DTYPES = {"F64": torch.float64, "F32": torch.float32, "BF16": torch.bfloat16, "F16": torch.float16}
 _DTYPE_NAMES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16",
@@ -171,20 +170,23 @@ def load_checkpoint(path: str | os.PathLike, device: torch.device | str = "cpu",
             raise CheckpointError(str(e)) from None
         model.load_state_dict(state, strict=True, assign=True)
         return model.eval()
-    # a vision-language checkpoint (`qwen3_5_hf.is_nested`): its language model's tensors are model.language_model.*
+    # a vision-language checkpoint names the decoder model.language_model.* (`qwen3_vl.hf_name`): Qwen3-VL's whole
+    # model, or the language model alone of a Qwen3.5 one (`qwen3_5_hf.is_nested`; its tower's tensors skipped)
     nested = is_nested(read_json(Path(path) / CONFIG_FILE, CheckpointError))
-    name = (lambda n: n.replace("model.", NESTED_PREFIX, 1) if n.startswith("model.") else n) if nested else str
+    if cfg.vision is not None or nested:
+        from monorl.model.qwen3_vl import hf_name, monorl_name
+    else:
+        hf_name = monorl_name = _same_name
     if dtype is None:
-        dtype = _stored_dtype(path, name("model.embed_tokens.weight"))
+        dtype = _stored_dtype(path, hf_name("model.embed_tokens.weight"))
     # Tied checkpoints may still carry lm_head.weight (a copy of the embedding): read past it.
     ignore = ("lm_head.weight",) if cfg.tie_word_embeddings else ()
     # experts stored one by one (the Hub's form, `monorl.model.expert_stacking`), unless the file has them stacked
     per_expert = cfg.is_moe and not any(map(is_stacked, _stored_names(path)))
-    want = per_expert_expected(expected) if per_expert else expected
-    state = load_state_dict(path, {name(n): t for n, t in want.items()}, device=device, dtype=dtype, ignore=ignore,
-                            ignore_prefixes=NESTED_IGNORED if nested else ())
-    if nested:
-        state = {n.replace(NESTED_PREFIX, "model.", 1): t for n, t in state.items()}
+    stored = per_expert_expected(expected) if per_expert else expected
+    state = load_state_dict(path, {hf_name(n): t for n, t in stored.items()}, device=device, dtype=dtype,
+                            ignore=ignore, ignore_prefixes=NESTED_IGNORED if nested else ())
+    state = {monorl_name(n): t for n, t in state.items()}
     if per_expert:
         state = stack_experts(state, expected)
     model.load_state_dict(state, strict=True, assign=True)
@@ -192,6 +194,10 @@ def load_checkpoint(path: str | os.PathLike, device: torch.device | str = "cpu",
     if left := [n for n, t in [*model.named_parameters(), *model.named_buffers()] if t.is_meta]:
         raise CheckpointError(f"tensors not initialised by the checkpoint (still on meta): {left}")
     return model.eval()
+
+
+def _same_name(name: str) -> str:
+    return name
 
 
 def _stored_names(path: str | os.PathLike) -> list[str]:
@@ -280,6 +286,10 @@ def write_checkpoint_files(model: DecoderForCausalLM, directory: Path, dtype: to
     state = {name: t.detach().to("cpu", dtype=dtype or t.dtype).contiguous() for name, t in model.state_dict().items()}
     if model.config.is_moe:  # experts one by one, as the Hub, transformers and vLLM store them
         state = unstack_experts(state)
+    if model.config.vision is not None:
+        from monorl.model.qwen3_vl import hf_name
+
+        state = {hf_name(n): t for n, t in state.items()}
     saved_dtype = dtype or next(iter(state.values())).dtype
     _write_json(directory / CONFIG_FILE, model.config.to_hf(_DTYPE_NAMES.get(saved_dtype, str(saved_dtype))))
     shards = _shards(state, max_shard_bytes)

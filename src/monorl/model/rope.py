@@ -9,6 +9,7 @@ import torch
 from torch import Tensor
 
 from monorl.model.config import Llama3RopeScaling, ModelConfig
+from monorl.model.mrope import mrope_cos_sin
 from monorl.ops import custom_op
 from monorl.ops.rope import apply_rope
 
@@ -51,7 +52,9 @@ def model_rope(cfg: ModelConfig, positions: Tensor, dtype: torch.dtype,
                kind: str = "default") -> tuple[Tensor, Tensor]:
     """`rope_cos_sin` with the config's RoPE parameters for layers of RoPE kind `kind` (`ModelConfig.rope_kind`;
     a family whose layer kinds rotate differently, e.g. another base on sliding-window layers, adds its case
-    here)."""
+    here). "mrope": a vision-language model's (`monorl.model.mrope`), positions [3, T] or [T]."""
+    if kind == "mrope":
+        return mrope_cos_sin(positions, cfg.head_dim, cfg.rope_theta, list(cfg.vision.mrope_section), dtype)
     s: Llama3RopeScaling | None = cfg.rope_scaling
     llama3 = None if s is None else [s.factor, s.low_freq_factor, s.high_freq_factor,
                                      float(s.original_max_position_embeddings)]

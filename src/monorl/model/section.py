@@ -17,3 +17,6 @@ class ModelSection:
     random_init: bool = False  # with a path: random weights of its config.json instead of its weights
     init_seed: int = 0  # seed of the random weights (model.shape or model.random_init)
     attn_backend: AttnBackend = "auto"  # auto: flash on CUDA in bf16, else sdpa
+    # a vision-language model (Qwen3-VL): train the language model only; the vision tower takes no gradients and
+    # stays out of the optimizer (LoRA adapts the language model's projections only, whatever this says)
+    freeze_vision: bool = False

@@ -30,6 +30,7 @@ from monorl.generate.generator import Generator
 from monorl.model.attention import resolve_backend
 from monorl.model.batch_invariant import make_batch_invariant_
 from monorl.model.lora import apply_lora_
+from monorl.model.qwen3_vl import freeze_vision_
 from monorl.model.source import load_policy
 from monorl.rl.consumer import Publish, TrainerConsumer
 from monorl.rl.loggers import check_loggers, open_loggers
@@ -139,6 +140,8 @@ def load_policy_part(p: Parts) -> None:
     with p.boot.timed("model_load_s"):
         p.policy, _, _ = load_policy(cfg.model, p.device, dtype=p.gen_dtype if cfg.lora.enabled else torch.float32,
                                      resolved=(p.spec.model_config, p.tokenizer, p.spec.model_source))
+        if cfg.model.freeze_vision and not freeze_vision_(p.policy):
+            log.warning("--model.freeze_vision: the model has no vision tower; nothing to freeze")
         if cfg.lora.enabled:
             apply_lora_(p.policy, cfg.lora, seed=cfg.model.init_seed, base_dtype=p.gen_dtype)
         p.policy.activation_checkpointing = p.plan.activation_checkpointing

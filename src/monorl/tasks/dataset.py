@@ -40,6 +40,7 @@ from typing import Any
 
 from monorl.fsutil import install_hint
 from monorl.tasks.base import Prompt, Task
+from monorl.tasks.images import row_images, with_placeholders
 from monorl.tasks.reward_context import RewardContext, RewardFunctionError, TrainerState
 from monorl.tasks.reward_failures import report_reward_failure
 from monorl.tasks.rewards import BUILTIN_REWARDS, accuracy, builtin_reward
@@ -312,13 +313,22 @@ class DatasetTask(Task):
         value = record[self.prompt_column]
         columns = {k: v for k, v in record.items() if k != self.prompt_column}
         answer = columns.get("solution", columns.get("answer"))
-        if isinstance(value, str):
+        try:  # images (`monorl.tasks.images`): carried with the prompt, a placeholder each in its first user turn
+            images = row_images(record, self.path.parent if self.path.is_file() else self.path)
+        except ValueError as e:
+            raise _task_error(f"{self.path}: row {meta.get('row')}: {e}") from None
+        if images:
+            meta["images"] = images
+        if isinstance(value, str) and not images:
             return Prompt(text=self._instructed(value), answer=answer, meta={**meta, "columns": columns})
+        if isinstance(value, str):
+            value = [{"role": "user", "content": value}]
         messages = [{"role": m["role"], "content": m["content"]} for m in value]
         last_user = max((i for i, m in enumerate(messages) if m["role"] == "user"), default=len(messages) - 1)
         messages[last_user]["content"] = self._instructed(messages[last_user]["content"])
         users = [m["content"] for m in messages if m["role"] == "user"]
         text = users[-1] if users else messages[-1]["content"]
+        messages = with_placeholders(messages, len(images))
         return Prompt(text=text, answer=answer, meta={**meta, "columns": columns, "messages": messages})
 
     def _instructed(self, text: str) -> str:

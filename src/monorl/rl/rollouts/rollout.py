@@ -17,6 +17,7 @@ from monorl.generate.sampling import SamplingParams
 from monorl.generate.tensor_parallel import gathered_once, generation_world
 from monorl.rl.advantages import compute_advantages
 from monorl.tasks.base import Prompt, Task, safe_score_batch
+from monorl.tasks.images import check_no_images
 from monorl.tasks.reward_context import RewardContext
 from monorl.tasks.rewards import OVERLONG, soft_overlong_penalty
 from monorl.train.packing import TrainSequence
@@ -73,6 +74,7 @@ def encode_prompts(task: Task, tokenizer, prompts: Sequence[Prompt], max_len: in
     """Render and tokenize; a prompt that leaves no room for `max_new_tokens` is skipped with a warning."""
     kept, ids = [], []
     for p in prompts:
+        check_no_images(p)
         toks = tokenizer.encode(task.render(p, tokenizer))
         if len(toks) + max_new_tokens > max_len:
             log.warning("skipping prompt of %d tokens: with max_new_tokens=%d it exceeds the context of %d tokens",

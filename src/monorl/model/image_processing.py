@@ -1,0 +1,136 @@
+"""Images -> the vision tower's inputs, as transformers' Qwen2-VL image processor (the PIL one, which Qwen3-VL uses)
+makes them, with PIL and numpy only: each image resized (bicubic) to multiples of patch * merge pixels within
+[min_pixels, max_pixels] (`smart_resize`), scaled to [0, 1], normalised, and cut into flattened patches
+(`pixel_values [patches, C * t * p * p]`, merge blocks contiguous) with its grid (`grid_thw` [1, h, w] patches).
+`placeholder` is the prompt text an image takes: <|vision_start|> + one <|image_pad|> per merged patch +
+<|vision_end|>."""
+
+from __future__ import annotations
+
+import io
+import math
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from monorl.fsutil import read_json
+from monorl.model.vision_config import VisionConfig
+
+PREPROCESSOR_FILE = "preprocessor_config.json"
+VISION_START, IMAGE_PAD, VISION_END = "<|vision_start|>", "<|image_pad|>", "<|vision_end|>"
+
+
+def _pil() -> Any:
+    try:
+        from PIL import Image
+    except ImportError:
+        raise ImportError("images in prompts need Pillow: pip install pillow") from None
+    return Image
+
+
+def smart_resize(height: int, width: int, factor: int, min_pixels: int, max_pixels: int) -> tuple[int, int]:
+    """Qwen's resize rule: sides rounded to multiples of factor, the area brought into [min_pixels, max_pixels]
+    keeping the aspect ratio as closely as that allows."""
+    if max(height, width) / min(height, width) > 200:
+        raise ValueError(f"image aspect ratio must be under 200, got {max(height, width) / min(height, width)}")
+    h_bar, w_bar = round(height / factor) * factor, round(width / factor) * factor
+    if h_bar * w_bar > max_pixels:
+        beta = math.sqrt((height * width) / max_pixels)
+        h_bar = max(factor, math.floor(height / beta / factor) * factor)
+        w_bar = max(factor, math.floor(width / beta / factor) * factor)
+    elif h_bar * w_bar < min_pixels:
+        beta = math.sqrt(min_pixels / (height * width))
+        h_bar, w_bar = math.ceil(height * beta / factor) * factor, math.ceil(width * beta / factor) * factor
+    return h_bar, w_bar
+
+
+def load_image(image: Any) -> Any:
+    """A PIL RGB image from what a dataset row holds (TRL's convention): a PIL image, a file path, bytes, or a
+    `datasets` Image feature's undecoded {"bytes": ..., "path": ...}."""
+    Image = _pil()
+    if isinstance(image, dict):
+        image = image.get("bytes") or image.get("path")
+    if isinstance(image, bytes | bytearray):
+        image = Image.open(io.BytesIO(image))
+    elif isinstance(image, str | os.PathLike):
+        if not Path(image).is_file():
+            raise ValueError(f"image file {image} does not exist")
+        image = Image.open(image)
+    if not isinstance(image, Image.Image):
+        raise ValueError(f"an image must be a PIL image, a path or bytes, got {type(image).__name__}")
+    return image.convert("RGB")
+
+
+@dataclass(frozen=True)
+class ImageProcessor:
+    patch_size: int = 16
+    temporal_patch_size: int = 2
+    merge_size: int = 2
+    min_pixels: int = 65536  # Qwen3-VL's preprocessor_config.json ("size": shortest_edge / longest_edge)
+    max_pixels: int = 16777216
+    image_mean: tuple[float, ...] = (0.5, 0.5, 0.5)
+    image_std: tuple[float, ...] = (0.5, 0.5, 0.5)
+
+    @classmethod
+    def for_model(cls, vision: VisionConfig, path: str | os.PathLike | None = None) -> ImageProcessor:
+        """The tower's patch sizes, with the rest from a checkpoint directory's preprocessor_config.json when it has
+        one (else Qwen3-VL's)."""
+        base = cls(patch_size=vision.patch_size, temporal_patch_size=vision.temporal_patch_size,
+                   merge_size=vision.spatial_merge_size)
+        file = None if path is None else Path(path) / PREPROCESSOR_FILE
+        if file is None or not file.is_file():
+            return base
+        pre = read_json(file, ValueError)
+        size = pre.get("size") or {}
+        kw: dict[str, Any] = {
+            "min_pixels": pre.get("min_pixels", size.get("shortest_edge", base.min_pixels)),
+            "max_pixels": pre.get("max_pixels", size.get("longest_edge", base.max_pixels))}
+        for key in ("image_mean", "image_std"):
+            if key in pre:
+                kw[key] = tuple(pre[key])
+        for key in ("patch_size", "temporal_patch_size", "merge_size"):
+            if key in pre and pre[key] != getattr(base, key):
+                raise ValueError(f"{file}: {key}={pre[key]} is not the model's {getattr(base, key)}")
+        return cls(**{**base.__dict__, **kw})
+
+    def grid(self, height: int, width: int) -> tuple[int, int, int]:
+        """[t, h, w] patches of an image of this size once resized."""
+        h, w = smart_resize(height, width, self.patch_size * self.merge_size, self.min_pixels, self.max_pixels)
+        return 1, h // self.patch_size, w // self.patch_size
+
+    def token_count(self, grid: Sequence[int]) -> int:
+        """The placeholder tokens of an image of `grid`."""
+        t, h, w = grid
+        return t * h * w // self.merge_size ** 2
+
+    def placeholder(self, grid: Sequence[int]) -> str:
+        """The prompt text of one image: its placeholder tokens between the vision start and end tokens."""
+        return VISION_START + IMAGE_PAD * self.token_count(grid) + VISION_END
+
+    def patches(self, image: Any) -> tuple[np.ndarray, tuple[int, int, int]]:
+        """One image (see `load_image`) -> (its flattened patches [h * w, C * t * p * p] float32, its grid)."""
+        image = load_image(image)
+        t, gh, gw = self.grid(image.height, image.width)
+        p, m = self.patch_size, self.merge_size
+        resized = image.resize((gw * p, gh * p), resample=_pil().Resampling.BICUBIC)
+        # HF's order of roundings: float64 * (1 / 255) -> float32, then (x - mean) / std in float32
+        x = (np.asarray(resized).astype(np.float64) * (1 / 255)).astype(np.float32)
+        x = ((x - np.array(self.image_mean, np.float32)) / np.array(self.image_std, np.float32)).transpose(2, 0, 1)
+        c = x.shape[0]
+        x = x.reshape(c, gh // m, m, p, gw // m, m, p).transpose(1, 4, 2, 5, 0, 3, 6)  # (gh, gw, mh, mw, C, p, p)
+        x = np.broadcast_to(x[:, :, :, :, :, None], (*x.shape[:5], self.temporal_patch_size, p, p))
+        return x.reshape(gh * gw, c * self.temporal_patch_size * p * p), (t, gh, gw)
+
+    def __call__(self, images: Sequence[Any]) -> tuple[Tensor, Tensor]:
+        """(pixel_values [patches, C * t * p * p] float32, grid_thw [images, 3] long) of images, in order."""
+        if not images:
+            raise ValueError("no images to process")
+        out = [self.patches(image) for image in images]
+        pixels = torch.from_numpy(np.concatenate([p for p, _ in out]))
+        return pixels, torch.tensor([g for _, g in out], dtype=torch.long)

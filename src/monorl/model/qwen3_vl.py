@@ -1,0 +1,98 @@
+"""Qwen3-VL (dense): monorl's Qwen3 decoder with M-RoPE (`monorl.model.mrope`) and DeepStack, fed by the vision
+tower (`monorl.model.vision`). What this module adds to the shared decoder: the config.json mapping (a
+`Qwen3VLForConditionalGeneration` config: text_config + vision_config), the checkpoint names (HF's
+`model.language_model.*` are the decoder's `model.*`; `model.visual.*` and `lm_head` are the same), and
+`embed_images`: a sequence's token embeddings with its image placeholders replaced by the tower's output, plus the
+DeepStack features the decoder adds at those tokens (`DecoderForCausalLM.forward(inputs_embeds=, deepstack=)`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+from torch import Tensor, nn
+
+from monorl.model.vision_prompt import ImageInputs
+
+_TEXT_PREFIX, _DECODER_PREFIX = "model.language_model.", "model."
+
+
+def hf_name(name: str) -> str:
+    """A decoder parameter's checkpoint name: `model.X` -> `model.language_model.X` (the tower and lm_head keep
+    theirs)."""
+    if name.startswith(_DECODER_PREFIX) and not name.startswith("model.visual."):
+        return _TEXT_PREFIX + name[len(_DECODER_PREFIX):]
+    return name
+
+
+def monorl_name(name: str) -> str:
+    """The inverse of `hf_name`."""
+    return _DECODER_PREFIX + name[len(_TEXT_PREFIX):] if name.startswith(_TEXT_PREFIX) else name
+
+
+def embed_images(model: nn.Module, input_ids: Tensor, pixel_values: Tensor,
+                 grid_thw: Tensor) -> tuple[Tensor, tuple[Tensor, list[Tensor]]]:
+    """(inputs_embeds [T, hidden], deepstack) for `DecoderForCausalLM.forward`: the token embeddings of input_ids
+    [T] with its image placeholder tokens, in order, replaced by the tower's embeddings of the images
+    (pixel_values, grid_thw: `monorl.model.image_processing`'s); deepstack: (those tokens' indices, the tower's
+    DeepStack features). ValueError when the placeholders and the images' token counts differ."""
+    vision = model.config.vision
+    x = model.model.embed_tokens(input_ids)
+    image_embeds, deep = model.model.visual(pixel_values, grid_thw)
+    index = (input_ids == vision.image_token_id).nonzero().squeeze(1)
+    if index.numel() != image_embeds.shape[0]:
+        raise ValueError(f"the tokens hold {index.numel()} image placeholder(s), the images fill "
+                         f"{image_embeds.shape[0]} (grid_thw {grid_thw.tolist()})")
+    x = x.index_copy(0, index, image_embeds.to(x.dtype))
+    return x, (index, [d.to(x.dtype) for d in deep])
+
+
+def image_token_count(grid: tuple[int, int, int] | list[int] | Tensor, spatial_merge_size: int) -> int:
+    """How many placeholder tokens an image of `grid` ([t, h, w] patches) takes in the prompt."""
+    t, h, w = (int(v) for v in grid)
+    return t * h * w // spatial_merge_size ** 2
+
+
+def vision_parameters(model: nn.Module) -> list[nn.Parameter]:
+    """The tower's parameters (`--model.freeze_vision` keeps them out of the optimizer, with no gradients)."""
+    visual = getattr(model.model, "visual", None)
+    return [] if visual is None else list(visual.parameters())
+
+
+def freeze_vision_(model: nn.Module) -> int:
+    """requires_grad off on the tower's parameters; returns how many."""
+    params = vision_parameters(model)
+    for p in params:
+        p.requires_grad_(False)
+    return len(params)
+
+
+
+def sequence_positions(inputs: ImageInputs | None, length: int) -> Tensor:
+    """M-RoPE positions [3, length] of a sequence: its prompt's (`ImageInputs.positions`), then each later token
+    (a sampled or inserted one) one past the last on all three rows (text-only: 0, 1, 2, .. on each row)."""
+    if inputs is None:
+        return torch.arange(length).expand(3, -1)
+    n = inputs.prompt_len
+    if length < n:
+        raise ValueError(f"a sequence of {length} tokens is shorter than its image prompt ({n})")
+    after = torch.arange(inputs.next_position, inputs.next_position + length - n).expand(3, -1)
+    return torch.cat([inputs.positions, after], dim=1)
+
+
+def pack_inputs(model: nn.Module, sequences: Sequence[Sequence[int]], images: Sequence[ImageInputs | None]
+                ) -> tuple[Tensor, Tensor, tuple[Tensor, list[Tensor]] | None]:
+    """(inputs_embeds, positions [3, T], deepstack) of a pack of sequences (prompt + completion tokens each, the
+    prompt's images or None), for `DecoderForCausalLM.forward`: the tower runs once over every prompt's images
+    (each image attends only within itself, so this equals one run per prompt)."""
+    dev = model.lm_head_weight.device
+    ids = torch.tensor([t for s in sequences for t in s], dtype=torch.long, device=dev)
+    positions = torch.cat([sequence_positions(im, len(s)) for s, im in zip(sequences, images, strict=True)], 1)
+    with_images = [im for im in images if im is not None]
+    if not with_images:
+        return model.model.embed_tokens(ids), positions.to(dev), None
+    pixels = torch.cat([im.pixel_values for im in with_images]).to(dev)
+    grids = torch.cat([im.grid_thw for im in with_images])
+    embeds, deepstack = embed_images(model, ids, pixels, grids)
+    return embeds, positions.to(dev), deepstack

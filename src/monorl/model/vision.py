@@ -1,0 +1,172 @@
+"""The vision tower of Qwen3-VL (and of Qwen3.5, which shares it): patches -> ViT blocks with 2-D RoPE -> a 2x2
+patch merger into the text decoder's width, plus the DeepStack features (merged outputs of some middle blocks) that
+the decoder adds to its first layers' hidden states at the image tokens.
+
+Parameter names equal transformers' `Qwen3VLVisionModel` (checkpoints say `model.visual.<name>`). Inputs are HF's:
+`pixel_values [patches, C * t * p * p]` in `monorl.model.image_processing`'s order (merge blocks contiguous) and
+`grid_thw [images, 3]` (frames, patch rows, patch columns per image). The images of one call attend only within
+themselves (per frame), so a call over several images equals one call per image.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from monorl.model.layers import Linear, embedding
+from monorl.model.vision_config import VisionConfig
+
+
+def _rotate_half(x: Tensor) -> Tensor:
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat((-x2, x1), dim=-1)
+
+
+class PatchEmbed(nn.Module):
+    """HF's Conv3d with stride = kernel over (frames, patch, patch): one Linear over each flattened patch (the same
+    products; the weight keeps the Conv3d's 5-D shape so checkpoints load as they are)."""
+
+    def __init__(self, cfg: VisionConfig) -> None:
+        super().__init__()
+        self.proj = nn.Module()
+        shape = (cfg.hidden_size, cfg.in_channels, cfg.temporal_patch_size, cfg.patch_size, cfg.patch_size)
+        self.proj.weight = nn.Parameter(torch.empty(shape))
+        self.proj.bias = nn.Parameter(torch.empty(cfg.hidden_size))
+
+    def forward(self, pixels: Tensor) -> Tensor:
+        w = self.proj.weight
+        return F.linear(pixels.to(w.dtype), w.flatten(1), self.proj.bias)
+
+
+class VisionMLP(nn.Module):
+    def __init__(self, cfg: VisionConfig) -> None:
+        super().__init__()
+        self.linear_fc1 = Linear(cfg.hidden_size, cfg.intermediate_size, bias=True)
+        self.linear_fc2 = Linear(cfg.intermediate_size, cfg.hidden_size, bias=True)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.linear_fc2(F.gelu(self.linear_fc1(x), approximate="tanh"))  # HF: gelu_pytorch_tanh
+
+
+class VisionAttention(nn.Module):
+    def __init__(self, cfg: VisionConfig) -> None:
+        super().__init__()
+        self.num_heads, self.head_dim = cfg.num_heads, cfg.head_dim
+        self.qkv = Linear(cfg.hidden_size, 3 * cfg.hidden_size, bias=True)
+        self.proj = Linear(cfg.hidden_size, cfg.hidden_size, bias=True)
+
+    def forward(self, x: Tensor, cos: Tensor, sin: Tensor, lengths: list[int]) -> Tensor:
+        T = x.shape[0]
+        q, k, v = self.qkv(x).view(T, 3, self.num_heads, self.head_dim).unbind(1)
+        # RoPE in fp32, back to the activations' dtype (HF's apply_rotary_pos_emb_vision)
+        c, s = cos[:, None].float(), sin[:, None].float()
+        q = (q.float() * c + _rotate_half(q.float()) * s).to(v.dtype)
+        k = (k.float() * c + _rotate_half(k.float()) * s).to(v.dtype)
+        q, k, v = (t.transpose(0, 1) for t in (q, k, v))  # [heads, T, D]
+        outs = [F.scaled_dot_product_attention(qi, ki, vi).transpose(0, 1)
+                for qi, ki, vi in zip(q.split(lengths, 1), k.split(lengths, 1), v.split(lengths, 1), strict=True)]
+        return self.proj(torch.cat(outs).reshape(T, -1))
+
+
+class VisionBlock(nn.Module):
+    def __init__(self, cfg: VisionConfig) -> None:
+        super().__init__()
+        self.norm1 = nn.LayerNorm(cfg.hidden_size, eps=1e-6)
+        self.norm2 = nn.LayerNorm(cfg.hidden_size, eps=1e-6)
+        self.attn = VisionAttention(cfg)
+        self.mlp = VisionMLP(cfg)
+
+    def forward(self, x: Tensor, cos: Tensor, sin: Tensor, lengths: list[int]) -> Tensor:
+        x = x + self.attn(self.norm1(x), cos, sin, lengths)
+        return x + self.mlp(self.norm2(x))
+
+
+class PatchMerger(nn.Module):
+    """merge x merge neighbouring patches (contiguous rows, by the patch order) -> one token of out_hidden_size.
+    postshuffle: the LayerNorm over the concatenated patches (the DeepStack mergers) rather than each patch."""
+
+    def __init__(self, cfg: VisionConfig, postshuffle: bool = False) -> None:
+        super().__init__()
+        self.width = cfg.hidden_size * cfg.spatial_merge_size ** 2
+        self.postshuffle = postshuffle
+        self.norm = nn.LayerNorm(self.width if postshuffle else cfg.hidden_size, eps=1e-6)
+        self.linear_fc1 = Linear(self.width, self.width, bias=True)
+        self.linear_fc2 = Linear(self.width, cfg.out_hidden_size, bias=True)
+
+    def forward(self, x: Tensor) -> Tensor:
+        x = self.norm(x.view(-1, self.width)) if self.postshuffle else self.norm(x).view(-1, self.width)
+        return self.linear_fc2(F.gelu(self.linear_fc1(x)))
+
+
+class VisionTower(nn.Module):
+    """pixel_values, grid_thw -> (image embeddings [tokens, out_hidden], DeepStack features: one such per
+    `deepstack_visual_indexes` entry), tokens = sum over images of t * h * w / merge^2, in the images' order."""
+
+    def __init__(self, cfg: VisionConfig) -> None:
+        super().__init__()
+        self.config = cfg
+        self.patch_embed = PatchEmbed(cfg)
+        self.pos_embed = embedding(cfg.num_position_embeddings, cfg.hidden_size)
+        self.blocks = nn.ModuleList(VisionBlock(cfg) for _ in range(cfg.depth))
+        self.merger = PatchMerger(cfg)
+        self.deepstack_merger_list = nn.ModuleList(PatchMerger(cfg, postshuffle=True)
+                                                   for _ in cfg.deepstack_visual_indexes)
+
+    def forward(self, pixel_values: Tensor, grid_thw: Tensor) -> tuple[Tensor, list[Tensor]]:
+        grids = [tuple(int(v) for v in g) for g in grid_thw.tolist()]
+        if pixel_values.shape != (sum(t * h * w for t, h, w in grids), self.config.patch_dim):
+            raise ValueError(f"pixel_values has shape {list(pixel_values.shape)}; grid_thw {grids} needs "
+                             f"[{sum(t * h * w for t, h, w in grids)}, {self.config.patch_dim}]")
+        x = self.patch_embed(pixel_values)
+        index, weight = self._pos_taps(grids, x.device)
+        x = x + (self.pos_embed(index) * weight[:, :, None]).sum(1).to(x.dtype)
+        cos, sin = self._rope(grids, x.device)
+        lengths = [h * w for t, h, w in grids for _ in range(t)]  # attention within each frame of each image
+        deepstack = []
+        for i, block in enumerate(self.blocks):
+            x = block(x, cos, sin, lengths)
+            if i in self.config.deepstack_visual_indexes:
+                deepstack.append(self.deepstack_merger_list[self.config.deepstack_visual_indexes.index(i)](x))
+        return self.merger(x), deepstack
+
+    def _merge_order(self, h: int, w: int, device: torch.device) -> tuple[Tensor, Tensor]:
+        """(row, column) of each patch of an h x w grid in pixel_values' order: merge blocks row-major, each
+        block's merge x merge patches row-major inside it."""
+        m = self.config.spatial_merge_size
+        rows = torch.arange(h, device=device)[:, None].expand(h, w).reshape(h // m, m, w // m, m)
+        cols = torch.arange(w, device=device)[None, :].expand(h, w).reshape(h // m, m, w // m, m)
+        return rows.transpose(1, 2).flatten(), cols.transpose(1, 2).flatten()
+
+    def _pos_taps(self, grids: list[tuple[int, int, int]], device: torch.device) -> tuple[Tensor, Tensor]:
+        """The learned square position grid resampled bilinearly (align_corners) to each image's grid: 4 table
+        indices and weights per patch (HF's get_vision_interpolation_indices_and_weights)."""
+        side = round(self.config.num_position_embeddings ** 0.5)
+        indices, weights = [], []
+        for t, h, w in grids:
+            rows, cols = self._merge_order(h, w, device)
+            taps = [self._axis_taps(rows, h, side), self._axis_taps(cols, w, side)]
+            (hi, hw), (wi, ww) = taps
+            indices.append((hi[:, :, None] * side + wi[:, None, :]).reshape(-1, 4).repeat(t, 1))
+            weights.append((hw[:, :, None] * ww[:, None, :]).reshape(-1, 4).repeat(t, 1))
+        return torch.cat(indices), torch.cat(weights)
+
+    @staticmethod
+    def _axis_taps(index: Tensor, size: int, side: int) -> tuple[Tensor, Tensor]:
+        src = index.float() * (side - 1) / max(size - 1, 1)
+        floor = torch.floor(src)
+        offsets = torch.arange(2, device=index.device)
+        taps = (floor.long()[:, None] + offsets).clamp(0, side - 1)
+        return taps, (1 - (src[:, None] - floor[:, None] - offsets).abs()).clamp(min=0)
+
+    def _rope(self, grids: list[tuple[int, int, int]], device: torch.device) -> tuple[Tensor, Tensor]:
+        """cos / sin [patches, head_dim] of the axial 2-D RoPE: the first half of each head's frequencies rotate
+        by the patch's row, the second by its column (HF's Qwen3VLVisionRotaryEmbedding)."""
+        half = self.config.head_dim // 2
+        inv_freq = 1.0 / (self.config.rope_theta ** (torch.arange(0, half, 2, dtype=torch.float, device=device)
+                                                     / half))
+        pos = torch.cat([torch.stack(self._merge_order(h, w, device), -1).repeat(t, 1) for t, h, w in grids])
+        freqs = pos[..., None].float() * inv_freq  # [N, 2, head_dim / 4]
+        freqs = freqs.flatten(1)
+        emb = torch.cat((freqs, freqs), dim=-1)
+        return emb.cos(), emb.sin()

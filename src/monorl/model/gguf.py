@@ -16,17 +16,15 @@ from __future__ import annotations
 import os
 from functools import cache, lru_cache
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 from torch import Tensor
 
 from monorl.model.config import ModelConfig
 from monorl.model.families import LLAMA, family_of_gguf
+from monorl.model.gguf_header import GGUFHeader
 from monorl.model.tokenizer import HFTokenizer
-
-if TYPE_CHECKING:
-    from gguf import GGUFReader
 
 GGUF_SUFFIX = ".gguf"
 # quantization types read (the others are refused by name): plain floats, and the block formats in common use
@@ -74,20 +72,20 @@ def _import_gguf() -> Any:
 
 
 @lru_cache(maxsize=1)  # the config, the tokenizer and the weights each read the same file: parse its header once
-def _reader(file: Path, mtime_ns: int) -> GGUFReader:
-    gguf = _import_gguf()
+def _reader(file: Path, mtime_ns: int) -> GGUFHeader:
+    _import_gguf()
     try:
-        return gguf.GGUFReader(file)
+        return GGUFHeader(file)
     except Exception as e:  # a truncated or foreign file: the reader's own error, on one line
         raise GGUFError(f"cannot read GGUF file {file}: {(str(e).splitlines() or [type(e).__name__])[0]}") from None
 
 
-def open_gguf(file: str | os.PathLike) -> GGUFReader:
+def open_gguf(file: str | os.PathLike) -> GGUFHeader:
     p = Path(file).resolve()
     return _reader(p, p.stat().st_mtime_ns)
 
 
-def _field(reader: GGUFReader, key: str, default: Any = None) -> Any:
+def _field(reader: GGUFHeader, key: str, default: Any = None) -> Any:
     f = reader.get_field(key)
     return default if f is None else f.contents()
 

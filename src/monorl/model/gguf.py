@@ -14,6 +14,7 @@ file (tests/test_gguf.py holds them to it). Needs the optional `gguf` package (`
 from __future__ import annotations
 
 import os
+from concurrent.futures import ThreadPoolExecutor
 from functools import cache, lru_cache
 from pathlib import Path
 from typing import Any
@@ -199,9 +200,17 @@ def gguf_state_dict(file: str | os.PathLike, cfg: ModelConfig, expected: dict[st
         raise GGUFError(f"{file}: tensors missing: {missing[:8]}")
     out: dict[str, Tensor] = {}
     permuted = cfg.model_type == LLAMA.model_type
-    for name, t in plan:
-        values = gguf.quants.dequantize(t.data, t.tensor_type)  # fp32 (numpy), [rows, inner]
-        w = torch.from_numpy(values.copy()).reshape(expected[name].shape)
+
+    def dequantize(t: Any) -> Any:  # fp32 (numpy), [rows, inner]; a plain tensor's may be the read-only file view
+        values = gguf.quants.dequantize(t.data, t.tensor_type)
+        return values if values.flags.writeable else values.copy()
+
+    # numpy's block arithmetic releases the GIL: tensors dequantize side by side (SmolLM2's 272 on a 16-core H100
+    # host: #62's start-up)
+    with ThreadPoolExecutor(max_workers=min(8, os.cpu_count() or 1)) as pool:
+        dequantized = pool.map(dequantize, [t for _, t in plan])
+    for (name, _), values in zip(plan, dequantized, strict=True):
+        w = torch.from_numpy(values).reshape(expected[name].shape)
         if permuted and ".self_attn.q_proj." in name:
             w = _unpermute_rows(w, cfg.num_heads)
         elif permuted and ".self_attn.k_proj." in name:

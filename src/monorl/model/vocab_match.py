@@ -7,7 +7,7 @@ from typing import Any
 
 # A few tokens' texts compared besides the sizes: the first ids (specials), and ids spread over the vocabulary
 PROBE_IDS = 16
-PROBE_TEXT = "Hello, world! 12 + 34 = 46\n"
+PROBE_TEXT = "The quick brown fox jumps over the lazy dog. 12 + 34 = 46\n"
 
 
 def _probe_ids(vocab_size: int) -> list[int]:
@@ -32,7 +32,9 @@ def vocab_mismatch(student: Any, other: Any) -> str | None:
         return None
     b_ids = other.encode(PROBE_TEXT)
     if a_ids != b_ids:
-        return f"{PROBE_TEXT!r} encodes to {b_ids[:8]}... vs the student's {a_ids[:8]}..."
+        i = next((i for i, (a, b) in enumerate(zip(a_ids, b_ids, strict=False)) if a != b), min(len(a_ids), len(b_ids)))
+        return (f"{PROBE_TEXT!r} encodes to {len(b_ids)} ids vs the student's {len(a_ids)}, its token {i} to "
+                f"{b_ids[i:i + 1]} vs {a_ids[i:i + 1]}")
     return None
 
 

@@ -3,8 +3,9 @@ KL to it becomes a per-token advantage (Thinking Machines, "On-Policy Distillati
 distillation stage; Agarwal et al. 2024, GKD, with lmbda 1 and beta 1).
 
 For a sampled completion token t, with logp_student the trainer's own forward of this step, detached (pi_old: one
-optimizer step per batch, as the rollout correction takes it) and logp_teacher the teacher's at temperature 1 (its
-own distribution):
+optimizer step per batch, as the rollout correction takes it) and logp_teacher the teacher's, both at the rollout's
+temperature (so a student equal to its teacher has KL 0 at any temperature, and the KL is 0 where the student's
+logits are the teacher's; distill at temperature 1 to match the teacher's own distribution):
 
     kl_t        = logp_student(t) - logp_teacher(t)     a one-sample estimate of KL(student || teacher) at t
     advantage_t = -kl_coef * kl_t  (+ task_weight * the task's advantage of its sequence)
@@ -19,8 +20,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from torch import Tensor
-
-TEACHER_TEMPERATURE = 1.0  # the teacher's own distribution, whatever the student samples at
 
 
 @dataclass

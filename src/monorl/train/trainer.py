@@ -54,7 +54,7 @@ from monorl.train.packing import (
     token_share,
 )
 from monorl.train.rollout_correction import MAX_METRIC, MIN_METRIC
-from monorl.train.teacher import TEACHER_TEMPERATURE, TeacherSection, distillation_terms
+from monorl.train.teacher import TeacherSection, distillation_terms
 from monorl.train.trainer_config import TrainerConfig
 from monorl.train.warm_up import TrainerWarmUps
 
@@ -353,7 +353,7 @@ class Trainer(TrainerWarmUps):
         if self.ref_model is not None and cfg.loss.kl_coef > 0:
             self.frozen_logprobs(self.ref_model, seqs, temperature, self._my_share(seqs))
         if self.teacher is not None:
-            self.frozen_logprobs(self.teacher, seqs, TEACHER_TEMPERATURE, self._my_share(seqs), "teacher_logprobs")
+            self.frozen_logprobs(self.teacher, seqs, temperature, self._my_share(seqs), "teacher_logprobs")
         self.model.train()
         norm = LossNorm.for_step(cfg.loss, [s.trained_tokens for s in seqs], self.device)
         advantages = torch.tensor([s.advantage for s in seqs], dtype=torch.float32, device=self.device)

@@ -118,3 +118,15 @@ def test_distillation_alone_moves_the_student_toward_its_teacher(tmp_path: Path)
         "trainer.lr": "3e-3", "rollout.temperature": "1.0", "rollout.prompts_per_step": "8",
         "rollout.group_size": "8", "rollout.max_new_tokens": "12"})]
     assert sum(kl[-3:]) / 3 < 0.7 * sum(kl[:2]) / 2, kl
+
+
+def test_the_memory_plan_counts_the_teacher_in_the_generators_dtype() -> None:
+    from monorl.plan import GiB, plan_memory
+    from monorl.plan_params import param_counts
+
+    cfg = run_config("qwen3_0_6b_sum_digits", {"teacher.path": "/nowhere", "trainer.loss.kind": "token_grpo"})
+    m, teacher = model_shape("qwen3-0.6b"), model_shape("qwen3-1.7b")
+    without = plan_memory(cfg, m, 160, 80 * GiB, activation_checkpointing=False)
+    plan = plan_memory(cfg, m, 160, 80 * GiB, activation_checkpointing=False, teacher=teacher)
+    assert plan.row("teacher weights").bytes == 2 * sum(param_counts(teacher).values())  # bf16
+    assert plan.peak_bytes == without.peak_bytes + plan.row("teacher weights").bytes

@@ -134,7 +134,10 @@ def resolve_teacher(cfg: RunConfig, tokenizer: Any) -> tuple[ModelConfig, Any, s
     weights), refused in one line when its tokenizer is not the student's; None without a teacher."""
     if not cfg.teacher.enabled:
         return None
-    teacher = resolve_model(ModelSection(path=cfg.teacher.path))
+    try:
+        teacher = resolve_model(ModelSection(path=cfg.teacher.path))
+    except (OSError, ValueError) as e:  # the model.path messages, said of the teacher
+        raise ValueError(f"teacher.path {cfg.teacher.path}: {e}") from None
     check_same_vocab(tokenizer, teacher[1], f"teacher.path {cfg.teacher.path}")
     return teacher
 

@@ -207,7 +207,8 @@ class DatasetTask(Task):
                  prompt_column: str = "prompt", test_path: str | Path | None = None,
                  test_fraction: float | None = None, format_pattern: str | None = None,
                  length_max: int | None = None, length_soft: int | None = None,
-                 instruction: str | None = None) -> None:
+                 instruction: str | None = None, reward_model: str | None = None,
+                 reward_model_label: int = 0) -> None:
         """Load the data, resolve the reward functions and check they can be called on its columns.
 
         Args:
@@ -222,6 +223,8 @@ class DatasetTask(Task):
             length_max: the `length` reward's maximum completion length (tokens)
             length_soft: the `length` reward's soft window before length_max (tokens)
             instruction: text appended to each prompt's last user message (e.g. put your answer in \\boxed{})
+            reward_model: the `reward_model` reward's sequence-classifier checkpoint (monorl.tasks.reward_model)
+            reward_model_label: the output of its score head that is the reward (0 for a one-label model)
         """
         if reward is None:
             raise _task_error("the dataset task needs --task.args.reward: built-ins "
@@ -252,7 +255,8 @@ class DatasetTask(Task):
             raise _task_error(f"reward_weights must be numbers, got {reward_weights!r}") from None
         if not all(math.isfinite(w) for w in weights):
             raise _task_error(f"reward_weights must be finite, got {weights}")
-        options = {"format_pattern": format_pattern, "length_max": length_max, "length_soft": length_soft}
+        options = {"format_pattern": format_pattern, "length_max": length_max, "length_soft": length_soft,
+                   "reward_model": reward_model, "reward_model_label": reward_model_label}
         self._fns: list[_RewardFn] = []
         for spec, weight in zip(specs, weights, strict=True):
             fn = _resolve(spec, options)

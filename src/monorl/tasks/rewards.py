@@ -119,11 +119,12 @@ def length_penalty(length_max: int | None, length_soft: int | None = None) -> Ca
     return length
 
 
-BUILTIN_REWARDS = ("accuracy", "format", "length")
+BUILTIN_REWARDS = ("accuracy", "format", "length", "reward_model")
 
 
 def builtin_reward(name: str, format_pattern: str | None = None, length_max: int | None = None,
-                   length_soft: int | None = None) -> Callable[..., list[float | None]]:
+                   length_soft: int | None = None, reward_model: str | None = None,
+                   reward_model_label: int = 0) -> Callable[..., list[float | None]]:
     """The built-in reward `name` (one of `BUILTIN_REWARDS`), configured by the task's arguments."""
     if name == "accuracy":
         _math_verify()  # a missing extra is reported when the task is built, not at the first reward
@@ -132,5 +133,12 @@ def builtin_reward(name: str, format_pattern: str | None = None, length_max: int
         return format_reward(DEFAULT_FORMAT_PATTERN if format_pattern is None else format_pattern)
     if name == "length":
         return length_penalty(length_max, length_soft)
+    if name == "reward_model":  # a sequence-classifier checkpoint (monorl.tasks.reward_model)
+        if reward_model is None:
+            raise _task_error("the reward_model reward needs --task.args.reward_model PATH (a "
+                              "*ForSequenceClassification checkpoint)")
+        from monorl.tasks.reward_model import reward_model as classifier_reward
+
+        return classifier_reward(reward_model, reward_model_label)
     raise _task_error(f"unknown reward {name!r}: use one of {list(BUILTIN_REWARDS)} or 'module:function' "
                       "(a module name or a path to a .py file)")

@@ -119,13 +119,14 @@ def length_penalty(length_max: int | None, length_soft: int | None = None) -> Ca
     return length
 
 
-BUILTIN_REWARDS = ("accuracy", "format", "length", "reward_model")
+BUILTIN_REWARDS = ("accuracy", "format", "length", "reward_model", "judge")
 
 
 def builtin_reward(name: str, format_pattern: str | None = None, length_max: int | None = None,
                    length_soft: int | None = None, reward_model: str | None = None,
-                   reward_model_label: int = 0) -> Callable[..., list[float | None]]:
-    """The built-in reward `name` (one of `BUILTIN_REWARDS`), configured by the task's arguments."""
+                   reward_model_label: int = 0, **judge: Any) -> Callable[..., list[float | None]]:
+    """The built-in reward `name` (one of `BUILTIN_REWARDS`), configured by the task's arguments (`judge`: the
+    judge_* ones, `monorl.tasks.judge`)."""
     if name == "accuracy":
         _math_verify()  # a missing extra is reported when the task is built, not at the first reward
         return accuracy
@@ -140,5 +141,12 @@ def builtin_reward(name: str, format_pattern: str | None = None, length_max: int
         from monorl.tasks.reward_model import reward_model as classifier_reward
 
         return classifier_reward(reward_model, reward_model_label)
+    if name == "judge":  # a generative judge (monorl.tasks.judge)
+        if judge.get("judge_model") is None:
+            raise _task_error("the judge reward needs --task.args.judge_model PATH (a model monorl loads)")
+        from monorl.tasks.judge import judge as generative_judge
+
+        return generative_judge(**{k.removeprefix("judge_").replace("model", "path"): v for k, v in judge.items()
+                                   if v is not None})
     raise _task_error(f"unknown reward {name!r}: use one of {list(BUILTIN_REWARDS)} or 'module:function' "
                       "(a module name or a path to a .py file)")

@@ -215,8 +215,8 @@ class DatasetTask(Task):
 
         Args:
             path: the data: a .jsonl / .json / .parquet / .csv file or a save_to_disk directory
-            reward: reward functions, comma-separated: built-ins (accuracy, format, length) or FILE.py:fn /
-                module:fn (TRL's reward-function signature)
+            reward: reward functions, comma-separated: built-ins (accuracy, format, length, reward_model, judge)
+                or FILE.py:fn / module:fn (TRL's reward-function signature)
             reward_weights: one weight per reward function (default: 1 each)
             prompt_column: the column holding the prompt (a string, or a list of role/content messages)
             test_path: held-out data for validation (a file as `path`)

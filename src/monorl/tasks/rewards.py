@@ -14,6 +14,9 @@ completion (None: not applicable to that completion). A completion is a string, 
   down to -1 at ``length_max`` and beyond (``--task.args.length_max N``, typically ``rollout.max_new_tokens``;
   ``length_soft`` defaults to a quarter of it). For any task, ``--rollout.overlong_buffer`` adds the same
   penalty as a reward component of its own (`monorl.rl.rollouts.rollout.add_overlong_penalty`).
+- ``reward_model``: a sequence-classifier checkpoint's score (``--task.args.reward_model PATH``;
+  `monorl.tasks.reward_model`).
+- ``judge``: a generative judge's grade (``--task.args.judge_model PATH``; `monorl.tasks.judge`).
 """
 
 from __future__ import annotations

@@ -149,7 +149,7 @@ def _shifted_seqs() -> list[TrainSequence]:
                           float(i % 3 - 1)) for i in range(6)]
     tr = Trainer(model, TrainerConfig(micro_batch_tokens=4096), total_steps=1)
     tr.ref_model = model  # the model's own log-probs, through the trainer's reference path
-    tr.ref_logprobs(seqs, 1.0)
+    tr.frozen_logprobs(tr.ref_model, seqs, 1.0)
     offsets = [0.0, -LN2, LN3, 0.1, -0.1, 0.0]  # log w = -offset at token 0 of sequence i
     for s, off in zip(seqs, offsets, strict=True):
         s.old_logprobs = [s.ref_logprobs[0] + off] + s.ref_logprobs[1:]

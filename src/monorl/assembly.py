@@ -24,7 +24,9 @@ from monorl.config import RunConfig
 from monorl.config_paths import with_absolute_paths
 from monorl.distributed.world import SINGLE, World
 from monorl.model.config import ModelConfig
+from monorl.model.section import ModelSection
 from monorl.model.source import resolve_model
+from monorl.model.vocab_match import check_same_vocab
 from monorl.plan import MemoryPlan, run_memory_plan, with_overrides
 from monorl.task_registry import load_task
 from monorl.tasks.base import Prompt, Task
@@ -127,6 +129,19 @@ def reward_components(cfg: RunConfig, task: Task) -> tuple[str, ...]:
     return comps
 
 
+def resolve_teacher(cfg: RunConfig, tokenizer: Any) -> tuple[ModelConfig, Any, str] | None:
+    """The distillation teacher's architecture, tokenizer and source (teacher.path, read as model.path is, no
+    weights), refused in one line when its tokenizer is not the student's; None without a teacher."""
+    if not cfg.teacher.enabled:
+        return None
+    try:
+        teacher = resolve_model(ModelSection(path=cfg.teacher.path))
+    except (OSError, ValueError) as e:  # the model.path messages, said of the teacher
+        raise ValueError(f"teacher.path {cfg.teacher.path}: {e}") from None
+    check_same_vocab(tokenizer, teacher[1], f"teacher.path {cfg.teacher.path}")
+    return teacher
+
+
 @dataclass
 class RunSpec:
     """What a run decided before loading weights (`build_run`)."""
@@ -144,6 +159,7 @@ class RunSpec:
     pass_component: str | None  # validation's pass/fail component (accuracy)
     warm_start_steps: int  # 0 when the task has no reference solutions
     plan: MemoryPlan | None = None
+    teacher: tuple[ModelConfig, Any, str] | None = None  # the distillation teacher's `resolve_model` (teacher.path)
     notes: list[str] = field(default_factory=list)  # what resolving `auto` settings chose
 
 
@@ -155,6 +171,7 @@ def build_run(cfg: RunConfig, device: torch.device, world: World = SINGLE, plan:
     fit. A default preset's warm start and validation need what a user's dataset may lack: they are skipped, saying
     so, rather than refused."""
     model_config, tokenizer, source = resolve_model(cfg.model)
+    teacher = resolve_teacher(cfg, tokenizer)
     task: Task = load_task(cfg.task.name, **cfg.task.args)
     warm_start_steps = cfg.warm_start.steps
     if warm_start_steps > 0 and not (hasattr(task, "solution") or hasattr(task, "solution_messages")):
@@ -177,8 +194,9 @@ def build_run(cfg: RunConfig, device: torch.device, world: World = SINGLE, plan:
     given = cfg
     cfg, notes = resolve_config(cfg, model_config, device, world)  # before the plan, which reads what it decides
     spec = RunSpec(cfg, device, model_config, tokenizer, source, task, max_len, val_prompts, longest, components,
-                   pass_component, warm_start_steps, notes=notes)
+                   pass_component, warm_start_steps, teacher=teacher, notes=notes)
     if plan:
         spec.plan = run_memory_plan(cfg, model_config, longest, device, world.size, world.rank,
-                                    change_resolver(given, model_config, device))
+                                    change_resolver(given, model_config, device),
+                                    teacher=teacher[0] if teacher else None)
     return spec

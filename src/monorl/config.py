@@ -22,10 +22,12 @@ from monorl.rl.advantages import GROUPLESS_ADVANTAGE_KINDS
 from monorl.rl.loggers import LoggingSection
 from monorl.rl.sections import CheckpointSection, RolloutSection, ValidationSection, WarmStartSection
 from monorl.tasks.section import TaskSection
+from monorl.train.losses import SEQ_KINDS
+from monorl.train.teacher import TeacherSection
 from monorl.train.trainer_config import TrainerConfig
 
-__all__ = ["CheckpointSection", "ModelSection", "RolloutSection", "RunConfig", "TaskSection", "ValidationSection",
-           "WarmStartSection", "config_diff", "config_from_dict", "format_config_diff"]
+__all__ = ["CheckpointSection", "ModelSection", "RolloutSection", "RunConfig", "TaskSection", "TeacherSection",
+           "ValidationSection", "WarmStartSection", "config_diff", "config_from_dict", "format_config_diff"]
 
 
 @dataclass
@@ -51,6 +53,8 @@ class RunConfig:
     compile: CompileConfig = field(default_factory=CompileConfig)  # torch.compile and CUDA graphs, both sides
     trainer: TrainerConfig = field(default_factory=TrainerConfig)  # optimizer, lr schedule, packing, loss
     lora: LoRAConfig = field(default_factory=LoRAConfig)  # rank > 0: adapters on a frozen base (docs/guides/memory.md)
+    # on-policy distillation: a frozen teacher's per-token reverse KL in the advantage (docs/guides/distillation.md)
+    teacher: TeacherSection = field(default_factory=TeacherSection)
     validation: ValidationSection = field(default_factory=ValidationSection)  # held-out evaluation: greedy, or pass@k
     warm_start: WarmStartSection = field(default_factory=WarmStartSection)
     checkpoint: CheckpointSection = field(default_factory=CheckpointSection)
@@ -68,6 +72,11 @@ class RunConfig:
             raise ValueError(f"rollout.group_size must be >= 2: advantage {self.rollout.advantage!r} uses the group "
                              f"as baseline, so a group of {self.rollout.group_size} has zero advantage "
                              f"(rollout.advantage {' / '.join(GROUPLESS_ADVANTAGE_KINDS)} needs no group)")
+        # the teacher's advantage is per token; grpo / gspo take one ratio and one advantage per sequence
+        if self.teacher.enabled and self.trainer.loss.kind in SEQ_KINDS:
+            raise ValueError(f"teacher.path gives each token its own advantage, which trainer.loss.kind "
+                             f"{self.trainer.loss.kind!r} (one per sequence) cannot take: use --trainer.loss.kind "
+                             "token_grpo (or dapo, dr_grpo, cispo)")
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

@@ -41,11 +41,12 @@ def absolute_value(value: Any) -> Any:
 
 
 def with_absolute_paths(cfg: Any) -> Any:
-    """A copy of the run config with the model path, the task's name (a `FILE.py:Class` spec) and the task's
-    arguments absolute where they name existing paths."""
+    """A copy of the run config with the model and teacher paths, the task's name (a `FILE.py:Class` spec) and the
+    task's arguments absolute where they name existing paths."""
     model = dataclasses.replace(cfg.model, path=absolute_value(cfg.model.path))
     name = cfg.task.name
     if ":" in name:  # FILE.py:Class (a bare name is a built-in task, whatever the directory holds)
         name = absolute_value(name)
     task = dataclasses.replace(cfg.task, name=name, args=absolute_value(cfg.task.args))
-    return dataclasses.replace(cfg, model=model, task=task)
+    teacher = dataclasses.replace(cfg.teacher, path=absolute_value(cfg.teacher.path))
+    return dataclasses.replace(cfg, model=model, task=task, teacher=teacher)

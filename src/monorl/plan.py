@@ -117,14 +117,16 @@ def largest_micro_batch(cfg: RunConfig, max_prompt_tokens: int, ranks: int = 1) 
 
 def plan_memory(cfg: RunConfig, m: ModelConfig, max_prompt_tokens: int, device_bytes: int | None,
                 on_gpu: bool = True, activation_checkpointing: bool | None = None,
-                max_model_len: int | None = None, ranks: int = 1, role: str = "both") -> MemoryPlan:
+                max_model_len: int | None = None, ranks: int = 1, role: str = "both",
+                teacher: ModelConfig | None = None) -> MemoryPlan:
     """The plan for `cfg` on one GPU of `device_bytes` (see the module docstring). on_gpu=False plans a CPU run
     (fp32 everywhere, no graphs); activation_checkpointing overrides `trainer.activation_checkpointing`.
     ranks > 1: one GPU of an FSDP run (`monorl.distributed`): the policy, its gradients and AdamW's state are
     sharded over the ranks, a rank trains its share of the step, and holds a gathered block or two at a time.
     `generator.tensor_parallel_size` N > 1: the generator's copy and KV cache are split over N of those ranks
     (`monorl.generate.tensor_parallel`), each group of N generating its share of the step's prompt groups. role
-    "trainer" / "generator": a disaggregated rank's rows alone (`ranks`: those of its role; `role_share`)."""
+    "trainer" / "generator": a disaggregated rank's rows alone (`ranks`: those of its role; `role_share`). teacher:
+    a distillation teacher's architecture (a frozen full copy on every trainer rank, in the generator's dtype)."""
     t, g, cc, lora = cfg.trainer, cfg.generator, cfg.compile, cfg.lora
     tp = g.tensor_parallel_size
     if ranks % tp:
@@ -174,6 +176,8 @@ def plan_memory(cfg: RunConfig, m: ModelConfig, max_prompt_tokens: int, device_b
                               + (", CUDA-graph pool" if graphs else ""), persistent=graphs))
     if t.loss.kl_coef > 0:
         rows.append(MemoryRow("KL reference", total * gen_bytes, "frozen copy of the starting policy"))
+    if teacher is not None:
+        rows.append(MemoryRow("teacher weights", sum(param_counts(teacher).values()) * gen_bytes, "frozen"))
     if lora.enabled and cfg.batch_invariant and ranks == 1:  # an unmerged copy, its frozen base the policy's
         rows.append(MemoryRow("generator weights", lora_param_count(m, lora) * gen_bytes,
                               "adapters only: the base is shared with the policy"))
@@ -297,14 +301,15 @@ def _kv_to_room_(plan: MemoryPlan, cfg: RunConfig, m: ModelConfig, max_prompt_to
 
 
 def auto_checkpointing(cfg: RunConfig, m: ModelConfig, max_prompt_tokens: int, device_bytes: int | None,
-                       on_gpu: bool = True, ranks: int = 1, role: str = "both") -> bool:
+                       on_gpu: bool = True, ranks: int = 1, role: str = "both",
+                       teacher: ModelConfig | None = None) -> bool:
     """`trainer.activation_checkpointing` auto (None): on only when the run does not fit without it."""
     if cfg.trainer.activation_checkpointing is not None:
         return cfg.trainer.activation_checkpointing
     if not on_gpu or device_bytes is None:
         return False
     return not plan_memory(cfg, m, max_prompt_tokens, device_bytes, on_gpu, activation_checkpointing=False,
-                           ranks=ranks, role=role).fits
+                           ranks=ranks, role=role, teacher=teacher).fits
 
 
 _RANKS = "nproc"  # the candidate change "more GPUs": not a config key, the rank count `monorl train --nproc` sets
@@ -376,13 +381,14 @@ def with_overrides(cfg: RunConfig, overrides: dict[str, Any]) -> RunConfig:
 
 
 def _auto_plan(cfg: RunConfig, m: ModelConfig, max_prompt_tokens: int, device_bytes: int,
-               ranks: int = 1) -> MemoryPlan:
-    ac = auto_checkpointing(cfg, m, max_prompt_tokens, device_bytes, ranks=ranks)
-    return plan_memory(cfg, m, max_prompt_tokens, device_bytes, activation_checkpointing=ac, ranks=ranks)
+               ranks: int = 1, teacher: ModelConfig | None = None) -> MemoryPlan:
+    ac = auto_checkpointing(cfg, m, max_prompt_tokens, device_bytes, ranks=ranks, teacher=teacher)
+    return plan_memory(cfg, m, max_prompt_tokens, device_bytes, activation_checkpointing=ac, ranks=ranks,
+                       teacher=teacher)
 
 
 def advise(cfg: RunConfig, m: ModelConfig, max_prompt_tokens: int, device_bytes: int, ranks: int = 1,
-           apply: Callable[[dict[str, Any]], RunConfig] | None = None) -> list[str]:
+           apply: Callable[[dict[str, Any]], RunConfig] | None = None, teacher: ModelConfig | None = None) -> list[str]:
     """For a plan that does not fit: the cheapest single change that makes it fit, else the cheapest pair, else
     a line saying nothing here does. Changes are ordered cheapest first (more GPUs before LoRA, which changes
     the method); activation checkpointing left on auto is resolved for each candidate, as the run would. apply: the
@@ -398,7 +404,7 @@ def advise(cfg: RunConfig, m: ModelConfig, max_prompt_tokens: int, device_bytes:
         if n % overrides.get("generator.tensor_parallel_size", cfg.generator.tensor_parallel_size):
             continue  # a tensor-parallel group is made of the run's ranks
         changed = apply(overrides) if apply is not None else with_overrides(cfg, overrides)
-        p = _auto_plan(changed, m, max_prompt_tokens, device_bytes, n)
+        p = _auto_plan(changed, m, max_prompt_tokens, device_bytes, n, teacher)
         if p.fits:
             flags = " ".join(flag for flag, _, _ in combo)
             ac = (" (activation checkpointing then on, auto)" if p.activation_checkpointing
@@ -420,7 +426,8 @@ def device_memory_bytes(device: torch.device) -> int | None:
 
 def run_memory_plan(cfg: RunConfig, m: ModelConfig, max_prompt_tokens: int, device: torch.device,
                     ranks: int = 1, rank: int = 0,
-                    apply: Callable[[dict[str, Any]], RunConfig] | None = None) -> MemoryPlan:
+                    apply: Callable[[dict[str, Any]], RunConfig] | None = None,
+                    teacher: ModelConfig | None = None) -> MemoryPlan:
     """The plan for a run on `device` (its whole memory), with `trainer.activation_checkpointing` auto resolved.
     A run that does not fit raises MemoryPlanError naming the cheapest change that does (`advise`, with `apply`),
     after printing the table. ranks: the run's rank count (one GPU of an FSDP run); rank: this one (its role in a
@@ -428,10 +435,10 @@ def run_memory_plan(cfg: RunConfig, m: ModelConfig, max_prompt_tokens: int, devi
     on_gpu = device.type == "cuda"
     device_bytes = device_memory_bytes(device)
     role, ranks = role_share(cfg.placement, ranks, rank)
-    ac = auto_checkpointing(cfg, m, max_prompt_tokens, device_bytes, on_gpu, ranks, role)
-    plan = plan_memory(cfg, m, max_prompt_tokens, device_bytes, on_gpu, ac, ranks=ranks, role=role)
+    ac = auto_checkpointing(cfg, m, max_prompt_tokens, device_bytes, on_gpu, ranks, role, teacher)
+    plan = plan_memory(cfg, m, max_prompt_tokens, device_bytes, on_gpu, ac, ranks=ranks, role=role, teacher=teacher)
     if plan.fits is False:
-        plan.advice = advise(cfg, m, max_prompt_tokens, device_bytes, ranks, apply)
+        plan.advice = advise(cfg, m, max_prompt_tokens, device_bytes, ranks, apply, teacher)
         print(f"memory plan (does not fit {device}):\n{plan.table()}", file=sys.stderr, flush=True)
         raise MemoryPlanError(f"the run does not fit {device}: planned peak {plan.peak_bytes / GiB:.1f} GiB + "
                               f"{plan.reserve_bytes / GiB:.1f} GiB context and slack > {device_bytes / GiB:.1f} GiB; "

@@ -9,7 +9,7 @@ from typing import Any
 
 import torch
 
-from monorl.assembly import change_resolver, longest_fitting_prompt, resolve_config
+from monorl.assembly import change_resolver, longest_fitting_prompt, resolve_config, resolve_teacher
 from monorl.config import RunConfig
 from monorl.distributed.world import World
 from monorl.distributed.world_fit import check_world
@@ -25,19 +25,21 @@ def plan_report(cfg: RunConfig, device_bytes: int, sample: int = 32, ranks: int 
     its weights) and the task's prompts when its data is at hand (`longest_prompt`). Returns (text, fits)."""
     check_world(cfg, World(size=ranks))  # a rank count that does not divide the step: the run's own one-line error
     m, tok, source = resolve_model(cfg.model)
+    teacher = resolve_teacher(cfg, tok)
+    tm = teacher[0] if teacher else None
     max_len = cfg.generator.max_model_len or m.max_position_embeddings
     longest, where = longest_prompt(cfg, tok, max_len, sample)
     cuda = torch.device("cuda")
     apply = change_resolver(cfg, m, cuda)  # the advice's changes, resolved as applying them would
     cfg, notes = resolve_config(cfg, m, cuda)  # auto settings as a run on a GPU resolves them
-    lines = [f"model: {source}", where, *notes]
+    lines = [f"model: {source}", *([f"teacher: {teacher[2]}"] if teacher else []), where, *notes]
     if not cfg.placement.disaggregated:
-        text, fits = _one_gpu(cfg, m, longest, device_bytes, ranks, "both", apply)
+        text, fits = _one_gpu(cfg, m, longest, device_bytes, ranks, "both", apply, tm)
         return "\n".join([*lines, *([f"one GPU of {ranks} (FSDP2)"] if ranks > 1 else []), text]), fits
     # disaggregated: a generator GPU holds a copy and its KV cache, a trainer GPU its FSDP2 share of the trainer
     g = cfg.placement.generator_ranks
-    gen, gen_fits = _one_gpu(cfg, m, longest, device_bytes, g, "generator", apply)
-    tr, tr_fits = _one_gpu(cfg, m, longest, device_bytes, ranks - g, "trainer", apply)
+    gen, gen_fits = _one_gpu(cfg, m, longest, device_bytes, g, "generator", apply, tm)
+    tr, tr_fits = _one_gpu(cfg, m, longest, device_bytes, ranks - g, "trainer", apply, tm)
     lines += [f"a generator GPU ({g} of {ranks}, each generating 1/{g} of the step's prompt groups):", gen,
               f"a trainer GPU ({ranks - g} of {ranks}, FSDP2 over them):", tr]
     return "\n".join(lines), gen_fits and tr_fits
@@ -66,11 +68,12 @@ def longest_prompt(cfg: RunConfig, tokenizer: Any, max_len: int, sample: int) ->
 
 
 def _one_gpu(cfg: RunConfig, m: Any, longest: int, device_bytes: int, ranks: int, role: str,
-             apply: Callable[[dict[str, Any]], RunConfig]) -> tuple[str, bool]:
+             apply: Callable[[dict[str, Any]], RunConfig], teacher: Any = None) -> tuple[str, bool]:
     """One GPU's table of `ranks` of this role (`plan_memory`), and the cheapest change when it does not fit
     (`advise`, its changes resolved by `apply`)."""
-    ac = auto_checkpointing(cfg, m, longest, device_bytes, ranks=ranks, role=role)
-    plan = plan_memory(cfg, m, longest, device_bytes, activation_checkpointing=ac, ranks=ranks, role=role)
+    ac = auto_checkpointing(cfg, m, longest, device_bytes, ranks=ranks, role=role, teacher=teacher)
+    plan = plan_memory(cfg, m, longest, device_bytes, activation_checkpointing=ac, ranks=ranks, role=role,
+                       teacher=teacher)
     lines = []
     if (tp := cfg.generator.tensor_parallel_size) > 1:
         lines.append(f"generator: tensor-parallel over {tp} GPUs ({ranks // tp} group(s) of {tp}, each generating "
@@ -79,5 +82,5 @@ def _one_gpu(cfg: RunConfig, m: Any, longest: int, device_bytes: int, ranks: int
         lines.append("trainer.activation_checkpointing: on (auto: the run does not fit without it)")
     lines.append(plan.table())
     if not plan.fits:  # the colocated run's advice (a disaggregated GPU's own is not searched)
-        lines.append("cheapest change that fits: " + advise(cfg, m, longest, device_bytes, ranks, apply)[0])
+        lines.append("cheapest change that fits: " + advise(cfg, m, longest, device_bytes, ranks, apply, teacher)[0])
     return "\n".join(lines), bool(plan.fits)

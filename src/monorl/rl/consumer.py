@@ -43,10 +43,12 @@ class CopyInPlace:
 
 class TrainerConsumer:
     def __init__(self, rollout: RolloutSection, loss_kind: str, trainer: Trainer, publish: Publish,
-                 device: torch.device, routing_model: torch.nn.Module | None = None) -> None:
+                 device: torch.device, routing_model: torch.nn.Module | None = None, task_weight: float = 1.0) -> None:
         """rollout: the rollout section (advantages, masking, temperature); loss_kind: trainer.loss.kind;
-        routing_model: the generator's copy a mixture-of-experts step compares routing with (`routing_check`)."""
+        routing_model: the generator's copy a mixture-of-experts step compares routing with (`routing_check`);
+        task_weight: the task's advantage's weight beside a distillation teacher's (teacher.task_weight)."""
         self.rollout, self.loss_kind, self.trainer, self.device = rollout, loss_kind, trainer, device
+        self.task_weight = task_weight
         self.publish_weights, self.routing_model = publish, routing_model
 
     @property
@@ -70,6 +72,9 @@ class TrainerConsumer:
         routing = self.routing_check(batch) if moe else {}
         assign_advantages(batch.groups, normalize_std=ro.advantage_std_norm and self.loss_kind != "dr_grpo",
                           kind=ro.advantage)
+        if self.task_weight != 1.0:  # distillation: the teacher's per-token advantage is added in the trainer
+            for r in (r for g in batch.groups for r in g):
+                r.advantage *= self.task_weight
         sync = {"s": 0.0}
 
         def after_update() -> None:  # queued behind the update, before the trainer's host sync (`Trainer.step`)

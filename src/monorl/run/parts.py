@@ -31,6 +31,7 @@ from monorl.model.attention import resolve_backend
 from monorl.model.batch_invariant import make_batch_invariant_
 from monorl.model.lora import apply_lora_
 from monorl.model.qwen3_vl import freeze_vision_
+from monorl.model.section import ModelSection
 from monorl.model.source import load_policy
 from monorl.rl.consumer import Publish, TrainerConsumer
 from monorl.rl.loggers import check_loggers, open_loggers
@@ -180,6 +181,21 @@ def prepare_trainer_policy(p: Parts) -> torch.nn.Module | None:
     return ref_model
 
 
+def build_teacher(p: Parts) -> torch.nn.Module | None:
+    """The distillation teacher (`--teacher.path`), where the trainer is: a frozen model loaded by the policy's
+    loader (any checkpoint kind model.path takes) in the generator's dtype (bf16 on CUDA), a full copy on every
+    trainer rank; batch-invariant like the policy in batch-invariant runs. None without a teacher."""
+    t = p.cfg.teacher
+    if not t.enabled:
+        return None
+    with p.boot.timed("teacher_load_s"):
+        teacher, _, _ = load_policy(ModelSection(path=t.path), p.device, dtype=p.gen_dtype,
+                                    resolved=p.spec.teacher)
+    if p.cfg.batch_invariant:
+        make_batch_invariant_(teacher)
+    return teacher.eval().requires_grad_(False)
+
+
 def build_trainer(p: Parts, ref_model: torch.nn.Module | None) -> Trainer:
     cfg = p.cfg
     trainer_cfg = cfg.trainer
@@ -188,7 +204,7 @@ def build_trainer(p: Parts, ref_model: torch.nn.Module | None) -> Trainer:
     return Trainer(p.policy, trainer_cfg, total_steps=cfg.steps,
                    attn_backend="flash" if p.attn_backend == "flash" else "sdpa", ref_model=ref_model,
                    cuda_graphs=cfg.compile.trainer_cuda_graphs, max_graph_tokens=p.plan.micro_batch_tokens,
-                   world=p.train_world)
+                   world=p.train_world, teacher=build_teacher(p), distill=cfg.teacher)
 
 
 def build_producer(p: Parts, generator: Generator, policy_version: Callable[[], int]) -> RolloutProducer:
@@ -197,7 +213,9 @@ def build_producer(p: Parts, generator: Generator, policy_version: Callable[[], 
 
 def build_consumer(p: Parts, trainer: Trainer, publish: Publish, routing_model: torch.nn.Module | None
                    ) -> TrainerConsumer:
-    return TrainerConsumer(p.cfg.rollout, p.cfg.trainer.loss.kind, trainer, publish, p.device, routing_model)
+    task_weight = p.cfg.teacher.task_weight if p.cfg.teacher.enabled else 1.0
+    return TrainerConsumer(p.cfg.rollout, p.cfg.trainer.loss.kind, trainer, publish, p.device, routing_model,
+                           task_weight)
 
 
 def open_run_dir(p: Parts) -> RunDir:

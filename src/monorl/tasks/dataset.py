@@ -208,13 +208,16 @@ class DatasetTask(Task):
                  prompt_column: str = "prompt", test_path: str | Path | None = None,
                  test_fraction: float | None = None, format_pattern: str | None = None,
                  length_max: int | None = None, length_soft: int | None = None,
-                 instruction: str | None = None) -> None:
+                 instruction: str | None = None, reward_model: str | None = None,
+                 reward_model_label: int = 0, judge_model: str | None = None, judge_rubric: str | None = None,
+                 judge_template: str | None = None, judge_max_new_tokens: int | None = None,
+                 judge_temperature: float | None = None) -> None:
         """Load the data, resolve the reward functions and check they can be called on its columns.
 
         Args:
             path: the data: a .jsonl / .json / .parquet / .csv file or a save_to_disk directory
-            reward: reward functions, comma-separated: built-ins (accuracy, format, length) or FILE.py:fn /
-                module:fn (TRL's reward-function signature)
+            reward: reward functions, comma-separated: built-ins (accuracy, format, length, reward_model, judge)
+                or FILE.py:fn / module:fn (TRL's reward-function signature)
             reward_weights: one weight per reward function (default: 1 each)
             prompt_column: the column holding the prompt (a string, or a list of role/content messages)
             test_path: held-out data for validation (a file as `path`)
@@ -223,6 +226,10 @@ class DatasetTask(Task):
             length_max: the `length` reward's maximum completion length (tokens)
             length_soft: the `length` reward's soft window before length_max (tokens)
             instruction: text appended to each prompt's last user message (e.g. put your answer in \\boxed{})
+            reward_model: the `reward_model` reward's sequence-classifier checkpoint (monorl.tasks.reward_model)
+            reward_model_label: the output of its score head that is the reward (0 for a one-label model)
+            judge_model: the `judge` reward's model (monorl.tasks.judge), with judge_rubric, judge_template (with
+                {question}, {completion}, {rubric}), judge_max_new_tokens, judge_temperature
         """
         if reward is None:
             raise _task_error("the dataset task needs --task.args.reward: built-ins "
@@ -253,7 +260,10 @@ class DatasetTask(Task):
             raise _task_error(f"reward_weights must be numbers, got {reward_weights!r}") from None
         if not all(math.isfinite(w) for w in weights):
             raise _task_error(f"reward_weights must be finite, got {weights}")
-        options = {"format_pattern": format_pattern, "length_max": length_max, "length_soft": length_soft}
+        options = {"format_pattern": format_pattern, "length_max": length_max, "length_soft": length_soft,
+                   "reward_model": reward_model, "reward_model_label": reward_model_label, "judge_model": judge_model,
+                   "judge_rubric": judge_rubric, "judge_template": judge_template,
+                   "judge_max_new_tokens": judge_max_new_tokens, "judge_temperature": judge_temperature}
         self._fns: list[_RewardFn] = []
         for spec, weight in zip(specs, weights, strict=True):
             fn = _resolve(spec, options)

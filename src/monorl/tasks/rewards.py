@@ -14,6 +14,9 @@ completion (None: not applicable to that completion). A completion is a string, 
   down to -1 at ``length_max`` and beyond (``--task.args.length_max N``, typically ``rollout.max_new_tokens``;
   ``length_soft`` defaults to a quarter of it). For any task, ``--rollout.overlong_buffer`` adds the same
   penalty as a reward component of its own (`monorl.rl.rollouts.rollout.add_overlong_penalty`).
+- ``reward_model``: a sequence-classifier checkpoint's score (``--task.args.reward_model PATH``;
+  `monorl.tasks.reward_model`).
+- ``judge``: a generative judge's grade (``--task.args.judge_model PATH``; `monorl.tasks.judge`).
 """
 
 from __future__ import annotations
@@ -24,18 +27,9 @@ from collections.abc import Callable
 from typing import Any
 
 from monorl.fsutil import install_hint
+from monorl.tasks.completions import completion_text  # (the rewards' public helper)
 
 DEFAULT_FORMAT_PATTERN = r"\\boxed\{.+?\}"
-
-
-def completion_text(completion: Any) -> str:
-    """The text of a completion: a string, or TRL's conversational form (a list of messages, the content of
-    the last one)."""
-    if isinstance(completion, str):
-        return completion
-    if isinstance(completion, list) and completion and isinstance(completion[-1], dict):
-        return str(completion[-1].get("content", ""))
-    raise TypeError(f"expected a completion string or a list of messages, got {type(completion).__name__}")
 
 
 def _task_error(msg: str) -> ValueError:
@@ -119,12 +113,14 @@ def length_penalty(length_max: int | None, length_soft: int | None = None) -> Ca
     return length
 
 
-BUILTIN_REWARDS = ("accuracy", "format", "length")
+BUILTIN_REWARDS = ("accuracy", "format", "length", "reward_model", "judge")
 
 
 def builtin_reward(name: str, format_pattern: str | None = None, length_max: int | None = None,
-                   length_soft: int | None = None) -> Callable[..., list[float | None]]:
-    """The built-in reward `name` (one of `BUILTIN_REWARDS`), configured by the task's arguments."""
+                   length_soft: int | None = None, reward_model: str | None = None,
+                   reward_model_label: int = 0, **judge: Any) -> Callable[..., list[float | None]]:
+    """The built-in reward `name` (one of `BUILTIN_REWARDS`), configured by the task's arguments (`judge`: the
+    judge_* ones, `monorl.tasks.judge`)."""
     if name == "accuracy":
         _math_verify()  # a missing extra is reported when the task is built, not at the first reward
         return accuracy
@@ -132,5 +128,19 @@ def builtin_reward(name: str, format_pattern: str | None = None, length_max: int
         return format_reward(DEFAULT_FORMAT_PATTERN if format_pattern is None else format_pattern)
     if name == "length":
         return length_penalty(length_max, length_soft)
+    if name == "reward_model":  # a sequence-classifier checkpoint (monorl.tasks.reward_model)
+        if reward_model is None:
+            raise _task_error("the reward_model reward needs --task.args.reward_model PATH (a "
+                              "*ForSequenceClassification checkpoint)")
+        from monorl.tasks.reward_model import reward_model as classifier_reward
+
+        return classifier_reward(reward_model, reward_model_label)
+    if name == "judge":  # a generative judge (monorl.tasks.judge)
+        if judge.get("judge_model") is None:
+            raise _task_error("the judge reward needs --task.args.judge_model PATH (a model monorl loads)")
+        from monorl.tasks.judge import judge as generative_judge
+
+        return generative_judge(**{k.removeprefix("judge_").replace("model", "path"): v for k, v in judge.items()
+                                   if v is not None})
     raise _task_error(f"unknown reward {name!r}: use one of {list(BUILTIN_REWARDS)} or 'module:function' "
                       "(a module name or a path to a .py file)")

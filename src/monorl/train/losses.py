@@ -9,6 +9,8 @@ Inputs (one micro-batch):
     seq_ids       [N]  int64, which of the step's S sequences each token belongs to (step-global indices, as
                        `monorl.train.packing` produces them)
     ref_logprobs  [N]  optional, a frozen reference policy's log-probs, for the KL penalty
+    token_advantages [N]  optional, added to each token's sequence advantage (a distillation teacher's,
+                       `monorl.train.teacher`); token kinds only: grpo / gspo take one advantage per sequence
 
 The kinds:
     grpo        ratio_s = exp(mean_t(logp - old)) per sequence; loss_s = -min(r_s A_s, clip(r_s) A_s);
@@ -205,7 +207,8 @@ def _surrogate_loss(ratio: Tensor, adv: Tensor, cfg: LossConfig) -> Tensor:
 
 def policy_loss(logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, seq_ids: Tensor, cfg: LossConfig,
                 norm: LossNorm, ref_logprobs: Tensor | None = None,
-                token_mask: Tensor | None = None) -> tuple[Tensor, dict[str, Tensor]]:
+                token_mask: Tensor | None = None, token_advantages: Tensor | None = None
+                ) -> tuple[Tensor, dict[str, Tensor]]:
     """This micro-batch's share of the step loss, and its share of each metric (all detached):
     ``loss``, ``pg_loss``, ``kl`` (when ref_logprobs is given), ``ratio_mean``, ``clip_frac`` (=
     ``clip_frac_low + clip_frac_high``: units whose ratio fell outside the clip range) and
@@ -230,6 +233,9 @@ def policy_loss(logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, seq_
         raise ValueError("kl_coef > 0 needs ref_logprobs")
     if token_mask is not None and token_mask.shape != n:
         raise ValueError(f"token_mask {tuple(token_mask.shape)} must match logprobs {tuple(n)}")
+    if token_advantages is not None and (token_advantages.shape != n or cfg.kind in SEQ_KINDS):
+        raise ValueError(f"token_advantages {tuple(token_advantages.shape)} must match logprobs {tuple(n)}, with a "
+                         f"per-token loss kind (got {cfg.kind!r})")
 
     lp = logprobs.float()
     adv = advantages.detach().float()
@@ -253,6 +259,7 @@ def policy_loss(logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, seq_
         else:
             kl_tok = (torch.exp(d) - d - 1.0) * mask
 
+    tok_adv = adv[seq_ids] if token_advantages is None else adv[seq_ids] + token_advantages.detach().float()
     if cfg.kind in SEQ_KINDS:
         lengths = norm.response_lengths.to(lp.device)
         present = torch.zeros(num_seqs_step, device=lp.device).index_add_(0, seq_ids, mask) > 0
@@ -271,14 +278,14 @@ def policy_loss(logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, seq_
         ratio = torch.exp(log_ratio)
         weight = ratio.detach().clamp(1.0 - cfg.floor, 1.0 + cfg.ceiling)
         # where, not a product: a padded row's log-prob need not be finite, and 0 * inf is NaN
-        pg = -(weight * factor * adv[seq_ids] * torch.where(mask > 0, lp, 0.0)).sum() / norm.denom
+        pg = -(weight * factor * tok_adv * torch.where(mask > 0, lp, 0.0)).sum() / norm.denom
         kl = kl_tok.sum() / norm.denom if kl_tok is not None else None
-        units, unit_mask, unit_adv = ratio, None if token_mask is None else mask > 0, adv[seq_ids]
+        units, unit_mask, unit_adv = ratio, None if token_mask is None else mask > 0, tok_adv
     else:
         ratio = torch.exp(log_ratio)
-        pg = (_surrogate_loss(ratio, adv[seq_ids], cfg) * factor).sum() / norm.denom
+        pg = (_surrogate_loss(ratio, tok_adv, cfg) * factor).sum() / norm.denom
         kl = kl_tok.sum() / norm.denom if kl_tok is not None else None
-        units, unit_mask, unit_adv = ratio, None if token_mask is None else mask > 0, adv[seq_ids]
+        units, unit_mask, unit_adv = ratio, None if token_mask is None else mask > 0, tok_adv
     unit_count = norm.unit_count.to(lp.device)
 
     loss = pg if kl is None or cfg.kl_coef == 0 or not cfg.kl_in_loss else pg + cfg.kl_coef * kl

@@ -21,6 +21,7 @@ batch-invariant mode bit for bit the generator's. A group is kept in one micro-b
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
@@ -51,6 +52,8 @@ class TrainSequence:
     # environment messages and turn headers): no loss, no gradient, out of every normaliser, no entropy / KL /
     # log-prob diff. None: every completion token trains
     completion_mask: list[int] | None = None
+    # a distillation teacher's log-probs of completion_ids (`Trainer.frozen_logprobs`; monorl.train.teacher)
+    teacher_logprobs: list[float] | None = None
 
     def __post_init__(self) -> None:
         if len(self.old_logprobs) != len(self.completion_ids):
@@ -92,6 +95,7 @@ class MicroBatch:
     targets: Tensor  # [N] completion tokens
     old_logprobs: Tensor  # [N]
     ref_logprobs: Tensor | None  # [N]
+    teacher_logprobs: Tensor | None  # [N]
     seq_ids: Tensor  # [N] index of each token's sequence within the step
     token_mask: Tensor  # [N] fp32, 1 for a real completion token, 0 for a padded row
     num_real_tokens: int  # tokens of its sequences, whole (a shared prompt counted per sequence, as TRL counts)
@@ -103,6 +107,12 @@ class MicroBatch:
         T = self.input_ids.numel()
         return PackShape(T, self.ctx.cu_seqlens.numel() - 1, self.targets.numel(), self.ctx.max_seqlen,
                          T if sh is None else sh.expand_index.numel(), 1 if sh is None else sh.copies.shape[1])
+
+
+def masked_copy(mb: MicroBatch) -> MicroBatch:
+    """`mb` with every completion token masked: it runs the same passes (and FSDP collectives) and adds exactly
+    zero to the loss, the gradients and the metric sums."""
+    return dataclasses.replace(mb, token_mask=torch.zeros_like(mb.token_mask), num_real_tokens=0, num_targets=0)
 
 
 def token_buckets(max_tokens: int, smallest: int = 64) -> tuple[int, ...]:
@@ -189,6 +199,7 @@ def pack(seqs: Sequence[TrainSequence], indices: Sequence[int], buckets: Sequenc
     old: list[float] = []
     mask: list[float] = []  # 1 trains, 0 context only (an episode's inserted tokens)
     ref: list[float] = []
+    teacher: list[float] = []
     seq_ids: list[int] = []
     for i in indices:
         s = seqs[i]
@@ -216,6 +227,8 @@ def pack(seqs: Sequence[TrainSequence], indices: Sequence[int], buckets: Sequenc
         old += s.old_logprobs
         if s.ref_logprobs is not None:
             ref += s.ref_logprobs
+        if s.teacher_logprobs is not None:
+            teacher += s.teacher_logprobs
         seq_ids += [i] * len(s.completion_ids)
     real, full_real, num_targets = len(ids), sum(lengths), len(targets)
     size = _bucket(real, buckets) if shape is None else shape.tokens
@@ -250,6 +263,7 @@ def pack(seqs: Sequence[TrainSequence], indices: Sequence[int], buckets: Sequenc
     else:
         lengths = filler_lengths(lengths, size, chunk, static, count)
     has_ref = all(seqs[i].ref_logprobs is not None for i in indices)
+    has_teacher = all(seqs[i].teacher_logprobs is not None for i in indices)
     n_rows = (bucket_size(num_targets) if shape is None else shape.targets) if static else num_targets
     pad = n_rows - num_targets  # padded rows: row 0, token 0, sequence indices[0], mask 0
 
@@ -264,6 +278,7 @@ def pack(seqs: Sequence[TrainSequence], indices: Sequence[int], buckets: Sequenc
         targets=rows(targets, 0, torch.long),
         old_logprobs=rows(old, 0.0, torch.float32),
         ref_logprobs=rows(ref, 0.0, torch.float32) if has_ref else None,
+        teacher_logprobs=rows(teacher, 0.0, torch.float32) if has_teacher else None,
         seq_ids=rows(seq_ids, indices[0], torch.long),
         token_mask=rows([float(m) for m in mask], 0.0, torch.float32),
         num_real_tokens=full_real,

@@ -50,9 +50,11 @@ from monorl.train.packing import (
     TrainSequence,
     covering_shape,
     make_micro_batches,
+    masked_copy,
     token_share,
 )
 from monorl.train.rollout_correction import MAX_METRIC, MIN_METRIC
+from monorl.train.teacher import TeacherSection, distillation_terms
 from monorl.train.trainer_config import TrainerConfig
 from monorl.train.warm_up import TrainerWarmUps
 
@@ -61,6 +63,7 @@ log = logging.getLogger(__name__)
 
 _METRIC_SLOTS = 24  # device accumulator: the loss's metrics, then logprob-diff sum, token count, entropy sum
 _AUX_SLOT = _METRIC_SLOTS - 1  # ... and in the last slot the routers' load-balancing loss (router_aux_loss)
+_TEACHER_SLOT = _METRIC_SLOTS - 2  # ... before it the distillation teacher's reverse-KL sum
 # device max accumulator: logprob-diff max, then the rollout correction's IS-weight max and (negated) min
 _MAX_SLOTS = 3
 
@@ -71,18 +74,19 @@ class Trainer(TrainerWarmUps):
     def __init__(self, model: DecoderForCausalLM, cfg: TrainerConfig, total_steps: int, attn_backend: str = "sdpa",
                  ref_model: DecoderForCausalLM | None = None, cuda_graphs: bool = False,
                  static_shapes: bool | None = None, max_graph_tokens: int | None = None,
-                 world: World = SINGLE) -> None:
+                 world: World = SINGLE, teacher: DecoderForCausalLM | None = None,
+                 distill: TeacherSection | None = None) -> None:
         """cuda_graphs: replay each micro-batch from a graph captured per pack shape (CUDA with the flash
         backend or a batch-invariant model, whose attention reads no host values; ignored elsewhere). All graphs
         share one memory pool, sized by the largest captured pack: max_graph_tokens (the memory plan's largest
         micro-batch) bounds it, and a larger pack runs without a graph (logged once).
         static_shapes: pad packs to bucketed shapes (default: when graphs are used; set on CPU, it runs the
         graphs' exact computation).
-        world: the ranks this trainer is one of (see the module docstring; the model is then FSDP-sharded)."""
-        self.model, self.cfg, self.total_steps = model, cfg, total_steps
-        self.world = world
-        self.attn_backend = attn_backend
-        self.ref_model = ref_model
+        world: the ranks this trainer is one of (see the module docstring; the model is then FSDP-sharded).
+        teacher, distill: a frozen distillation teacher (a full copy on every rank), its section (kl_coef)."""
+        self.model, self.cfg, self.total_steps, self.world = model, cfg, total_steps, world
+        self.attn_backend, self.ref_model = attn_backend, ref_model
+        self.teacher, self.teacher_kl_coef = teacher, (distill or TeacherSection()).kl_coef
         self.device = next(model.parameters()).device
         params = [p for p in model.parameters() if p.requires_grad]
         moe = model.config.is_moe
@@ -142,19 +146,19 @@ class Trainer(TrainerWarmUps):
                                                   self.cfg.logprob_chunk)
 
     @torch.no_grad()
-    def ref_logprobs(self, seqs: Sequence[TrainSequence], temperature: float,
-                     indices: Sequence[int] | None = None) -> None:
-        """Fill `ref_logprobs` of each sequence (of `seqs[indices]`) from the frozen reference policy (KL
-        penalty). The reference is a full copy on every rank: no collectives."""
-        assert self.ref_model is not None
+    def frozen_logprobs(self, model: DecoderForCausalLM, seqs: Sequence[TrainSequence], temperature: float,
+                        indices: Sequence[int] | None = None, into: str = "ref_logprobs") -> None:
+        """Fill the field `into` of each sequence (of `seqs[indices]`) with a frozen model's log-probs of its
+        completion (the KL reference's, a distillation teacher's), packed as the trainer packs. The model is a full
+        copy on every rank: no collectives."""
         for mb in make_micro_batches(seqs, self.cfg.micro_batch_tokens, self.device, self.attn_backend,
                                      indices=indices, share_prompts=self.cfg.share_prompts):
-            lp = self.response_logprobs(self.ref_model, mb, temperature).tolist()
+            lp = self.response_logprobs(model, mb, temperature).tolist()
             # tokens are laid out sequence by sequence in index order within the micro-batch
             pos = 0
             for i in sorted(set(mb.seq_ids.tolist())):
                 n = len(seqs[i].completion_ids)
-                seqs[i].ref_logprobs = lp[pos:pos + n]
+                setattr(seqs[i], into, lp[pos:pos + n])
                 pos += n
 
     def _apply_gradients(self) -> tuple[Tensor | float, Tensor | bool, float]:
@@ -235,8 +239,14 @@ class Trainer(TrainerWarmUps):
         tap = self.router_tap if self.router_tap is not None else contextlib.nullcontext()
         with tap:
             logprobs, entropy = self.logprobs_entropy(mb, temperature)
+        token_adv = None
+        if mb.teacher_logprobs is not None:  # the distillation teacher's per-token advantage and reverse KL
+            token_adv, teacher_kl = distillation_terms(logprobs, mb.teacher_logprobs, mb.token_mask,
+                                                       self.teacher_kl_coef)
+            self._acc[_TEACHER_SLOT] += teacher_kl.sum().double()
         loss, metrics = policy_loss(logprobs, mb.old_logprobs, advantages, mb.seq_ids, self.cfg.loss, norm,
-                                    ref_logprobs=mb.ref_logprobs, token_mask=mb.token_mask)
+                                    ref_logprobs=mb.ref_logprobs, token_mask=mb.token_mask,
+                                    token_advantages=token_adv)
         if self.router_tap is not None:
             cfg = self.model.config
             aux = load_balancing_loss(self.router_tap.logits(), cfg.num_experts, cfg.num_experts_per_tok)
@@ -255,7 +265,7 @@ class Trainer(TrainerWarmUps):
         torch.maximum(self._acc_max[: len(maxes)], torch.stack(maxes), out=self._acc_max[: len(maxes)])
 
     def _graph_key(self, mb: MicroBatch, num_seqs: int, temperature: float) -> tuple:
-        return (mb.shape, num_seqs, mb.ref_logprobs is not None, float(temperature))
+        return (mb.shape, num_seqs, mb.ref_logprobs is not None, mb.teacher_logprobs is not None, float(temperature))
 
     def _cover(self, num_seqs: int, temperature: float) -> Callable[[MicroBatch], PackShape | None] | None:
         """With graphs: for a pack whose key has no graph, a captured shape of the same key otherwise that holds it
@@ -341,7 +351,9 @@ class Trainer(TrainerWarmUps):
             raise ValueError("trainer.step needs at least one sequence")
         cfg = self.cfg
         if self.ref_model is not None and cfg.loss.kl_coef > 0:
-            self.ref_logprobs(seqs, temperature, self._my_share(seqs))
+            self.frozen_logprobs(self.ref_model, seqs, temperature, self._my_share(seqs))
+        if self.teacher is not None:
+            self.frozen_logprobs(self.teacher, seqs, temperature, self._my_share(seqs), "teacher_logprobs")
         self.model.train()
         norm = LossNorm.for_step(cfg.loss, [s.trained_tokens for s in seqs], self.device)
         advantages = torch.tensor([s.advantage for s in seqs], dtype=torch.float32, device=self.device)
@@ -391,6 +403,8 @@ class Trainer(TrainerWarmUps):
             "train_tokens": int(train_tokens),
         }
         out.update({k: v for k, v in sums.items() if k != "loss"} if mbs else {})
+        if self.teacher is not None:  # the mean per-token reverse KL to the teacher over the step's trained tokens
+            out["teacher/kl"] = host[_TEACHER_SLOT] / d_count if d_count else 0.0
         if self.router_tap is not None:
             out["moe/aux_loss"] = host[_AUX_SLOT]  # the step's load-balancing loss (before its coefficient)
         return out | (self.graphs.log.since_last_read() if self.graphs is not None else {})
@@ -433,9 +447,3 @@ class Trainer(TrainerWarmUps):
             else:
                 log.warning("the checkpoint has no KL reference weights (saved with kl_coef 0, or by an older "
                             "monorl): the KL reference stays the model this trainer was given")
-
-
-def masked_copy(mb: MicroBatch) -> MicroBatch:
-    """`mb` with every completion token masked: it runs the same passes (and FSDP collectives) and adds exactly
-    zero to the loss, the gradients and the metric sums."""
-    return dataclasses.replace(mb, token_mask=torch.zeros_like(mb.token_mask), num_real_tokens=0, num_targets=0)

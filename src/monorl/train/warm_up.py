@@ -39,8 +39,9 @@ class TrainerWarmUps:
         for i, (n, c) in enumerate(sizes):
             # with a KL term the step's packs carry reference log-probs: so do these (the same graph key and code)
             ref = [0.0] * len(c) if self.cfg.loss.kl_coef > 0 else None
+            teacher = [0.0] * len(c) if self.teacher is not None else None  # and a teacher's, with distillation
             seqs = [TrainSequence(list(prompt_ids), c, [0.0] * len(c), 1.0, ref_logprobs=ref,
-                                  group=j // max(1, group_size)) for j in range(n)]
+                                  group=j // max(1, group_size), teacher_logprobs=teacher) for j in range(n)]
             packs += [(mb, norm, adv, i == 0) for mb in self._micro_batches(seqs)]
         return packs
 

@@ -1,0 +1,55 @@
+"""The generative judge reward (`monorl.tasks.judge`): grades parsed from real answers, and a real tiny judge model
+on monorl's engine, batched, its parse failures counted."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from monorl.generate.sampling import SamplingParams
+from monorl.model.config import model_shape
+from monorl.model.decoder import build_model
+from monorl.model.hf_checkpoint import save_checkpoint
+from monorl.model.tokenizer import CharTokenizer
+from monorl.tasks.dataset import DatasetTask
+from monorl.tasks.judge import judge, parse_score
+
+
+@pytest.mark.parametrize("text,score", [
+    ("Score: 7/10", 0.7), ("The answer is right. score: 7.5 / 10.", 0.75), ("Score: 10/10\nScore: 2/10", 1.0),
+    ("Score: 0/10", 0.0), ("Score: 11/10", None), ("Score: 3/0", None), ("7 out of 10", None), ("", None),
+])
+def test_parse_score(text: str, score: float | None) -> None:
+    assert parse_score(text) == score
+
+
+def test_grade_reads_the_answer_after_the_templates_closing_score() -> None:
+    j = judge("unused")  # nothing is loaded before the first call
+    scores, failures = j.grade([" 7/10", " 3 / 4 because", "seven", " 12/10"])
+    assert scores == [0.7, 0.75, None, None] and failures == 2
+    own = judge("unused", template="Q: {question}\nA: {completion}\nGrade it as Score: N/10.")
+    assert own.grade([" 7/10", "Score: 5/10"]) == ([None, 0.5], 1)
+
+
+def test_a_tiny_judge_grades_a_batch_on_the_engine_and_counts_failures(tmp_path: Path) -> None:
+    model = build_model(model_shape("tiny"), "cpu", torch.float32, seed=3)
+    save_checkpoint(model, tmp_path / "judge", tokenizer=CharTokenizer())
+    data = tmp_path / "d.jsonl"
+    data.write_text('{"prompt": "1+1=", "answer": "2"}\n{"prompt": "2+5=", "answer": "7"}\n')
+    task = DatasetTask(data, reward="judge", judge_model=str(tmp_path / "judge"), judge_max_new_tokens=6,
+                       judge_rubric="the sum is right")
+    assert task.reward_components == ("judge",)
+    fn = task._fns[0].fn
+    logged: dict[str, list[float]] = {}
+    prompts, completions = ["1+1=", "2+5=", "3+3="], ["2", "7", "x"]
+    scores = fn(prompts, completions, [[0]] * 3, log_metric=lambda k, v: logged.setdefault(k, []).append(v))
+    judged = [CharTokenizer().encode(fn.prompt(p, c)) for p, c in zip(prompts, completions, strict=True)]
+    answers = fn.generator.generate(judged, SamplingParams(max_new_tokens=6, temperature=0.0))
+    expected, failures = fn.grade([a[0].text for a in answers])  # greedy: the same answers again
+    assert scores == expected
+    assert failures == 3  # a random tiny model's answers hold no grade: each counted, its reward None
+    assert scores == [None, None, None]
+    assert logged == {"judge/calls": [3.0], "judge/parse_failures": [float(failures)]}
+    assert len(answers) == 3 and all(0 < len(a[0].token_ids) <= 6 for a in answers)

@@ -18,7 +18,7 @@ SUPPORTED_ARCHITECTURES = tuple(f.architecture for f in FAMILIES.values())
 HF_QWEN3_DEFAULTS: dict[str, Any] = dict(QWEN3.defaults)
 ROPE_TYPES = ("default", "llama3")
 # the layer kinds monorl runs (HF's `layer_types` values); a family adding one adds its cache kind and attention
-LAYER_TYPES = ("full_attention",)
+LAYER_TYPES = ("full_attention", "sliding_attention")
 
 
 def _is_int(v: Any) -> bool:
@@ -81,6 +81,10 @@ class ModelConfig:
     # (`monorl.generate.cache.cache_kinds`) and how its attention reads it
     layer_types: tuple[str, ...] = ()
     sliding_window: int = 0  # keys a "sliding_attention" layer attends (its own and the W - 1 before it)
+    # Gemma 3 (`monorl.model.gemma3`): the RoPE base of its sliding-window layers (0: rope_theta on every layer), and
+    # query_pre_attn_scalar: attention scores scaled by its ** -0.5 instead of head_dim's (0: head_dim)
+    rope_local_theta: float = 0.0
+    query_pre_attn_scalar: float = 0.0
 
     def __post_init__(self) -> None:
         if self.layer_types and len(self.layer_types) != self.num_layers:
@@ -120,6 +124,8 @@ class ModelConfig:
     def rope_kind(self, i: int) -> str:
         """Which RoPE table layer i rotates by (`monorl.model.rope.model_rope`): one for every layer unless a
         family's layer kinds differ in RoPE base or rotary width."""
+        if self.rope_local_theta and self.layer_type(i) == "sliding_attention":
+            return "local"  # Gemma 3: its own base on window layers
         return "default"
 
     def sparse_layer(self, i: int) -> bool:
@@ -159,6 +165,9 @@ class ModelConfig:
         """
         fam = family_of_hf(hf)
         defaults = fam.defaults
+        extra: dict[str, Any] = {}
+        if (hooks := fam.hf_hooks()) is not None:  # a family's own keys, and its config.json as read below
+            hf, extra = hooks.from_hf(hf)
 
         def get(key: str, check: Any, expected: str) -> Any:
             value = hf.get(key, defaults[key])
@@ -182,8 +191,9 @@ class ModelConfig:
         for key in fam.unsupported_flags:
             if flag(key):
                 raise ValueError(f"unsupported: {key}=true")
-        if (act := hf.get("hidden_act", defaults["hidden_act"])) != "silu":
-            raise ValueError(f"unsupported hidden_act {act!r}")
+        act_key, act_expected = fam.activation
+        if (act := hf.get(act_key, defaults[act_key])) != act_expected:
+            raise ValueError(f"unsupported {act_key} {act!r} ({fam.model_type}: {act_expected!r})")
 
         num_heads = positive_int("num_attention_heads")
         if hf.get("num_key_value_heads", defaults["num_key_value_heads"]) is None:
@@ -221,7 +231,8 @@ class ModelConfig:
             eos_token_id=get("eos_token_id", _is_token_ids, "an integer, a list of integers, or null"),
             rope_scaling=scaling,
         )
-        return base.with_family(fam.model_type, attention_bias, **(_moe_from_hf(hf, defaults) if fam.moe else {}))
+        base = base.with_family(fam.model_type, attention_bias, **(_moe_from_hf(hf, defaults) if fam.moe else {}))
+        return base.replace(**extra) if extra else base
 
     def to_hf(self, dtype: str = "bfloat16") -> dict[str, Any]:
         """The HF `config.json` dict that transformers loads as this family's class."""
@@ -261,6 +272,8 @@ class ModelConfig:
                        moe_intermediate_size=self.moe_intermediate_size, norm_topk_prob=self.norm_topk_prob,
                        decoder_sparse_step=self.decoder_sparse_step, mlp_only_layers=list(self.mlp_only_layers),
                        router_aux_loss_coef=self.router_aux_loss_coef, output_router_logits=False)
+        if (hooks := fam.hf_hooks()) is not None:
+            out = hooks.to_hf(self, out)
         return out
 
     def replace(self, **kw: Any) -> ModelConfig:

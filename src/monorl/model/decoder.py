@@ -24,6 +24,7 @@ from monorl.model import logprobs
 from monorl.model.attention import AttentionContext
 from monorl.model.blocks import TransformerBlock
 from monorl.model.config import ModelConfig
+from monorl.model.gemma3 import Gemma3Block
 from monorl.model.layers import Linear, RMSNorm, embedding
 from monorl.model.rope import model_rope
 
@@ -31,7 +32,9 @@ from monorl.model.rope import model_rope
 # on some layers) registers its block class here, keyed by model_type: `block(cfg, layer_index, fused)`. Every
 # layer gets (x, cos, sin, ctx, cache) and returns x; what it reads from `cache` is its layer kind's state
 # (`monorl.generate.cache.cache_kinds`, by `cfg.layer_type(i)`).
-FAMILY_BLOCKS: dict[str, Callable[[ModelConfig, int, bool], nn.Module]] = {}
+# A block class may also name the model's final norm (`final_norm`) and ask for embeddings scaled by
+# sqrt(hidden_size) (`embed_scale`), as Gemma 3's does.
+FAMILY_BLOCKS: dict[str, Callable[[ModelConfig, int, bool], nn.Module]] = {"gemma3_text": Gemma3Block}
 
 
 def make_block(cfg: ModelConfig, i: int, fused: bool) -> nn.Module:
@@ -46,7 +49,8 @@ class Qwen3Model(nn.Module):
         super().__init__()
         self.embed_tokens = embedding(cfg.vocab_size, cfg.hidden_size)
         self.layers = nn.ModuleList(make_block(cfg, i, fused) for i in range(cfg.num_layers))
-        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        norm = getattr(FAMILY_BLOCKS.get(cfg.model_type), "final_norm", RMSNorm)
+        self.norm = norm(cfg.hidden_size, cfg.rms_norm_eps)
 
 
 class DecoderForCausalLM(nn.Module):
@@ -66,6 +70,8 @@ class DecoderForCausalLM(nn.Module):
         self.config = cfg
         self.model = Qwen3Model(cfg, fused)
         self.lm_head = None if cfg.tie_word_embeddings else Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+        self.embed_scale = cfg.hidden_size ** 0.5 if getattr(FAMILY_BLOCKS.get(cfg.model_type), "embed_scale",
+                                                             False) else None
 
     @property
     def lm_head_weight(self) -> Tensor:
@@ -77,6 +83,8 @@ class DecoderForCausalLM(nn.Module):
         positions' `rope_cos_sin` in the activations' dtype, where the caller has them (the generator's decode
         step gathers them from tables of every position: `monorl.ops.decode_state`)."""
         x = self.model.embed_tokens(input_ids)
+        if self.embed_scale is not None:  # the scale rounded to the activations' dtype first, as HF's (Gemma)
+            x = x * torch.tensor(self.embed_scale, dtype=torch.float32).to(x.dtype)
         ropes = self.rope_by_layer_type(positions, x.dtype, rope)
         mark_dynamic(x, *(t for cs in ropes.values() for t in cs), dims=(0,))  # token counts vary
         checkpointed = self.activation_checkpointing and torch.is_grad_enabled()
@@ -125,9 +133,10 @@ class DecoderForCausalLM(nn.Module):
         """Random init (normal(0, std) matrices and biases, unit norms), deterministic for a seed and device type.
         Drawn on the parameters' device: 0.6B normal samples on a CPU take seconds of startup."""
         gens: dict[torch.device, torch.Generator] = {}
+        identity = {f"{n}.weight": getattr(m, "identity_weight", 1.0) for n, m in self.named_modules()}
         for name, p in self.named_parameters():
             if name.endswith("norm.weight"):
-                p.fill_(1.0)
+                p.fill_(identity.get(name, 1.0))  # the unit scale (a (1 + w) norm's: 0)
                 continue
             if p.device not in gens:
                 gens[p.device] = torch.Generator(device=p.device).manual_seed(seed)

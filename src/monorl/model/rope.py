@@ -52,6 +52,8 @@ def model_rope(cfg: ModelConfig, positions: Tensor, dtype: torch.dtype,
     """`rope_cos_sin` with the config's RoPE parameters for layers of RoPE kind `kind` (`ModelConfig.rope_kind`;
     a family whose layer kinds rotate differently, e.g. another base on sliding-window layers, adds its case
     here)."""
+    if kind == "local":  # Gemma 3's sliding-window layers: their own base, no scaling (HF scales full layers only)
+        return rope_cos_sin(positions, cfg.head_dim, cfg.rope_local_theta, dtype, None)
     s: Llama3RopeScaling | None = cfg.rope_scaling
     llama3 = None if s is None else [s.factor, s.low_freq_factor, s.high_freq_factor,
                                      float(s.original_max_position_embeddings)]

@@ -106,8 +106,15 @@ class PagedKV:
         self.kv[:, :, dst] = self.kv[:, :, src]
 
 
+class SlidingWindowKV(PagedKV):
+    """Paged keys and values of sliding-window layers (Gemma 3's "sliding_attention"): the same blocks and block
+    table as full attention, each layer's context attending only the last `sliding_window` keys (its kernels read no
+    block before them). Blocks that fell out of every window are not recycled yet: a sequence holds as many as a
+    full-attention one."""
+
+
 # the cache kind of each layer kind (`ModelConfig.layer_type`): a new layer kind registers its class here
-CACHE_KINDS: dict[str, type] = {"full_attention": PagedKV}
+CACHE_KINDS: dict[str, type] = {"full_attention": PagedKV, "sliding_attention": SlidingWindowKV}
 
 
 def cache_kinds(cfg: ModelConfig) -> list[LayerCache]:
@@ -202,7 +209,7 @@ class Cache:
     @property
     def kv(self) -> Tensor:
         """The paged full-attention kind's tensor (tests and the memory plan read it)."""
-        paged = next(k for k in self.kinds if isinstance(k, PagedKV))
+        paged = next(k for k in self.kinds if type(k) is PagedKV)
         assert paged.kv is not None
         return paged.kv
 

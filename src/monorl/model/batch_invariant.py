@@ -53,6 +53,7 @@ from monorl.model.fused_kernels import (
     fused_kernels_supported,
     use_fused_kernels_,
 )
+from monorl.model.gemma3 import BatchInvariantGemmaRMSNorm, GemmaRMSNorm
 from monorl.model.layers import Linear, RMSNorm
 from monorl.model.lora import LoRALinear
 from monorl.model.moe import BatchInvariantSparseMoeBlock, SparseMoeBlock
@@ -115,7 +116,7 @@ _CONVERTED = {Linear: BatchInvariantLinear, FusedKernelsLinear: BatchInvariantLi
               LoRALinear: BatchInvariantLoRALinear, RMSNorm: BatchInvariantRMSNorm,
               FusedKernelsFinalNorm: BatchInvariantFinalNorm,
               nn.Embedding: BatchInvariantEmbedding, DecoderForCausalLM: BatchInvariantDecoderForCausalLM,
-              SparseMoeBlock: BatchInvariantSparseMoeBlock}
+              SparseMoeBlock: BatchInvariantSparseMoeBlock, GemmaRMSNorm: BatchInvariantGemmaRMSNorm}
 
 
 def make_batch_invariant_(model: DecoderForCausalLM) -> DecoderForCausalLM:

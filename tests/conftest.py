@@ -39,7 +39,8 @@ def randomize_hf_model(model: torch.nn.Module, seed: int = 0, std: float = 0.1) 
 # monorl's families (`monorl.model.families`) -> transformers' (config class, model class): the oracles
 HF_FAMILY_CLASSES = {"qwen3": ("Qwen3Config", "Qwen3ForCausalLM"), "llama": ("LlamaConfig", "LlamaForCausalLM"),
                      "qwen2": ("Qwen2Config", "Qwen2ForCausalLM"),
-                     "qwen3_moe": ("Qwen3MoeConfig", "Qwen3MoeForCausalLM")}
+                     "qwen3_moe": ("Qwen3MoeConfig", "Qwen3MoeForCausalLM"),
+                     "gemma3_text": ("Gemma3TextConfig", "Gemma3ForCausalLM")}
 
 
 @pytest.fixture

@@ -19,11 +19,12 @@ How the next kinds plug in (each is a class beside `PagedKV`, registered in `CAC
 `ModelConfig.layer_type`, and its layers' attention context reads its tensor; per-sequence data of its own lives in
 `SequenceState.kind_state[<kind>]`, set and freed by the kind inside `Cache`'s operations, never by the engine):
 
-- **Sliding window** (a layer attending its last W keys): a paged kind over the same pool whose blocks older than
-  W tokens are recycled: `bytes_per_block` as `PagedKV`'s for its layers, the engine's reservation asking each kind
-  how many blocks a sequence holds at a length (at most `blocks_for(W) + 1` for a window), and `Cache.trim` after
-  each step handing back the blocks that fell out of the window (their table entries set to 0, the scratch block,
-  which the window's kernel never reads).
+- **Sliding window** (a layer attending its last W keys): `SlidingWindowKV` today shares the full layers' block
+  table and its contexts read only the last W keys (`attend(..., window=W)`). Recycling comes next: its blocks
+  older than W tokens handed back (`bytes_per_block` as `PagedKV`'s for its layers, the engine's reservation
+  asking each kind how many blocks a sequence holds at a length, at most `blocks_for(W) + 1` for a window, and
+  `Cache.trim` after each step releasing the blocks that fell out of the window, their table entries set to 0, the
+  scratch block, which the window's kernel never reads).
 - **Linear attention / Gated DeltaNet** (a per-sequence recurrent state and a short convolution state, no per-token
   keys): `bytes_per_block` 0, `bytes_per_sequence` the states' size; storage is one state row per decode slot plus
   one per paused sequence, indexed by a row id kept in `SequenceState` (a field the kind adds); sharing a prompt

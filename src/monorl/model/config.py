@@ -357,6 +357,13 @@ MODEL_SHAPES: dict[str, ModelConfig] = {
                                 num_kv_heads=3, head_dim=64, rope_theta=100000.0, rms_norm_eps=1e-5,
                                 max_position_embeddings=8192, tie_word_embeddings=True, bos_token_id=1,
                                 eos_token_id=2).with_family("llama"),
+    # Gemma-3-270M, google's released config.json: sliding windows of 512 on 5 layers of every 6 (#57)
+    "gemma3-270m": ModelConfig(vocab_size=262144, hidden_size=640, intermediate_size=2048, num_layers=18, num_heads=4,
+                               num_kv_heads=1, head_dim=256, rope_theta=1_000_000.0, rms_norm_eps=1e-6,
+                               max_position_embeddings=32768, tie_word_embeddings=True, bos_token_id=2,
+                               eos_token_id=1).with_family("gemma3_text").replace(
+        layer_types=tuple("full_attention" if (i + 1) % 6 == 0 else "sliding_attention" for i in range(18)),
+        sliding_window=512, rope_local_theta=10_000.0, query_pre_attn_scalar=256.0),
     # Test / embedded shapes: same architecture, a few hundred thousand parameters.
     "tiny": ModelConfig(vocab_size=128, hidden_size=128, intermediate_size=384, num_layers=4, num_heads=4,
                         num_kv_heads=2, head_dim=32, rope_theta=10000.0, max_position_embeddings=1024,

@@ -241,7 +241,7 @@ def test_bad_files_are_one_line_errors(vocab, tmp_path):
     tokens, merges = vocab
     cfg = GGUF_SHAPES["llama"].replace(vocab_size=len(tokens))
     state = build_model(cfg, seed=0).state_dict()
-    write_gguf(tmp_path / "q5.gguf", "llama", cfg, state, tokens, merges, "llama-bpe", types={"ffn_up": Q.Q5_0})
+    write_gguf(tmp_path / "q5.gguf", "llama", cfg, state, tokens, merges, "llama-bpe", types={"ffn_up": Q.Q5_1})
 
     def error(path, loader=load_checkpoint) -> str:
         with pytest.raises((CheckpointError, TokenizerError)) as e:
@@ -249,7 +249,7 @@ def test_bad_files_are_one_line_errors(vocab, tmp_path):
         assert "\n" not in str(e.value)
         return str(e.value)
 
-    assert "blk.0.ffn_up.weight has quantization type Q5_0" in error(tmp_path / "q5.gguf")
+    assert "blk.0.ffn_up.weight has quantization type Q5_1" in error(tmp_path / "q5.gguf")
     write_gguf(tmp_path / "two.gguf", "llama", cfg, state, tokens, merges, "llama-bpe")
     assert "holds 2 .gguf files" in error(tmp_path)
     assert "holds 2 .gguf files" in error(tmp_path, load_tokenizer)

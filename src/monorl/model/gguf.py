@@ -31,7 +31,7 @@ if TYPE_CHECKING:
 
 GGUF_SUFFIX = ".gguf"
 # quantization types read (the others are refused by name): plain floats, and the block formats in common use
-SUPPORTED_TYPES = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q4_K", "Q6_K")
+SUPPORTED_TYPES = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q4_K", "Q6_K")
 
 # llama.cpp tensor names -> HF names ({i}: the block); `_hf_name` applies them
 _TOP_NAMES = {"token_embd": "model.embed_tokens", "output_norm": "model.norm", "output": "lm_head"}

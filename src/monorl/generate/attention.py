@@ -36,43 +36,44 @@ from monorl.ops.attention import invariant as attention_invariant
 from monorl.ops.attention.kernel import attention_triton, cached_attention_triton, decode_splits
 from monorl.ops.block_kernels import write_kv
 from monorl.ops.tunables import chip_of
-from monorl.speedups.private_apis import flash_attention_forward
+from monorl.speedups.private_apis import flash_attention_forward, flash_window
 
 
 @custom_op("monorl::prefill_attention", mutates_args=("cache",))
 def prefill_attention(q: Tensor, k: Tensor, v: Tensor, cache: Tensor, slot_mapping: Tensor, cu_seqlens: Tensor,
-                      positions: Tensor, pad_index: Tensor, valid: Tensor, backend: str, kv_written: bool) -> Tensor:
+                      positions: Tensor, pad_index: Tensor, valid: Tensor, backend: str, kv_written: bool,
+                      window: int = 0) -> Tensor:
     """Write the prompts' k/v to `slot_mapping` (unless the caller did), then varlen causal attention within each
     prompt. max_seqlen is `valid.shape[1]`: a tensor size, so compiled code sees no Python int to specialise on."""
     if not kv_written:
         write_kv(k, v, cache, slot_mapping)
     varlen = VarlenContext(cu_seqlens, valid.shape[1], positions, pad_index, valid, backend)
-    return varlen.attend(q, k, v).contiguous()
+    return varlen.attend(q, k, v, window=window).contiguous()
 
 
 @prefill_attention.register_fake
-def _(q, k, v, cache, slot_mapping, cu_seqlens, positions, pad_index, valid, backend, kv_written):
+def _(q, k, v, cache, slot_mapping, cu_seqlens, positions, pad_index, valid, backend, kv_written, window=0):
     return torch.empty_like(q)
 
 
 @custom_op("monorl::decode_attention", mutates_args=("cache",))
 def decode_attention(q: Tensor, k: Tensor, v: Tensor, cache: Tensor, slot_mapping: Tensor, block_tables: Tensor,
-                     seq_lens: Tensor, backend: str, kv_written: bool) -> Tensor:
+                     seq_lens: Tensor, backend: str, kv_written: bool, window: int = 0) -> Tensor:
     """Write each sequence's new k/v (unless the caller did), then attend over its paged cache (seq_lens include
-    the new token)."""
+    the new token); with a window, over its last `window` keys only (the kernels read no block before them)."""
     if not kv_written:
         write_kv(k, v, cache, slot_mapping)
     if backend == "invariant":  # same kernel and key-block order as the varlen (prefill / trainer) path
-        out = attention_invariant.paged_decode(q, cache[0], cache[1], block_tables, seq_lens)
+        out = attention_invariant.paged_decode(q, cache[0], cache[1], block_tables, seq_lens, window)
     elif backend == "triton":
-        out = paged_decode_triton(q, cache[0], cache[1], block_tables, seq_lens)
+        out = paged_decode_triton(q, cache[0], cache[1], block_tables, seq_lens, window)
     else:
-        out = paged_decode_torch(q, cache[0], cache[1], block_tables, seq_lens)
+        out = paged_decode_torch(q, cache[0], cache[1], block_tables, seq_lens, window)
     return out.contiguous()  # the layout the fake (compile-time) output promises
 
 
 @decode_attention.register_fake
-def _(q, k, v, cache, slot_mapping, block_tables, seq_lens, backend, kv_written):
+def _(q, k, v, cache, slot_mapping, block_tables, seq_lens, backend, kv_written, window=0):
     return torch.empty_like(q)
 
 
@@ -86,10 +87,11 @@ class PrefillContext:
     def __post_init__(self) -> None:
         mark_dynamic(self.slot_mapping)  # prompt tokens vary: one dynamic compile
 
-    def attend(self, q: Tensor, k: Tensor, v: Tensor, cache: Tensor, kv_written: bool = False) -> Tensor:
+    def attend(self, q: Tensor, k: Tensor, v: Tensor, cache: Tensor, kv_written: bool = False,
+               window: int = 0) -> Tensor:
         c = self.varlen
         return prefill_attention(q, k, v, cache, self.slot_mapping, c.cu_seqlens, c.positions, c.pad_index, c.valid,
-                                 c.backend, kv_written)
+                                 c.backend, kv_written, window)
 
     def batch_invariant(self) -> PrefillContext:
         return dataclasses.replace(self, varlen=self.varlen.batch_invariant())
@@ -111,9 +113,10 @@ class DecodeContext:
         # batch buckets (and, eager, table widths) vary: compile once for any, not once static then dynamic
         mark_dynamic(self.block_tables, self.seq_lens, self.slot_mapping)
 
-    def attend(self, q: Tensor, k: Tensor, v: Tensor, cache: Tensor, kv_written: bool = False) -> Tensor:
+    def attend(self, q: Tensor, k: Tensor, v: Tensor, cache: Tensor, kv_written: bool = False,
+               window: int = 0) -> Tensor:
         return decode_attention(q, k, v, cache, self.slot_mapping, self.block_tables, self.seq_lens, self.backend,
-                                kv_written)
+                                kv_written, window)
 
     def batch_invariant(self) -> DecodeContext:
         return dataclasses.replace(self, backend="invariant")
@@ -122,17 +125,17 @@ class DecodeContext:
 @custom_op("monorl::cached_prefill_attention", mutates_args=("cache",))
 def cached_prefill_attention(q: Tensor, k: Tensor, v: Tensor, cache: Tensor, slot_mapping: Tensor, key_slots: Tensor,
                              cu_seqlens_q: Tensor, cu_seqlens_k: Tensor, bounds: Tensor, block_tables: Tensor,
-                             backend: str, kv_written: bool) -> Tensor:
+                             backend: str, kv_written: bool, window: int = 0) -> Tensor:
     """Write the new tokens' k/v (unless the caller did), gather every sequence's keys and values (positions 0..,
     cached and new) from the cache into one packed pair, then one varlen attention whose sequences have more keys
     than queries, the queries being each sequence's last ones. bounds' sizes: the longest query and key runs.
     backend "paged": no gather, the Triton kernel reads each sequence's keys through its block table
-    (`cached_attention_triton`)."""
+    (`cached_attention_triton`). window: a sliding-window layer's (`AttentionContext.attend`)."""
     if not kv_written:
         write_kv(k, v, cache, slot_mapping)
     if backend == "paged":
         return cached_attention_triton(q, cache[0], cache[1], cu_seqlens_q, cu_seqlens_k, block_tables,
-                                       bounds.shape[0]).contiguous()
+                                       bounds.shape[0], window).contiguous()
     # keys and values gathered as whole rows of [slots, Hkv * D] (index_select along dim 0: the vectorised row
     # gather; along dim 1 of [2, slots, Hkv, D] it ran the elementwise gather kernel, 41% of a turn boundary's GPU
     # time on an H200)
@@ -143,19 +146,20 @@ def cached_prefill_attention(q: Tensor, k: Tensor, v: Tensor, cache: Tensor, slo
         # flash attention's causal mask is aligned bottom-right: query i of a sequence's n sees its keys 0..len_k-n+i.
         # The ATen op (not `varlen_attn`): it takes fewer kv heads on every torch we support; no autograd here.
         out = flash_attention_forward(q, kv[0], kv[1], cu_seqlens_q, cu_seqlens_k, max_q, max_k, 0.0,
-                                                      True, False)[0]
+                                      True, False, **flash_window(window))[0]
     else:
-        out = sdpa_cached(q, kv[0], kv[1], cu_seqlens_q, cu_seqlens_k, max_q, max_k)
+        out = sdpa_cached(q, kv[0], kv[1], cu_seqlens_q, cu_seqlens_k, max_q, max_k, window)
     return out.contiguous()
 
 
 @cached_prefill_attention.register_fake
-def _(q, k, v, cache, slot_mapping, key_slots, cu_seqlens_q, cu_seqlens_k, bounds, block_tables, backend, kv_written):
+def _(q, k, v, cache, slot_mapping, key_slots, cu_seqlens_q, cu_seqlens_k, bounds, block_tables, backend, kv_written,
+      window=0):
     return torch.empty_like(q)
 
 
 def sdpa_cached(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor, cu_seqlens_k: Tensor, max_q: int,
-                max_k: int) -> Tensor:
+                max_k: int, window: int = 0) -> Tensor:
     """Portable `cached_prefill_attention`: q [T, Hq, D] (each sequence's last queries), k/v [K, Hkv, D] (each
     sequence's keys from position 0) padded to [S, max_q] and [S, max_k], one masked SDPA: a query at position p
     sees keys 0..p. Device tensors only (no host read)."""
@@ -167,6 +171,8 @@ def sdpa_cached(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor, cu_seqlen
     k_index = torch.where(j < len_k[:, None], cu_seqlens_k[:-1, None] + j, K)
     position = (len_k - len_q)[:, None] + i  # >= 0; a padding row's is past its real keys (no all-masked row)
     mask = j[None, None, :] <= position[:, :, None]  # [S, max_q, max_k]
+    if window:  # (a padding row may then see no key: its NaN goes to the dropped row T)
+        mask = mask & (j[None, None, :] > position[:, :, None] - window)
 
     def padded(x: Tensor, index: Tensor) -> Tensor:  # [N, H, D] -> [S, H, L, D]
         return torch.cat([x, x.new_zeros(1, *x.shape[1:])])[index].transpose(1, 2)
@@ -278,9 +284,11 @@ class CachedPrefillContext:
             bounds=torch.empty(max_q, max_k, 0, device=device), block_tables=dev(table_rows),
             seq_index=dev(seq_q), backend=backend)
 
-    def attend(self, q: Tensor, k: Tensor, v: Tensor, cache: Tensor, kv_written: bool = False) -> Tensor:
+    def attend(self, q: Tensor, k: Tensor, v: Tensor, cache: Tensor, kv_written: bool = False,
+               window: int = 0) -> Tensor:
         return cached_prefill_attention(q, k, v, cache, self.slot_mapping, self.key_slots, self.cu_seqlens_q,
-                                        self.cu_seqlens_k, self.bounds, self.block_tables, self.backend, kv_written)
+                                        self.cu_seqlens_k, self.bounds, self.block_tables, self.backend, kv_written,
+                                        window)
 
     def decode_rows(self, backend: str) -> DecodeContext:
         """The same attention as one paged-decode row per new token (its seq_len: its position + 1; every row's k/v
@@ -293,14 +301,19 @@ class CachedPrefillContext:
         return self.decode_rows("invariant")
 
 
-def paged_decode_torch(q: Tensor, k_cache: Tensor, v_cache: Tensor, block_tables: Tensor, seq_lens: Tensor) -> Tensor:
-    """q [B, Hq, D]; caches [N, bs, Hkv, D]; block_tables [B, W]; seq_lens [B] -> [B, Hq, D]."""
+def paged_decode_torch(q: Tensor, k_cache: Tensor, v_cache: Tensor, block_tables: Tensor, seq_lens: Tensor,
+                       window: int = 0) -> Tensor:
+    """q [B, Hq, D]; caches [N, bs, Hkv, D]; block_tables [B, W]; seq_lens [B] -> [B, Hq, D]; window: only the last
+    `window` keys."""
     B, W = block_tables.shape
     bs, Hkv, D = k_cache.shape[1:]
     idx = block_tables.long()
     k = k_cache[idx].view(B, W * bs, Hkv, D).transpose(1, 2)
     v = v_cache[idx].view(B, W * bs, Hkv, D).transpose(1, 2)
-    mask = torch.arange(W * bs, device=q.device)[None, :] < seq_lens[:, None]
+    key = torch.arange(W * bs, device=q.device)[None, :]
+    mask = key < seq_lens[:, None]
+    if window:
+        mask = mask & (key >= seq_lens[:, None] - window)
     out = F.scaled_dot_product_attention(q[:, :, None, :], k.to(q.dtype), v.to(q.dtype),
                                          attn_mask=mask[:, None, None, :], enable_gqa=q.shape[1] != Hkv)
     return out[:, :, 0, :]
@@ -312,14 +325,14 @@ def triton_decode_supported(device: torch.device, dtype: torch.dtype, head_dim: 
 
 
 def paged_decode_triton(q: Tensor, k_cache: Tensor, v_cache: Tensor, block_tables: Tensor,
-                        seq_lens: Tensor) -> Tensor:
+                        seq_lens: Tensor, window: int = 0) -> Tensor:
     """Paged flash-decode: the one Triton attention kernel of monorl (`monorl.ops.attention.kernel`), which the
     batch-invariant ops also run for varlen prefill/training. Programs per (sequence, kv head), keys in blocks of
     64 read through the block table; only seq_len keys are read. Few sequences split their keys over several
     programs (`decode_splits`: a function of the row count, so one CUDA graph per batch bucket keeps its
     launch)."""
     splits = paged_decode_splits(q.shape[0], k_cache.shape[-2], q.device)
-    return attention_triton(q, k_cache, v_cache, seq_lens, block_tables, splits)
+    return attention_triton(q, k_cache, v_cache, seq_lens, block_tables, splits, window=window)
 
 
 def paged_decode_splits(rows: int, kv_heads: int, device: torch.device) -> int:

@@ -19,11 +19,12 @@ How the next kinds plug in (each is a class beside `PagedKV`, registered in `CAC
 `ModelConfig.layer_type`, and its layers' attention context reads its tensor; per-sequence data of its own lives in
 `SequenceState.kind_state[<kind>]`, set and freed by the kind inside `Cache`'s operations, never by the engine):
 
-- **Sliding window** (a layer attending its last W keys): a paged kind over the same pool whose blocks older than
-  W tokens are recycled: `bytes_per_block` as `PagedKV`'s for its layers, the engine's reservation asking each kind
-  how many blocks a sequence holds at a length (at most `blocks_for(W) + 1` for a window), and `Cache.trim` after
-  each step handing back the blocks that fell out of the window (their table entries set to 0, the scratch block,
-  which the window's kernel never reads).
+- **Sliding window** (a layer attending its last W keys): `SlidingWindowKV` today shares the full layers' block
+  table and its contexts read only the last W keys (`attend(..., window=W)`). Recycling comes next: its blocks
+  older than W tokens handed back (`bytes_per_block` as `PagedKV`'s for its layers, the engine's reservation
+  asking each kind how many blocks a sequence holds at a length, at most `blocks_for(W) + 1` for a window, and
+  `Cache.trim` after each step releasing the blocks that fell out of the window, their table entries set to 0, the
+  scratch block, which the window's kernel never reads).
 - **Linear attention / Gated DeltaNet** (`monorl.generate.recurrent_state.RecurrentState`, registered for
   "linear_attention"): a per-sequence recurrent state and a short convolution state, no per-token keys:
   `bytes_per_block` 0, `bytes_per_sequence` the states' size; a row per sequence (its id in `kind_state`, found by
@@ -109,8 +110,16 @@ class PagedKV:
         self.kv[:, :, dst] = self.kv[:, :, src]
 
 
+class SlidingWindowKV(PagedKV):
+    """Paged keys and values of sliding-window layers (Gemma 3's "sliding_attention"): the same blocks and block
+    table as full attention, each layer's context attending only the last `sliding_window` keys (its kernels read no
+    block before them). Blocks that fell out of every window are not recycled yet: a sequence holds as many as a
+    full-attention one."""
+
+
 # the cache kind of each layer kind (`ModelConfig.layer_type`): a new layer kind registers its class here
-CACHE_KINDS: dict[str, type] = {"full_attention": PagedKV, "linear_attention": RecurrentState}
+CACHE_KINDS: dict[str, type] = {"full_attention": PagedKV, "sliding_attention": SlidingWindowKV,
+                               "linear_attention": RecurrentState}
 
 
 def cache_kinds(cfg: ModelConfig) -> list[LayerCache]:
@@ -205,7 +214,7 @@ class Cache:
     @property
     def kv(self) -> Tensor:
         """The paged full-attention kind's tensor (tests and the memory plan read it)."""
-        paged = next(k for k in self.kinds if isinstance(k, PagedKV))
+        paged = next(k for k in self.kinds if type(k) is PagedKV)
         assert paged.kv is not None
         return paged.kv
 

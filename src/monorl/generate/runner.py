@@ -85,8 +85,10 @@ class ModelRunner:
         # on CUDA, RoPE's cos / sin of every position a sequence can reach, for the decode step to gather
         # (`monorl.ops.decode_state`): computed here by the op the model runs, so the values are the op's
         self.rope_tables = None
-        if dev.type == "cuda":
-            cfg, dtype = model.config, model.model.embed_tokens.weight.dtype
+        cfg = model.config
+        if dev.type == "cuda" and len({cfg.rope_kind(i) for i in range(cfg.num_layers)}) == 1:
+            # (a model whose layer kinds rotate differently, Gemma 3's, computes its tables per step instead)
+            dtype = model.model.embed_tokens.weight.dtype
             self.rope_tables = model_rope(cfg, torch.arange(max_blocks_per_seq * self.block_size, device=dev), dtype)
         self.use_graphs = cuda_graphs and self.device.type == "cuda"
         # one set of graphs per sampler configuration (e.g. greedy validation and sampled rollouts), kept

@@ -31,7 +31,7 @@ from torch import Tensor
 from monorl.compile import mark_dynamic
 from monorl.ops.attention import invariant as attention_invariant
 from monorl.ops.row_copies import sum_row_copies
-from monorl.speedups.private_apis import flash_attention_forward
+from monorl.speedups.private_apis import flash_attention_forward, flash_window
 
 AttnBackend = Literal["auto", "sdpa", "flash"]
 BACKENDS: tuple[str, ...] = get_args(AttnBackend)
@@ -40,10 +40,11 @@ BACKENDS: tuple[str, ...] = get_args(AttnBackend)
 class AttentionContext(Protocol):
     slot_mapping: Tensor | None  # int64 [T]: each token's KV-cache slot (None when the context keeps no cache)
 
-    def attend(self, q: Tensor, k: Tensor, v: Tensor, cache: Any, kv_written: bool = False) -> Tensor:
+    def attend(self, q: Tensor, k: Tensor, v: Tensor, cache: Any, kv_written: bool = False, window: int = 0) -> Tensor:
         """q: [T, Hq, D], k/v: [T, Hkv, D] (RoPE applied) -> [T, Hq, D]. `cache` is this
         layer's KV-cache entry (None when the context keeps no cache); kv_written: the caller already wrote
-        k/v to `cache` at `slot_mapping` (the fused kernels' model does, in its q/k pass)."""
+        k/v to `cache` at `slot_mapping` (the fused kernels' model does, in its q/k pass); window: a query at
+        position p sees keys p - window + 1 .. p only (a sliding-window layer; 0: every key up to p)."""
         ...
 
     def batch_invariant(self) -> AttentionContext:
@@ -65,20 +66,26 @@ def resolve_backend(backend: str, device: torch.device, dtype: torch.dtype) -> s
     return backend
 
 
-def sdpa_varlen(q: Tensor, k: Tensor, v: Tensor, pad_index: Tensor, valid: Tensor) -> Tensor:
+def sdpa_varlen(q: Tensor, k: Tensor, v: Tensor, pad_index: Tensor, valid: Tensor, window: int = 0) -> Tensor:
     """Portable varlen causal attention: gather the pack into a padded [B, L] batch (`pad_index`
     points into the flat tokens, `valid` marks real slots), one causal SDPA, then drop the padding.
-    Cost O(B * L^2), not O(T^2): packs of many short sequences stay cheap on CPU."""
+    Cost O(B * L^2), not O(T^2): packs of many short sequences stay cheap on CPU. window: see
+    `AttentionContext.attend`."""
     def padded(x: Tensor) -> Tensor:  # [T, H, D] -> [B, H, L, D]; index T is a zero row for padding
         x = torch.cat([x, x.new_zeros(1, *x.shape[1:])])
         return x[pad_index].transpose(1, 2)
 
     L = pad_index.shape[1]
     causal = torch.ones(L, L, dtype=torch.bool, device=q.device).tril()
+    if window:
+        causal = causal.triu(1 - window)
     # key 0 stays visible to every row: a zero-length entry (static packs pad the sequence count with
     # them) would otherwise be all-masked and give NaN; its rows are dropped below anyway
-    keys = valid | (torch.arange(L, device=q.device) == 0)
+    first = torch.arange(L, device=q.device) == 0
+    keys = valid | first
     mask = causal[None, None] & keys[:, None, None, :]
+    if window:  # a padding row may have no key in its window: it sees key 0 (and is dropped)
+        mask = mask | (~valid[:, None, :, None] & first)
     out = F.scaled_dot_product_attention(padded(q), padded(k), padded(v), attn_mask=mask,
                                          enable_gqa=q.shape[1] != k.shape[1])
     return out.transpose(1, 2)[valid]  # sequences are laid out in order, so this is the flat order
@@ -99,8 +106,11 @@ def _load_flash_varlen() -> tuple[Callable[..., Tensor], bool]:
     return _FLASH_VARLEN
 
 
-def flash_varlen(q: Tensor, k: Tensor, v: Tensor, cu_seqlens: Tensor, max_seqlen: int | torch.SymInt) -> Tensor:
+def flash_varlen(q: Tensor, k: Tensor, v: Tensor, cu_seqlens: Tensor, max_seqlen: int | torch.SymInt,
+                 window: int = 0) -> Tensor:
+    """window: see `AttentionContext.attend` (flash's window_size (window - 1, 0))."""
     varlen_attn, takes_gqa = _load_flash_varlen()
+    left = window - 1 if window else -1
     kw: dict[str, Any] = {}
     if k.shape[1] != q.shape[1]:
         if takes_gqa:
@@ -110,11 +120,11 @@ def flash_varlen(q: Tensor, k: Tensor, v: Tensor, cu_seqlens: Tensor, max_seqlen
             # 2.11's wrapper has no flag for it. Without autograd, call the kernel: no expanded copies of k and v
             # (two copies a layer, ~40 ms of a 0.45 s prefill total in benchmarks/bench_throughput.py, H200)
             return flash_attention_forward(q, k, v, cu_seqlens, cu_seqlens, max_seqlen, max_seqlen,
-                                                           0.0, True, False)[0]
+                                           0.0, True, False, **flash_window(window))[0]
         else:
             rep = q.shape[1] // k.shape[1]
             k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
-    return varlen_attn(q, k, v, cu_seqlens, cu_seqlens, max_seqlen, max_seqlen, window_size=(-1, 0), **kw)
+    return varlen_attn(q, k, v, cu_seqlens, cu_seqlens, max_seqlen, max_seqlen, window_size=(left, 0), **kw)
 
 
 class _ExpandCopies(torch.autograd.Function):
@@ -220,19 +230,20 @@ class VarlenContext:
             mark_dynamic(shared.copies, dims=(0,))
         return ctx
 
-    def attend(self, q: Tensor, k: Tensor, v: Tensor, cache: Any = None, kv_written: bool = False) -> Tensor:
+    def attend(self, q: Tensor, k: Tensor, v: Tensor, cache: Any = None, kv_written: bool = False,
+               window: int = 0) -> Tensor:
         if self.shared is not None:
             sh = self.shared
-            return sh.contract(self._attend(sh.expand(q, pick=True), sh.expand(k), sh.expand(v)))
-        return self._attend(q, k, v)
+            return sh.contract(self._attend(sh.expand(q, pick=True), sh.expand(k), sh.expand(v), window))
+        return self._attend(q, k, v, window)
 
-    def _attend(self, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+    def _attend(self, q: Tensor, k: Tensor, v: Tensor, window: int = 0) -> Tensor:
         if self.backend == "invariant":  # the same kernel (and key-block order) as the invariant decode
-            return attention_invariant.varlen_attention(q, k, v, self.cu_seqlens, self.pad_index, self.valid)
+            return attention_invariant.varlen_attention(q, k, v, self.cu_seqlens, self.pad_index, self.valid, window)
         if self.backend == "flash":
             # max_seqlen as a tensor size, not the Python int: compiled code then never specialises on it
-            return flash_varlen(q, k, v, self.cu_seqlens, self.valid.shape[1])
-        return sdpa_varlen(q, k, v, self.pad_index, self.valid)
+            return flash_varlen(q, k, v, self.cu_seqlens, self.valid.shape[1], window)
+        return sdpa_varlen(q, k, v, self.pad_index, self.valid, window)
 
     def batch_invariant(self) -> VarlenContext:
         return dataclasses.replace(self, backend="invariant")

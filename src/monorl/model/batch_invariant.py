@@ -53,7 +53,7 @@ from monorl.model.fused_kernels import (
     fused_kernels_supported,
     use_fused_kernels_,
 )
-from monorl.model.layers import Linear, RMSNorm
+from monorl.model.layers import BatchInvariantOffsetRMSNorm, Linear, OffsetRMSNorm, RMSNorm
 from monorl.model.lora import LoRALinear
 from monorl.model.moe import BatchInvariantSparseMoeBlock, SparseMoeBlock
 from monorl.ops import decode_gemm, logprob_invariant, matmul_invariant, rmsnorm_invariant
@@ -115,7 +115,7 @@ _CONVERTED = {Linear: BatchInvariantLinear, FusedKernelsLinear: BatchInvariantLi
               LoRALinear: BatchInvariantLoRALinear, RMSNorm: BatchInvariantRMSNorm,
               FusedKernelsFinalNorm: BatchInvariantFinalNorm,
               nn.Embedding: BatchInvariantEmbedding, DecoderForCausalLM: BatchInvariantDecoderForCausalLM,
-              SparseMoeBlock: BatchInvariantSparseMoeBlock}
+              SparseMoeBlock: BatchInvariantSparseMoeBlock, OffsetRMSNorm: BatchInvariantOffsetRMSNorm}
 
 
 def make_batch_invariant_(model: DecoderForCausalLM) -> DecoderForCausalLM:

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from monorl.model.families import FAMILIES, QWEN3, Family, family, family_of_hf
-from monorl.model.qwen3_5_hf import check_linear_attention, hybrid_from_hf, hybrid_to_hf, text_config
+from monorl.model.qwen3_5_hf import check_linear_attention, text_config
 from monorl.model.qwen3_vl_hf import join_config, split_config
 from monorl.model.vision_config import VisionConfig
 
@@ -21,7 +21,7 @@ SUPPORTED_ARCHITECTURES = tuple(f.architecture for f in FAMILIES.values())
 HF_QWEN3_DEFAULTS: dict[str, Any] = dict(QWEN3.defaults)
 ROPE_TYPES = ("default", "llama3")
 # the layer kinds monorl runs (HF's `layer_types` values); a family adding one adds its cache kind and attention
-LAYER_TYPES = ("full_attention", "linear_attention")
+LAYER_TYPES = ("full_attention", "sliding_attention", "linear_attention")
 
 
 def _is_int(v: Any) -> bool:
@@ -94,6 +94,10 @@ class ModelConfig:
     linear_value_head_dim: int = 0
     # a vision-language model's tower, image tokens and M-RoPE (Qwen3-VL: `monorl.model.qwen3_vl`); None: text only
     vision: VisionConfig | None = None
+    # Gemma 3 (`monorl.model.gemma3`): the RoPE base of its sliding-window layers (0: rope_theta on every layer), and
+    # query_pre_attn_scalar: attention scores scaled by its ** -0.5 instead of head_dim's (0: head_dim)
+    rope_local_theta: float = 0.0
+    query_pre_attn_scalar: float = 0.0
 
     def __post_init__(self) -> None:
         if self.layer_types and len(self.layer_types) != self.num_layers:
@@ -140,7 +144,11 @@ class ModelConfig:
     def rope_kind(self, i: int) -> str:
         """Which RoPE table layer i rotates by (`monorl.model.rope.model_rope`): one for every layer unless a
         family's layer kinds differ in RoPE base or rotary width."""
-        return "mrope" if self.vision is not None else "default"
+        if self.vision is not None:
+            return "mrope"
+        if self.rope_local_theta and self.layer_type(i) == "sliding_attention":
+            return "local"  # Gemma 3: its own base on window layers
+        return "default"
 
     def sparse_layer(self, i: int) -> bool:
         """Whether layer i's MLP is a sparse MoE block (transformers' Qwen3MoeDecoderLayer rule)."""
@@ -183,6 +191,9 @@ class ModelConfig:
         hf = text_config(hf)  # (a vision-language checkpoint's language model: its text_config)
         fam = family_of_hf(hf)
         defaults = fam.defaults
+        extra: dict[str, Any] = {}
+        if (hooks := fam.hf_hooks()) is not None:  # a family's own keys, and its config.json as read below
+            hf, extra = hooks.from_hf(hf)
 
         def get(key: str, check: Any, expected: str) -> Any:
             value = hf.get(key, defaults[key])
@@ -206,8 +217,9 @@ class ModelConfig:
         for key in fam.unsupported_flags:
             if flag(key):
                 raise ValueError(f"unsupported: {key}=true")
-        if (act := hf.get("hidden_act", defaults["hidden_act"])) != "silu":
-            raise ValueError(f"unsupported hidden_act {act!r}")
+        act_key, act_expected = fam.activation
+        if (act := hf.get(act_key, defaults[act_key])) != act_expected:
+            raise ValueError(f"unsupported {act_key} {act!r} ({fam.model_type}: {act_expected!r})")
 
         num_heads = positive_int("num_attention_heads")
         if hf.get("num_key_value_heads", defaults["num_key_value_heads"]) is None:
@@ -246,7 +258,7 @@ class ModelConfig:
             rope_scaling=scaling,
         )
         base = base.with_family(fam.model_type, attention_bias, **(_moe_from_hf(hf, defaults) if fam.moe else {}))
-        return base.replace(**hybrid_from_hf(hf, defaults)) if fam.hybrid else base
+        return base.replace(**extra) if extra else base
 
     def to_hf(self, dtype: str = "bfloat16") -> dict[str, Any]:
         """The HF `config.json` dict that transformers loads as this family's class."""
@@ -288,8 +300,8 @@ class ModelConfig:
                        moe_intermediate_size=self.moe_intermediate_size, norm_topk_prob=self.norm_topk_prob,
                        decoder_sparse_step=self.decoder_sparse_step, mlp_only_layers=list(self.mlp_only_layers),
                        router_aux_loss_coef=self.router_aux_loss_coef, output_router_logits=False)
-        if fam.hybrid:
-            out.update(hybrid_to_hf(self))
+        if (hooks := fam.hf_hooks()) is not None:
+            out = hooks.to_hf(self, out)
         return out
 
     def replace(self, **kw: Any) -> ModelConfig:
@@ -375,6 +387,13 @@ MODEL_SHAPES: dict[str, ModelConfig] = {
                                 num_kv_heads=3, head_dim=64, rope_theta=100000.0, rms_norm_eps=1e-5,
                                 max_position_embeddings=8192, tie_word_embeddings=True, bos_token_id=1,
                                 eos_token_id=2).with_family("llama"),
+    # Gemma-3-270M, google's released config.json: sliding windows of 512 on 5 layers of every 6 (#57)
+    "gemma3-270m": ModelConfig(vocab_size=262144, hidden_size=640, intermediate_size=2048, num_layers=18, num_heads=4,
+                               num_kv_heads=1, head_dim=256, rope_theta=1_000_000.0, rms_norm_eps=1e-6,
+                               max_position_embeddings=32768, tie_word_embeddings=True, bos_token_id=2,
+                               eos_token_id=1).with_family("gemma3_text").replace(
+        layer_types=tuple("full_attention" if (i + 1) % 6 == 0 else "sliding_attention" for i in range(18)),
+        sliding_window=512, rope_local_theta=10_000.0, query_pre_attn_scalar=256.0),
     # Test / embedded shapes: same architecture, a few hundred thousand parameters.
     "tiny": ModelConfig(vocab_size=128, hidden_size=128, intermediate_size=384, num_layers=4, num_heads=4,
                         num_kv_heads=2, head_dim=32, rope_theta=10000.0, max_position_embeddings=1024,

@@ -11,7 +11,6 @@ generator's inference copy alone is built with fused projections: `monorl.distri
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -25,22 +24,23 @@ from monorl.model import logprobs
 from monorl.model.attention import AttentionContext
 from monorl.model.blocks import TransformerBlock
 from monorl.model.config import ModelConfig
+from monorl.model.gemma3 import Gemma3Block
 from monorl.model.layers import Linear, RMSNorm, embedding
+from monorl.model.qwen3_5 import Qwen3_5Block
 from monorl.model.rope import model_rope
 
 # A family whose decoder layer differs from the Llama-shaped `TransformerBlock` (other norms, another token mixer
 # on some layers) registers its block class here, keyed by model_type: `block(cfg, layer_index, fused)`. Every
 # layer gets (x, cos, sin, ctx, cache) and returns x; what it reads from `cache` is its layer kind's state
 # (`monorl.generate.cache.cache_kinds`, by `cfg.layer_type(i)`).
-FAMILY_BLOCKS: dict[str, Callable[[ModelConfig, int, bool], nn.Module]] = {}
-# a family whose final norm differs (e.g. Qwen3.5's (1 + w) RMSNorm) registers its class here, keyed by model_type
-FAMILY_NORMS: dict[str, Callable[[int, float], nn.Module]] = {}
+# A block class may also name the model's final norm (`final_norm`) and ask for embeddings scaled by
+# sqrt(hidden_size) (`embed_scale`), as Gemma 3's does.
+FAMILY_BLOCKS: dict[str, Callable[[ModelConfig, int, bool], nn.Module]] = {
+    "gemma3_text": Gemma3Block, "qwen3_5_text": Qwen3_5Block}
 
 
 def make_block(cfg: ModelConfig, i: int, fused: bool) -> nn.Module:
     """Layer i of a `cfg` model: its family's registered block, else the Llama-shaped one."""
-    if cfg.family.block_module:  # the module that registers the family's block (imported when first needed)
-        importlib.import_module(cfg.family.block_module)
     if (block := FAMILY_BLOCKS.get(cfg.model_type)) is not None:
         return block(cfg, i, fused)
     return TransformerBlock(cfg, fused, cfg.sparse_layer(i))
@@ -51,7 +51,8 @@ class Qwen3Model(nn.Module):
         super().__init__()
         self.embed_tokens = embedding(cfg.vocab_size, cfg.hidden_size)
         self.layers = nn.ModuleList(make_block(cfg, i, fused) for i in range(cfg.num_layers))
-        self.norm = FAMILY_NORMS.get(cfg.model_type, RMSNorm)(cfg.hidden_size, cfg.rms_norm_eps)
+        norm = getattr(FAMILY_BLOCKS.get(cfg.model_type), "final_norm", RMSNorm)
+        self.norm = norm(cfg.hidden_size, cfg.rms_norm_eps)
         if cfg.vision is not None:  # a vision-language model's tower (HF: model.visual)
             from monorl.model.vision import VisionTower
 
@@ -75,6 +76,8 @@ class DecoderForCausalLM(nn.Module):
         self.config = cfg
         self.model = Qwen3Model(cfg, fused)
         self.lm_head = None if cfg.tie_word_embeddings else Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+        self.embed_scale = cfg.hidden_size ** 0.5 if getattr(FAMILY_BLOCKS.get(cfg.model_type), "embed_scale",
+                                                             False) else None
 
     @property
     def lm_head_weight(self) -> Tensor:
@@ -91,6 +94,8 @@ class DecoderForCausalLM(nn.Module):
         `monorl.model.qwen3_vl.embed_images`); deepstack: (token indices, one [n, hidden] tensor per layer), each
         added to those tokens' hidden states after layer i."""
         x = self.model.embed_tokens(input_ids) if inputs_embeds is None else inputs_embeds
+        if self.embed_scale is not None:  # the scale rounded to the activations' dtype first, as HF's (Gemma)
+            x = x * torch.tensor(self.embed_scale, dtype=torch.float32).to(x.dtype)
         ropes = self.rope_by_layer_type(positions, x.dtype, rope)
         mark_dynamic(x, *(t for cs in ropes.values() for t in cs), dims=(0,))  # token counts vary
         checkpointed = self.activation_checkpointing and torch.is_grad_enabled()
@@ -141,11 +146,10 @@ class DecoderForCausalLM(nn.Module):
         """Random init (normal(0, std) matrices and biases, unit norms), deterministic for a seed and device type.
         Drawn on the parameters' device: 0.6B normal samples on a CPU take seconds of startup."""
         gens: dict[torch.device, torch.Generator] = {}
-        # a norm scaling by (1 + w) starts at 0 (its `init_value`), the others at 1
-        norm_init = {f"{n}.weight": m.init_value for n, m in self.named_modules() if hasattr(m, "init_value")}
+        identity = {f"{n}.weight": getattr(m, "identity_weight", 1.0) for n, m in self.named_modules()}
         for name, p in self.named_parameters():
             if name.endswith("norm.weight"):
-                p.fill_(norm_init.get(name, 1.0))
+                p.fill_(identity.get(name, 1.0))  # the unit scale (a (1 + w) norm's: 0)
                 continue
             if p.device not in gens:
                 gens[p.device] = torch.Generator(device=p.device).manual_seed(seed)

@@ -12,9 +12,10 @@ the resulting `ModelConfig` fields and is the same code for all.
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from types import MappingProxyType
+from types import MappingProxyType, ModuleType
 from typing import Any
 
 
@@ -38,11 +39,16 @@ class Family:
     moe: bool = False
     # config.json's partial_rotary_factor (RoPE on the first part of each head) is read, not refused
     partial_rotary: bool = False
-    # linear-attention layers beside full attention (Qwen3.5's Gated DeltaNet, `monorl.model.qwen3_5`): its own
-    # decoder layer, config keys (`monorl.model.qwen3_5_hf`) and cache kind
+    # linear-attention layers beside full attention (Qwen3.5's Gated DeltaNet, `monorl.model.qwen3_5`)
     hybrid: bool = False
-    # the module registering the family's own decoder layer (`monorl.model.decoder.FAMILY_BLOCKS`), if any
-    block_module: str = ""
+    # config.json's activation key and the one value monorl runs for this family
+    activation: tuple[str, str] = ("hidden_act", "silu")
+    # a module with the family's own config.json mapping: from_hf(hf) -> (hf as the shared reader reads it, extra
+    # ModelConfig fields), to_hf(cfg, out) -> out (`ModelConfig.from_hf` / `to_hf` call them)
+    hf_module: str | None = None
+
+    def hf_hooks(self) -> ModuleType | None:
+        return None if self.hf_module is None else importlib.import_module(self.hf_module)
 
 
 _COMMON_DEFAULTS = {"hidden_act": "silu", "rms_norm_eps": 1e-6, "tie_word_embeddings": False,
@@ -105,10 +111,30 @@ QWEN3_5 = Family(
         "max_position_embeddings": 32768, "bos_token_id": None, "eos_token_id": None, "linear_conv_kernel_dim": 4,
         "linear_key_head_dim": 128, "linear_value_head_dim": 128, "linear_num_key_heads": 16,
         "linear_num_value_heads": 32, "layer_types": None}),
-    partial_rotary=True, hybrid=True, block_module="monorl.model.qwen3_5",
+    partial_rotary=True, hybrid=True, hf_module="monorl.model.qwen3_5_hf",
 )
 
-FAMILIES: dict[str, Family] = {f.model_type: f for f in (QWEN3, LLAMA, QWEN2, QWEN3_MOE, QWEN3_5)}
+# transformers' Gemma3TextConfig (models/gemma3/configuration_gemma3.py; Gemma3ForCausalLM, text only): pre- and
+# post-norms, (1 + w) RMSNorms, GeGLU, a scaled embedding, sliding-window layers with their own RoPE base
+# (`monorl.model.gemma3`; its config.json keys: `monorl.model.gemma3_config`). rope_theta / rope_local_base_freq:
+# the class's default_theta (global, local), which HF 5 writes into rope_parameters per layer kind.
+GEMMA3 = Family(
+    model_type="gemma3_text", architecture="Gemma3ForCausalLM", gguf_arch="gemma3", qk_norm=True, qkv_bias=None,
+    defaults=MappingProxyType({
+        "hidden_activation": "gelu_pytorch_tanh", "rms_norm_eps": 1e-6, "tie_word_embeddings": True,
+        "rope_theta": 1_000_000.0, "rope_local_base_freq": 10_000.0, "attention_bias": False,
+        "vocab_size": 262_208, "hidden_size": 2304, "intermediate_size": 9216, "num_hidden_layers": 26,
+        "num_attention_heads": 8, "num_key_value_heads": 4, "head_dim": 256, "max_position_embeddings": 131_072,
+        "bos_token_id": 2, "eos_token_id": 1, "query_pre_attn_scalar": 256, "sliding_window": 4096,
+        "layer_types": None, "final_logit_softcapping": None, "attn_logit_softcapping": None,
+        "use_bidirectional_attention": False}),
+    unsupported_flags=("use_bidirectional_attention",), hidden_multiple_of_heads=True,
+    extra_hf=MappingProxyType({"use_bidirectional_attention": False, "final_logit_softcapping": None,
+                               "attn_logit_softcapping": None}),
+    activation=("hidden_activation", "gelu_pytorch_tanh"), hf_module="monorl.model.gemma3_config",
+)
+
+FAMILIES: dict[str, Family] = {f.model_type: f for f in (QWEN3, LLAMA, QWEN2, QWEN3_MOE, QWEN3_5, GEMMA3)}
 
 
 def family(model_type: str) -> Family:

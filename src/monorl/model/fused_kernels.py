@@ -138,9 +138,11 @@ FUSED_KERNEL_CLASSES = tuple(_CONVERTED.values())
 
 
 def fused_kernels_supported(model: DecoderForCausalLM) -> bool:
-    """The q/k kernel's shape limit: a power-of-two head_dim >= 16."""
+    """The q/k kernel's shape limit: a power-of-two head_dim >= 16; and Llama-shaped blocks (a family's own block,
+    `monorl.model.decoder.FAMILY_BLOCKS`, runs its plain forward)."""
     head_dim = model.config.head_dim
-    return head_dim >= 16 and not head_dim & (head_dim - 1)
+    return (head_dim >= 16 and not head_dim & (head_dim - 1)
+            and all(isinstance(layer, TransformerBlock) for layer in model.model.layers))
 
 
 def use_fused_kernels_(model: DecoderForCausalLM) -> DecoderForCausalLM:

@@ -22,14 +22,15 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from monorl.model import gemma3_gguf
 from monorl.model.config import ModelConfig
-from monorl.model.families import LLAMA, family_of_gguf
+from monorl.model.families import GEMMA3, LLAMA, family_of_gguf
 from monorl.model.gguf_header import GGUFHeader
 from monorl.model.tokenizer import HFTokenizer
 
 GGUF_SUFFIX = ".gguf"
 # quantization types read (the others are refused by name): plain floats, and the block formats in common use
-SUPPORTED_TYPES = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q4_K", "Q6_K")
+SUPPORTED_TYPES = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q4_K", "Q6_K")
 
 # llama.cpp tensor names -> HF names ({i}: the block); `_hf_name` applies them
 _TOP_NAMES = {"token_embd": "model.embed_tokens", "output_norm": "model.norm", "output": "lm_head"}
@@ -146,21 +147,22 @@ def gguf_config(file: str | os.PathLike) -> ModelConfig:
             bos_token_id=_field(reader, "tokenizer.ggml.bos_token_id"),
             eos_token_id=_field(reader, "tokenizer.ggml.eos_token_id"),
         )
-        return cfg.with_family(fam.model_type, attention_bias=qkv_bias)
+        cfg = cfg.with_family(fam.model_type, attention_bias=qkv_bias)
+        return gemma3_gguf.config(cfg, meta) if fam is GEMMA3 else cfg
     except ValueError as e:
         raise GGUFError(f"{file}: {e}") from None
 
 
 # ---- the weights -------------------------------------------------------------------------------------------------
 
-def _hf_name(name: str) -> str | None:
+def _hf_name(name: str, block_names: dict[str, str] = _BLOCK_NAMES) -> str | None:
     """The HF name of a llama.cpp tensor name; None for one monorl has no place for."""
     stem, _, leaf = name.rpartition(".")
     if stem in _TOP_NAMES:
         return f"{_TOP_NAMES[stem]}.{leaf}"
     parts = stem.split(".")
-    if len(parts) == 3 and parts[0] == "blk" and parts[1].isdigit() and parts[2] in _BLOCK_NAMES:
-        return f"model.layers.{parts[1]}.{_BLOCK_NAMES[parts[2]]}.{leaf}"
+    if len(parts) == 3 and parts[0] == "blk" and parts[1].isdigit() and parts[2] in block_names:
+        return f"model.layers.{parts[1]}.{block_names[parts[2]]}.{leaf}"
     return None
 
 
@@ -180,8 +182,10 @@ def gguf_state_dict(file: str | os.PathLike, cfg: ModelConfig, expected: dict[st
     reader = open_gguf(file)
     plan: list[tuple[str, Any]] = []
     unexpected = []
+    gemma = cfg.model_type == GEMMA3.model_type
+    block_names = {**_BLOCK_NAMES, **gemma3_gguf.BLOCK_NAMES} if gemma else _BLOCK_NAMES
     for t in reader.tensors:
-        name = _hf_name(t.name)
+        name = _hf_name(t.name, block_names)
         if name is None or name not in expected:
             unexpected.append(t.name)
             continue
@@ -215,6 +219,8 @@ def gguf_state_dict(file: str | os.PathLike, cfg: ModelConfig, expected: dict[st
             w = _unpermute_rows(w, cfg.num_heads)
         elif permuted and ".self_attn.k_proj." in name:
             w = _unpermute_rows(w, cfg.num_kv_heads)
+        elif gemma and name.endswith("norm.weight"):  # stored as 1 + w (in fp32, as transformers undoes it)
+            w = w - gemma3_gguf.NORM_SHIFT
         out[name] = w.to(device=device, dtype=dtype)
     return out
 
@@ -248,6 +254,8 @@ def gguf_tokenizer(file: str | os.PathLike) -> HFTokenizer:
 
     reader = open_gguf(file)
     kind = _field(reader, "tokenizer.ggml.model")
+    if kind == "llama" and _field(reader, "general.architecture") == GEMMA3.gguf_arch:  # SentencePiece BPE
+        return gemma3_gguf.tokenizer(lambda key, default=None: _field(reader, key, default))
     if kind != "gpt2":
         raise GGUFError(f"{file}: unsupported tokenizer.ggml.model {kind!r} (monorl builds byte-level BPE "
                         "tokenizers, 'gpt2')")

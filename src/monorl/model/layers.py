@@ -7,6 +7,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
+from monorl.ops import rmsnorm_invariant
+
 
 class RMSNorm(nn.Module):
     def __init__(self, dim: int, eps: float) -> None:
@@ -36,3 +38,27 @@ def embedding(num: int, dim: int) -> nn.Embedding:
     """nn.Embedding, without its init draw when built on meta (see `Linear.reset_parameters`)."""
     weight = torch.empty(num, dim)
     return nn.Embedding(num, dim, _weight=weight) if weight.is_meta else nn.Embedding(num, dim)
+
+
+class OffsetRMSNorm(nn.Module):
+    """x / rms(x) * (1 + w), in fp32, cast to x's dtype after the scale: the (1 + w) RMSNorm of Gemma 3 and Qwen3.5
+    (HF's Gemma3RMSNorm / Qwen3_5RMSNorm, the same rounding); w stored as HF stores it, 0 the identity scale."""
+
+    identity_weight = 0.0  # the weight of the identity scale (`DecoderForCausalLM.init_weights`)
+
+    def __init__(self, dim: int, eps: float) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.zeros(dim))
+        self.eps = eps
+
+    def forward(self, x: Tensor) -> Tensor:
+        xf = x.float()
+        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
+        return (xf * (1.0 + self.weight.float())).to(x.dtype)
+
+
+class BatchInvariantOffsetRMSNorm(OffsetRMSNorm):
+    """The batch-invariant norm (`monorl.model.batch_invariant`): the invariant kernel on fp32 rows, scale 1 + w."""
+
+    def forward(self, x: Tensor) -> Tensor:
+        return rmsnorm_invariant.bi_rms_norm(x.float(), 1.0 + self.weight.float(), self.eps).to(x.dtype)

@@ -22,26 +22,9 @@ from torch import Tensor, nn
 from monorl.model.attention import AttentionContext
 from monorl.model.blocks import MLP
 from monorl.model.config import ModelConfig
-from monorl.model.decoder import FAMILY_BLOCKS, FAMILY_NORMS
-from monorl.model.layers import Linear
+from monorl.model.layers import Linear, OffsetRMSNorm
 from monorl.ops.gated_delta import causal_conv, gated_delta_rule
 from monorl.ops.rope import apply_rope
-
-
-class ZeroCenteredRMSNorm(nn.Module):
-    """transformers' Qwen3_5RMSNorm: x normalised in fp32, times (1 + w) in fp32, cast once (w starts at 0)."""
-
-    init_value = 0.0  # `DecoderForCausalLM.init_weights`
-
-    def __init__(self, dim: int, eps: float) -> None:
-        super().__init__()
-        self.weight = nn.Parameter(torch.zeros(dim))
-        self.eps = eps
-
-    def forward(self, x: Tensor) -> Tensor:
-        h = x.float()
-        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
-        return (h * (1.0 + self.weight.float())).to(x.dtype)
 
 
 class GatedRMSNorm(nn.Module):
@@ -67,8 +50,8 @@ class GatedAttention(nn.Module):
         self.k_proj = Linear(cfg.hidden_size, cfg.num_kv_heads * cfg.head_dim, bias=cfg.o_bias)
         self.v_proj = Linear(cfg.hidden_size, cfg.num_kv_heads * cfg.head_dim, bias=cfg.o_bias)
         self.o_proj = Linear(cfg.num_heads * cfg.head_dim, cfg.hidden_size, bias=cfg.o_bias)
-        self.q_norm = ZeroCenteredRMSNorm(cfg.head_dim, cfg.rms_norm_eps)
-        self.k_norm = ZeroCenteredRMSNorm(cfg.head_dim, cfg.rms_norm_eps)
+        self.q_norm = OffsetRMSNorm(cfg.head_dim, cfg.rms_norm_eps)
+        self.k_norm = OffsetRMSNorm(cfg.head_dim, cfg.rms_norm_eps)
 
     def _rope(self, x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
         r = self.rotary_dim
@@ -174,6 +157,8 @@ def layout_of(ctx: Any, cache: Any) -> _Layout:
 class Qwen3_5Block(nn.Module):
     """One Qwen3.5 decoder layer: its kind's token mixer (`linear_attn` or `self_attn`), then the MLP."""
 
+    final_norm = OffsetRMSNorm  # the model's final norm (`monorl.model.decoder.Qwen3Model`)
+
     def __init__(self, cfg: ModelConfig, i: int, fused: bool = False) -> None:
         super().__init__()
         if cfg.layer_type(i) == "linear_attention":
@@ -181,8 +166,8 @@ class Qwen3_5Block(nn.Module):
         else:
             self.self_attn = GatedAttention(cfg)
         self.mlp = MLP(cfg, fused)
-        self.input_layernorm = ZeroCenteredRMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.post_attention_layernorm = ZeroCenteredRMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.input_layernorm = OffsetRMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.post_attention_layernorm = OffsetRMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
     def forward(self, x: Tensor, cos: Tensor, sin: Tensor, ctx: AttentionContext, cache: Any = None) -> Tensor:
         mixer = self.linear_attn if hasattr(self, "linear_attn") else self.self_attn
@@ -190,5 +175,3 @@ class Qwen3_5Block(nn.Module):
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
-FAMILY_BLOCKS["qwen3_5_text"] = Qwen3_5Block
-FAMILY_NORMS["qwen3_5_text"] = ZeroCenteredRMSNorm

@@ -82,3 +82,16 @@ def check_linear_attention(cfg: Any) -> None:
     if cfg.rotary_dim < 2 or cfg.rotary_dim % 2:
         raise ValueError(f"partial_rotary_factor {cfg.partial_rotary_factor} of head_dim {cfg.head_dim} gives "
                          f"{cfg.rotary_dim} rotary dims; RoPE needs an even number >= 2")
+
+
+def from_hf(hf: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The family's `hf_module` hook (`ModelConfig.from_hf`): config.json as the shared reader reads it, and the
+    Qwen3.5 fields."""
+    from monorl.model.families import QWEN3_5
+
+    return hf, hybrid_from_hf(hf, QWEN3_5.defaults)
+
+
+def to_hf(cfg: Any, out: dict[str, Any]) -> dict[str, Any]:
+    """The family's `hf_module` hook (`ModelConfig.to_hf`): the shared config.json plus Qwen3.5's keys."""
+    return {**out, **hybrid_to_hf(cfg)}

@@ -55,6 +55,8 @@ def model_rope(cfg: ModelConfig, positions: Tensor, dtype: torch.dtype,
     here). "mrope": a vision-language model's (`monorl.model.mrope`), positions [3, T] or [T]."""
     if kind == "mrope":
         return mrope_cos_sin(positions, cfg.head_dim, cfg.rope_theta, list(cfg.vision.mrope_section), dtype)
+    if kind == "local":  # Gemma 3's sliding-window layers: their own base, no scaling (HF scales full layers only)
+        return rope_cos_sin(positions, cfg.head_dim, cfg.rope_local_theta, dtype, None)
     s: Llama3RopeScaling | None = cfg.rope_scaling
     llama3 = None if s is None else [s.factor, s.low_freq_factor, s.high_freq_factor,
                                      float(s.original_max_position_embeddings)]

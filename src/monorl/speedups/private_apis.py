@@ -110,13 +110,19 @@ def unwrapped_methods(cls: type, names: Sequence[str]) -> dict[str, Callable]:
     return {name: inspect.unwrap(getattr(cls, name)) for name in names}
 
 
-def flash_attention_forward(*args: Any) -> tuple[Tensor, ...]:
+def flash_attention_forward(*args: Any, **kw: Any) -> tuple[Tensor, ...]:
     """`torch.ops.aten._flash_attention_forward`: the flash kernel itself, which takes fewer kv heads than query
     heads (no GQA-expanded copies of k and v), below autograd."""
-    return torch.ops.aten._flash_attention_forward(*args)
+    return torch.ops.aten._flash_attention_forward(*args, **kw)
 
 
-def flash_attention_backward(*args: Any) -> tuple[Tensor, ...]:
+def flash_attention_backward(*args: Any, **kw: Any) -> tuple[Tensor, ...]:
     """`torch.ops.aten._flash_attention_backward`: flash's backward from the saved log-sum-exp, below autograd (no
     forward recomputed, a group's key/value gradients summed by the kernel)."""
-    return torch.ops.aten._flash_attention_backward(*args)
+    return torch.ops.aten._flash_attention_backward(*args, **kw)
+
+
+def flash_window(window: int) -> dict[str, int]:
+    """Both flash ops' keyword arguments for a sliding window of `window` keys (a query at p sees p - window + 1 ..
+    p): none for 0 (causal over every key)."""
+    return {"window_size_left": window - 1, "window_size_right": 0} if window else {}

@@ -15,7 +15,7 @@ from torch import Tensor
 from monorl.ops import custom_op, use_triton
 from monorl.ops.attention.kernel import attention_triton, varlen_attention_triton
 from monorl.ops.tree_sum import tree_sum
-from monorl.speedups.private_apis import flash_attention_backward
+from monorl.speedups.private_apis import flash_attention_backward, flash_window
 
 
 def _attn_cpu_rows(q: Tensor, k: Tensor, v: Tensor, valid: Tensor) -> tuple[Tensor, Tensor]:
@@ -37,17 +37,23 @@ def _expand_kv(x: Tensor, g: int) -> Tensor:
     return x if g == 1 else x.repeat_interleave(g, dim=-2)
 
 
+def window_mask(L: int, window: int, device: torch.device | None = None) -> Tensor:
+    """bool [L, L]: query i sees key j (causal; with a window, i - window < j)."""
+    mask = torch.ones(L, L, dtype=torch.bool, device=device).tril()
+    return mask.triu(1 - window) if window else mask
+
+
 @custom_op("monorl::bi_varlen_attn", mutates_args=())
 def bi_varlen_attn(q: Tensor, k: Tensor, v: Tensor, cu_seqlens: Tensor, pad_index: Tensor,
-                   valid: Tensor) -> tuple[Tensor, Tensor]:
+                   valid: Tensor, window: int = 0) -> tuple[Tensor, Tensor]:
     """Causal attention of packed sequences (sequence s: tokens cu_seqlens[s] .. cu_seqlens[s+1] - 1). Returns the
     output and each row's log-sum-exp of its scaled scores (fp32 [Hq, T], flash attention's layout), which backward
     takes instead of recomputing the forward. `pad_index` / `valid` (the `VarlenContext`'s padded layout) are for
     backward, which must not read lengths on the host (it runs inside trainer CUDA graphs); valid's width is the
-    longest sequence."""
+    longest sequence. window: a query at position p sees keys p - window + 1 .. p (0: all up to p)."""
     lse = torch.empty(q.shape[1], q.shape[0], dtype=torch.float32, device=q.device)
     if use_triton(q):
-        return varlen_attention_triton(q, k, v, cu_seqlens, valid.shape[1], lse), lse
+        return varlen_attention_triton(q, k, v, cu_seqlens, valid.shape[1], lse, window), lse
     g = q.shape[1] // k.shape[1]
     out = torch.empty_like(q)
     cu = cu_seqlens.tolist()
@@ -56,7 +62,7 @@ def bi_varlen_attn(q: Tensor, k: Tensor, v: Tensor, cu_seqlens: Tensor, pad_inde
         if L == 0:  # a static pack's zero-length entry
             continue
         kk, vv = _expand_kv(k[a:b], g), _expand_kv(v[a:b], g)
-        valid = torch.ones(L, L, dtype=torch.bool).tril()
+        valid = window_mask(L, window)
         rows = max(1, (1 << 22) // max(1, L * kk[0].numel()))
         for s in range(0, L, rows):
             e = min(L, s + rows)
@@ -67,36 +73,39 @@ def bi_varlen_attn(q: Tensor, k: Tensor, v: Tensor, cu_seqlens: Tensor, pad_inde
 
 
 @bi_varlen_attn.register_fake
-def _(q: Tensor, k: Tensor, v: Tensor, cu_seqlens: Tensor, pad_index: Tensor, valid: Tensor) -> tuple[Tensor, Tensor]:
+def _(q: Tensor, k: Tensor, v: Tensor, cu_seqlens: Tensor, pad_index: Tensor, valid: Tensor,
+      window: int = 0) -> tuple[Tensor, Tensor]:
     return torch.empty_like(q), q.new_empty(q.shape[1], q.shape[0], dtype=torch.float32)
 
 
 @custom_op("monorl::bi_varlen_attn_backward", mutates_args=())
 def bi_varlen_attn_backward(grad: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor,
-                            cu_seqlens: Tensor, pad_index: Tensor, valid: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+                            cu_seqlens: Tensor, pad_index: Tensor, valid: Tensor,
+                            window: int = 0) -> tuple[Tensor, Tensor, Tensor]:
     """Gradients of causal varlen attention. Backward values need not be invariant (only forward log-probs must
     equal the generator's), so on CUDA in bf16/fp16 they are flash attention's, as in the default mode, from the
     forward's `out` and `lse`; elsewhere the textbook formulas. Device tensors only (no host sync), so it can be
     graph-captured."""
     if q.is_cuda and q.dtype in (torch.bfloat16, torch.float16):
-        return backward_flash(grad, q, k, v, out, lse, cu_seqlens, valid.shape[1])
-    return backward_padded(grad, q, k, v, pad_index, valid)
+        return backward_flash(grad, q, k, v, out, lse, cu_seqlens, valid.shape[1], window)
+    return backward_padded(grad, q, k, v, pad_index, valid, window)
 
 
 def backward_flash(grad: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor, cu_seqlens: Tensor,
-                   max_seqlen: int) -> tuple[Tensor, Tensor, Tensor]:
+                   max_seqlen: int, window: int = 0) -> tuple[Tensor, Tensor, Tensor]:
     """Flash attention's varlen gradients (the default mode's kernel) from the forward's output and log-sum-exp
     [Hq, T]: no forward recomputed for the softmax statistics, and no GQA-expanded keys and values (flash sums a
     group's key/value gradients itself). On a Qwen3-0.6B pack the padded textbook backward took 46% of an invariant
     trainer step (H200). The ATen op directly: this runs below autograd (inside a custom op)."""
     rng = torch.zeros(2, dtype=torch.uint64, device=q.device)  # no dropout: no RNG state to replay
     dq, dk, dv = flash_attention_backward(grad, q, k, v, out, lse, cu_seqlens, cu_seqlens, max_seqlen,
-                                                          max_seqlen, 0.0, True, rng, q.new_empty(0))
+                                                          max_seqlen, 0.0, True, rng, q.new_empty(0),
+                                                          **flash_window(window))
     return dq, dk, dv
 
 
 def backward_padded(grad: Tensor, q: Tensor, k: Tensor, v: Tensor, pad_index: Tensor,
-                    valid: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+                    valid: Tensor, window: int = 0) -> tuple[Tensor, Tensor, Tensor]:
     """The textbook formulas in the padded [B, H, L, L] layout, fp32 (CPU, and fp32 inputs)."""
     T, Hq, D = q.shape
     Hkv = k.shape[1]
@@ -112,8 +121,11 @@ def backward_padded(grad: Tensor, q: Tensor, k: Tensor, v: Tensor, pad_index: Te
     scale = D ** -0.5
     # key 0 stays visible to every row, so a zero-length entry (static packs pad with them) softmaxes to
     # finite values instead of NaN; its rows are dropped below
-    keys = valid | (torch.arange(L, device=q.device) == 0)
-    mask = torch.ones(L, L, dtype=torch.bool, device=q.device).tril()[None, None] & keys[:, None, None, :]
+    first = torch.arange(L, device=q.device) == 0
+    keys = valid | first
+    mask = window_mask(L, window, q.device)[None, None] & keys[:, None, None, :]
+    if window:  # a padding row may have no key in its window: it sees key 0 (its gradient is dropped)
+        mask = mask | (~valid[:, None, :, None] & first)
     p = torch.softmax((qp @ kp.transpose(-1, -2) * scale).masked_fill(~mask, float("-inf")), dim=-1)
     o = p @ vp
     dv = p.transpose(-1, -2) @ gp
@@ -134,48 +146,55 @@ def backward_padded(grad: Tensor, q: Tensor, k: Tensor, v: Tensor, pad_index: Te
 
 @bi_varlen_attn_backward.register_fake
 def _(grad: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor, cu_seqlens: Tensor, pad_index: Tensor,
-      valid: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+      valid: Tensor, window: int = 0) -> tuple[Tensor, Tensor, Tensor]:
     return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
 
 
 def _attn_setup(ctx, inputs, output) -> None:
-    q, k, v, cu_seqlens, pad_index, valid = inputs
+    q, k, v, cu_seqlens, pad_index, valid, *window = inputs
     ctx.save_for_backward(q, k, v, *output, cu_seqlens, pad_index, valid)
+    ctx.window = window[0] if window else 0
 
 
 def _attn_backward(ctx, grad: Tensor, grad_lse: Tensor | None) -> tuple[Tensor | None, ...]:
     # grad_lse: nothing differentiates the log-sum-exp (it is backward's input, not a model output)
     q, k, v, out, lse, cu_seqlens, pad_index, valid = ctx.saved_tensors
-    dq, dk, dv = bi_varlen_attn_backward(grad.contiguous(), q, k, v, out, lse, cu_seqlens, pad_index, valid)
-    return dq, dk, dv, None, None, None
+    dq, dk, dv = bi_varlen_attn_backward(grad.contiguous(), q, k, v, out, lse, cu_seqlens, pad_index, valid,
+                                         ctx.window)
+    return dq, dk, dv, None, None, None, None
 
 
 bi_varlen_attn.register_autograd(_attn_backward, setup_context=_attn_setup)
 
 
 @custom_op("monorl::bi_paged_decode", mutates_args=())
-def bi_paged_decode(q: Tensor, k_cache: Tensor, v_cache: Tensor, block_tables: Tensor, seq_lens: Tensor) -> Tensor:
-    """q [B, Hq, D] attends the first seq_lens[b] keys of its block table (caches [N, bs, Hkv, D])."""
+def bi_paged_decode(q: Tensor, k_cache: Tensor, v_cache: Tensor, block_tables: Tensor, seq_lens: Tensor,
+                    window: int = 0) -> Tensor:
+    """q [B, Hq, D] attends the first seq_lens[b] keys of its block table (caches [N, bs, Hkv, D]); with a window,
+    only the last `window` of them."""
     if use_triton(q):
-        return attention_triton(q, k_cache, v_cache, seq_lens.to(torch.int32), block_tables)
+        return attention_triton(q, k_cache, v_cache, seq_lens.to(torch.int32), block_tables, window=window)
     B, W = block_tables.shape
     bs, Hkv, D = k_cache.shape[1:]
     g = q.shape[1] // Hkv
     idx = block_tables.long()
     k = _expand_kv(k_cache[idx].view(B, W * bs, Hkv, D), g)
     v = _expand_kv(v_cache[idx].view(B, W * bs, Hkv, D), g)
-    valid = torch.arange(W * bs, device=q.device)[None, :] < seq_lens[:, None]
+    key = torch.arange(W * bs, device=q.device)[None, :]
+    valid = (key < seq_lens[:, None]) & (key >= seq_lens[:, None] - window if window else True)
     return _attn_cpu_rows(q, k.to(q.dtype), v.to(q.dtype), valid)[0]
 
 
 @bi_paged_decode.register_fake
-def _(q: Tensor, k_cache: Tensor, v_cache: Tensor, block_tables: Tensor, seq_lens: Tensor) -> Tensor:
+def _(q: Tensor, k_cache: Tensor, v_cache: Tensor, block_tables: Tensor, seq_lens: Tensor, window: int = 0) -> Tensor:
     return torch.empty_like(q)
 
 
-def varlen_attention(q: Tensor, k: Tensor, v: Tensor, cu_seqlens: Tensor, pad_index: Tensor, valid: Tensor) -> Tensor:
-    return bi_varlen_attn(q, k, v, cu_seqlens, pad_index, valid)[0]
+def varlen_attention(q: Tensor, k: Tensor, v: Tensor, cu_seqlens: Tensor, pad_index: Tensor, valid: Tensor,
+                     window: int = 0) -> Tensor:
+    return bi_varlen_attn(q, k, v, cu_seqlens, pad_index, valid, window)[0]
 
 
-def paged_decode(q: Tensor, k_cache: Tensor, v_cache: Tensor, block_tables: Tensor, seq_lens: Tensor) -> Tensor:
-    return bi_paged_decode(q, k_cache, v_cache, block_tables, seq_lens)
+def paged_decode(q: Tensor, k_cache: Tensor, v_cache: Tensor, block_tables: Tensor, seq_lens: Tensor,
+                 window: int = 0) -> Tensor:
+    return bi_paged_decode(q, k_cache, v_cache, block_tables, seq_lens, window)

@@ -34,7 +34,7 @@ if HAS_TRITON:
     @triton.jit
     def _attn_kernel(q_ptr, k_ptr, v_ptr, o_ptr, cu_ptr, lens_ptr, bt_ptr,
                      stride_qt, stride_qh, stride_kblk, stride_ktok, stride_kh, stride_btb,
-                     stride_ot, stride_oh, scale, tiles, part_ptr, ml_ptr, lse_ptr, stride_lse,
+                     stride_ot, stride_oh, scale, tiles, part_ptr, ml_ptr, lse_ptr, stride_lse, window,
                      PAGED: tl.constexpr, G: tl.constexpr, ROWS: tl.constexpr, TOKENS: tl.constexpr,
                      D: tl.constexpr, BS: tl.constexpr, BLOCK_N: tl.constexpr, SPLITS: tl.constexpr = 1,
                      STORE_LSE: tl.constexpr = False, PDL: tl.constexpr = False, CACHED: tl.constexpr = False):
@@ -49,6 +49,9 @@ if HAS_TRITON:
         # attention's backward takes, so that backward need not recompute them. CACHED (paged): program = tile
         # `pid % tiles` of sequence `pid // tiles`'s new tokens (cu_ptr: their cu_seqlens; lens_ptr: its keys'
         # cu_seqlens, cached and new), read through its block table row; its token i sees keys 0..its position.
+        # window > 0 (a sliding-window layer): a row at position p sees keys p - window + 1 .. p only, and the
+        # program walks from the key block holding its first token's first key (blocks before it are never read,
+        # so a window kind may hand them back); a row whose first blocks are all masked keeps its empty state.
         pid = tl.program_id(0)
         hk = tl.program_id(1)
         rows = tl.arange(0, ROWS)
@@ -69,6 +72,7 @@ if HAS_TRITON:
                 qrow = qstart + tl.minimum(tok, nq - 1)
                 lim = n - nq + tok + 1
                 kv_end = n - tl.maximum(nq - t0 - TOKENS, 0)  # min(n, the tile's last position + 1)
+                first = n - nq + t0 + 1 - window
             else:
                 row = pid
                 n = tl.load(lens_ptr + pid)
@@ -76,11 +80,14 @@ if HAS_TRITON:
                 lim = n + 0 * i  # keys visible to each row
                 rmask = i < TOKENS
                 kv_end = n
+                first = n - window
             kbase = 0
             kv_start = 0
+            if window > 0:
+                kv_start = tl.maximum(first, 0) // BLOCK_N * BLOCK_N
             if SPLITS > 1:
-                chunk = tl.cdiv(tl.cdiv(n, SPLITS), BLOCK_N) * BLOCK_N
-                kv_start = tl.program_id(2) * chunk
+                chunk = tl.cdiv(tl.cdiv(n - kv_start, SPLITS), BLOCK_N) * BLOCK_N
+                kv_start = kv_start + tl.program_id(2) * chunk
                 kv_end = tl.minimum(n, kv_start + chunk)
         else:
             seq = pid // tiles
@@ -96,12 +103,15 @@ if HAS_TRITON:
             kv_end = n - tl.maximum(n - t0 - TOKENS, 0)  # min(n, t0 + TOKENS)
             kbase = start.to(tl.int64)
             kv_start = 0
+            if window > 0:
+                kv_start = tl.maximum(t0 + 1 - window, 0) // BLOCK_N * BLOCK_N
         hq = hk * G + rows % G
         q = tl.load(q_ptr + qrow[:, None].to(tl.int64) * stride_qt + hq[:, None] * stride_qh + offs_d[None, :],
                     mask=rmask[:, None], other=0.0)
         m_i = tl.full([ROWS], float("-inf"), dtype=tl.float32)
         l_i = tl.zeros([ROWS], dtype=tl.float32)
         acc = tl.zeros([ROWS, D], dtype=tl.float32)
+        lo = lim - window  # each row's first visible key, with a window
         if PAGED:  # each key block's cache blocks are read from the table one block ahead: the key and value
             # loads then wait for no table load of their own
             table = bt_ptr + row * stride_btb
@@ -117,10 +127,13 @@ if HAS_TRITON:
                 off = (kbase + key) * stride_ktok + hk * stride_kh
             k = tl.load(k_ptr + off[:, None] + offs_d[None, :], mask=nmask[:, None], other=0.0)
             s = tl.dot(q, tl.trans(k)) * scale
-            s = tl.where(key[None, :] < lim[:, None], s, float("-inf"))
+            seen = (key[None, :] < lim[:, None]) & ((key[None, :] >= lo[:, None]) | (window == 0))
+            s = tl.where(seen, s, float("-inf"))
             m_new = tl.maximum(m_i, tl.max(s, 1))
-            p = tl.exp(s - m_new[:, None])
-            alpha = tl.exp(m_i - m_new)
+            # a row with no visible key yet (a window's start) keeps m = -inf: subtract 0 there, not -inf (NaN)
+            m_sub = tl.where(m_new == float("-inf"), 0.0, m_new)
+            p = tl.exp(s - m_sub[:, None])
+            alpha = tl.exp(m_i - m_sub)
             l_i = l_i * alpha + tl.sum(p, 1)
             v = tl.load(v_ptr + off[:, None] + offs_d[None, :], mask=nmask[:, None], other=0.0)
             acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
@@ -179,11 +192,12 @@ def _tile(Hq: int, Hkv: int, chip: str) -> tuple[int, int, int]:
 
 
 def attention_triton(q: Tensor, k_cache: Tensor, v_cache: Tensor, lens: Tensor, block_tables: Tensor,
-                     splits: int = 1, block_n: int | None = None) -> Tensor:
+                     splits: int = 1, block_n: int | None = None, window: int = 0) -> Tensor:
     """Paged decode: q [R, Hq, D] (one token per sequence) attends the first lens[r] keys of row r's block table (caches
     [N, BS, Hkv, D]), in key blocks of block_n (default `attention.block_n`). splits > 1 (a power of two): each row's
     keys are walked in that many parts by separate programs and merged after (`decode_splits`), which fills the GPU when
-    rows are few; the sums then round differently, so the batch-invariant ops keep 1 (and the varlen path's block_n)."""
+    rows are few; the sums then round differently, so the batch-invariant ops keep 1 (and the varlen path's block_n).
+    window > 0: only each row's last `window` keys (a sliding-window layer), the key blocks before them unread."""
     R, Hq, D = q.shape
     Hkv = k_cache.shape[-2]
     chip = chip_for(q)
@@ -199,7 +213,7 @@ def attention_triton(q: Tensor, k_cache: Tensor, v_cache: Tensor, lens: Tensor, 
     _attn_kernel[(R, Hkv, splits)](
         q, k_cache, v_cache, out, lens, lens, block_tables,
         q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), block_tables.stride(0),
-        out.stride(0), out.stride(1), D ** -0.5, 1, part, ml, out, 0,
+        out.stride(0), out.stride(1), D ** -0.5, 1, part, ml, out, 0, window,
         PAGED=True, G=G, ROWS=rows, TOKENS=1, D=D, BS=k_cache.shape[1],
         BLOCK_N=block_n or tuned("attention.block_n", chip), SPLITS=splits, num_warps=tuned("attention.warps", chip),
         **pdl_launch(q))
@@ -210,13 +224,14 @@ def attention_triton(q: Tensor, k_cache: Tensor, v_cache: Tensor, lens: Tensor, 
 
 
 def cached_attention_triton(q: Tensor, k_cache: Tensor, v_cache: Tensor, cu_seqlens_q: Tensor, cu_seqlens_k: Tensor,
-                            block_tables: Tensor, max_q: int) -> Tensor:
+                            block_tables: Tensor, max_q: int, window: int = 0) -> Tensor:
     """New tokens over their sequences' cached keys (an episode's next turn), read through the block tables: q [T, Hq,
     D] packed by cu_seqlens_q; sequence s's keys are positions 0..len_k - 1 of block_tables[s] (caches [N, BS, Hkv, D],
     the new tokens' k/v written already), its len_q queries the last of them, each seeing keys up to its own position.
     No key is gathered or copied: a program holds `attention.cached_rows` query rows (the G heads of consecutive new
     tokens of one sequence) and walks that sequence's keys once. Not batch-invariant (the invariant mode runs the
-    paged-decode rows: `CachedPrefillContext.decode_rows`). max_q: at least the longest len_q (the grid's tiles)."""
+    paged-decode rows: `CachedPrefillContext.decode_rows`). max_q: at least the longest len_q (the grid's tiles).
+    window: as `attention_triton`'s."""
     T, Hq, D = q.shape
     Hkv = k_cache.shape[-2]
     chip = chip_for(q)
@@ -231,18 +246,18 @@ def cached_attention_triton(q: Tensor, k_cache: Tensor, v_cache: Tensor, cu_seql
     _attn_kernel[((cu_seqlens_q.shape[0] - 1) * tiles, Hkv)](
         q, k_cache, v_cache, out, cu_seqlens_q, cu_seqlens_k, block_tables,
         q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), block_tables.stride(0),
-        out.stride(0), out.stride(1), D ** -0.5, tiles, out, out, out, 0,
+        out.stride(0), out.stride(1), D ** -0.5, tiles, out, out, out, 0, window,
         PAGED=True, CACHED=True, G=G, ROWS=rows, TOKENS=tokens, D=D, BS=k_cache.shape[1],
         BLOCK_N=tuned("attention.block_n", chip), num_warps=tuned("attention.cached_warps", chip), **pdl_launch(q))
     return out
 
 
 def varlen_attention_triton(q: Tensor, k: Tensor, v: Tensor, cu_seqlens: Tensor, max_seqlen: int,
-                            lse: Tensor | None = None) -> Tensor:
+                            lse: Tensor | None = None, window: int = 0) -> Tensor:
     """Causal attention of packed sequences: q [T, Hq, D], k/v [T, Hkv, D]; sequence s is tokens
     cu_seqlens[s] .. cu_seqlens[s+1] - 1 (int32, on the device: no host read), none longer than max_seqlen.
     lse (fp32 [Hq, T], optional): filled with each row's log-sum-exp of its scaled scores, flash attention's
-    layout; the outputs are the same with or without it."""
+    layout; the outputs are the same with or without it. window: as `attention_triton`'s."""
     T, Hq, D = q.shape
     Hkv = k.shape[1]
     chip = chip_for(q)
@@ -257,7 +272,7 @@ def varlen_attention_triton(q: Tensor, k: Tensor, v: Tensor, cu_seqlens: Tensor,
     _attn_kernel[((cu_seqlens.shape[0] - 1) * tiles, Hkv)](
         q, k, v, out, cu_seqlens, cu_seqlens, cu_seqlens,
         q.stride(0), q.stride(1), 0, k.stride(0), k.stride(1), 0, out.stride(0), out.stride(1), D ** -0.5, tiles,
-        out, out, out if lse is None else lse, 0 if lse is None else lse.stride(0),
+        out, out, out if lse is None else lse, 0 if lse is None else lse.stride(0), window,
         PAGED=False, G=G, ROWS=rows, TOKENS=tokens, D=D, BS=1, BLOCK_N=tuned("attention.block_n", chip),
         STORE_LSE=lse is not None, num_warps=tuned("attention.warps", chip), **pdl_launch(q))
     return out

@@ -1,0 +1,104 @@
+"""Gemma 3's decoder layer (transformers' Gemma3DecoderLayer, text only), registered in
+`monorl.model.decoder.FAMILY_BLOCKS` for model_type "gemma3_text".
+
+What differs from the Llama-shaped `TransformerBlock`: a norm before *and after* attention and the MLP (four per
+layer), each a (1 + w) RMSNorm (`OffsetRMSNorm`: weights stored as HF stores them, 0 meaning the identity scale;
+normalise and scale in fp32, then cast), a q/k norm of the same kind, GeGLU with tanh GELU, attention scores scaled
+by `query_pre_attn_scalar ** -0.5`, and on "sliding_attention" layers a window of `sliding_window` keys with a RoPE
+base of their own (`ModelConfig.rope_kind`). The embedding is scaled by sqrt(hidden_size) in the activations' dtype
+(`embed_scale`, read by `DecoderForCausalLM`), and the final norm is a `OffsetRMSNorm` too (`final_norm`).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from monorl.model.attention import AttentionContext
+from monorl.model.config import ModelConfig
+from monorl.model.layers import Linear, OffsetRMSNorm
+from monorl.ops.rope import apply_rope
+
+
+class Gemma3Attention(nn.Module):
+    """GQA attention with a (1 + w) q/k norm; a sliding layer attends its last `window` keys."""
+
+    def __init__(self, cfg: ModelConfig, layer_index: int, fused: bool = False) -> None:
+        super().__init__()
+        self.num_heads, self.num_kv_heads, self.head_dim = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+        self.fused = fused
+        self.sizes = (cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim)
+        if fused:  # the generator's copy: q/k/v as one projection (`monorl.distributed.weight_sync.PACKED_MODULES`)
+            self.qkv_proj = Linear(cfg.hidden_size, sum(self.sizes), bias=cfg.qkv_bias)
+        else:
+            self.q_proj = Linear(cfg.hidden_size, self.sizes[0], bias=cfg.qkv_bias)
+            self.k_proj = Linear(cfg.hidden_size, self.sizes[1], bias=cfg.qkv_bias)
+            self.v_proj = Linear(cfg.hidden_size, self.sizes[2], bias=cfg.qkv_bias)
+        self.o_proj = Linear(cfg.num_heads * cfg.head_dim, cfg.hidden_size, bias=cfg.o_bias)
+        self.q_norm = OffsetRMSNorm(cfg.head_dim, cfg.rms_norm_eps)
+        self.k_norm = OffsetRMSNorm(cfg.head_dim, cfg.rms_norm_eps)
+        self.window = cfg.sliding_window if cfg.layer_type(layer_index) == "sliding_attention" else 0
+        # every context scales scores by head_dim ** -0.5: q is scaled by the rest of query_pre_attn_scalar ** -0.5
+        # (exactly 1, so nothing, where they are equal: every released Gemma 3 but 27B)
+        scalar = cfg.query_pre_attn_scalar or cfg.head_dim
+        self.q_scale = 1.0 if scalar == cfg.head_dim else math.sqrt(cfg.head_dim / scalar)
+
+    def forward(self, x: Tensor, cos: Tensor, sin: Tensor, ctx: AttentionContext, cache: Any) -> Tensor:
+        T = x.shape[0]
+        if self.fused:
+            q, k, v = self.qkv_proj(x).split(self.sizes, dim=-1)
+        else:
+            q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
+        q = self.q_norm(q.view(T, self.num_heads, self.head_dim))
+        k = self.k_norm(k.view(T, self.num_kv_heads, self.head_dim))
+        v = v.view(T, self.num_kv_heads, self.head_dim)
+        q, k = apply_rope(q, cos, sin).to(v.dtype), apply_rope(k, cos, sin).to(v.dtype)
+        if self.q_scale != 1.0:
+            q = q * self.q_scale
+        o = ctx.attend(q, k, v, cache, window=self.window)
+        return self.o_proj(o.flatten(1))
+
+
+class Gemma3MLP(nn.Module):
+    """GeGLU: down(gelu_tanh(gate(x)) * up(x))."""
+
+    def __init__(self, cfg: ModelConfig, fused: bool = False) -> None:
+        super().__init__()
+        self.fused, self.intermediate_size = fused, cfg.intermediate_size
+        if fused:
+            self.gate_up_proj = Linear(cfg.hidden_size, 2 * cfg.intermediate_size, bias=False)
+        else:
+            self.gate_proj = Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
+            self.up_proj = Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
+        self.down_proj = Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
+
+    def forward(self, x: Tensor) -> Tensor:
+        if self.fused:
+            gate, up = self.gate_up_proj(x).split([self.intermediate_size, self.intermediate_size], dim=-1)
+        else:
+            gate, up = self.gate_proj(x), self.up_proj(x)
+        return self.down_proj(F.gelu(gate, approximate="tanh") * up)
+
+
+class Gemma3Block(nn.Module):
+    """One Gemma 3 decoder layer: x + post_norm(attn(pre_norm(x))), then the same around the MLP."""
+
+    final_norm = OffsetRMSNorm  # the model's final norm (`monorl.model.decoder.Qwen3Model`)
+    embed_scale = True  # embeddings times sqrt(hidden_size), in their dtype (`DecoderForCausalLM.forward`)
+
+    def __init__(self, cfg: ModelConfig, layer_index: int, fused: bool = False) -> None:
+        super().__init__()
+        self.self_attn = Gemma3Attention(cfg, layer_index, fused)
+        self.mlp = Gemma3MLP(cfg, fused)
+        eps = cfg.rms_norm_eps
+        self.input_layernorm = OffsetRMSNorm(cfg.hidden_size, eps)
+        self.post_attention_layernorm = OffsetRMSNorm(cfg.hidden_size, eps)
+        self.pre_feedforward_layernorm = OffsetRMSNorm(cfg.hidden_size, eps)
+        self.post_feedforward_layernorm = OffsetRMSNorm(cfg.hidden_size, eps)
+
+    def forward(self, x: Tensor, cos: Tensor, sin: Tensor, ctx: AttentionContext, cache: Any = None) -> Tensor:
+        x = x + self.post_attention_layernorm(self.self_attn(self.input_layernorm(x), cos, sin, ctx, cache))
+        return x + self.post_feedforward_layernorm(self.mlp(self.pre_feedforward_layernorm(x)))

@@ -224,6 +224,8 @@ class Cache:
         self._hook("size_rows", None if max_num_seqs is None else sequence_rows(max_num_seqs))
         for kind in self.kinds:
             kind.allocate(num_blocks, block_size, device, dtype)
+        # whether a prefill may be a CUDA graph (a kind whose prefill reads its sequences' bounds on the host: no)
+        self.prefill_graphs = all(getattr(k, "prefill_graphs", True) for k in self.kinds)
         by_layer = {i: kind for kind in self.kinds for i in kind.layer_ids}
         self.layers = [by_layer[i].layer_state(i) for i in range(cfg.num_layers)]  # what the model is handed
         self.blocks = BlockPool(num_blocks)

@@ -42,6 +42,9 @@ KIND = "recurrent"  # its key in SequenceState.kind_state
 
 
 class RecurrentState:
+    # its prefills are never CUDA graphs: the chunked rule (fla's and the reference) reads cu_seqlens on the host
+    prefill_graphs = False
+
     def __init__(self, cfg: ModelConfig, layer_ids: list[int]) -> None:
         self.cfg, self.layer_ids = cfg, layer_ids
         self.conv_dim = 2 * cfg.linear_num_key_heads * cfg.linear_key_head_dim + (

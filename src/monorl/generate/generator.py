@@ -39,7 +39,7 @@ from monorl.generate.sampling import SamplingParams, sample
 from monorl.generate.tensor_parallel import NO_TP, TensorParallel, build_tensor_parallel_model, shard_config
 from monorl.model.batch_invariant import is_batch_invariant
 from monorl.model.decoder import DecoderForCausalLM, build_model
-from monorl.model.fused_kernels import use_fused_kernels_
+from monorl.model.fused_kernels import fused_kernels_supported, use_fused_kernels_
 from monorl.model.lora import LoRAConfig, apply_lora_
 from monorl.model.tokenizer import eos_ids
 
@@ -118,7 +118,8 @@ class Generator:
         self.eos_token_ids = eos_ids(tokenizer, cfg) if eos_token_ids is None else tuple(int(t) for t in eos_token_ids)
         self.max_model_len = config.max_model_len or cfg.max_position_embeddings
         self.decode_backend = "triton" if triton_decode_supported(device, dtype, cfg.head_dim) else "torch"
-        kernels = config.fused_kernels and self.decode_backend == "triton" and fused and lora is None
+        kernels = (config.fused_kernels and self.decode_backend == "triton" and fused and lora is None
+                   and fused_kernels_supported(self.model))  # (not a family with its own decoder layer)
         if kernels:
             use_fused_kernels_(self.model)
         sampler = sample if config.fused_kernels else functools.partial(sample, kernels=False)

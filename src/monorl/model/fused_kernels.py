@@ -27,7 +27,7 @@ from torch import Tensor, nn
 
 from monorl.model.attention import AttentionContext
 from monorl.model.blocks import MLP, Attention, TransformerBlock
-from monorl.model.decoder import DecoderForCausalLM
+from monorl.model.decoder import FAMILY_BLOCKS, DecoderForCausalLM
 from monorl.model.layers import Linear, RMSNorm
 from monorl.model.rope import rope
 from monorl.ops import block_kernels, decode_gemm, matmul_invariant, rmsnorm_invariant
@@ -138,9 +138,10 @@ FUSED_KERNEL_CLASSES = tuple(_CONVERTED.values())
 
 
 def fused_kernels_supported(model: DecoderForCausalLM) -> bool:
-    """The q/k kernel's shape limit: a power-of-two head_dim >= 16."""
+    """The q/k kernel's shape limit: a power-of-two head_dim >= 16; and a family whose decoder layer is its own
+    (`FAMILY_BLOCKS`: Qwen3.5's) has no fused-kernel form."""
     head_dim = model.config.head_dim
-    return head_dim >= 16 and not head_dim & (head_dim - 1)
+    return head_dim >= 16 and not head_dim & (head_dim - 1) and model.config.model_type not in FAMILY_BLOCKS
 
 
 def use_fused_kernels_(model: DecoderForCausalLM) -> DecoderForCausalLM:

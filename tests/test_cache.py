@@ -36,7 +36,7 @@ def test_kv_sizing_asks_each_kind(model, monkeypatch):
     assert kv_cache_bytes_needed(cfg, 3, 20, 8, dtype) == (3 * blocks_for(20, 8) + 1) * per_block
     monkeypatch.setattr(cache_mod, "cache_kinds", lambda c: [PagedKV(c, list(range(c.num_layers))),
                                                              RecurrentState(c, [])])
-    assert kv_cache_bytes_needed(cfg, 3, 20, 8, dtype) == (3 * blocks_for(20, 8) + 1) * per_block + 3 * 1000
+    assert kv_cache_bytes_needed(cfg, 3, 20, 8, dtype) == (3 * blocks_for(20, 8) + 1) * per_block + (2 * 3 + 1) * 1000
 
 
 def test_sequence_operations_keep_refcounts(model):

@@ -78,21 +78,63 @@ def test_episode_turns_continue_the_kept_state(model, stop_check_interval):
                                        atol=1e-4)
     assert gen.cache.blocks.num_free() == free
     kind = next(k for k in gen.cache.kinds if isinstance(k, RecurrentState))
-    assert len(kind.free_rows) == gen.cache.num_blocks and not kind.prefix_rows  # every row back
+    assert len(kind.free_rows) == kind.rows - 1 and not kind.prefix_rows  # every row back
+
+
+def test_rows_run_out_before_blocks_preempt_paused_episodes(model):
+    """max_num_seqs=1: 3 state rows (one scratch) for 6 episodes pausing at each turn, blocks to spare. A turn that
+    finds no row free preempts a paused episode (recomputed later, as for blocks), and every turn still equals
+    the conversation prefilled anew."""
+    gen = generator(model, max_num_seqs=1, kv_cache_bytes=1 << 22)
+    kind = next(k for k in gen.cache.kinds if isinstance(k, RecurrentState))
+    assert kind.rows == 3 and gen.cache.blocks.usable_blocks > 6 * 16  # the rows, not the blocks, bind
+    engine = Engine(gen, max_tokens=100)
+    prompts, inserts = scripted(1, list(range(6)), HYBRID.vocab_size)
+    sp = SamplingParams(max_new_tokens=5, temperature=0.9, seed=2, stop_token_ids=tuple(range(2, 14)))
+
+    def environment(ep: Request, ev: TurnEvent) -> list[int] | None:
+        return inserts[ep.id][ev.turn] if ev.turn < len(inserts[ep.id]) else None
+
+    done = run_episodes(engine, prompts, sp, environment)
+    assert engine.preemptions > 0
+    for ep in done.values():
+        starts = turn_starts(ep)
+        for t, s in enumerate(starts[1:], start=1):
+            end = starts[t + 1] - len(inserts[ep.id][t]) if t + 1 < len(starts) else len(ep.tokens)
+            ref = reprefilled_turn(engine, ep, s, sp)
+            assert ref.token_ids == ep.tokens[s:end], (ep.id, t)
+    assert len(kind.free_rows) == kind.rows - 1
+
+
+def test_allocated_bytes_are_the_planned_bytes(model):
+    """The generator's default cache (the plan's KV row, `kv_cache_bytes_needed`) allocates exactly what the plan
+    counts, and a larger budget buys blocks, not state rows."""
+    gen = generator(model, max_num_seqs=3)
+    assert gen.cache.allocated_bytes() == gen.kv_bytes_needed()
+    assert gen.kv_bytes_needed() == kv_cache_bytes_needed(HYBRID, 3, 128, 8, torch.float32)
+    big = generator(model, max_num_seqs=3, kv_cache_bytes=4 * gen.kv_bytes_needed())
+    assert big.cache.num_blocks > 3 * gen.cache.num_blocks
+    assert [k.rows for k in big.cache.kinds if isinstance(k, RecurrentState)] == [2 * 3 + 1]
+    assert big.cache.allocated_bytes() <= 4 * gen.kv_bytes_needed()
 
 
 def test_sizing_counts_state_rows():
     per_seq = RecurrentState(HYBRID, [0, 2, 3]).bytes_per_sequence(torch.float32)
     conv_dim = 2 * 2 * 8 + 4 * 8
-    assert per_seq == 3 * (3 * conv_dim * 4 + 4 * 8 * 8 * 4)
+    assert per_seq == 3 * (3 * conv_dim * 4 + 4 * 8 * 8 * 4) + 8
+    per_seq -= 8
     paged_only = HYBRID.replace(layer_types=("full_attention",) * 4, linear_conv_kernel_dim=0)
     base = kv_cache_bytes_needed(paged_only, 4, 64, 8, torch.float32)
     with_rows = kv_cache_bytes_needed(HYBRID, 4, 64, 8, torch.float32)
-    assert with_rows == base // 4 + 4 * per_seq + 0  # one full-attention layer of four, plus four rows
+    blocks = 4 * 8 + 1
+    # one full-attention layer of four, each block's row-map entry, 2 x 4 + 1 rows (each with its `covered` count)
+    assert with_rows == base // 4 + blocks * 8 + 9 * (per_seq + 8)
 
 
 def test_rows_follow_sequences():
-    cache = Cache(HYBRID, 9, 8, torch.device("cpu"), torch.float32)
+    with pytest.raises(ValueError, match="needs max_num_seqs"):
+        Cache(HYBRID, 9, 8, torch.device("cpu"), torch.float32)
+    cache = Cache(HYBRID, 9, 8, torch.device("cpu"), torch.float32, max_num_seqs=2)
     kind = next(k for k in cache.kinds if isinstance(k, RecurrentState))
     from monorl.generate.cache import SequenceState
 
@@ -109,4 +151,4 @@ def test_rows_follow_sequences():
     assert not a.table and KIND not in a.kind_state  # it does not: freed, to be recomputed
     cache.free(b)
     cache.release_prefix(prefix)
-    assert len(kind.free_rows) == 9
+    assert len(kind.free_rows) == 4 and cache.can_extend(1, 4) and not cache.can_extend(1, 5)

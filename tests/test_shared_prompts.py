@@ -63,12 +63,16 @@ def test_a_shared_pack_holds_each_prompt_once():
     assert torch.equal(shared.input_ids[shared.logit_index], whole.input_ids[whole.logit_index])
 
 
+@pytest.mark.parametrize("hybrid", [False, True])
 @pytest.mark.parametrize("invariant", [False, True])
-def test_shared_logprobs_and_gradients_equal_the_unshared(invariant):
+def test_shared_logprobs_and_gradients_equal_the_unshared(invariant, hybrid):
     """Dynamic and static packs; batch-invariant: log-probs bit for bit (every op is row-local or sees the same
-    keys in the same order); default: to fp32 rounding. Gradients of a weighted sum to fp32 rounding."""
+    keys in the same order); default: to fp32 rounding. Gradients of a weighted sum to fp32 rounding. Hybrid: a
+    Qwen3.5 tiny model, whose Gated DeltaNet layers see each sequence whole too."""
+    from tests.test_recurrent_state import HYBRID
+
     torch.manual_seed(0)
-    model = build_model(model_shape("tiny"), seed=1)
+    model = build_model(HYBRID, seed=None).init_weights(1) if hybrid else build_model(model_shape("tiny"), seed=1)
     if invariant:
         make_batch_invariant_(model)
     seqs = _groups([4, 3], [9, 5], seed=1)

@@ -31,7 +31,7 @@ import torch
 
 from monorl.distributed.fsdp import GATHER_BUCKET_BYTES
 from monorl.distributed.placement import role_share
-from monorl.generate.cache import bytes_per_block, kv_cache_bytes_needed
+from monorl.generate.cache import bytes_per_block, bytes_per_sequence, kv_cache_bytes_needed, sequence_rows
 from monorl.generate.tensor_parallel import check_tensor_parallel, shard_config
 from monorl.model.config import ModelConfig
 from monorl.model.pack_layout import bucket_size
@@ -277,7 +277,8 @@ def step_kv_need(cfg: RunConfig, m: ModelConfig, max_prompt_tokens: int, ranks: 
     r = cfg.rollout
     seqs = min(cfg.generator.max_num_seqs, -(-r.prompts_per_step // ranks) * r.group_size)
     length = max_prompt_tokens + r.max_new_tokens
-    return seqs, length, kv_cache_bytes_needed(m, seqs, length, cfg.generator.block_size, dtype)
+    return seqs, length, kv_cache_bytes_needed(m, seqs, length, cfg.generator.block_size, dtype,
+                                               rows_for=cfg.generator.max_num_seqs)
 
 
 def _kv_to_room_(plan: MemoryPlan, cfg: RunConfig, m: ModelConfig, max_prompt_tokens: int, ranks: int,
@@ -291,7 +292,8 @@ def _kv_to_room_(plan: MemoryPlan, cfg: RunConfig, m: ModelConfig, max_prompt_to
     seqs, length, least = step_kv_need(cfg, m, max_prompt_tokens, ranks, dtype)
     room = plan.device_bytes - plan.reserve_bytes - (plan.peak_bytes - row.bytes)
     per_block = bytes_per_block(m, cfg.generator.block_size, dtype)
-    size = min(row.bytes, max(least, room // per_block * per_block))
+    rows = sequence_rows(cfg.generator.max_num_seqs) * bytes_per_sequence(m, dtype)  # whatever the blocks
+    size = min(row.bytes, max(least, rows + max(0, room - rows) // per_block * per_block))
     if size >= row.bytes:
         return
     what = "one step's rollouts, the least a run takes" if size <= least else "what is left of the GPU"

@@ -72,13 +72,14 @@ class Admission:
                 own = reserve - full
                 cost = n if g.blocks is None else 0
                 need = own + (cache.blocks_needed(n) if g.blocks is None else 0)
+                rows = 1 + (g.blocks is None)  # its sequence row (a recurrent kind's), and its prompt's
             elif not req.cache.table:  # preempted: its whole conversation
-                cost, need = n, reserve
+                cost, need, rows = n, reserve, 1
             else:  # resumed: its appended tokens
-                cost, need = n - req.cache.cached, reserve - len(req.cache.table)
+                cost, need, rows = n - req.cache.cached, reserve - len(req.cache.table), 0
             if cost and budget and budget + cost > cfg.max_prefill_tokens:
                 break
-            if not self._make_room(need, req):
+            if not self._make_room(need, req, rows):
                 break
             if g is not None:
                 if g.blocks is None:
@@ -153,9 +154,9 @@ class Admission:
         tok, lp = self.runner.sample_fn(logits, keys, positions, admitted[0].sampling, self.gen.model.token_logprobs)
         return tok[:len(admitted)].tolist(), lp[:len(admitted)].tolist()
 
-    def _make_room(self, need: int, keep: Request) -> bool:
-        """Free `need` blocks for a turn if they are not: preempt paused requests, the most recently paused first, then
-        the queued ones behind it (the queue's last first); never `keep`."""
+    def _make_room(self, need: int, keep: Request, rows: int = 0) -> bool:
+        """Free `need` blocks (and `rows` sequence rows) for a turn if they are not: preempt paused requests, the most
+        recently paused first, then the queued ones behind it (the queue's last first); never `keep`."""
         cache = self.cache
         victims = sorted((r for r in self.requests.values() if r.state == "paused" and r.cache.table),
                          key=lambda r: -r.paused_at)
@@ -163,8 +164,8 @@ class Admission:
         for victim in victims:
             if victim is keep:
                 continue
-            if cache.can_extend(need):
+            if cache.can_extend(need, rows):
                 break
             cache.free(victim.cache)
             self.preemptions += 1
-        return cache.can_extend(need)
+        return cache.can_extend(need, rows)

@@ -71,6 +71,10 @@ class LayerCache(Protocol):
         """Allocate this kind's storage for `num_blocks` blocks."""
         ...
 
+    def allocated_bytes(self) -> int:
+        """Bytes of this kind's storage as allocated (what the memory plan must have counted)."""
+        ...
+
     def layer_state(self, layer: int) -> Tensor:
         """What layer `layer`'s attention context is handed as `cache`."""
         ...
@@ -98,6 +102,9 @@ class PagedKV:
         cfg = self.cfg
         self.kv = torch.zeros(len(self.layer_ids), 2, num_blocks, block_size, cfg.num_kv_heads, cfg.head_dim,
                               device=device, dtype=dtype)
+
+    def allocated_bytes(self) -> int:
+        return 0 if self.kv is None else self.kv.numel() * self.kv.element_size()
 
     def layer_state(self, layer: int) -> Tensor:
         # one view per layer, [2, blocks, block_size, kv_heads, head_dim]: a single tensor (not a k/v pair of views
@@ -135,12 +142,33 @@ def bytes_per_block(cfg: ModelConfig, block_size: int, dtype: torch.dtype) -> in
     return sum(k.bytes_per_block(block_size, dtype) for k in cache_kinds(cfg))
 
 
+def sequence_rows(max_num_seqs: int) -> int:
+    """The per-sequence rows a cache holds (a recurrent kind's states), scratch row included: the decode slots'
+    sequences, and as many again for paused episodes and prompt groups' prompt rows (a round's groups hold one
+    each while their samples take slots). A turn that finds none free preempts paused requests, as for blocks
+    (`Cache.can_extend`)."""
+    return 2 * max_num_seqs + 1
+
+
+def bytes_per_sequence(cfg: ModelConfig, dtype: torch.dtype) -> int:
+    """What one sequence row costs over every layer kind of `cfg` (0 without per-sequence state)."""
+    return sum(k.bytes_per_sequence(dtype) for k in cache_kinds(cfg))
+
+
+def blocks_in_budget(cfg: ModelConfig, budget: int, max_num_seqs: int, block_size: int, dtype: torch.dtype) -> int:
+    """The blocks `budget` bytes hold once the cache's `sequence_rows(max_num_seqs)` rows are set aside."""
+    rows = sequence_rows(max_num_seqs) * bytes_per_sequence(cfg, dtype)
+    return max(0, budget - rows) // bytes_per_block(cfg, block_size, dtype)
+
+
 def kv_cache_bytes_needed(cfg: ModelConfig, max_num_seqs: int, max_model_len: int, block_size: int,
-                          dtype: torch.dtype) -> int:
+                          dtype: torch.dtype, rows_for: int | None = None) -> int:
     """What `max_num_seqs` sequences of `max_model_len` tokens need, plus the scratch block (the generator's
-    default budget, and the memory plan's KV row): each kind's per-block and per-sequence bytes."""
+    default budget, and the memory plan's KV row): each kind's per-block bytes, and its per-sequence bytes times
+    `sequence_rows(rows_for)` (the generator's `max_num_seqs`, default this one's): what `Cache` allocates."""
     blocks = max_num_seqs * blocks_for(max_model_len, block_size) + 1
-    return sum(blocks * k.bytes_per_block(block_size, dtype) + max_num_seqs * k.bytes_per_sequence(dtype)
+    rows = sequence_rows(max_num_seqs if rows_for is None else rows_for)
+    return sum(blocks * k.bytes_per_block(block_size, dtype) + rows * k.bytes_per_sequence(dtype)
                for k in cache_kinds(cfg))
 
 
@@ -200,13 +228,17 @@ class Cache:
     operation of the engine."""
 
     def __init__(self, cfg: ModelConfig, num_blocks: int, block_size: int, device: torch.device,
-                 dtype: torch.dtype) -> None:
+                 dtype: torch.dtype, max_num_seqs: int | None = None) -> None:
         if num_blocks < 2:
             raise ValueError(f"KV cache budget too small: {num_blocks} blocks (need >= 2)")
         self.block_size, self.num_blocks, self.device, self.dtype = block_size, num_blocks, device, dtype
         self.kinds = cache_kinds(cfg)
+        # a kind with per-sequence rows sizes them by the decode slots (`sequence_rows`), not by the blocks
+        self._hook("size_rows", None if max_num_seqs is None else sequence_rows(max_num_seqs))
         for kind in self.kinds:
             kind.allocate(num_blocks, block_size, device, dtype)
+        # whether a prefill may be a CUDA graph (a kind whose prefill reads its sequences' bounds on the host: no)
+        self.prefill_graphs = all(getattr(k, "prefill_graphs", True) for k in self.kinds)
         by_layer = {i: kind for kind in self.kinds for i in kind.layer_ids}
         self.layers = [by_layer[i].layer_state(i) for i in range(cfg.num_layers)]  # what the model is handed
         self.blocks = BlockPool(num_blocks)
@@ -218,12 +250,17 @@ class Cache:
         assert paged.kv is not None
         return paged.kv
 
+    def allocated_bytes(self) -> int:
+        """Bytes of every kind's storage (the memory plan's KV row is this)."""
+        return sum(k.allocated_bytes() for k in self.kinds)
+
     def blocks_needed(self, positions: int) -> int:
         """Blocks a sequence whose state covers `positions` positions holds."""
         return blocks_for(positions, self.block_size)
 
-    def can_extend(self, n_blocks: int) -> bool:
-        return self.blocks.can_allocate(n_blocks)
+    def can_extend(self, n_blocks: int, new_rows: int = 0) -> bool:
+        """Whether `n_blocks` blocks and `new_rows` sequence rows (a new sequence's, a group's prompt's) are free."""
+        return self.blocks.can_allocate(n_blocks) and all(self._hook("can_hold", new_rows))
 
     def _hook(self, name: str, *args: Any) -> list[Any]:
         """Call the kinds' optional hook `name` (a kind with per-sequence state of its own: `RecurrentState`)."""

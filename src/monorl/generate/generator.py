@@ -25,14 +25,21 @@ from monorl.compile import CompileConfig, compile_generator
 from monorl.distributed.weight_sync import share_frozen_, sync_weights_
 from monorl.generate.attention import paged_decode_splits, triton_decode_supported
 from monorl.generate.batch import generate_batch
-from monorl.generate.cache import Cache, blocks_for, bytes_per_block, kv_cache_bytes_needed, slot_mapping
+from monorl.generate.cache import (
+    Cache,
+    blocks_for,
+    blocks_in_budget,
+    bytes_per_block,
+    kv_cache_bytes_needed,
+    slot_mapping,
+)
 from monorl.generate.requests import Completion
 from monorl.generate.runner import ModelRunner
 from monorl.generate.sampling import SamplingParams, sample
 from monorl.generate.tensor_parallel import NO_TP, TensorParallel, build_tensor_parallel_model, shard_config
 from monorl.model.batch_invariant import is_batch_invariant
 from monorl.model.decoder import DecoderForCausalLM, build_model
-from monorl.model.fused_kernels import use_fused_kernels_
+from monorl.model.fused_kernels import fused_kernels_supported, use_fused_kernels_
 from monorl.model.lora import LoRAConfig, apply_lora_
 from monorl.model.tokenizer import eos_ids
 
@@ -111,7 +118,8 @@ class Generator:
         self.eos_token_ids = eos_ids(tokenizer, cfg) if eos_token_ids is None else tuple(int(t) for t in eos_token_ids)
         self.max_model_len = config.max_model_len or cfg.max_position_embeddings
         self.decode_backend = "triton" if triton_decode_supported(device, dtype, cfg.head_dim) else "torch"
-        kernels = config.fused_kernels and self.decode_backend == "triton" and fused and lora is None
+        kernels = (config.fused_kernels and self.decode_backend == "triton" and fused and lora is None
+                   and fused_kernels_supported(self.model))  # (not a family with its own decoder layer)
         if kernels:
             use_fused_kernels_(self.model)
         sampler = sample if config.fused_kernels else functools.partial(sample, kernels=False)
@@ -143,10 +151,11 @@ class Generator:
             budget = min(need, free // 2)
         elif budget is None:
             budget = min(need, _CPU_DEFAULT_KV_BYTES)
-        num_blocks = self.tp.min_int(budget // per_block)  # a TP group's ranks schedule alike: the same blocks
+        # a TP group's ranks schedule alike: the same blocks
+        num_blocks = self.tp.min_int(blocks_in_budget(self.kv_config, budget, config.max_num_seqs, bs, self.dtype))
         if num_blocks < 2:
             raise ValueError(f"kv_cache_bytes={budget} holds {num_blocks} blocks of {per_block} bytes; need >= 2")
-        self.cache = Cache(self.kv_config, num_blocks, bs, self.device, self.dtype)
+        self.cache = Cache(self.kv_config, num_blocks, bs, self.device, self.dtype, config.max_num_seqs)
         self.runner = self._runner(self.cache, self.use_graphs)
 
     def release_graphs(self) -> None:
@@ -178,7 +187,8 @@ class Generator:
         Triton kernels (their outputs are garbage there, and dropped; the decode state is reset after each step)."""
         bs = self.config.block_size
         lengths = [len(p) for p in prompts]
-        scratch = Cache(self.kv_config, 1 + sum(blocks_for(L, bs) for L in lengths), bs, self.device, self.dtype)
+        scratch = Cache(self.kv_config, 1 + sum(blocks_for(L, bs) for L in lengths), bs, self.device, self.dtype,
+                        self.config.max_num_seqs)
         runner = self._runner(scratch, cuda_graphs=False)
         slots, block = [], 1  # block 0 is the scratch block
         for L in lengths:

@@ -22,9 +22,10 @@ the attention contexts. Life of a row:
   dropped; a state cannot be rolled back, so `Cache.trim` then frees the sequence (`keeps` is False) and its next
   turn recomputes the whole conversation, as after a preemption.
 
-Rows: one per block of the pool plus the scratch one (every holder of a row holds a block); the memory plan
-(`kv_cache_bytes_needed`) counts `max_num_seqs` rows, so a large pool holds more state rows than the plan counts
-(a bound by sequences, not blocks, is a follow-up).
+Rows: `monorl.generate.cache.sequence_rows(max_num_seqs)` (2 x max_num_seqs + the scratch one), whatever the
+pool's blocks; the memory plan (`kv_cache_bytes_needed`) counts exactly these rows, the per-block row map and the
+`covered` counts. Admission asks for a row beside its blocks (`Cache.can_extend(blocks, rows)`: a new sequence one,
+its group's prompt one more), preempting paused requests when none is free, as it does for blocks.
 """
 
 from __future__ import annotations
@@ -41,6 +42,9 @@ KIND = "recurrent"  # its key in SequenceState.kind_state
 
 
 class RecurrentState:
+    # its prefills are never CUDA graphs: the chunked rule (fla's and the reference) reads cu_seqlens on the host
+    prefill_graphs = False
+
     def __init__(self, cfg: ModelConfig, layer_ids: list[int]) -> None:
         self.cfg, self.layer_ids = cfg, layer_ids
         self.conv_dim = 2 * cfg.linear_num_key_heads * cfg.linear_key_head_dim + (
@@ -48,16 +52,28 @@ class RecurrentState:
         self.prefix_rows: dict[int, int] = {}  # a prompt group's first block -> its row
 
     def bytes_per_block(self, block_size: int, dtype: torch.dtype) -> int:
-        return 0
+        return 8  # its entry in `row_of_block`
 
     def bytes_per_sequence(self, dtype: torch.dtype) -> int:
         c = self.cfg
         conv = (c.linear_conv_kernel_dim - 1) * self.conv_dim * torch.empty((), dtype=dtype).element_size()
         rule = c.linear_num_value_heads * c.linear_key_head_dim * c.linear_value_head_dim * 4
-        return len(self.layer_ids) * (conv + rule)
+        return len(self.layer_ids) * (conv + rule) + 8  # + its `covered` count
+
+    def size_rows(self, rows: int | None) -> None:
+        if rows is None:
+            raise ValueError("a cache with linear-attention layers needs max_num_seqs (its state rows: "
+                             "Cache(..., max_num_seqs=))")
+        self.rows = rows
+
+    def allocated_bytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in (self.conv, self.ssm, self.covered, self.row_of_block))
+
+    def can_hold(self, new_rows: int) -> bool:
+        return new_rows <= len(self.free_rows)
 
     def allocate(self, num_blocks: int, block_size: int, device: torch.device, dtype: torch.dtype) -> None:
-        c, L, R = self.cfg, len(self.layer_ids), num_blocks + 1
+        c, L, R = self.cfg, len(self.layer_ids), self.rows
         self.block_size = block_size
         self.conv = torch.zeros(L, R, c.linear_conv_kernel_dim - 1, self.conv_dim, device=device, dtype=dtype)
         self.ssm = torch.zeros(L, R, c.linear_num_value_heads, c.linear_key_head_dim, c.linear_value_head_dim,
@@ -78,7 +94,8 @@ class RecurrentState:
     # ---- the `Cache` operations' hooks ------------------------------------------------------------------------
     def _new_row(self) -> int:
         if not self.free_rows:
-            raise RuntimeError("out of recurrent state rows (one per KV block): raise the KV cache budget")
+            raise RuntimeError(f"out of recurrent state rows ({self.rows - 1}): admission checks "
+                               "Cache.can_extend(blocks, rows) first")
         row = self.free_rows.popleft()
         self.covered[row] = -1  # nothing computed for its new holder yet (`keeps`)
         return row

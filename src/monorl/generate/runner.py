@@ -104,7 +104,7 @@ class ModelRunner:
         self.graph_pool: Any = None
         # prefill graphs, keyed by static pack shape and prompt count (turn boundaries': "cached" and their static
         # layout's sizes); not for a compiled model (Dynamo would meet each new pack shape inside a capture)
-        self.graph_prefill = self.use_graphs and not is_compiled(model)
+        self.graph_prefill = self.use_graphs and not is_compiled(model) and cache.prefill_graphs
         self.prefill_graphs: dict[tuple, tuple[torch.cuda.CUDAGraph, tuple, Tensor]] = {}
         self.prefill_seen: dict[tuple, int] = {}  # eager runs per shape
         self.prefill_pool: Any = None

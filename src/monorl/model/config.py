@@ -410,6 +410,24 @@ MODEL_SHAPES: dict[str, ModelConfig] = {
 }
 
 
+def _qwen3_5_shape(hidden: int, intermediate: int, layers: int) -> ModelConfig:
+    """A Qwen3.5 text model of this width and depth, the 0.8B's other numbers: every 4th layer full attention."""
+    kinds = tuple("full_attention" if (i + 1) % 4 == 0 else "linear_attention" for i in range(layers))
+    return ModelConfig(vocab_size=248320, hidden_size=hidden, intermediate_size=intermediate, num_layers=layers,
+                       num_heads=8, num_kv_heads=2, head_dim=256, rope_theta=10_000_000.0,
+                       max_position_embeddings=262144, tie_word_embeddings=True, eos_token_id=248044).with_family(
+        "qwen3_5_text").replace(layer_types=kinds, partial_rotary_factor=0.25, linear_conv_kernel_dim=4,
+                                linear_num_key_heads=16, linear_num_value_heads=16, linear_key_head_dim=128,
+                                linear_value_head_dim=128)
+
+
+# Qwen3.5 hybrids (#58). qwen3_5-0.8b: Qwen/Qwen3.5-0.8B's config.json text_config as public copies of it quote it
+# (transformers ships no sizes). The 2B's full config was not found: "-like" is the 0.8B's heads and state at the
+# 2B's hidden size (2048), its depth and MLP width guessed -- a benchmark shape, not the released model.
+MODEL_SHAPES |= {"qwen3_5-0.8b": _qwen3_5_shape(1024, 3584, 24),
+                 "qwen3_5-hybrid-2b-like": _qwen3_5_shape(2048, 6144, 24)}
+
+
 def model_shape(name: str) -> ModelConfig:
     try:
         return MODEL_SHAPES[name]

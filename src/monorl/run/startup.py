@@ -260,7 +260,7 @@ class Startup:
                 spec.max_len)
         generator.allocate_kv_cache(min(need, room))
         kv_row = plan.row("KV cache")
-        allocated = generator.cache.kv.numel() * generator.cache.kv.element_size()
+        allocated = generator.cache.allocated_bytes()
         if allocated != kv_row.bytes:  # the plan then shows what was allocated
             kv_row.note += " (capped by free memory)" if allocated < kv_row.bytes else " (sized to free memory)"
             kv_row.bytes = allocated

@@ -1,0 +1,144 @@
+"""A Qwen3.5 hybrid (Gated DeltaNet + gated full attention, #58) against a Qwen3 of similar size, random init, bf16,
+one GPU: decode tokens/s at --rows rows and --contexts prompt lengths (each row's prompt prefilled, then decode
+chunks of --chunk steps timed with CUDA events, median over --chunks chunks after two warm ones: the engine's step,
+graphs on, as the generator's defaults run), and the trainer step time of a W0-like batch (40 rollouts of 110 prompt
++ 100 completion tokens, groups of 8; `profile_train_step.seqs`; eager, median of 5 after 2 warm-ups: a hybrid's
+chunked rule reads its sequences' bounds on the host, so no trainer graphs for either). Peak memory beside each.
+A case whose KV cache cannot fit (the Qwen3's at long contexts) is listed as such. Prints one table, writes --out.
+
+Needs fla-core on CUDA (the linear-attention extra): without it the hybrid would run the plain-PyTorch reference
+rule, so the script stops.
+
+  python benchmarks/bench_hybrid_decode.py --out hybrid_decode.json
+  python benchmarks/bench_hybrid_decode.py --pairs qwen3_5-hybrid-2b-like:qwen3-1.7b --rows 64 --contexts 1024
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+
+import torch
+from profile_train_step import seqs, timed
+
+from monorl.generate import Generator, GeneratorConfig, SamplingParams
+from monorl.generate.cache import kv_cache_bytes_needed
+from monorl.generate.engine import Engine
+from monorl.model.config import model_shape
+from monorl.model.decoder import build_model
+from monorl.ops.gated_delta import _fla
+from monorl.train.losses import LossConfig
+from monorl.train.trainer import Trainer, TrainerConfig
+
+GiB = 1 << 30
+
+
+def decode_case(model, rows: int, context: int, chunk: int, chunks: int) -> dict:
+    """Prefill `rows` prompts of `context` tokens, then time decode chunks of `chunk` steps (engine steps)."""
+    cfg = model.config
+    max_len = context + chunk * (chunks + 3) + 8
+    need = kv_cache_bytes_needed(cfg, rows, max_len, 16, torch.bfloat16)
+    free, _ = torch.cuda.mem_get_info()
+    if need > 0.8 * free:
+        return {"skipped": f"KV cache needs {need / GiB:.1f} GiB, {free / GiB:.1f} GiB free"}
+    torch.cuda.empty_cache()
+    torch.cuda.reset_peak_memory_stats()
+    gen = Generator(model, GeneratorConfig(max_num_seqs=rows, max_model_len=max_len, kv_cache_bytes=need,
+                                           stop_check_interval=chunk))
+    engine = Engine(gen)
+    g = torch.Generator().manual_seed(context)
+    sp = SamplingParams(max_new_tokens=max_len - context, temperature=1.0, seed=1, ignore_eos=True,
+                        stop_token_ids=(cfg.vocab_size - 1,))  # a stop: decode chunks of `chunk` steps
+    for i in range(rows):
+        engine.add(i, torch.randint(0, cfg.vocab_size - 1, (context,), generator=g).tolist(), sp, one_turn=True)
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    engine.step()  # every prompt prefilled (admission rounds), then the first chunk
+    end.record()
+    torch.cuda.synchronize()
+    prefill_s = start.elapsed_time(end) / 1e3
+    engine.step()  # a warm chunk
+    times = []
+    for _ in range(chunks):
+        start.record()
+        engine.step()
+        end.record()
+        torch.cuda.synchronize()
+        times.append(start.elapsed_time(end) / 1e3)
+    live = len(engine.running)
+    med = statistics.median(times)
+    out = {"rows": rows, "context": context, "live": live, "prefill_and_first_chunk_s": prefill_s,
+           "decode_step_ms": med / chunk * 1e3, "decode_tokens_s": live * chunk / med,
+           "kv_cache_gib": gen.cache.allocated_bytes() / GiB, "peak_gib": torch.cuda.max_memory_allocated() / GiB}
+    del engine, gen
+    return out
+
+
+def train_case(shape: str) -> dict:
+    torch.cuda.empty_cache()
+    torch.cuda.reset_peak_memory_stats()
+    cfg = model_shape(shape)
+    g = torch.Generator().manual_seed(0)
+    batches = [seqs(g, 8, "w0", cfg.vocab_size) for _ in range(7)]
+    model = build_model(cfg, "cuda", torch.float32, seed=0)
+    tr = Trainer(model, TrainerConfig(lr=1e-6, micro_batch_tokens=16384, loss=LossConfig(kind="grpo")),
+                 total_steps=100, attn_backend="flash", cuda_graphs=False)
+    ts = timed(tr, batches)
+    out = {"step_s": statistics.median(ts[2:]), "steps_s": ts, "peak_gib": torch.cuda.max_memory_allocated() / GiB}
+    del tr, model
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", default="hybrid_decode.json")
+    ap.add_argument("--pairs", default="qwen3_5-0.8b:qwen3-0.6b", help="hybrid:dense shape pairs, comma-separated")
+    ap.add_argument("--rows", default="64,256")
+    ap.add_argument("--contexts", default="1024,4096,16384")
+    ap.add_argument("--chunk", type=int, default=16, help="decode steps a timed engine step runs")
+    ap.add_argument("--chunks", type=int, default=8, help="timed chunks (median)")
+    ap.add_argument("--no-train", action="store_true", help="skip the trainer steps")
+    args = ap.parse_args()
+    if not torch.cuda.is_available():
+        sys.exit("bench_hybrid_decode: needs CUDA")
+    if _fla() is None:
+        sys.exit("bench_hybrid_decode: fla-core is not installed (pip install 'monorl[linear-attention]'): the hybrid "
+                 "would run the plain-PyTorch reference rule")
+    res: dict = {"device": torch.cuda.get_device_name(), "chunk": args.chunk, "shapes": {}}
+    shapes = [s for pair in args.pairs.split(",") for s in pair.split(":")]
+    for shape in shapes:
+        model = build_model(model_shape(shape), "cuda", torch.bfloat16, seed=None).init_weights(0)
+        model.requires_grad_(False)
+        entry: dict = {"params_b": sum(p.numel() for p in model.parameters()) / 1e9, "decode": []}
+        for rows in map(int, args.rows.split(",")):
+            for context in map(int, args.contexts.split(",")):
+                r = decode_case(model, rows, context, args.chunk, args.chunks)
+                entry["decode"].append({"rows": rows, "context": context, **r})
+                print(shape, rows, context, r, flush=True)
+        del model
+        if not args.no_train:
+            entry["train"] = train_case(shape)
+            print(shape, "train", entry["train"], flush=True)
+        res["shapes"][shape] = entry
+    print(f"\n{res['device']}")
+    print("| shape | rows | context | decode tok/s | step ms | KV GiB | peak GiB |")
+    print("|---|---|---|---|---|---|---|")
+    for shape, e in res["shapes"].items():
+        for d in e["decode"]:
+            if "skipped" in d:
+                print(f"| {shape} | {d['rows']} | {d['context']} | {d['skipped']} | | | |")
+            else:
+                print(f"| {shape} | {d['rows']} | {d['context']} | {d['decode_tokens_s']:.0f} | "
+                      f"{d['decode_step_ms']:.2f} | {d['kv_cache_gib']:.2f} | {d['peak_gib']:.2f} |")
+    for shape, e in res["shapes"].items():
+        if "train" in e:
+            print(f"{shape} ({e['params_b']:.2f}B): W0-like trainer step {e['train']['step_s'] * 1e3:.0f} ms, "
+                  f"peak {e['train']['peak_gib']:.1f} GiB")
+    with open(args.out, "w") as f:
+        json.dump(res, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,76 @@
+"""Qwen3.5's Gated DeltaNet on CUDA: fla's chunked and fused-recurrent kernels against monorl's plain-PyTorch
+references (bf16 inputs, a pack of several sequences with initial states), and the hybrid tiny model's generator
+(bf16, decode from CUDA graphs as the generator's defaults run, fla in prefill and decode) against the trainer's
+full forward over its own tokens. Needs `fla-core` (the linear-attention extra)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from monorl.generate import Generator, GeneratorConfig, SamplingParams
+from monorl.model import build_model
+from monorl.ops.gated_delta import _fla, chunk_gated_delta_rule, gated_delta_rule, recurrent_gated_delta_rule
+from tests.conftest import full_forward_logprobs
+from tests.test_recurrent_state import HYBRID
+
+pytestmark = pytest.mark.gpu
+
+ATOL = 3e-2  # bf16 inputs, fp32 states; fla and the references sum in different orders
+
+
+@pytest.fixture(autouse=True)
+def _needs_fla():
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    pytest.importorskip("fla", reason="fla-core is not installed (the linear-attention extra)")
+
+
+def _pack(lengths: list[int], hk: int, hv: int, dk: int, dv: int, seed: int = 0):
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    T = sum(lengths)
+    q, k = (torch.randn(T, hk, dk, generator=g, device="cuda").bfloat16() for _ in range(2))
+    v = torch.randn(T, hv, dv, generator=g, device="cuda").bfloat16()
+    decay = -torch.nn.functional.softplus(torch.randn(T, hv, generator=g, device="cuda"))
+    beta = torch.rand(T, hv, generator=g, device="cuda").bfloat16()
+    cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32, device="cuda")
+    state = 0.1 * torch.randn(len(lengths), hv, dk, dv, generator=g, device="cuda")
+    return q, k, v, decay, beta, cu, state
+
+
+@pytest.mark.parametrize("hk, hv, dk, dv", [(2, 4, 64, 64), (16, 16, 128, 128)])  # grouped values; the 0.8B's
+def test_fla_chunked_equals_the_reference_on_a_pack(hk, hv, dk, dv):
+    q, k, v, g, beta, cu, state = _pack([1, 70, 130, 64, 5], hk, hv, dk, dv)
+    assert _fla() is not None
+    o, final = gated_delta_rule(q, k, v, g, beta, cu, state, one_token_each=False)
+    o_ref, final_ref = chunk_gated_delta_rule(q, k, v, g, beta, cu, state)
+    torch.testing.assert_close(o.float(), o_ref.float(), atol=ATOL, rtol=ATOL)
+    torch.testing.assert_close(final.float(), final_ref, atol=ATOL, rtol=ATOL)
+    o0, _ = gated_delta_rule(q, k, v, g, beta, cu, None, one_token_each=False)  # the state is read
+    assert (o0.float() - o.float()).abs().max() > 10 * ATOL
+
+
+@pytest.mark.parametrize("hk, hv, dk, dv", [(2, 4, 64, 64), (16, 16, 128, 128)])
+def test_fla_fused_recurrent_equals_the_reference_one_token_each(hk, hv, dk, dv):
+    q, k, v, g, beta, cu, state = _pack([1] * 7, hk, hv, dk, dv, seed=1)  # a decode step of 7 sequences
+    o, final = gated_delta_rule(q, k, v, g, beta, cu, state, one_token_each=True)
+    o_ref, final_ref = recurrent_gated_delta_rule(q, k, v, g, beta, cu, state)
+    torch.testing.assert_close(o.float(), o_ref.float(), atol=ATOL, rtol=ATOL)
+    torch.testing.assert_close(final.float(), final_ref, atol=ATOL, rtol=ATOL)
+
+
+def test_hybrid_generator_equals_the_trainer_forward_on_cuda():
+    """Prompts of several chunks, n = 2 sharing each prompt's state, 15 sequences through 6 slots (several decode
+    buckets, graphs): each sampled token's log-prob equals the trainer's eager forward over the whole sequence."""
+    model = build_model(HYBRID, device="cuda", dtype=torch.bfloat16, seed=None).init_weights(3, std=0.2)
+    gen = Generator(model, GeneratorConfig(max_num_seqs=6, max_model_len=512))
+    assert gen.runner.use_graphs and not gen.runner.graph_prefill  # a hybrid's prefill reads cu_seqlens on the host
+    g = torch.Generator().manual_seed(0)
+    prompts = [torch.randint(2, HYBRID.vocab_size, (n,), generator=g).tolist() for n in (5, 64, 130, 17, 200, 9, 77)]
+    sp = SamplingParams(max_new_tokens=90, temperature=1.0, seed=7, ignore_eos=True)  # decodes across a chunk
+    out = gen.generate(prompts, sp, n=2)
+    for p, comps in zip(prompts, out, strict=True):
+        for c in comps:
+            ref = full_forward_logprobs(model, p, c.token_ids, 1.0)
+            torch.testing.assert_close(torch.tensor(c.logprobs), ref, atol=0.1, rtol=0)
+        assert comps[0].token_ids != comps[1].token_ids  # each sample continued its own copy of the state

@@ -35,6 +35,7 @@ from monorl.model.decoder import DecoderForCausalLM, build_model
 from monorl.model.fused_kernels import use_fused_kernels_
 from monorl.model.lora import LoRAConfig, apply_lora_
 from monorl.model.tokenizer import eos_ids
+from monorl.model.vision_prompt import ImageInputs
 
 _CPU_DEFAULT_KV_BYTES = 256 << 20
 
@@ -215,6 +216,7 @@ class Generator:
     # ---- generate ----------------------------------------------------------------------------------
     def generate(self, prompts: list[list[int]], sampling: SamplingParams | list[SamplingParams], n: int = 1,
                  first_prompt_index: int = 0,
-                 between_chunks: Callable[[], None] | None = None) -> list[list[Completion]]:
+                 between_chunks: Callable[[], None] | None = None,
+                 images: list[ImageInputs | None] | None = None) -> list[list[Completion]]:
         """For each prompt, n completions (results[prompt][sample]): `monorl.generate.batch.generate_batch`."""
-        return generate_batch(self, prompts, sampling, n, first_prompt_index, between_chunks)
+        return generate_batch(self, prompts, sampling, n, first_prompt_index, between_chunks, images)

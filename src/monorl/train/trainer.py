@@ -50,6 +50,7 @@ from monorl.train.packing import (
     TrainSequence,
     covering_shape,
     make_micro_batches,
+    model_forward,
     token_share,
 )
 from monorl.train.rollout_correction import MAX_METRIC, MIN_METRIC
@@ -129,7 +130,7 @@ class Trainer(TrainerWarmUps):
     def response_logprobs(self, model: DecoderForCausalLM, mb: MicroBatch, temperature: float) -> Tensor:
         """Log-probs of the completion tokens of one micro-batch, [N] fp32."""
         with self._autocast():
-            hidden = model(mb.input_ids, mb.ctx.positions, mb.ctx)
+            hidden = model_forward(model, mb)
             return chunked_token_logprobs(model, hidden[mb.logit_index], mb.targets, temperature,
                                           self.cfg.logprob_chunk)
 
@@ -137,7 +138,7 @@ class Trainer(TrainerWarmUps):
         """The policy's log-probs of one micro-batch's completion tokens ([N] fp32, with grad) and the entropy of
         its distribution at each ([N] fp32, detached), from the same chunks of logits."""
         with self._autocast():
-            hidden = self.model(mb.input_ids, mb.ctx.positions, mb.ctx)
+            hidden = model_forward(self.model, mb)
             return chunked_token_logprobs_entropy(self.model, hidden[mb.logit_index], mb.targets, temperature,
                                                   self.cfg.logprob_chunk)
 
@@ -276,6 +277,8 @@ class Trainer(TrainerWarmUps):
         """Capture the graph for this micro-batch's key if needed; its key, or None when no graph serves it."""
         assert self.graphs is not None
         key = self._graph_key(mb, advantages.numel(), temperature)
+        if mb.images:  # a pack with images runs eagerly: the tower's shapes vary with them
+            return None
         if self.graphs.has(key):
             return key
         if self.graphs.full():

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from monorl.generate import Generator, GeneratorConfig, SamplingParams
+from monorl.model.batch_invariant import is_batch_invariant, make_batch_invariant_
 from monorl.model.config import ModelConfig
 from monorl.model.decoder import build_model
 from monorl.model.vision_prompt import encode_with_images
@@ -54,6 +55,8 @@ def vl_prompts(model):
 def generate(model, prompts, n: int, max_num_seqs: int = 16, seed: int = 0):
     gen = Generator(model, GeneratorConfig(max_num_seqs=max_num_seqs, max_model_len=256, block_size=4),
                     eos_token_ids=(EOS,))
+    if is_batch_invariant(model):  # the generator's copy converted too, as the RL loop does
+        make_batch_invariant_(gen.model)
     # turns of unequal lengths: rows finish at different steps, so live rows move down the slots
     sampling = [SamplingParams(max_new_tokens=10 - 2 * (i % 3), temperature=1.0, seed=seed)
                 for i in range(len(prompts))]
@@ -121,3 +124,14 @@ def test_text_model_refuses_images(make_hf_checkpoint):
     gen = Generator(text, GeneratorConfig(max_num_seqs=2, max_model_len=256, block_size=4), eos_token_ids=(EOS,))
     with pytest.raises(ValueError, match="has images; the model has no vision tower"):
         gen.generate([ids], SamplingParams(max_new_tokens=2), images=[im])
+
+
+def test_generator_equals_trainer_bitwise_in_batch_invariant_mode():
+    """The invariant conversion covers the tower's projections (its LayerNorms and per-image attention see the same
+    rows on both sides) and M-RoPE is one op on both: bit for bit."""
+    model = make_batch_invariant_(tiny_vl())
+    prompts = vl_prompts(model)
+    seqs = train_sequences(prompts, generate(model, prompts, 3, max_num_seqs=5))
+    for share in (True, False):
+        for s, lp in zip(seqs, trainer_logprobs(model, seqs, share), strict=True):
+            assert torch.equal(lp, torch.tensor(s.old_logprobs, dtype=torch.float32))

@@ -135,3 +135,59 @@ def test_generator_equals_trainer_bitwise_in_batch_invariant_mode():
     for share in (True, False):
         for s, lp in zip(seqs, trainer_logprobs(model, seqs, share), strict=True):
             assert torch.equal(lp, torch.tensor(s.old_logprobs, dtype=torch.float32))
+
+
+def test_rollouts_carry_images_to_a_trainer_step(tmp_path):
+    """A dataset task's prompts with images, through `generate_rollouts` (placeholders expanded by the generator's
+    image processor) to `Rollout.train_sequence`: the trainer's log-probs equal the generator's, and a step with the
+    tower frozen (`freeze_vision_`, what --model.freeze_vision does) changes the language model, not the tower."""
+    import json
+
+    from tokenizers import AddedToken
+
+    from monorl.generate.sampling import SamplingParams as SP
+    from monorl.model.hf_checkpoint import load_tokenizer
+    from monorl.model.qwen3_vl import freeze_vision_
+    from monorl.rl.rollouts.rollout import generate_rollouts
+    from monorl.tasks.dataset import DatasetTask
+    from tests.test_tokenizer import write_tokenizer_dir
+    from tests.test_vision_dataset import VISION_SPECIALS, picture
+
+    tok = load_tokenizer(write_tokenizer_dir(tmp_path / "tok"))
+    tok._tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in VISION_SPECIALS])
+    hf = tiny_hf_config().to_dict()
+    hf["text_config"]["vocab_size"] = max(tok._tok.get_vocab_size(), 160)
+    for key, name in (("image_token_id", "<|image_pad|>"), ("vision_start_token_id", "<|vision_start|>"),
+                      ("vision_end_token_id", "<|vision_end|>")):
+        hf[key] = tok.token_to_id(name)
+    model = build_model(ModelConfig.from_hf(hf), seed=None)
+    with torch.no_grad():
+        randomize_hf_model(model, seed=4)
+    for i, (h, w) in enumerate([(16, 24), (9, 30)]):
+        picture(h, w, (40 * i, 90, 200)).save(tmp_path / f"{i}.png")
+    rows = [{"prompt": "How many?", "images": ["0.png", "1.png"], "answer": "2"},
+            {"prompt": "Colour?", "images": ["1.png"], "answer": "red"},
+            {"prompt": "No picture", "images": [], "answer": "x"}]
+    (tmp_path / "data.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    task = DatasetTask(path=tmp_path / "data.jsonl", reward="format")
+    stream = task.train_prompts(seed=0)
+    prompts = [next(stream) for _ in range(3)]
+    gen = Generator(model, GeneratorConfig(max_num_seqs=8, max_model_len=512, block_size=4))
+    gen.image_processor = PROCESSOR
+    groups = generate_rollouts(gen, tok, task, prompts, SP(max_new_tokens=6, temperature=1.0, seed=0), n=2,
+                               max_len=512)
+    assert [g[0].images is not None for g in groups] == [bool(p.meta.get("images")) for p in prompts]
+    assert sum(g[0].images is not None for g in groups) == 2
+    seqs = [r.train_sequence(group=i) for i, g in enumerate(groups) for r in g]
+    got = trainer_logprobs(model, seqs, share_prompts=True)
+    assert max((lp - torch.tensor(s.old_logprobs)).abs().max().item() for s, lp in zip(seqs, got, strict=True)) <= 1e-5
+
+    for s, sign in zip(seqs, [1.0, -1.0] * len(seqs), strict=False):
+        s.advantage = sign
+    freeze_vision_(model)
+    tower = {n: p.detach().clone() for n, p in model.model.visual.named_parameters()}
+    text = {n: p.detach().clone() for n, p in model.named_parameters() if not n.startswith("model.visual.")}
+    trainer = Trainer(model.train(), TrainerConfig(lr=1e-3, warmup_steps=0), total_steps=1)
+    trainer.step(seqs)
+    assert all(torch.equal(p, tower[n]) for n, p in model.model.visual.named_parameters())
+    assert any(not torch.equal(p, text[n]) for n, p in model.named_parameters() if n in text)

@@ -33,6 +33,7 @@ from monorl.generate.tensor_parallel import NO_TP, TensorParallel, build_tensor_
 from monorl.model.batch_invariant import is_batch_invariant
 from monorl.model.decoder import DecoderForCausalLM, build_model
 from monorl.model.fused_kernels import use_fused_kernels_
+from monorl.model.image_processing import ImageProcessor
 from monorl.model.lora import LoRAConfig, apply_lora_
 from monorl.model.tokenizer import eos_ids
 from monorl.model.vision_prompt import ImageInputs
@@ -121,6 +122,9 @@ class Generator:
         # the version of the weights this copy holds (the trainer's steps behind them), recorded per sampled token;
         # whoever loads new weights sets it
         self.policy_version = 0
+        # a vision-language policy's (`ImageProcessor.for_model` with the checkpoint's preprocessor_config.json, set
+        # by the run); None: the tower's patch sizes with Qwen3-VL's defaults
+        self.image_processor: ImageProcessor | None = None
         self.cache: Cache | None = None
         if allocate_kv:
             self.allocate_kv_cache()

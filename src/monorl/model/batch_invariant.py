@@ -105,7 +105,8 @@ class BatchInvariantDecoderForCausalLM(DecoderForCausalLM):
 
     def forward(self, input_ids: Tensor, positions: Tensor, ctx: AttentionContext,
                 kv_cache: Sequence[Any] | None = None, rope: tuple[Tensor, Tensor] | None = None,
-                inputs_embeds: Tensor | None = None, deepstack: tuple[Tensor, Sequence[Tensor]] | None = None) -> Tensor:
+                inputs_embeds: Tensor | None = None,
+                deepstack: tuple[Tensor, Sequence[Tensor]] | None = None) -> Tensor:
         return super().forward(input_ids, positions, ctx.batch_invariant(), kv_cache, rope, inputs_embeds, deepstack)
 
     def compute_logits(self, hidden: Tensor, weight: Tensor | None = None) -> Tensor:

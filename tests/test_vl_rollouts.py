@@ -191,3 +191,49 @@ def test_rollouts_carry_images_to_a_trainer_step(tmp_path):
     trainer.step(seqs)
     assert all(torch.equal(p, tower[n]) for n, p in model.model.visual.named_parameters())
     assert any(not torch.equal(p, text[n]) for n, p in model.named_parameters() if n in text)
+
+
+def test_the_tower_runs_once_per_prompt_group(monkeypatch):
+    """A group's n samples share its prompt's prefill, the tower's output included: each image goes through the
+    tower once, however many samples its prompt has."""
+    model = tiny_vl()
+    prompts = vl_prompts(model)
+    gen = Generator(model, GeneratorConfig(max_num_seqs=16, max_model_len=256, block_size=4), eos_token_ids=(EOS,))
+    seen: list[int] = []
+    visual = gen.model.model.visual
+    orig = visual.forward
+    monkeypatch.setattr(visual, "forward", lambda pixels, grids: seen.append(len(grids)) or orig(pixels, grids))
+    gen.generate([p for p, _ in prompts], SamplingParams(max_new_tokens=4, seed=0), n=4,
+                 images=[im for _, im in prompts])
+    assert sum(seen) == sum(len(s) for s in SIZES)  # 6 images, not 4 x 6
+
+
+def test_a_resumed_turn_continues_the_image_prompts_positions():
+    """An episode over a prompt with images: its second turn's inserted tokens are prefilled over the cached prefix
+    at M-RoPE positions continuing the prompt's (`prefill_cached`'s offsets); every sampled token's log-prob equals
+    the trainer's of the whole conversation (inserted tokens context only)."""
+    from monorl.generate.engine import Engine
+
+    model = tiny_vl()
+    prompts = vl_prompts(model)[1:3]
+    gen = Generator(model, GeneratorConfig(max_num_seqs=4, max_model_len=256, block_size=4), eos_token_ids=(EOS,))
+    engine = Engine(gen, max_tokens=200)
+    sp = SamplingParams(max_new_tokens=5, temperature=1.0, seed=0)
+    for i, (ids, im) in enumerate(prompts):
+        engine.add((i, 0), ids, sp, images=im)
+    turns = 0
+    while engine.has_work():
+        for ev in engine.step():
+            if ev.turn == 0:
+                engine.resume(ev.request_id, [13, 14, 15, 16, 17, 18, 19])  # a tool's output
+                turns += 1
+    assert turns == 2
+    seqs = []
+    for i, (ids, im) in enumerate(prompts):
+        req = engine.finish((i, 0))
+        k = len(ids)
+        seqs.append(TrainSequence(ids, req.tokens[k:], req.logprobs[k:], 1.0, images=im,
+                                  completion_mask=[int(s) for s in req.sampled[k:]]))
+    for s, lp in zip(seqs, trainer_logprobs(model, seqs, share_prompts=False), strict=True):
+        keep = torch.tensor(s.completion_mask, dtype=torch.bool)
+        assert (lp[keep] - torch.tensor(s.old_logprobs)[keep]).abs().max().item() <= 1e-5

@@ -238,9 +238,11 @@ class ModelRunner:
                              "head_dim); use auto or varlen")
         return ("paged" if paged else "varlen") if turn_prefill == "auto" else turn_prefill
 
-    def _cached_forward(self, P: int, form: str, ids: Tensor, ctx: CachedPrefillContext, positions: Tensor) -> Tensor:
+    def _cached_forward(self, P: int, form: str, ids: Tensor, ctx: CachedPrefillContext,
+                        positions: Tensor | None = None) -> Tensor:
+        """positions: the new tokens' RoPE positions (`rope_positions`; default the context's)."""
         layout = ctx if form != "decode" else ctx.decode_rows(self.decode_backend)
-        hidden = self.model(ids, positions, layout, self.cache.layers)
+        hidden = self.model(ids, ctx.positions if positions is None else positions, layout, self.cache.layers)
         return self.logits(hidden[ctx.cu_seqlens_q[1:P + 1].long() - 1])
 
     def logits(self, hidden: Tensor) -> Tensor:

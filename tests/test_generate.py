@@ -100,9 +100,9 @@ def test_prefix_sharing_n_greedy_equals_separate_runs(model, monkeypatch):
     prefilled: list[int] = []
     orig = g.runner.prefill
 
-    def counting_prefill(ps, slots):
+    def counting_prefill(ps, slots, **kw):
         prefilled.extend(len(p) for p in ps)
-        return orig(ps, slots)
+        return orig(ps, slots, **kw)
 
     monkeypatch.setattr(g.runner, "prefill", counting_prefill)
     sp = SamplingParams(max_new_tokens=20, temperature=0.0, ignore_eos=True)

@@ -106,12 +106,16 @@ def test_placeholders_must_match_images(tokenizer):
         encode_with_images(tokenizer.encode("<|image_pad|>"), [picture(8, 8, (1, 2, 3))] * 2, vision, PROCESSOR)
 
 
-def test_rollouts_refuse_prompts_with_images(tmp_path, tokenizer):
-    """Until the generator feeds images (#59), encoding such a prompt for rollouts stops in one line."""
+def test_rollouts_refuse_prompts_with_images_only_where_not_fed(tmp_path, tokenizer):
+    """encode_prompts keeps a prompt with images where its caller feeds them (`images=True`: the colocated
+    rollouts, which expand them in `generate_rollouts`); elsewhere it stops in one line."""
     from monorl.rl.rollouts.rollout import encode_prompts
 
     picture(8, 8, (1, 2, 3)).save(tmp_path / "a.png")
     (tmp_path / "data.jsonl").write_text(json.dumps({"prompt": "x", "image": "a.png", "answer": "y"}) + "\n")
     task = DatasetTask(path=tmp_path / "data.jsonl", reward="format")
-    with pytest.raises(ValueError, match="do not feed images to the model yet"):
-        encode_prompts(task, tokenizer, [next(task.train_prompts(seed=0))], max_len=512, max_new_tokens=8)
+    prompt = next(task.train_prompts(seed=0))
+    with pytest.raises(ValueError, match="this rollout path does not feed images to the model yet"):
+        encode_prompts(task, tokenizer, [prompt], max_len=512, max_new_tokens=8)
+    kept, ids = encode_prompts(task, tokenizer, [prompt], max_len=512, max_new_tokens=8, images=True)
+    assert kept == [prompt] and ids[0].count(tokenizer.token_to_id("<|image_pad|>")) == 1

@@ -109,7 +109,9 @@ class Admission:
         runner, version = self.runner, self.policy_version
         rows: dict[int, torch.Tensor] = {}  # id(request) -> its first token's logits
         if whole:
-            logits = runner.prefill([w[0] for w in whole], [slot_mapping(w[1], 0, len(w[0]), bs) for w in whole])
+            # a group's images go through the tower once, in its one prefill; its members share the prompt's KV
+            logits = runner.prefill([w[0] for w in whole], [slot_mapping(w[1], 0, len(w[0]), bs) for w in whole],
+                                    images=[w[2].images for w in whole])
             for (_, _, target), row in zip(whole, logits, strict=True):
                 if isinstance(target, PromptGroup):
                     target.row, target.version = row, version
@@ -119,7 +121,8 @@ class Admission:
         if cached:
             starts = [r.cache.cached for r in cached]
             logits = runner.prefill_cached([r.tokens[k:] for r, k in zip(cached, starts, strict=True)], starts,
-                                           [r.cache.table for r in cached], self.turn_prefill)
+                                           [r.cache.table for r in cached], self.turn_prefill,
+                                           offsets=[r.position_offset for r in cached])
             rows.update({id(r): row for r, row in zip(cached, logits, strict=True)})
         admitted = first + cached
         for req in admitted:

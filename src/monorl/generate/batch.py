@@ -20,23 +20,29 @@ from monorl.generate.cache import blocks_for
 from monorl.generate.engine import Engine, EngineHost
 from monorl.generate.requests import Completion, completion_of
 from monorl.generate.sampling import SamplingParams
+from monorl.model.vision_prompt import ImageInputs
 
 
 @torch.inference_mode()
 def generate_batch(gen: EngineHost, prompts: list[list[int]], sampling: SamplingParams | list[SamplingParams],
                    n: int = 1, first_prompt_index: int = 0,
-                   between_chunks: Callable[[], None] | None = None) -> list[list[Completion]]:
+                   between_chunks: Callable[[], None] | None = None,
+                   images: list[ImageInputs | None] | None = None) -> list[list[Completion]]:
     """For each prompt, n completions (results[prompt][sample]). `sampling` is one SamplingParams for all prompts, or
     one per prompt (those may differ in lengths, stops and seed, not in the sampler). first_prompt_index: the index of
     prompts[0] in the sampling keys (`sequence_key`): a rank generating prompts [k, m) of a batch passes k, so each
     prompt draws the noise it would draw in the whole batch. between_chunks: called after each decode chunk is
     queued, while sequences are in flight; it may load new weights in place (and set `policy_version`): the
     sequences go on with them and keep their KV cache (an in-flight weight update), each token recording the version
-    that sampled it (`Completion.versions`)."""
+    that sampled it (`Completion.versions`). images: each prompt's (`ImageInputs`, its placeholders expanded) or
+    None."""
     if gen.cache is None:
         gen.allocate_kv_cache()
     params = [sampling] * len(prompts) if isinstance(sampling, SamplingParams) else list(sampling)
     _validate(gen, prompts, params, n)
+    images = [None] * len(prompts) if images is None else list(images)
+    if len(images) != len(prompts):
+        raise ValueError(f"{len(images)} image inputs for {len(prompts)} prompts")
     if not prompts:
         return []
     engine = Engine(gen, max_tokens=max(len(p) + sp.max_new_tokens for p, sp in zip(prompts, params, strict=True)),
@@ -46,7 +52,7 @@ def generate_batch(gen: EngineHost, prompts: list[list[int]], sampling: Sampling
     try:
         for i, (p, sp) in enumerate(zip(prompts, params, strict=True)):
             for request_id in ids[i]:
-                engine.add(request_id, p, sp, one_turn=True, group=("prompt", i))
+                engine.add(request_id, p, sp, one_turn=True, group=("prompt", i), images=images[i])
         while engine.has_work():
             for ev in engine.step():
                 done[ev.request_id] = completion_of(gen.tokenizer, engine.finish(ev.request_id))

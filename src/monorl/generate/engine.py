@@ -54,6 +54,7 @@ from monorl.generate.requests import (
 from monorl.generate.runner import ModelRunner
 from monorl.generate.sampling import SamplingParams
 from monorl.generate.tensor_parallel import TensorParallel
+from monorl.model.vision_prompt import ImageInputs
 
 
 class EngineHost(Protocol):
@@ -124,9 +125,11 @@ class Engine(Admission):
 
     # ---- the caller's side -------------------------------------------------------------------------
     def add(self, request_id: Hashable, prompt_ids: list[int], sampling: SamplingParams,
-            stop_sequences: Iterable[Iterable[int]] = (), one_turn: bool = False, group: Hashable = None) -> Request:
+            stop_sequences: Iterable[Iterable[int]] = (), one_turn: bool = False, group: Hashable = None,
+            images: ImageInputs | None = None) -> Request:
         """Queue a new request; its first turn decodes under `sampling` (max_new_tokens: the turn's budget). group: the
-        prompt group it joins (None: its prompt; requests of one group share its prompt's prefill)."""
+        prompt group it joins (None: its prompt; requests of one group share its prompt's prefill). images: the
+        prompt's (`ImageInputs`, its placeholder tokens expanded), fed by its group's one prefill."""
         if request_id in self.requests:
             raise ValueError(f"request {request_id!r} exists already")
         prompt = [int(t) for t in prompt_ids]
@@ -140,12 +143,17 @@ class Engine(Admission):
         seed = sampling.seed if sampling.seed is not None else self.default_seed
         sample_key = request_key(seed, request_id)
         key = tuple(prompt) if group is None else group
-        g = self.groups.setdefault(key, PromptGroup(key, list(prompt)))  # its own copy: `prompt` becomes req.tokens
-        if g.prompt != prompt:
-            raise ValueError(f"request {request_id!r}: group {key!r} has another prompt")
+        g = self.groups.setdefault(key, PromptGroup(key, list(prompt), images=images))  # its own copy of `prompt`
+        if g.prompt != prompt or g.images is not images:
+            raise ValueError(f"request {request_id!r}: group {key!r} has another prompt or other images")
+        if images is not None and self.gen.model.config.vision is None:
+            raise ValueError(f"request {request_id!r} has images; the model has no vision tower (a text-only model)")
+        if images is not None and images.prompt_len != len(prompt):
+            raise ValueError(f"request {request_id!r}: images laid out for {images.prompt_len} prompt tokens, the "
+                             f"prompt has {len(prompt)}")
         g.pending += 1
         req = Request(id=request_id, key=sample_key, sampling=sampling, stop_sequences=stops,
-                      stop_ids=self._stop_ids(sampling), tokens=prompt, one_turn=one_turn, group=g)
+                      stop_ids=self._stop_ids(sampling), tokens=prompt, one_turn=one_turn, group=g, images=images)
         self.requests[request_id] = req
         self.queue.append(req)
         return req
@@ -309,7 +317,8 @@ class Engine(Admission):
         self.runner.set_slots(list(range(start, start + len(reqs))),
                               torch.tensor([r.tokens[-1] for r in reqs], dtype=torch.int64, device=dev),
                               [len(r.tokens) - 1 for r in reqs], [r.key for r in reqs],
-                              table_tensor([r.cache.table for r in reqs], self.runner.width, dev))
+                              table_tensor([r.cache.table for r in reqs], self.runner.width, dev),
+                              [r.position_offset for r in reqs])
 
     def _release_slots(self, live: list[bool]) -> None:
         if all(live):

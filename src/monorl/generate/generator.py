@@ -40,8 +40,10 @@ from monorl.generate.tensor_parallel import NO_TP, TensorParallel, build_tensor_
 from monorl.model.batch_invariant import is_batch_invariant
 from monorl.model.decoder import DecoderForCausalLM, build_model
 from monorl.model.fused_kernels import fused_kernels_supported, use_fused_kernels_
+from monorl.model.image_processing import ImageProcessor
 from monorl.model.lora import LoRAConfig, apply_lora_
 from monorl.model.tokenizer import eos_ids
+from monorl.model.vision_prompt import ImageInputs
 
 _CPU_DEFAULT_KV_BYTES = 256 << 20
 
@@ -128,6 +130,9 @@ class Generator:
         # the version of the weights this copy holds (the trainer's steps behind them), recorded per sampled token;
         # whoever loads new weights sets it
         self.policy_version = 0
+        # a vision-language policy's (`ImageProcessor.for_model` with the checkpoint's preprocessor_config.json, set
+        # by the run); None: the tower's patch sizes with Qwen3-VL's defaults
+        self.image_processor: ImageProcessor | None = None
         self.cache: Cache | None = None
         if allocate_kv:
             self.allocate_kv_cache()
@@ -225,6 +230,7 @@ class Generator:
     # ---- generate ----------------------------------------------------------------------------------
     def generate(self, prompts: list[list[int]], sampling: SamplingParams | list[SamplingParams], n: int = 1,
                  first_prompt_index: int = 0,
-                 between_chunks: Callable[[], None] | None = None) -> list[list[Completion]]:
+                 between_chunks: Callable[[], None] | None = None,
+                 images: list[ImageInputs | None] | None = None) -> list[list[Completion]]:
         """For each prompt, n completions (results[prompt][sample]): `monorl.generate.batch.generate_batch`."""
-        return generate_batch(self, prompts, sampling, n, first_prompt_index, between_chunks)
+        return generate_batch(self, prompts, sampling, n, first_prompt_index, between_chunks, images)

@@ -18,6 +18,7 @@ from torch import Tensor
 
 from monorl.generate.cache import SequenceState
 from monorl.generate.sampling import SamplingParams, sequence_key
+from monorl.model.vision_prompt import ImageInputs
 
 # why a turn ended (TurnEvent.reason)
 STOP_TOKEN, STOP_SEQUENCE, STOP_STRING, LENGTH, CONTEXT = "stop_token", "stop_sequence", "stop_string", "length", \
@@ -52,6 +53,7 @@ class PromptGroup:
     blocks: list[int] | None = None  # the prompt's blocks, once prefilled
     row: Tensor | None = None  # [V] the prompt's last-token logits, once prefilled
     version: int = 0  # the policy version of the weights that computed `row`
+    images: ImageInputs | None = None  # the prompt's images (an input kind the runner hands the model)
 
 
 @dataclass(eq=False)  # identity: requests are found in lists and queues by `is`
@@ -75,11 +77,19 @@ class Request:
     turn_start: int = 0  # index in `tokens` of the current turn's first sampled token
     produced: int = 0  # tokens sampled this turn, read or not (deferred reads: `Engine(defer_reads=True)`)
     last_event: TurnEvent | None = None
+    # its prompt's images: the prefill feeds them at the prompt's placeholder tokens, and every later token's
+    # (M-RoPE) position runs `position_offset` behind its index
+    images: ImageInputs | None = None
 
     def __post_init__(self) -> None:
         n = len(self.tokens)
         self.sampled, self.logprobs, self.versions = [False] * n, [0.0] * n, [-1] * n
         self.turn_start = self.prompt_len = n
+
+    @property
+    def position_offset(self) -> int:
+        """Its tokens' index minus their position (0 without images: `ImageInputs.position_offset`)."""
+        return 0 if self.images is None else self.images.position_offset
 
     @property
     def turn_tokens(self) -> list[int]:

@@ -24,7 +24,9 @@ from monorl.generate.tensor_parallel import NO_TP, TensorParallel, gather_vocab
 from monorl.model.attention import VarlenContext, resolve_backend
 from monorl.model.decoder import DecoderForCausalLM
 from monorl.model.pack_layout import bucket_size, filler_lengths, static_max_seqlen
+from monorl.model.qwen3_vl import image_embeds, pack_positions, prompt_spans
 from monorl.model.rope import model_rope
+from monorl.model.vision_prompt import ImageInputs
 from monorl.ops.decode_state import commit_step, step_inputs
 
 PREFILL_GRAPHS = 16  # prefill shapes (prompts' and turn boundaries') kept as CUDA graphs; later ones run eagerly
@@ -32,6 +34,16 @@ PREFILL_GRAPHS = 16  # prefill shapes (prompts' and turn boundaries') kept as CU
 # repeat their prompts twice, and a capture costs about two eager runs.
 PREFILL_CAPTURE_AT = 3
 TURN_PREFILLS = ("auto", "paged", "varlen", "decode")  # how `prefill_cached` attends (its docstring)
+
+
+def rope_positions(ctx: CachedPrefillContext, chunks: list[list[int]], offsets: list[int] | None) -> Tensor:
+    """The RoPE positions of a turn boundary's new tokens: their positions in `ctx`, each less its sequence's
+    offset (fillers none)."""
+    if not offsets or not any(offsets):
+        return ctx.positions
+    per_token = [o for c, o in zip(chunks, offsets, strict=True) for _ in c]
+    shift = torch.tensor(per_token + [0] * (ctx.positions.numel() - len(per_token)), dtype=torch.int64)
+    return ctx.positions - shift.to(ctx.positions.device)
 
 
 def graph_buckets(max_num_seqs: int) -> list[int]:
@@ -77,6 +89,8 @@ class ModelRunner:
         dev, S = self.device, self.buckets[-1]  # slot state rows: the largest bucket (>= max_num_seqs)
         self.tok = torch.zeros(S, dtype=torch.int64, device=dev)
         self.pos = torch.zeros(S, dtype=torch.int64, device=dev)
+        # each row's token index minus its RoPE position (a prompt with images: M-RoPE positions run shorter)
+        self.pos_offset = torch.zeros(S, dtype=torch.int64, device=dev)
         self.keys = torch.zeros(S, dtype=torch.int64, device=dev)
         self.block_tables = torch.zeros(S, max_blocks_per_seq, dtype=torch.int32, device=dev)
         self.ring_tok = torch.zeros(ring_size + 1, S, dtype=torch.int64, device=dev)  # +1: overflow row
@@ -116,8 +130,11 @@ class ModelRunner:
 
     # ---- prefill -----------------------------------------------------------------------------------
     @torch.inference_mode()
-    def prefill(self, prompts: list[list[int]], slots: list[list[int]]) -> Tensor:
-        """Run packed prompts, write their KV to `slots`; return last-token logits [P, V].
+    def prefill(self, prompts: list[list[int]], slots: list[list[int]],
+                images: list[ImageInputs | None] | None = None) -> Tensor:
+        """Run packed prompts, write their KV to `slots`; return last-token logits [P, V]. images: each prompt's
+        (`ImageInputs` or None): the tower's embeddings replace its placeholder tokens' (one tower run for the
+        pack), at its M-RoPE positions; such a pack runs eagerly (its shapes vary with the images).
 
         On CUDA the pack is static (`static_prefill_pack`), so that its shapes recur. With graphs, a shape is
         captured at its PREFILL_CAPTURE_AT-th run and replayed after: eager, a prefill's ~300 launches took ~20 ms
@@ -134,6 +151,8 @@ class ModelRunner:
         inputs = (torch.tensor(ids, dtype=torch.int64).to(dev, non_blocking=True),
                   torch.tensor(flat_slots, dtype=torch.int64).to(dev, non_blocking=True), varlen)
         P = len(prompts)
+        if images is not None and any(im is not None for im in images):
+            return self._prefill_forward(P, *inputs, images=images, lengths=[len(p) for p in prompts])
         key = (inputs[0].numel(), len(lengths), max_seqlen, P)
         return self._prefill_graphed(key, inputs, lambda args: self._prefill_forward(P, *args), P)
 
@@ -165,15 +184,21 @@ class ModelRunner:
         self.prefill_graphs[key] = (graph, static, out["logits"])
         return logits
 
-    def _prefill_forward(self, P: int, ids: Tensor, slot_mapping: Tensor, varlen: VarlenContext) -> Tensor:
+    def _prefill_forward(self, P: int, ids: Tensor, slot_mapping: Tensor, varlen: VarlenContext,
+                         images: list[ImageInputs | None] | None = None, lengths: list[int] | None = None) -> Tensor:
         ctx = PrefillContext(varlen=varlen, slot_mapping=slot_mapping)
-        hidden = self.model(ids, varlen.positions, ctx, self.cache.layers)
+        if images is None:
+            hidden = self.model(ids, varlen.positions, ctx, self.cache.layers)
+        else:
+            embeds, deepstack = image_embeds(self.model, ids, images, prompt_spans(lengths, images))
+            positions = pack_positions(lengths, images, ids.numel()).to(self.device)
+            hidden = self.model(ids, positions, ctx, self.cache.layers, inputs_embeds=embeds, deepstack=deepstack)
         last = varlen.cu_seqlens[1:P + 1].long() - 1
         return self.logits(hidden[last])
 
     @torch.inference_mode()
     def prefill_cached(self, chunks: list[list[int]], starts: list[int], tables: list[list[int]],
-                       turn_prefill: str = "auto") -> Tensor:
+                       turn_prefill: str = "auto", offsets: list[int] | None = None) -> Tensor:
         """Run each sequence's new tokens chunks[i] at positions starts[i].. over the K/V its block table already
         holds for the positions before (an episode's next turn), write their K/V; return each sequence's last-token
         logits [P, V]. One forward for all sequences; its attention (`CachedPrefillContext`) per turn_prefill:
@@ -188,14 +213,15 @@ class ModelRunner:
         On CUDA the layout is static (`CachedPrefillContext.build(static=True)`) and, with graphs, a shape is
         captured at its PREFILL_CAPTURE_AT-th run and replayed after, as `prefill` does: eager, a turn boundary of
         Qwen3-0.6B (64 episodes x 65 tokens over ~1.1k cached) took 33-45 ms of host time for 12-16 ms of GPU work
-        (H100)."""
+        (H100). offsets: each sequence's token index minus its RoPE position (`Request.position_offset`; a prompt
+        with images), applied to its new tokens' RoPE positions."""
         form = self.turn_prefill_form(turn_prefill)
         P, static = len(chunks), self.device.type == "cuda"
         ctx = CachedPrefillContext.build(chunks, starts, tables, self.block_size, self.device,
                                          "paged" if form == "paged" else self.prefill_backend, static=static)
         ids = [t for c in chunks for t in c]
         ids = torch.tensor(ids + [0] * (ctx.positions.numel() - len(ids)), dtype=torch.int64)
-        inputs = (ids.to(self.device, non_blocking=True), ctx)
+        inputs = (ids.to(self.device, non_blocking=True), ctx, rope_positions(ctx, chunks, offsets))
         # every sequence's row, fillers and zero-length entries included (those rows are dropped): one graph for any
         # P of the layout, and no size-1 dimension for a compiled model to specialise on
         S = ctx.cu_seqlens_q.numel() - 1
@@ -214,9 +240,11 @@ class ModelRunner:
                              "head_dim); use auto or varlen")
         return ("paged" if paged else "varlen") if turn_prefill == "auto" else turn_prefill
 
-    def _cached_forward(self, P: int, form: str, ids: Tensor, ctx: CachedPrefillContext) -> Tensor:
+    def _cached_forward(self, P: int, form: str, ids: Tensor, ctx: CachedPrefillContext,
+                        positions: Tensor | None = None) -> Tensor:
+        """positions: the new tokens' RoPE positions (`rope_positions`; default the context's)."""
         layout = ctx if form != "decode" else ctx.decode_rows(self.decode_backend)
-        hidden = self.model(ids, ctx.positions, layout, self.cache.layers)
+        hidden = self.model(ids, ctx.positions if positions is None else positions, layout, self.cache.layers)
         return self.logits(hidden[ctx.cu_seqlens_q[1:P + 1].long() - 1])
 
     def logits(self, hidden: Tensor) -> Tensor:
@@ -243,9 +271,11 @@ class ModelRunner:
     def _decode_step(self, B: int, width: int, params: SamplingParams) -> None:
         tok, pos, bt = self.tok[:B], self.pos[:B], self.block_tables[:B, :width]
         # Padded rows keep advancing between host checks; step_inputs clamps their (scratch) writes in range.
-        slots, seq_lens, next_pos, rope = step_inputs(pos, bt, self.block_size, self.rope_tables)
+        offset = self.pos_offset[:B]
+        slots, seq_lens, next_pos, rope = step_inputs(pos, bt, self.block_size, self.rope_tables, offset)
         ctx = DecodeContext(block_tables=bt, seq_lens=seq_lens, slot_mapping=slots, backend=self.decode_backend)
-        hidden = self.model(tok, pos, ctx, self.cache.layers, rope)
+        # RoPE positions: each token's index less its row's offset (given tables, `rope` holds their cos / sin)
+        hidden = self.model(tok, pos if rope is not None else pos - offset, ctx, self.cache.layers, rope)
         logits = self.logits(hidden)
         nxt, lp = self.sample_fn(logits, self.keys[:B], next_pos, params, self.model.token_logprobs)
         commit_step(nxt, lp, self.ring_tok, self.ring_lp, self.ring_idx, self.tok, self.pos)
@@ -317,6 +347,7 @@ class ModelRunner:
         """Point rows start.. at the scratch block (padding for graph buckets)."""
         self.tok[start:].zero_()
         self.pos[start:].zero_()
+        self.pos_offset[start:].zero_()
         self.keys[start:].zero_()
         self.block_tables[start:].zero_()
         self.ring_idx.zero_()
@@ -326,14 +357,16 @@ class ModelRunner:
             return
         s = torch.tensor(src, device=self.device)
         d = torch.tensor(dst, device=self.device)
-        for buf in (self.tok, self.pos, self.keys, self.block_tables):
+        for buf in (self.tok, self.pos, self.pos_offset, self.keys, self.block_tables):
             buf[d] = buf[s]
 
     def set_slots(self, rows: list[int], tokens: Tensor, positions: list[int], keys: list[int],
-                  tables: Tensor) -> None:
+                  tables: Tensor, offsets: list[int] | None = None) -> None:
+        """positions: each row's token index; offsets: that index minus its RoPE position (default 0)."""
         r = torch.tensor(rows, device=self.device)
         self.tok[r] = tokens
         self.pos[r] = torch.tensor(positions, dtype=torch.int64, device=self.device)
+        self.pos_offset[r] = torch.tensor(offsets or [0] * len(rows), dtype=torch.int64, device=self.device)
         self.keys[r] = torch.tensor(keys, dtype=torch.int64, device=self.device)
         self.block_tables[r] = tables
 

@@ -104,8 +104,10 @@ class BatchInvariantDecoderForCausalLM(DecoderForCausalLM):
     token_logprobs = staticmethod(logprob_invariant.token_logprobs)
 
     def forward(self, input_ids: Tensor, positions: Tensor, ctx: AttentionContext,
-                kv_cache: Sequence[Any] | None = None, rope: tuple[Tensor, Tensor] | None = None) -> Tensor:
-        return super().forward(input_ids, positions, ctx.batch_invariant(), kv_cache, rope)
+                kv_cache: Sequence[Any] | None = None, rope: tuple[Tensor, Tensor] | None = None,
+                inputs_embeds: Tensor | None = None,
+                deepstack: tuple[Tensor, Sequence[Tensor]] | None = None) -> Tensor:
+        return super().forward(input_ids, positions, ctx.batch_invariant(), kv_cache, rope, inputs_embeds, deepstack)
 
     def compute_logits(self, hidden: Tensor, weight: Tensor | None = None) -> Tensor:
         return matmul_invariant.linear(hidden, self.lm_head_weight if weight is None else weight)

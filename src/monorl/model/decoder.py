@@ -107,7 +107,7 @@ class DecoderForCausalLM(nn.Module):
             else:
                 x = layer(x, cos, sin, ctx, cache)
             if deepstack is not None and i < len(deepstack[1]):
-                x = x.index_add(0, deepstack[0], deepstack[1][i].to(x.dtype))
+                x = _add_rows(x, deepstack[0], deepstack[1][i])
         return self.model.norm(x)  # a fused-kernels model's norm takes the last block's pending (h, m) pair itself
 
     def rope_by_layer_type(self, positions: Tensor, dtype: torch.dtype,
@@ -155,6 +155,13 @@ class DecoderForCausalLM(nn.Module):
                 gens[p.device] = torch.Generator(device=p.device).manual_seed(seed)
             p.copy_(torch.randn(p.shape, generator=gens[p.device], dtype=torch.float32, device=p.device) * std)
         return self
+
+
+def _add_rows(x: Tensor | tuple[Tensor, Tensor], index: Tensor, rows: Tensor) -> Tensor | tuple[Tensor, Tensor]:
+    """x with `rows` added at `index` (DeepStack); a fused-kernels block's pending pair (h, m) gets them on h."""
+    if isinstance(x, tuple):
+        return x[0].index_add(0, index, rows.to(x[0].dtype)), x[1]
+    return x.index_add(0, index, rows.to(x.dtype))
 
 
 def materialize_(module: nn.Module, device: torch.device | str, dtype: torch.dtype | None = None) -> nn.Module:

@@ -31,16 +31,18 @@ def monorl_name(name: str) -> str:
     return _DECODER_PREFIX + name[len(_TEXT_PREFIX):] if name.startswith(_TEXT_PREFIX) else name
 
 
-def embed_images(model: nn.Module, input_ids: Tensor, pixel_values: Tensor,
-                 grid_thw: Tensor) -> tuple[Tensor, tuple[Tensor, list[Tensor]]]:
+def embed_images(model: nn.Module, input_ids: Tensor, pixel_values: Tensor, grid_thw: Tensor,
+                 index: Tensor | None = None) -> tuple[Tensor, tuple[Tensor, list[Tensor]]]:
     """(inputs_embeds [T, hidden], deepstack) for `DecoderForCausalLM.forward`: the token embeddings of input_ids
     [T] with its image placeholder tokens, in order, replaced by the tower's embeddings of the images
     (pixel_values, grid_thw: `monorl.model.image_processing`'s); deepstack: (those tokens' indices, the tower's
-    DeepStack features). ValueError when the placeholders and the images' token counts differ."""
+    DeepStack features). index: the placeholder rows (default: every image token). ValueError when the
+    placeholders and the images' token counts differ."""
     vision = model.config.vision
     x = model.model.embed_tokens(input_ids)
     image_embeds, deep = model.model.visual(pixel_values, grid_thw)
-    index = (input_ids == vision.image_token_id).nonzero().squeeze(1)
+    if index is None:
+        index = (input_ids == vision.image_token_id).nonzero().squeeze(1)
     if index.numel() != image_embeds.shape[0]:
         raise ValueError(f"the tokens hold {index.numel()} image placeholder(s), the images fill "
                          f"{image_embeds.shape[0]} (grid_thw {grid_thw.tolist()})")
@@ -81,18 +83,49 @@ def sequence_positions(inputs: ImageInputs | None, length: int) -> Tensor:
     return torch.cat([inputs.positions, after], dim=1)
 
 
+def image_embeds(model: nn.Module, ids: Tensor, images: Sequence[ImageInputs | None],
+                 spans: Sequence[tuple[int, int]]) -> tuple[Tensor, tuple[Tensor, list[Tensor]] | None]:
+    """(inputs_embeds, deepstack) of flat tokens `ids` whose image placeholder runs hold, in order, the images of
+    `images` (each a prompt's, or None: that prompt has none): the tower runs once over them all (each image
+    attends only within itself, so this equals one run per prompt). spans: the rows [start, end) of each image
+    prompt in `ids` (images' order, Nones left out): only placeholders there take images (a completion that samples
+    the placeholder token keeps it as text, as the generator's decode does). Without images: the token embeddings,
+    None."""
+    with_images = [im for im in images if im is not None]
+    if not with_images:
+        return model.model.embed_tokens(ids), None
+    pixels = torch.cat([im.pixel_values for im in with_images]).to(ids.device)
+    grids = torch.cat([im.grid_thw for im in with_images])
+    inside = torch.zeros(ids.numel(), dtype=torch.bool)
+    for start, end in spans:
+        inside[start:end] = True
+    index = ((ids.cpu() == model.config.vision.image_token_id) & inside).nonzero().squeeze(1).to(ids.device)
+    return embed_images(model, ids, pixels, grids, index)
+
+
+def pack_positions(lengths: Sequence[int], images: Sequence[ImageInputs | None], total: int | None = None) -> Tensor:
+    """M-RoPE positions [3, total] of sequences of `lengths` laid end to end (`sequence_positions` each), then
+    zeros up to `total` tokens (fillers)."""
+    positions = [sequence_positions(im, n) for n, im in zip(lengths, images, strict=True)]
+    filler = (total or 0) - sum(lengths)
+    return torch.cat([*positions, torch.zeros(3, max(filler, 0), dtype=torch.long)], 1)
+
+
+def prompt_spans(lengths: Sequence[int], images: Sequence[ImageInputs | None]) -> list[tuple[int, int]]:
+    """`image_embeds`' spans of sequences of `lengths` laid end to end: each image prompt's rows."""
+    spans, start = [], 0
+    for n, im in zip(lengths, images, strict=True):
+        if im is not None:
+            spans.append((start, start + im.prompt_len))
+        start += n
+    return spans
+
+
 def pack_inputs(model: nn.Module, sequences: Sequence[Sequence[int]], images: Sequence[ImageInputs | None]
                 ) -> tuple[Tensor, Tensor, tuple[Tensor, list[Tensor]] | None]:
     """(inputs_embeds, positions [3, T], deepstack) of a pack of sequences (prompt + completion tokens each, the
-    prompt's images or None), for `DecoderForCausalLM.forward`: the tower runs once over every prompt's images
-    (each image attends only within itself, so this equals one run per prompt)."""
+    prompt's images or None), for `DecoderForCausalLM.forward` (`image_embeds`, `pack_positions`)."""
     dev = model.lm_head_weight.device
     ids = torch.tensor([t for s in sequences for t in s], dtype=torch.long, device=dev)
-    positions = torch.cat([sequence_positions(im, len(s)) for s, im in zip(sequences, images, strict=True)], 1)
-    with_images = [im for im in images if im is not None]
-    if not with_images:
-        return model.model.embed_tokens(ids), positions.to(dev), None
-    pixels = torch.cat([im.pixel_values for im in with_images]).to(dev)
-    grids = torch.cat([im.grid_thw for im in with_images])
-    embeds, deepstack = embed_images(model, ids, pixels, grids)
-    return embeds, positions.to(dev), deepstack
+    embeds, deepstack = image_embeds(model, ids, images, prompt_spans([len(s) for s in sequences], images))
+    return embeds, pack_positions([len(s) for s in sequences], images).to(dev), deepstack

@@ -30,6 +30,12 @@ class ImageInputs:
     def prompt_len(self) -> int:
         return self.positions.shape[1]
 
+    @property
+    def position_offset(self) -> int:
+        """How far a later token's position runs behind its index in the sequence (>= 0: an image of n tokens
+        moves the positions on by its longer merged side only)."""
+        return self.prompt_len - self.next_position
+
 
 def expand_image_pads(ids: Sequence[int], grids: Sequence[Sequence[int]], vision: VisionConfig) -> list[int]:
     """ids with its k-th image-pad token repeated as many times as image k has tokens (t * h * w / merge^2).

@@ -26,8 +26,8 @@ if HAS_TRITON:
 
     @triton.jit
     def _step_inputs_kernel(pos_ptr, bt_ptr, stride_bt, width, slots_ptr, lens_ptr, next_ptr, cos_t_ptr, sin_t_ptr,
-                            cos_ptr, sin_ptr, positions, BS: tl.constexpr, D: tl.constexpr, ROPE: tl.constexpr,
-                            PDL: tl.constexpr = False):
+                            cos_ptr, sin_ptr, positions, off_ptr, BS: tl.constexpr, D: tl.constexpr,
+                            ROPE: tl.constexpr, OFFSET: tl.constexpr = False, PDL: tl.constexpr = False):
         if PDL:  # wait for the kernel before (programmatic dependent launch)
             pdl_start()
         b = tl.program_id(0).to(tl.int64)
@@ -38,7 +38,8 @@ if HAS_TRITON:
         tl.store(next_ptr + b, p + 1)
         if ROPE:  # padded rows' positions run on between host checks: clamped, as their block index is
             d = tl.arange(0, D)
-            row = tl.minimum(p, positions - 1) * D
+            q = p - tl.load(off_ptr + b) if OFFSET else p  # the RoPE position: the index less the row's offset
+            row = tl.minimum(q, positions - 1) * D
             tl.store(cos_ptr + b * D + d, tl.load(cos_t_ptr + row + d))
             tl.store(sin_ptr + b * D + d, tl.load(sin_t_ptr + row + d))
 
@@ -59,18 +60,19 @@ if HAS_TRITON:
         tl.store(ring_idx_ptr, tl.minimum(r + 1, ring_size))
 
 
-def step_inputs(pos: Tensor, block_tables: Tensor, block_size: int, rope_tables: tuple[Tensor, Tensor] | None
-                ) -> tuple[Tensor, Tensor, Tensor, tuple[Tensor, Tensor] | None]:
+def step_inputs(pos: Tensor, block_tables: Tensor, block_size: int, rope_tables: tuple[Tensor, Tensor] | None,
+                offset: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor, tuple[Tensor, Tensor] | None]:
     """pos int64 [B] (each row's current token's position), block_tables int32 [B, W] -> (KV slots int64 [B],
     sequence lengths int32 [B] (with the current token), the sampled token's positions int64 [B], (cos, sin)
     [B, D] from `rope_tables` (each [positions, D]) or None without them). A row's table index is clamped to W - 1
-    (a padded row's position runs on between host checks; its writes stay in range)."""
+    (a padded row's position runs on between host checks; its writes stay in range). offset int64 [B]: each row's
+    index less its RoPE position (M-RoPE of a prompt with images): the cos / sin rows are gathered at pos - offset."""
     B, W = block_tables.shape
     if rope_tables is None or not use_triton(pos) or B == 0:
         blk = block_tables.gather(1, (pos // block_size).clamp_(max=W - 1)[:, None])[:, 0]
         rope = None
         if rope_tables is not None:
-            rows = pos.clamp(max=rope_tables[0].shape[0] - 1)
+            rows = (pos if offset is None else pos - offset).clamp(max=rope_tables[0].shape[0] - 1)
             rope = rope_tables[0][rows], rope_tables[1][rows]
         return blk.long() * block_size + pos % block_size, (pos + 1).to(torch.int32), pos + 1, rope
     cos_t, sin_t = rope_tables
@@ -79,7 +81,8 @@ def step_inputs(pos: Tensor, block_tables: Tensor, block_size: int, rope_tables:
     lens = torch.empty(B, dtype=torch.int32, device=pos.device)
     cos, sin = cos_t.new_empty(B, D), sin_t.new_empty(B, D)
     _step_inputs_kernel[(B,)](pos, block_tables, block_tables.stride(0), W, slots, lens, nxt, cos_t, sin_t, cos,
-                              sin, cos_t.shape[0], BS=block_size, D=D, ROPE=True,
+                              sin, cos_t.shape[0], pos if offset is None else offset, BS=block_size, D=D, ROPE=True,
+                              OFFSET=offset is not None,
                               num_warps=tuned("decode_state.step_warps", chip_for(pos)), **pdl_launch(pos))
     return slots, lens, nxt, (cos, sin)
 

@@ -45,8 +45,9 @@ def with_placeholders(messages: list[dict[str, str]], count: int) -> list[dict[s
 
 
 def check_no_images(prompt: Any) -> None:
-    """Until the generator and the trainer carry a prompt's images (#59), a prompt with images stops the run in
-    one line rather than training on its placeholders alone."""
+    """Where a prompt's images do not reach the model yet (the generator ranks' continuous rollouts: #59), a prompt
+    with images stops the run in one line rather than training on its placeholders alone."""
     if prompt.meta.get("images"):
-        raise ValueError(f"a prompt holds {len(prompt.meta['images'])} image(s); monorl's generator and trainer do "
-                         "not feed images to the model yet (#59): drop the image column")
+        raise ValueError(f"a prompt holds {len(prompt.meta['images'])} image(s); this rollout path does not feed "
+                         "images to the model yet (#59): generate on the trainer's ranks (colocated) or drop the "
+                         "image column")

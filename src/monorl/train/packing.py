@@ -27,10 +27,12 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
 from monorl.model.attention import SharedPrompts, VarlenContext, positions_of
 from monorl.model.pack_layout import bucket_size, filler_lengths, next_pow2, static_max_seqlen
+from monorl.model.qwen3_vl import image_embeds, pack_positions
+from monorl.model.vision_prompt import ImageInputs
 
 
 @dataclass
@@ -54,6 +56,9 @@ class TrainSequence:
     completion_mask: list[int] | None = None
     # a distillation teacher's log-probs of completion_ids (`Trainer.frozen_logprobs`; monorl.train.teacher)
     teacher_logprobs: list[float] | None = None
+    # its prompt's images (`ImageInputs`: placeholders expanded in prompt_ids): the model takes the tower's
+    # embeddings there and M-RoPE positions; image tokens are prompt tokens, never trained on
+    images: ImageInputs | None = None
 
     def __post_init__(self) -> None:
         if len(self.old_logprobs) != len(self.completion_ids):
@@ -63,6 +68,9 @@ class TrainSequence:
         if self.completion_mask is not None and len(self.completion_mask) != len(self.completion_ids):
             raise ValueError(f"{len(self.completion_mask)} mask entries for {len(self.completion_ids)} completion "
                              "tokens")
+        if self.images is not None and self.images.prompt_len != len(self.prompt_ids):
+            raise ValueError(f"images laid out for {self.images.prompt_len} prompt tokens, the prompt has "
+                             f"{len(self.prompt_ids)}")
 
     @property
     def trained_tokens(self) -> int:
@@ -100,6 +108,11 @@ class MicroBatch:
     token_mask: Tensor  # [N] fp32, 1 for a real completion token, 0 for a padded row
     num_real_tokens: int  # tokens of its sequences, whole (a shared prompt counted per sequence, as TRL counts)
     num_targets: int  # real completion tokens (rows of token_mask that are 1)
+    # the images of its prompts, in the order their placeholder runs lie in input_ids, and then the unique tokens'
+    # M-RoPE positions [3, T] (`model_forward`); none: text only, the context's positions
+    images: tuple[ImageInputs, ...] = ()
+    image_spans: tuple[tuple[int, int], ...] = ()  # each one's prompt rows in input_ids
+    mrope_positions: Tensor | None = None
 
     @property
     def shape(self) -> PackShape:
@@ -201,6 +214,8 @@ def pack(seqs: Sequence[TrainSequence], indices: Sequence[int], buckets: Sequenc
     ref: list[float] = []
     teacher: list[float] = []
     seq_ids: list[int] = []
+    images: list[ImageInputs] = []  # in the order of their placeholders in `ids` (a shared prompt's once)
+    spans: list[tuple[int, int]] = []  # their prompts' rows in `ids`
     for i in indices:
         s = seqs[i]
         p = len(s.prompt_ids)
@@ -210,6 +225,9 @@ def pack(seqs: Sequence[TrainSequence], indices: Sequence[int], buckets: Sequenc
             # gathered for several targets would get their gradients summed in an order nothing fixes (CPU threads)
             if key not in prompt_rows:
                 prompt_rows[key] = list(range(len(ids), len(ids) + p - 1))
+                if s.images is not None:  # (its last prompt token, a sequence's own, is text: the chat's header)
+                    images.append(s.images)
+                    spans.append((len(ids), len(ids) + p - 1))
                 ids += s.prompt_ids[:-1]
             start = len(ids)
             ids += s.prompt_ids[-1:] + s.completion_ids
@@ -218,6 +236,9 @@ def pack(seqs: Sequence[TrainSequence], indices: Sequence[int], buckets: Sequenc
             start = len(ids)
             ids += s.prompt_ids + s.completion_ids
             rows = list(range(start, len(ids)))
+            if s.images is not None:
+                images.append(s.images)
+                spans.append((start, start + p))
         seq_rows.append(rows)
         lengths.append(len(s))
         # hidden state at position t predicts token t+1
@@ -262,6 +283,11 @@ def pack(seqs: Sequence[TrainSequence], indices: Sequence[int], buckets: Sequenc
                                                    None if shape is None else shape.copies).to(device))
     else:
         lengths = filler_lengths(lengths, size, chunk, static, count)
+    mrope = None
+    if images:  # each unique token's M-RoPE position, from any of its copies (the sequences' layout); fillers 0
+        full = pack_positions([len(seqs[i]) for i in indices], [seqs[i].images for i in indices])
+        mrope = torch.zeros(3, size, dtype=torch.long)
+        mrope[:, host_tensor([r for rows in seq_rows for r in rows], torch.long)] = full
     has_ref = all(seqs[i].ref_logprobs is not None for i in indices)
     has_teacher = all(seqs[i].teacher_logprobs is not None for i in indices)
     n_rows = (bucket_size(num_targets) if shape is None else shape.targets) if static else num_targets
@@ -283,10 +309,22 @@ def pack(seqs: Sequence[TrainSequence], indices: Sequence[int], buckets: Sequenc
         token_mask=rows([float(m) for m in mask], 0.0, torch.float32),
         num_real_tokens=full_real,
         num_targets=num_targets,
+        images=tuple(images),
+        image_spans=tuple(spans),
+        mrope_positions=None if mrope is None else mrope.to(device),
     )
     if shape is not None and mb.shape != shape:  # e.g. more filler sequences than the shape's entries
         raise ValueError(f"a pack of {real} tokens padded to {shape} took {mb.shape}")
     return mb
+
+
+def model_forward(model: nn.Module, mb: MicroBatch) -> Tensor:
+    """The model's final hidden states of a micro-batch: where its prompts hold images, the tower's embeddings at
+    their placeholders (the tower runs in this forward: it trains unless frozen) and the M-RoPE positions."""
+    if not mb.images:
+        return model(mb.input_ids, mb.ctx.positions, mb.ctx)
+    embeds, deepstack = image_embeds(model, mb.input_ids, mb.images, mb.image_spans)
+    return model(mb.input_ids, mb.mrope_positions, mb.ctx, inputs_embeds=embeds, deepstack=deepstack)
 
 
 _NUMPY = {torch.long: np.int64, torch.float32: np.float32}

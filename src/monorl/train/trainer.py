@@ -6,8 +6,8 @@ autocast, so its matmuls see the same bf16-rounded weights the generator holds. 
 setting in both modes: a batch-invariant model (`monorl.model.batch_invariant`) casts its embedding output to
 autocast's dtype and its weights to their inputs' dtype, so it computes in exactly the generator's dtype.
 
-With `cuda_graphs`, packs are static (`packing.pack(static=True)`) and each micro-batch is one replay
-of a graph captured per pack shape (`train.graphs`); without, the same `_accumulate` runs directly.
+With `cuda_graphs`, packs are static (`packing.pack(static=True)`) and each micro-batch is one replay of a graph
+captured per pack shape (`train.graphs`); without (or for a pack with images), `_accumulate` runs directly.
 
 Several ranks (`world`, an FSDP2-sharded model: `monorl.distributed`): every rank is given the whole step's
 sequences and trains its contiguous share of them, balanced by packed tokens (`packing.token_share`). The loss
@@ -16,9 +16,9 @@ equal the one-rank gradient; the metric sums are added over ranks. FSDP's collec
 micro-batches as the busiest one: the others run copies with every token masked (loss and gradient exactly zero).
 With `cuda_graphs` each micro-batch, its all-gathers and reduce-scatters included, is one graph replay there too.
 
-A mixture-of-experts policy (Qwen3-MoE) may add the routers' load-balancing loss (`router_aux_loss`: config.json's
-router_aux_loss_coef times transformers' `load_balancing_loss_func` of each micro-batch's router logits, weighted
-by the micro-batch's share of the step's trained tokens), as HF adds it under `output_router_logits`.
+A mixture-of-experts policy may add the routers' load-balancing loss (`router_aux_loss`: router_aux_loss_coef times
+transformers' `load_balancing_loss_func` of each micro-batch's router logits, weighted by its share of the step's
+trained tokens), as HF adds it under `output_router_logits`.
 """
 
 from __future__ import annotations
@@ -51,6 +51,7 @@ from monorl.train.packing import (
     covering_shape,
     make_micro_batches,
     masked_copy,
+    model_forward,
     token_share,
 )
 from monorl.train.rollout_correction import MAX_METRIC, MIN_METRIC
@@ -133,7 +134,7 @@ class Trainer(TrainerWarmUps):
     def response_logprobs(self, model: DecoderForCausalLM, mb: MicroBatch, temperature: float) -> Tensor:
         """Log-probs of the completion tokens of one micro-batch, [N] fp32."""
         with self._autocast():
-            hidden = model(mb.input_ids, mb.ctx.positions, mb.ctx)
+            hidden = model_forward(model, mb)
             return chunked_token_logprobs(model, hidden[mb.logit_index], mb.targets, temperature,
                                           self.cfg.logprob_chunk)
 
@@ -141,7 +142,7 @@ class Trainer(TrainerWarmUps):
         """The policy's log-probs of one micro-batch's completion tokens ([N] fp32, with grad) and the entropy of
         its distribution at each ([N] fp32, detached), from the same chunks of logits."""
         with self._autocast():
-            hidden = self.model(mb.input_ids, mb.ctx.positions, mb.ctx)
+            hidden = model_forward(self.model, mb)
             return chunked_token_logprobs_entropy(self.model, hidden[mb.logit_index], mb.targets, temperature,
                                                   self.cfg.logprob_chunk)
 
@@ -286,9 +287,9 @@ class Trainer(TrainerWarmUps):
         """Capture the graph for this micro-batch's key if needed; its key, or None when no graph serves it."""
         assert self.graphs is not None
         key = self._graph_key(mb, advantages.numel(), temperature)
-        if self.graphs.has(key):
+        if self.graphs.has(key) and not mb.images:  # (a pack with images runs eagerly: its tower's shapes vary)
             return key
-        if self.graphs.full():
+        if mb.images or self.graphs.full():
             return None
         if self.max_graph_tokens is not None and mb.shape.full_tokens > self.max_graph_tokens:
             if not self._warned_graph_size:

@@ -161,7 +161,7 @@ class RolloutProducer:
             prompts = self.stream.peek(ro.prompts_per_step)
             max_new = rollout_sampling(self.cfg, step).max_new_tokens
             self.encoded_ahead = (max_new, prompts, encode_prompts(spec.task, spec.tokenizer, prompts, spec.max_len,
-                                                                   max_new))
+                                                                   max_new, images=True))
         except Exception:  # noqa: BLE001 - a prompt that fails to render fails where that step draws it, as before
             log.debug("encoding the next step's prompts ahead failed; that step encodes them itself", exc_info=True)
 

@@ -15,6 +15,8 @@ from monorl.generate.generator import Generator
 from monorl.generate.requests import Completion
 from monorl.generate.sampling import SamplingParams
 from monorl.generate.tensor_parallel import gathered_once, generation_world
+from monorl.model.image_processing import ImageProcessor
+from monorl.model.vision_prompt import ImageInputs, encode_with_images
 from monorl.rl.advantages import compute_advantages
 from monorl.tasks.base import Prompt, Task, safe_score_batch
 from monorl.tasks.images import check_no_images
@@ -44,6 +46,7 @@ class Rollout:
     policy_version: int = 0
     # the version that sampled each completion token (-1 on an episode's inserted ones); None: all policy_version
     token_versions: list[int] | None = None
+    images: ImageInputs | None = None  # the prompt's images (prompt_ids hold their placeholders expanded)
 
     @property
     def reward(self) -> float:
@@ -66,15 +69,18 @@ class Rollout:
         its prompt group in the step (the trainer packs a group's prompt once)."""
         return TrainSequence(self.prompt_ids, self.completion_ids, self.logprobs, self.advantage,
                              masked=mask_truncated and self.truncated, group=group,
-                             completion_mask=self.completion_mask)
+                             completion_mask=self.completion_mask, images=self.images)
 
 
 def encode_prompts(task: Task, tokenizer, prompts: Sequence[Prompt], max_len: int,
-                   max_new_tokens: int) -> tuple[list[Prompt], list[list[int]]]:
-    """Render and tokenize; a prompt that leaves no room for `max_new_tokens` is skipped with a warning."""
+                   max_new_tokens: int, images: bool = False) -> tuple[list[Prompt], list[list[int]]]:
+    """Render and tokenize; a prompt that leaves no room for `max_new_tokens` is skipped with a warning. images:
+    the caller feeds a prompt's images (`generate_rollouts` expands its placeholders); else a prompt with images
+    stops the run in one line."""
     kept, ids = [], []
     for p in prompts:
-        check_no_images(p)
+        if not images:
+            check_no_images(p)
         toks = tokenizer.encode(task.render(p, tokenizer))
         if len(toks) + max_new_tokens > max_len:
             log.warning("skipping prompt of %d tokens: with max_new_tokens=%d it exceeds the context of %d tokens",
@@ -98,21 +104,24 @@ def generate_rollouts(generator: Generator, tokenizer, task: Task, prompts: Sequ
     encoded: `encode_prompts(task, tokenizer, prompts, max_len, sampling.max_new_tokens)`, when already at hand.
     context: the step's `RewardContext`, passed to the task's rewards; what they log with log_metric is added to
     it (every rank's), what they log with log_extra lands in each rollout's `extra`."""
-    prompts, prompt_ids = encoded or encode_prompts(task, tokenizer, prompts, max_len, sampling.max_new_tokens)
+    prompts, prompt_ids = encoded or encode_prompts(task, tokenizer, prompts, max_len, sampling.max_new_tokens,
+                                                    images=True)
     lo, hi = generation_world(world, generator.tp).share(len(prompts))  # a TP group's ranks: the same share
     prompts, prompt_ids = prompts[lo:hi], prompt_ids[lo:hi]
+    prompt_ids, images = prompt_images(generator, prompts, prompt_ids)
     call = context.fresh() if context is not None else None  # this call's logs, merged over ranks below
-    outs = generator.generate(prompt_ids, sampling, n=n, first_prompt_index=lo,
-                              between_chunks=between_chunks) if prompts else []
+    outs = generator.generate(prompt_ids, sampling, n=n, first_prompt_index=lo, between_chunks=between_chunks,
+                              images=images) if prompts else []
     drain_updates(between_chunks)
-    groups = score_groups(tokenizer, task, prompts, prompt_ids, outs, call)
+    groups = score_groups(tokenizer, task, prompts, prompt_ids, outs, call, images)
     return gather_groups(world, generator, groups, call, context)
 
 
 def score_groups(tokenizer, task: Task, prompts: Sequence[Prompt], prompt_ids: Sequence[list[int]],
-                 outs: Sequence[Sequence[Completion]], call: RewardContext | None) -> list[list[Rollout]]:
+                 outs: Sequence[Sequence[Completion]], call: RewardContext | None,
+                 images: Sequence[ImageInputs | None] | None = None) -> list[list[Rollout]]:
     """[prompt][sample] rollouts of the completions `outs`, scored by one reward call for them all (what the rewards
-    log goes into `call`, a `RewardContext.fresh()`)."""
+    log goes into `call`, a `RewardContext.fresh()`); images: each prompt's, carried to its rollouts."""
     if not prompts:
         return []
     # reward functions see the text without special tokens, as TRL's do (`Completion.text`)
@@ -125,19 +134,43 @@ def score_groups(tokenizer, task: Task, prompts: Sequence[Prompt], prompt_ids: S
     extras = iter(call.take_columns(len(flat_texts)) if call is not None else [{}] * len(flat_texts))
     weights = dict(task.reward_weights)  # one dict, shared by the batch's rollouts
     groups: list[list[Rollout]] = []
-    for p, ids, comps, ts in zip(prompts, prompt_ids, outs, texts, strict=True):
+    images = images or [None] * len(prompts)
+    for p, ids, comps, ts, im in zip(prompts, prompt_ids, outs, texts, images, strict=True):
         group = []
         for c, text in zip(comps, ts, strict=True):
             rewards, error = next(scores)
             group.append(Rollout(p, ids, list(c.token_ids), list(c.logprobs), c.finish_reason, text, rewards,
                                  error, weights=weights, extra=next(extras),
-                                 policy_version=min(c.versions or [0]), token_versions=c.versions))
+                                 policy_version=min(c.versions or [0]), token_versions=c.versions, images=im))
         groups.append(group)
     failed = [r.reward_error for g in groups for r in g if r.reward_error is not None]
     if failed:  # one line per call, not one per completion
         log.warning("task %r: reward failed on %d of %d completions, scored 0.0 (first: %s)", task.name,
                     len(failed), sum(map(len, groups)), failed[0])
     return groups
+
+
+def prompt_images(generator: Generator, prompts: Sequence[Prompt], prompt_ids: Sequence[list[int]]
+                  ) -> tuple[list[list[int]], list[ImageInputs | None]]:
+    """Each prompt's tokens with its images' placeholders expanded, and its `ImageInputs` (None: no images), by the
+    generator's image processor (`Generator.image_processor`, else the tower's patch sizes with Qwen3-VL's
+    defaults). ValueError (one line) for images and a model without a vision tower."""
+    if not any(p.meta.get("images") for p in prompts):
+        return list(prompt_ids), [None] * len(prompts)
+    vision = generator.model.config.vision
+    if vision is None:
+        raise ValueError("a prompt holds images and the policy has no vision tower: use a vision-language model "
+                         "(e.g. Qwen3-VL) or drop the image column")
+    processor = generator.image_processor or ImageProcessor.for_model(vision)
+    out_ids, out_images = [], []
+    for p, ids in zip(prompts, prompt_ids, strict=True):
+        if p.meta.get("images"):
+            ids, im = encode_with_images(ids, p.meta["images"], vision, processor)
+        else:
+            im = None
+        out_ids.append(ids)
+        out_images.append(im)
+    return out_ids, out_images
 
 
 def gather_groups(world: World, generator: Generator, groups: list[list[Rollout]], call: RewardContext | None,

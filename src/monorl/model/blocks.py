@@ -51,6 +51,10 @@ class Attention(nn.Module):
 
 
 class MLP(nn.Module):
+    """down(act(gate(x)) * up(x)): SwiGLU (a family with another gate activation subclasses it, `act`)."""
+
+    act = staticmethod(F.silu)
+
     def __init__(self, cfg: ModelConfig, fused: bool = False) -> None:
         super().__init__()
         self.fused, self.intermediate_size = fused, cfg.intermediate_size
@@ -66,7 +70,7 @@ class MLP(nn.Module):
             gate, up = self.gate_up_proj(x).split([self.intermediate_size, self.intermediate_size], dim=-1)
         else:
             gate, up = self.gate_proj(x), self.up_proj(x)
-        return self.down_proj(F.silu(gate) * up)
+        return self.down_proj(self.act(gate) * up)
 
 
 class TransformerBlock(nn.Module):

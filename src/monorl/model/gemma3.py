@@ -12,12 +12,14 @@ base of their own (`ModelConfig.rope_kind`). The embedding is scaled by sqrt(hid
 from __future__ import annotations
 
 import math
+from functools import partial
 from typing import Any
 
 import torch.nn.functional as F
 from torch import Tensor, nn
 
 from monorl.model.attention import AttentionContext
+from monorl.model.blocks import MLP
 from monorl.model.config import ModelConfig
 from monorl.model.layers import Linear, OffsetRMSNorm
 from monorl.ops.rope import apply_rope
@@ -62,25 +64,10 @@ class Gemma3Attention(nn.Module):
         return self.o_proj(o.flatten(1))
 
 
-class Gemma3MLP(nn.Module):
+class Gemma3MLP(MLP):
     """GeGLU: down(gelu_tanh(gate(x)) * up(x))."""
 
-    def __init__(self, cfg: ModelConfig, fused: bool = False) -> None:
-        super().__init__()
-        self.fused, self.intermediate_size = fused, cfg.intermediate_size
-        if fused:
-            self.gate_up_proj = Linear(cfg.hidden_size, 2 * cfg.intermediate_size, bias=False)
-        else:
-            self.gate_proj = Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
-            self.up_proj = Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
-        self.down_proj = Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
-
-    def forward(self, x: Tensor) -> Tensor:
-        if self.fused:
-            gate, up = self.gate_up_proj(x).split([self.intermediate_size, self.intermediate_size], dim=-1)
-        else:
-            gate, up = self.gate_proj(x), self.up_proj(x)
-        return self.down_proj(F.gelu(gate, approximate="tanh") * up)
+    act = staticmethod(partial(F.gelu, approximate="tanh"))
 
 
 class Gemma3Block(nn.Module):

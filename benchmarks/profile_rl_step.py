@@ -61,7 +61,7 @@ def _phases(run) -> None:
     pieces = [(run.generator, "_admit"), (run.generator, "_reap"), (run.generator, "_completion"),
               (run.generator.runner, "read_ring"), (run.generator.runner, "prefill"),
               (run.generator.runner, "reset_slots"), (run.generator.runner, "set_slots"),
-              (run.generator.kv, "copy_blocks"), (run.producer, "check_rewards"), (run.trainer, "_ensure_graph"),
+              (run.generator.cache, "copy_blocks"), (run.producer, "check_rewards"), (run.trainer, "_ensure_graph"),
               (rollouts_mod, "encode_prompts"), (producer_mod, "encode_prompts"), (rollouts_mod, "safe_score_batch"),
               (rollouts_mod, "gather_groups"),
               (consumer_mod, "assign_advantages"), (trainer_mod.LossNorm, "for_step")]

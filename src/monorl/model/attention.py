@@ -30,7 +30,7 @@ from torch import Tensor
 
 from monorl.compile import mark_dynamic
 from monorl.ops.attention import invariant as attention_invariant
-from monorl.ops.row_copies import sum_row_copies
+from monorl.ops.row_copies import sum_row_copies, take_rows
 from monorl.speedups.private_apis import flash_attention_forward, flash_window
 
 AttnBackend = Literal["auto", "sdpa", "flash"]
@@ -162,7 +162,7 @@ class SharedPrompts:
 
     def contract(self, out: Tensor) -> Tensor:
         """The full layout's attention output -> each unique token's (its first copy's)."""
-        return out[self.copies[:, 0]]
+        return take_rows(out, self.copies[:, 0])
 
 
 def positions_of(lengths: list[int] | Tensor | np.ndarray) -> Tensor:

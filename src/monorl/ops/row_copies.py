@@ -1,10 +1,21 @@
-"""The gradient of rows copied into several places: out[u] = sum of x[copies[u, j]] over j, in fp32, in order j =
-0, 1, ... (deterministic), where an index past x's last row stands for a copy that is not there. The trainer's shared
-prompts (`monorl.model.attention.SharedPrompts`) sum each prompt token's key and value gradients over its copies with
-it. On CUDA one Triton program per row reads only the copies that exist; elsewhere the same sums through a gather.
+"""Rows gathered and copied, with backwards that stay cheap.
+
+`take_rows`: x[index] for an index that names each row at most once (a shared-prompt pack's first copies, the
+trainer's logit rows). Autograd's backward of x[index] is an accumulating index_put, CUDA's sort-based
+`indexing_backward_kernel`: 3.3 ms a call on SmolLM2's packs, 31 calls (one per layer and the head) = 102 ms of a
+150 ms trainer step (H100, benchmarks/profile_rl_step.py, #62). With unique rows the gradient is a plain placement
+(`index_copy`): the same values, no sort, no sum.
+
+`sum_row_copies`: the gradient of rows copied into several places: out[u] = sum of x[copies[u, j]] over j, in fp32,
+in order j = 0, 1, ... (deterministic), where an index past x's last row stands for a copy that is not there. The
+trainer's shared prompts (`monorl.model.attention.SharedPrompts`) sum each prompt token's key and value gradients
+over its copies with it. On CUDA one Triton program per row reads only the copies that exist; elsewhere the same
+sums through a gather.
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -44,3 +55,21 @@ def sum_row_copies(x: Tensor, copies: Tensor) -> Tensor:
         return out
     padded = torch.cat([x, x.new_zeros(1, *x.shape[1:])])
     return padded[copies.clamp(max=N)].sum(1, dtype=torch.float32).to(x.dtype)
+
+
+class _TakeRows(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, x: Tensor, index: Tensor) -> Tensor:
+        ctx.save_for_backward(index)
+        ctx.rows = x.shape[0]
+        return x.index_select(0, index)
+
+    @staticmethod
+    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor, None]:
+        (index,) = ctx.saved_tensors
+        return grad.new_zeros(ctx.rows, *grad.shape[1:]).index_copy_(0, index, grad), None
+
+
+def take_rows(x: Tensor, index: Tensor) -> Tensor:
+    """x[index] along dim 0 for an int64 `index` naming each row at most once (the module docstring)."""
+    return _TakeRows.apply(x, index) if x.requires_grad else x.index_select(0, index)

@@ -41,6 +41,7 @@ from monorl.model.decoder import DecoderForCausalLM
 from monorl.model.logprobs import chunked_token_logprobs, chunked_token_logprobs_entropy
 from monorl.model.moe import grouped_mm_serves
 from monorl.model.moe_routing import RouterTap, load_balancing_loss
+from monorl.ops.row_copies import take_rows
 from monorl.train.graphs import TrainGraphs
 from monorl.train.losses import LossNorm, loss_metric_names, policy_loss
 from monorl.train.optim import clip_and_step, lr_factor, make_optimizer
@@ -134,17 +135,15 @@ class Trainer(TrainerWarmUps):
     def response_logprobs(self, model: DecoderForCausalLM, mb: MicroBatch, temperature: float) -> Tensor:
         """Log-probs of the completion tokens of one micro-batch, [N] fp32."""
         with self._autocast():
-            hidden = model_forward(model, mb)
-            return chunked_token_logprobs(model, hidden[mb.logit_index], mb.targets, temperature,
-                                          self.cfg.logprob_chunk)
+            hidden = take_rows(model_forward(model, mb), mb.logit_index)
+            return chunked_token_logprobs(model, hidden, mb.targets, temperature, self.cfg.logprob_chunk)
 
     def logprobs_entropy(self, mb: MicroBatch, temperature: float) -> tuple[Tensor, Tensor]:
         """The policy's log-probs of one micro-batch's completion tokens ([N] fp32, with grad) and the entropy of
         its distribution at each ([N] fp32, detached), from the same chunks of logits."""
         with self._autocast():
-            hidden = model_forward(self.model, mb)
-            return chunked_token_logprobs_entropy(self.model, hidden[mb.logit_index], mb.targets, temperature,
-                                                  self.cfg.logprob_chunk)
+            hidden = take_rows(model_forward(self.model, mb), mb.logit_index)
+            return chunked_token_logprobs_entropy(self.model, hidden, mb.targets, temperature, self.cfg.logprob_chunk)
 
     @torch.no_grad()
     def frozen_logprobs(self, model: DecoderForCausalLM, seqs: Sequence[TrainSequence], temperature: float,

@@ -24,6 +24,8 @@ fp32. Kept rows: (k [N, C, Hk, Dk], v [N, C, Hv, Dv] in v's dtype, g and beta [N
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor
@@ -34,6 +36,25 @@ CHUNK = 64  # the mode's chunk (the default reference's and fla's); read at call
 _BUFFER = 1 << 22  # elements of one product buffer before a tree sum (~16 MB fp32)
 
 Kept = tuple[Tensor, Tensor, Tensor, Tensor]
+
+
+def pointwise(fn: Callable[[Tensor], Tensor], x: Tensor) -> Tensor:
+    """fn(x) for an elementwise transcendental fn (exp, sigmoid, softplus, SiLU) whose value at an element does not
+    depend on where it sits. On CPU ATen computes a tensor's last numel % 16 (AVX2; 32 AVX-512) elements with the
+    scalar libm form, which rounds differently from the SIMD form, so the same token's g differed between a pack of
+    one sequence and of two: here every element takes the SIMD form (padded to a multiple of 64, in pieces under
+    ATen's parallel grain, so no thread split leaves a tail either). CUDA's elementwise kernels are per element."""
+    if x.device.type != "cpu":
+        return fn(x)
+    flat = x.contiguous().view(-1)
+    n = flat.numel()
+    flat = F.pad(flat, (0, -n % 64))
+    out = torch.cat([fn(p) for p in flat.split(1 << 15)]) if n else fn(flat)
+    return out[:n].view(x.shape)
+
+
+def _exp(x: Tensor) -> Tensor:
+    return pointwise(torch.exp, x)
 
 
 def _contract(a: Tensor, b: Tensor) -> Tensor:
@@ -67,12 +88,13 @@ class _Intra:
         C = q.shape[-2]
         upper = torch.ones(C, C, dtype=torch.bool, device=q.device).triu(1)
         self.cum = cum = tree_sum(g[..., None, :].expand(*g.shape, C).masked_fill(upper, 0.0))
-        decay = (cum[..., :, None] - cum[..., None, :]).masked_fill(upper, float("-inf")).exp()
+        decay = (cum[..., :, None] - cum[..., None, :]).masked_fill(upper, float("-inf"))
+        decay = _exp(decay)
         k_beta, v_beta = k * beta[..., None], v * beta[..., None]
         on_or_above = torch.ones_like(upper).triu()
         lower = (_contract(k_beta, k) * decay).masked_fill(on_or_above, 0.0)  # strictly lower
         self.intra = _contract(q, k) * decay  # zero above the diagonal (exp(-inf))
-        rhs = torch.cat([v_beta, k_beta * cum.exp()[..., None]], dim=-1)
+        rhs = torch.cat([v_beta, k_beta * _exp(cum)[..., None]], dim=-1)
         rows = [rhs[..., 0, :]]
         for r in range(1, C):  # (I + strictly-lower) x = rhs
             prev = torch.stack(rows, dim=-1)  # [..., D, r]
@@ -80,15 +102,15 @@ class _Intra:
         x = torch.stack(rows, dim=-2)
         Dv = v.shape[-1]
         self.new_values, self.k_cumdecay = x[..., :Dv], x[..., Dv:]
-        self.q_decayed = q * cum.exp()[..., None]
-        self.k_to_end = k * (cum[..., -1:] - cum).exp()[..., None]
+        self.q_decayed = q * _exp(cum)[..., None]
+        self.k_to_end = k * _exp(cum[..., -1:] - cum)[..., None]
 
     def step(self, idx: Tensor | slice, state: Tensor) -> tuple[Tensor, Tensor]:
         """Chunks `idx` from their states [b, H, Dk, Dv] -> (o [b, H, C, Dv], the state after the whole chunk)."""
         st = state.transpose(-1, -2)  # [b, H, Dv, Dk]
         v_new = self.new_values[idx] - _contract(self.k_cumdecay[idx], st)
         o = _contract(self.q_decayed[idx], st) + _contract(self.intra[idx], v_new.transpose(-1, -2))
-        end = state * self.cum[idx][..., -1].exp()[..., None, None] + _contract(
+        end = state * _exp(self.cum[idx][..., -1])[..., None, None] + _contract(
             self.k_to_end[idx].transpose(-1, -2), v_new.transpose(-1, -2))
         return o, end
 

@@ -129,14 +129,18 @@ CACHE_KINDS: dict[str, type] = {"full_attention": PagedKV, "sliding_attention": 
                                "linear_attention": RecurrentState}
 
 
-def cache_kinds(cfg: ModelConfig, batch_invariant: bool = False) -> list[LayerCache]:
-    """The cache kinds of a model's layers: one instance per layer kind present, over that kind's layers. For a
-    batch-invariant generator, a kind whose rows differ in that mode (`batch_invariant` attribute: the recurrent
-    state's kept chunk) is told so before it is sized."""
+def cache_kinds(cfg: ModelConfig) -> list[LayerCache]:
+    """The cache kinds of a model's layers: one instance per layer kind present, over that kind's layers."""
     by_type: dict[str, list[int]] = {}
     for i in range(cfg.num_layers):
         by_type.setdefault(cfg.layer_type(i), []).append(i)
-    kinds = [CACHE_KINDS[t](cfg, ids) for t, ids in by_type.items()]
+    return [CACHE_KINDS[t](cfg, ids) for t, ids in by_type.items()]
+
+
+def _kinds(cfg: ModelConfig, batch_invariant: bool) -> list[LayerCache]:
+    """`cache_kinds`, for a batch-invariant generator telling a kind whose rows differ in that mode (its
+    `batch_invariant` attribute: the recurrent state's kept chunk) so before it is sized."""
+    kinds = cache_kinds(cfg)
     for k in kinds:
         if batch_invariant and hasattr(k, "batch_invariant"):
             k.batch_invariant = True
@@ -158,7 +162,7 @@ def sequence_rows(max_num_seqs: int) -> int:
 
 def bytes_per_sequence(cfg: ModelConfig, dtype: torch.dtype, batch_invariant: bool = False) -> int:
     """What one sequence row costs over every layer kind of `cfg` (0 without per-sequence state)."""
-    return sum(k.bytes_per_sequence(dtype) for k in cache_kinds(cfg, batch_invariant))
+    return sum(k.bytes_per_sequence(dtype) for k in _kinds(cfg, batch_invariant))
 
 
 def blocks_in_budget(cfg: ModelConfig, budget: int, max_num_seqs: int, block_size: int, dtype: torch.dtype,
@@ -176,7 +180,7 @@ def kv_cache_bytes_needed(cfg: ModelConfig, max_num_seqs: int, max_model_len: in
     blocks = max_num_seqs * blocks_for(max_model_len, block_size) + 1
     rows = sequence_rows(max_num_seqs if rows_for is None else rows_for)
     return sum(blocks * k.bytes_per_block(block_size, dtype) + rows * k.bytes_per_sequence(dtype)
-               for k in cache_kinds(cfg, batch_invariant))
+               for k in _kinds(cfg, batch_invariant))
 
 
 @dataclass
@@ -239,7 +243,7 @@ class Cache:
         if num_blocks < 2:
             raise ValueError(f"KV cache budget too small: {num_blocks} blocks (need >= 2)")
         self.block_size, self.num_blocks, self.device, self.dtype = block_size, num_blocks, device, dtype
-        self.kinds = cache_kinds(cfg, batch_invariant)
+        self.kinds = _kinds(cfg, batch_invariant)
         # a kind with per-sequence rows sizes them by the decode slots (`sequence_rows`), not by the blocks
         self._hook("size_rows", None if max_num_seqs is None else sequence_rows(max_num_seqs))
         for kind in self.kinds:

@@ -17,7 +17,7 @@ import time
 import torch
 
 from monorl.generate import Generator, GeneratorConfig, SamplingParams
-from monorl.model.batch_invariant import make_batch_invariant_
+from monorl.model.batch_invariant import is_batch_invariant, make_batch_invariant_
 from monorl.model.config import ModelConfig
 from monorl.model.decoder import build_model
 from monorl.train.packing import TrainSequence, make_micro_batches
@@ -33,6 +33,8 @@ SHAPE = ModelConfig(vocab_size=512, hidden_size=256, intermediate_size=512, num_
 def decode_step_s(model, rows: int, prompt: int, new: int, repeats: int) -> float:
     gen = Generator(model, GeneratorConfig(max_num_seqs=rows, max_model_len=prompt + new + 8, block_size=16),
                     eos_token_ids=())
+    if is_batch_invariant(model):  # the copy converted too, as the RL loop's `build_generator` does
+        make_batch_invariant_(gen.model)
     prompts = [[(7 * i + j) % 500 + 2 for j in range(prompt)] for i in range(rows)]
 
     def run(n: int) -> float:

@@ -12,13 +12,16 @@ import torch
 from monorl.generate.cache import kv_cache_bytes_needed
 from monorl.generate.engine import Engine
 from monorl.generate.episodes import run_episodes
+from monorl.generate.generator import Generator, GeneratorConfig
 from monorl.generate.recurrent_state import RecurrentState
 from monorl.generate.sampling import SamplingParams
 from monorl.model.batch_invariant import make_batch_invariant_
+from monorl.model.decoder import build_model
 from monorl.ops import gated_delta_invariant
 from monorl.ops.gated_delta import chunk_gated_delta_rule
 from monorl.ops.gated_delta_invariant import invariant_decode, invariant_rule
-from monorl.train.packing import TrainSequence
+from monorl.train.packing import TrainSequence, make_micro_batches
+from monorl.train.trainer import Trainer, TrainerConfig
 from tests.test_episodes import TURNS, generator, reprefilled_turn, scripted, turn_starts
 from tests.test_families import prompts_of, rollouts, scaled_model, trainer_logprobs
 from tests.test_qwen3_5 import _inputs
@@ -113,3 +116,26 @@ def test_the_modes_rows_are_planned_and_allocated(model):
     default = RecurrentState(HYBRID, [0, 2, 3]).bytes_per_sequence(torch.float32)
     per_layer = C * ((2 * 8 + 4 * 8) * 4 + 2 * 4 * 4)  # k (2 heads of 8), v (4 of 8), g and beta (4 heads), fp32
     assert kind.bytes_per_sequence(torch.float32) == default + 3 * per_layer
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_generator_equals_the_trainer_bitwise_on_cuda(monkeypatch):
+    """The same on CUDA (no fla in the mode): the bf16 generator (decode from CUDA graphs) against the trainer's
+    packs (fp32 masters under its autocast), the real chunk of 64, prompts and generations across chunks."""
+    monkeypatch.setattr(gated_delta_invariant, "CHUNK", 64)
+    model = make_batch_invariant_(build_model(HYBRID, "cuda", torch.float32, seed=None).init_weights(3, std=0.2))
+    gen = Generator(model, GeneratorConfig(max_num_seqs=6, max_model_len=512, kv_cache_bytes=1 << 28))
+    make_batch_invariant_(gen.model)  # as the RL loop converts both sides
+    g = torch.Generator().manual_seed(0)
+    prompts = [torch.randint(2, HYBRID.vocab_size, (n,), generator=g).tolist() for n in (5, 64, 130, 17, 70)]
+    sp = SamplingParams(max_new_tokens=70, temperature=1.0, seed=7, ignore_eos=True)
+    out = gen.generate(prompts, sp, n=2)
+    seqs = [TrainSequence(p, c.token_ids, c.logprobs, 0.0) for p, cs in zip(prompts, out, strict=True) for c in cs]
+    for budget in (256, 4096):  # one sequence a pack, all in one
+        tr = Trainer(model, TrainerConfig(micro_batch_tokens=budget), total_steps=1)
+        for mb in make_micro_batches(seqs, budget, "cuda"):
+            with torch.no_grad():
+                lp = tr.response_logprobs(model, mb, 1.0)
+            mask = mb.token_mask > 0
+            assert torch.equal(lp[mask], mb.old_logprobs[mask]), budget

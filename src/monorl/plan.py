@@ -191,7 +191,8 @@ def plan_memory(cfg: RunConfig, m: ModelConfig, max_prompt_tokens: int, device_b
     else:
         rows.append(MemoryRow("generator weights", total * gen_bytes, "bf16 inference copy" if on_gpu else ""))
     model_len = max_model_len or g.max_model_len or m.max_position_embeddings
-    kv = g.kv_cache_bytes or kv_cache_bytes_needed(gen_m, g.max_num_seqs, model_len, g.block_size, gen_dtype)
+    kv = g.kv_cache_bytes or kv_cache_bytes_needed(gen_m, g.max_num_seqs, model_len, g.block_size, gen_dtype,
+                                                   batch_invariant=cfg.batch_invariant is True)
     rows.append(MemoryRow("KV cache", kv, f"{g.max_num_seqs} seqs x {model_len} tokens"
                           + (f", 1/{tp} of the kv heads" if tp > 1 else "")))
     mb = largest_micro_batch(cfg, max_prompt_tokens, ranks)
@@ -278,7 +279,8 @@ def step_kv_need(cfg: RunConfig, m: ModelConfig, max_prompt_tokens: int, ranks: 
     seqs = min(cfg.generator.max_num_seqs, -(-r.prompts_per_step // ranks) * r.group_size)
     length = max_prompt_tokens + r.max_new_tokens
     return seqs, length, kv_cache_bytes_needed(m, seqs, length, cfg.generator.block_size, dtype,
-                                               rows_for=cfg.generator.max_num_seqs)
+                                               rows_for=cfg.generator.max_num_seqs,
+                                               batch_invariant=cfg.batch_invariant is True)
 
 
 def _kv_to_room_(plan: MemoryPlan, cfg: RunConfig, m: ModelConfig, max_prompt_tokens: int, ranks: int,

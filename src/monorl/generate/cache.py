@@ -137,6 +137,16 @@ def cache_kinds(cfg: ModelConfig) -> list[LayerCache]:
     return [CACHE_KINDS[t](cfg, ids) for t, ids in by_type.items()]
 
 
+def _kinds(cfg: ModelConfig, batch_invariant: bool) -> list[LayerCache]:
+    """`cache_kinds`, for a batch-invariant generator telling a kind whose rows differ in that mode (its
+    `batch_invariant` attribute: the recurrent state's kept chunk) so before it is sized."""
+    kinds = cache_kinds(cfg)
+    for k in kinds:
+        if batch_invariant and hasattr(k, "batch_invariant"):
+            k.batch_invariant = True
+    return kinds
+
+
 def bytes_per_block(cfg: ModelConfig, block_size: int, dtype: torch.dtype) -> int:
     """What one block of one sequence costs over every layer kind of `cfg`."""
     return sum(k.bytes_per_block(block_size, dtype) for k in cache_kinds(cfg))
@@ -150,26 +160,27 @@ def sequence_rows(max_num_seqs: int) -> int:
     return 2 * max_num_seqs + 1
 
 
-def bytes_per_sequence(cfg: ModelConfig, dtype: torch.dtype) -> int:
+def bytes_per_sequence(cfg: ModelConfig, dtype: torch.dtype, batch_invariant: bool = False) -> int:
     """What one sequence row costs over every layer kind of `cfg` (0 without per-sequence state)."""
-    return sum(k.bytes_per_sequence(dtype) for k in cache_kinds(cfg))
+    return sum(k.bytes_per_sequence(dtype) for k in _kinds(cfg, batch_invariant))
 
 
-def blocks_in_budget(cfg: ModelConfig, budget: int, max_num_seqs: int, block_size: int, dtype: torch.dtype) -> int:
+def blocks_in_budget(cfg: ModelConfig, budget: int, max_num_seqs: int, block_size: int, dtype: torch.dtype,
+                     batch_invariant: bool = False) -> int:
     """The blocks `budget` bytes hold once the cache's `sequence_rows(max_num_seqs)` rows are set aside."""
-    rows = sequence_rows(max_num_seqs) * bytes_per_sequence(cfg, dtype)
+    rows = sequence_rows(max_num_seqs) * bytes_per_sequence(cfg, dtype, batch_invariant)
     return max(0, budget - rows) // bytes_per_block(cfg, block_size, dtype)
 
 
 def kv_cache_bytes_needed(cfg: ModelConfig, max_num_seqs: int, max_model_len: int, block_size: int,
-                          dtype: torch.dtype, rows_for: int | None = None) -> int:
+                          dtype: torch.dtype, rows_for: int | None = None, batch_invariant: bool = False) -> int:
     """What `max_num_seqs` sequences of `max_model_len` tokens need, plus the scratch block (the generator's
     default budget, and the memory plan's KV row): each kind's per-block bytes, and its per-sequence bytes times
     `sequence_rows(rows_for)` (the generator's `max_num_seqs`, default this one's): what `Cache` allocates."""
     blocks = max_num_seqs * blocks_for(max_model_len, block_size) + 1
     rows = sequence_rows(max_num_seqs if rows_for is None else rows_for)
     return sum(blocks * k.bytes_per_block(block_size, dtype) + rows * k.bytes_per_sequence(dtype)
-               for k in cache_kinds(cfg))
+               for k in _kinds(cfg, batch_invariant))
 
 
 @dataclass
@@ -228,11 +239,11 @@ class Cache:
     operation of the engine."""
 
     def __init__(self, cfg: ModelConfig, num_blocks: int, block_size: int, device: torch.device,
-                 dtype: torch.dtype, max_num_seqs: int | None = None) -> None:
+                 dtype: torch.dtype, max_num_seqs: int | None = None, batch_invariant: bool = False) -> None:
         if num_blocks < 2:
             raise ValueError(f"KV cache budget too small: {num_blocks} blocks (need >= 2)")
         self.block_size, self.num_blocks, self.device, self.dtype = block_size, num_blocks, device, dtype
-        self.kinds = cache_kinds(cfg)
+        self.kinds = _kinds(cfg, batch_invariant)
         # a kind with per-sequence rows sizes them by the decode slots (`sequence_rows`), not by the blocks
         self._hook("size_rows", None if max_num_seqs is None else sequence_rows(max_num_seqs))
         for kind in self.kinds:

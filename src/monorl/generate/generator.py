@@ -133,6 +133,8 @@ class Generator:
         # a vision-language policy's (`ImageProcessor.for_model` with the checkpoint's preprocessor_config.json, set
         # by the run); None: the tower's patch sizes with Qwen3-VL's defaults
         self.image_processor: ImageProcessor | None = None
+        # batch-invariant (a converted policy; its copy is converted too): the cache's rows are the mode's
+        self.batch_invariant = is_batch_invariant(model)
         self.cache: Cache | None = None
         if allocate_kv:
             self.allocate_kv_cache()
@@ -140,7 +142,11 @@ class Generator:
     def kv_bytes_needed(self) -> int:
         """What `max_num_seqs` sequences of `max_model_len` tokens need."""
         c = self.config
-        return kv_cache_bytes_needed(self.kv_config, c.max_num_seqs, self.max_model_len, c.block_size, self.dtype)
+        return kv_cache_bytes_needed(self.kv_config, c.max_num_seqs, self.max_model_len, c.block_size, self.dtype,
+                                     batch_invariant=self._invariant_cache())
+
+    def _invariant_cache(self) -> bool:
+        return self.batch_invariant or is_batch_invariant(self.model)
 
     def allocate_kv_cache(self, budget: int | None = None) -> None:
         """Allocate the KV cache and the model runner. budget: bytes (None: `config.kv_cache_bytes`, else what
@@ -157,10 +163,12 @@ class Generator:
         elif budget is None:
             budget = min(need, _CPU_DEFAULT_KV_BYTES)
         # a TP group's ranks schedule alike: the same blocks
-        num_blocks = self.tp.min_int(blocks_in_budget(self.kv_config, budget, config.max_num_seqs, bs, self.dtype))
+        num_blocks = self.tp.min_int(blocks_in_budget(self.kv_config, budget, config.max_num_seqs, bs, self.dtype,
+                                                      self._invariant_cache()))
         if num_blocks < 2:
             raise ValueError(f"kv_cache_bytes={budget} holds {num_blocks} blocks of {per_block} bytes; need >= 2")
-        self.cache = Cache(self.kv_config, num_blocks, bs, self.device, self.dtype, config.max_num_seqs)
+        self.cache = Cache(self.kv_config, num_blocks, bs, self.device, self.dtype, config.max_num_seqs,
+                           batch_invariant=self._invariant_cache())
         self.runner = self._runner(self.cache, self.use_graphs)
 
     def release_graphs(self) -> None:
@@ -193,7 +201,7 @@ class Generator:
         bs = self.config.block_size
         lengths = [len(p) for p in prompts]
         scratch = Cache(self.kv_config, 1 + sum(blocks_for(L, bs) for L in lengths), bs, self.device, self.dtype,
-                        self.config.max_num_seqs)
+                        self.config.max_num_seqs, batch_invariant=self._invariant_cache())
         runner = self._runner(scratch, cuda_graphs=False)
         slots, block = [], 1  # block 0 is the scratch block
         for L in lengths:

@@ -22,6 +22,11 @@ the attention contexts. Life of a row:
   dropped; a state cannot be rolled back, so `Cache.trim` then frees the sequence (`keeps` is False) and its next
   turn recomputes the whole conversation, as after a preemption.
 
+Batch-invariant mode (`batch_invariant`, set by `monorl.generate.cache.cache_kinds` for a converted generator): the
+state is the one at the sequence's last chunk boundary and the row also keeps the current chunk's raw k, v, g, beta
+(`kept_*`, CHUNK tokens a layer; `monorl.ops.gated_delta_invariant` says why and what it costs), counted in
+`bytes_per_sequence` and so in the plan.
+
 Rows: `monorl.generate.cache.sequence_rows(max_num_seqs)` (2 x max_num_seqs + the scratch one), whatever the
 pool's blocks; the memory plan (`kv_cache_bytes_needed`) counts exactly these rows, the per-block row map and the
 `covered` counts. Admission asks for a row beside its blocks (`Cache.can_extend(blocks, rows)`: a new sequence one,
@@ -37,6 +42,7 @@ import torch
 from torch import Tensor
 
 from monorl.model.config import ModelConfig
+from monorl.ops import gated_delta_invariant
 
 KIND = "recurrent"  # its key in SequenceState.kind_state
 
@@ -44,6 +50,7 @@ KIND = "recurrent"  # its key in SequenceState.kind_state
 class RecurrentState:
     # its prefills are never CUDA graphs: the chunked rule (fla's and the reference) reads cu_seqlens on the host
     prefill_graphs = False
+    batch_invariant = False  # rows keep the current chunk's inputs (see the module docstring)
 
     def __init__(self, cfg: ModelConfig, layer_ids: list[int]) -> None:
         self.cfg, self.layer_ids = cfg, layer_ids
@@ -58,7 +65,12 @@ class RecurrentState:
         c = self.cfg
         conv = (c.linear_conv_kernel_dim - 1) * self.conv_dim * torch.empty((), dtype=dtype).element_size()
         rule = c.linear_num_value_heads * c.linear_key_head_dim * c.linear_value_head_dim * 4
-        return len(self.layer_ids) * (conv + rule) + 8  # + its `covered` count
+        kept = 0
+        if self.batch_invariant:  # k, v in the cache dtype, g and beta fp32, CHUNK tokens
+            c_, elt = gated_delta_invariant.CHUNK, torch.empty((), dtype=dtype).element_size()
+            kept = c_ * ((self.conv_dim - c.linear_num_key_heads * c.linear_key_head_dim) * elt
+                         + 2 * c.linear_num_value_heads * 4)
+        return len(self.layer_ids) * (conv + rule + kept) + 8  # + its `covered` count
 
     def size_rows(self, rows: int | None) -> None:
         if rows is None:
@@ -67,7 +79,8 @@ class RecurrentState:
         self.rows = rows
 
     def allocated_bytes(self) -> int:
-        return sum(t.numel() * t.element_size() for t in (self.conv, self.ssm, self.covered, self.row_of_block))
+        return sum(t.numel() * t.element_size() for t in (self.conv, self.ssm, self.covered, self.row_of_block,
+                                                           *self.kept))
 
     def can_hold(self, new_rows: int) -> bool:
         return new_rows <= len(self.free_rows)
@@ -81,6 +94,14 @@ class RecurrentState:
         self.covered = torch.zeros(R, dtype=torch.int64, device=device)
         self.row_of_block = torch.zeros(num_blocks, dtype=torch.int64, device=device)
         self.free_rows: deque[int] = deque(range(1, R))
+        self.kept: tuple[Tensor, ...] = ()
+        if self.batch_invariant:
+            C, hv = gated_delta_invariant.CHUNK, c.linear_num_value_heads
+            self.kept = (
+                torch.zeros(L, R, C, c.linear_num_key_heads, c.linear_key_head_dim, device=device, dtype=dtype),
+                torch.zeros(L, R, C, hv, c.linear_value_head_dim, device=device, dtype=dtype),
+                torch.zeros(L, R, C, hv, device=device, dtype=torch.float32),
+                torch.zeros(L, R, C, hv, device=device, dtype=torch.float32))
 
     def layer_state(self, layer: int) -> RecurrentLayer:
         return RecurrentLayer(self, self.layer_ids.index(layer))
@@ -90,6 +111,8 @@ class RecurrentState:
         self.conv[:, d] = self.conv[:, s]
         self.ssm[:, d] = self.ssm[:, s]
         self.covered[d] = self.covered[s]
+        for t in self.kept:
+            t[:, d] = t[:, s]
 
     # ---- the `Cache` operations' hooks ------------------------------------------------------------------------
     def _new_row(self) -> int:
@@ -142,6 +165,18 @@ class RecurrentLayer:
 
     def read(self, rows: Tensor) -> tuple[Tensor, Tensor]:
         return self.kind.conv[self.index, rows], self.kind.ssm[self.index, rows]
+
+    def read_kept(self, rows: Tensor) -> tuple[Tensor, ...]:
+        """Batch-invariant mode: each row's kept chunk (k, v, g, beta); a one-line error for a cache not built
+        for the mode."""
+        if not self.kind.batch_invariant:
+            raise ValueError("a batch-invariant hybrid model's generator needs its cache built for the mode (a "
+                             "batch-invariant policy given to Generator, or Cache(..., batch_invariant=True))")
+        return tuple(t[self.index, rows] for t in self.kind.kept)
+
+    def write_kept(self, rows: Tensor, kept: tuple[Tensor, ...]) -> None:
+        for t, x in zip(self.kind.kept, kept, strict=True):
+            t[self.index, rows] = x.to(t.dtype)
 
     def write(self, rows: Tensor, conv: Tensor, ssm: Tensor, ends: Tensor) -> None:
         k = self.kind

@@ -28,6 +28,8 @@ untouched:
 - each block -> the fused Triton block kernels (`monorl.model.fused_kernels`: norms, q/k norm + RoPE, SiLU * up,
   row-local, with a backward), where the model's shape allows them (a power-of-two head_dim >= 16): one kernel
   per piece of elementwise work, shared by both sides, instead of whatever fusion each side's compile picks;
+- Qwen3.5's Gated DeltaNet layers: the gated norm -> `BatchInvariantGatedRMSNorm`; in the mode's contexts the
+  layer runs `monorl.ops.gated_delta_invariant` (one chunked order for the trainer, prefills and decode steps);
 - the model -> `BatchInvariantDecoderForCausalLM`: the LM head and `token_logprobs` (the trainer and the
   sampler both call it through the model) use the invariant ops, and `forward` rebinds the attention
   context it is given to the invariant kernel (`ctx.batch_invariant()`): the context still says how the
@@ -56,6 +58,7 @@ from monorl.model.fused_kernels import (
 from monorl.model.layers import BatchInvariantOffsetRMSNorm, Linear, OffsetRMSNorm, RMSNorm
 from monorl.model.lora import LoRALinear
 from monorl.model.moe import BatchInvariantSparseMoeBlock, SparseMoeBlock
+from monorl.model.qwen3_5 import BatchInvariantGatedRMSNorm, GatedRMSNorm
 from monorl.ops import decode_gemm, logprob_invariant, matmul_invariant, rmsnorm_invariant
 
 
@@ -117,7 +120,8 @@ _CONVERTED = {Linear: BatchInvariantLinear, FusedKernelsLinear: BatchInvariantLi
               LoRALinear: BatchInvariantLoRALinear, RMSNorm: BatchInvariantRMSNorm,
               FusedKernelsFinalNorm: BatchInvariantFinalNorm,
               nn.Embedding: BatchInvariantEmbedding, DecoderForCausalLM: BatchInvariantDecoderForCausalLM,
-              SparseMoeBlock: BatchInvariantSparseMoeBlock, OffsetRMSNorm: BatchInvariantOffsetRMSNorm}
+              SparseMoeBlock: BatchInvariantSparseMoeBlock, OffsetRMSNorm: BatchInvariantOffsetRMSNorm,
+              GatedRMSNorm: BatchInvariantGatedRMSNorm}
 
 
 def make_batch_invariant_(model: DecoderForCausalLM) -> DecoderForCausalLM:

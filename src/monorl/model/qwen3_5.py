@@ -13,6 +13,7 @@ each with a SiLU-gated MLP, every norm an RMSNorm scaling by (1 + w) in fp32.
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import torch
@@ -23,7 +24,9 @@ from monorl.model.attention import AttentionContext
 from monorl.model.blocks import MLP
 from monorl.model.config import ModelConfig
 from monorl.model.layers import Linear, OffsetRMSNorm
+from monorl.ops import gated_delta_invariant, rmsnorm_invariant
 from monorl.ops.gated_delta import causal_conv, gated_delta_rule
+from monorl.ops.gated_delta_invariant import invariant_decode, invariant_rule, pointwise
 from monorl.ops.rope import apply_rope
 
 
@@ -39,6 +42,14 @@ class GatedRMSNorm(nn.Module):
         h = x.float()
         h = self.weight * (h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)).to(x.dtype)
         return (h * F.silu(gate.float())).to(x.dtype)
+
+
+class BatchInvariantGatedRMSNorm(GatedRMSNorm):
+    """Batch-invariant mode (`monorl.model.batch_invariant`): the invariant norm, the weight in x's dtype."""
+
+    def forward(self, x: Tensor, gate: Tensor) -> Tensor:
+        h = rmsnorm_invariant.bi_rms_norm(x, self.weight.to(x.dtype), self.eps)
+        return (h * pointwise(F.silu, gate.float())).to(x.dtype)
 
 
 class GatedAttention(nn.Module):
@@ -102,19 +113,42 @@ class GatedDeltaNet(nn.Module):
         if shared is not None:  # each sequence whole (a shared prompt copied into every one), as attention sees it
             mixed, b, a = (shared.expand(t[:, None])[:, 0] for t in (mixed, b, a))
         conv_init, state_init = cache.read(run.rows) if run.from_state else (None, None)
-        mixed, conv_final = causal_conv(mixed, self.conv1d.weight[:, 0], run.cu_seqlens, conv_init)
+        silu = functools.partial(pointwise, F.silu) if run.reference else F.silu
+        mixed, conv_final = causal_conv(mixed, self.conv1d.weight[:, 0], run.cu_seqlens, conv_init, silu)
         n = mixed.shape[0]
         q, k, v = mixed.split([self.key_dim, self.key_dim, self.value_dim], dim=-1)
-        g = -self.A_log.float().exp() * F.softplus(a.float() + self.dt_bias)
-        o, state_final = gated_delta_rule(q.view(n, self.hk, self.dk), k.view(n, self.hk, self.dk),
-                                          v.view(n, self.hv, self.dv), g, b.sigmoid(), run.cu_seqlens, state_init,
-                                          run.one_token_each, reference=run.reference)
+        q, k, v = q.view(n, self.hk, self.dk), k.view(n, self.hk, self.dk), v.view(n, self.hv, self.dv)
+        if run.reference:  # batch-invariant mode: the parameters as the generator's copy holds them (x's dtype)
+            g = -self.A_log.to(x.dtype).float().exp() * pointwise(F.softplus, a.float() + self.dt_bias.to(x.dtype))
+            o, state_final = _invariant_rule(run, cache, q, k, v, g, pointwise(torch.sigmoid, b), state_init)
+        else:
+            g = -self.A_log.float().exp() * F.softplus(a.float() + self.dt_bias)
+            o, state_final = gated_delta_rule(q, k, v, g, b.sigmoid(), run.cu_seqlens, state_init,
+                                              run.one_token_each)
         if run.rows is not None:
             cache.write(run.rows, conv_final, state_final, run.ends)
         if shared is not None:
             o = shared.contract(o)
         o = self.norm(o.to(x.dtype).reshape(-1, self.dv), z.reshape(-1, self.dv))
         return self.out_proj(o.view(T, self.value_dim))
+
+
+def _invariant_rule(run: _Layout, cache: Any, q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor,
+                    state: Tensor | None) -> tuple[Tensor, Tensor]:
+    """Batch-invariant mode (`monorl.ops.gated_delta_invariant`): the trainer's packs chunked from each sequence's
+    start; a generator's forward continues each sequence from its boundary state and kept chunk, and writes both."""
+    if run.rows is None:
+        return invariant_rule(q, k, v, g, beta, run.cu_seqlens)[:2]
+    kept = cache.read_kept(run.rows) if run.from_state else None
+    if run.one_token_each:
+        o, state, kept = invariant_decode(q, k, v, g, beta, state, kept, run.ends - 1)
+    else:
+        cu = run.cu_seqlens.long()
+        before = run.ends - (cu[1:] - cu[:-1])  # positions each state covered before this forward
+        kept_len = (before % gated_delta_invariant.CHUNK).tolist() if kept is not None else None
+        o, state, kept, _ = invariant_rule(q, k, v, g, beta, run.cu_seqlens, state, kept, kept_len)
+    cache.write_kept(run.rows, kept)
+    return o, state
 
 
 class _Layout:
@@ -132,7 +166,7 @@ def layout_of(ctx: Any, cache: Any) -> _Layout:
     """The sequences of `ctx` (the trainer's varlen pack, or the generator's prefill / cached prefill / decode) and,
     with a cache, each one's state row and how many positions its state covers after this forward. A prefill
     starts every sequence from zeros (its rows are written); a cached prefill and a decode continue each from its
-    row. Batch-invariant contexts run the reference rule (both sides the same code)."""
+    row. Batch-invariant contexts run the mode's rule (`_invariant_rule`: both sides the same order)."""
     backend = getattr(ctx, "backend", None) or getattr(getattr(ctx, "varlen", None), "backend", None)
     reference = backend == "invariant"
     if cache is None or getattr(ctx, "slot_mapping", None) is None:  # the trainer's pack: no state kept

@@ -16,6 +16,7 @@ L2-normalised here (transformers' `use_qk_l2norm_in_kernel=True`) and q scaled b
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -155,7 +156,8 @@ def gated_delta_rule(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, c
     return o[0], final
 
 
-def causal_conv(x: Tensor, weight: Tensor, cu_seqlens: Tensor, initial: Tensor | None) -> tuple[Tensor, Tensor]:
+def causal_conv(x: Tensor, weight: Tensor, cu_seqlens: Tensor, initial: Tensor | None,
+                silu: Callable[[Tensor], Tensor] = F.silu) -> tuple[Tensor, Tensor]:
     """SiLU(causal depthwise conv) of packed sequences x [T, C] by weight [C, K], each sequence continuing from its
     state initial [N, K - 1, C] (its K - 1 inputs before; zeros where None) -> (out [T, C], final states
     [N, K - 1, C]: the last K - 1 inputs, state rows included). Gathers, no host read; row-local (a token's
@@ -174,8 +176,11 @@ def causal_conv(x: Tensor, weight: Tensor, cu_seqlens: Tensor, initial: Tensor |
     back = torch.arange(K - 1, -1, -1, device=dev)  # tap i reads the input K - 1 - i before
     p = j[:, None] - back  # [T, K]: position of each tap's input (< 0: from the state)
     idx = torch.where(p >= 0, t[:, None] - back, T + seq[:, None] * (K - 1) + (K - 1) + p)
-    out = (src[idx] * weight.t().to(x.dtype)).sum(dim=1)
+    taps = src[idx] * weight.t().to(x.dtype)  # [T, K, C]
+    out = taps[:, 0]
+    for i in range(1, K):  # the taps added in one fixed order (batch-invariant mode relies on it)
+        out = out + taps[:, i]
     n = cu[1:] - cu[:-1]
     q = n[:, None] - (K - 1) + torch.arange(K - 1, device=dev)  # [N, K-1]: positions of the last K - 1 inputs
     fidx = torch.where(q >= 0, cu[:-1, None] + q, T + torch.arange(N, device=dev)[:, None] * (K - 1) + (K - 1) + q)
-    return F.silu(out), src[fidx]
+    return silu(out), src[fidx]

@@ -56,8 +56,9 @@ def make_gpt_oss(path: Path, seed: int = 0, legacy: bool = False, **kw) -> Path:
     if legacy:  # config.json as transformers 4 wrote it
         cfg = json.loads((path / "config.json").read_text())
         rope = cfg.pop("rope_parameters")
+        scaling = None if rope["rope_type"] == "default" else rope
         (path / "config.json").write_text(json.dumps({**cfg, "rope_theta": rope.pop("rope_theta"),
-                                                      "rope_scaling": None if rope["rope_type"] == "default" else rope}))
+                                                      "rope_scaling": scaling}))
     return path
 
 

@@ -27,8 +27,15 @@ from torch import Tensor, nn
 from monorl.model.attention import AttentionContext
 from monorl.model.config import ModelConfig
 from monorl.model.layers import Linear, RMSNorm
-from monorl.model.moe import GATHER_MAX_BYTES, LinearFn, _capturing, _combine, _sort_by_expert, compute_dtype
-from monorl.model.moe import softmax_invariant
+from monorl.model.moe import (
+    GATHER_MAX_BYTES,
+    LinearFn,
+    _capturing,
+    _combine,
+    _sort_by_expert,
+    compute_dtype,
+    softmax_invariant,
+)
 from monorl.ops import matmul_invariant
 from monorl.ops.rope import apply_rope
 
@@ -83,6 +90,8 @@ def clamped_swiglu(gate_up: Tensor, alpha: float, limit: float) -> Tensor:
 
 class GptOssMoeBlock(nn.Module):
     """GPT-OSS's MLP: `router` (a biased Linear [E, hidden]) and `experts` (see the module docstring)."""
+
+    router_name = "router"  # (`monorl.model.moe.moe_blocks`: router taps, the load-balancing loss)
 
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()

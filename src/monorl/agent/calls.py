@@ -17,6 +17,8 @@ import types
 from dataclasses import dataclass, field
 from typing import Any, Literal, Union, get_args, get_origin
 
+from monorl.tasks.harmony import is_harmony
+
 CALL_OPEN, CALL_CLOSE = "<tool_call>", "</tool_call>"
 _BLOCK = re.compile(re.escape(CALL_OPEN) + r"(.*?)(?:" + re.escape(CALL_CLOSE) + r"|\Z)", re.DOTALL)
 
@@ -32,7 +34,12 @@ class ToolCall:
 
 
 def parse_tool_calls(text: str) -> list[ToolCall]:
-    """Every ``<tool_call>`` block of `text`, in order."""
+    """Every ``<tool_call>`` block of `text`, in order; in a Harmony completion (GPT-OSS), its messages to
+    ``functions.NAME`` (`monorl.agent.harmony`)."""
+    if is_harmony(text):
+        from monorl.agent.harmony import harmony_tool_calls  # (it builds on this module's ToolCall)
+
+        return harmony_tool_calls(text)
     calls = []
     for m in _BLOCK.finditer(text):
         raw, closed = m.group(1), m.group(0).endswith(CALL_CLOSE)

@@ -143,6 +143,7 @@ def hf_resolved(d: dict[str, Any]) -> dict[str, Any]:
         partial_rotary_factor=1.0, linear_conv_kernel_dim=0, linear_num_key_heads=0, linear_num_value_heads=0,
         linear_key_head_dim=0, linear_value_head_dim=0,
         vision=None,  # text-only families (Qwen3-VL: tests/test_qwen3_vl.py)
+        swiglu_alpha=1.702, swiglu_limit=7.0,  # GPT-OSS's (tests/test_gpt_oss.py)
     )
 
 
@@ -217,7 +218,8 @@ def test_empty_config_matches_hf():
         moe_intermediate_size=0, norm_topk_prob=False, decoder_sparse_step=1, mlp_only_layers=(),
         router_aux_loss_coef=0.0, layer_types=(), sliding_window=0, partial_rotary_factor=1.0,
         linear_conv_kernel_dim=0, linear_num_key_heads=0, linear_num_value_heads=0, linear_key_head_dim=0,
-        linear_value_head_dim=0, vision=None, rope_local_theta=0.0, query_pre_attn_scalar=0.0)
+        linear_value_head_dim=0, vision=None, rope_local_theta=0.0, query_pre_attn_scalar=0.0,
+        swiglu_alpha=1.702, swiglu_limit=7.0)
 
 
 @pytest.mark.parametrize("model_type", ["llama", "qwen2", "qwen3_moe", "gemma3_text"])

@@ -17,6 +17,8 @@ import types
 from dataclasses import dataclass, field
 from typing import Any, Literal, Union, get_args, get_origin
 
+from monorl.tasks.harmony import is_harmony, parse_harmony
+
 CALL_OPEN, CALL_CLOSE = "<tool_call>", "</tool_call>"
 _BLOCK = re.compile(re.escape(CALL_OPEN) + r"(.*?)(?:" + re.escape(CALL_CLOSE) + r"|\Z)", re.DOTALL)
 
@@ -32,7 +34,11 @@ class ToolCall:
 
 
 def parse_tool_calls(text: str) -> list[ToolCall]:
-    """Every ``<tool_call>`` block of `text`, in order."""
+    """Every ``<tool_call>`` block of `text`, in order; in a Harmony completion (GPT-OSS), its messages to
+    ``functions.NAME`` (`harmony_tool_calls`)."""
+    if is_harmony(text):
+
+        return harmony_tool_calls(text)
     calls = []
     for m in _BLOCK.finditer(text):
         raw, closed = m.group(1), m.group(0).endswith(CALL_CLOSE)
@@ -153,3 +159,22 @@ def coerce(value: Any, hint: Any) -> Any:
     if base is dict and len(args) == 2:
         return {k: coerce(v, args[1]) for k, v in value.items()}
     return value
+
+
+def harmony_tool_calls(text: str) -> list[ToolCall]:
+    """The calls of a Harmony completion: its messages to ``functions.NAME``, their JSON arguments."""
+    calls = []
+    for m in parse_harmony(text):
+        if not (m.recipient or "").startswith("functions."):
+            continue
+        name, raw = m.recipient[len("functions."):], m.content.strip()
+        try:
+            args = json.loads(raw) if raw else {}
+        except json.JSONDecodeError as e:
+            calls.append(ToolCall(None, error=f"the arguments of {name!r} are not valid JSON: {e.msg}", raw=raw))
+            continue
+        if not isinstance(args, dict):
+            calls.append(ToolCall(name, error=f"the arguments of {name!r} must be a JSON object", raw=raw))
+            continue
+        calls.append(ToolCall(name, args, raw=raw))
+    return calls

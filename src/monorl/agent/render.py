@@ -38,13 +38,16 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
+from monorl.agent.harmony import TURN_ENDS, harmony_delta, render_harmony
+from monorl.tasks.harmony import CALL, CHANNEL, RETURN
+
 IM_START, IM_END = "<|im_start|>", "<|im_end|>"
 TOOLS_INSTRUCTIONS = (
     "# Tools\n\nYou can call the functions whose signatures are listed in <tools></tools>:\n<tools>\n{tools}\n"
     "</tools>\n\nTo call a function, write a JSON object with its name and arguments within <tool_call></tool_call>:"
     "\n<tool_call>\n{{\"name\": <function-name>, \"arguments\": <args-json-object>}}\n</tool_call>\n"
     "Each result comes back within <tool_response></tool_response>.")
-STYLES = ("template", "chatml", "plain")
+STYLES = ("template", "chatml", "plain", "harmony")
 
 _DUMMY_USER, _DUMMY_ASSISTANT = "monorl-dummy-user", "monorl-dummy-assistant"
 _PROBE_TOOL, _PROBE_DOC, _PROBE_RESULT = "monorl_probe_tool", "monorl-probe-description", "monorl-probe-result"
@@ -72,6 +75,11 @@ def template_renders_tools(tokenizer: Any, **template_kwargs: Any) -> bool:
     return isinstance(text, str) and _PROBE_DOC in text and _PROBE_RESULT in text
 
 
+def _is_harmony(tokenizer: Any) -> bool:
+    lookup = getattr(tokenizer, "token_to_id", None)
+    return lookup is not None and lookup(CHANNEL) is not None and lookup(CALL) is not None
+
+
 def _is_chatml(tokenizer: Any) -> bool:
     lookup = getattr(tokenizer, "token_to_id", None)
     if lookup is not None and lookup(IM_START) is not None:
@@ -87,6 +95,8 @@ class ChatRenderer:
                  end_of_turn: str | None = None) -> None:
         self.tokenizer = tokenizer
         self.template_kwargs = dict(template_kwargs or {})
+        if style == "auto" and _is_harmony(tokenizer):
+            style = "harmony"  # GPT-OSS: its own renderer (`monorl.agent.harmony`), whatever its template does
         if style == "auto":
             if template_renders_tools(tokenizer, **self.template_kwargs):
                 style = "template"
@@ -100,13 +110,23 @@ class ChatRenderer:
         # the text that closes an assistant turn (what a model samples to stop): ChatML's <|im_end|>, else eos
         eos = (getattr(tokenizer, "special_tokens", {}) or {}).get("eos_token")
         chatml = style == "chatml" or (style == "template" and IM_END in (tokenizer.chat_template or ""))
-        self.end_of_turn = end_of_turn or (IM_END if chatml else eos or IM_END)
+        self.end_of_turn = end_of_turn or (RETURN if style == "harmony" else IM_END if chatml else eos or IM_END)
 
     def closes_turn(self, sampled_ids: Sequence[int]) -> bool:
         """Did the model's sampled tokens end its turn with the end-of-turn token(s)? (`delta`'s `closed`: False
         when it stopped at a stop string, another eos id, or the token budget.)"""
-        eot = self.tokenizer.encode(self.end_of_turn)
-        return len(sampled_ids) >= len(eot) and list(sampled_ids[len(sampled_ids) - len(eot):]) == eot
+        ends = TURN_ENDS if self.style == "harmony" else (self.end_of_turn,)  # Harmony: <|call|> or <|return|>
+        for end in ends:
+            eot = self.tokenizer.encode(end)
+            if len(sampled_ids) >= len(eot) and list(sampled_ids[len(sampled_ids) - len(eot):]) == eot:
+                return True
+        return False
+
+    def stop_ids(self) -> list[int]:
+        """The last token of each text that ends a turn (the engine stops on them): Harmony's <|call|> and
+        <|return|>, else end_of_turn's."""
+        ends = TURN_ENDS if self.style == "harmony" else (self.end_of_turn,)
+        return [ids[-1] for ids in map(self.tokenizer.encode, ends) if ids]
 
     # -- whole conversations ----------------------------------------------------------------------------
     def render(self, messages: Sequence[dict[str, Any]], tools: Sequence[dict[str, Any]] | None = None,
@@ -125,6 +145,8 @@ class ChatRenderer:
             return out
         if self.style == "chatml":
             return _render_chatml(messages, tools, add_generation_prompt)
+        if self.style == "harmony":
+            return render_harmony(messages, tools, add_generation_prompt)
         return _render_plain(messages, tools, add_generation_prompt, self.end_of_turn)
 
     # -- what to append after a model's turn ------------------------------------------------------------
@@ -136,6 +158,8 @@ class ChatRenderer:
             raise RenderError("delta needs at least one new message (an episode with none has ended)")
         if any(m.get("role") == "assistant" for m in new_messages):
             raise RenderError("delta inserts tool / user / system messages; assistant text is what the model samples")
+        if self.style == "harmony":
+            return harmony_delta(new_messages, closed)
         dummy = [{"role": "user", "content": _DUMMY_USER}, {"role": "assistant", "content": _DUMMY_ASSISTANT}]
         text = self.render(dummy + list(new_messages), tools=tools, add_generation_prompt=True)
         at = text.rfind(_DUMMY_ASSISTANT)

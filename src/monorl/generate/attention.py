@@ -24,12 +24,11 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 from torch import Tensor
 
 from monorl.compile import mark_dynamic
 from monorl.generate.cache import blocks_for, table_tensor
-from monorl.model.attention import VarlenContext, positions_of
+from monorl.model.attention import VarlenContext, positions_of, refuse_sinks, sdpa_masked
 from monorl.model.pack_layout import bucket_size, filler_lengths, next_pow2, static_max_seqlen
 from monorl.ops import HAS_TRITON, custom_op, sm_count
 from monorl.ops.attention import invariant as attention_invariant
@@ -42,38 +41,41 @@ from monorl.speedups.private_apis import flash_attention_forward, flash_window
 @custom_op("monorl::prefill_attention", mutates_args=("cache",))
 def prefill_attention(q: Tensor, k: Tensor, v: Tensor, cache: Tensor, slot_mapping: Tensor, cu_seqlens: Tensor,
                       positions: Tensor, pad_index: Tensor, valid: Tensor, backend: str, kv_written: bool,
-                      window: int = 0) -> Tensor:
+                      window: int = 0, sinks: Tensor | None = None) -> Tensor:
     """Write the prompts' k/v to `slot_mapping` (unless the caller did), then varlen causal attention within each
     prompt. max_seqlen is `valid.shape[1]`: a tensor size, so compiled code sees no Python int to specialise on."""
     if not kv_written:
         write_kv(k, v, cache, slot_mapping)
     varlen = VarlenContext(cu_seqlens, valid.shape[1], positions, pad_index, valid, backend)
-    return varlen.attend(q, k, v, window=window).contiguous()
+    return varlen.attend(q, k, v, window=window, sinks=sinks).contiguous()
 
 
 @prefill_attention.register_fake
-def _(q, k, v, cache, slot_mapping, cu_seqlens, positions, pad_index, valid, backend, kv_written, window=0):
+def _(q, k, v, cache, slot_mapping, cu_seqlens, positions, pad_index, valid, backend, kv_written, window=0,
+      sinks=None):
     return torch.empty_like(q)
 
 
 @custom_op("monorl::decode_attention", mutates_args=("cache",))
 def decode_attention(q: Tensor, k: Tensor, v: Tensor, cache: Tensor, slot_mapping: Tensor, block_tables: Tensor,
-                     seq_lens: Tensor, backend: str, kv_written: bool, window: int = 0) -> Tensor:
+                     seq_lens: Tensor, backend: str, kv_written: bool, window: int = 0,
+                     sinks: Tensor | None = None) -> Tensor:
     """Write each sequence's new k/v (unless the caller did), then attend over its paged cache (seq_lens include
     the new token); with a window, over its last `window` keys only (the kernels read no block before them)."""
     if not kv_written:
         write_kv(k, v, cache, slot_mapping)
     if backend == "invariant":  # same kernel and key-block order as the varlen (prefill / trainer) path
-        out = attention_invariant.paged_decode(q, cache[0], cache[1], block_tables, seq_lens, window)
+        out = attention_invariant.paged_decode(q, cache[0], cache[1], block_tables, seq_lens, window, sinks)
     elif backend == "triton":
+        refuse_sinks(sinks, "triton decode")
         out = paged_decode_triton(q, cache[0], cache[1], block_tables, seq_lens, window)
     else:
-        out = paged_decode_torch(q, cache[0], cache[1], block_tables, seq_lens, window)
+        out = paged_decode_torch(q, cache[0], cache[1], block_tables, seq_lens, window, sinks)
     return out.contiguous()  # the layout the fake (compile-time) output promises
 
 
 @decode_attention.register_fake
-def _(q, k, v, cache, slot_mapping, block_tables, seq_lens, backend, kv_written, window=0):
+def _(q, k, v, cache, slot_mapping, block_tables, seq_lens, backend, kv_written, window=0, sinks=None):
     return torch.empty_like(q)
 
 
@@ -88,10 +90,10 @@ class PrefillContext:
         mark_dynamic(self.slot_mapping)  # prompt tokens vary: one dynamic compile
 
     def attend(self, q: Tensor, k: Tensor, v: Tensor, cache: Tensor, kv_written: bool = False,
-               window: int = 0) -> Tensor:
+               window: int = 0, sinks: Tensor | None = None) -> Tensor:
         c = self.varlen
         return prefill_attention(q, k, v, cache, self.slot_mapping, c.cu_seqlens, c.positions, c.pad_index, c.valid,
-                                 c.backend, kv_written, window)
+                                 c.backend, kv_written, window, sinks)
 
     def batch_invariant(self) -> PrefillContext:
         return dataclasses.replace(self, varlen=self.varlen.batch_invariant())
@@ -114,9 +116,9 @@ class DecodeContext:
         mark_dynamic(self.block_tables, self.seq_lens, self.slot_mapping)
 
     def attend(self, q: Tensor, k: Tensor, v: Tensor, cache: Tensor, kv_written: bool = False,
-               window: int = 0) -> Tensor:
+               window: int = 0, sinks: Tensor | None = None) -> Tensor:
         return decode_attention(q, k, v, cache, self.slot_mapping, self.block_tables, self.seq_lens, self.backend,
-                                kv_written, window)
+                                kv_written, window, sinks)
 
     def batch_invariant(self) -> DecodeContext:
         return dataclasses.replace(self, backend="invariant")
@@ -125,7 +127,7 @@ class DecodeContext:
 @custom_op("monorl::cached_prefill_attention", mutates_args=("cache",))
 def cached_prefill_attention(q: Tensor, k: Tensor, v: Tensor, cache: Tensor, slot_mapping: Tensor, key_slots: Tensor,
                              cu_seqlens_q: Tensor, cu_seqlens_k: Tensor, bounds: Tensor, block_tables: Tensor,
-                             backend: str, kv_written: bool, window: int = 0) -> Tensor:
+                             backend: str, kv_written: bool, window: int = 0, sinks: Tensor | None = None) -> Tensor:
     """Write the new tokens' k/v (unless the caller did), gather every sequence's keys and values (positions 0..,
     cached and new) from the cache into one packed pair, then one varlen attention whose sequences have more keys
     than queries, the queries being each sequence's last ones. bounds' sizes: the longest query and key runs.
@@ -133,6 +135,8 @@ def cached_prefill_attention(q: Tensor, k: Tensor, v: Tensor, cache: Tensor, slo
     (`cached_attention_triton`). window: a sliding-window layer's (`AttentionContext.attend`)."""
     if not kv_written:
         write_kv(k, v, cache, slot_mapping)
+    if backend in ("paged", "flash"):
+        refuse_sinks(sinks, f"{backend} cached prefill")
     if backend == "paged":
         return cached_attention_triton(q, cache[0], cache[1], cu_seqlens_q, cu_seqlens_k, block_tables,
                                        bounds.shape[0], window).contiguous()
@@ -148,18 +152,18 @@ def cached_prefill_attention(q: Tensor, k: Tensor, v: Tensor, cache: Tensor, slo
         out = flash_attention_forward(q, kv[0], kv[1], cu_seqlens_q, cu_seqlens_k, max_q, max_k, 0.0,
                                       True, False, **flash_window(window))[0]
     else:
-        out = sdpa_cached(q, kv[0], kv[1], cu_seqlens_q, cu_seqlens_k, max_q, max_k, window)
+        out = sdpa_cached(q, kv[0], kv[1], cu_seqlens_q, cu_seqlens_k, max_q, max_k, window, sinks)
     return out.contiguous()
 
 
 @cached_prefill_attention.register_fake
 def _(q, k, v, cache, slot_mapping, key_slots, cu_seqlens_q, cu_seqlens_k, bounds, block_tables, backend, kv_written,
-      window=0):
+      window=0, sinks=None):
     return torch.empty_like(q)
 
 
 def sdpa_cached(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor, cu_seqlens_k: Tensor, max_q: int,
-                max_k: int, window: int = 0) -> Tensor:
+                max_k: int, window: int = 0, sinks: Tensor | None = None) -> Tensor:
     """Portable `cached_prefill_attention`: q [T, Hq, D] (each sequence's last queries), k/v [K, Hkv, D] (each
     sequence's keys from position 0) padded to [S, max_q] and [S, max_k], one masked SDPA: a query at position p
     sees keys 0..p. Device tensors only (no host read)."""
@@ -177,8 +181,7 @@ def sdpa_cached(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor, cu_seqlen
     def padded(x: Tensor, index: Tensor) -> Tensor:  # [N, H, D] -> [S, H, L, D]
         return torch.cat([x, x.new_zeros(1, *x.shape[1:])])[index].transpose(1, 2)
 
-    out = F.scaled_dot_product_attention(padded(q, q_index), padded(k, k_index), padded(v, k_index),
-                                         attn_mask=mask[:, None], enable_gqa=q.shape[1] != k.shape[1])
+    out = sdpa_masked(padded(q, q_index), padded(k, k_index), padded(v, k_index), mask[:, None], sinks)
     flat = out.new_empty(T + 1, *q.shape[1:])  # scattered by q_index (no boolean indexing: a host read); row T dropped
     flat[q_index.reshape(-1)] = out.transpose(1, 2).reshape(S * max_q, *q.shape[1:])
     return flat[:T]
@@ -285,10 +288,10 @@ class CachedPrefillContext:
             seq_index=dev(seq_q), backend=backend)
 
     def attend(self, q: Tensor, k: Tensor, v: Tensor, cache: Tensor, kv_written: bool = False,
-               window: int = 0) -> Tensor:
+               window: int = 0, sinks: Tensor | None = None) -> Tensor:
         return cached_prefill_attention(q, k, v, cache, self.slot_mapping, self.key_slots, self.cu_seqlens_q,
                                         self.cu_seqlens_k, self.bounds, self.block_tables, self.backend, kv_written,
-                                        window)
+                                        window, sinks)
 
     def decode_rows(self, backend: str) -> DecodeContext:
         """The same attention as one paged-decode row per new token (its seq_len: its position + 1; every row's k/v
@@ -302,7 +305,7 @@ class CachedPrefillContext:
 
 
 def paged_decode_torch(q: Tensor, k_cache: Tensor, v_cache: Tensor, block_tables: Tensor, seq_lens: Tensor,
-                       window: int = 0) -> Tensor:
+                       window: int = 0, sinks: Tensor | None = None) -> Tensor:
     """q [B, Hq, D]; caches [N, bs, Hkv, D]; block_tables [B, W]; seq_lens [B] -> [B, Hq, D]; window: only the last
     `window` keys."""
     B, W = block_tables.shape
@@ -314,8 +317,7 @@ def paged_decode_torch(q: Tensor, k_cache: Tensor, v_cache: Tensor, block_tables
     mask = key < seq_lens[:, None]
     if window:
         mask = mask & (key >= seq_lens[:, None] - window)
-    out = F.scaled_dot_product_attention(q[:, :, None, :], k.to(q.dtype), v.to(q.dtype),
-                                         attn_mask=mask[:, None, None, :], enable_gqa=q.shape[1] != Hkv)
+    out = sdpa_masked(q[:, :, None, :], k.to(q.dtype), v.to(q.dtype), mask[:, None, None, :], sinks)
     return out[:, :, 0, :]
 
 

@@ -40,11 +40,14 @@ BACKENDS: tuple[str, ...] = get_args(AttnBackend)
 class AttentionContext(Protocol):
     slot_mapping: Tensor | None  # int64 [T]: each token's KV-cache slot (None when the context keeps no cache)
 
-    def attend(self, q: Tensor, k: Tensor, v: Tensor, cache: Any, kv_written: bool = False, window: int = 0) -> Tensor:
+    def attend(self, q: Tensor, k: Tensor, v: Tensor, cache: Any, kv_written: bool = False, window: int = 0,
+               sinks: Tensor | None = None) -> Tensor:
         """q: [T, Hq, D], k/v: [T, Hkv, D] (RoPE applied) -> [T, Hq, D]. `cache` is this
         layer's KV-cache entry (None when the context keeps no cache); kv_written: the caller already wrote
         k/v to `cache` at `slot_mapping` (the fused kernels' model does, in its q/k pass); window: a query at
-        position p sees keys p - window + 1 .. p only (a sliding-window layer; 0: every key up to p)."""
+        position p sees keys p - window + 1 .. p only (a sliding-window layer; 0: every key up to p); sinks: [Hq]
+        a learned logit per head added to the softmax's denominator (GPT-OSS: a key with that score and a zero
+        value; `sdpa_masked`)."""
         ...
 
     def batch_invariant(self) -> AttentionContext:
@@ -66,11 +69,35 @@ def resolve_backend(backend: str, device: torch.device, dtype: torch.dtype) -> s
     return backend
 
 
-def sdpa_varlen(q: Tensor, k: Tensor, v: Tensor, pad_index: Tensor, valid: Tensor, window: int = 0) -> Tensor:
+def refuse_sinks(sinks: Tensor | None, path: str) -> None:
+    """A path without attention sinks raises (one line) rather than attend without them."""
+    if sinks is not None:
+        raise ValueError(f"attention sinks (GPT-OSS) are not implemented on the {path} path: use the sdpa "
+                         "attention backend and the torch decode backend")
+
+
+def sdpa_masked(q: Tensor, k: Tensor, v: Tensor, mask: Tensor, sinks: Tensor | None = None) -> Tensor:
+    """scaled_dot_product_attention of q [B, Hq, Lq, D] over k/v [B, Hkv, Lk, D] under a bool `mask` (True: seen),
+    GQA by head groups. sinks [Hq]: each head's softmax also counts exp(sink) in its denominator (HF's GptOss
+    eager attention), as one more key of score `sink` and value 0: the mask becomes additive, that key's column
+    the sink (differentiable: the sinks get their gradient through the mask)."""
+    gqa = q.shape[1] != k.shape[1]
+    if sinks is None:
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=gqa)
+    zero = k.new_zeros(*k.shape[:2], 1, k.shape[3])
+    k, v = torch.cat([k, zero], 2), torch.cat([v, zero], 2)
+    B, Hq, Lq = q.shape[0], q.shape[1], q.shape[2]
+    bias = q.new_zeros(mask.shape).masked_fill(~mask, float("-inf")).expand(B, Hq, Lq, mask.shape[3])
+    bias = torch.cat([bias, sinks.to(q.dtype)[None, :, None, None].expand(B, Hq, Lq, 1)], -1)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=bias, enable_gqa=gqa)
+
+
+def sdpa_varlen(q: Tensor, k: Tensor, v: Tensor, pad_index: Tensor, valid: Tensor, window: int = 0,
+                sinks: Tensor | None = None) -> Tensor:
     """Portable varlen causal attention: gather the pack into a padded [B, L] batch (`pad_index`
     points into the flat tokens, `valid` marks real slots), one causal SDPA, then drop the padding.
     Cost O(B * L^2), not O(T^2): packs of many short sequences stay cheap on CPU. window: see
-    `AttentionContext.attend`."""
+    `AttentionContext.attend` (and sinks)."""
     def padded(x: Tensor) -> Tensor:  # [T, H, D] -> [B, H, L, D]; index T is a zero row for padding
         x = torch.cat([x, x.new_zeros(1, *x.shape[1:])])
         return x[pad_index].transpose(1, 2)
@@ -86,8 +113,7 @@ def sdpa_varlen(q: Tensor, k: Tensor, v: Tensor, pad_index: Tensor, valid: Tenso
     mask = causal[None, None] & keys[:, None, None, :]
     if window:  # a padding row may have no key in its window: it sees key 0 (and is dropped)
         mask = mask | (~valid[:, None, :, None] & first)
-    out = F.scaled_dot_product_attention(padded(q), padded(k), padded(v), attn_mask=mask,
-                                         enable_gqa=q.shape[1] != k.shape[1])
+    out = sdpa_masked(padded(q), padded(k), padded(v), mask, sinks)
     return out.transpose(1, 2)[valid]  # sequences are laid out in order, so this is the flat order
 
 
@@ -231,19 +257,21 @@ class VarlenContext:
         return ctx
 
     def attend(self, q: Tensor, k: Tensor, v: Tensor, cache: Any = None, kv_written: bool = False,
-               window: int = 0) -> Tensor:
+               window: int = 0, sinks: Tensor | None = None) -> Tensor:
         if self.shared is not None:
             sh = self.shared
-            return sh.contract(self._attend(sh.expand(q, pick=True), sh.expand(k), sh.expand(v), window))
-        return self._attend(q, k, v, window)
+            return sh.contract(self._attend(sh.expand(q, pick=True), sh.expand(k), sh.expand(v), window, sinks))
+        return self._attend(q, k, v, window, sinks)
 
-    def _attend(self, q: Tensor, k: Tensor, v: Tensor, window: int = 0) -> Tensor:
+    def _attend(self, q: Tensor, k: Tensor, v: Tensor, window: int = 0, sinks: Tensor | None = None) -> Tensor:
         if self.backend == "invariant":  # the same kernel (and key-block order) as the invariant decode
-            return attention_invariant.varlen_attention(q, k, v, self.cu_seqlens, self.pad_index, self.valid, window)
+            return attention_invariant.varlen_attention(q, k, v, self.cu_seqlens, self.pad_index, self.valid, window,
+                                                        sinks)
         if self.backend == "flash":
+            refuse_sinks(sinks, "flash varlen")
             # max_seqlen as a tensor size, not the Python int: compiled code then never specialises on it
             return flash_varlen(q, k, v, self.cu_seqlens, self.valid.shape[1], window)
-        return sdpa_varlen(q, k, v, self.pad_index, self.valid, window)
+        return sdpa_varlen(q, k, v, self.pad_index, self.valid, window, sinks)
 
     def batch_invariant(self) -> VarlenContext:
         return dataclasses.replace(self, backend="invariant")

@@ -55,6 +55,7 @@ from monorl.model.fused_kernels import (
     fused_kernels_supported,
     use_fused_kernels_,
 )
+from monorl.model.gpt_oss import BatchInvariantGptOssMoeBlock, GptOssMoeBlock
 from monorl.model.layers import BatchInvariantOffsetRMSNorm, Linear, OffsetRMSNorm, RMSNorm
 from monorl.model.lora import LoRALinear
 from monorl.model.moe import BatchInvariantSparseMoeBlock, SparseMoeBlock
@@ -121,7 +122,7 @@ _CONVERTED = {Linear: BatchInvariantLinear, FusedKernelsLinear: BatchInvariantLi
               FusedKernelsFinalNorm: BatchInvariantFinalNorm,
               nn.Embedding: BatchInvariantEmbedding, DecoderForCausalLM: BatchInvariantDecoderForCausalLM,
               SparseMoeBlock: BatchInvariantSparseMoeBlock, OffsetRMSNorm: BatchInvariantOffsetRMSNorm,
-              GatedRMSNorm: BatchInvariantGatedRMSNorm}
+              GatedRMSNorm: BatchInvariantGatedRMSNorm, GptOssMoeBlock: BatchInvariantGptOssMoeBlock}
 
 
 def make_batch_invariant_(model: DecoderForCausalLM) -> DecoderForCausalLM:

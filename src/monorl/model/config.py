@@ -5,12 +5,15 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from monorl.model.families import FAMILIES, QWEN3, Family, family, family_of_hf
 from monorl.model.qwen3_5_hf import check_linear_attention, text_config
 from monorl.model.qwen3_vl_hf import join_config, split_config
 from monorl.model.vision_config import VisionConfig
+
+if TYPE_CHECKING:
+    from monorl.model.yarn import YarnRopeScaling
 
 SUPPORTED_ARCHITECTURES = tuple(f.architecture for f in FAMILIES.values())
 
@@ -71,7 +74,7 @@ class ModelConfig:
     qk_norm: bool = True  # per-head RMSNorm of q and k (Qwen3)
     qkv_bias: bool = False  # biases on q_proj / k_proj / v_proj
     o_bias: bool = False  # a bias on o_proj
-    rope_scaling: Llama3RopeScaling | None = None
+    rope_scaling: Llama3RopeScaling | YarnRopeScaling | None = None  # YaRN: GPT-OSS's (`monorl.model.yarn`)
     # mixture of experts (a `moe` family: Qwen3-MoE, `monorl.model.moe`); 0 experts: every MLP dense
     num_experts: int = 0
     num_experts_per_tok: int = 0  # top-k: experts each token is routed to
@@ -98,6 +101,9 @@ class ModelConfig:
     # query_pre_attn_scalar: attention scores scaled by its ** -0.5 instead of head_dim's (0: head_dim)
     rope_local_theta: float = 0.0
     query_pre_attn_scalar: float = 0.0
+    # GPT-OSS (`monorl.model.gpt_oss`): its experts' clamped SwiGLU, (up + 1) * gate * sigmoid(alpha * gate)
+    swiglu_alpha: float = 1.702
+    swiglu_limit: float = 7.0  # gate clamped above, up on both sides
 
     def __post_init__(self) -> None:
         if self.layer_types and len(self.layer_types) != self.num_layers:
@@ -394,6 +400,9 @@ MODEL_SHAPES: dict[str, ModelConfig] = {
                                eos_token_id=1).with_family("gemma3_text").replace(
         layer_types=tuple("full_attention" if (i + 1) % 6 == 0 else "sliding_attention" for i in range(18)),
         sliding_window=512, rope_local_theta=10_000.0, query_pre_attn_scalar=256.0),
+    # openai/gpt-oss-20b's released config.json (its experts stored as MXFP4 there: a bf16 copy loads)
+    "gpt-oss-20b": ModelConfig.from_hf({"model_type": "gpt_oss", "num_hidden_layers": 24, "num_local_experts": 32,
+                                        "eos_token_id": 200002, "router_aux_loss_coef": 0.9}),
     # Test / embedded shapes: same architecture, a few hundred thousand parameters.
     "tiny": ModelConfig(vocab_size=128, hidden_size=128, intermediate_size=384, num_layers=4, num_heads=4,
                         num_kv_heads=2, head_dim=32, rope_theta=10000.0, max_position_embeddings=1024,

@@ -25,6 +25,7 @@ from monorl.model.attention import AttentionContext
 from monorl.model.blocks import TransformerBlock
 from monorl.model.config import ModelConfig
 from monorl.model.gemma3 import Gemma3Block
+from monorl.model.gpt_oss import GptOssBlock
 from monorl.model.layers import Linear, RMSNorm, embedding
 from monorl.model.qwen3_5 import Qwen3_5Block
 from monorl.model.rope import model_rope
@@ -36,7 +37,7 @@ from monorl.model.rope import model_rope
 # A block class may also name the model's final norm (`final_norm`) and ask for embeddings scaled by
 # sqrt(hidden_size) (`embed_scale`), as Gemma 3's does.
 FAMILY_BLOCKS: dict[str, Callable[[ModelConfig, int, bool], nn.Module]] = {
-    "gemma3_text": Gemma3Block, "qwen3_5_text": Qwen3_5Block}
+    "gemma3_text": Gemma3Block, "qwen3_5_text": Qwen3_5Block, "gpt_oss": GptOssBlock}
 
 
 def make_block(cfg: ModelConfig, i: int, fused: bool) -> nn.Module:

@@ -46,6 +46,8 @@ class Family:
     # a module with the family's own config.json mapping: from_hf(hf) -> (hf as the shared reader reads it, extra
     # ModelConfig fields), to_hf(cfg, out) -> out (`ModelConfig.from_hf` / `to_hf` call them)
     hf_module: str | None = None
+    # checkpoints hold each layer's experts stacked, as the model does (GPT-OSS), not one tensor per expert
+    stacked_experts: bool = False
 
     def hf_hooks(self) -> ModuleType | None:
         return None if self.hf_module is None else importlib.import_module(self.hf_module)
@@ -134,7 +136,24 @@ GEMMA3 = Family(
     activation=("hidden_activation", "gelu_pytorch_tanh"), hf_module="monorl.model.gemma3_config",
 )
 
-FAMILIES: dict[str, Family] = {f.model_type: f for f in (QWEN3, LLAMA, QWEN2, QWEN3_MOE, QWEN3_5, GEMMA3)}
+# transformers' GptOssConfig (models/gpt_oss/configuration_gpt_oss.py; GptOssForCausalLM): attention sinks, q/k/v/o
+# biases, alternating sliding / full attention, YaRN RoPE, its own MoE (`monorl.model.gpt_oss`; config.json keys:
+# `monorl.model.gpt_oss_config`). num_experts / moe_intermediate_size / decoder_sparse_step: no keys of its own (the
+# hook fills them from num_local_experts / intermediate_size), None here as for a key HF does not declare.
+GPT_OSS = Family(
+    model_type="gpt_oss", architecture="GptOssForCausalLM", gguf_arch="", qk_norm=False, qkv_bias=None,
+    defaults=MappingProxyType({
+        **_COMMON_DEFAULTS, "rms_norm_eps": 1e-5, "rope_theta": 150000.0, "attention_bias": True,
+        "vocab_size": 201088, "hidden_size": 2880, "intermediate_size": 2880, "num_hidden_layers": 36,
+        "num_attention_heads": 64, "num_key_value_heads": 8, "head_dim": 64, "max_position_embeddings": 131072,
+        "bos_token_id": None, "eos_token_id": None, "sliding_window": 128, "layer_types": None,
+        "num_local_experts": 128, "num_experts_per_tok": 4, "router_aux_loss_coef": 0.001, "swiglu_alpha": 1.702,
+        "swiglu_limit": 7.0, "num_experts": None, "moe_intermediate_size": None, "norm_topk_prob": False,
+        "decoder_sparse_step": None, "mlp_only_layers": None}),
+    moe=True, hf_module="monorl.model.gpt_oss_config", stacked_experts=True,
+)
+
+FAMILIES: dict[str, Family] = {f.model_type: f for f in (QWEN3, LLAMA, QWEN2, QWEN3_MOE, QWEN3_5, GEMMA3, GPT_OSS)}
 
 
 def family(model_type: str) -> Family:

@@ -182,7 +182,8 @@ def load_checkpoint(path: str | os.PathLike, device: torch.device | str = "cpu",
     # Tied checkpoints may still carry lm_head.weight (a copy of the embedding): read past it.
     ignore = ("lm_head.weight",) if cfg.tie_word_embeddings else ()
     # experts stored one by one (the Hub's form, `monorl.model.expert_stacking`), unless the file has them stacked
-    per_expert = cfg.is_moe and not any(map(is_stacked, _stored_names(path)))
+    per_expert = (cfg.is_moe and not cfg.family.stacked_experts
+                  and not any(map(is_stacked, _stored_names(path))))
     stored = per_expert_expected(expected) if per_expert else expected
     state = load_state_dict(path, {hf_name(n): t for n, t in stored.items()}, device=device, dtype=dtype,
                             ignore=ignore, ignore_prefixes=NESTED_IGNORED if nested else ())
@@ -284,7 +285,7 @@ def write_checkpoint_files(model: DecoderForCausalLM, directory: Path, dtype: to
         _write_tokenizer(tokenizer, directory)
         return
     state = {name: t.detach().to("cpu", dtype=dtype or t.dtype).contiguous() for name, t in model.state_dict().items()}
-    if model.config.is_moe:  # experts one by one, as the Hub, transformers and vLLM store them
+    if model.config.is_moe and not model.config.family.stacked_experts:  # experts one by one, as the Hub stores them
         state = unstack_experts(state)
     if model.config.vision is not None:
         from monorl.model.qwen3_vl import hf_name

@@ -182,6 +182,8 @@ def compute_dtype(x: Tensor) -> torch.dtype:
 class SparseMoeBlock(nn.Module):
     """A sparse layer's MLP (see the module docstring): `gate` (the router) and `experts`."""
 
+    router_name = "gate"  # its router's attribute: `moe_blocks` finds any block that names one (GPT-OSS: "router")
+
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
         self.num_experts, self.top_k, self.norm_topk_prob = (cfg.num_experts, cfg.num_experts_per_tok,
@@ -224,6 +226,7 @@ class BatchInvariantSparseMoeBlock(SparseMoeBlock):
         return experts_loop(x, weights, experts, gate_up, down, matmul_invariant.linear)
 
 
-def moe_blocks(model: nn.Module) -> dict[str, SparseMoeBlock]:
+def moe_blocks(model: nn.Module) -> dict[str, nn.Module]:
     """Module name (without a `torch.compile` prefix) -> sparse block, in layer order."""
-    return {n.replace("_orig_mod.", ""): m for n, m in model.named_modules() if isinstance(m, SparseMoeBlock)}
+    return {n.replace("_orig_mod.", ""): m for n, m in model.named_modules()
+            if isinstance(getattr(type(m), "router_name", None), str)}

@@ -39,7 +39,7 @@ class RouterTap:
         for name, block in self.blocks.items():
             def hook(module: nn.Module, inputs: Any, output: Tensor, name: str = name) -> None:
                 self._logits[name].append(output)
-            self._hooks.append(block.gate.register_forward_hook(hook))
+            self._hooks.append(getattr(block, block.router_name).register_forward_hook(hook))
         return self
 
     def __exit__(self, *exc: Any) -> None:

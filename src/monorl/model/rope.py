@@ -10,28 +10,34 @@ from torch import Tensor
 
 from monorl.model.config import Llama3RopeScaling, ModelConfig
 from monorl.model.mrope import mrope_cos_sin
+from monorl.model.yarn import YarnRopeScaling, yarn_inv_freq
 from monorl.ops import custom_op
 from monorl.ops.rope import apply_rope
 
 
 @custom_op("monorl::rope_cos_sin", mutates_args=())
 def rope_cos_sin(positions: Tensor, head_dim: int, theta: float, dtype: torch.dtype,
-                 llama3: list[float] | None = None) -> tuple[Tensor, Tensor]:
+                 llama3: list[float] | None = None, yarn: list[float] | None = None) -> tuple[Tensor, Tensor]:
     """cos/sin [T, head_dim] for the given positions (computed in fp32, cast like HF does); llama3: Llama 3's
     frequency scaling (factor, low_freq_factor, high_freq_factor, original_max_position_embeddings). A custom op,
     so these are eager's values under `torch.compile` too (Inductor's pow, divide and cos may round differently):
     a whole-model compiled trainer and an uncompiled generator then rotate by the same bits (batch-invariant
-    mode). `model_rope` passes a config's parameters."""
+    mode). `model_rope` passes a config's parameters. yarn: `YarnRopeScaling.params()` (its inverse frequencies, and
+    cos / sin times its attention factor in fp32 before the cast, as HF scales them)."""
     inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, device=positions.device, dtype=torch.float32) / head_dim))
     if llama3 is not None:
         inv_freq = _llama3_inv_freq(inv_freq, *llama3)
+    if yarn is not None:
+        inv_freq = yarn_inv_freq(head_dim, theta, positions.device, *yarn[:5])
     freqs = positions.float()[:, None] * inv_freq[None, :]
     emb = torch.cat((freqs, freqs), dim=-1)
+    if yarn is not None:
+        return (emb.cos() * yarn[5]).to(dtype), (emb.sin() * yarn[5]).to(dtype)
     return emb.cos().to(dtype), emb.sin().to(dtype)
 
 
 @rope_cos_sin.register_fake
-def _(positions, head_dim, theta, dtype, llama3=None):
+def _(positions, head_dim, theta, dtype, llama3=None, yarn=None):
     shape = (positions.shape[0], head_dim)
     return positions.new_empty(shape, dtype=dtype), positions.new_empty(shape, dtype=dtype)
 
@@ -57,7 +63,9 @@ def model_rope(cfg: ModelConfig, positions: Tensor, dtype: torch.dtype,
         return mrope_cos_sin(positions, cfg.head_dim, cfg.rope_theta, list(cfg.vision.mrope_section), dtype)
     if kind == "local":  # Gemma 3's sliding-window layers: their own base, no scaling (HF scales full layers only)
         return rope_cos_sin(positions, cfg.head_dim, cfg.rope_local_theta, dtype, None)
-    s: Llama3RopeScaling | None = cfg.rope_scaling
+    s: Llama3RopeScaling | YarnRopeScaling | None = cfg.rope_scaling
+    if isinstance(s, YarnRopeScaling):  # GPT-OSS
+        return rope_cos_sin(positions, cfg.rotary_dim, cfg.rope_theta, dtype, None, s.params())
     llama3 = None if s is None else [s.factor, s.low_freq_factor, s.high_freq_factor,
                                      float(s.original_max_position_embeddings)]
     return rope_cos_sin(positions, cfg.rotary_dim, cfg.rope_theta, dtype, llama3)  # rotary_dim: head_dim unless partial

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 from typing import Any
 
+from monorl.tasks.harmony import final_text, is_harmony
+
 
 def completion_text(completion: Any) -> str:
     """The text of a completion: a string, or TRL's conversational form (a list of messages, the content of
-    the last one)."""
-    if isinstance(completion, str):
-        return completion
+    the last one). A Harmony completion (GPT-OSS) reads as its `final` channel's text (`monorl.tasks.harmony`)."""
     if isinstance(completion, list) and completion and isinstance(completion[-1], dict):
-        return str(completion[-1].get("content", ""))
+        completion = str(completion[-1].get("content", ""))
+    if isinstance(completion, str):
+        return final_text(completion) if is_harmony(completion) else completion
     raise TypeError(f"expected a completion string or a list of messages, got {type(completion).__name__}")

@@ -18,19 +18,31 @@ from monorl.ops.tree_sum import tree_sum
 from monorl.speedups.private_apis import flash_attention_backward, flash_window
 
 
-def _attn_cpu_rows(q: Tensor, k: Tensor, v: Tensor, valid: Tensor) -> tuple[Tensor, Tensor]:
+def _attn_cpu_rows(q: Tensor, k: Tensor, v: Tensor, valid: Tensor,
+                   sinks: Tensor | None = None) -> tuple[Tensor, Tensor]:
     """q [R, H, D], k/v [R, L, H, D] (each row's keys, GQA-expanded), valid [R, L] -> (out [R, H, D], log-sum-exp
-    of the scaled scores [R, H] fp32) (fp32 math)."""
+    of the scaled scores [R, H] fp32) (fp32 math). sinks [H]: a logit per head in the denominator (GPT-OSS), added
+    after the keys' fixed-order sum (so as invariant as it)."""
     D = q.shape[-1]
     qf, kf, vf = q.float(), k.float(), v.float()
     s = tree_sum(qf[:, None] * kf) * D ** -0.5  # [R, L, H]
     s = s.masked_fill(~valid[:, :, None], float("-inf"))
     m = s.max(1, keepdim=True).values
+    if sinks is not None:
+        m = torch.maximum(m, sinks.float()[None, None])
     p = torch.exp(s - m)  # masked keys: exactly 0
     l_ = tree_sum(p.transpose(1, 2))  # [R, H]
+    if sinks is not None:
+        l_ = l_ + torch.exp(sinks.float()[None] - m[:, 0])
     pv = torch.where(valid[:, :, None, None], p[..., None] * vf, 0.0)  # cache garbage never reaches the sum
     o = tree_sum(pv.permute(0, 2, 3, 1))  # [R, H, D]
     return (o / l_[..., None]).to(q.dtype), m[:, 0] + torch.log(l_)
+
+
+def _no_triton_sinks(sinks: Tensor | None) -> None:
+    if sinks is not None:
+        raise ValueError("attention sinks (GPT-OSS) are not implemented in the batch-invariant Triton attention "
+                         "kernel: run batch-invariant GPT-OSS on CPU, or turn batch_invariant off")
 
 
 def _expand_kv(x: Tensor, g: int) -> Tensor:
@@ -45,14 +57,16 @@ def window_mask(L: int, window: int, device: torch.device | None = None) -> Tens
 
 @custom_op("monorl::bi_varlen_attn", mutates_args=())
 def bi_varlen_attn(q: Tensor, k: Tensor, v: Tensor, cu_seqlens: Tensor, pad_index: Tensor,
-                   valid: Tensor, window: int = 0) -> tuple[Tensor, Tensor]:
+                   valid: Tensor, window: int = 0, sinks: Tensor | None = None) -> tuple[Tensor, Tensor]:
     """Causal attention of packed sequences (sequence s: tokens cu_seqlens[s] .. cu_seqlens[s+1] - 1). Returns the
     output and each row's log-sum-exp of its scaled scores (fp32 [Hq, T], flash attention's layout), which backward
     takes instead of recomputing the forward. `pad_index` / `valid` (the `VarlenContext`'s padded layout) are for
     backward, which must not read lengths on the host (it runs inside trainer CUDA graphs); valid's width is the
-    longest sequence. window: a query at position p sees keys p - window + 1 .. p (0: all up to p)."""
+    longest sequence. window: a query at position p sees keys p - window + 1 .. p (0: all up to p). sinks: see
+    `_attn_cpu_rows` (lse then counts them)."""
     lse = torch.empty(q.shape[1], q.shape[0], dtype=torch.float32, device=q.device)
     if use_triton(q):
+        _no_triton_sinks(sinks)
         return varlen_attention_triton(q, k, v, cu_seqlens, valid.shape[1], lse, window), lse
     g = q.shape[1] // k.shape[1]
     out = torch.empty_like(q)
@@ -67,28 +81,30 @@ def bi_varlen_attn(q: Tensor, k: Tensor, v: Tensor, cu_seqlens: Tensor, pad_inde
         for s in range(0, L, rows):
             e = min(L, s + rows)
             o, rows_lse = _attn_cpu_rows(q[a + s:a + e], kk[None].expand(e - s, *kk.shape),
-                                         vv[None].expand(e - s, *vv.shape), valid[s:e])
+                                         vv[None].expand(e - s, *vv.shape), valid[s:e], sinks)
             out[a + s:a + e], lse[:, a + s:a + e] = o, rows_lse.t()
     return out, lse
 
 
 @bi_varlen_attn.register_fake
 def _(q: Tensor, k: Tensor, v: Tensor, cu_seqlens: Tensor, pad_index: Tensor, valid: Tensor,
-      window: int = 0) -> tuple[Tensor, Tensor]:
+      window: int = 0, sinks: Tensor | None = None) -> tuple[Tensor, Tensor]:
     return torch.empty_like(q), q.new_empty(q.shape[1], q.shape[0], dtype=torch.float32)
 
 
 @custom_op("monorl::bi_varlen_attn_backward", mutates_args=())
 def bi_varlen_attn_backward(grad: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor,
                             cu_seqlens: Tensor, pad_index: Tensor, valid: Tensor,
-                            window: int = 0) -> tuple[Tensor, Tensor, Tensor]:
+                            window: int = 0, sinks: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """Gradients of causal varlen attention. Backward values need not be invariant (only forward log-probs must
     equal the generator's), so on CUDA in bf16/fp16 they are flash attention's, as in the default mode, from the
     forward's `out` and `lse`; elsewhere the textbook formulas. Device tensors only (no host sync), so it can be
-    graph-captured."""
+    graph-captured. The fourth gradient is the sinks' ([Hq] fp32; zeros without sinks)."""
     if q.is_cuda and q.dtype in (torch.bfloat16, torch.float16):
-        return backward_flash(grad, q, k, v, out, lse, cu_seqlens, valid.shape[1], window)
-    return backward_padded(grad, q, k, v, pad_index, valid, window)
+        _no_triton_sinks(sinks)
+        dq, dk, dv = backward_flash(grad, q, k, v, out, lse, cu_seqlens, valid.shape[1], window)
+        return dq, dk, dv, q.new_zeros(q.shape[1], dtype=torch.float32)
+    return backward_padded(grad, q, k, v, pad_index, valid, window, sinks)
 
 
 def backward_flash(grad: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor, cu_seqlens: Tensor,
@@ -104,9 +120,10 @@ def backward_flash(grad: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, l
     return dq, dk, dv
 
 
-def backward_padded(grad: Tensor, q: Tensor, k: Tensor, v: Tensor, pad_index: Tensor,
-                    valid: Tensor, window: int = 0) -> tuple[Tensor, Tensor, Tensor]:
-    """The textbook formulas in the padded [B, H, L, L] layout, fp32 (CPU, and fp32 inputs)."""
+def backward_padded(grad: Tensor, q: Tensor, k: Tensor, v: Tensor, pad_index: Tensor, valid: Tensor, window: int = 0,
+                    sinks: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """The textbook formulas in the padded [B, H, L, L] layout, fp32 (CPU, and fp32 inputs); with sinks, their
+    softmax column too (d sink = -sum over rows of p_sink * (grad . out))."""
     T, Hq, D = q.shape
     Hkv = k.shape[1]
     g = Hq // Hkv
@@ -126,10 +143,19 @@ def backward_padded(grad: Tensor, q: Tensor, k: Tensor, v: Tensor, pad_index: Te
     mask = window_mask(L, window, q.device)[None, None] & keys[:, None, None, :]
     if window:  # a padding row may have no key in its window: it sees key 0 (its gradient is dropped)
         mask = mask | (~valid[:, None, :, None] & first)
-    p = torch.softmax((qp @ kp.transpose(-1, -2) * scale).masked_fill(~mask, float("-inf")), dim=-1)
+    scores = (qp @ kp.transpose(-1, -2) * scale).masked_fill(~mask, float("-inf"))
+    if sinks is not None:
+        sink = sinks.float()[None, :, None, None].expand(B, Hq, L, 1)
+        p = torch.softmax(torch.cat([scores, sink], -1), dim=-1)
+        p, p_sink = p[..., :-1], p[..., -1]
+    else:
+        p = torch.softmax(scores, dim=-1)
     o = p @ vp
     dv = p.transpose(-1, -2) @ gp
-    ds = p * (gp @ vp.transpose(-1, -2) - (gp * o).sum(-1, keepdim=True))
+    delta = (gp * o).sum(-1, keepdim=True)  # padding rows: zero grad, so nothing
+    ds = p * (gp @ vp.transpose(-1, -2) - delta)
+    dsinks = (-(p_sink * delta[..., 0]).sum((0, 2)) if sinks is not None
+              else q.new_zeros(Hq, dtype=torch.float32))
     dq = ds @ kp * scale
     dk = ds.transpose(-1, -2) @ qp * scale
 
@@ -141,27 +167,32 @@ def backward_padded(grad: Tensor, q: Tensor, k: Tensor, v: Tensor, pad_index: Te
         out[pad_index.reshape(-1)] = x.reshape(B * L, heads, D)
         return out[:T]
 
-    return unpadded(dq, Hq).to(q.dtype), unpadded(dk, Hkv).to(k.dtype), unpadded(dv, Hkv).to(v.dtype)
+    return (unpadded(dq, Hq).to(q.dtype), unpadded(dk, Hkv).to(k.dtype), unpadded(dv, Hkv).to(v.dtype),
+            dsinks)
 
 
 @bi_varlen_attn_backward.register_fake
 def _(grad: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor, cu_seqlens: Tensor, pad_index: Tensor,
-      valid: Tensor, window: int = 0) -> tuple[Tensor, Tensor, Tensor]:
-    return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+      valid: Tensor, window: int = 0, sinks: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    return (torch.empty_like(q), torch.empty_like(k), torch.empty_like(v),
+            q.new_empty(q.shape[1], dtype=torch.float32))
 
 
 def _attn_setup(ctx, inputs, output) -> None:
-    q, k, v, cu_seqlens, pad_index, valid, *window = inputs
-    ctx.save_for_backward(q, k, v, *output, cu_seqlens, pad_index, valid)
-    ctx.window = window[0] if window else 0
+    q, k, v, cu_seqlens, pad_index, valid, *rest = inputs
+    ctx.window = rest[0] if rest else 0
+    sinks = rest[1] if len(rest) > 1 else None
+    ctx.has_sinks = sinks is not None
+    ctx.save_for_backward(q, k, v, *output, cu_seqlens, pad_index, valid, *([sinks] if ctx.has_sinks else []))
 
 
 def _attn_backward(ctx, grad: Tensor, grad_lse: Tensor | None) -> tuple[Tensor | None, ...]:
     # grad_lse: nothing differentiates the log-sum-exp (it is backward's input, not a model output)
-    q, k, v, out, lse, cu_seqlens, pad_index, valid = ctx.saved_tensors
-    dq, dk, dv = bi_varlen_attn_backward(grad.contiguous(), q, k, v, out, lse, cu_seqlens, pad_index, valid,
-                                         ctx.window)
-    return dq, dk, dv, None, None, None, None
+    q, k, v, out, lse, cu_seqlens, pad_index, valid, *sinks = ctx.saved_tensors
+    sink = sinks[0] if ctx.has_sinks else None
+    dq, dk, dv, ds = bi_varlen_attn_backward(grad.contiguous(), q, k, v, out, lse, cu_seqlens, pad_index, valid,
+                                             ctx.window, sink)
+    return dq, dk, dv, None, None, None, None, None if sink is None else ds.to(sink.dtype)
 
 
 bi_varlen_attn.register_autograd(_attn_backward, setup_context=_attn_setup)
@@ -169,10 +200,11 @@ bi_varlen_attn.register_autograd(_attn_backward, setup_context=_attn_setup)
 
 @custom_op("monorl::bi_paged_decode", mutates_args=())
 def bi_paged_decode(q: Tensor, k_cache: Tensor, v_cache: Tensor, block_tables: Tensor, seq_lens: Tensor,
-                    window: int = 0) -> Tensor:
+                    window: int = 0, sinks: Tensor | None = None) -> Tensor:
     """q [B, Hq, D] attends the first seq_lens[b] keys of its block table (caches [N, bs, Hkv, D]); with a window,
-    only the last `window` of them."""
+    only the last `window` of them; sinks: see `_attn_cpu_rows`."""
     if use_triton(q):
+        _no_triton_sinks(sinks)
         return attention_triton(q, k_cache, v_cache, seq_lens.to(torch.int32), block_tables, window=window)
     B, W = block_tables.shape
     bs, Hkv, D = k_cache.shape[1:]
@@ -182,19 +214,20 @@ def bi_paged_decode(q: Tensor, k_cache: Tensor, v_cache: Tensor, block_tables: T
     v = _expand_kv(v_cache[idx].view(B, W * bs, Hkv, D), g)
     key = torch.arange(W * bs, device=q.device)[None, :]
     valid = (key < seq_lens[:, None]) & (key >= seq_lens[:, None] - window if window else True)
-    return _attn_cpu_rows(q, k.to(q.dtype), v.to(q.dtype), valid)[0]
+    return _attn_cpu_rows(q, k.to(q.dtype), v.to(q.dtype), valid, sinks)[0]
 
 
 @bi_paged_decode.register_fake
-def _(q: Tensor, k_cache: Tensor, v_cache: Tensor, block_tables: Tensor, seq_lens: Tensor, window: int = 0) -> Tensor:
+def _(q: Tensor, k_cache: Tensor, v_cache: Tensor, block_tables: Tensor, seq_lens: Tensor, window: int = 0,
+      sinks: Tensor | None = None) -> Tensor:
     return torch.empty_like(q)
 
 
 def varlen_attention(q: Tensor, k: Tensor, v: Tensor, cu_seqlens: Tensor, pad_index: Tensor, valid: Tensor,
-                     window: int = 0) -> Tensor:
-    return bi_varlen_attn(q, k, v, cu_seqlens, pad_index, valid, window)[0]
+                     window: int = 0, sinks: Tensor | None = None) -> Tensor:
+    return bi_varlen_attn(q, k, v, cu_seqlens, pad_index, valid, window, sinks)[0]
 
 
 def paged_decode(q: Tensor, k_cache: Tensor, v_cache: Tensor, block_tables: Tensor, seq_lens: Tensor,
-                 window: int = 0) -> Tensor:
-    return bi_paged_decode(q, k_cache, v_cache, block_tables, seq_lens, window)
+                 window: int = 0, sinks: Tensor | None = None) -> Tensor:
+    return bi_paged_decode(q, k_cache, v_cache, block_tables, seq_lens, window, sinks)

@@ -87,7 +87,7 @@ class EpisodeRunner:
         if self.engine is None:
             self.engine = Engine(self.gen, max_tokens=self.max_len)
         engine, budget = self.engine, sampling.max_new_tokens
-        stop_ids = tuple(dict.fromkeys((*sampling.stop_token_ids, *self.end_of_turn[-1:])))
+        stop_ids = tuple(dict.fromkeys((*sampling.stop_token_ids, *self.renderer.stop_ids())))
         live: dict[tuple[int, int], _Live] = {}
         for i, p in enumerate(prompts):
             for j in range(n):

@@ -1,0 +1,177 @@
+"""GPT-OSS's decoder layer (transformers' GptOssDecoderLayer), registered in `monorl.model.decoder.FAMILY_BLOCKS`
+for model_type "gpt_oss".
+
+Attention: GQA with q/k/v/o biases, a learned sink logit per head (`sinks` [Hq]: added to each head's softmax
+denominator, `AttentionContext.attend(..., sinks=)`), on "sliding_attention" layers a window of `sliding_window`
+keys; RoPE is YaRN's (`monorl.model.yarn`) on every layer. Pre-norm RMSNorms as Llama's.
+
+The MLP is GPT-OSS's own mixture of experts (`GptOssMoeBlock`), not `monorl.model.moe.SparseMoeBlock`: its router
+has a bias and takes the top-k *logits* then a softmax over those k (Qwen3-MoE: softmax over all, then top-k), its
+experts have biases, a clamped SwiGLU ((up + 1) * gate * sigmoid(alpha * gate), gate clamped above at `limit`, up
+on both sides) and HF's layouts: `gate_up_proj` [E, hidden, 2I] with gate and up *interleaved* along the last dim
+([..., ::2] / [..., 1::2]), `down_proj` [E, I, hidden] (x @ W, not F.linear's W^T), so checkpoints map one to one.
+It reuses SparseMoeBlock's token sort and per-token combine (`monorl.model.moe`), and runs the same paths: one
+product per expert on its sorted slice (gradients, or many tokens), a gather of each slot's expert weights (a
+decode step's few tokens, CUDA-graph capturable), and in batch-invariant mode every expert over all rows for a
+decode step (its `linear` the invariant GEMM, so a token's outputs do not depend on its batch).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from monorl.model.attention import AttentionContext
+from monorl.model.config import ModelConfig
+from monorl.model.layers import Linear, RMSNorm
+from monorl.model.moe import (
+    GATHER_MAX_BYTES,
+    LinearFn,
+    _capturing,
+    _combine,
+    _sort_by_expert,
+    compute_dtype,
+    softmax_invariant,
+)
+from monorl.ops import matmul_invariant
+from monorl.ops.rope import apply_rope
+
+
+class GptOssAttention(nn.Module):
+    def __init__(self, cfg: ModelConfig, layer_index: int, fused: bool = False) -> None:
+        super().__init__()
+        self.num_heads, self.num_kv_heads, self.head_dim = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+        self.fused = fused
+        self.sizes = (cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim)
+        if fused:  # the generator's copy: q/k/v (and their biases) as one projection
+            self.qkv_proj = Linear(cfg.hidden_size, sum(self.sizes), bias=cfg.qkv_bias)
+        else:
+            self.q_proj = Linear(cfg.hidden_size, self.sizes[0], bias=cfg.qkv_bias)
+            self.k_proj = Linear(cfg.hidden_size, self.sizes[1], bias=cfg.qkv_bias)
+            self.v_proj = Linear(cfg.hidden_size, self.sizes[2], bias=cfg.qkv_bias)
+        self.o_proj = Linear(cfg.num_heads * cfg.head_dim, cfg.hidden_size, bias=cfg.o_bias)
+        self.sinks = nn.Parameter(torch.zeros(cfg.num_heads))
+        self.window = cfg.sliding_window if cfg.layer_type(layer_index) == "sliding_attention" else 0
+
+    def forward(self, x: Tensor, cos: Tensor, sin: Tensor, ctx: AttentionContext, cache: Any) -> Tensor:
+        T = x.shape[0]
+        if self.fused:
+            q, k, v = self.qkv_proj(x).split(self.sizes, dim=-1)
+        else:
+            q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
+        q, k = q.view(T, self.num_heads, self.head_dim), k.view(T, self.num_kv_heads, self.head_dim)
+        v = v.view(T, self.num_kv_heads, self.head_dim)
+        q, k = apply_rope(q, cos, sin).to(v.dtype), apply_rope(k, cos, sin).to(v.dtype)
+        o = ctx.attend(q, k, v, cache, window=self.window, sinks=self.sinks)
+        return self.o_proj(o.flatten(1))
+
+
+class GptOssExperts(nn.Module):
+    """E experts in HF's GptOssExperts layout (see the module docstring)."""
+
+    def __init__(self, num_experts: int, hidden_size: int, intermediate_size: int) -> None:
+        super().__init__()
+        self.gate_up_proj = nn.Parameter(torch.empty(num_experts, hidden_size, 2 * intermediate_size))
+        self.gate_up_proj_bias = nn.Parameter(torch.zeros(num_experts, 2 * intermediate_size))
+        self.down_proj = nn.Parameter(torch.empty(num_experts, intermediate_size, hidden_size))
+        self.down_proj_bias = nn.Parameter(torch.zeros(num_experts, hidden_size))
+
+
+def clamped_swiglu(gate_up: Tensor, alpha: float, limit: float) -> Tensor:
+    """HF's GptOssExperts._apply_gate: interleaved gate / up, each clamped, (up + 1) * gate * sigmoid(alpha gate)."""
+    gate, up = gate_up[..., ::2], gate_up[..., 1::2]
+    gate = gate.clamp(min=None, max=limit)
+    up = up.clamp(min=-limit, max=limit)
+    return (up + 1) * (gate * torch.sigmoid(gate * alpha))
+
+
+class GptOssMoeBlock(nn.Module):
+    """GPT-OSS's MLP: `router` (a biased Linear [E, hidden]) and `experts` (see the module docstring)."""
+
+    router_name = "router"  # (`monorl.model.moe.moe_blocks`: router taps, the load-balancing loss)
+
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.num_experts, self.top_k = cfg.num_experts, cfg.num_experts_per_tok
+        self.alpha, self.limit = cfg.swiglu_alpha, cfg.swiglu_limit
+        self.router = Linear(cfg.hidden_size, cfg.num_experts, bias=True)
+        self.experts = GptOssExperts(cfg.num_experts, cfg.hidden_size, cfg.moe_intermediate_size)
+
+    def route(self, logits: Tensor) -> tuple[Tensor, Tensor]:
+        """(weights [T, k], experts [T, k]): HF's GptOssTopKRouter, the top-k logits then a softmax over them."""
+        top, experts = torch.topk(logits, self.top_k, dim=-1)
+        return F.softmax(top, dim=-1, dtype=top.dtype), experts
+
+    def forward(self, x: Tensor) -> Tensor:
+        weights, experts = self.route(self.router(x))
+        return self.run_experts(x.to(compute_dtype(x)), weights, experts)
+
+    def expert(self, x: Tensor, e: int, linear: LinearFn = F.linear) -> Tensor:
+        """Expert e's output on the rows x [N, hidden]."""
+        p, dt = self.experts, x.dtype
+        h = linear(x, p.gate_up_proj[e].t()) + p.gate_up_proj_bias[e].to(dt)
+        return linear(clamped_swiglu(h, self.alpha, self.limit), p.down_proj[e].t()) + p.down_proj_bias[e].to(dt)
+
+    def experts_loop(self, x: Tensor, weights: Tensor, experts: Tensor, linear: LinearFn = F.linear) -> Tensor:
+        """One product per expert on its contiguous slice of the sorted (token, slot) pairs (reads the counts)."""
+        k = experts.shape[1]
+        order, inverse, counts = _sort_by_expert(experts, self.num_experts)
+        xs = x[order // k]
+        outs, start = [], 0
+        for e, n in enumerate(counts.tolist()):
+            if n:
+                outs.append(self.expert(xs[start:start + n], e, linear))
+                start += n
+        return _combine(torch.cat(outs)[inverse], weights)
+
+    def experts_gathered(self, x: Tensor, weights: Tensor, experts: Tensor) -> Tensor:
+        """Each (token, slot)'s expert weights gathered, one bmm per projection (a decode step: no host read)."""
+        T, k = experts.shape
+        p, flat, dt = self.experts, experts.reshape(-1), x.dtype
+        xr = x[:, None].expand(T, k, x.shape[-1]).reshape(T * k, 1, -1)
+        h = torch.bmm(xr, p.gate_up_proj.index_select(0, flat).to(dt)).squeeze(1)
+        h = h + p.gate_up_proj_bias.index_select(0, flat).to(dt)
+        y = torch.bmm(clamped_swiglu(h, self.alpha, self.limit).unsqueeze(1), p.down_proj.index_select(0, flat).to(dt))
+        return _combine(y.squeeze(1) + p.down_proj_bias.index_select(0, flat).to(dt), weights)
+
+    def run_experts(self, x: Tensor, weights: Tensor, experts: Tensor) -> Tensor:
+        per_slot = self.experts.gate_up_proj[0].numel() + self.experts.down_proj[0].numel()
+        if not torch.is_grad_enabled() and (experts.numel() * per_slot * x.element_size() <= GATHER_MAX_BYTES
+                                            or _capturing(x)):
+            return self.experts_gathered(x, weights, experts)
+        return self.experts_loop(x, weights, experts)
+
+
+class BatchInvariantGptOssMoeBlock(GptOssMoeBlock):
+    """The block in batch-invariant mode (`monorl.model.batch_invariant`): fixed-order softmax over the top-k, every
+    product on the invariant GEMM; a decode step runs every expert over all rows (fixed shapes), a pack the loop."""
+
+    def route(self, logits: Tensor) -> tuple[Tensor, Tensor]:
+        top, experts = torch.topk(logits, self.top_k, dim=-1)
+        return softmax_invariant(top).to(top.dtype), experts
+
+    def run_experts(self, x: Tensor, weights: Tensor, experts: Tensor) -> Tensor:
+        linear = matmul_invariant.linear
+        if not torch.is_grad_enabled() and (experts.numel() <= self.num_experts or _capturing(x)):
+            every = torch.stack([self.expert(x, e, linear) for e in range(self.num_experts)])
+            rows = torch.arange(x.shape[0], device=x.device).repeat_interleave(experts.shape[1])
+            return _combine(every[experts.reshape(-1), rows], weights)
+        return self.experts_loop(x, weights, experts, linear)
+
+
+class GptOssBlock(nn.Module):
+    """One GPT-OSS decoder layer: x + attn(norm(x)), then x + moe(norm(x))."""
+
+    def __init__(self, cfg: ModelConfig, layer_index: int, fused: bool = False) -> None:
+        super().__init__()
+        self.self_attn = GptOssAttention(cfg, layer_index, fused)
+        self.mlp = GptOssMoeBlock(cfg)
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+
+    def forward(self, x: Tensor, cos: Tensor, sin: Tensor, ctx: AttentionContext, cache: Any = None) -> Tensor:
+        x = x + self.self_attn(self.input_layernorm(x), cos, sin, ctx, cache)
+        return x + self.mlp(self.post_attention_layernorm(x))

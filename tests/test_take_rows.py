@@ -1,5 +1,6 @@
 """`take_rows` (monorl.ops.row_copies): x[index] for rows named at most once, whose backward places the gradient
-rows (index_copy) instead of autograd's accumulating index_put: the same values and gradients as x[index]."""
+rows (index_add_ into zeros) instead of autograd's sort-based accumulating index_put: the same values and
+gradients as x[index], a repeated row's (a padding row's) gradients still summed."""
 
 import torch
 
@@ -16,3 +17,10 @@ def test_take_rows_equals_indexing_forward_and_backward():
     assert torch.equal(take_rows(x, index), x[index])
     assert torch.equal(ours, theirs)
     assert torch.equal(take_rows(x.detach(), index), x.detach()[index])  # no graph: a plain gather
+
+
+def test_take_rows_sums_a_repeated_row():
+    x = torch.zeros(4, 2, requires_grad=True)
+    grad = torch.tensor([[1.0, 2.0], [0.0, 0.0], [3.0, 4.0]])
+    (ours,) = torch.autograd.grad(take_rows(x, torch.tensor([0, 0, 2])), x, grad)
+    assert torch.equal(ours, torch.tensor([[1.0, 2.0], [0.0, 0.0], [3.0, 4.0], [0.0, 0.0]]))

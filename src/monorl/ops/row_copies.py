@@ -3,8 +3,9 @@
 `take_rows`: x[index] for an index that names each row at most once (a shared-prompt pack's first copies, the
 trainer's logit rows). Autograd's backward of x[index] is an accumulating index_put, CUDA's sort-based
 `indexing_backward_kernel`: 3.3 ms a call on SmolLM2's packs, 31 calls (one per layer and the head) = 102 ms of a
-150 ms trainer step (H100, benchmarks/profile_rl_step.py, #62). With unique rows the gradient is a plain placement
-(`index_copy`): the same values, no sort, no sum.
+150 ms trainer step (H100, benchmarks/profile_rl_step.py, #62). Here the gradient is an `index_add_` into zeros: the
+same values, no sort; an index named twice still gets its gradients summed (in an order CUDA's atomics choose: the
+callers' indices repeat only for padding rows, whose gradients are exactly zero).
 
 `sum_row_copies`: the gradient of rows copied into several places: out[u] = sum of x[copies[u, j]] over j, in fp32,
 in order j = 0, 1, ... (deterministic), where an index past x's last row stands for a copy that is not there. The
@@ -67,9 +68,9 @@ class _TakeRows(torch.autograd.Function):
     @staticmethod
     def backward(ctx: Any, grad: Tensor) -> tuple[Tensor, None]:
         (index,) = ctx.saved_tensors
-        return grad.new_zeros(ctx.rows, *grad.shape[1:]).index_copy_(0, index, grad), None
+        return grad.new_zeros(ctx.rows, *grad.shape[1:]).index_add_(0, index, grad), None
 
 
 def take_rows(x: Tensor, index: Tensor) -> Tensor:
-    """x[index] along dim 0 for an int64 `index` naming each row at most once (the module docstring)."""
+    """x[index] along dim 0 for an int64 `index` whose repeated entries carry zero gradients (the module docstring)."""
     return _TakeRows.apply(x, index) if x.requires_grad else x.index_select(0, index)

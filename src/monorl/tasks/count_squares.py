@@ -1,7 +1,7 @@
 """count_squares: a visual task made at run time (#59; no files, no downloads): a small dark canvas with 1-4
-coloured squares on a grid of cells, and the question "How many squares?". The answer is a digit, rewarded in the
-``[ANSWER] n`` format (sum_digits' tag). For the tiny_vision preset: a random-init tiny Qwen3-VL (`tiny-vl`) can
-only answer by looking, since the text is the same for every prompt.
+coloured squares on a grid of cells (2 x 2 by default), and the question "How many squares?". The answer is a
+digit, rewarded in the ``[ANSWER] n`` format (sum_digits' tag). For the tiny_vision preset: a random-init tiny
+Qwen3-VL (`tiny-vl`) can only answer by looking, since the text is the same for every prompt.
 
 The images: `grid` x `grid` cells of `cell` pixels (cell 8 = one image token of the tiny-vl tower), each square
 one cell less a 1-pixel border, in a bright colour drawn per square. Problems are the (cells, colours) drawn from
@@ -56,7 +56,7 @@ class CountSquaresTask(Task):
     name = "count_squares"
     reward_components = ("correctness",)
 
-    def __init__(self, grid: int = 3, cell: int = 8, max_count: int = 4, correctness_reward: float = 1.0,
+    def __init__(self, grid: int = 2, cell: int = 8, max_count: int = 4, correctness_reward: float = 1.0,
                  val_seed: int = 99, val_size: int = 64, solution_style: str = "short") -> None:
         if not 1 <= max_count <= min(9, grid * grid):
             raise ValueError(f"max_count={max_count} must be in [1, min(9, grid * grid = {grid * grid})]: the "

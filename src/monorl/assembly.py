@@ -25,9 +25,10 @@ from monorl.config_paths import with_absolute_paths
 from monorl.distributed.world import SINGLE, World
 from monorl.model.config import ModelConfig
 from monorl.model.section import ModelSection
-from monorl.model.source import resolve_model
+from monorl.model.source import image_processor, resolve_model
 from monorl.model.vocab_match import check_same_vocab
 from monorl.plan import MemoryPlan, run_memory_plan, with_overrides
+from monorl.plan_images import image_tokens_bound
 from monorl.task_registry import load_task
 from monorl.tasks.base import Prompt, Task
 from monorl.tasks.rewards import OVERLONG
@@ -188,6 +189,8 @@ def build_run(cfg: RunConfig, device: torch.device, world: World = SINGLE, plan:
     r, v = cfg.rollout, cfg.validation
     train = list(itertools.islice(task.train_prompts(seed=cfg.seed), sample))
     longest = longest_fitting_prompt(task, tokenizer, train, max_len, r.max_new_tokens, "training") or 1
+    # a prompt's images at the processor's max_pixels: prompt tokens the plan sizes the KV cache and packs with
+    longest += (image_tokens := image_tokens_bound(train, image_processor(cfg.model, model_config)))
     longest_fitting_prompt(task, tokenizer, val_prompts, max_len, v.max_new_tokens or r.max_new_tokens, "validation")
     components = reward_components(cfg, task)
     pass_component = v.pass_component or (task.reward_components or (None,))[0]
@@ -198,5 +201,5 @@ def build_run(cfg: RunConfig, device: torch.device, world: World = SINGLE, plan:
     if plan:
         spec.plan = run_memory_plan(cfg, model_config, longest, device, world.size, world.rank,
                                     change_resolver(given, model_config, device),
-                                    teacher=teacher[0] if teacher else None)
+                                    teacher=teacher[0] if teacher else None, image_tokens=image_tokens)
     return spec

@@ -24,7 +24,6 @@ from __future__ import annotations
 import dataclasses
 import sys
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -36,75 +35,19 @@ from monorl.generate.tensor_parallel import check_tensor_parallel, shard_config
 from monorl.model.config import ModelConfig
 from monorl.model.pack_layout import bucket_size
 from monorl.plan_activations import activation_shape, trainer_activation_bytes
+from monorl.plan_images import vision_activation_bytes
 from monorl.plan_params import (
     active_param_count,
     lora_param_count,
     param_counts,
     tensor_parallel_copy_params,
 )
+from monorl.plan_table import GiB, MemoryPlan, MemoryRow, reserve_for
 
 if TYPE_CHECKING:
     from monorl.config import RunConfig
 
-GiB = 1 << 30
 _GEN_PREFILL_BYTES_PER_TOKEN_LAYER_WIDTH = 2 * 4  # a prefill's transient: ~4 bf16 [tokens, width] per layer
-
-
-@dataclass
-class MemoryRow:
-    name: str
-    bytes: int
-    note: str = ""
-    persistent: bool = True
-
-
-@dataclass
-class MemoryPlan:
-    rows: list[MemoryRow]
-    device_bytes: int | None  # the GPU's memory; None: not known (CPU runs, or `plan` without --gpu_memory_gb)
-    micro_batch_tokens: int  # the largest micro-batch the plan sized activations for
-    activation_checkpointing: bool
-    reserve_bytes: int = 0  # CUDA context, cuBLAS workspaces and allocator slack, outside `peak_bytes`
-    advice: list[str] = field(default_factory=list)
-
-    @property
-    def peak_bytes(self) -> int:
-        """Persistent rows plus the largest transient one (trainer and generator run one at a time)."""
-        transient = [r.bytes for r in self.rows if not r.persistent]
-        return sum(r.bytes for r in self.rows if r.persistent) + max(transient, default=0)
-
-    def row(self, name: str) -> MemoryRow:
-        return next(r for r in self.rows if r.name == name)
-
-    @property
-    def fits(self) -> bool | None:
-        if self.device_bytes is None:
-            return None
-        return self.peak_bytes + self.reserve_bytes <= self.device_bytes
-
-    def table(self) -> str:
-        lines = [f"  {'':<28}{'GiB':>8}"]
-        for r in self.rows:
-            kind = "" if r.persistent else " (transient)"
-            lines.append(f"  {r.name:<28}{r.bytes / GiB:8.2f}  {r.note}{kind}".rstrip())
-        lines.append(f"  {'peak (planned)':<28}{self.peak_bytes / GiB:8.2f}")
-        if self.device_bytes is not None:
-            lines.append(f"  {'+ context and slack':<28}{self.reserve_bytes / GiB:8.2f}")
-            lines.append(f"  {'GPU memory':<28}{self.device_bytes / GiB:8.2f}  "
-                         f"{'fits' if self.fits else 'does not fit'}")
-        return "\n".join(lines)
-
-    def as_dict(self) -> dict[str, Any]:
-        return {"rows": {r.name: r.bytes for r in self.rows}, "peak_bytes": self.peak_bytes,
-                "device_bytes": self.device_bytes, "reserve_bytes": self.reserve_bytes, "fits": self.fits,
-                "micro_batch_tokens": self.micro_batch_tokens,
-                "activation_checkpointing": self.activation_checkpointing, "advice": self.advice}
-
-
-def reserve_for(device_bytes: int) -> int:
-    """Memory outside PyTorch's allocated bytes: the CUDA context and libraries (~0.6 GiB), and slack for
-    fragmentation of the caching allocator (3%)."""
-    return int(0.75 * GiB + 0.03 * device_bytes)
 
 
 def largest_micro_batch(cfg: RunConfig, max_prompt_tokens: int, ranks: int = 1) -> int:
@@ -118,7 +61,7 @@ def largest_micro_batch(cfg: RunConfig, max_prompt_tokens: int, ranks: int = 1) 
 def plan_memory(cfg: RunConfig, m: ModelConfig, max_prompt_tokens: int, device_bytes: int | None,
                 on_gpu: bool = True, activation_checkpointing: bool | None = None,
                 max_model_len: int | None = None, ranks: int = 1, role: str = "both",
-                teacher: ModelConfig | None = None) -> MemoryPlan:
+                teacher: ModelConfig | None = None, image_tokens: int = 0) -> MemoryPlan:
     """The plan for `cfg` on one GPU of `device_bytes` (see the module docstring). on_gpu=False plans a CPU run
     (fp32 everywhere, no graphs); activation_checkpointing overrides `trainer.activation_checkpointing`.
     ranks > 1: one GPU of an FSDP run (`monorl.distributed`): the policy, its gradients and AdamW's state are
@@ -126,7 +69,8 @@ def plan_memory(cfg: RunConfig, m: ModelConfig, max_prompt_tokens: int, device_b
     `generator.tensor_parallel_size` N > 1: the generator's copy and KV cache are split over N of those ranks
     (`monorl.generate.tensor_parallel`), each group of N generating its share of the step's prompt groups. role
     "trainer" / "generator": a disaggregated rank's rows alone (`ranks`: those of its role; `role_share`). teacher:
-    a distillation teacher's architecture (a frozen full copy on every trainer rank, in the generator's dtype)."""
+    a distillation teacher's architecture (a frozen full copy on every trainer rank, in the generator's dtype).
+    image_tokens: those of max_prompt_tokens that are a vision-language prompt's images (`monorl.plan_images`)."""
     t, g, cc, lora = cfg.trainer, cfg.generator, cfg.compile, cfg.lora
     tp = g.tensor_parallel_size
     if ranks % tp:
@@ -150,7 +94,7 @@ def plan_memory(cfg: RunConfig, m: ModelConfig, max_prompt_tokens: int, device_b
         size = f"{total / 1e9:.2f}B" if total >= 1e8 else f"{total / 1e6:.2f}M"
         active = f", {active_param_count(m) / 1e9:.2f}B active" if m.is_moe else ""
         rows.append(MemoryRow("policy weights", total * 4 // ranks, f"{size} fp32 masters{active}"))
-        trainable, residual = total, 4
+        trainable, residual = total - counts["vision"] * cfg.model.freeze_vision, 4
         # autocast's bf16 casts of the fp32 masters. Under FSDP2 the blocks are gathered in bf16 and nothing is
         # cast, but dropping the term there was refuted (4 H100, 2026-11-27): Qwen3-8B then ran out of memory in the
         # weight sync with 21 GiB in the trainer graphs' pool, and Qwen3-14B's measured training needs came ~15 GiB
@@ -199,7 +143,10 @@ def plan_memory(cfg: RunConfig, m: ModelConfig, max_prompt_tokens: int, device_b
     act_shape = activation_shape(m)  # a sparse layer's per-token width, for the activation rows
     compiled = cc.backend == "inductor" and cc.trainer
     acts = trainer_activation_bytes(act_shape, mb, compute, ac, t.logprob_chunk, copy_params, residual, compiled)
-    note = f"{mb} tokens{', checkpointed' if ac else ''}{', compiled' if compiled else ''}"
+    tower, patches = vision_activation_bytes(m, mb, image_tokens / max_prompt_tokens, compute, training=True)
+    acts += tower  # the tower's blocks run inside the pack's forward
+    note = f"{mb} tokens{f', the tower {patches} patches' if patches else ''}{', checkpointed' if ac else ''}"
+    note += ", compiled" if compiled else ""
     if graphs:
         note += ", CUDA-graph pool"
     else:  # gradients held in no graph buffers are allocated during backward: those alive at the activation peak
@@ -216,6 +163,7 @@ def plan_memory(cfg: RunConfig, m: ModelConfig, max_prompt_tokens: int, device_b
     width = act_shape.hidden_size + activation_shape(gen_m).intermediate_size  # a TP rank's MLP share
     prefill = largest_prefill(cfg, max_prompt_tokens, ranks // tp)
     gen_transient = _GEN_PREFILL_BYTES_PER_TOKEN_LAYER_WIDTH * prefill * width + 4 * prefill * m.vocab_size
+    gen_transient += vision_activation_bytes(m, prefill, image_tokens / max_prompt_tokens, compute, False)[0]
     rows.append(MemoryRow("generator prefill", int(gen_transient), f"{prefill} tokens", persistent=False))
     if ranks > 1 and role == "both":  # a colocated FSDP run's weight sync gathers the shards into the generator
         rows.append(_weight_sync_row(m, counts, ranks, tp, lora.enabled, compute, gen_bytes))
@@ -431,7 +379,7 @@ def device_memory_bytes(device: torch.device) -> int | None:
 def run_memory_plan(cfg: RunConfig, m: ModelConfig, max_prompt_tokens: int, device: torch.device,
                     ranks: int = 1, rank: int = 0,
                     apply: Callable[[dict[str, Any]], RunConfig] | None = None,
-                    teacher: ModelConfig | None = None) -> MemoryPlan:
+                    teacher: ModelConfig | None = None, image_tokens: int = 0) -> MemoryPlan:
     """The plan for a run on `device` (its whole memory), with `trainer.activation_checkpointing` auto resolved.
     A run that does not fit raises MemoryPlanError naming the cheapest change that does (`advise`, with `apply`),
     after printing the table. ranks: the run's rank count (one GPU of an FSDP run); rank: this one (its role in a
@@ -440,7 +388,8 @@ def run_memory_plan(cfg: RunConfig, m: ModelConfig, max_prompt_tokens: int, devi
     device_bytes = device_memory_bytes(device)
     role, ranks = role_share(cfg.placement, ranks, rank)
     ac = auto_checkpointing(cfg, m, max_prompt_tokens, device_bytes, on_gpu, ranks, role, teacher)
-    plan = plan_memory(cfg, m, max_prompt_tokens, device_bytes, on_gpu, ac, ranks=ranks, role=role, teacher=teacher)
+    plan = plan_memory(cfg, m, max_prompt_tokens, device_bytes, on_gpu, ac, ranks=ranks, role=role, teacher=teacher,
+                       image_tokens=image_tokens)
     if plan.fits is False:
         plan.advice = advise(cfg, m, max_prompt_tokens, device_bytes, ranks, apply, teacher)
         print(f"memory plan (does not fit {device}):\n{plan.table()}", file=sys.stderr, flush=True)

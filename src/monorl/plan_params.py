@@ -7,6 +7,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from monorl.model.config import ModelConfig
+from monorl.model.vision_config import VisionConfig
 
 if TYPE_CHECKING:
     from monorl.model.lora import LoRAConfig
@@ -28,7 +29,18 @@ def param_counts(m: ModelConfig) -> dict[str, int]:
         "lm_head": 0 if m.tie_word_embeddings else m.vocab_size * m.hidden_size,
         "embed": m.vocab_size * m.hidden_size,
         "norm": m.num_layers * per_layer_norm + m.hidden_size,
+        "vision": 0 if m.vision is None else vision_param_count(m.vision),
     }
+
+
+def vision_param_count(v: VisionConfig) -> int:
+    """A vision tower's parameters (`monorl.model.vision`): the patch embedding, the position grid, the blocks, the
+    merger and one DeepStack merger per listed block."""
+    h, i, wide = v.hidden_size, v.intermediate_size, v.hidden_size * v.spatial_merge_size ** 2
+    block = 4 * h + (3 * h * h + 3 * h) + (h * h + h) + (h * i + i) + (i * h + h)  # norms, qkv, proj, MLP
+    merger = wide * wide + wide + wide * v.out_hidden_size + v.out_hidden_size
+    return (v.patch_dim * h + h + v.num_position_embeddings * h + v.depth * block + merger + 2 * h
+            + len(v.deepstack_visual_indexes) * (merger + 2 * wide))
 
 
 def active_param_count(m: ModelConfig) -> int:
@@ -62,9 +74,9 @@ def lora_param_count(m: ModelConfig, lora: LoRAConfig) -> int:
 def tensor_parallel_copy_params(m: ModelConfig, tp: int) -> int:
     """Parameters of one rank's shard of a tensor-parallel generator copy: the projections, the experts and the head
     divided by `tp` (a tied head too: its own V/tp rows), the embedding, the norms, the routers and o_proj's bias
-    whole (rank 0's is the bias, the others' zeros: `TensorParallelPlacement`)."""
+    whole (rank 0's is the bias, the others' zeros: `TensorParallelPlacement`), a vision tower whole."""
     counts = param_counts(m)
     o_bias = m.num_layers * m.hidden_size * m.o_bias
     routers = sum(map(m.sparse_layer, range(m.num_layers))) * m.num_experts * m.hidden_size
     return (counts["linear"] - o_bias - routers + counts["experts"]) // tp + o_bias + routers \
-        + m.vocab_size * m.hidden_size // tp + counts["embed"] + counts["norm"]
+        + m.vocab_size * m.hidden_size // tp + counts["embed"] + counts["norm"] + counts["vision"]

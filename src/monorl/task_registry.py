@@ -12,13 +12,14 @@ from typing import Any
 from monorl.agent.dataset_entry import dataset_task
 from monorl.tasks.arith import ArithTask
 from monorl.tasks.base import Task
+from monorl.tasks.count_squares import CountSquaresTask
 from monorl.tasks.gsm8k import Gsm8kTask
 from monorl.tasks.spec import TaskError, construct_task, import_object
 from monorl.tasks.sum_digits import SumDigitsTask
 
 # a class, or a factory that returns a Task (`dataset`: a DatasetTask, or with tools an AgentDatasetTask)
 BUILTIN_TASKS: dict[str, Any] = {"sum_digits": SumDigitsTask, "gsm8k": Gsm8kTask, "dataset": dataset_task,
-                                 "arith": ArithTask}
+                                 "arith": ArithTask, "count_squares": CountSquaresTask}
 
 
 def load_task(spec: str, **kwargs: Any) -> Task:

@@ -106,6 +106,7 @@ def open_generator(cfg: RunConfig) -> Iterator[LoadedGenerator]:
     from monorl.assembly import resolve_batch_invariant_, resolve_device
     from monorl.compile import CompileConfig
     from monorl.generate.build import build_generator, generator_group
+    from monorl.model.source import image_processor
     from monorl.task_registry import load_task
 
     world = init_world(cfg.device, cfg.distributed.timeout_s, cfg.distributed.backend)
@@ -126,6 +127,7 @@ def open_generator(cfg: RunConfig) -> Iterator[LoadedGenerator]:
         # one call is not worth a compile: eager, decode graphs as set
         gen = build_generator(model, cfg, tok, generator_group(cfg, world),
                               CompileConfig(decode_cuda_graphs=cfg.compile.decode_cuda_graphs))
+        gen.image_processor = image_processor(cfg.model, model.config)
         yield LoadedGenerator(gen, tok, task, source, world)
     finally:
         if gen is not None and world.size > 1:  # NCCL kernels in decode graphs: dropped before the group

@@ -417,6 +417,12 @@ MODEL_SHAPES: dict[str, ModelConfig] = {
         "qwen3_moe", num_experts=8, num_experts_per_tok=2, moe_intermediate_size=32, norm_topk_prob=True,
         router_aux_loss_coef=0.001),
 }
+# Qwen3-VL in small (#59, the tiny_vision preset): the tiny decoder, a 2-block tower of 4-pixel patches (an 8 x 8
+# pixel block is one image token), the image tokens after the char tokenizer's (`CharTokenizer(vision=True)`)
+MODEL_SHAPES["tiny-vl"] = MODEL_SHAPES["tiny"].replace(vision=VisionConfig(
+    depth=2, hidden_size=32, intermediate_size=64, num_heads=2, out_hidden_size=128, patch_size=4,
+    num_position_embeddings=16, deepstack_visual_indexes=(1,), vision_start_token_id=99, image_token_id=100,
+    vision_end_token_id=101, video_token_id=102, mrope_section=(6, 5, 5)))
 
 
 def _qwen3_5_shape(hidden: int, intermediate: int, layers: int) -> ModelConfig:

@@ -148,8 +148,10 @@ class DecoderForCausalLM(nn.Module):
         Drawn on the parameters' device: 0.6B normal samples on a CPU take seconds of startup."""
         gens: dict[torch.device, torch.Generator] = {}
         identity = {f"{n}.weight": getattr(m, "identity_weight", 1.0) for n, m in self.named_modules()}
+        # every norm's scale, the vision tower's LayerNorms (norm1, norm2) included
+        norms = {f"{n}.weight" for n, m in self.named_modules() if "Norm" in type(m).__name__}
         for name, p in self.named_parameters():
-            if name.endswith("norm.weight"):
+            if name.endswith("norm.weight") or name in norms:
                 p.fill_(identity.get(name, 1.0))  # the unit scale (a (1 + w) norm's: 0)
                 continue
             if p.device not in gens:

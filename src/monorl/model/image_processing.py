@@ -78,26 +78,41 @@ class ImageProcessor:
     image_std: tuple[float, ...] = (0.5, 0.5, 0.5)
 
     @classmethod
-    def for_model(cls, vision: VisionConfig, path: str | os.PathLike | None = None) -> ImageProcessor:
+    def for_model(cls, vision: VisionConfig, path: str | os.PathLike | None = None,
+                  preprocessor: dict[str, Any] | None = None) -> ImageProcessor:
         """The tower's patch sizes, with the rest from a checkpoint directory's preprocessor_config.json when it has
-        one (else Qwen3-VL's)."""
+        one, else from `preprocessor` (the same keys: a named shape's, `SHAPE_PREPROCESSORS`), else Qwen3-VL's.
+        ValueError (one line, naming the file and key) for a setting monorl does not run."""
         base = cls(patch_size=vision.patch_size, temporal_patch_size=vision.temporal_patch_size,
                    merge_size=vision.spatial_merge_size)
         file = None if path is None else Path(path) / PREPROCESSOR_FILE
-        if file is None or not file.is_file():
+        if file is not None and file.is_file():
+            pre, where = read_json(file, ValueError), str(file)
+        elif preprocessor is not None:
+            pre, where = preprocessor, "the shape's preprocessor"
+        else:
             return base
-        pre = read_json(file, ValueError)
         size = pre.get("size") or {}
         kw: dict[str, Any] = {
-            "min_pixels": pre.get("min_pixels", size.get("shortest_edge", base.min_pixels)),
-            "max_pixels": pre.get("max_pixels", size.get("longest_edge", base.max_pixels))}
+            "min_pixels": int(pre.get("min_pixels", size.get("shortest_edge", base.min_pixels))),
+            "max_pixels": int(pre.get("max_pixels", size.get("longest_edge", base.max_pixels)))}
         for key in ("image_mean", "image_std"):
             if key in pre:
-                kw[key] = tuple(pre[key])
+                kw[key] = tuple(float(v) for v in pre[key])
         for key in ("patch_size", "temporal_patch_size", "merge_size"):
             if key in pre and pre[key] != getattr(base, key):
-                raise ValueError(f"{file}: {key}={pre[key]} is not the model's {getattr(base, key)}")
+                raise ValueError(f"{where}: {key}={pre[key]} is not the model's {getattr(base, key)}")
+        check_preprocessor(pre, kw, where)
         return cls(**{**base.__dict__, **kw})
+
+    def preprocessor_config(self) -> dict[str, Any]:
+        """This processor as a preprocessor_config.json (what `for_model` reads back; transformers' Qwen2-VL image
+        processor reads it too)."""
+        return {"image_processor_type": "Qwen2VLImageProcessor", "do_resize": True, "do_rescale": True,
+                "rescale_factor": 1 / 255, "do_normalize": True, "do_convert_rgb": True,
+                "size": {"shortest_edge": self.min_pixels, "longest_edge": self.max_pixels},
+                "patch_size": self.patch_size, "temporal_patch_size": self.temporal_patch_size,
+                "merge_size": self.merge_size, "image_mean": list(self.image_mean), "image_std": list(self.image_std)}
 
     def grid(self, height: int, width: int) -> tuple[int, int, int]:
         """[t, h, w] patches of an image of this size once resized."""
@@ -134,3 +149,23 @@ class ImageProcessor:
         out = [self.patches(image) for image in images]
         pixels = torch.from_numpy(np.concatenate([p for p, _ in out]))
         return pixels, torch.tensor([g for _, g in out], dtype=torch.long)
+
+
+# a named shape's preprocessor_config.json (no checkpoint directory to hold one): tiny-vl's images stay small
+SHAPE_PREPROCESSORS: dict[str, dict[str, Any]] = {"tiny-vl": {"min_pixels": 64, "max_pixels": 1024}}
+_ALWAYS_ON = ("do_resize", "do_rescale", "do_normalize", "do_convert_rgb")
+
+
+def check_preprocessor(pre: dict[str, Any], kw: dict[str, Any], where: str) -> None:
+    """ValueError (one line) for a preprocessor setting other than what `ImageProcessor` does: every step on, 1/255
+    rescaling, pixel bounds 0 < min <= max, one mean and std per channel."""
+    if off := [k for k in _ALWAYS_ON if pre.get(k) is False]:
+        raise ValueError(f"{where}: {off[0]}=false; monorl's image processor always resizes, rescales, normalises "
+                         "and converts to RGB (remove the key)")
+    if abs(float(pre.get("rescale_factor", 1 / 255)) - 1 / 255) > 1e-12:
+        raise ValueError(f"{where}: rescale_factor={pre['rescale_factor']}; monorl runs 1/255 only")
+    if not 0 < kw["min_pixels"] <= kw["max_pixels"]:
+        raise ValueError(f"{where}: need 0 < min_pixels <= max_pixels, got {kw['min_pixels']}, {kw['max_pixels']}")
+    for key in ("image_mean", "image_std"):
+        if key in kw and len(kw[key]) != 3:
+            raise ValueError(f"{where}: {key} has {len(kw[key])} values; an RGB image needs 3")

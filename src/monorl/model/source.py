@@ -12,6 +12,7 @@ from monorl.model.decoder import DecoderForCausalLM, build_model
 from monorl.model.gguf import gguf_file
 from monorl.model.hf_checkpoint import load_checkpoint, load_config, load_tokenizer
 from monorl.model.hub import resolve_model_path
+from monorl.model.image_processing import SHAPE_PREPROCESSORS, ImageProcessor
 from monorl.model.tokenizer import TOKENIZER_FILE, CharTokenizer
 
 if TYPE_CHECKING:
@@ -40,7 +41,7 @@ def resolve_model(m: ModelSection) -> tuple[ModelConfig, Any, str]:
             raise ValueError("model.path is not set: give --model.path <HF checkpoint dir>, or --model.shape NAME for "
                              f"random weights of a named shape ({', '.join(MODEL_SHAPES)})")
         mcfg = model_shape(m.shape)
-        tok = CharTokenizer()
+        tok = CharTokenizer(vision=mcfg.vision is not None)
         source = f"random init (seed {m.init_seed}) of shape {m.shape!r}"
     if tok.vocab_size > mcfg.vocab_size:
         raise ValueError(f"tokenizer has {tok.vocab_size} tokens but the model's vocab_size is {mcfg.vocab_size}")
@@ -58,3 +59,15 @@ def load_policy(m: ModelSection, device: torch.device, dtype: torch.dtype = torc
     else:
         model = build_model(mcfg, device, dtype, seed=m.init_seed)
     return model, tok, source
+
+
+def image_processor(m: ModelSection, mcfg: ModelConfig) -> ImageProcessor | None:
+    """A vision-language policy's image processor (None for a text model): the checkpoint directory's
+    preprocessor_config.json (`--model.path`), a named shape's (`SHAPE_PREPROCESSORS`), else Qwen3-VL's bounds with
+    the tower's patch sizes. The generator's (`Generator.image_processor`) and so the rollouts' and warm start's."""
+    if mcfg.vision is None:
+        return None
+    path = resolve_model_path(m.path)[0] if m.path else None
+    if path is not None and not path.is_dir():  # a GGUF file: its directory holds no preprocessor
+        path = None
+    return ImageProcessor.for_model(mcfg.vision, path, None if m.path else SHAPE_PREPROCESSORS.get(m.shape or ""))

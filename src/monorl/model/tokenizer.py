@@ -299,26 +299,30 @@ class HFTokenizer(Tokenizer):
 
 class CharTokenizer(Tokenizer):
     """One token per character, no files: `<pad>`=0, `<eos>`=1, `<bos>`=2, then printable ASCII 32..126,
-    then '\\n' (99 ids; fits the "tiny" shape's 128-row vocabulary). Special-token strings in the text
-    encode to their ids (as HF tokenizers do). Any other character raises ValueError. No chat template."""
+    then '\\n' (99 ids; fits the "tiny" shape's 128-row vocabulary); with `vision`, Qwen-VL's image tokens after
+    them (`VISION_TOKENS`: 99, 100, 101, the "tiny-vl" shape's ids). Special-token strings in the text encode to
+    their ids (as HF tokenizers do). Any other character raises ValueError. No chat template."""
 
     SPECIALS = ("<pad>", "<eos>", "<bos>")
     CHARS = tuple(chr(c) for c in range(32, 127)) + ("\n",)
+    VISION_TOKENS = ("<|vision_start|>", "<|image_pad|>", "<|vision_end|>")
 
-    def __init__(self) -> None:
+    def __init__(self, vision: bool = False) -> None:
         self.pad_token_id, self.eos_token_id, self.bos_token_id = 0, 1, 2
         self.eos_token_ids = [1]
         self.special_tokens = {"pad_token": "<pad>", "eos_token": "<eos>", "bos_token": "<bos>"}
-        self._id_to_str = list(self.SPECIALS) + list(self.CHARS)
+        self._specials = self.SPECIALS + (self.VISION_TOKENS if vision else ())
+        self._id_to_str = list(self.SPECIALS) + list(self.CHARS) + list(self._specials[len(self.SPECIALS):])
         self._char_to_id = {c: i + len(self.SPECIALS) for i, c in enumerate(self.CHARS)}
+        self._special_ids = {s: self._id_to_str.index(s) for s in self._specials}
         self.vocab_size = len(self._id_to_str)
 
     def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
         ids = [self.bos_token_id] if add_special_tokens else []
         i = 0
         while i < len(text):
-            if text[i] == "<" and (special := next((s for s in self.SPECIALS if text.startswith(s, i)), None)):
-                ids.append(self.SPECIALS.index(special))
+            if text[i] == "<" and (special := next((s for s in self._specials if text.startswith(s, i)), None)):
+                ids.append(self._special_ids[special])
                 i += len(special)
                 continue
             tid = self._char_to_id.get(text[i])
@@ -332,15 +336,16 @@ class CharTokenizer(Tokenizer):
     def decode(self, ids: list[int], skip_special_tokens: bool = False) -> str:
         # ids past the tokenizer (a model's vocab is often padded beyond it) decode to nothing, as in HF
         n, v = len(self.SPECIALS), len(self._id_to_str)
+        plain = n + len(self.CHARS)  # ids from here on are the vision tokens: special too
         return "".join(self._id_to_str[int(i)] for i in ids
-                       if int(i) < v and not (skip_special_tokens and int(i) < n))
+                       if int(i) < v and not (skip_special_tokens and not n <= int(i) < plain))
 
     def to_hf(self) -> _HFTok:
         """The same tokenizer as a `tokenizers.Tokenizer` (a merge-free BPE: each character one token).
         Difference: it drops unknown characters instead of raising."""
         tok = _HFTok(models.BPE(vocab={s: i for i, s in enumerate(self._id_to_str)}, merges=[]))
         tok.decoder = decoders.Fuse()  # concatenate tokens (the default decoder joins with spaces)
-        tok.add_special_tokens([AddedToken(s, special=True, normalized=False) for s in self.SPECIALS])
+        tok.add_special_tokens([AddedToken(s, special=True, normalized=False) for s in self._specials])
         tok.post_processor = processors.TemplateProcessing(single="<bos> $A", special_tokens=[("<bos>", 2)])
         return tok
 
@@ -354,7 +359,7 @@ class CharTokenizer(Tokenizer):
             **self.special_tokens,
             "added_tokens_decoder": {str(i): {"content": s, "lstrip": False, "rstrip": False, "normalized": False,
                                               "single_word": False, "special": True}
-                                     for i, s in enumerate(self.SPECIALS)},
+                                     for s, i in self._special_ids.items()},
             "model_max_length": 1024,
             "clean_up_tokenization_spaces": False,
         }

@@ -14,6 +14,7 @@ from tqdm import tqdm
 from monorl.generate.sampling import SamplingParams
 from monorl.rl.consumer import CopyInPlace
 from monorl.rl.rollouts.episodes import solution_sequence
+from monorl.rl.rollouts.rollout import prompt_images
 from monorl.rl.rollouts.sources import AheadRollouts
 from monorl.run.parts import (
     Parts,
@@ -106,9 +107,10 @@ class Colocated(TrainerSteps):
                     ids, sol, mask = solution_sequence(episodes.renderer, task, p)
                     seqs.append(TrainSequence(ids, sol, [0.0] * len(sol), 0.0, completion_mask=mask))
                     continue
-                ids = tokenizer.encode(task.render(p, tokenizer))
+                # a prompt's images as the rollouts feed them (placeholders expanded by the generator's processor)
+                (ids,), (images,) = prompt_images(self.generator, [p], [tokenizer.encode(task.render(p, tokenizer))])
                 sol = tokenizer.encode(task.solution(p)) + [eos]
-                seqs.append(TrainSequence(ids, sol, [0.0] * len(sol), 0.0))
+                seqs.append(TrainSequence(ids, sol, [0.0] * len(sol), 0.0, images=images))
             m = sft.sft_step(seqs)
             bar.set_postfix(loss=f"{m['loss']:.3f}")
             if not self.progress and ((i + 1) % every == 0 or i + 1 == steps):

@@ -337,8 +337,10 @@ def host_tensor(values: list, dtype: torch.dtype) -> Tensor:
 
 
 def group_key(s: TrainSequence) -> tuple:
-    """What makes sequences one prompt group in a pack: their group index (where the loop gave one) and prompt."""
-    return s.group, tuple(s.prompt_ids)
+    """What makes sequences one prompt group in a pack: their group index (where the loop gave one), prompt and
+    images (one `ImageInputs` object per prompt group: prompts of equal tokens hold other pictures behind their
+    placeholders)."""
+    return s.group, tuple(s.prompt_ids), None if s.images is None else id(s.images)
 
 
 def copies_table(expand: Tensor, size: int, full_size: int, static: bool, width: int | None = None) -> Tensor:

@@ -28,6 +28,7 @@ from monorl.generate.cache import kv_cache_bytes_needed
 from monorl.generate.engine import Engine
 from monorl.model.config import model_shape
 from monorl.model.decoder import build_model
+from monorl.ops import gated_delta
 from monorl.ops.gated_delta import _fla
 from monorl.train.losses import LossConfig
 from monorl.train.trainer import Trainer, TrainerConfig
@@ -106,6 +107,7 @@ def main() -> None:
     if _fla() is None:
         sys.exit("bench_hybrid_decode: fla-core is not installed (pip install 'monorl[linear-attention]'): the hybrid "
                  "would run the plain-PyTorch reference rule")
+    gated_delta.FLA_ENABLED = True  # fla's speed (its generator is not yet verified: gated_delta's docstring)
     res: dict = {"device": torch.cuda.get_device_name(), "chunk": args.chunk, "shapes": {}}
     shapes = [s for pair in args.pairs.split(",") for s in pair.split(":")]
     for shape in shapes:

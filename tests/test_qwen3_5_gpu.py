@@ -10,6 +10,7 @@ import torch
 
 from monorl.generate import Generator, GeneratorConfig, SamplingParams
 from monorl.model import build_model
+from monorl.ops import gated_delta
 from monorl.ops.gated_delta import _fla, chunk_gated_delta_rule, gated_delta_rule, recurrent_gated_delta_rule
 from tests.conftest import full_forward_logprobs
 from tests.test_recurrent_state import HYBRID
@@ -20,10 +21,11 @@ ATOL = 3e-2  # bf16 inputs, fp32 states; fla and the references sum in different
 
 
 @pytest.fixture(autouse=True)
-def _needs_fla():
+def _needs_fla(monkeypatch):
     if not torch.cuda.is_available():
         pytest.skip("needs CUDA")
     pytest.importorskip("fla", reason="fla-core is not installed (the linear-attention extra)")
+    monkeypatch.setattr(gated_delta, "FLA_ENABLED", True)  # these tests are fla's gate (gated_delta's docstring)
 
 
 def _pack(lengths: list[int], hk: int, hv: int, dk: int, dv: int, seed: int = 0):
@@ -61,6 +63,7 @@ def test_fla_fused_recurrent_equals_the_reference_one_token_each(hk, hv, dk, dv)
     torch.testing.assert_close(final.float(), final_ref, atol=ATOL, rtol=ATOL)
 
 
+@pytest.mark.xfail(reason="NaN log-probs with fla on one H100 (2026-12-06): why FLA_ENABLED is off", strict=False)
 def test_hybrid_generator_equals_the_trainer_forward_on_cuda():
     """Prompts of several chunks, n = 2 sharing each prompt's state, 15 sequences through 6 slots (several decode
     buckets, graphs): each sampled token's log-prob equals the trainer's eager forward over the whole sequence."""

@@ -5,8 +5,10 @@ Plain PyTorch references, monorl's own (CPU, the CI's path, and every device whe
 `chunk_gated_delta_rule` (training and prefill: transformers' `torch_chunk_gated_delta_rule` algorithm, chunks of 64
 from each sequence's start, autograd through it) and `recurrent_gated_delta_rule` (one token at a time: decode).
 Both take the state of each sequence (`initial_state`, zeros where None) and return each one's final state, so a
-pack of sequences is computed as each alone. On CUDA `gated_delta_rule` calls `fla` (the `linear-attention` extra,
-`fla-core`: the kernels transformers and vLLM call) when it is importable.
+pack of sequences is computed as each alone. `fla` (the `linear-attention` extra, `fla-core`: the kernels transformers
+and vLLM call) serves on CUDA once `FLA_ENABLED` is on: on one H100 (2026-12-06, fla-core 0.6.0,
+tests/test_qwen3_5_gpu.py) its chunked kernel matched the reference on packs with initial states, but the hybrid
+generator's log-probs came out NaN with it, so until that test passes the references run on CUDA too.
 
 Shapes: q, k [T, Hk, Dk]; v [T, Hv, Dv] (Hv a multiple of Hk: each key head serves Hv / Hk consecutive value
 heads); g (log decay, <= 0) and beta [T, Hv]; states [N, Hv, Dk, Dv] in fp32; cu_seqlens [N + 1]. q and k are
@@ -24,6 +26,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 CHUNK = 64  # the chunked form's chunk (transformers' and fla's)
+FLA_ENABLED = False  # fla's kernels on CUDA (the module docstring says why they are off)
 
 
 def l2norm(x: Tensor, eps: float = 1e-6) -> Tensor:
@@ -140,7 +143,7 @@ def gated_delta_rule(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, c
                      reference: bool = False) -> tuple[Tensor, Tensor]:
     """The rule over packed sequences: fla's kernels on CUDA when installed (unless `reference`), else the
     references; one_token_each (decode): the recurrent step, else the chunked form."""
-    fla = None if reference or not q.is_cuda else _fla()
+    fla = None if reference or not q.is_cuda or not FLA_ENABLED else _fla()
     if fla is None:
         if one_token_each:
             return recurrent_gated_delta_rule(q, k, v, g, beta, cu_seqlens, initial_state)

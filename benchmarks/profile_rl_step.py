@@ -4,7 +4,8 @@ each profiled step: its wall time, the GPU's busy time (the union of its kernels
 longer than --gap-ms with the monorl phase the host was in (`record_function` ranges around the loop's phases)
 and the kernels on either side. A step's time the GPU sits idle is host time no kernel work hides.
 
-  python benchmarks/profile_rl_step.py [--preset smollm2_135m_arith --set model.path=FILE.gguf] [--model-dir .models] [--steps 6] [--profile 2] [--out rl_step.json]
+  python benchmarks/profile_rl_step.py [--model-dir .models] [--steps 6] [--profile 2] [--out rl_step.json]
+  python benchmarks/profile_rl_step.py --preset smollm2_135m_arith --set model.path=FILE.gguf
 
 Under torchrun (`torchrun --standalone --nproc_per_node 4 benchmarks/profile_rl_step.py ...`) every rank runs the
 FSDP step and profiles its own; each writes --out with `.rankN` before the suffix, and rank 0 prints.

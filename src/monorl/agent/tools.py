@@ -4,10 +4,11 @@ result (or an error) goes back as a ``tool`` message.
 
 `ToolSet.run(text)` never raises: a malformed call, an unknown tool, arguments that do not fit the signature, an
 exception, a timeout, or a result that is neither text nor JSON-serialisable each become an error string for the
-model and a counted failure of that tool (`ToolResult.ok` False). A result may hold images: a list of content
-parts, TRL's convention (`agent.content`: ``[{"type": "image", "image": ...}, {"type": "text", ...}]``); a tool that raises `ToolFailed(text)` fails
+model and a counted failure of that tool (`ToolResult.ok` False); a tool that raises `ToolFailed(text)` fails
 with `text` as the model's result, as is (the `python` tool does, for a program that crashed or was killed).
-Results longer than `max_result_chars` are cut. Plain functions time out through a thread with a deadline
+A result may hold images: a list of content parts, TRL's convention (`agent.content`:
+``[{"type": "image", "image": ...}, {"type": "text", "text": ...}]``). Results longer than `max_result_chars` are
+cut (with the images whose placeholders were cut). Plain functions time out through a thread with a deadline
 (`executor.call_with_timeout`: fine for trusted functions, a hung one keeps its thread); code the model writes
 runs in the `python` tool's sandboxed process.
 """

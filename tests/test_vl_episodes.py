@@ -216,3 +216,20 @@ def _layout(im, length: int, images: int):
     positions = sequence_positions(im, max(length, im.length))[:, :length]
     nxt = int(positions[:, -1].max()) + 1
     return ImageInputs(im.pixel_values[:patches], im.grid_thw[:images], positions, nxt, im.spans[:images])
+
+
+def test_a_text_only_policy_given_a_tool_image_stops_in_one_line(tmp_path):
+    from monorl.model.config import model_shape
+    from monorl.model.tokenizer import CharTokenizer
+
+    model = build_model(model_shape("tiny"), "cpu", torch.float32, seed=0)
+    gen = Generator(model, GeneratorConfig(max_num_seqs=2, max_model_len=128, block_size=4))
+    task = CropTask(tmp_path, 2, prompt_image=False)
+    runner = EpisodeRunner(gen, CharTokenizer(), task, max_len=128)
+    sp = SamplingParams(max_new_tokens=40, seed=0, stop_token_ids=tuple(range(2, model.config.vocab_size)))
+    try:
+        with pytest.raises(ValueError, match="a tool or environment returned an image and the policy has no vision "
+                                             "tower: use a vision-language model"):
+            runner.play(task.prompts(tmp_path)[:1], sp, n=1)
+    finally:
+        runner.close()

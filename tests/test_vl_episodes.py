@@ -15,8 +15,8 @@ from typing import Any
 import pytest
 import torch
 
-from monorl.agent.env import EpisodeEnv, TurnResult
 from monorl.agent.calls import ToolCall
+from monorl.agent.env import EpisodeEnv, TurnResult
 from monorl.agent.task import AgentTask
 from monorl.agent.tools import ToolSet
 from monorl.generate import Generator, GeneratorConfig, SamplingParams
@@ -186,7 +186,7 @@ def test_tool_images_through_episodes_and_the_trainer(tmp_path, invariant, turns
     for i, g in enumerate(groups):
         for j, r in enumerate(g):
             ids, mask = r.prompt_ids + r.completion_ids, [0] * len(r.prompt_ids) + r.completion_mask
-            for k, (a, b) in enumerate(r.images.spans[int(prompt_image):]):
+            for k, (_, b) in enumerate(r.images.spans[int(prompt_image):]):
                 start = next(t for t in range(b, len(ids)) if mask[t])  # the next turn's first sampled token
                 end = next((t for t in range(start, len(ids)) if not mask[t]), len(ids))
                 upto = _layout(r.images, start, int(prompt_image) + k + 1)

@@ -230,6 +230,9 @@ def solution_sequence(renderer: ChatRenderer, task: AgentTask, prompt: Prompt) -
             pending.append(m)
             continue
         if pending:
+            if message_images(pending):
+                raise ValueError("a reference solution's tool / environment message holds images, which the warm "
+                                 "start does not feed: give its results as text")
             inserted = renderer.delta_ids(pending, tools=tools, closed=True)
             ids, mask, pending = ids + inserted, mask + [0] * len(inserted), []
         turn = list(tok.encode(m["content"] + renderer.end_of_turn))

@@ -233,3 +233,17 @@ def test_a_text_only_policy_given_a_tool_image_stops_in_one_line(tmp_path):
             runner.play(task.prompts(tmp_path)[:1], sp, n=1)
     finally:
         runner.close()
+
+
+def test_a_reference_solution_with_tool_images_stops_in_one_line(tmp_path):
+    from monorl.agent.render import ChatRenderer
+    from monorl.model.tokenizer import CharTokenizer
+    from monorl.rl.rollouts.episodes import solution_sequence
+
+    task = CropTask(tmp_path, 2, prompt_image=False)
+    task.solution_messages = lambda prompt: [
+        {"role": "assistant", "content": "look"},
+        {"role": "tool", "name": "render_crop", "content": "crop:" + PLACEHOLDER, "images": ["a.png"]},
+        {"role": "assistant", "content": "done"}]
+    with pytest.raises(ValueError, match="reference solution's tool / environment message holds images"):
+        solution_sequence(ChatRenderer(CharTokenizer()), task, task.prompts(tmp_path)[0])

@@ -258,3 +258,33 @@ def test_load_tools_from_specs(tmp_path, monkeypatch):
     with pytest.raises(TaskError, match="no such file"):
         load_tools("missing.py:f")
 
+
+
+def test_a_tool_result_with_images_is_text_with_placeholders(tmp_path):
+    """TRL's multimodal tool result (a list of content parts): the text the model reads has Qwen-VL's placeholder at
+    each image's place, the images go with the message; a cut result keeps only the images it still shows."""
+    from monorl.agent.environments import _check_messages
+    from monorl.tasks.images import PLACEHOLDER
+
+    def look(n: int) -> list:
+        """Look.
+
+        Args:
+            n: How many pictures.
+        """
+        return [{"type": "text", "text": "x" * 10}, *[{"type": "image", "image": f"{i}.png"} for i in range(n)]]
+
+    def bad() -> list:
+        """Bad."""
+        return [{"type": "image"}]
+
+    [r] = ToolSet([look]).run(call("look", n=2))
+    assert r.ok and r.content == "x" * 10 + PLACEHOLDER * 2 and r.images == ["0.png", "1.png"]
+    assert r.message() == {"role": "tool", "name": "look", "content": r.content, "images": ["0.png", "1.png"]}
+    [cut] = ToolSet([look], max_result_chars=10 + len(PLACEHOLDER) + 29).run(call("look", n=3))
+    assert cut.truncated and cut.images == ["0.png", "1.png"]  # the second pad survives the cut, the third not
+    [b] = ToolSet([bad]).run(call("bad"))
+    assert not b.ok and 'an image part has no "image"' in b.content
+    [m] = _check_messages([{"role": "user", "content": [{"type": "image", "image": "a.png"},
+                                                        {"type": "text", "text": "hi"}]}], "step")
+    assert m == {"role": "user", "content": PLACEHOLDER + "hi", "images": ["a.png"]}

@@ -76,7 +76,7 @@ def test_completion_positions_continue_the_prompt(checkpoint):
         input_ids = torch.tensor([s])
         ref, _ = hf.model.get_rope_index(input_ids, (input_ids == IMAGE).int(), im.grid_thw)
         assert torch.equal(ours, ref[:, 0])
-        assert ours[:, -1].tolist() == [im.next_position + len(s) - im.prompt_len - 1] * 3
+        assert ours[:, -1].tolist() == [im.next_position + len(s) - im.length - 1] * 3
 
 
 def _grads(model, seqs, inputs):

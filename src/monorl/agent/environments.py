@@ -18,6 +18,7 @@ import inspect
 from collections.abc import Callable
 from typing import Any
 
+from monorl.agent.content import flat_message, is_content_parts
 from monorl.agent.env import DEFAULT_ENV_TIMEOUT_S, EpisodeEnv, TurnResult, accepted_kwargs, row_of
 from monorl.agent.tools import Tool, ToolSet
 from monorl.tasks.base import Prompt, messages_of
@@ -115,8 +116,10 @@ class MessageEnvAdapter(EpisodeEnv):
 
 
 def _check_messages(messages: Any, where: str) -> list[dict[str, Any]]:
+    """A message-level environment's messages; content is text or a list of content parts (images: TRL's
+    convention, `agent.content`)."""
     if not isinstance(messages, list) or not all(
-            isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)
-            for m in messages):
+            isinstance(m, dict) and isinstance(m.get("role"), str)
+            and (isinstance(m.get("content"), str) or is_content_parts(m.get("content"))) for m in messages):
         raise TypeError(f"{where}() must return a list of {{'role', 'content'}} messages, got {str(messages)[:80]!r}")
-    return [dict(m) for m in messages]
+    return [flat_message(dict(m)) for m in messages]

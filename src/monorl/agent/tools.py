@@ -6,7 +6,9 @@ result (or an error) goes back as a ``tool`` message.
 exception, a timeout, or a result that is neither text nor JSON-serialisable each become an error string for the
 model and a counted failure of that tool (`ToolResult.ok` False); a tool that raises `ToolFailed(text)` fails
 with `text` as the model's result, as is (the `python` tool does, for a program that crashed or was killed).
-Results longer than `max_result_chars` are cut. Plain functions time out through a thread with a deadline
+A result may hold images: a list of content parts, TRL's convention (`agent.content`:
+``[{"type": "image", "image": ...}, {"type": "text", "text": ...}]``). Results longer than `max_result_chars` are
+cut (with the images whose placeholders were cut). Plain functions time out through a thread with a deadline
 (`executor.call_with_timeout`: fine for trusted functions, a hung one keeps its thread); code the model writes
 runs in the `python` tool's sandboxed process.
 """
@@ -16,10 +18,11 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, get_type_hints
 
 from monorl.agent.calls import ArgumentError, ToolCall, bind_arguments, parse_tool_calls
+from monorl.agent.content import cut_images, is_content_parts, parts_text
 from monorl.agent.executor import call_with_timeout
 from monorl.agent.schema import SchemaError, function_schema, tool_parameters
 
@@ -62,8 +65,9 @@ class Tool:
 
 @dataclass
 class ToolResult:
-    """One call's outcome: `content` is what the model reads (the result, or the error text); `counted_as` the
-    tool it counts for in the metrics (`name`, or MALFORMED_CALL / UNKNOWN_TOOL)."""
+    """One call's outcome: `content` is what the model reads (the result, or the error text; an image's place a
+    vision placeholder), `images` the images it returned, in order; `counted_as` the tool it counts for in the
+    metrics (`name`, or MALFORMED_CALL / UNKNOWN_TOOL)."""
 
     name: str
     content: str
@@ -71,13 +75,16 @@ class ToolResult:
     seconds: float = 0.0
     truncated: bool = False
     counted_as: str = ""
+    images: list[Any] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         self.counted_as = self.counted_as or self.name
 
-    def message(self) -> dict[str, str]:
-        """The ``tool`` message for the conversation (the role chat templates render as a tool response)."""
-        return {"role": "tool", "name": self.name, "content": self.content}
+    def message(self) -> dict[str, Any]:
+        """The ``tool`` message for the conversation (the role chat templates render as a tool response), its
+        images under "images" (`agent.content`)."""
+        images = {"images": self.images} if self.images else {}
+        return {"role": "tool", "name": self.name, "content": self.content, **images}
 
 
 def result_text(value: Any) -> str:
@@ -146,11 +153,12 @@ class ToolSet:
         except Exception as e:  # noqa: BLE001 -- any failure of a tool is a message for the model
             return self._fail(name, f"Error: tool {name!r} raised {type(e).__name__}: {e}", start)
         try:
-            content = result_text(value)
-        except TypeError as e:
+            content, images = parts_text(value) if is_content_parts(value) else (result_text(value), [])
+        except (TypeError, ValueError) as e:
             return self._fail(name, f"Error: tool {name!r} {e}", start)
         content, truncated = self._cut(content)
-        return ToolResult(name, content, ok=True, seconds=time.perf_counter() - start, truncated=truncated)
+        return ToolResult(name, content, ok=True, seconds=time.perf_counter() - start, truncated=truncated,
+                          images=cut_images(content, images))
 
     def _fail(self, name: str, content: str, start: float) -> ToolResult:
         content, truncated = self._cut(content)

@@ -122,7 +122,8 @@ class Admission:
             starts = [r.cache.cached for r in cached]
             logits = runner.prefill_cached([r.tokens[k:] for r, k in zip(cached, starts, strict=True)], starts,
                                            [r.cache.table for r in cached], self.turn_prefill,
-                                           offsets=[r.position_offset for r in cached])
+                                           offsets=[r.position_offset for r in cached],
+                                           images=[r.images for r in cached])
             rows.update({id(r): row for r, row in zip(cached, logits, strict=True)})
         admitted = first + cached
         for req in admitted:

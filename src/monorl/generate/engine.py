@@ -148,8 +148,8 @@ class Engine(Admission):
             raise ValueError(f"request {request_id!r}: group {key!r} has another prompt or other images")
         if images is not None and self.gen.model.config.vision is None:
             raise ValueError(f"request {request_id!r} has images; the model has no vision tower (a text-only model)")
-        if images is not None and images.prompt_len != len(prompt):
-            raise ValueError(f"request {request_id!r}: images laid out for {images.prompt_len} prompt tokens, the "
+        if images is not None and images.length != len(prompt):
+            raise ValueError(f"request {request_id!r}: images laid out for {images.length} prompt tokens, the "
                              f"prompt has {len(prompt)}")
         g.pending += 1
         req = Request(id=request_id, key=sample_key, sampling=sampling, stop_sequences=stops,
@@ -159,15 +159,23 @@ class Engine(Admission):
         return req
 
     def resume(self, request_id: Hashable, new_token_ids: list[int], sampling: SamplingParams | None = None,
-               stop_sequences: Iterable[Iterable[int]] | None = None) -> None:
+               stop_sequences: Iterable[Iterable[int]] | None = None, images: ImageInputs | None = None) -> None:
         """Append inserted tokens to a paused request and queue its next turn (sampling / stop_sequences: the next
-        turn's, default the last turn's). Raises ContextOverflowError, leaving the request paused and unchanged, if
-        they leave no room for a sampled token within max_tokens."""
+        turn's, default the last turn's). images: where the new tokens hold images (a tool's), the request's images
+        laid out through them (`append_images`): the turn's prefill runs the tower on the new ones. Raises
+        ContextOverflowError, leaving the request paused and unchanged, if they leave no room for a sampled token
+        within max_tokens."""
         req = self._get(request_id)
         if req.state != "paused":
             raise ValueError(f"request {request_id!r} is {req.state}, not paused")
         new = [int(t) for t in new_token_ids]
         self._check_ids(request_id, new)
+        if images is not None and self.gen.model.config.vision is None:
+            raise ValueError(f"request {request_id!r}: images inserted; the model has no vision tower (a text-only "
+                             "model)")
+        if images is not None and images.length != len(req.tokens) + len(new):
+            raise ValueError(f"request {request_id!r}: images laid out for {images.length} tokens, the request has "
+                             f"{len(req.tokens) + len(new)} with the new ones")
         total = len(req.tokens) + len(new)
         if total >= self.max_tokens:
             raise ContextOverflowError(f"request {request_id!r}: {len(req.tokens)} tokens + {len(new)} appended = "
@@ -175,6 +183,7 @@ class Engine(Admission):
         sampling = sampling or req.sampling
         stops = self._check_turn(request_id, sampling, req.stop_sequences if stop_sequences is None else stop_sequences)
         req.sampling, req.stop_sequences, req.stop_ids = sampling, stops, self._stop_ids(sampling)
+        req.images = images if images is not None else req.images
         req.insert(new)
         req.turn, req.turn_start, req.produced, req.state = req.turn + 1, len(req.tokens), 0, "queued"
         self.queue.append(req)

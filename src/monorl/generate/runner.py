@@ -24,7 +24,7 @@ from monorl.generate.tensor_parallel import NO_TP, TensorParallel, gather_vocab
 from monorl.model.attention import VarlenContext, resolve_backend
 from monorl.model.decoder import DecoderForCausalLM
 from monorl.model.pack_layout import bucket_size, filler_lengths, static_max_seqlen
-from monorl.model.qwen3_vl import image_embeds, pack_positions, prompt_spans
+from monorl.model.qwen3_vl import image_embeds, pack_positions, placeholder_spans, window_images, window_inputs
 from monorl.model.rope import model_rope
 from monorl.model.vision_prompt import ImageInputs
 from monorl.ops.decode_state import commit_step, step_inputs
@@ -190,7 +190,7 @@ class ModelRunner:
         if images is None:
             hidden = self.model(ids, varlen.positions, ctx, self.cache.layers)
         else:
-            embeds, deepstack = image_embeds(self.model, ids, images, prompt_spans(lengths, images))
+            embeds, deepstack = image_embeds(self.model, ids, images, placeholder_spans(lengths, images))
             positions = pack_positions(lengths, images, ids.numel()).to(self.device)
             hidden = self.model(ids, positions, ctx, self.cache.layers, inputs_embeds=embeds, deepstack=deepstack)
         last = varlen.cu_seqlens[1:P + 1].long() - 1
@@ -198,7 +198,8 @@ class ModelRunner:
 
     @torch.inference_mode()
     def prefill_cached(self, chunks: list[list[int]], starts: list[int], tables: list[list[int]],
-                       turn_prefill: str = "auto", offsets: list[int] | None = None) -> Tensor:
+                       turn_prefill: str = "auto", offsets: list[int] | None = None,
+                       images: list[ImageInputs | None] | None = None) -> Tensor:
         """Run each sequence's new tokens chunks[i] at positions starts[i].. over the K/V its block table already
         holds for the positions before (an episode's next turn), write their K/V; return each sequence's last-token
         logits [P, V]. One forward for all sequences; its attention (`CachedPrefillContext`) per turn_prefill:
@@ -214,7 +215,9 @@ class ModelRunner:
         captured at its PREFILL_CAPTURE_AT-th run and replayed after, as `prefill` does: eager, a turn boundary of
         Qwen3-0.6B (64 episodes x 65 tokens over ~1.1k cached) took 33-45 ms of host time for 12-16 ms of GPU work
         (H100). offsets: each sequence's token index minus its RoPE position (`Request.position_offset`; a prompt
-        with images), applied to its new tokens' RoPE positions."""
+        with images), applied to its new tokens' RoPE positions. images: each sequence's (`Request.images`): where
+        its new tokens hold images (a tool's, `window_images`), the tower's embeddings replace their placeholders'
+        at their M-RoPE positions, eagerly (as `prefill` does)."""
         form = self.turn_prefill_form(turn_prefill)
         P, static = len(chunks), self.device.type == "cuda"
         ctx = CachedPrefillContext.build(chunks, starts, tables, self.block_size, self.device,
@@ -225,6 +228,11 @@ class ModelRunner:
         # every sequence's row, fillers and zero-length entries included (those rows are dropped): one graph for any
         # P of the layout, and no size-1 dimension for a compiled model to specialise on
         S = ctx.cu_seqlens_q.numel() - 1
+        windows = [im and window_images(im, s, s + len(c)) for im, s, c in zip(images or [None] * P, starts, chunks,
+                                                                               strict=True)]
+        if any(w is not None for w in windows):
+            embeds, rows, deepstack = window_inputs(self.model, inputs[0], inputs[2], [len(c) for c in chunks], windows)
+            return self._cached_forward(S, form, inputs[0], ctx, rows, (embeds, deepstack))[:P]
         key = ("cached", form, ids.numel(), S, ctx.key_slots.numel(), *ctx.bounds.shape[:2],
                ctx.block_tables.shape[1])
         return self._prefill_graphed(key, inputs, lambda args: self._cached_forward(S, form, *args), P)
@@ -241,10 +249,13 @@ class ModelRunner:
         return ("paged" if paged else "varlen") if turn_prefill == "auto" else turn_prefill
 
     def _cached_forward(self, P: int, form: str, ids: Tensor, ctx: CachedPrefillContext,
-                        positions: Tensor | None = None) -> Tensor:
-        """positions: the new tokens' RoPE positions (`rope_positions`; default the context's)."""
+                        positions: Tensor | None = None, images: tuple | None = None) -> Tensor:
+        """positions: the new tokens' RoPE positions (`rope_positions`; default the context's); images: their
+        (inputs_embeds, deepstack) where they hold images (`window_inputs`)."""
         layout = ctx if form != "decode" else ctx.decode_rows(self.decode_backend)
-        hidden = self.model(ids, ctx.positions if positions is None else positions, layout, self.cache.layers)
+        embeds, deepstack = images or (None, None)
+        hidden = self.model(ids, ctx.positions if positions is None else positions, layout, self.cache.layers,
+                            inputs_embeds=embeds, deepstack=deepstack)
         return self.logits(hidden[ctx.cu_seqlens_q[1:P + 1].long() - 1])
 
     def logits(self, hidden: Tensor) -> Tensor:

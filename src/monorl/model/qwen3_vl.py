@@ -72,13 +72,14 @@ def freeze_vision_(model: nn.Module) -> int:
 
 
 def sequence_positions(inputs: ImageInputs | None, length: int) -> Tensor:
-    """M-RoPE positions [3, length] of a sequence: its prompt's (`ImageInputs.positions`), then each later token
-    (a sampled or inserted one) one past the last on all three rows (text-only: 0, 1, 2, .. on each row)."""
+    """M-RoPE positions [3, length] of a sequence: those its images lay out (`ImageInputs.positions`), then each
+    later token (a sampled or inserted one) one past the last on all three rows (text-only: 0, 1, 2, .. on each
+    row)."""
     if inputs is None:
         return torch.arange(length).expand(3, -1)
-    n = inputs.prompt_len
+    n = inputs.length
     if length < n:
-        raise ValueError(f"a sequence of {length} tokens is shorter than its image prompt ({n})")
+        raise ValueError(f"a sequence of {length} tokens is shorter than its images' layout ({n})")
     after = torch.arange(inputs.next_position, inputs.next_position + length - n).expand(3, -1)
     return torch.cat([inputs.positions, after], dim=1)
 
@@ -86,9 +87,9 @@ def sequence_positions(inputs: ImageInputs | None, length: int) -> Tensor:
 def image_embeds(model: nn.Module, ids: Tensor, images: Sequence[ImageInputs | None],
                  spans: Sequence[tuple[int, int]]) -> tuple[Tensor, tuple[Tensor, list[Tensor]] | None]:
     """(inputs_embeds, deepstack) of flat tokens `ids` whose image placeholder runs hold, in order, the images of
-    `images` (each a prompt's, or None: that prompt has none): the tower runs once over them all (each image
-    attends only within itself, so this equals one run per prompt). spans: the rows [start, end) of each image
-    prompt in `ids` (images' order, Nones left out): only placeholders there take images (a completion that samples
+    `images` (each a sequence's, or None: that one has none): the tower runs once over them all (each image
+    attends only within itself, so this equals one run per sequence). spans: the rows [start, end) of each image's
+    placeholders in `ids` (`placeholder_spans`): only placeholders there take images (a completion that samples
     the placeholder token keeps it as text, as the generator's decode does). Without images: the token embeddings,
     None."""
     with_images = [im for im in images if im is not None]
@@ -111,21 +112,53 @@ def pack_positions(lengths: Sequence[int], images: Sequence[ImageInputs | None],
     return torch.cat([*positions, torch.zeros(3, max(filler, 0), dtype=torch.long)], 1)
 
 
-def prompt_spans(lengths: Sequence[int], images: Sequence[ImageInputs | None]) -> list[tuple[int, int]]:
-    """`image_embeds`' spans of sequences of `lengths` laid end to end: each image prompt's rows."""
+def placeholder_spans(lengths: Sequence[int], images: Sequence[ImageInputs | None]) -> list[tuple[int, int]]:
+    """`image_embeds`' spans of sequences of `lengths` laid end to end: each image's placeholder rows."""
     spans, start = [], 0
     for n, im in zip(lengths, images, strict=True):
         if im is not None:
-            spans.append((start, start + im.prompt_len))
+            spans += [(start + a, start + b) for a, b in im.spans]
         start += n
     return spans
 
 
+def window_images(inputs: ImageInputs, start: int, end: int) -> ImageInputs | None:
+    """The images of a sequence's rows [start, end) (a turn boundary's new tokens) as the `ImageInputs` of those
+    rows alone: positions [3, end - start] theirs in the sequence, spans from `start`; None when no image's
+    placeholders lie there (those before `start` are in the KV cache). ValueError for an image the window cuts.
+    `end` reaches the images' layout (a turn's new tokens end the sequence)."""
+    patches = inputs.grid_thw.prod(dim=1).tolist()
+    first = [sum(patches[:i]) for i in range(len(patches) + 1)]
+    inside = [i for i, (a, b) in enumerate(inputs.spans) if b > start]
+    if any(inputs.spans[i][0] < start or inputs.spans[i][1] > end for i in inside):
+        raise ValueError(f"an image's placeholders cross the window [{start}, {end}) of its sequence")
+    if not inside:
+        return None
+    lo, hi = inside[0], inside[-1] + 1
+    return ImageInputs(inputs.pixel_values[first[lo]:first[hi]], inputs.grid_thw[lo:hi],
+                       sequence_positions(inputs, end)[:, start:], inputs.next_position + end - inputs.length,
+                       tuple((a - start, b - start) for a, b in inputs.spans[lo:hi]))
+
+
+def window_inputs(model: nn.Module, ids: Tensor, positions: Tensor, lengths: Sequence[int],
+                  windows: Sequence[ImageInputs | None]) -> tuple[Tensor, Tensor, tuple[Tensor, list[Tensor]] | None]:
+    """(inputs_embeds, positions [3, T], deepstack) of flat tokens `ids` (sequences' windows of `lengths` laid end
+    to end, then fillers) whose text positions are `positions` [T]: each window's images (`window_images`) at its
+    placeholders, its M-RoPE positions over its rows."""
+    embeds, deepstack = image_embeds(model, ids, windows, placeholder_spans(lengths, windows))
+    rows, start = positions[None].expand(3, -1).clone(), 0
+    for n, w in zip(lengths, windows, strict=True):
+        if w is not None:
+            rows[:, start:start + n] = w.positions.to(rows.device)
+        start += n
+    return embeds, rows, deepstack
+
+
 def pack_inputs(model: nn.Module, sequences: Sequence[Sequence[int]], images: Sequence[ImageInputs | None]
                 ) -> tuple[Tensor, Tensor, tuple[Tensor, list[Tensor]] | None]:
-    """(inputs_embeds, positions [3, T], deepstack) of a pack of sequences (prompt + completion tokens each, the
-    prompt's images or None), for `DecoderForCausalLM.forward` (`image_embeds`, `pack_positions`)."""
+    """(inputs_embeds, positions [3, T], deepstack) of a pack of sequences (prompt + completion tokens each, their
+    images or None), for `DecoderForCausalLM.forward` (`image_embeds`, `pack_positions`)."""
     dev = model.lm_head_weight.device
     ids = torch.tensor([t for s in sequences for t in s], dtype=torch.long, device=dev)
-    embeds, deepstack = image_embeds(model, ids, images, prompt_spans([len(s) for s in sequences], images))
+    embeds, deepstack = image_embeds(model, ids, images, placeholder_spans([len(s) for s in sequences], images))
     return embeds, pack_positions([len(s) for s in sequences], images).to(dev), deepstack

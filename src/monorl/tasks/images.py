@@ -28,10 +28,16 @@ def row_images(record: dict[str, Any], base: Path | None = None) -> list[Any]:
     for item in items:
         if isinstance(item, str) and base is not None and not Path(item).is_absolute() and (base / item).is_file():
             item = str(base / item)
-        if not (isinstance(item, str | bytes | dict) or hasattr(item, "convert")):
-            raise ValueError(f"an image must be a PIL image, a path or bytes, got {type(item).__name__}")
-        out.append(item)
+        out.append(check_image(item))
     return out
+
+
+def check_image(item: Any) -> Any:
+    """`item` if it is an image `load_image` reads (a PIL image, a path, bytes, a {"bytes", "path"} dict); else
+    ValueError (one line)."""
+    if not (isinstance(item, str | bytes | dict) or hasattr(item, "convert")):
+        raise ValueError(f"an image must be a PIL image, a path or bytes, got {type(item).__name__}")
+    return item
 
 
 def with_placeholders(messages: list[dict[str, str]], count: int) -> list[dict[str, str]]:

@@ -56,8 +56,9 @@ class TrainSequence:
     completion_mask: list[int] | None = None
     # a distillation teacher's log-probs of completion_ids (`Trainer.frozen_logprobs`; monorl.train.teacher)
     teacher_logprobs: list[float] | None = None
-    # its prompt's images (`ImageInputs`: placeholders expanded in prompt_ids): the model takes the tower's
-    # embeddings there and M-RoPE positions; image tokens are prompt tokens, never trained on
+    # its images (`ImageInputs`: placeholders expanded): the prompt's, then in an episode those a tool returned
+    # (inserted tokens, completion_mask 0); the model takes the tower's embeddings at their placeholders and M-RoPE
+    # positions; image tokens are never trained on
     images: ImageInputs | None = None
 
     def __post_init__(self) -> None:
@@ -68,9 +69,9 @@ class TrainSequence:
         if self.completion_mask is not None and len(self.completion_mask) != len(self.completion_ids):
             raise ValueError(f"{len(self.completion_mask)} mask entries for {len(self.completion_ids)} completion "
                              "tokens")
-        if self.images is not None and self.images.prompt_len != len(self.prompt_ids):
-            raise ValueError(f"images laid out for {self.images.prompt_len} prompt tokens, the prompt has "
-                             f"{len(self.prompt_ids)}")
+        if self.images is not None and not len(self.prompt_ids) <= self.images.length <= len(self):
+            raise ValueError(f"images laid out for {self.images.length} tokens, the sequence has "
+                             f"{len(self.prompt_ids)} prompt + {len(self.completion_ids)} completion tokens")
 
     @property
     def trained_tokens(self) -> int:
@@ -111,7 +112,7 @@ class MicroBatch:
     # the images of its prompts, in the order their placeholder runs lie in input_ids, and then the unique tokens'
     # M-RoPE positions [3, T] (`model_forward`); none: text only, the context's positions
     images: tuple[ImageInputs, ...] = ()
-    image_spans: tuple[tuple[int, int], ...] = ()  # each one's prompt rows in input_ids
+    image_spans: tuple[tuple[int, int], ...] = ()  # each image's placeholder rows in input_ids
     mrope_positions: Tensor | None = None
 
     @property
@@ -215,7 +216,7 @@ def pack(seqs: Sequence[TrainSequence], indices: Sequence[int], buckets: Sequenc
     teacher: list[float] = []
     seq_ids: list[int] = []
     images: list[ImageInputs] = []  # in the order of their placeholders in `ids` (a shared prompt's once)
-    spans: list[tuple[int, int]] = []  # their prompts' rows in `ids`
+    spans: list[tuple[int, int]] = []  # each image's placeholder rows in `ids`
     for i in indices:
         s = seqs[i]
         p = len(s.prompt_ids)
@@ -227,7 +228,7 @@ def pack(seqs: Sequence[TrainSequence], indices: Sequence[int], buckets: Sequenc
                 prompt_rows[key] = list(range(len(ids), len(ids) + p - 1))
                 if s.images is not None:  # (its last prompt token, a sequence's own, is text: the chat's header)
                     images.append(s.images)
-                    spans.append((len(ids), len(ids) + p - 1))
+                    spans += [(len(ids) + a, len(ids) + b) for a, b in s.images.spans]
                 ids += s.prompt_ids[:-1]
             start = len(ids)
             ids += s.prompt_ids[-1:] + s.completion_ids
@@ -238,7 +239,7 @@ def pack(seqs: Sequence[TrainSequence], indices: Sequence[int], buckets: Sequenc
             rows = list(range(start, len(ids)))
             if s.images is not None:
                 images.append(s.images)
-                spans.append((start, start + p))
+                spans += [(start + a, start + b) for a, b in s.images.spans]
         seq_rows.append(rows)
         lengths.append(len(s))
         # hidden state at position t predicts token t+1
@@ -340,6 +341,8 @@ def group_key(s: TrainSequence) -> tuple:
     """What makes sequences one prompt group in a pack: their group index (where the loop gave one), prompt and
     images (one `ImageInputs` object per prompt group: prompts of equal tokens hold other pictures behind their
     placeholders)."""
+    if s.images is not None and s.images.length > len(s.prompt_ids):
+        return (id(s),)  # images past its prompt (an episode's tool results): its own
     return s.group, tuple(s.prompt_ids), None if s.images is None else id(s.images)
 
 

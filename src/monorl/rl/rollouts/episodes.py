@@ -8,6 +8,12 @@ the tool / environment messages and the next assistant header, never a re-render
 appended and prefilled over the cached prefix. The trajectory is the exact token sequence the model saw: sampled
 tokens (mask 1, with their log-probs) and inserted ones (mask 0: context only, never trained). The completion
 budget (rollout.max_new_tokens) counts inserted tokens too, as TRL's max_completion_length does.
+
+Images (a vision-language policy): a prompt's images go in with its first turn's prefill, and an image a tool or
+environment returns (`agent.content`: TRL's content parts) with the inserted tokens of the turn after it: its
+placeholder expanded to the image's token count, the tower run on it at that turn's prefill, M-RoPE positions going
+on from the conversation's (`vision_prompt.append_images`). The rollout carries the episode's images in order
+(`Rollout.images`), so the trainer's pack places each at its placeholders.
 """
 
 from __future__ import annotations
@@ -19,6 +25,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from monorl.agent.content import message_images, without_images
 from monorl.agent.env import EpisodeEnv, TurnResult
 from monorl.agent.executor import AgentExecutor
 from monorl.agent.metrics import EpisodeRecord
@@ -30,6 +37,8 @@ from monorl.generate.generator import Generator
 from monorl.generate.requests import ContextOverflowError, TurnEvent
 from monorl.generate.sampling import SamplingParams
 from monorl.generate.tensor_parallel import gathered_once, generation_world
+from monorl.model.image_processing import ImageProcessor
+from monorl.model.vision_prompt import ImageInputs, append_images, encode_with_images
 from monorl.rl.rollouts.rollout import Rollout, drain_updates
 from monorl.tasks.base import Prompt
 
@@ -53,11 +62,13 @@ class _Live:
     logprobs: list[float] = field(default_factory=list)
     versions: list[int] = field(default_factory=list)  # per completion token: the policy version that sampled it, or -1
     cut_text: str = ""  # a last turn cut by the budget: its text, which the environment never saw
+    images: ImageInputs | None = None  # its images so far (the prompt's, then tools'), laid out over `tokens`
 
     def messages(self) -> list[dict[str, Any]]:
-        """The conversation after the prompt as messages (TRL's conversational completion), a cut turn included."""
+        """The conversation after the prompt as messages (TRL's conversational completion), a cut turn included;
+        text alone (an image's placeholder marks its place)."""
         cut = [{"role": "assistant", "content": self.cut_text}] if self.cut_text else []
-        return [*self.env.completions, *cut]
+        return [*map(without_images, self.env.completions), *cut]
 
 
 class EpisodeRunner:
@@ -128,28 +139,46 @@ class EpisodeRunner:
         if not lv.tokens:  # the first observation: the episode's prompt
             lv.tools = self.task.tool_schemas(lv.env)
             lv.tokens = list(self.tokenizer.encode(self.renderer.render(turn.messages, tools=lv.tools)))
+            if lv.prompt.meta.get("images"):
+                vision, processor = self._vision("a prompt holds images")
+                lv.tokens, lv.images = encode_with_images(lv.tokens, lv.prompt.meta["images"], vision, processor)
             lv.prompt_len = len(lv.tokens)
             sp = _turn_sampling(sampling, budget, stop_ids)
-            try:
-                engine.add(key, lv.tokens, sp, stop_sequences=self.stop_sequences)
+            try:  # (an episode with images is its own prompt group: its ImageInputs are its own)
+                engine.add(key, lv.tokens, sp, stop_sequences=self.stop_sequences, images=lv.images,
+                           group=key if lv.images is not None else None)
             except ContextOverflowError as e:
                 log.warning("%s: cut (raise generator.max_model_len)", e)  # e names the episode
                 self._cut(key, lv, "context")
             return
         inserted = self.renderer.delta_ids(turn.messages, tools=lv.tools, closed=lv.closed)
+        images, new_images = message_images(turn.messages), None
+        if images:
+            vision, processor = self._vision("a tool or environment returned an image")
+            inserted, new_images = append_images(lv.images, len(lv.tokens), inserted, images, vision, processor)
         left = budget - (len(lv.tokens) - lv.prompt_len) - len(inserted)
         if left <= 0:  # no room for the answer and another turn (TRL drops a tool result that overflows)
             self._cut(key, lv, "length")
             return
         try:
-            engine.resume(key, inserted, sampling=_turn_sampling(sampling, left, stop_ids))
+            engine.resume(key, inserted, sampling=_turn_sampling(sampling, left, stop_ids), images=new_images)
         except ContextOverflowError:
             self._cut(key, lv, "context")
             return
+        lv.images = new_images or lv.images
         lv.tokens += inserted
         lv.mask += [0] * len(inserted)
         lv.logprobs += [0.0] * len(inserted)
         lv.versions += [-1] * len(inserted)
+
+    def _vision(self, what: str) -> tuple[Any, ImageProcessor]:
+        """The policy's vision config and image processor (the generator's, else the tower's defaults);
+        ValueError (one line, saying `what` brought images) for a text-only policy."""
+        vision = self.gen.model.config.vision
+        if vision is None:
+            raise ValueError(f"{what} and the policy has no vision tower: use a vision-language model (e.g. "
+                             "Qwen3-VL) or give the model text")
+        return vision, self.gen.image_processor or ImageProcessor.for_model(vision)
 
     def _turn_ended(self, lv: _Live, ev: TurnEvent, budget: int) -> None:
         """A turn's sampled tokens are in: hand the text to the environment, or end the episode at its budget."""
@@ -201,6 +230,9 @@ def solution_sequence(renderer: ChatRenderer, task: AgentTask, prompt: Prompt) -
             pending.append(m)
             continue
         if pending:
+            if message_images(pending):
+                raise ValueError("a reference solution's tool / environment message holds images, which the warm "
+                                 "start does not feed: give its results as text")
             inserted = renderer.delta_ids(pending, tools=tools, closed=True)
             ids, mask, pending = ids + inserted, mask + [0] * len(inserted), []
         turn = list(tok.encode(m["content"] + renderer.end_of_turn))
@@ -245,7 +277,8 @@ def generate_episodes(runner: EpisodeRunner, prompts: Sequence[Prompt], sampling
                                      # the conversation as messages (TRL's conversational completion) beside
                                      # the decoded tokens: samples.jsonl shows both
                                      extra={"episode": rec.to_dict(), "messages": lv.messages()},
-                                     policy_version=min(sampled, default=version), token_versions=lv.versions))
+                                     policy_version=min(sampled, default=version), token_versions=lv.versions,
+                                     images=lv.images))
                 records.append(rec)
             groups.append(group)
         failed = [r.reward_error for g in groups for r in g if r.reward_error is not None]

@@ -46,7 +46,8 @@ class Rollout:
     policy_version: int = 0
     # the version that sampled each completion token (-1 on an episode's inserted ones); None: all policy_version
     token_versions: list[int] | None = None
-    images: ImageInputs | None = None  # the prompt's images (prompt_ids hold their placeholders expanded)
+    # its images (placeholders expanded): the prompt's, then an episode's tools' (in its inserted tokens)
+    images: ImageInputs | None = None
 
     @property
     def reward(self) -> float:

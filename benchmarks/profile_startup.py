@@ -3,6 +3,7 @@ after timing the imports. Prints the startup split the run records, then the fun
 time (monorl's and torch's entry points), so "model load 5.7 s" becomes named calls.
 
   python benchmarks/profile_startup.py [--model-dir .models] [--backend none] [--top 30]
+  python benchmarks/profile_startup.py --preset smollm2_135m_arith --set model.path=FILE.gguf [--no-warm-up]
 
 --model-dir holds qwen3-0.6b/config.json and qwen3-tokenizer/ (copied from ../shared/models, see bench_memory.py).
 """
@@ -23,6 +24,9 @@ def main() -> None:
     ap.add_argument("--model-dir", default=".models")
     ap.add_argument("--backend", default="none", help="compile.backend of the profiled run")
     ap.add_argument("--top", type=int, default=30)
+    ap.add_argument("--preset", default="qwen3_0_6b_sum_digits",
+                    help="the run's preset; another than W0's takes its weights from --set model.path=...")
+    ap.add_argument("--set", nargs="*", default=[], help="more config overrides, key=value")
     ap.add_argument("--only-warm-up", action="store_true",
                     help="profile the warm-up alone (GRPORun's construction runs unprofiled)")
     ap.add_argument("--no-warm-up", action="store_true", help="profile GRPORun's construction alone")
@@ -35,25 +39,14 @@ def main() -> None:
 
     import cProfile
     import pstats
-    import sys
-    import tempfile
-    from pathlib import Path
 
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
-    from bench_memory import model_dir  # the benchmarks' shared model-directory helper
-
-    from monorl.cliargs import run_config  # the command line's parser: not part of the import timed below
+    import monorl.cliargs  # noqa: F401  the command line's parser: not part of the import timed below
 
     t = time.perf_counter()
     from monorl.run.grpo import GRPORun
 
     import_monorl_s = time.perf_counter() - t
-    work = Path(tempfile.mkdtemp(prefix="profile_startup_"))
-    model = model_dir(Path(args.model_dir), "qwen3-0.6b")
-    cfg = run_config("qwen3_0_6b_sum_digits", {
-        "model.path": str(model), "model.random_init": "true", "rollout.ignore_eos": "true",
-        "checkpoint.final": "false", "checkpoint.every_minutes": "0", "compile.backend": args.backend,
-        "run_dir": str(work / "run")})
+    cfg, _ = _preset_config(args)
     prof = cProfile.Profile()
     t = time.perf_counter()
     if args.only_warm_up:
@@ -79,22 +72,33 @@ def main() -> None:
     stats.sort_stats("tottime").print_stats(args.top)
 
 
-def _preset_run(model_dir_arg: str, backend: str):
+def _preset_config(args: argparse.Namespace):
+    """(the profiled run's config, its work directory): W0's preset with random weights and EOS ignored, or
+    another preset as it is (its weights from --set model.path=...); no checkpoints either way."""
     import sys
     import tempfile
     from pathlib import Path
 
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
-    from bench_memory import model_dir  # the benchmarks' shared model-directory helper
-
     from monorl.cliargs import run_config
-    from monorl.run.grpo import GRPORun
 
     work = Path(tempfile.mkdtemp(prefix="profile_startup_"))
-    cfg = run_config("qwen3_0_6b_sum_digits", {
-        "model.path": str(model_dir(Path(model_dir_arg), "qwen3-0.6b")), "model.random_init": "true",
-        "rollout.ignore_eos": "true", "checkpoint.final": "false", "checkpoint.every_minutes": "0",
-        "compile.backend": backend, "run_dir": str(work / "run")})
+    w0 = {}
+    if args.preset == "qwen3_0_6b_sum_digits":
+        sys.path.insert(0, str(Path(__file__).resolve().parent))
+        from bench_memory import model_dir  # the benchmarks' shared model-directory helper
+
+        w0 = {"model.path": str(model_dir(Path(args.model_dir), "qwen3-0.6b")), "model.random_init": "true",
+              "rollout.ignore_eos": "true"}
+    cfg = run_config(args.preset, {
+        **w0, "checkpoint.final": "false", "checkpoint.every_minutes": "0", "compile.backend": args.backend,
+        "run_dir": str(work / "run"), **dict(kv.split("=", 1) for kv in args.set)})
+    return cfg, work
+
+
+def _preset_run(args: argparse.Namespace):
+    from monorl.run.grpo import GRPORun
+
+    cfg, work = _preset_config(args)
     return GRPORun(cfg, progress=False), work
 
 
@@ -106,7 +110,7 @@ def slow_launches(args: argparse.Namespace, slow_ms: float = 1.0) -> None:
 
     from torch.profiler import ProfilerActivity, profile
 
-    run, work = _preset_run(args.model_dir, args.backend)
+    run, work = _preset_run(args)
     t = time.perf_counter()
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
         run.warm_up()

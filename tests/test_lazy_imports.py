@@ -20,6 +20,10 @@ from monorl.train.optim import AdamW
 
 ROOT = Path(__file__).resolve().parents[1]
 HEAVY = ("torch._dynamo", "sympy", "torch.distributed.tensor", "torch.distributed.fsdp")
+# what a plain text run on CPU has no use for (#62): images (PIL), an LLM judge or a reward model, fla's and
+# Triton's kernels, math_verify, HF datasets and transformers, and the other verbs' own modules
+OPTIONAL = ("PIL", "monorl.tasks.judge", "monorl.tasks.reward_model", "monorl.model.sequence_classifier", "fla",
+            "triton", "math_verify", "datasets", "transformers", "openai_harmony", "monorl.eval.run", "monorl.parity")
 
 
 def _python(code: str, tmp_path: Path) -> dict:
@@ -32,14 +36,15 @@ def _python(code: str, tmp_path: Path) -> dict:
 
 def test_a_run_that_compiles_nothing_never_imports_dynamo_sympy_or_dtensor(tmp_path):
     """The whole tiny loop (warm start, validation, a GRPO step, the final checkpoint with AdamW's state) in a
-    fresh process: none of the heavy modules is imported, and the run finished."""
+    fresh process: none of the heavy modules is imported, nor any optional piece a text run does not use, and the
+    run finished."""
     run_dir = tmp_path / "run"
     got = _python(f"""
 import json, sys
 import monorl.cli as cli
 rc = cli.main(["train", "--preset", "tiny", "--steps", "1", "--warm_start.steps", "2", "--validation.num_prompts", "2",
                "--run_dir", {str(run_dir)!r}])
-json.dump({{"rc": rc, "imported": [m for m in {HEAVY!r} if m in sys.modules]}}, open(sys.argv[1], "w"))
+json.dump({{"rc": rc, "imported": [m for m in {HEAVY + OPTIONAL!r} if m in sys.modules]}}, open(sys.argv[1], "w"))
 """, tmp_path)
     assert got == {"rc": 0, "imported": []}
     assert (run_dir / "checkpoints" / "final").is_dir()

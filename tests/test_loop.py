@@ -41,11 +41,13 @@ def test_short_loop_end_to_end(tmp_path, capsys):
 def test_prompts_encoded_ahead_change_nothing(tmp_path, monkeypatch):
     """The next step's prompts are tokenized during the trainer step (`RolloutProducer.encode_ahead`) and taken by
     the next step's rollouts instead of encoding there; the run's rollouts and metrics are those of a run without it."""
+    import monorl.rl.rollouts.producer as producer_mod
     import monorl.rl.rollouts.rollout as rollouts_mod
 
     encodes = []
     real = rollouts_mod.encode_prompts
-    monkeypatch.setattr(rollouts_mod, "encode_prompts", lambda *a, **k: encodes.append(1) or real(*a, **k))
+    for mod in (rollouts_mod, producer_mod):
+        monkeypatch.setattr(mod, "encode_prompts", lambda *a, **k: encodes.append(1) or real(*a, **k))
     rows = {}
     for ahead in (True, False):
         cfg = digits_cfg(tmp_path / str(ahead))
@@ -55,13 +57,27 @@ def test_prompts_encoded_ahead_change_nothing(tmp_path, monkeypatch):
             run.producer.encode_ahead = lambda step: None
         encodes.clear()
         result = run.run()
-        # in the rollouts: validations before and after, and (with it) the first step only
-        assert len(encodes) == (2 + 1 if ahead else 2 + cfg.steps)
+        # the validations' prompts once (the first validation's, reused by the last), then each step's: with it,
+        # the first step's in its rollouts and every later step's ahead
+        assert len(encodes) == 1 + cfg.steps
         assert run.producer.stream.position == cfg.steps * cfg.rollout.prompts_per_step
         samples = (tmp_path / str(ahead) / "run" / "samples.jsonl").read_text()
         rows[ahead] = ([{k: v for k, v in r.items() if not k.startswith("time/") and "per_s" not in k}
                         for r in result.steps], samples)
     assert rows[True] == rows[False]
+
+
+def test_validation_renders_and_tokenizes_its_prompts_once(tmp_path, monkeypatch):
+    """The held-out prompts are rendered and tokenized by the first validation and reused by every later one
+    (#62: 200 of them before and after a run): two validations render each prompt once, and the second, with
+    the same weights, scores as the first."""
+    run = GRPORun(digits_cfg(tmp_path, steps=1), progress=False)
+    task = run.producer.spec.task
+    rendered, real = [], task.render
+    monkeypatch.setattr(task, "render", lambda p, tok: rendered.append(p.text) or real(p, tok))
+    first, second = run.producer.validate(), run.producer.validate()
+    assert rendered == [p.text for p in run.producer.spec.val_prompts]
+    assert first == second and not first.skipped
 
 
 def test_generator_samples_from_the_updated_weights(tmp_path):

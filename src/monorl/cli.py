@@ -4,6 +4,7 @@ here. Errors a user can fix end in one line, `monorl: error: ...`, exit 2."""
 
 from __future__ import annotations
 
+import importlib
 import json
 import logging
 import os
@@ -12,6 +13,7 @@ import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from jsonargparse import ArgumentError, ArgumentParser, Namespace
 
@@ -19,8 +21,6 @@ from monorl.cliargs import base_config, condense_error, config_file_text, config
 from monorl.config import RunConfig, config_diff, config_from_dict, format_config_diff
 from monorl.config_paths import with_absolute_paths
 from monorl.console import best_effort
-from monorl.eval.run import checkpoint_base, eval_args, generate_args
-from monorl.parity import cmd_parity, parity_args
 from monorl.presets import PRESETS
 
 
@@ -179,26 +179,29 @@ def cmd_plan(cfg: RunConfig | None, args: Namespace) -> int:
     return 0 if fits else 1
 
 
-def _eval_verb(name: str) -> Callable[[RunConfig | None, Namespace], int]:
-    def run(cfg: RunConfig | None, args: Namespace) -> int:
-        from monorl.eval import run as ev
+def _lazy(module: str, name: str) -> Callable[..., Any]:
+    """`module.name`, imported on its first call: a verb's own modules stay out of the other verbs' start-up."""
+    def call(*args: Any) -> Any:
+        return getattr(importlib.import_module(module), name)(*args)
+    return call
 
-        assert cfg is not None
-        return getattr(ev, f"cmd_{name}")(cfg, args)
-    return run
+
+_EVAL = "monorl.eval.run"  # eval's and generate's commands
 
 
 VERBS: dict[str, Verb] = {
     "train": Verb(cmd_train, "run GRPO (default preset: tiny)",
                   "monorl train --preset qwen3_0_6b_gsm8k --model.path Qwen/Qwen3-0.6B --trainer.lr 1e-6",
                   add_args=_train_args, base=_train_base),
-    "eval": Verb(_eval_verb("eval"), "evaluate a model on a task's held-out prompts: greedy, pass@k, mean@k",
+    "eval": Verb(_lazy(_EVAL, "cmd_eval"),
+                 "evaluate a model on a task's held-out prompts: greedy, pass@k, mean@k",
                  "monorl eval --model.path runs/RUN/checkpoints/final --k 8 --validation.num_prompts 100",
-                 add_args=eval_args, base=checkpoint_base),
-    "generate": Verb(_eval_verb("generate"), "complete prompts with a model, rendered as its task does "
-                     "(--temperature 0: greedy)", "monorl generate --preset qwen3_0_6b_sum_digits "
-                     "--model.path Qwen/Qwen3-0.6B --prompt 'What is 2+3?' --temperature 0", add_args=generate_args,
-                     base=checkpoint_base),
+                 add_args=_lazy(_EVAL, "eval_args"), base=_lazy(_EVAL, "checkpoint_base")),
+    "generate": Verb(_lazy(_EVAL, "cmd_generate"),
+                     "complete prompts with a model, rendered as its task does (--temperature 0: greedy)",
+                     "monorl generate --preset qwen3_0_6b_sum_digits "
+                     "--model.path Qwen/Qwen3-0.6B --prompt 'What is 2+3?' --temperature 0",
+                     add_args=_lazy(_EVAL, "generate_args"), base=_lazy(_EVAL, "checkpoint_base")),
     "plan": Verb(cmd_plan, "the memory plan of a run on one GPU, before loading anything; exit 1 if it does not fit",
                  "monorl plan --preset qwen3_0_6b_gsm8k --model.path Qwen/Qwen3-4B --gpu_memory_gb 79.6",
                  add_args=_plan_args),
@@ -207,9 +210,10 @@ VERBS: dict[str, Verb] = {
     "config": Verb(cmd_config, "print (or --out FILE: write) the resolved config as YAML or JSON",
                    "monorl config --preset qwen3_0_6b_gsm8k --trainer.lr 1e-6 --out run.yaml",
                    add_args=_config_args),
-    "parity": Verb(cmd_parity, "generator vs trainer log-probs on a few prompts, as a run builds them: PASS (exit 0) "
+    "parity": Verb(_lazy("monorl.parity", "cmd_parity"),
+                   "generator vs trainer log-probs on a few prompts, as a run builds them: PASS (exit 0) "
                    "or FAIL (exit 1)", "monorl parity --preset qwen3_0_6b_sum_digits --model.path Qwen/Qwen3-0.6B "
-                   "--batch_invariant true", add_args=parity_args),
+                   "--batch_invariant true", add_args=_lazy("monorl.parity", "parity_args")),
     "presets": Verb(cmd_presets, "list the presets", "monorl presets", config=False),
 }
 

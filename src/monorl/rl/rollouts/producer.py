@@ -63,6 +63,9 @@ class RolloutProducer:
         self.metric = sampling_metric(self.cfg.rollout.dynamic_sampling_metric, spec.components, spec.pass_component)
         # (max_new_tokens, prompts, encode_prompts' result) of the next step's first prompts (`encode_ahead`)
         self.encoded_ahead: tuple[int, list[Prompt], tuple[list, list[list[int]]]] | None = None
+        # the held-out prompts rendered and tokenized by the first validation: every later one reuses them (the
+        # prompts and validation's sampler are the run's own, fixed)
+        self.val_encoded: tuple[list[Prompt], list[list[int]]] | None = None
         self.reward_failed_steps = 0  # consecutive steps whose reward failed on every completion
         self.warned_short_batch = False
         # an agent task's prompts are played as multi-turn episodes (`rl/rollouts/episodes.py`)
@@ -185,9 +188,12 @@ class RolloutProducer:
             groups, _ = generate_episodes(self.episodes, spec.val_prompts, validation_sampling(self.cfg), v.k,
                                           self.world)
             return summarize(groups, spec.task.reward_components, spec.pass_component, v.pass_threshold)
-        groups = generate_rollouts(self.generator, spec.tokenizer, spec.task, spec.val_prompts,
-                                   validation_sampling(self.cfg), v.k, spec.max_len, self.world,
-                                   context=self.reward_context())
+        sampling = validation_sampling(self.cfg)
+        if self.val_encoded is None:
+            self.val_encoded = encode_prompts(spec.task, spec.tokenizer, spec.val_prompts, spec.max_len,
+                                              sampling.max_new_tokens, images=True)
+        groups = generate_rollouts(self.generator, spec.tokenizer, spec.task, spec.val_prompts, sampling, v.k,
+                                   spec.max_len, self.world, encoded=self.val_encoded, context=self.reward_context())
         return summarize(groups, spec.task.reward_components, spec.pass_component, v.pass_threshold)
 
     def warm_up_samplers(self) -> list[SamplingParams]:

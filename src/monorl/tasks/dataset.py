@@ -228,8 +228,11 @@ class DatasetTask(Task):
             instruction: text appended to each prompt's last user message (e.g. put your answer in \\boxed{})
             reward_model: the `reward_model` reward's sequence-classifier checkpoint (monorl.tasks.reward_model)
             reward_model_label: the output of its score head that is the reward (0 for a one-label model)
-            judge_model: the `judge` reward's model (monorl.tasks.judge), with judge_rubric, judge_template (with
-                {question}, {completion}, {rubric}), judge_max_new_tokens, judge_temperature
+            judge_model: the `judge` reward's model (a path monorl loads: monorl.tasks.judge)
+            judge_rubric: what the judge grades the completion on (its prompt's {rubric})
+            judge_template: the judge's prompt, with {question}, {completion} and {rubric}
+            judge_max_new_tokens: the judge's answer length (tokens)
+            judge_temperature: the judge's sampling temperature
         """
         if reward is None:
             raise _task_error("the dataset task needs --task.args.reward: built-ins "

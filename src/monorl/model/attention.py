@@ -72,8 +72,8 @@ def resolve_backend(backend: str, device: torch.device, dtype: torch.dtype) -> s
 def refuse_sinks(sinks: Tensor | None, path: str) -> None:
     """A path without attention sinks raises (one line) rather than attend without them."""
     if sinks is not None:
-        raise ValueError(f"attention sinks (GPT-OSS) are not implemented on the {path} path: use the sdpa "
-                         "attention backend and the torch decode backend")
+        raise ValueError(f"attention sinks (GPT-OSS) are not implemented on the {path} path: GPT-OSS runs on "
+                         "CPU only so far (its sinks are in the sdpa and torch paths, not yet in the CUDA kernels)")
 
 
 def sdpa_masked(q: Tensor, k: Tensor, v: Tensor, mask: Tensor, sinks: Tensor | None = None) -> Tensor:

@@ -137,13 +137,16 @@ def cache_kinds(cfg: ModelConfig) -> list[LayerCache]:
     return [CACHE_KINDS[t](cfg, ids) for t, ids in by_type.items()]
 
 
-def _kinds(cfg: ModelConfig, batch_invariant: bool) -> list[LayerCache]:
+def _kinds(cfg: ModelConfig, batch_invariant: bool, block_size: int = 0) -> list[LayerCache]:
     """`cache_kinds`, for a batch-invariant generator telling a kind whose rows differ in that mode (its
-    `batch_invariant` attribute: the recurrent state's kept chunk) so before it is sized."""
+    `batch_invariant` attribute: the recurrent state's kept chunk) so before it is sized, and a kind whose rows
+    hold blocks (a recycled window's ring: its `block_size` attribute) the block size."""
     kinds = cache_kinds(cfg)
     for k in kinds:
         if batch_invariant and hasattr(k, "batch_invariant"):
             k.batch_invariant = True
+        if hasattr(k, "block_size"):
+            k.block_size = block_size
     return kinds
 
 
@@ -160,15 +163,16 @@ def sequence_rows(max_num_seqs: int) -> int:
     return 2 * max_num_seqs + 1
 
 
-def bytes_per_sequence(cfg: ModelConfig, dtype: torch.dtype, batch_invariant: bool = False) -> int:
+def bytes_per_sequence(cfg: ModelConfig, dtype: torch.dtype, batch_invariant: bool = False,
+                       block_size: int = 0) -> int:
     """What one sequence row costs over every layer kind of `cfg` (0 without per-sequence state)."""
-    return sum(k.bytes_per_sequence(dtype) for k in _kinds(cfg, batch_invariant))
+    return sum(k.bytes_per_sequence(dtype) for k in _kinds(cfg, batch_invariant, block_size))
 
 
 def blocks_in_budget(cfg: ModelConfig, budget: int, max_num_seqs: int, block_size: int, dtype: torch.dtype,
                      batch_invariant: bool = False) -> int:
     """The blocks `budget` bytes hold once the cache's `sequence_rows(max_num_seqs)` rows are set aside."""
-    rows = sequence_rows(max_num_seqs) * bytes_per_sequence(cfg, dtype, batch_invariant)
+    rows = sequence_rows(max_num_seqs) * bytes_per_sequence(cfg, dtype, batch_invariant, block_size)
     return max(0, budget - rows) // bytes_per_block(cfg, block_size, dtype)
 
 
@@ -180,7 +184,7 @@ def kv_cache_bytes_needed(cfg: ModelConfig, max_num_seqs: int, max_model_len: in
     blocks = max_num_seqs * blocks_for(max_model_len, block_size) + 1
     rows = sequence_rows(max_num_seqs if rows_for is None else rows_for)
     return sum(blocks * k.bytes_per_block(block_size, dtype) + rows * k.bytes_per_sequence(dtype)
-               for k in _kinds(cfg, batch_invariant))
+               for k in _kinds(cfg, batch_invariant, block_size))
 
 
 @dataclass
@@ -243,7 +247,7 @@ class Cache:
         if num_blocks < 2:
             raise ValueError(f"KV cache budget too small: {num_blocks} blocks (need >= 2)")
         self.block_size, self.num_blocks, self.device, self.dtype = block_size, num_blocks, device, dtype
-        self.kinds = _kinds(cfg, batch_invariant)
+        self.kinds = _kinds(cfg, batch_invariant, block_size)
         # a kind with per-sequence rows sizes them by the decode slots (`sequence_rows`), not by the blocks
         self._hook("size_rows", None if max_num_seqs is None else sequence_rows(max_num_seqs))
         for kind in self.kinds:
@@ -295,6 +299,7 @@ class Cache:
         assert not state.table
         self.blocks.incref(blocks)
         state.table = list(blocks)
+        self._hook("shared", state, blocks)  # (a recycled window's ring: the group's it reads)
         self._hook("extended", state, [])
 
     def allocate_prefix(self, n_blocks: int) -> list[int]:

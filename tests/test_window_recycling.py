@@ -5,20 +5,27 @@ batch-invariant mode); the cache allocates what the plan counts."""
 
 from __future__ import annotations
 
+import random
+
 import pytest
 import torch
 
 from monorl.generate import cache as cache_mod
+from monorl.generate.attention import PrefillContext
 from monorl.generate.engine import Engine
+from monorl.generate.episodes import run_episodes
 from monorl.generate.generator import Generator, GeneratorConfig
 from monorl.generate.sampling import SamplingParams
 from monorl.generate.window_cache import RecycledWindowKV, ring_size
 from monorl.model.batch_invariant import make_batch_invariant_
+from monorl.model.attention import VarlenContext
 from monorl.model.config import ModelConfig
 from monorl.train.packing import TrainSequence
+from tests.test_episodes import TURNS, reprefilled_turn, turn_starts
 from tests.test_families import prompts_of, scaled_model, trainer_logprobs
 
 WINDOW, BS = 8, 4
+TIGHT_BLOCKS = 40  # blocks of the shared table (the full layer's) in the preemption test
 CFG = ModelConfig(vocab_size=128, hidden_size=64, intermediate_size=96, num_layers=3, num_heads=4, num_kv_heads=2,
                   head_dim=16, rope_theta=10000.0, max_position_embeddings=512,
                   tie_word_embeddings=True).with_family("gemma3_text").replace(
@@ -91,3 +98,87 @@ def test_allocated_bytes_are_the_planned_bytes():
     full_length = cache_mod.kv_cache_bytes_needed(CFG.replace(layer_types=(), sliding_window=0), 4, 128, BS,
                                                   gen.dtype)
     assert gen.kv_bytes_needed() < full_length
+
+
+def long_inserts(ids, seed: int) -> tuple[dict, dict]:
+    """Prompts past the window and environment turns longer than a ring (R * block_size = 12 positions): a turn's
+    new tokens would overwrite ring slots its own earlier queries read."""
+    rng = random.Random(seed)
+    prompts = {i: [rng.randrange(2, CFG.vocab_size) for _ in range(rng.randint(9, 20))] for i in ids}
+    inserts = {i: [[rng.randrange(2, CFG.vocab_size) for _ in range(rng.randint(13, 20))] for _ in range(TURNS - 1)]
+               for i in ids}
+    return prompts, inserts
+
+
+def episodes(model, inserts, prompts, sp, invariant, **kw):
+    gen = Generator(model, GeneratorConfig(max_num_seqs=4, max_model_len=128, block_size=BS, **kw),
+                    eos_token_ids=())
+    if invariant:
+        make_batch_invariant_(gen.model)
+    engine = Engine(gen, max_tokens=128)
+    kind, held = window_kind(gen), []
+
+    def environment(ep, ev):
+        held.append(kind.pool.usable_blocks - kind.pool.num_free())
+        return inserts[ep.id][ev.turn] if ev.turn < TURNS - 1 else None
+
+    done = run_episodes(engine, prompts, sp, environment)
+    assert kind.pool.num_free() == kind.pool.usable_blocks  # every ring handed back
+    return engine, done, held
+
+
+@pytest.mark.parametrize("invariant", [True, False])
+def test_turns_longer_than_the_ring_equal_reprefill(invariant):
+    """An episode's resumed turns (their inserted tokens past a ring's length, over a cached prefix past the window,
+    decoding past their stops between checks) equal the turn of an episode whose whole conversation is its prompt."""
+    model = scaled_model(CFG, seed=4)
+    if invariant:
+        model = make_batch_invariant_(model)
+    prompts, inserts = long_inserts(range(3), seed=1)
+    sp = SamplingParams(max_new_tokens=10, temperature=0.9, seed=5, stop_token_ids=(5, 9, 17, 33))
+    engine, done, _ = episodes(model, inserts, prompts, sp, invariant, stop_check_interval=3)
+    for i, ep in done.items():
+        starts = turn_starts(ep)
+        assert len(starts) == TURNS
+        for t, s in enumerate(starts[1:], start=1):
+            end = starts[t + 1] - len(inserts[i][t]) if t + 1 < TURNS else len(ep.tokens)
+            ref = reprefilled_turn(engine, ep, s, sp)
+            assert ref.token_ids == ep.tokens[s:end], (i, t)
+            if invariant:
+                assert ref.logprobs == ep.logprobs[s:end], (i, t)
+            else:
+                torch.testing.assert_close(torch.tensor(ref.logprobs), torch.tensor(ep.logprobs[s:end]),
+                                           rtol=0, atol=1e-5)
+
+
+def test_preempted_window_episodes_recompute_the_same_tokens():
+    """Too few window rings for every paused episode: turns preempt paused ones (their conversation prefilled again
+    later, rings and all), and every episode is the one an ample cache gives, bit for bit."""
+    model = make_batch_invariant_(scaled_model(CFG, seed=6))
+    prompts, inserts = long_inserts(range(4), seed=2)
+    sp = SamplingParams(max_new_tokens=6, temperature=0.9, seed=2, ignore_eos=True)
+    ample, done, _ = episodes(model, inserts, prompts, sp, True)
+    per_block = cache_mod.bytes_per_block(CFG, BS, torch.float32)
+    tight, small, _ = episodes(model, inserts, prompts, sp, True, kv_cache_bytes=TIGHT_BLOCKS * per_block
+                               + cache_mod.sequence_rows(4) * cache_mod.bytes_per_sequence(CFG, torch.float32,
+                                                                                          True, BS))
+    assert tight.preemptions > 0
+    for i in prompts:
+        assert small[i].tokens == done[i].tokens
+        assert small[i].logprobs == done[i].logprobs
+
+
+def test_a_prefill_writes_each_ring_slot_once():
+    """A prompt (or a resumed turn) longer than its ring writes only its last W - 1 positions to the ring, the rest
+    to the scratch block: no two of its tokens map to one ring slot."""
+    c = cache_mod.Cache(CFG, num_blocks=32, block_size=BS, device=torch.device("cpu"), dtype=torch.float32,
+                        max_num_seqs=2)
+    state = cache_mod.SequenceState()
+    c.extend(state, 10)
+    n = 37
+    ctx = PrefillContext(VarlenContext.from_lengths([n], "cpu"), torch.tensor(cache_mod.slot_mapping(state.table, 0,
+                                                                                                     n, BS)))
+    slots = c.layers[0].window_context(ctx).slot_mapping
+    ring = slots[slots >= BS]  # the scratch block 0 holds slots 0 .. BS - 1
+    assert ring.numel() == WINDOW - 1
+    assert ring.unique().numel() == ring.numel()

@@ -47,6 +47,7 @@ import torch
 from torch import Tensor
 
 from monorl.generate.recurrent_state import RecurrentState
+from monorl.generate.window_cache import RecycledWindowKV
 from monorl.model.config import ModelConfig
 
 
@@ -125,7 +126,7 @@ class SlidingWindowKV(PagedKV):
 
 
 # the cache kind of each layer kind (`ModelConfig.layer_type`): a new layer kind registers its class here
-CACHE_KINDS: dict[str, type] = {"full_attention": PagedKV, "sliding_attention": SlidingWindowKV,
+CACHE_KINDS: dict[str, type] = {"full_attention": PagedKV, "sliding_attention": RecycledWindowKV,
                                "linear_attention": RecurrentState}
 
 

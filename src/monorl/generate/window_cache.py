@@ -137,7 +137,11 @@ class RecycledWindowKV:
                 self._unhold(ring.prefix)
 
     def keeps(self, state: Any, positions: int) -> bool:
-        return True
+        """Whether the ring still holds the last W - 1 keys before `positions` (a paused turn's next queries read
+        them). A decode that ran past its stop may have written up to the table's end, each write overwriting the
+        index R back; when that could reach those keys the sequence is freed, to be recomputed."""
+        ring = state.kind_state.get(KIND)
+        return ring is None or len(state.table) - 1 - self.R < (positions - self.window + 1) // self.block_size
 
     def prefix_allocated(self, blocks: list[int]) -> None:
         ring = Ring(self.pool.allocate(self.R), base=0)
@@ -166,12 +170,20 @@ class WindowLayer:
         return self.block_map[slots // bs] * bs + slots % bs
 
     def window_context(self, ctx: Any) -> Any:
-        """`ctx` with this layer's blocks: tables and slots mapped through `block_map`."""
+        """`ctx` with this layer's blocks: tables and slots mapped through `block_map` (a resumed turn: `TurnWindow`)."""
         name = type(ctx).__name__
+        if name == "CachedPrefillContext":
+            lens_q, lens_k = ctx.cu_seqlens_q.diff().long(), ctx.cu_seqlens_k.diff().long()
+            return TurnWindow(self, ctx, ctx.seq_index, ctx.positions, lens_k - lens_q, lens_k, ctx.block_tables)
+        if name == "DecodeContext" and ctx.cu_seqlens is not None:  # a turn's decode rows (batch-invariant)
+            cu, pos = ctx.cu_seqlens.long(), ctx.seq_lens.long() - 1
+            T, S = pos.numel(), cu.numel() - 1
+            seq = torch.searchsorted(cu[1:], torch.arange(T, device=cu.device), right=True).clamp(max=S - 1)
+            lens_q = cu.diff()
+            end = torch.where(lens_q > 0, pos[(cu[1:] - 1).clamp(min=0)] + 1, 0)
+            tables = ctx.block_tables[cu[:-1].clamp(max=T - 1)]
+            return TurnWindow(self, ctx, seq, pos, end - lens_q, end, tables)
         if name == "DecodeContext":
-            if ctx.cu_seqlens is not None:
-                raise NotImplementedError("recycled window layers: a resumed turn's cached prefill is not "
-                                          "supported yet (use SlidingWindowKV)")
             return replace(ctx, block_tables=self.block_map[ctx.block_tables.long()].to(torch.int32),
                            slot_mapping=self._slots(ctx.slot_mapping))
         if name == "PrefillContext":
@@ -180,8 +192,68 @@ class WindowLayer:
             T = ctx.slot_mapping.numel()
             seq = torch.searchsorted(cu[1:], torch.arange(T, device=cu.device), right=True).clamp(max=cu.numel() - 2)
             end = (cu[1:] - cu[:-1])[seq]
-            keep = v.positions[:T] >= end - self.window + 1  # what the next query sees; the rest to scratch
-            slots = torch.where(keep, self._slots(ctx.slot_mapping), ctx.slot_mapping % self.block_size)
-            return replace(ctx, slot_mapping=slots)
-        raise NotImplementedError("recycled window layers: a resumed turn's cached prefill is not supported yet "
-                                  "(use SlidingWindowKV)")
+            return replace(ctx, slot_mapping=self.ring_slots(ctx.slot_mapping, v.positions[:T], end))
+        raise NotImplementedError(f"recycled window layers: no window view of a {name}")
+
+    def ring_slots(self, slots: Tensor, positions: Tensor, end: Tensor) -> Tensor:
+        """Where a forward's tokens (their sequences ending at `end`) go in the rings: only the positions the next
+        query can see (end - W + 1 ..), the rest to the scratch block 0, so no two tokens write one ring slot."""
+        keep = positions >= end - self.window + 1
+        return torch.where(keep, self._slots(slots), slots % self.block_size)
+
+
+@dataclass
+class TurnWindow:
+    """A resumed turn's cached prefill in one window layer: its new tokens attend the kept window keys and each
+    other, but writing them to the ring first would overwrite slots that the turn's own earlier queries still read
+    (position p and p + R * block_size share one). So the kept keys (each sequence's last W - 1 before its start,
+    whole blocks, through `block_map`) and the new tokens' k/v go into a temporary paged buffer laid out as the
+    shared table (position p at index p // block_size), the context's own attention runs on it with the turn's
+    temporary tables, and only then are the new tokens written to the rings (`ring_slots`). Device ops only, its
+    sizes a function of the context's shapes: a CUDA graph can replay it."""
+
+    layer: WindowLayer
+    ctx: Any  # the CachedPrefillContext, or its decode rows (a DecodeContext with cu_seqlens)
+    seq: Tensor  # int64 [T]: each new token's sequence
+    pos: Tensor  # int64 [T]: its position
+    start: Tensor  # int64 [S]: each sequence's first new position
+    end: Tensor  # int64 [S]: one past its last
+    tables: Tensor  # [S, width]: its shared-table blocks
+
+    def attend(self, q: Tensor, k: Tensor, v: Tensor, kv: Tensor, kv_written: bool = False, window: int = 0,
+               sinks: Tensor | None = None) -> Tensor:
+        from monorl.ops.block_kernels import write_kv
+
+        L, ctx = self.layer, self.ctx
+        bs, W = L.block_size, L.window
+        S, width = self.tables.shape
+        T = self.pos.numel()
+        first = (self.start - W + 1).clamp(min=0) // bs  # each sequence's first index a query reads
+        count = ((self.end - 1).div(bs, rounding_mode="floor") - first + 1).clamp(min=0)
+        base = 1 + torch.cumsum(count, 0) - count  # its temporary blocks (0: scratch)
+        i = torch.arange(width, device=kv.device)[None, :]
+        inside = (i >= first[:, None]) & (i < (first + count)[:, None])
+        tmp_table = torch.where(inside, base[:, None] + i - first[:, None], 0)
+        # at most W - 1 + n_s positions a sequence: ceil(T / bs) + S * (ceil((W - 1) / bs) + 2) blocks, scratch aside
+        tmp = kv.new_zeros(2, 1 + -(-T // bs) + S * (-(-(W - 1) // bs) + 2), *kv.shape[2:])
+        kept = inside & (i * bs < self.start[:, None])  # the blocks of the kept keys: read from the rings
+        src = torch.where(kept, L.block_map[self.tables.long()], 0).flatten()
+        tmp[:, torch.where(kept, tmp_table, 0).flatten()] = kv[:, src]  # (the non-kept to scratch)
+        tmp_slots = tmp_table[self.seq, self.pos // bs] * bs + self.pos % bs
+        write_kv(k, v, tmp, tmp_slots)
+        write_kv(k, v, kv, L.ring_slots(ctx.slot_mapping, self.pos, self.end[self.seq]))
+        if type(ctx).__name__ == "DecodeContext":
+            view = replace(ctx, block_tables=tmp_table[self.seq].to(torch.int32), slot_mapping=tmp_slots)
+        else:
+            view = replace(ctx, block_tables=tmp_table.to(torch.int32), slot_mapping=tmp_slots,
+                           key_slots=self._key_slots(tmp_table))
+        return view.attend(q, k, v, tmp, True, window, sinks)
+
+    def _key_slots(self, tmp_table: Tensor) -> Tensor:
+        """The gathering backends' key slots (each sequence's positions 0.., end to end) in the temporary buffer."""
+        cu_k, K = self.ctx.cu_seqlens_k.long(), self.ctx.key_slots.numel()
+        S, width = tmp_table.shape
+        j = torch.arange(K, device=cu_k.device)
+        seq = torch.searchsorted(cu_k[1:], j, right=True).clamp(max=S - 1)
+        pos = (j - cu_k[seq]).clamp(0, width * self.layer.block_size - 1)  # rows past the last sequence: unread
+        return tmp_table[seq, pos // self.layer.block_size] * self.layer.block_size + pos % self.layer.block_size

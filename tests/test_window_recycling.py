@@ -1,7 +1,8 @@
 """Recycled sliding-window blocks (`monorl.generate.window_cache.RecycledWindowKV`, #57): a tiny Gemma 3 (window 8,
 blocks of 4) decoding far past its window holds at most blocks_for(W) + 1 window blocks per sequence at every step,
 prompt groups longer than the window share their prompt, and its log-probs are the trainer's (bit for bit in
-batch-invariant mode); the cache allocates what the plan counts."""
+batch-invariant mode); an episode's turns longer than a ring equal a re-prefill, preempted episodes recompute the
+same tokens, a prefill writes each ring slot once; the cache allocates what the plan counts."""
 
 from __future__ import annotations
 
@@ -17,8 +18,8 @@ from monorl.generate.episodes import run_episodes
 from monorl.generate.generator import Generator, GeneratorConfig
 from monorl.generate.sampling import SamplingParams
 from monorl.generate.window_cache import RecycledWindowKV, ring_size
-from monorl.model.batch_invariant import make_batch_invariant_
 from monorl.model.attention import VarlenContext
+from monorl.model.batch_invariant import make_batch_invariant_
 from monorl.model.config import ModelConfig
 from monorl.train.packing import TrainSequence
 from tests.test_episodes import TURNS, reprefilled_turn, turn_starts
@@ -31,11 +32,6 @@ CFG = ModelConfig(vocab_size=128, hidden_size=64, intermediate_size=96, num_laye
                   tie_word_embeddings=True).with_family("gemma3_text").replace(
     layer_types=("sliding_attention", "full_attention", "sliding_attention"), sliding_window=WINDOW,
     rope_local_theta=100.0, query_pre_attn_scalar=16.0)
-
-
-@pytest.fixture(autouse=True)
-def recycled(monkeypatch):
-    monkeypatch.setitem(cache_mod.CACHE_KINDS, "sliding_attention", RecycledWindowKV)
 
 
 def window_kind(gen: Generator) -> RecycledWindowKV:
@@ -130,7 +126,8 @@ def episodes(model, inserts, prompts, sp, invariant, **kw):
 @pytest.mark.parametrize("invariant", [True, False])
 def test_turns_longer_than_the_ring_equal_reprefill(invariant):
     """An episode's resumed turns (their inserted tokens past a ring's length, over a cached prefix past the window,
-    decoding up to 7 tokens past their stops between checks, overwriting kept keys: `keeps` frees those) equal the turn of an episode whose whole conversation is its prompt."""
+    decoding up to 7 tokens past their stops between checks, overwriting kept keys: `keeps` frees those) equal the
+    turn of an episode whose whole conversation is its prompt."""
     model = scaled_model(CFG, seed=4)
     if invariant:
         model = make_batch_invariant_(model)

@@ -19,12 +19,12 @@ How the next kinds plug in (each is a class beside `PagedKV`, registered in `CAC
 `ModelConfig.layer_type`, and its layers' attention context reads its tensor; per-sequence data of its own lives in
 `SequenceState.kind_state[<kind>]`, set and freed by the kind inside `Cache`'s operations, never by the engine):
 
-- **Sliding window** (a layer attending its last W keys): `SlidingWindowKV` today shares the full layers' block
-  table and its contexts read only the last W keys (`attend(..., window=W)`). Recycling comes next: its blocks
-  older than W tokens handed back (`bytes_per_block` as `PagedKV`'s for its layers, the engine's reservation
-  asking each kind how many blocks a sequence holds at a length, at most `blocks_for(W) + 1` for a window, and
-  `Cache.trim` after each step releasing the blocks that fell out of the window, their table entries set to 0, the
-  scratch block, which the window's kernel never reads).
+- **Sliding window** (`monorl.generate.window_cache.RecycledWindowKV`, registered for "sliding_attention"): a
+  layer attending its last W keys keeps them in a pool of its own, a ring of `blocks_for(W) + 1` blocks per
+  sequence (`bytes_per_sequence`; `bytes_per_block` its block-map entry), reached through a map from each shared
+  block to its window block; a prefill writes only the last W - 1 positions, a resumed turn attends through a
+  temporary copy of the kept keys before writing its own, and a decode overrun that reached the kept keys frees
+  the sequence (`keeps`).
 - **Linear attention / Gated DeltaNet** (`monorl.generate.recurrent_state.RecurrentState`, registered for
   "linear_attention"): a per-sequence recurrent state and a short convolution state, no per-token keys:
   `bytes_per_block` 0, `bytes_per_sequence` the states' size; a row per sequence (its id in `kind_state`, found by
@@ -116,13 +116,6 @@ class PagedKV:
     def copy_blocks(self, src: Tensor, dst: Tensor) -> None:
         assert self.kv is not None
         self.kv[:, :, dst] = self.kv[:, :, src]
-
-
-class SlidingWindowKV(PagedKV):
-    """Paged keys and values of sliding-window layers (Gemma 3's "sliding_attention"): the same blocks and block
-    table as full attention, each layer's context attending only the last `sliding_window` keys (its kernels read no
-    block before them). Blocks that fell out of every window are not recycled yet: a sequence holds as many as a
-    full-attention one."""
 
 
 # the cache kind of each layer kind (`ModelConfig.layer_type`): a new layer kind registers its class here

@@ -20,9 +20,9 @@ Sizing: R window blocks per sequence row (`bytes_per_sequence`; rows: `sequence_
 recurrent kind's), `bytes_per_block` its map entry; `Cache.can_extend(blocks, rows)` asks for R free window
 blocks per new row (preempting paused requests otherwise).
 
-Not yet: a resumed turn's cached prefill (`CachedPrefillContext`): its new tokens would alias ring slots that its
-earlier queries still read; `window_context` refuses it with a one-line error. Until then `SlidingWindowKV`
-(no recycling) stays the registered kind; this one is chosen with `CACHE_KINDS["sliding_attention"]`.
+A resumed turn's cached prefill (`TurnWindow`): its new tokens would overwrite ring slots that its own earlier
+queries still read, so they attend through a temporary copy of the kept keys; only then are they written to the
+ring. A decode that ran past its stop may have overwritten kept keys: `keeps` frees the sequence (recomputed).
 """
 
 from __future__ import annotations
@@ -170,7 +170,7 @@ class WindowLayer:
         return self.block_map[slots // bs] * bs + slots % bs
 
     def window_context(self, ctx: Any) -> Any:
-        """`ctx` with this layer's blocks: tables and slots mapped through `block_map` (a resumed turn: `TurnWindow`)."""
+        """`ctx` with this layer's blocks: tables and slots mapped through `block_map` (a turn: `TurnWindow`)."""
         name = type(ctx).__name__
         if name == "CachedPrefillContext":
             lens_q, lens_k = ctx.cu_seqlens_q.diff().long(), ctx.cu_seqlens_k.diff().long()

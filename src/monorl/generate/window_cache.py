@@ -34,6 +34,7 @@ import torch
 from torch import Tensor
 
 from monorl.model.config import ModelConfig
+from monorl.ops.block_kernels import write_kv
 
 KIND = "window"  # its key in SequenceState.kind_state
 
@@ -222,8 +223,6 @@ class TurnWindow:
 
     def attend(self, q: Tensor, k: Tensor, v: Tensor, kv: Tensor, kv_written: bool = False, window: int = 0,
                sinks: Tensor | None = None) -> Tensor:
-        from monorl.ops.block_kernels import write_kv
-
         L, ctx = self.layer, self.ctx
         bs, W = L.block_size, L.window
         S, width = self.tables.shape

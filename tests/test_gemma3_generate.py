@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from monorl.generate.cache import slot_mapping
+from monorl.generate.cache import SequenceState, slot_mapping
 from monorl.generate.engine import Engine
 from monorl.generate.episodes import run_episodes
 from monorl.generate.sampling import SamplingParams
@@ -95,7 +95,8 @@ def test_cached_prefill_past_the_window_equals_prefill_bitwise():
     gen = generator(make_batch_invariant_(gemma_model(seed=5)), block_size=4)
     runner, bs = gen.runner, gen.cache.block_size
     p = prompts_of([19], GEMMA_TINY.vocab_size, seed=6)[0]
-    t1, t2 = gen.cache.blocks.allocate(5), gen.cache.blocks.allocate(5)
+    s1, s2 = SequenceState(), SequenceState()  # through `Cache`: a window kind maps its blocks to its rings
+    t1, t2 = gen.cache.extend(s1, 5), gen.cache.extend(s2, 5)
     whole = runner.prefill([p], [slot_mapping(t1, 0, len(p), bs)])
     runner.prefill([p[:11]], [slot_mapping(t2, 0, 11, bs)])
     part = runner.prefill_cached([p[11:]], [11], [t2])

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from monorl.generate.cache import slot_mapping
+from monorl.generate.cache import SequenceState, slot_mapping
 from monorl.generate.engine import Engine
 from monorl.generate.episodes import run_episodes
 from monorl.generate.sampling import SamplingParams
@@ -101,7 +101,8 @@ def test_cached_prefill_equals_prefill_bitwise():
     gen = generator(make_batch_invariant_(gpt_oss_model(seed=5)), block_size=4)
     runner, bs = gen.runner, gen.cache.block_size
     p = prompts_of([19], GPT_OSS_TINY.vocab_size, seed=6)[0]
-    t1, t2, t3 = (gen.cache.blocks.allocate(5) for _ in range(3))
+    # through `Cache`: a window kind maps its blocks to its rings
+    t1, t2, t3 = (gen.cache.extend(SequenceState(), 5) for _ in range(3))
     whole = runner.prefill([p], [slot_mapping(t1, 0, len(p), bs)])
     runner.prefill([p[:11]], [slot_mapping(t2, 0, 11, bs)])
     part = runner.prefill_cached([p[11:]], [11], [t2])

@@ -91,6 +91,8 @@ class PrefillContext:
 
     def attend(self, q: Tensor, k: Tensor, v: Tensor, cache: Tensor, kv_written: bool = False,
                window: int = 0, sinks: Tensor | None = None) -> Tensor:
+        if hasattr(cache, "window_context"):  # a recycled window layer: its own blocks (`generate.window_cache`)
+            return cache.window_context(self).attend(q, k, v, cache.kv, kv_written, window, sinks)
         c = self.varlen
         return prefill_attention(q, k, v, cache, self.slot_mapping, c.cu_seqlens, c.positions, c.pad_index, c.valid,
                                  c.backend, kv_written, window, sinks)
@@ -117,6 +119,8 @@ class DecodeContext:
 
     def attend(self, q: Tensor, k: Tensor, v: Tensor, cache: Tensor, kv_written: bool = False,
                window: int = 0, sinks: Tensor | None = None) -> Tensor:
+        if hasattr(cache, "window_context"):  # a recycled window layer: its own blocks (`generate.window_cache`)
+            return cache.window_context(self).attend(q, k, v, cache.kv, kv_written, window, sinks)
         return decode_attention(q, k, v, cache, self.slot_mapping, self.block_tables, self.seq_lens, self.backend,
                                 kv_written, window, sinks)
 
@@ -289,6 +293,8 @@ class CachedPrefillContext:
 
     def attend(self, q: Tensor, k: Tensor, v: Tensor, cache: Tensor, kv_written: bool = False,
                window: int = 0, sinks: Tensor | None = None) -> Tensor:
+        if hasattr(cache, "window_context"):  # a recycled window layer: its own blocks (`generate.window_cache`)
+            return cache.window_context(self).attend(q, k, v, cache.kv, kv_written, window, sinks)
         return cached_prefill_attention(q, k, v, cache, self.slot_mapping, self.key_slots, self.cu_seqlens_q,
                                         self.cu_seqlens_k, self.bounds, self.block_tables, self.backend, kv_written,
                                         window, sinks)

@@ -19,12 +19,12 @@ How the next kinds plug in (each is a class beside `PagedKV`, registered in `CAC
 `ModelConfig.layer_type`, and its layers' attention context reads its tensor; per-sequence data of its own lives in
 `SequenceState.kind_state[<kind>]`, set and freed by the kind inside `Cache`'s operations, never by the engine):
 
-- **Sliding window** (a layer attending its last W keys): `SlidingWindowKV` today shares the full layers' block
-  table and its contexts read only the last W keys (`attend(..., window=W)`). Recycling comes next: its blocks
-  older than W tokens handed back (`bytes_per_block` as `PagedKV`'s for its layers, the engine's reservation
-  asking each kind how many blocks a sequence holds at a length, at most `blocks_for(W) + 1` for a window, and
-  `Cache.trim` after each step releasing the blocks that fell out of the window, their table entries set to 0, the
-  scratch block, which the window's kernel never reads).
+- **Sliding window** (`monorl.generate.window_cache.RecycledWindowKV`, registered for "sliding_attention"): a
+  layer attending its last W keys keeps them in a pool of its own, a ring of `blocks_for(W) + 1` blocks per
+  sequence (`bytes_per_sequence`; `bytes_per_block` its block-map entry), reached through a map from each shared
+  block to its window block; a prefill writes only the last W - 1 positions, a resumed turn attends through a
+  temporary copy of the kept keys before writing its own, and a decode overrun that reached the kept keys frees
+  the sequence (`keeps`).
 - **Linear attention / Gated DeltaNet** (`monorl.generate.recurrent_state.RecurrentState`, registered for
   "linear_attention"): a per-sequence recurrent state and a short convolution state, no per-token keys:
   `bytes_per_block` 0, `bytes_per_sequence` the states' size; a row per sequence (its id in `kind_state`, found by
@@ -47,6 +47,7 @@ import torch
 from torch import Tensor
 
 from monorl.generate.recurrent_state import RecurrentState
+from monorl.generate.window_cache import RecycledWindowKV
 from monorl.model.config import ModelConfig
 
 
@@ -117,15 +118,8 @@ class PagedKV:
         self.kv[:, :, dst] = self.kv[:, :, src]
 
 
-class SlidingWindowKV(PagedKV):
-    """Paged keys and values of sliding-window layers (Gemma 3's "sliding_attention"): the same blocks and block
-    table as full attention, each layer's context attending only the last `sliding_window` keys (its kernels read no
-    block before them). Blocks that fell out of every window are not recycled yet: a sequence holds as many as a
-    full-attention one."""
-
-
 # the cache kind of each layer kind (`ModelConfig.layer_type`): a new layer kind registers its class here
-CACHE_KINDS: dict[str, type] = {"full_attention": PagedKV, "sliding_attention": SlidingWindowKV,
+CACHE_KINDS: dict[str, type] = {"full_attention": PagedKV, "sliding_attention": RecycledWindowKV,
                                "linear_attention": RecurrentState}
 
 
@@ -137,13 +131,16 @@ def cache_kinds(cfg: ModelConfig) -> list[LayerCache]:
     return [CACHE_KINDS[t](cfg, ids) for t, ids in by_type.items()]
 
 
-def _kinds(cfg: ModelConfig, batch_invariant: bool) -> list[LayerCache]:
+def _kinds(cfg: ModelConfig, batch_invariant: bool, block_size: int = 0) -> list[LayerCache]:
     """`cache_kinds`, for a batch-invariant generator telling a kind whose rows differ in that mode (its
-    `batch_invariant` attribute: the recurrent state's kept chunk) so before it is sized."""
+    `batch_invariant` attribute: the recurrent state's kept chunk) so before it is sized, and a kind whose rows
+    hold blocks (a recycled window's ring: its `block_size` attribute) the block size."""
     kinds = cache_kinds(cfg)
     for k in kinds:
         if batch_invariant and hasattr(k, "batch_invariant"):
             k.batch_invariant = True
+        if hasattr(k, "block_size"):
+            k.block_size = block_size
     return kinds
 
 
@@ -160,15 +157,16 @@ def sequence_rows(max_num_seqs: int) -> int:
     return 2 * max_num_seqs + 1
 
 
-def bytes_per_sequence(cfg: ModelConfig, dtype: torch.dtype, batch_invariant: bool = False) -> int:
+def bytes_per_sequence(cfg: ModelConfig, dtype: torch.dtype, batch_invariant: bool = False,
+                       block_size: int = 0) -> int:
     """What one sequence row costs over every layer kind of `cfg` (0 without per-sequence state)."""
-    return sum(k.bytes_per_sequence(dtype) for k in _kinds(cfg, batch_invariant))
+    return sum(k.bytes_per_sequence(dtype) for k in _kinds(cfg, batch_invariant, block_size))
 
 
 def blocks_in_budget(cfg: ModelConfig, budget: int, max_num_seqs: int, block_size: int, dtype: torch.dtype,
                      batch_invariant: bool = False) -> int:
     """The blocks `budget` bytes hold once the cache's `sequence_rows(max_num_seqs)` rows are set aside."""
-    rows = sequence_rows(max_num_seqs) * bytes_per_sequence(cfg, dtype, batch_invariant)
+    rows = sequence_rows(max_num_seqs) * bytes_per_sequence(cfg, dtype, batch_invariant, block_size)
     return max(0, budget - rows) // bytes_per_block(cfg, block_size, dtype)
 
 
@@ -180,7 +178,7 @@ def kv_cache_bytes_needed(cfg: ModelConfig, max_num_seqs: int, max_model_len: in
     blocks = max_num_seqs * blocks_for(max_model_len, block_size) + 1
     rows = sequence_rows(max_num_seqs if rows_for is None else rows_for)
     return sum(blocks * k.bytes_per_block(block_size, dtype) + rows * k.bytes_per_sequence(dtype)
-               for k in _kinds(cfg, batch_invariant))
+               for k in _kinds(cfg, batch_invariant, block_size))
 
 
 @dataclass
@@ -243,7 +241,7 @@ class Cache:
         if num_blocks < 2:
             raise ValueError(f"KV cache budget too small: {num_blocks} blocks (need >= 2)")
         self.block_size, self.num_blocks, self.device, self.dtype = block_size, num_blocks, device, dtype
-        self.kinds = _kinds(cfg, batch_invariant)
+        self.kinds = _kinds(cfg, batch_invariant, block_size)
         # a kind with per-sequence rows sizes them by the decode slots (`sequence_rows`), not by the blocks
         self._hook("size_rows", None if max_num_seqs is None else sequence_rows(max_num_seqs))
         for kind in self.kinds:
@@ -295,6 +293,7 @@ class Cache:
         assert not state.table
         self.blocks.incref(blocks)
         state.table = list(blocks)
+        self._hook("shared", state, blocks)  # (a recycled window's ring: the group's it reads)
         self._hook("extended", state, [])
 
     def allocate_prefix(self, n_blocks: int) -> list[int]:

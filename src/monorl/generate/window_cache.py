@@ -33,6 +33,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from monorl.generate.block_pool import BlockPool
 from monorl.model.config import ModelConfig
 from monorl.ops.block_kernels import write_kv
 
@@ -81,8 +82,6 @@ class RecycledWindowKV:
         self.rows = rows
 
     def allocate(self, num_blocks: int, block_size: int, device: torch.device, dtype: torch.dtype) -> None:
-        from monorl.generate.cache import BlockPool
-
         c = self.cfg
         self.block_size, self.R = block_size, ring_size(self.window, block_size)
         n = self.rows * self.R  # the scratch row's R blocks hold the scratch block 0

@@ -81,10 +81,10 @@ def timed_turn_prefills(gen: Generator, run: Callable[[], float]) -> list[dict]:
     runner, calls = gen.runner, []
     plain = runner.prefill_cached
 
-    def timed(chunks: list[list[int]], *args: Any) -> torch.Tensor:
+    def timed(chunks: list[list[int]], *args: Any, **kwargs: Any) -> torch.Tensor:
         sync()
         t = time.perf_counter()
-        out = plain(chunks, *args)
+        out = plain(chunks, *args, **kwargs)
         sync()
         calls.append({"s": time.perf_counter() - t, "sequences": len(chunks), "tokens": sum(map(len, chunks))})
         return out

@@ -47,16 +47,16 @@ def main() -> None:
     print("turn boundary graphs:", [k for k in runner.prefill_graphs if k[0] == "cached"])
     plain, calls, profs, seen = runner.prefill_cached, [], [], []
 
-    def timed(chunks: list[list[int]], *args: object) -> torch.Tensor:
+    def timed(chunks: list[list[int]], *args: object, **kwargs: object) -> torch.Tensor:
         sync()
         t = time.perf_counter()
-        out = plain(chunks, *args)
+        out = plain(chunks, *args, **kwargs)
         host = time.perf_counter() - t
         sync()
         calls.append((host, time.perf_counter() - t))
         acts = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
         with torch.profiler.profile(activities=acts) as prof:
-            plain(chunks, *args)  # the same call again (its K/V rewritten with the same values)
+            plain(chunks, *args, **kwargs)  # the same call again (its K/V rewritten with the same values)
             sync()
         profs.append(prof)
         seen.append((chunks, args))

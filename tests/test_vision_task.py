@@ -98,7 +98,7 @@ def test_prompts_of_equal_tokens_keep_their_own_images():
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("seed", [0, 1, 2])
+@pytest.mark.parametrize("seed", [1])  # one seed in CI (~50 s); the docstring's six runs were made by hand
 def test_tiny_vision_preset_learns(seed: int, tmp_path: Path):
     """The preset cut to 12 GRPO steps (its 150-step warm start; ~60 s on 2 CPU cores): held-out accuracy (mean@4,
     sampled) rises by 0.15 or more. On a shared 2-core box: seeds 0, 1, 2 went 0.531 -> 0.773, 0.445 -> 0.797,

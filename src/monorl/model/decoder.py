@@ -1,7 +1,8 @@
 """The one decoder model definition, used by both the trainer and the generator, for every family in
-`monorl.model.families` (Qwen3, Llama, Qwen2, Qwen3-MoE): the config says which pieces a family has (a q/k norm,
-q/k/v and o biases, Llama 3 RoPE scaling, a tied head, mixture-of-experts MLPs in its sparse layers:
-`monorl.model.moe`).
+`monorl.model.families`: the config says which pieces a Llama-shaped family has (Qwen3, Llama, Qwen2, Qwen3-MoE: a
+q/k norm, q/k/v and o biases, Llama 3 RoPE scaling, a tied head, mixture-of-experts MLPs in its sparse layers:
+`monorl.model.moe`); a family whose layer differs (Gemma 3, Qwen3.5, GPT-OSS) has its own block (`FAMILY_BLOCKS`),
+and a vision-language model (Qwen3-VL) its tower (`monorl.model.vision`), whose embeddings enter `forward`.
 
 Inputs are always flat: `input_ids [T]`, `positions [T]` and an `AttentionContext` that says how
 the T tokens are laid out (packed sequences, a prefill, or one token per live decode sequence).

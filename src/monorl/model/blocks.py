@@ -17,7 +17,13 @@ from monorl.ops.rope import apply_rope
 
 
 class Attention(nn.Module):
-    def __init__(self, cfg: ModelConfig, fused: bool = False) -> None:
+    """GQA attention: q/k/v projections, a per-head q/k norm where the family has one, RoPE, the context's attention
+    (`window` keys on a "sliding_attention" layer), o. A family's attention that adds to it (Gemma 3's q scale,
+    GPT-OSS's sinks) subclasses it: `norm_class`, and `qkv` for the rotated q, k, v."""
+
+    norm_class: type[nn.Module] = RMSNorm  # the per-head q/k norm's class (Qwen3's; Gemma 3's is (1 + w))
+
+    def __init__(self, cfg: ModelConfig, fused: bool = False, layer_index: int = 0) -> None:
         super().__init__()
         self.num_heads, self.num_kv_heads, self.head_dim = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
         self.fused = fused
@@ -31,10 +37,12 @@ class Attention(nn.Module):
             self.v_proj = Linear(cfg.hidden_size, self.sizes[2], bias=bias)
         self.o_proj = Linear(cfg.num_heads * cfg.head_dim, cfg.hidden_size, bias=cfg.o_bias)
         # a per-head norm of q and k (Qwen3); None for the families without one
-        self.q_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps) if cfg.qk_norm else None
-        self.k_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps) if cfg.qk_norm else None
+        self.q_norm = self.norm_class(cfg.head_dim, cfg.rms_norm_eps) if cfg.qk_norm else None
+        self.k_norm = self.norm_class(cfg.head_dim, cfg.rms_norm_eps) if cfg.qk_norm else None
+        self.window = cfg.sliding_window if cfg.layer_type(layer_index) == "sliding_attention" else 0
 
-    def forward(self, x: Tensor, cos: Tensor, sin: Tensor, ctx: AttentionContext, cache: Any) -> Tensor:
+    def qkv(self, x: Tensor, cos: Tensor, sin: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """q [T, Hq, D], k and v [T, Hkv, D]: projected, normed where the family norms them, q and k rotated."""
         T = x.shape[0]
         if self.fused:  # column slices of one GEMM's output (v stays a strided view)
             q, k, v = self.qkv_proj(x).split(self.sizes, dim=-1)
@@ -45,8 +53,11 @@ class Attention(nn.Module):
             q, k = self.q_norm(q), self.k_norm(k)
         v = v.view(T, self.num_kv_heads, self.head_dim)
         # under autocast the fp32 norm weights promote q/k to fp32; attention runs in the projections' dtype
-        q, k = apply_rope(q, cos, sin).to(v.dtype), apply_rope(k, cos, sin).to(v.dtype)
-        o = ctx.attend(q, k, v, cache)
+        return apply_rope(q, cos, sin).to(v.dtype), apply_rope(k, cos, sin).to(v.dtype), v
+
+    def forward(self, x: Tensor, cos: Tensor, sin: Tensor, ctx: AttentionContext, cache: Any) -> Tensor:
+        q, k, v = self.qkv(x, cos, sin)
+        o = ctx.attend(q, k, v, cache, window=self.window)
         return self.o_proj(o.flatten(1))  # no Python int crosses the graph break around attend
 
 

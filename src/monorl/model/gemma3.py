@@ -19,45 +19,26 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from monorl.model.attention import AttentionContext
-from monorl.model.blocks import MLP
+from monorl.model.blocks import MLP, Attention
 from monorl.model.config import ModelConfig
-from monorl.model.layers import Linear, OffsetRMSNorm
-from monorl.ops.rope import apply_rope
+from monorl.model.layers import OffsetRMSNorm
 
 
-class Gemma3Attention(nn.Module):
-    """GQA attention with a (1 + w) q/k norm; a sliding layer attends its last `window` keys."""
+class Gemma3Attention(Attention):
+    """GQA attention with a (1 + w) q/k norm and `query_pre_attn_scalar`; a sliding layer attends its last `window`
+    keys."""
+
+    norm_class = OffsetRMSNorm
 
     def __init__(self, cfg: ModelConfig, layer_index: int, fused: bool = False) -> None:
-        super().__init__()
-        self.num_heads, self.num_kv_heads, self.head_dim = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
-        self.fused = fused
-        self.sizes = (cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim)
-        if fused:  # the generator's copy: q/k/v as one projection (`monorl.distributed.weight_sync.PACKED_MODULES`)
-            self.qkv_proj = Linear(cfg.hidden_size, sum(self.sizes), bias=cfg.qkv_bias)
-        else:
-            self.q_proj = Linear(cfg.hidden_size, self.sizes[0], bias=cfg.qkv_bias)
-            self.k_proj = Linear(cfg.hidden_size, self.sizes[1], bias=cfg.qkv_bias)
-            self.v_proj = Linear(cfg.hidden_size, self.sizes[2], bias=cfg.qkv_bias)
-        self.o_proj = Linear(cfg.num_heads * cfg.head_dim, cfg.hidden_size, bias=cfg.o_bias)
-        self.q_norm = OffsetRMSNorm(cfg.head_dim, cfg.rms_norm_eps)
-        self.k_norm = OffsetRMSNorm(cfg.head_dim, cfg.rms_norm_eps)
-        self.window = cfg.sliding_window if cfg.layer_type(layer_index) == "sliding_attention" else 0
+        super().__init__(cfg, fused, layer_index)
         # every context scales scores by head_dim ** -0.5: q is scaled by the rest of query_pre_attn_scalar ** -0.5
         # (exactly 1, so nothing, where they are equal: every released Gemma 3 but 27B)
         scalar = cfg.query_pre_attn_scalar or cfg.head_dim
         self.q_scale = 1.0 if scalar == cfg.head_dim else math.sqrt(cfg.head_dim / scalar)
 
     def forward(self, x: Tensor, cos: Tensor, sin: Tensor, ctx: AttentionContext, cache: Any) -> Tensor:
-        T = x.shape[0]
-        if self.fused:
-            q, k, v = self.qkv_proj(x).split(self.sizes, dim=-1)
-        else:
-            q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
-        q = self.q_norm(q.view(T, self.num_heads, self.head_dim))
-        k = self.k_norm(k.view(T, self.num_kv_heads, self.head_dim))
-        v = v.view(T, self.num_kv_heads, self.head_dim)
-        q, k = apply_rope(q, cos, sin).to(v.dtype), apply_rope(k, cos, sin).to(v.dtype)
+        q, k, v = self.qkv(x, cos, sin)
         if self.q_scale != 1.0:
             q = q * self.q_scale
         o = ctx.attend(q, k, v, cache, window=self.window)

@@ -25,6 +25,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from monorl.model.attention import AttentionContext
+from monorl.model.blocks import Attention
 from monorl.model.config import ModelConfig
 from monorl.model.layers import Linear, RMSNorm
 from monorl.model.moe import (
@@ -37,34 +38,17 @@ from monorl.model.moe import (
     softmax_invariant,
 )
 from monorl.ops import matmul_invariant
-from monorl.ops.rope import apply_rope
 
 
-class GptOssAttention(nn.Module):
+class GptOssAttention(Attention):
+    """GQA attention with learned sinks per head (a logit each head's softmax adds to its denominator)."""
+
     def __init__(self, cfg: ModelConfig, layer_index: int, fused: bool = False) -> None:
-        super().__init__()
-        self.num_heads, self.num_kv_heads, self.head_dim = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
-        self.fused = fused
-        self.sizes = (cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim)
-        if fused:  # the generator's copy: q/k/v (and their biases) as one projection
-            self.qkv_proj = Linear(cfg.hidden_size, sum(self.sizes), bias=cfg.qkv_bias)
-        else:
-            self.q_proj = Linear(cfg.hidden_size, self.sizes[0], bias=cfg.qkv_bias)
-            self.k_proj = Linear(cfg.hidden_size, self.sizes[1], bias=cfg.qkv_bias)
-            self.v_proj = Linear(cfg.hidden_size, self.sizes[2], bias=cfg.qkv_bias)
-        self.o_proj = Linear(cfg.num_heads * cfg.head_dim, cfg.hidden_size, bias=cfg.o_bias)
+        super().__init__(cfg, fused, layer_index)
         self.sinks = nn.Parameter(torch.zeros(cfg.num_heads))
-        self.window = cfg.sliding_window if cfg.layer_type(layer_index) == "sliding_attention" else 0
 
     def forward(self, x: Tensor, cos: Tensor, sin: Tensor, ctx: AttentionContext, cache: Any) -> Tensor:
-        T = x.shape[0]
-        if self.fused:
-            q, k, v = self.qkv_proj(x).split(self.sizes, dim=-1)
-        else:
-            q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
-        q, k = q.view(T, self.num_heads, self.head_dim), k.view(T, self.num_kv_heads, self.head_dim)
-        v = v.view(T, self.num_kv_heads, self.head_dim)
-        q, k = apply_rope(q, cos, sin).to(v.dtype), apply_rope(k, cos, sin).to(v.dtype)
+        q, k, v = self.qkv(x, cos, sin)
         o = ctx.attend(q, k, v, cache, window=self.window, sinks=self.sinks)
         return self.o_proj(o.flatten(1))
 

@@ -150,11 +150,13 @@ def gated_delta_rule(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, c
         return chunk_gated_delta_rule(q, k, v, g, beta, cu_seqlens, initial_state)
     chunk, recurrent = fla
     state = None if initial_state is None else initial_state.float()
+    # g and beta by keyword: fla 0.6's fused_recurrent takes (q, k, v, g, gk, gv, beta, ...), so a positional beta
+    # lands in gk (a per-key log decay), beta defaults to ones, and the state grows without bound
     if one_token_each:  # [B, 1, H, D]: each sequence its own batch row
-        o, final = recurrent(q[:, None], k[:, None], v[:, None], g[:, None].float(), beta[:, None],
+        o, final = recurrent(q[:, None], k[:, None], v[:, None], g=g[:, None].float(), beta=beta[:, None],
                              initial_state=state, output_final_state=True, use_qk_l2norm_in_kernel=True)
         return o[:, 0], final
-    o, final = chunk(q[None], k[None], v[None], g[None].float(), beta[None], initial_state=state,
+    o, final = chunk(q[None], k[None], v[None], g=g[None].float(), beta=beta[None], initial_state=state,
                      output_final_state=True, cu_seqlens=cu_seqlens.long(), use_qk_l2norm_in_kernel=True)
     return o[0], final
 

@@ -11,11 +11,13 @@ import pytest
 import torch
 
 from monorl.model.attention import VarlenContext
+from monorl.model.config import ModelConfig, model_shape
+from monorl.model.decoder import build_model
 from monorl.model.hf_checkpoint import load_checkpoint, save_checkpoint
 from monorl.model.image_processing import ImageProcessor
 from monorl.model.mrope import mrope_positions
 from monorl.model.qwen3_vl import embed_images
-from monorl.model.qwen3_vl_hf import HF_TEXT_DEFAULTS
+from monorl.model.qwen3_vl_hf import HF_TEXT_DEFAULTS, QWEN3_VL_2B
 from monorl.model.vision_config import HF_VISION_DEFAULTS, HF_VL_TOKEN_DEFAULTS
 from tests.conftest import randomize_hf_model
 
@@ -161,3 +163,19 @@ def test_hard_coded_defaults_equal_transformers():
 def test_vision_config_is_a_frozen_field():
     cfg = load_checkpoint.__globals__["ModelConfig"].from_hf(tiny_hf_config().to_dict())
     assert dataclasses.is_dataclass(cfg.vision) and cfg.vision.deepstack_visual_indexes == (0, 2)
+
+
+def test_qwen3_vl_2b_shape_is_the_released_config_in_transformers():
+    """The `qwen3-vl-2b` shape (`QWEN3_VL_2B`, the released config.json's numbers): transformers reads the same
+    config from it, its token ids are Qwen3VLConfig's defaults, and both build a model of Qwen3-VL-2B's
+    2,127,532,032 parameters (406,957,056 of them the tower's)."""
+    cfg = model_shape("qwen3-vl-2b")
+    hf = transformers.Qwen3VLConfig(**QWEN3_VL_2B)
+    assert ModelConfig.from_hf(hf.to_dict()) == cfg
+    assert hf.text_config.rope_parameters["rope_theta"] == cfg.rope_theta == 5e6
+    assert {k: getattr(cfg.vision, k) for k in HF_VL_TOKEN_DEFAULTS} == HF_VL_TOKEN_DEFAULTS
+    with torch.device("meta"):
+        ref = transformers.Qwen3VLForConditionalGeneration(hf)
+    ours = build_model(cfg, "meta", seed=None)
+    counts = [sum(p.numel() for p in m.parameters()) for m in (ref, ours, ref.model.visual, ours.model.visual)]
+    assert counts == [2_127_532_032] * 2 + [406_957_056] * 2

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 from monorl.model.families import FAMILIES, QWEN3, Family, family, family_of_hf
 from monorl.model.qwen3_5_hf import check_linear_attention, text_config
-from monorl.model.qwen3_vl_hf import join_config, split_config
+from monorl.model.qwen3_vl_hf import QWEN3_VL_2B, join_config, split_config
 from monorl.model.vision_config import VisionConfig
 
 if TYPE_CHECKING:
@@ -369,9 +369,8 @@ def _rope_from_hf(hf: dict[str, Any], default_theta: float,
     return theta, Llama3RopeScaling(float(factor), float(low), float(high), int(original))
 
 
-_QWEN3_VOCAB = 151936
-_QWEN3_COMMON = dict(vocab_size=_QWEN3_VOCAB, head_dim=128, num_kv_heads=8, rope_theta=1_000_000.0,
-                     bos_token_id=151643, eos_token_id=151645)
+_QWEN3_COMMON = dict(vocab_size=151936, head_dim=128, num_kv_heads=8, rope_theta=1_000_000.0, bos_token_id=151643,
+                     eos_token_id=151645)
 
 # Named shapes. Qwen3 values from the released config.json files.
 MODEL_SHAPES: dict[str, ModelConfig] = {
@@ -423,6 +422,7 @@ MODEL_SHAPES["tiny-vl"] = MODEL_SHAPES["tiny"].replace(vision=VisionConfig(
     depth=2, hidden_size=32, intermediate_size=64, num_heads=2, out_hidden_size=128, patch_size=4,
     num_position_embeddings=16, deepstack_visual_indexes=(1,), vision_start_token_id=99, image_token_id=100,
     vision_end_token_id=101, video_token_id=102, mrope_section=(6, 5, 5)))
+MODEL_SHAPES["qwen3-vl-2b"] = ModelConfig.from_hf(QWEN3_VL_2B)  # Qwen3-VL-2B-Instruct's config.json (qwen3_vl_hf)
 
 
 def _qwen3_5_shape(hidden: int, intermediate: int, layers: int) -> ModelConfig:

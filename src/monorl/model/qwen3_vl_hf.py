@@ -20,6 +20,24 @@ HF_TEXT_DEFAULTS: dict[str, Any] = {
     "num_attention_heads": 32, "num_key_value_heads": 32, "head_dim": 128, "hidden_act": "silu",
     "max_position_embeddings": 128000, "rms_norm_eps": 1e-6, "rope_theta": 500000.0, "attention_bias": False}
 _MROPE_KEYS = ("mrope_section", "mrope_interleaved")
+# Qwen/Qwen3-VL-2B-Instruct's released config.json (the keys that set numbers; `MODEL_SHAPES["qwen3-vl-2b"]`, for
+# random-init benchmarks, #59). Its text decoder is Qwen3-1.7B's shape at rope_theta 5e6; every key it leaves out
+# (the tower's rope_theta 10000, in_channels 3) is transformers' Qwen3VL default, and the token ids equal
+# transformers' Qwen3VLConfig defaults (tests/test_qwen3_vl.py builds this config in transformers).
+QWEN3_VL_2B: dict[str, Any] = {
+    "architectures": [ARCHITECTURE], "model_type": "qwen3_vl", "tie_word_embeddings": True,
+    "image_token_id": 151655, "video_token_id": 151656, "vision_start_token_id": 151652, "vision_end_token_id": 151653,
+    "text_config": {
+        "model_type": "qwen3_vl_text", "vocab_size": 151936, "hidden_size": 2048, "intermediate_size": 6144,
+        "num_hidden_layers": 28, "num_attention_heads": 16, "num_key_value_heads": 8, "head_dim": 128,
+        "hidden_act": "silu", "max_position_embeddings": 262144, "rms_norm_eps": 1e-6, "rope_theta": 5000000,
+        "rope_scaling": {"rope_type": "default", "mrope_interleaved": True, "mrope_section": [24, 20, 20]},
+        "attention_bias": False, "tie_word_embeddings": True, "bos_token_id": 151643, "eos_token_id": 151645},
+    "vision_config": {
+        "model_type": "qwen3_vl", "depth": 24, "hidden_size": 1024, "hidden_act": "gelu_pytorch_tanh",
+        "intermediate_size": 4096, "num_heads": 16, "in_channels": 3, "patch_size": 16, "spatial_merge_size": 2,
+        "temporal_patch_size": 2, "out_hidden_size": 2048, "num_position_embeddings": 2304,
+        "deepstack_visual_indexes": [5, 11, 17]}}
 
 
 def split_config(hf: Mapping[str, Any]) -> tuple[dict[str, Any], VisionConfig]:

@@ -21,60 +21,15 @@ import statistics
 import sys
 
 import torch
+from decode_timing import GiB, decode_case
 from profile_train_step import seqs, timed
 
-from monorl.generate import Generator, GeneratorConfig, SamplingParams
-from monorl.generate.cache import kv_cache_bytes_needed
-from monorl.generate.engine import Engine
 from monorl.model.config import model_shape
 from monorl.model.decoder import build_model
 from monorl.ops import gated_delta
 from monorl.ops.gated_delta import _fla
 from monorl.train.losses import LossConfig
 from monorl.train.trainer import Trainer, TrainerConfig
-
-GiB = 1 << 30
-
-
-def decode_case(model, rows: int, context: int, chunk: int, chunks: int) -> dict:
-    """Prefill `rows` prompts of `context` tokens, then time decode chunks of `chunk` steps (engine steps)."""
-    cfg = model.config
-    max_len = context + chunk * (chunks + 3) + 8
-    need = kv_cache_bytes_needed(cfg, rows, max_len, 16, torch.bfloat16)
-    free, _ = torch.cuda.mem_get_info()
-    if need > 0.8 * free:
-        return {"skipped": f"KV cache needs {need / GiB:.1f} GiB, {free / GiB:.1f} GiB free"}
-    torch.cuda.empty_cache()
-    torch.cuda.reset_peak_memory_stats()
-    gen = Generator(model, GeneratorConfig(max_num_seqs=rows, max_model_len=max_len, kv_cache_bytes=need,
-                                           stop_check_interval=chunk))
-    engine = Engine(gen)
-    g = torch.Generator().manual_seed(context)
-    sp = SamplingParams(max_new_tokens=max_len - context, temperature=1.0, seed=1, ignore_eos=True,
-                        stop_token_ids=(cfg.vocab_size - 1,))  # a stop: decode chunks of `chunk` steps
-    for i in range(rows):
-        engine.add(i, torch.randint(0, cfg.vocab_size - 1, (context,), generator=g).tolist(), sp, one_turn=True)
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    engine.step()  # every prompt prefilled (admission rounds), then the first chunk
-    end.record()
-    torch.cuda.synchronize()
-    prefill_s = start.elapsed_time(end) / 1e3
-    engine.step()  # a warm chunk
-    times = []
-    for _ in range(chunks):
-        start.record()
-        engine.step()
-        end.record()
-        torch.cuda.synchronize()
-        times.append(start.elapsed_time(end) / 1e3)
-    live = len(engine.running)
-    med = statistics.median(times)
-    out = {"rows": rows, "context": context, "live": live, "prefill_and_first_chunk_s": prefill_s,
-           "decode_step_ms": med / chunk * 1e3, "decode_tokens_s": live * chunk / med,
-           "kv_cache_gib": gen.cache.allocated_bytes() / GiB, "peak_gib": torch.cuda.max_memory_allocated() / GiB}
-    del engine, gen
-    return out
 
 
 def train_case(shape: str) -> dict:

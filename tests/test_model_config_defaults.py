@@ -89,6 +89,18 @@ GEMMA3_270M = {
     "sliding_window": 512, "torch_dtype": "bfloat16", "use_bidirectional_attention": False, "use_cache": True,
     "vocab_size": 262144,
 }
+# Gemma-3-1B's released config.json (google/gemma-3-1b-pt, transformers 4.50 style: no layer_types, its
+# sliding_window_pattern)
+GEMMA3_1B = {
+    "architectures": ["Gemma3ForCausalLM"], "attention_bias": False, "attention_dropout": 0.0,
+    "attn_logit_softcapping": None, "bos_token_id": 2, "cache_implementation": "hybrid", "eos_token_id": 1,
+    "final_logit_softcapping": None, "head_dim": 256, "hidden_activation": "gelu_pytorch_tanh", "hidden_size": 1152,
+    "initializer_range": 0.02, "intermediate_size": 6912, "max_position_embeddings": 32768,
+    "model_type": "gemma3_text", "num_attention_heads": 4, "num_hidden_layers": 26, "num_key_value_heads": 1,
+    "pad_token_id": 0, "query_pre_attn_scalar": 256, "rms_norm_eps": 1e-06, "rope_local_base_freq": 10000,
+    "rope_scaling": None, "rope_theta": 1000000, "sliding_window": 512, "sliding_window_pattern": 6,
+    "torch_dtype": "bfloat16", "use_cache": True, "vocab_size": 262144,
+}
 FULL_CONFIGS = {"qwen3-0.6b-released": QWEN3_0_6B, "monorl-to_hf-8b": MONORL_8B, "smollm2-135m": SMOLLM2_135M,
                 "llama-3.2-style": LLAMA_3_2_STYLE, "qwen2.5-style": QWEN2_5_STYLE,
                 "monorl-to_hf-llama3": ModelConfig.from_hf(LLAMA_3_2_STYLE).to_hf(),
@@ -97,6 +109,7 @@ FULL_CONFIGS = {"qwen3-0.6b-released": QWEN3_0_6B, "monorl-to_hf-8b": MONORL_8B,
                 "monorl-to_hf-qwen3-moe": model_shape("qwen3-30b-a3b").replace(
                     mlp_only_layers=(0, 5), decoder_sparse_step=2, norm_topk_prob=False, num_experts=64).to_hf(),
                 "gemma3-270m-released": GEMMA3_270M,
+                "gemma3-1b-released": GEMMA3_1B,
                 "monorl-to_hf-gemma3": ModelConfig.from_hf(GEMMA3_270M).replace(
                     sliding_window=64, rope_local_theta=500.0, query_pre_attn_scalar=128.0).to_hf()}
 
@@ -201,6 +214,13 @@ def test_full_config_matches_hf(name):
 def test_each_key_dropped_matches_hf(name, key):
     d = {k: v for k, v in FULL_CONFIGS[name].items() if k != key}
     assert_same_as_hf(d)
+
+
+@pytest.mark.parametrize("shape,released", [("gemma3-270m", GEMMA3_270M), ("gemma3-1b", GEMMA3_1B)])
+def test_gemma3_shapes_are_the_released_configs(shape, released):
+    """The named shapes (`gemma3_config.RELEASED`: the keys that differ from HF's defaults) are the released files,
+    as transformers reads them (test_full_config_matches_hf)."""
+    assert model_shape(shape) == ModelConfig.from_hf(released)
 
 
 def test_missing_head_dim_is_128_not_hidden_over_heads():

@@ -56,6 +56,8 @@ def test_teacher_kl_is_reported_and_nonzero_for_another_model(tmp_path: Path) ->
     teacher = save_tiny(tmp_path / "teacher", seed=1)
     row = run(tmp_path, **{"teacher.path": str(teacher)})[0]
     assert row["teacher/kl"] != 0.0
+    # the teacher forward's seconds (the distillation demo's cost per step): inside the trainer's share of the step
+    assert 0.0 < row["time/teacher_s"] <= row["time/train_s"]
 
 
 def _edit_vocab(path: Path, edit) -> Path:

@@ -15,6 +15,7 @@ from monorl.model.hf_checkpoint import save_checkpoint
 from monorl.model.tokenizer import CharTokenizer
 from monorl.tasks.dataset import DatasetTask
 from monorl.tasks.judge import judge, parse_score
+from monorl.tasks.reward_context import RewardFunctionError
 
 
 @pytest.mark.parametrize("text,score", [
@@ -53,3 +54,25 @@ def test_a_tiny_judge_grades_a_batch_on_the_engine_and_counts_failures(tmp_path:
     assert scores == [None, None, None]
     assert logged == {"judge/calls": [3.0], "judge/parse_failures": [float(failures)]}
     assert len(answers) == 3 and all(0 < len(a[0].token_ids) <= 6 for a in answers)
+
+
+def test_a_reference_template_shows_each_rows_answer_and_needs_an_answer_column(tmp_path: Path) -> None:
+    """Reference-guided judging: `{reference}` is each completion's `solution`, else `answer`, in the judge's
+    prompt; without either column the run stops in one line (a bug in the setup, not a failed completion)."""
+    model = build_model(model_shape("tiny"), "cpu", torch.float32, seed=3)
+    save_checkpoint(model, tmp_path / "judge", tokenizer=CharTokenizer())
+    j = judge(str(tmp_path / "judge"), template="Q: {question} ref {reference} A: {completion} Score:",
+              max_new_tokens=2)
+    assert j.references({"answer": [7, 9]}, 2) == [7, 9]
+    assert j.references({"solution": ["#### 7"], "answer": [3]}, 1) == ["#### 7"]
+    assert j.prompt("2+5=", "7", 7) == "Q: 2+5= ref 7 A: 7 Score:"
+    assert judge("unused").references({}, 2) == [None, None]  # the default template shows no reference
+    assert len(j(["1+1=", "2+5="], ["2", "7"], [[0], [0]], answer=[2, 7])) == 2  # graded on the engine
+    with pytest.raises(RewardFunctionError, match=r"^judge_template holds \{reference\}.*has \['row'\]$"):
+        j(["1+1="], ["2"], [[0]], row=[0])
+    data = tmp_path / "d.jsonl"
+    data.write_text('{"prompt": "1+1=", "answer": "2"}\n')
+    task = DatasetTask(data, reward="judge", judge_model=str(tmp_path / "judge"), judge_max_new_tokens=2,
+                       judge_template="Q: {question} ref {reference} A: {completion} Score:")
+    prompt = next(task.train_prompts())
+    assert task.score_batch([prompt], ["2"], [[0]])[0][1] is None  # the answer column reached the judge

@@ -7,7 +7,11 @@ The judge generates on a second engine instance, built by the one generator buil
 build_generator`) from a model loaded by the policy's loader (any checkpoint kind `model.path` takes; pass the
 policy's own path to judge with the policy as it was at step 0), with its own sampling settings (greedy and 16
 tokens by default). The step's completions are judged in one batch. Metrics, by TRL's `log_metric` (averaged over
-a step's calls): `judge/calls` (completions judged), `judge/parse_failures` (answers with no grade)."""
+a step's calls): `judge/calls` (completions judged), `judge/parse_failures` (answers with no grade).
+
+Reference-guided judging (MT-Bench's grading of math against a reference answer, Zheng et al. 2023): a template
+holding `{reference}` shows the judge each prompt's known answer, from the data's `solution` column, else its
+`answer` column (the columns the `accuracy` reward reads); a small judge can then compare instead of solve."""
 
 from __future__ import annotations
 
@@ -18,6 +22,7 @@ from typing import Any
 import torch
 
 from monorl.tasks.completions import completion_text
+from monorl.tasks.reward_context import RewardFunctionError
 
 DEFAULT_TEMPLATE = ("Grade the answer to the question by the rubric, from 0 to 10.\n"
                     "Question: {question}\nAnswer: {completion}\nRubric: {rubric}\nScore:")
@@ -81,9 +86,19 @@ class judge:  # noqa: N801 -- named as the component it gives (rewards/judge/*)
         self.generator = build_generator(model, sections, self.tokenizer, tensor_parallel_group(0, 1, 1),
                                          CompileConfig(), allocate_kv=True)
 
-    def prompt(self, question: Any, completion: Any) -> str:
+    def prompt(self, question: Any, completion: Any, reference: Any = None) -> str:
         return self.template.format(question=_prompt_text(question), completion=completion_text(completion),
-                                    rubric=self.rubric)
+                                    rubric=self.rubric, reference="" if reference is None else reference)
+
+    def references(self, columns: dict[str, Any], size: int) -> list[Any]:
+        """Each completion's reference answer for a `{reference}` template (None each without one)."""
+        if "{reference}" not in self.template:
+            return [None] * size
+        gold = columns.get("solution", columns.get("answer"))
+        if gold is None:
+            raise RewardFunctionError("judge_template holds {reference}, filled from a 'solution' or 'answer' "
+                                      f"column; the data has {sorted(columns) or 'no other columns'}")
+        return list(gold)
 
     def grade(self, answers: list[str]) -> tuple[list[float | None], int]:
         """The judge's answers -> (rewards, parse failures); the template's closing "Score:" is read before each."""
@@ -97,7 +112,8 @@ class judge:  # noqa: N801 -- named as the component it gives (rewards/judge/*)
 
         if self.generator is None:
             self._load()
-        ids = [self.tokenizer.encode(self.prompt(p, c)) for p, c in zip(prompts, completions, strict=True)]
+        refs = self.references(columns, len(completions))
+        ids = [self.tokenizer.encode(self.prompt(p, c, r)) for p, c, r in zip(prompts, completions, refs, strict=True)]
         sampling = SamplingParams(max_new_tokens=self.max_new_tokens, temperature=self.temperature)
         outs = self.generator.generate(ids, sampling, n=1)  # the whole batch on one engine
         scores, failures = self.grade([o[0].text or "" for o in outs])

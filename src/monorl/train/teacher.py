@@ -13,11 +13,15 @@ logits are the teacher's; distill at temperature 1 to match the teacher's own di
 so the policy loss pushes up tokens the teacher finds likelier than the student does, and down the others. Only
 trained tokens count (the loss mask: an episode's tool results and other inserted tokens are context only). The
 teacher's log-probs come from the trainer-side forward, packed as the trainer's micro-batches (`Trainer.
-frozen_logprobs`); the teacher is never sampled from."""
+frozen_logprobs`); the teacher is never sampled from. Its forward's wall seconds are each step's metric
+`time/teacher_s` (part of `time/train_s`)."""
 
 from __future__ import annotations
 
+import time
+from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from torch import Tensor
 
@@ -50,3 +54,12 @@ def distillation_terms(student_logprobs: Tensor, teacher_logprobs: Tensor, mask:
     a padded row's log-prob need not be finite."""
     kl = (student_logprobs.detach().float() - teacher_logprobs.float()).where(mask > 0, 0.0)
     return -kl_coef * kl, kl
+
+
+def fill_teacher_logprobs(trainer: Any, seqs: Sequence[Any], temperature: float) -> float:
+    """Set each of `seqs`' teacher_logprobs (this rank's share) from the trainer's teacher forward
+    (`Trainer.frozen_logprobs`); returns its wall seconds. The forward ends in host reads of its log-probs, so on
+    CUDA the time covers its GPU work."""
+    t = time.perf_counter()
+    trainer.frozen_logprobs(trainer.teacher, seqs, temperature, trainer._my_share(seqs), "teacher_logprobs")
+    return time.perf_counter() - t

@@ -56,7 +56,7 @@ from monorl.train.packing import (
     token_share,
 )
 from monorl.train.rollout_correction import MAX_METRIC, MIN_METRIC
-from monorl.train.teacher import TeacherSection, distillation_terms
+from monorl.train.teacher import TeacherSection, distillation_terms, fill_teacher_logprobs
 from monorl.train.trainer_config import TrainerConfig
 from monorl.train.warm_up import TrainerWarmUps
 
@@ -352,8 +352,7 @@ class Trainer(TrainerWarmUps):
         cfg = self.cfg
         if self.ref_model is not None and cfg.loss.kl_coef > 0:
             self.frozen_logprobs(self.ref_model, seqs, temperature, self._my_share(seqs))
-        if self.teacher is not None:
-            self.frozen_logprobs(self.teacher, seqs, temperature, self._my_share(seqs), "teacher_logprobs")
+        teacher_s = None if self.teacher is None else fill_teacher_logprobs(self, seqs, temperature)
         self.model.train()
         norm = LossNorm.for_step(cfg.loss, [s.trained_tokens for s in seqs], self.device)
         advantages = torch.tensor([s.advantage for s in seqs], dtype=torch.float32, device=self.device)
@@ -403,8 +402,8 @@ class Trainer(TrainerWarmUps):
             "train_tokens": int(train_tokens),
         }
         out.update({k: v for k, v in sums.items() if k != "loss"} if mbs else {})
-        if self.teacher is not None:  # the mean per-token reverse KL to the teacher over the step's trained tokens
-            out["teacher/kl"] = host[_TEACHER_SLOT] / d_count if d_count else 0.0
+        if teacher_s is not None:  # the mean per-token reverse KL to the teacher over the trained tokens; its forward
+            out |= {"teacher/kl": host[_TEACHER_SLOT] / d_count if d_count else 0.0, "time/teacher_s": teacher_s}
         if self.router_tap is not None:
             out["moe/aux_loss"] = host[_AUX_SLOT]  # the step's load-balancing loss (before its coefficient)
         return out | (self.graphs.log.since_last_read() if self.graphs is not None else {})

@@ -4,7 +4,8 @@ On CUDA both run `attention_triton`'s one kernel, so a token's output is the sam
 in a decode step. The CPU path uses an exact max and pairwise-tree sums padded with zeros, which do not
 change with the number of keys. Backward (`bi_varlen_attn_backward`) is flash attention's on CUDA, from the
 forward's output and log-sum-exp, and ordinary math in a padded layout elsewhere: only forward values have to
-match the generator.
+match the generator. The default mode's flash path runs the varlen op too for attention sinks (GPT-OSS), which
+torch's varlen_attn does not take.
 """
 
 from __future__ import annotations

@@ -34,7 +34,7 @@ def launch(q, kc, vc, lens, bt, out, stages: int | None, warps: int, block_n: in
     kw = {} if stages is None else {"num_stages": stages}
     at._attn_kernel[(R, kc.shape[-2])](
         q, kc, vc, out, lens, lens, bt, q.stride(0), q.stride(1), kc.stride(0), kc.stride(1), kc.stride(2),
-        bt.stride(0), out.stride(0), out.stride(1), D ** -0.5, 1, out, out, out, 0, PAGED=True, G=G, ROWS=rows,
+        bt.stride(0), out.stride(0), out.stride(1), D ** -0.5, 1, out, out, out, 0, 0, out, PAGED=True, G=G, ROWS=rows,
         TOKENS=1, D=D, BS=kc.shape[1], BLOCK_N=block_n, num_warps=warps, **kw)
 
 

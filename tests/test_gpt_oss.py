@@ -173,3 +173,19 @@ def test_sink_attention_of_packed_contexts(window):
         torch.testing.assert_close(out, refs, atol=1e-5, rtol=0)
         for a, b in zip(torch.autograd.grad((out * grad).sum(), (q, sinks)), ref_grads, strict=True):
             torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
+
+
+def test_sink_grad_from_the_forwards_lse():
+    """The CUDA backward's sink gradient (`sink_grad`: from the forward's output and log-sum-exp, which counts the
+    sinks) equals the textbook backward's, window and GQA included."""
+    from monorl.ops.attention.invariant import backward_padded, bi_varlen_attn, sink_grad
+
+    g = torch.Generator().manual_seed(1)
+    lengths, window = [7, 3, 10], 4
+    q, grad = (torch.randn(20, 4, 8, generator=g) for _ in range(2))
+    k, v = (torch.randn(20, 2, 8, generator=g) for _ in range(2))
+    sinks = 2 * torch.randn(4, generator=g)
+    ctx = VarlenContext.from_lengths(lengths, "cpu")
+    out, lse = bi_varlen_attn(q, k, v, ctx.cu_seqlens, ctx.pad_index, ctx.valid, window, sinks)
+    ref = backward_padded(grad, q, k, v, ctx.pad_index, ctx.valid, window, sinks)[3]
+    torch.testing.assert_close(sink_grad(grad, out, lse, sinks), ref, atol=1e-5, rtol=1e-5)

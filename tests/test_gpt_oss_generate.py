@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from monorl.generate.cache import SequenceState, slot_mapping
@@ -43,3 +44,13 @@ def test_cached_prefill_equals_prefill_bitwise():
     for layer in gen.model.model.layers:
         layer.self_attn.sinks.data.fill_(-1e9)
     assert not torch.allclose(runner.prefill([p], [slot_mapping(t3, 0, len(p), bs)]), whole, atol=1e-3)
+
+
+def test_tensor_parallel_generator_is_refused_in_one_line():
+    """Weight sync cuts no shard of the sinks (nor of GPT-OSS's interleaved experts): a TP degree is refused."""
+    from monorl.generate.tensor_parallel import check_tensor_parallel
+
+    check_tensor_parallel(GPT_OSS_TINY, 1)
+    with pytest.raises(ValueError, match="tensor_parallel_size=2: GPT-OSS is not sharded yet") as err:
+        check_tensor_parallel(GPT_OSS_TINY, 2)
+    assert "\n" not in str(err.value)

@@ -28,7 +28,7 @@ from torch import Tensor
 
 from monorl.compile import mark_dynamic
 from monorl.generate.cache import blocks_for, table_tensor
-from monorl.model.attention import VarlenContext, positions_of, refuse_sinks, sdpa_masked
+from monorl.model.attention import VarlenContext, positions_of, sdpa_masked
 from monorl.model.pack_layout import bucket_size, filler_lengths, next_pow2, static_max_seqlen
 from monorl.ops import HAS_TRITON, custom_op, sm_count
 from monorl.ops.attention import invariant as attention_invariant
@@ -67,8 +67,7 @@ def decode_attention(q: Tensor, k: Tensor, v: Tensor, cache: Tensor, slot_mappin
     if backend == "invariant":  # same kernel and key-block order as the varlen (prefill / trainer) path
         out = attention_invariant.paged_decode(q, cache[0], cache[1], block_tables, seq_lens, window, sinks)
     elif backend == "triton":
-        refuse_sinks(sinks, "triton decode")
-        out = paged_decode_triton(q, cache[0], cache[1], block_tables, seq_lens, window)
+        out = paged_decode_triton(q, cache[0], cache[1], block_tables, seq_lens, window, sinks)
     else:
         out = paged_decode_torch(q, cache[0], cache[1], block_tables, seq_lens, window, sinks)
     return out.contiguous()  # the layout the fake (compile-time) output promises
@@ -136,14 +135,13 @@ def cached_prefill_attention(q: Tensor, k: Tensor, v: Tensor, cache: Tensor, slo
     cached and new) from the cache into one packed pair, then one varlen attention whose sequences have more keys
     than queries, the queries being each sequence's last ones. bounds' sizes: the longest query and key runs.
     backend "paged": no gather, the Triton kernel reads each sequence's keys through its block table
-    (`cached_attention_triton`). window: a sliding-window layer's (`AttentionContext.attend`)."""
+    (`cached_attention_triton`), which "flash" runs too for sinks (GPT-OSS). window, sinks: see
+    `AttentionContext.attend`."""
     if not kv_written:
         write_kv(k, v, cache, slot_mapping)
-    if backend in ("paged", "flash"):
-        refuse_sinks(sinks, f"{backend} cached prefill")
-    if backend == "paged":
+    if backend == "paged" or (backend == "flash" and sinks is not None):  # flash attention takes no sinks
         return cached_attention_triton(q, cache[0], cache[1], cu_seqlens_q, cu_seqlens_k, block_tables,
-                                       bounds.shape[0], window).contiguous()
+                                       bounds.shape[0], window, sinks).contiguous()
     # keys and values gathered as whole rows of [slots, Hkv * D] (index_select along dim 0: the vectorised row
     # gather; along dim 1 of [2, slots, Hkv, D] it ran the elementwise gather kernel, 41% of a turn boundary's GPU
     # time on an H200)
@@ -333,14 +331,14 @@ def triton_decode_supported(device: torch.device, dtype: torch.dtype, head_dim: 
 
 
 def paged_decode_triton(q: Tensor, k_cache: Tensor, v_cache: Tensor, block_tables: Tensor,
-                        seq_lens: Tensor, window: int = 0) -> Tensor:
+                        seq_lens: Tensor, window: int = 0, sinks: Tensor | None = None) -> Tensor:
     """Paged flash-decode: the one Triton attention kernel of monorl (`monorl.ops.attention.kernel`), which the
     batch-invariant ops also run for varlen prefill/training. Programs per (sequence, kv head), keys in blocks of
     64 read through the block table; only seq_len keys are read. Few sequences split their keys over several
     programs (`decode_splits`: a function of the row count, so one CUDA graph per batch bucket keeps its
     launch)."""
     splits = paged_decode_splits(q.shape[0], k_cache.shape[-2], q.device)
-    return attention_triton(q, k_cache, v_cache, seq_lens, block_tables, splits, window=window)
+    return attention_triton(q, k_cache, v_cache, seq_lens, block_tables, splits, window=window, sinks=sinks)
 
 
 def paged_decode_splits(rows: int, kv_heads: int, device: torch.device) -> int:

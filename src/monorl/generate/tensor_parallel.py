@@ -128,6 +128,9 @@ def check_tensor_parallel(cfg: ModelConfig, size: int) -> None:
     if size > 1 and "linear_attention" in cfg.layer_types:
         raise ValueError(f"generator.tensor_parallel_size={size}: Gated DeltaNet (linear_attention) layers are not "
                          "sharded yet (their heads and state rows): use 1 for a Qwen3.5 model")
+    if size > 1 and cfg.model_type == "gpt_oss":
+        raise ValueError(f"generator.tensor_parallel_size={size}: GPT-OSS is not sharded yet (its attention sinks per "
+                         "head, its interleaved experts and their biases): use 1")
     sizes = [("num_heads", cfg.num_heads), ("num_kv_heads", cfg.num_kv_heads),
              ("intermediate_size", cfg.intermediate_size), ("vocab_size", cfg.vocab_size)]
     for what, n in sizes + ([("moe_intermediate_size", cfg.moe_intermediate_size)] if cfg.is_moe else []):

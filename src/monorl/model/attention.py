@@ -69,13 +69,6 @@ def resolve_backend(backend: str, device: torch.device, dtype: torch.dtype) -> s
     return backend
 
 
-def refuse_sinks(sinks: Tensor | None, path: str) -> None:
-    """A path without attention sinks raises (one line) rather than attend without them."""
-    if sinks is not None:
-        raise ValueError(f"attention sinks (GPT-OSS) are not implemented on the {path} path: GPT-OSS runs on "
-                         "CPU only so far (its sinks are in the sdpa and torch paths, not yet in the CUDA kernels)")
-
-
 def sdpa_masked(q: Tensor, k: Tensor, v: Tensor, mask: Tensor, sinks: Tensor | None = None) -> Tensor:
     """scaled_dot_product_attention of q [B, Hq, Lq, D] over k/v [B, Hkv, Lk, D] under a bool `mask` (True: seen),
     GQA by head groups. sinks [Hq]: each head's softmax also counts exp(sink) in its denominator (HF's GptOss
@@ -264,11 +257,13 @@ class VarlenContext:
         return self._attend(q, k, v, window, sinks)
 
     def _attend(self, q: Tensor, k: Tensor, v: Tensor, window: int = 0, sinks: Tensor | None = None) -> Tensor:
-        if self.backend == "invariant":  # the same kernel (and key-block order) as the invariant decode
+        # invariant: the same kernel (and key-block order) as the invariant decode. flash with sinks (GPT-OSS):
+        # varlen_attn takes none, so that op too: the Triton kernel's forward, sinks in its softmax state, and flash
+        # attention's backward from its log-sum-exp (exact with sinks: `bi_varlen_attn_backward`)
+        if self.backend == "invariant" or (self.backend == "flash" and sinks is not None):
             return attention_invariant.varlen_attention(q, k, v, self.cu_seqlens, self.pad_index, self.valid, window,
                                                         sinks)
         if self.backend == "flash":
-            refuse_sinks(sinks, "flash varlen")
             # max_seqlen as a tensor size, not the Python int: compiled code then never specialises on it
             return flash_varlen(q, k, v, self.cu_seqlens, self.valid.shape[1], window)
         return sdpa_varlen(q, k, v, self.pad_index, self.valid, window, sinks)

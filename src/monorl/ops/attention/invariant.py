@@ -4,7 +4,8 @@ On CUDA both run `attention_triton`'s one kernel, so a token's output is the sam
 in a decode step. The CPU path uses an exact max and pairwise-tree sums padded with zeros, which do not
 change with the number of keys. Backward (`bi_varlen_attn_backward`) is flash attention's on CUDA, from the
 forward's output and log-sum-exp, and ordinary math in a padded layout elsewhere: only forward values have to
-match the generator.
+match the generator. The default mode's flash path runs the varlen op too for attention sinks (GPT-OSS), which
+torch's varlen_attn does not take.
 """
 
 from __future__ import annotations
@@ -39,12 +40,6 @@ def _attn_cpu_rows(q: Tensor, k: Tensor, v: Tensor, valid: Tensor,
     return (o / l_[..., None]).to(q.dtype), m[:, 0] + torch.log(l_)
 
 
-def _no_triton_sinks(sinks: Tensor | None) -> None:
-    if sinks is not None:
-        raise ValueError("attention sinks (GPT-OSS) are not implemented in the batch-invariant Triton attention "
-                         "kernel: run batch-invariant GPT-OSS on CPU, or turn batch_invariant off")
-
-
 def _expand_kv(x: Tensor, g: int) -> Tensor:
     return x if g == 1 else x.repeat_interleave(g, dim=-2)
 
@@ -66,8 +61,7 @@ def bi_varlen_attn(q: Tensor, k: Tensor, v: Tensor, cu_seqlens: Tensor, pad_inde
     `_attn_cpu_rows` (lse then counts them)."""
     lse = torch.empty(q.shape[1], q.shape[0], dtype=torch.float32, device=q.device)
     if use_triton(q):
-        _no_triton_sinks(sinks)
-        return varlen_attention_triton(q, k, v, cu_seqlens, valid.shape[1], lse, window), lse
+        return varlen_attention_triton(q, k, v, cu_seqlens, valid.shape[1], lse, window, sinks), lse
     g = q.shape[1] // k.shape[1]
     out = torch.empty_like(q)
     cu = cu_seqlens.tolist()
@@ -99,11 +93,13 @@ def bi_varlen_attn_backward(grad: Tensor, q: Tensor, k: Tensor, v: Tensor, out: 
     """Gradients of causal varlen attention. Backward values need not be invariant (only forward log-probs must
     equal the generator's), so on CUDA in bf16/fp16 they are flash attention's, as in the default mode, from the
     forward's `out` and `lse`; elsewhere the textbook formulas. Device tensors only (no host sync), so it can be
-    graph-captured. The fourth gradient is the sinks' ([Hq] fp32; zeros without sinks)."""
+    graph-captured. The fourth gradient is the sinks' ([Hq] fp32; zeros without sinks). With sinks, flash's
+    gradients are still exact: it recomputes each probability as exp(score - lse) from an lse that counts the sink,
+    and its delta (grad . out) is the full softmax's, the sink's value being 0; the sinks' own is `sink_grad`."""
     if q.is_cuda and q.dtype in (torch.bfloat16, torch.float16):
-        _no_triton_sinks(sinks)
         dq, dk, dv = backward_flash(grad, q, k, v, out, lse, cu_seqlens, valid.shape[1], window)
-        return dq, dk, dv, q.new_zeros(q.shape[1], dtype=torch.float32)
+        ds = q.new_zeros(q.shape[1], dtype=torch.float32) if sinks is None else sink_grad(grad, out, lse, sinks)
+        return dq, dk, dv, ds
     return backward_padded(grad, q, k, v, pad_index, valid, window, sinks)
 
 
@@ -118,6 +114,15 @@ def backward_flash(grad: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, l
                                                           max_seqlen, 0.0, True, rng, q.new_empty(0),
                                                           **flash_window(window))
     return dq, dk, dv
+
+
+def sink_grad(grad: Tensor, out: Tensor, lse: Tensor, sinks: Tensor) -> Tensor:
+    """d sinks [Hq] fp32 from the forward's output [T, Hq, D] and log-sum-exp [Hq, T] (which counts the sinks): row
+    t's sink probability is exp(sink - lse_t), its gradient -p_sink * (grad_t . out_t), summed over the rows (the
+    formula of `backward_padded`, without recomputing the softmax). The sinks as the forward took them (in out's
+    dtype, `kernel._sink_args`)."""
+    delta = (grad.float() * out.float()).sum(-1)  # [T, Hq]
+    return -(torch.exp(sinks.to(out.dtype).float()[:, None] - lse) * delta.t()).sum(1)
 
 
 def backward_padded(grad: Tensor, q: Tensor, k: Tensor, v: Tensor, pad_index: Tensor, valid: Tensor, window: int = 0,
@@ -204,8 +209,8 @@ def bi_paged_decode(q: Tensor, k_cache: Tensor, v_cache: Tensor, block_tables: T
     """q [B, Hq, D] attends the first seq_lens[b] keys of its block table (caches [N, bs, Hkv, D]); with a window,
     only the last `window` of them; sinks: see `_attn_cpu_rows`."""
     if use_triton(q):
-        _no_triton_sinks(sinks)
-        return attention_triton(q, k_cache, v_cache, seq_lens.to(torch.int32), block_tables, window=window)
+        return attention_triton(q, k_cache, v_cache, seq_lens.to(torch.int32), block_tables, window=window,
+                                sinks=sinks)
     B, W = block_tables.shape
     bs, Hkv, D = k_cache.shape[1:]
     g = q.shape[1] // Hkv

@@ -34,10 +34,11 @@ if HAS_TRITON:
     @triton.jit
     def _attn_kernel(q_ptr, k_ptr, v_ptr, o_ptr, cu_ptr, lens_ptr, bt_ptr,
                      stride_qt, stride_qh, stride_kblk, stride_ktok, stride_kh, stride_btb,
-                     stride_ot, stride_oh, scale, tiles, part_ptr, ml_ptr, lse_ptr, stride_lse, window,
+                     stride_ot, stride_oh, scale, tiles, part_ptr, ml_ptr, lse_ptr, stride_lse, window, sink_ptr,
                      PAGED: tl.constexpr, G: tl.constexpr, ROWS: tl.constexpr, TOKENS: tl.constexpr,
                      D: tl.constexpr, BS: tl.constexpr, BLOCK_N: tl.constexpr, SPLITS: tl.constexpr = 1,
-                     STORE_LSE: tl.constexpr = False, PDL: tl.constexpr = False, CACHED: tl.constexpr = False):
+                     STORE_LSE: tl.constexpr = False, PDL: tl.constexpr = False, CACHED: tl.constexpr = False,
+                     SINKS: tl.constexpr = False):
         if PDL:  # wait for the kernel before (programmatic dependent launch)
             pdl_start()
         # Rows are (token i < TOKENS of the tile, query head hk * G + g). Paged: program = one sequence's new
@@ -52,6 +53,9 @@ if HAS_TRITON:
         # window > 0 (a sliding-window layer): a row at position p sees keys p - window + 1 .. p only, and the
         # program walks from the key block holding its first token's first key (blocks before it are never read,
         # so a window kind may hand them back); a row whose first blocks are all masked keeps its empty state.
+        # SINKS (GPT-OSS): sink_ptr [Hq] holds a logit per query head that its softmax's denominator counts, a key
+        # of that (scaled) score and value 0: the state starts at m = sink, l = exp(sink - m) = 1, acc = 0, before
+        # the first key block, in every layout alike (a split decode: in its first split only, counted once).
         pid = tl.program_id(0)
         hk = tl.program_id(1)
         rows = tl.arange(0, ROWS)
@@ -110,6 +114,10 @@ if HAS_TRITON:
                     mask=rmask[:, None], other=0.0)
         m_i = tl.full([ROWS], float("-inf"), dtype=tl.float32)
         l_i = tl.zeros([ROWS], dtype=tl.float32)
+        if SINKS:
+            first_split = tl.program_id(2) == 0  # (a grid without splits: always)
+            m_i = tl.where(first_split, tl.load(sink_ptr + hq).to(tl.float32), m_i)
+            l_i = tl.where(first_split, 1.0, l_i)
         acc = tl.zeros([ROWS, D], dtype=tl.float32)
         lo = lim - window  # each row's first visible key, with a window
         if PAGED:  # each key block's cache blocks are read from the table one block ahead: the key and value
@@ -191,13 +199,22 @@ def _tile(Hq: int, Hkv: int, chip: str) -> tuple[int, int, int]:
     return G, rows, rows // G
 
 
+def _sink_args(sinks: Tensor | None, out: Tensor) -> tuple[Tensor, dict]:
+    """The kernel's sink pointer (any tensor without sinks: never read) and its SINKS flag. The sinks are rounded to
+    the activations' dtype, as `sdpa_masked` rounds them: an autocast trainer's fp32 sinks and the generator's bf16
+    copy then attend alike."""
+    return (out, {}) if sinks is None else (sinks.to(out.dtype).contiguous(), {"SINKS": True})
+
+
 def attention_triton(q: Tensor, k_cache: Tensor, v_cache: Tensor, lens: Tensor, block_tables: Tensor,
-                     splits: int = 1, block_n: int | None = None, window: int = 0) -> Tensor:
+                     splits: int = 1, block_n: int | None = None, window: int = 0,
+                     sinks: Tensor | None = None) -> Tensor:
     """Paged decode: q [R, Hq, D] (one token per sequence) attends the first lens[r] keys of row r's block table (caches
     [N, BS, Hkv, D]), in key blocks of block_n (default `attention.block_n`). splits > 1 (a power of two): each row's
     keys are walked in that many parts by separate programs and merged after (`decode_splits`), which fills the GPU when
     rows are few; the sums then round differently, so the batch-invariant ops keep 1 (and the varlen path's block_n).
-    window > 0: only each row's last `window` keys (a sliding-window layer), the key blocks before them unread."""
+    window > 0: only each row's last `window` keys (a sliding-window layer), the key blocks before them unread.
+    sinks [Hq] (GPT-OSS): a logit per query head its softmax's denominator also counts (a key with no value)."""
     R, Hq, D = q.shape
     Hkv = k_cache.shape[-2]
     chip = chip_for(q)
@@ -210,13 +227,14 @@ def attention_triton(q: Tensor, k_cache: Tensor, v_cache: Tensor, lens: Tensor, 
     if splits > 1:
         part = torch.empty(R, splits, Hq, D, dtype=torch.float32, device=q.device)
         ml = torch.empty(2, R, splits, Hq, dtype=torch.float32, device=q.device)
+    sink, sink_flag = _sink_args(sinks, out)
     _attn_kernel[(R, Hkv, splits)](
         q, k_cache, v_cache, out, lens, lens, block_tables,
         q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), block_tables.stride(0),
-        out.stride(0), out.stride(1), D ** -0.5, 1, part, ml, out, 0, window,
+        out.stride(0), out.stride(1), D ** -0.5, 1, part, ml, out, 0, window, sink,
         PAGED=True, G=G, ROWS=rows, TOKENS=1, D=D, BS=k_cache.shape[1],
         BLOCK_N=block_n or tuned("attention.block_n", chip), SPLITS=splits, num_warps=tuned("attention.warps", chip),
-        **pdl_launch(q))
+        **sink_flag, **pdl_launch(q))
     if splits > 1:
         _attn_combine_kernel[(R, Hq)](part, ml, out, out.stride(0), out.stride(1), R, Hq, SPLITS=splits, D=D,
                                       num_warps=tuned("attention.combine_warps", chip), **pdl_launch(q))
@@ -224,14 +242,14 @@ def attention_triton(q: Tensor, k_cache: Tensor, v_cache: Tensor, lens: Tensor, 
 
 
 def cached_attention_triton(q: Tensor, k_cache: Tensor, v_cache: Tensor, cu_seqlens_q: Tensor, cu_seqlens_k: Tensor,
-                            block_tables: Tensor, max_q: int, window: int = 0) -> Tensor:
+                            block_tables: Tensor, max_q: int, window: int = 0, sinks: Tensor | None = None) -> Tensor:
     """New tokens over their sequences' cached keys (an episode's next turn), read through the block tables: q [T, Hq,
     D] packed by cu_seqlens_q; sequence s's keys are positions 0..len_k - 1 of block_tables[s] (caches [N, BS, Hkv, D],
     the new tokens' k/v written already), its len_q queries the last of them, each seeing keys up to its own position.
     No key is gathered or copied: a program holds `attention.cached_rows` query rows (the G heads of consecutive new
     tokens of one sequence) and walks that sequence's keys once. Not batch-invariant (the invariant mode runs the
     paged-decode rows: `CachedPrefillContext.decode_rows`). max_q: at least the longest len_q (the grid's tiles).
-    window: as `attention_triton`'s."""
+    window, sinks: as `attention_triton`'s."""
     T, Hq, D = q.shape
     Hkv = k_cache.shape[-2]
     chip = chip_for(q)
@@ -243,21 +261,24 @@ def cached_attention_triton(q: Tensor, k_cache: Tensor, v_cache: Tensor, cu_seql
     if T == 0:
         return out
     tiles = triton.cdiv(max_q, tokens)
+    sink, sink_flag = _sink_args(sinks, out)
     _attn_kernel[((cu_seqlens_q.shape[0] - 1) * tiles, Hkv)](
         q, k_cache, v_cache, out, cu_seqlens_q, cu_seqlens_k, block_tables,
         q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), block_tables.stride(0),
-        out.stride(0), out.stride(1), D ** -0.5, tiles, out, out, out, 0, window,
+        out.stride(0), out.stride(1), D ** -0.5, tiles, out, out, out, 0, window, sink,
         PAGED=True, CACHED=True, G=G, ROWS=rows, TOKENS=tokens, D=D, BS=k_cache.shape[1],
-        BLOCK_N=tuned("attention.block_n", chip), num_warps=tuned("attention.cached_warps", chip), **pdl_launch(q))
+        BLOCK_N=tuned("attention.block_n", chip), num_warps=tuned("attention.cached_warps", chip), **sink_flag,
+        **pdl_launch(q))
     return out
 
 
 def varlen_attention_triton(q: Tensor, k: Tensor, v: Tensor, cu_seqlens: Tensor, max_seqlen: int,
-                            lse: Tensor | None = None, window: int = 0) -> Tensor:
+                            lse: Tensor | None = None, window: int = 0, sinks: Tensor | None = None) -> Tensor:
     """Causal attention of packed sequences: q [T, Hq, D], k/v [T, Hkv, D]; sequence s is tokens
     cu_seqlens[s] .. cu_seqlens[s+1] - 1 (int32, on the device: no host read), none longer than max_seqlen.
     lse (fp32 [Hq, T], optional): filled with each row's log-sum-exp of its scaled scores, flash attention's
-    layout; the outputs are the same with or without it. window: as `attention_triton`'s."""
+    layout (with sinks, counting them); the outputs are the same with or without it. window, sinks: as
+    `attention_triton`'s."""
     T, Hq, D = q.shape
     Hkv = k.shape[1]
     chip = chip_for(q)
@@ -269,10 +290,11 @@ def varlen_attention_triton(q: Tensor, k: Tensor, v: Tensor, cu_seqlens: Tensor,
     if lse is not None and (lse.shape != (Hq, T) or lse.dtype != torch.float32 or lse.stride(1) != 1):
         raise ValueError(f"lse must be a row-major fp32 [{Hq}, {T}] tensor, got {lse.dtype} {tuple(lse.shape)}")
     tiles = triton.cdiv(max_seqlen, tokens)
+    sink, sink_flag = _sink_args(sinks, out)
     _attn_kernel[((cu_seqlens.shape[0] - 1) * tiles, Hkv)](
         q, k, v, out, cu_seqlens, cu_seqlens, cu_seqlens,
         q.stride(0), q.stride(1), 0, k.stride(0), k.stride(1), 0, out.stride(0), out.stride(1), D ** -0.5, tiles,
-        out, out, out if lse is None else lse, 0 if lse is None else lse.stride(0), window,
+        out, out, out if lse is None else lse, 0 if lse is None else lse.stride(0), window, sink,
         PAGED=False, G=G, ROWS=rows, TOKENS=tokens, D=D, BS=1, BLOCK_N=tuned("attention.block_n", chip),
-        STORE_LSE=lse is not None, num_warps=tuned("attention.warps", chip), **pdl_launch(q))
+        STORE_LSE=lse is not None, num_warps=tuned("attention.warps", chip), **sink_flag, **pdl_launch(q))
     return out

@@ -218,7 +218,7 @@ def test_each_key_dropped_matches_hf(name, key):
 
 @pytest.mark.parametrize("shape,released", [("gemma3-270m", GEMMA3_270M), ("gemma3-1b", GEMMA3_1B)])
 def test_gemma3_shapes_are_the_released_configs(shape, released):
-    """The named shapes (`gemma3_config.RELEASED`: the keys that differ from HF's defaults) are the released files,
+    """The named shapes (`gemma3_released.RELEASED`: the keys that differ from HF's defaults) are the released files,
     as transformers reads them (test_full_config_matches_hf)."""
     assert model_shape(shape) == ModelConfig.from_hf(released)
 

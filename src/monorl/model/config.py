@@ -7,7 +7,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from monorl.model import gemma3_config
+from monorl.model import gemma3_released
 from monorl.model.families import FAMILIES, QWEN3, Family, family, family_of_hf
 from monorl.model.qwen3_5_hf import check_linear_attention, text_config
 from monorl.model.qwen3_vl_hf import QWEN3_VL_2B, join_config, split_config
@@ -393,9 +393,9 @@ MODEL_SHAPES: dict[str, ModelConfig] = {
                                 num_kv_heads=3, head_dim=64, rope_theta=100000.0, rms_norm_eps=1e-5,
                                 max_position_embeddings=8192, tie_word_embeddings=True, bos_token_id=1,
                                 eos_token_id=2).with_family("llama"),
-    # Gemma-3-270M and Gemma-3-1B, google's released config.json files (`gemma3_config.RELEASED`): sliding windows
+    # Gemma-3-270M and Gemma-3-1B, google's released config.json files (`gemma3_released.RELEASED`): sliding windows
     # of 512 on 5 layers of every 6 (#57)
-    **{name: ModelConfig.from_hf(hf) for name, hf in gemma3_config.RELEASED.items()},
+    **{name: ModelConfig.from_hf(hf) for name, hf in gemma3_released.RELEASED.items()},
     # openai/gpt-oss-20b's released config.json (its experts stored as MXFP4 there: a bf16 copy loads)
     "gpt-oss-20b": ModelConfig.from_hf({"model_type": "gpt_oss", "num_hidden_layers": 24, "num_local_experts": 32,
                                         "eos_token_id": 200002, "router_aux_loss_coef": 0.9}),

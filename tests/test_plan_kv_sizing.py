@@ -125,3 +125,15 @@ def test_a_trainer_rank_that_does_not_fit_is_planned_without_kv_sizing() -> None
     plan = plan_memory(cfg, QWEN3_8B, 160, H100, activation_checkpointing=False, ranks=1, role="trainer")
     assert not plan.fits and all(r.name != "KV cache" for r in plan.rows)
     assert auto_checkpointing(cfg, QWEN3_8B, 160, H100, ranks=1, role="trainer")
+
+
+def test_a_window_model_whose_default_cache_does_not_fit_is_planned(capsys) -> None:
+    """A model with recycled sliding-window layers sizes its rows (each sequence's rings) with the generator's block
+    size when the cache is fitted to the room left: `monorl plan` of GPT-OSS-20B with LoRA on one H100 (its rows
+    were once divided by a block size of 0). It does not fit there (exit 1), and the plan says so."""
+    from monorl.cli import main
+
+    rc = main(["plan", "--preset", "qwen3_0_6b_sum_digits", "--model.shape", "gpt-oss-20b", "--model.path", "",
+               "--lora.rank", "16", "--device", "cuda", "--gpu_memory_gb", "79.2"])
+    out = capsys.readouterr().out
+    assert rc == 1 and "one step's rollouts, the least a run takes" in out and "does not fit" in out

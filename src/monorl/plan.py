@@ -242,7 +242,7 @@ def _kv_to_room_(plan: MemoryPlan, cfg: RunConfig, m: ModelConfig, max_prompt_to
     seqs, length, least = step_kv_need(cfg, m, max_prompt_tokens, ranks, dtype)
     room = plan.device_bytes - plan.reserve_bytes - (plan.peak_bytes - row.bytes)
     per_block = bytes_per_block(m, cfg.generator.block_size, dtype)
-    rows = sequence_rows(cfg.generator.max_num_seqs) * bytes_per_sequence(m, dtype)  # whatever the blocks
+    rows = sequence_rows(cfg.generator.max_num_seqs) * bytes_per_sequence(m, dtype, block_size=cfg.generator.block_size)
     size = min(row.bytes, max(least, rows + max(0, room - rows) // per_block * per_block))
     if size >= row.bytes:
         return

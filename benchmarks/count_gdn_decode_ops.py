@@ -16,9 +16,8 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from monorl.generate import Generator, GeneratorConfig, SamplingParams
-from monorl.model import build_model, model_shape
+from monorl.model import build_model, model_shape, qwen3_5
 from monorl.model.config import ModelConfig
-from monorl.model import qwen3_5
 from monorl.model.qwen3_5 import GatedDeltaNet
 
 TINY = ModelConfig(vocab_size=128, hidden_size=64, intermediate_size=128, num_layers=4, num_heads=4, num_kv_heads=2,

@@ -5,6 +5,7 @@ run) `time.perf_counter`, and no memory check or peak."""
 
 from __future__ import annotations
 
+import gc
 import statistics
 import time
 from collections.abc import Callable
@@ -75,4 +76,13 @@ def decode_case(model, rows: int, context: int, chunk: int, chunks: int,
     if inspect is not None:
         out |= inspect(engine)
     del engine, gen
+    free_cuda()
     return out
+
+
+def free_cuda() -> None:
+    """Give back what the last case held (its cache, CUDA graphs and their pools: the engine and generator refer to
+    each other, so only a collection frees them) before the next case measures the free memory."""
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()

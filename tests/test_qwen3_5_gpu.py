@@ -1,7 +1,8 @@
 """Qwen3.5's Gated DeltaNet on CUDA: fla's chunked and fused-recurrent kernels against monorl's plain-PyTorch
-references (bf16 inputs, a pack of several sequences with initial states), and the hybrid tiny model's generator
-(bf16, decode from CUDA graphs as the generator's defaults run, fla in prefill and decode) against the trainer's
-full forward over its own tokens. Needs `fla-core` (the linear-attention extra)."""
+references (bf16 inputs, a pack of several sequences with initial states), training gradients through the rule
+`rule_path` picks, monorl's decode kernels (`gated_delta_decode`), and the hybrid tiny model's generator (bf16,
+decode from CUDA graphs as the generator's defaults run: fla in prefill, the in-place kernels in decode) against the
+trainer's full forward over its own tokens. Needs `fla-core` (the linear-attention extra)."""
 
 from __future__ import annotations
 
@@ -78,3 +79,51 @@ def test_hybrid_generator_equals_the_trainer_forward_on_cuda():
             ref = full_forward_logprobs(model, p, c.token_ids, 1.0)
             torch.testing.assert_close(torch.tensor(c.logprobs), ref, atol=0.1, rtol=0)
         assert comps[0].token_ids != comps[1].token_ids  # each sample continued its own copy of the state
+
+
+def test_rule_gradients_equal_the_reference_where_rule_path_picks_fla_or_not():
+    """A training pack's gradients through `gated_delta_rule` (fla's backward where `rule_path` allows it; on Hopper
+    with Triton 3.4.0 .. 3.7.0 the reference: no RuntimeError from fla #640's guard) equal the reference's."""
+    q, k, v, g, beta, cu, _ = _pack([1, 70, 130, 64, 5], 16, 16, 128, 128, seed=2)
+    w = torch.randn(q.shape[0], 16, 128, device="cuda")
+    grads = []
+    for reference in (False, True):
+        leaves = [t.detach().clone().requires_grad_() for t in (q, k, v, g, beta)]
+        o, _ = gated_delta_rule(*leaves, cu, None, one_token_each=False, reference=reference)
+        (o.float() * w).sum().backward()
+        grads.append([t.grad.float() for t in leaves])
+    for got, want in zip(*grads, strict=True):
+        torch.testing.assert_close(got, want, atol=5e-2, rtol=5e-2)
+
+
+def test_decode_kernels_equal_the_gathered_reference_in_bf16():
+    """`monorl.ops.gated_delta_decode` at the 2B-like shape (16 heads of 128, conv width 4), bf16 inputs and conv
+    state, fp32 rule state, rows out of order: the conv output equals causal_conv's (its roundings kept), the
+    rule's output and states the reference step's."""
+    from monorl.ops.gated_delta import causal_conv
+    from monorl.ops.gated_delta_decode import conv_step, rule_step
+
+    hk = hv = 16
+    dk = dv = 128
+    C, K, R = 2 * hk * dk + hv * dv, 4, 40
+    gen = torch.Generator(device="cuda").manual_seed(3)
+    rows = torch.randperm(R - 1, generator=gen, device="cuda")[:32] + 1
+    N = rows.shape[0]
+    x = torch.randn(N, C, generator=gen, device="cuda").bfloat16()
+    a, b = (torch.randn(N, hv, generator=gen, device="cuda").bfloat16() for _ in range(2))
+    weight = (0.5 * torch.randn(C, K, generator=gen, device="cuda")).bfloat16()
+    a_log, dt_bias = (torch.randn(hv, generator=gen, device="cuda").bfloat16() for _ in range(2))
+    conv = torch.randn(R, K - 1, C, generator=gen, device="cuda").bfloat16()
+    ssm = torch.randn(R, hv, dk, dv, generator=gen, device="cuda")
+    cu = torch.arange(N + 1, dtype=torch.int32, device="cuda")
+    mixed_ref, conv_final = causal_conv(x, weight, cu, conv[rows])
+    q, kk, v = mixed_ref.split([hk * dk, hk * dk, hv * dv], dim=-1)
+    g = -a_log.float().exp() * torch.nn.functional.softplus(a.float() + dt_bias)
+    o_ref, ssm_final = recurrent_gated_delta_rule(q.view(N, hk, dk), kk.view(N, hk, dk), v.view(N, hv, dv), g,
+                                                  b.sigmoid(), cu, ssm[rows])
+    mixed = conv_step(x, weight, conv, rows)
+    o = rule_step(mixed, a, b, a_log, dt_bias, ssm, rows, hk, dk)
+    torch.testing.assert_close(mixed, mixed_ref)  # the same roundings: bf16's tolerance for an fp32 exp's last bit
+    assert torch.equal(conv[rows], conv_final)
+    torch.testing.assert_close(o.float(), o_ref.to(o.dtype).float(), atol=ATOL, rtol=ATOL)
+    torch.testing.assert_close(ssm[rows], ssm_final, atol=1e-4, rtol=1e-4)

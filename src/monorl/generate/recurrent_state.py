@@ -178,6 +178,17 @@ class RecurrentLayer:
         for t, x in zip(self.kind.kept, kept, strict=True):
             t[self.index, rows] = x.to(t.dtype)
 
+    def states(self) -> tuple[Tensor, Tensor]:
+        """This layer's conv [R, K - 1, conv_dim] and delta-rule [R, Hv, Dk, Dv] states: views, which a decode step
+        on CUDA updates in place (`monorl.ops.gated_delta_decode`)."""
+        return self.kind.conv[self.index], self.kind.ssm[self.index]
+
+    def stepped(self, rows: Tensor, ends: Tensor) -> None:
+        """`rows`' states were advanced in place to cover `ends` positions: counted once a step (by the first
+        layer; every layer covers the same)."""
+        if self.index == 0:
+            self.kind.covered[rows] = ends
+
     def write(self, rows: Tensor, conv: Tensor, ssm: Tensor, ends: Tensor) -> None:
         k = self.kind
         k.conv[self.index, rows] = conv.to(k.conv.dtype)

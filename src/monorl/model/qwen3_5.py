@@ -26,6 +26,7 @@ from monorl.model.config import ModelConfig
 from monorl.model.layers import Linear, OffsetRMSNorm
 from monorl.ops import gated_delta_invariant, rmsnorm_invariant
 from monorl.ops.gated_delta import causal_conv, gated_delta_rule
+from monorl.ops.gated_delta_decode import conv_step, in_place_decode, rule_step
 from monorl.ops.gated_delta_invariant import invariant_decode, invariant_rule, pointwise
 from monorl.ops.rope import apply_rope
 
@@ -109,6 +110,18 @@ class GatedDeltaNet(nn.Module):
         mixed, b, a = self.in_proj_qkv(x), self.in_proj_b(x), self.in_proj_a(x)
         z = self.in_proj_z(x).view(T, self.hv, self.dv)
         run = layout_of(ctx, cache)
+        if run.one_token_each and run.from_state and not run.reference and in_place_decode(x):
+            conv, ssm = cache.states()  # a decode step on CUDA: each row's states advanced where they are
+            mixed = conv_step(mixed, self.conv1d.weight[:, 0], conv, run.rows)
+            o = rule_step(mixed, a, b, self.A_log, self.dt_bias, ssm, run.rows, self.hk, self.dk)
+            cache.stepped(run.rows, run.ends)
+        else:
+            o = self._mix(x, mixed, a, b, run, cache)
+        o = self.norm(o.to(x.dtype).reshape(-1, self.dv), z.reshape(-1, self.dv))
+        return self.out_proj(o.view(T, self.value_dim))
+
+    def _mix(self, x: Tensor, mixed: Tensor, a: Tensor, b: Tensor, run: _Layout, cache: Any) -> Tensor:
+        """The conv and the rule over packed sequences (trainer, prefill, cached prefill, decode off CUDA) -> o."""
         shared = run.shared
         if shared is not None:  # each sequence whole (a shared prompt copied into every one), as attention sees it
             mixed, b, a = (shared.expand(t[:, None])[:, 0] for t in (mixed, b, a))
@@ -129,8 +142,7 @@ class GatedDeltaNet(nn.Module):
             cache.write(run.rows, conv_final, state_final, run.ends)
         if shared is not None:
             o = shared.contract(o)
-        o = self.norm(o.to(x.dtype).reshape(-1, self.dv), z.reshape(-1, self.dv))
-        return self.out_proj(o.view(T, self.value_dim))
+        return o
 
 
 def _invariant_rule(run: _Layout, cache: Any, q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor,
@@ -171,6 +183,14 @@ def layout_of(ctx: Any, cache: Any) -> _Layout:
     reference = backend == "invariant"
     if cache is None or getattr(ctx, "slot_mapping", None) is None:  # the trainer's pack: no state kept
         return _Layout(ctx.cu_seqlens, shared=getattr(ctx, "shared", None), reference=reference)
+    # the runner builds a context per forward and every layer's rows are the same: computed by the first layer
+    memo = vars(ctx).get("_recurrent_layout")
+    if memo is None:
+        memo = vars(ctx)["_recurrent_layout"] = _cached_layout(ctx, cache, reference)
+    return memo
+
+
+def _cached_layout(ctx: Any, cache: Any, reference: bool) -> _Layout:
     if hasattr(ctx, "varlen"):  # a prefill from position 0
         cu = ctx.varlen.cu_seqlens
         rows, ends = cache.rows(ctx.slot_mapping, cu), (cu[1:] - cu[:-1]).long()

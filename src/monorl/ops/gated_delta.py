@@ -6,9 +6,20 @@ Plain PyTorch references, monorl's own (CPU, the CI's path, and every device whe
 from each sequence's start, autograd through it) and `recurrent_gated_delta_rule` (one token at a time: decode).
 Both take the state of each sequence (`initial_state`, zeros where None) and return each one's final state, so a
 pack of sequences is computed as each alone. `fla` (the `linear-attention` extra, `fla-core`: the kernels transformers
-and vLLM call) serves on CUDA once `FLA_ENABLED` is on: on one H100 (2026-12-06, fla-core 0.6.0,
-tests/test_qwen3_5_gpu.py) its chunked kernel matched the reference on packs with initial states, but the hybrid
-generator's log-probs came out NaN with it, so until that test passes the references run on CUDA too.
+and vLLM call) serves on CUDA once `FLA_ENABLED` is on; `rule_path` (below) is where monorl decides, per call, which
+rule runs, and logs each choice once:
+
+- fla's forward wherever it is enabled and installed (no grad: prefill, old/reference log-probs);
+- with a gradient on Hopper under Triton 3.4.0 .. 3.7.0 (torch 2.11's Triton is 3.6), fla's backward raises (its
+  gated `chunk_bwd_dqkwg` computes wrongly there, fla #640) unless fla's tilelang backend is usable: then the
+  reference runs the training forward and backward. tilelang is no cure here: a 50 MB wheel that pulls z3-solver,
+  apache-tvm-ffi and needs nvcc at run time to JIT its kernels (2026-12-06). fla's forward with the reference's
+  backward would cost the reference's forward again in backward, more than the reference alone.
+
+On one H100 (2026-12-06, fla-core 0.6.0, tests/test_qwen3_5_gpu.py) fla's chunked kernel matched the reference on
+packs with initial states, but the hybrid generator's log-probs came out NaN with it (a positional beta landed in
+fused_recurrent's gk, fixed since), so until that test passes `FLA_ENABLED` stays off. A generator's decode step
+on CUDA runs neither: `monorl.ops.gated_delta_decode` updates each row's states in place.
 
 Shapes: q, k [T, Hk, Dk]; v [T, Hv, Dv] (Hv a multiple of Hk: each key head serves Hv / Hk consecutive value
 heads); g (log decay, <= 0) and beta [T, Hv]; states [N, Hv, Dk, Dv] in fp32; cu_seqlens [N + 1]. q and k are
@@ -18,6 +29,8 @@ L2-normalised here (transformers' `use_qk_l2norm_in_kernel=True`) and q scaled b
 from __future__ import annotations
 
 import functools
+import logging
+import re
 from collections.abc import Callable
 from typing import Any
 
@@ -27,6 +40,8 @@ from torch import Tensor
 
 CHUNK = 64  # the chunked form's chunk (transformers' and fla's)
 FLA_ENABLED = False  # fla's kernels on CUDA (the module docstring says why they are off)
+FLA_BAD_TRITON = ((3, 4, 0), (3, 7, 1))  # [from, to): Hopper + these Triton versions miscompute fla's gated backward
+log = logging.getLogger(__name__)
 
 
 def l2norm(x: Tensor, eps: float = 1e-6) -> Tensor:
@@ -138,12 +153,62 @@ def _fla() -> Any:
     return chunk, recurrent
 
 
+def version_tuple(version: str) -> tuple[int, ...]:
+    """'3.7.1+gitabc' -> (3, 7, 1): the leading numbers of a version string."""
+    return tuple(int(x) for x in re.findall(r"\d+", version.split("+")[0])[:3])
+
+
+def rule_path(cuda_capability: tuple[int, int] | None, needs_grad: bool, enabled: bool, fla_installed: bool,
+              triton_version: str, fla_tilelang_usable: bool) -> tuple[str, str]:
+    """Which rule runs -> ("fla" | "reference", why). cuda_capability: the device's (None off CUDA)."""
+    if cuda_capability is None:
+        return "reference", "not on CUDA"
+    if not enabled:
+        return "reference", "fla off (monorl.ops.gated_delta.FLA_ENABLED)"
+    if not fla_installed:
+        return "reference", "fla-core not installed (the linear-attention extra)"
+    lo, hi = FLA_BAD_TRITON
+    if needs_grad and cuda_capability[0] == 9 and lo <= version_tuple(triton_version) < hi and not fla_tilelang_usable:
+        return "reference", (f"with a gradient: fla's gated backward is wrong on Hopper with Triton {triton_version} "
+                             "(fla #640; Triton >= 3.7.1 or fla's tilelang backend fixes it)")
+    return "fla", "fla-core's kernels"
+
+
+@functools.cache
+def _fla_tilelang_usable() -> bool:
+    """Whether fla routes its gated chunk backward to tilelang (installed, nvcc found, not switched off)."""
+    try:
+        from fla.ops.common.backends.tilelang import CommonTileLangBackend
+    except ImportError:
+        return False
+    return bool(CommonTileLangBackend.can_use())
+
+
+@functools.cache
+def _log_path(path: str, why: str) -> None:
+    log.info("gated delta rule: %s (%s)", path, why)
+
+
+def _choose(q: Tensor, tensors: tuple[Tensor | None, ...], reference: bool) -> Any:
+    """fla's ops for this call, or None for the references (`rule_path`, logged once per choice)."""
+    if reference or not q.is_cuda:
+        return None
+    import triton  # on CUDA, torch brings it
+
+    needs_grad = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
+    fla = _fla() if FLA_ENABLED else None
+    path, why = rule_path(torch.cuda.get_device_capability(q.device), needs_grad, FLA_ENABLED, fla is not None,
+                          triton.__version__, fla is not None and _fla_tilelang_usable())
+    _log_path(path, why)
+    return fla if path == "fla" else None
+
+
 def gated_delta_rule(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, cu_seqlens: Tensor,
                      initial_state: Tensor | None, one_token_each: bool,
                      reference: bool = False) -> tuple[Tensor, Tensor]:
-    """The rule over packed sequences: fla's kernels on CUDA when installed (unless `reference`), else the
-    references; one_token_each (decode): the recurrent step, else the chunked form."""
-    fla = None if reference or not q.is_cuda or not FLA_ENABLED else _fla()
+    """The rule over packed sequences: fla's kernels or the references, as `rule_path` decides (`reference`: the
+    references); one_token_each (decode): the recurrent step, else the chunked form."""
+    fla = _choose(q, (q, k, v, g, beta, initial_state), reference)
     if fla is None:
         if one_token_each:
             return recurrent_gated_delta_rule(q, k, v, g, beta, cu_seqlens, initial_state)

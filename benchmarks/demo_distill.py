@@ -42,6 +42,7 @@ import datetime
 import json
 import os
 import re
+import shlex
 import statistics
 import subprocess
 import sys
@@ -87,7 +88,7 @@ def _env() -> dict[str, str]:
 
 def _cli(args: list[str], what: str) -> float:
     cmd = [sys.executable, "-m", "monorl.cli", *args]
-    print(f"\n[{what}]", " ".join(cmd), flush=True)
+    print(f"\n[{what}]", shlex.join(cmd), flush=True)  # copy-pastable: the judge template is quoted
     t0 = time.perf_counter()
     proc = subprocess.run(cmd, env=_env(), cwd=ROOT)
     if proc.returncode != 0:

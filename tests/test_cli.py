@@ -10,7 +10,7 @@ import typing
 import pytest
 
 from monorl.cli import VERBS, main
-from monorl.cliargs import CONFIG_KEYS, SKIPPED_KEYS, config_file_text
+from monorl.cliargs import CONFIG_KEYS, SKIPPED_KEYS, config_file_text, run_config
 from monorl.config import RunConfig
 from monorl.config_docs import field_docs, key_doc
 from monorl.presets import PRESETS, preset
@@ -134,6 +134,19 @@ def test_task_name_switch_drops_preset_task_args(capsys):
     assert got["task"] == {"name": "gsm8k", "args": {"train_path": "x.jsonl"}}
     got = _config(capsys, "--task.args.max_digits", "3")
     assert got["task"]["args"] == {**preset("tiny").task.args, "max_digits": 3}
+
+
+def test_a_quoted_task_arg_is_its_yaml_string():
+    """A task arg's value is YAML: in quotes it is that string, escapes read ("\\n" a line break), where the parser
+    kept the quotes and the backslashes (demo_distill's judge template, JSON-quoted, graded nothing) and read
+    unquoted 'Score: {x}' as a mapping. Unquoted text and the other types read as before."""
+    template = "Question: {question}\n\nStudent: {completion}\nScore:"
+    args = run_config("tiny", ["--task.name", "dataset", "--task.args.path", "x.jsonl",
+                               "--task.args.judge_template", json.dumps(template), "--task.args.tail='Score: {x}'",
+                               "--task.args.n", '"6"', "--task.args.m", "6", "--task.args.plain", "a\\nb",
+                               "--task.args.inner", '"a" and "b"']).task.args
+    assert args == {"path": "x.jsonl", "judge_template": template, "tail": "Score: {x}", "n": "6", "m": 6,
+                    "plain": "a\\nb", "inner": '"a" and "b"'}
 
 
 def test_presets_have_descriptions(capsys):

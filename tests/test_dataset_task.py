@@ -508,3 +508,28 @@ def test_logged_metrics_and_columns_through_the_rollouts_of_every_rank(tmp_path)
     assert ctx.metrics == {"my_metric": [4.0, 100.0]} and ctx.metric_means() == {"my_metric": 52.0}
     assert [r.extra for g in groups for r in g] == [{"why": f"len {len(r.text)}"} for g in groups for r in g]
     assert all(r.rewards["shaped_by_progress"] == 1 / 4 + 3 / 12 for g in groups for r in g)
+
+
+def grades_nothing(completions, log_metric, **kwargs):
+    """A judge whose every answer failed to parse: None for each completion, its failures logged."""
+    log_metric("mine/parse_failures", float(len(completions)))
+    return [None] * len(completions)
+
+
+def test_a_batch_no_reward_applied_to_is_warned_about_with_what_the_rewards_logged(tmp_path, caplog):
+    """Every component None (a judge that graded nothing): every advantage is 0 and the batch trains on nothing;
+    the run says so in one line naming what the rewards logged, rather than training on nothing silently."""
+    from monorl.generate import SamplingParams
+    from monorl.rl.rollouts.rollout import generate_rollouts
+
+    tok = CharTokenizer()
+    task = _task(tmp_path, reward=[grades_nothing])
+    prompts = list(islice(task.train_prompts(0), 2))
+    with caplog.at_level("WARNING", logger="monorl"):
+        groups = generate_rollouts(_tiny_generator(tok), tok, task, prompts, SamplingParams(max_new_tokens=4, seed=1),
+                                   2, 128, context=RewardContext())
+    assert not any(r.scorable for g in groups for r in g) and all(r.reward == 0.0 for g in groups for r in g)
+    lines = [r.getMessage() for r in caplog.records if "no reward component applied" in r.getMessage()]
+    assert lines == [f"task {task.name!r}: no reward component applied to any of the 4 completions (each returned "
+                     "None; the rewards logged mine/parse_failures 4): every advantage is 0, nothing of this batch "
+                     "trains"]

@@ -132,3 +132,43 @@ def test_the_memory_plan_counts_the_teacher_in_the_generators_dtype() -> None:
     plan = plan_memory(cfg, m, 160, 80 * GiB, activation_checkpointing=False, teacher=teacher)
     assert plan.row("teacher weights").bytes == 2 * sum(param_counts(teacher).values())  # bf16
     assert plan.peak_bytes == without.peak_bytes + plan.row("teacher weights").bytes
+
+
+def _trainer_with_teacher(**kw) -> tuple:
+    from monorl.train.packing import TrainSequence
+    from monorl.train.trainer import Trainer, TrainerConfig
+
+    g = torch.Generator().manual_seed(0)
+    seqs = [TrainSequence(torch.randint(3, 60, (9,), generator=g).tolist(),
+                          torch.randint(3, 60, (5 + i,), generator=g).tolist(), [-1.0] * (5 + i), float(i % 3 - 1),
+                          group=i // 2) for i in range(6)]
+    teacher = build_model(model_shape("tiny"), "cpu", torch.float32, seed=1).eval().requires_grad_(False)
+    cfg = TrainerConfig(lr=1e-3, micro_batch_tokens=48, loss=LossConfig(kind="token_grpo"), **kw)
+    return Trainer(build_model(model_shape("tiny"), "cpu", torch.float32, seed=0), cfg, total_steps=2,
+                   teacher=teacher), seqs
+
+
+@pytest.mark.parametrize("share_prompts", [True, False])
+def test_the_teacher_scores_the_students_own_packs_with_a_separate_forwards_values(monkeypatch,
+                                                                                 share_prompts: bool) -> None:
+    """The teacher's log-probs come from a forward over the student's micro-batches, kept on the device: the values
+    a separately packed teacher forward gives (`frozen_logprobs`, as it ran before), and the step packs once."""
+    import monorl.train.trainer as trainer_module
+    from monorl.train.teacher import fill_teacher_logprobs
+
+    trainer, seqs = _trainer_with_teacher(share_prompts=share_prompts)
+    trainer.frozen_logprobs(trainer.teacher, seqs, 0.7, into="teacher_logprobs")  # the separate forward's
+    mbs, _ = trainer._my_micro_batches(seqs)
+    assert len(mbs) > 1  # several packs: each one's tokens laid out in sequence order
+    fill_teacher_logprobs(trainer, mbs, 0.7)
+    for mb in mbs:
+        ids = sorted(set(mb.seq_ids.tolist()))
+        want = [x for i in ids for x in seqs[i].teacher_logprobs]
+        assert mb.teacher_logprobs.tolist() == want
+    packed = []
+    real = trainer_module.make_micro_batches
+    monkeypatch.setattr(trainer_module, "make_micro_batches", lambda *a, **k: packed.append(1) or real(*a, **k))
+    for s in seqs:
+        s.teacher_logprobs = None
+    row = trainer.step(seqs, 0.7)
+    assert len(packed) == 1 and row["teacher/kl"] != 0.0 and row["time/teacher_s"] > 0

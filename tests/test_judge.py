@@ -34,7 +34,17 @@ def test_grade_reads_the_answer_after_the_templates_closing_score() -> None:
     assert own.grade([" 7/10", "Score: 5/10"]) == ([None, 0.5], 1)
 
 
-def test_a_tiny_judge_grades_a_batch_on_the_engine_and_counts_failures(tmp_path: Path) -> None:
+def test_a_template_with_a_command_lines_quoting_or_not_text_stops_in_one_line() -> None:
+    """A shell keeps "\\n" as two characters: such a template asks the judge nothing it answers with a grade, so
+    every completion would go unscored (demo_distill's first H100 run); a template YAML read as a mapping, too."""
+    with pytest.raises(ValueError, match=r"^judge_template holds '\\n' \(two characters\) and no line break: "):
+        judge("unused", template="Q: {question}\\nA: {completion}\\nScore:")
+    with pytest.raises(ValueError, match=r"^judge_template must be text, got dict"):
+        judge("unused", template={"Score": {"completion": None}})  # type: ignore[arg-type]
+    judge("unused", template="Q: {question}\nA: {completion}\nSay \\n for a line break. Score:")  # both: meant
+
+
+def test_a_tiny_judge_grades_a_batch_on_the_engine_and_counts_failures(tmp_path: Path, caplog) -> None:
     model = build_model(model_shape("tiny"), "cpu", torch.float32, seed=3)
     save_checkpoint(model, tmp_path / "judge", tokenizer=CharTokenizer())
     data = tmp_path / "d.jsonl"
@@ -45,7 +55,12 @@ def test_a_tiny_judge_grades_a_batch_on_the_engine_and_counts_failures(tmp_path:
     fn = task._fns[0].fn
     logged: dict[str, list[float]] = {}
     prompts, completions = ["1+1=", "2+5=", "3+3="], ["2", "7", "x"]
-    scores = fn(prompts, completions, [[0]] * 3, log_metric=lambda k, v: logged.setdefault(k, []).append(v))
+    with caplog.at_level("WARNING", logger="monorl"):
+        scores = fn(prompts, completions, [[0]] * 3, log_metric=lambda k, v: logged.setdefault(k, []).append(v))
+        fn(prompts, completions, [[0]] * 3)
+    warned = [r.getMessage() for r in caplog.records if r.getMessage().startswith("judge: ")]
+    assert len(warned) == 1 and warned[0].startswith("judge: 3 of 3 answers hold no grade ('Score: N/M'; the "
+                                                     "first: ")  # once, not each call
     judged = [CharTokenizer().encode(fn.prompt(p, c)) for p, c in zip(prompts, completions, strict=True)]
     answers = fn.generator.generate(judged, SamplingParams(max_new_tokens=6, temperature=0.0))
     expected, failures = fn.grade([a[0].text for a in answers])  # greedy: the same answers again

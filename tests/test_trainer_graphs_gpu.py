@@ -116,3 +116,31 @@ def test_a_slightly_smaller_pack_replays_a_captured_graph():
     for key in ("loss", "pg_loss", "logprob_diff_mean", "grad_norm", "train_tokens", "micro_batches"):
         a, b = runs[0.25][1][key], runs[0.0][1][key]
         assert math.isclose(a, b, rel_tol=2e-2, abs_tol=2e-3), (key, a, b)
+
+
+def test_a_graph_replayed_teacher_forward_equals_the_eager_one():
+    """Distillation's teacher forward, replayed from a graph per pack shape where the student's step has graphs
+    (monorl.train.teacher.teacher_forward), gives the eager forward's log-probs bit for bit (batch-invariant
+    model), for two packs of one shape replaying the same graph, and the step runs on them."""
+    _need_cuda()
+    from monorl.model.batch_invariant import make_batch_invariant_
+    from monorl.train.teacher import fill_teacher_logprobs, teacher_forward
+
+    student = build_model(model_shape("tiny"), "cuda", torch.float32, seed=0)
+    teacher = build_model(model_shape("tiny"), "cuda", torch.bfloat16, seed=1).eval().requires_grad_(False)
+    make_batch_invariant_(student)
+    make_batch_invariant_(teacher)
+    tr = Trainer(student, TrainerConfig(lr=1e-4, micro_batch_tokens=512, loss=LossConfig(kind="token_grpo")),
+                 total_steps=3, cuda_graphs=True, teacher=teacher)
+    assert tr.graphs is not None
+    seqs = _seqs(12, seed=4)
+    mbs, _ = tr._my_micro_batches(seqs)
+    eager = [tr.response_logprobs(teacher, mb, 0.8) for mb in mbs]
+    fill_teacher_logprobs(tr, mbs, 0.8)
+    fill_teacher_logprobs(tr, mbs, 0.8)  # replays, the first call captured
+    assert any(k[0] == "teacher" for k in tr.graphs.graphs)
+    for mb, want in zip(mbs, eager, strict=True):
+        assert torch.equal(mb.teacher_logprobs, want)
+    assert torch.equal(teacher_forward(tr, mbs[0], 0.8), eager[0])
+    row = tr.step(seqs, 0.8)
+    assert math.isfinite(row["teacher/kl"]) and row["time/teacher_s"] > 0

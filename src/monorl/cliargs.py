@@ -186,12 +186,35 @@ def parse_config(p: ArgumentParser, argv: list[str], base: RunConfig) -> tuple[R
             msg = f"{files[-1]}: {msg}"  # a key only a config file can have given
         raise ValueError(msg) from None
     data = ns.as_dict()
+    if isinstance(args := (data.get("task") or {}).get("args"), dict):
+        args.update(_quoted_task_args(argv, args))
     _check_sections(data, _config_files(argv))
     merged = _merge(base.to_dict(), {k: v for k, v in data.items() if k in CONFIG_KEYS})
     cfg = config_from_dict(merged)  # runs every section's checks
     check_finite(cfg)
     verb_args = Namespace({k: v for k, v in data.items() if k not in CONFIG_KEYS and k != "config"})
     return cfg, verb_args
+
+
+def _quoted_task_args(argv: list[str], parsed: dict[str, Any]) -> dict[str, str]:
+    """The `--task.args.NAME VALUE` words whose VALUE is a quoted YAML string ('"a\\nb"' -> a, newline, b): the
+    parser keeps a value that loads to a string as typed, quotes and escapes included (a judge template arrived
+    as '"Question: ...\\n..."'); quoting is also the way to pass text YAML would read as a mapping ('Score: {x}')."""
+    out: dict[str, str] = {}
+    for i, word in enumerate(argv):
+        key, eq, value = word.partition("=")
+        if not key.startswith("--task.args.") or (not eq and i + 1 >= len(argv)):
+            continue
+        name, raw = key.removeprefix("--task.args."), value if eq else argv[i + 1]
+        if len(raw) < 2 or raw[0] not in "\"'" or raw[-1] != raw[0] or parsed.get(name) != raw:
+            continue
+        try:
+            text = yaml.safe_load(raw)
+        except yaml.YAMLError:
+            continue
+        if isinstance(text, str):
+            out[name] = text
+    return out
 
 
 def run_config(preset_name: str = DEFAULT_PRESET, overrides: Mapping[str, str] | Sequence[str] = ()) -> RunConfig:

@@ -15,6 +15,7 @@ holding `{reference}` shows the judge each prompt's known answer, from the data'
 
 from __future__ import annotations
 
+import logging
 import re
 from dataclasses import dataclass
 from typing import Any
@@ -23,6 +24,8 @@ import torch
 
 from monorl.tasks.completions import completion_text
 from monorl.tasks.reward_context import RewardFunctionError
+
+log = logging.getLogger("monorl")
 
 DEFAULT_TEMPLATE = ("Grade the answer to the question by the rubric, from 0 to 10.\n"
                     "Question: {question}\nAnswer: {completion}\nRubric: {rubric}\nScore:")
@@ -39,6 +42,21 @@ def parse_score(text: str) -> float | None:
         return None
     n, d = float(m.group(1)), float(m.group(2))
     return n / d if d > 0 and n <= d else None
+
+
+def check_template(template: Any) -> None:
+    """ValueError (one line) for a template the judge cannot read as meant: not text, without {question} or
+    {completion}, or carrying a command line's quoting (a shell keeps `\\n` as two characters)."""
+    if not isinstance(template, str):
+        raise ValueError(f"judge_template must be text, got {type(template).__name__} {template!r} (the command "
+                         "line reads 'a: {b}' as a YAML mapping: quote it, --task.args.judge_template '\"...\"')")
+    for key in ("{question}", "{completion}"):
+        if key not in template:
+            raise ValueError(f"judge_template must contain {key}, got {template!r}")
+    if "\\n" in template and "\n" not in template:
+        raise ValueError("judge_template holds '\\n' (two characters) and no line break: pass it as a YAML "
+                         "double-quoted string, --task.args.judge_template '\"Q: {question}\\nScore:\"', or "
+                         "with real line breaks (a --config file)")
 
 
 @dataclass
@@ -61,14 +79,13 @@ class judge:  # noqa: N801 -- named as the component it gives (rewards/judge/*)
 
     def __init__(self, path: str, rubric: str = DEFAULT_RUBRIC, template: str = DEFAULT_TEMPLATE,
                  max_new_tokens: int = 16, temperature: float = 0.0, device: str | None = None) -> None:
-        for key in ("{question}", "{completion}"):
-            if key not in template:
-                raise ValueError(f"judge_template must contain {key}, got {template!r}")
+        check_template(template)
         self.path, self.rubric, self.template = str(path), rubric, template
         self.max_new_tokens, self.temperature = int(max_new_tokens), float(temperature)
         self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
         self.generator: Any = None
         self.tokenizer: Any = None
+        self.warned = False  # parse failures are warned about once
 
     def _load(self) -> None:
         from monorl.compile import CompileConfig
@@ -116,7 +133,14 @@ class judge:  # noqa: N801 -- named as the component it gives (rewards/judge/*)
         ids = [self.tokenizer.encode(self.prompt(p, c, r)) for p, c, r in zip(prompts, completions, refs, strict=True)]
         sampling = SamplingParams(max_new_tokens=self.max_new_tokens, temperature=self.temperature)
         outs = self.generator.generate(ids, sampling, n=1)  # the whole batch on one engine
-        scores, failures = self.grade([o[0].text or "" for o in outs])
+        answers = [o[0].text or "" for o in outs]
+        scores, failures = self.grade(answers)
+        if failures and not self.warned:  # once: judge/parse_failures counts them every step
+            self.warned = True
+            first = next(a for a, s in zip(answers, scores, strict=True) if s is None)
+            log.warning("judge: %d of %d answers hold no grade ('Score: N/M'; the first: %r, after a template ending "
+                        "%r): those completions are unscorable (advantage 0); the metric judge/parse_failures "
+                        "counts them each step", failures, len(answers), first[:80], self.template[-40:])
         if log_metric is not None:
             log_metric("judge/calls", float(len(scores)))
             log_metric("judge/parse_failures", float(failures))

@@ -89,6 +89,7 @@ class Trainer(TrainerWarmUps):
         self.model, self.cfg, self.total_steps, self.world = model, cfg, total_steps, world
         self.attn_backend, self.ref_model = attn_backend, ref_model
         self.teacher, self.teacher_kl_coef = teacher, (distill or TeacherSection()).kl_coef
+        self.teacher_out: dict[tuple, Tensor] = {}  # each teacher graph's output buffer (`fill_teacher_logprobs`)
         self.device = next(model.parameters()).device
         params = [p for p in model.parameters() if p.requires_grad]
         moe = model.config.is_moe
@@ -265,7 +266,8 @@ class Trainer(TrainerWarmUps):
         torch.maximum(self._acc_max[: len(maxes)], torch.stack(maxes), out=self._acc_max[: len(maxes)])
 
     def _graph_key(self, mb: MicroBatch, num_seqs: int, temperature: float) -> tuple:
-        return (mb.shape, num_seqs, mb.ref_logprobs is not None, mb.teacher_logprobs is not None, float(temperature))
+        # a teacher's log-probs join a step's packs after packing (`fill_teacher_logprobs`): keyed by the trainer's
+        return (mb.shape, num_seqs, mb.ref_logprobs is not None, self.teacher is not None, float(temperature))
 
     def _cover(self, num_seqs: int, temperature: float) -> Callable[[MicroBatch], PackShape | None] | None:
         """With graphs: for a pack whose key has no graph, a captured shape of the same key otherwise that holds it
@@ -352,11 +354,11 @@ class Trainer(TrainerWarmUps):
         cfg = self.cfg
         if self.ref_model is not None and cfg.loss.kl_coef > 0:
             self.frozen_logprobs(self.ref_model, seqs, temperature, self._my_share(seqs))
-        teacher_s = None if self.teacher is None else fill_teacher_logprobs(self, seqs, temperature)
         self.model.train()
         norm = LossNorm.for_step(cfg.loss, [s.trained_tokens for s in seqs], self.device)
         advantages = torch.tensor([s.advantage for s in seqs], dtype=torch.float32, device=self.device)
         mbs, real = self._my_micro_batches(seqs, self._cover(len(seqs), temperature))
+        teacher_s = None if self.teacher is None else fill_teacher_logprobs(self, mbs, temperature)
         keys: list[tuple | None] = [None] * len(mbs)
         if self.graphs is not None:
             # capture every new shape first: a capture's warm-up runs accumulate, and are then cleared

@@ -14,6 +14,7 @@ from monorl.compile import is_compiled
 from monorl.train.losses import LossNorm
 from monorl.train.optim import launch_update_kernels
 from monorl.train.packing import MicroBatch, TrainSequence
+from monorl.train.teacher import teacher_forward
 
 
 class TrainerWarmUps:
@@ -67,6 +68,8 @@ class TrainerWarmUps:
                 torch.cuda.empty_cache()
             for mb, norm, adv in full:
                 self._ensure_graph(mb, norm, adv, temperature)
+                if self.teacher is not None:  # and the distillation teacher's forward of the pack
+                    teacher_forward(self, mb, temperature)
         self._reset_accumulators()
 
     def trace_kernels(self, prompt_ids: list[int], num_seqs: int, completion_len: int, temperature: float,

@@ -148,6 +148,11 @@ def score_groups(tokenizer, task: Task, prompts: Sequence[Prompt], prompt_ids: S
     if failed:  # one line per call, not one per completion
         log.warning("task %r: reward failed on %d of %d completions, scored 0.0 (first: %s)", task.name,
                     len(failed), sum(map(len, groups)), failed[0])
+    if not any(r.scorable for g in groups for r in g):  # e.g. a judge that graded nothing: never silently
+        logged = "; ".join(f"{k} {sum(v):g}" for k, v in (call.metrics if call is not None else {}).items())
+        log.warning("task %r: no reward component applied to any of the %d completions (each returned None%s): "
+                    "every advantage is 0, nothing of this batch trains", task.name, sum(map(len, groups)),
+                    f"; the rewards logged {logged}" if logged else "")
     return groups
 
 

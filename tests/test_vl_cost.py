@@ -31,3 +31,63 @@ def test_processor_normalises_through_a_table_by_hf_arithmetic(mean, std):
     assert torch.equal(pixels, torch.from_numpy(np.ascontiguousarray(x)))
     table = normalise_table(mean, std)
     assert table.dtype == np.float32 and table.shape == (3, 256)
+
+
+class _Calls(torch.overrides.TorchFunctionMode):
+    """The torch functions called, with the dims of their first argument."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls: list[tuple[str, int | None]] = []
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        first = args[0] if args else None
+        self.calls.append((getattr(func, "__name__", str(func)), first.dim() if isinstance(first, torch.Tensor)
+                           else None))
+        return func(*args, **(kwargs or {}))
+
+    def count(self, name: str) -> int:
+        return sum(n == name for n, _ in self.calls)
+
+
+def tiny_tower():
+    from monorl.model.config import model_shape
+    from monorl.model.vision import VisionTower
+
+    torch.manual_seed(0)
+    tower = VisionTower(model_shape("tiny-vl").vision)
+    for p in tower.parameters():
+        torch.nn.init.normal_(p, std=0.1)
+    return tower
+
+
+def test_tower_attends_images_of_one_size_in_one_fused_call_per_block():
+    # three images of one size: one 4-D attention call per block (the fused kernels take 4-D inputs; the tower ran
+    # one 3-D call per image, the math path on CUDA), each image's output as it is alone; the position and RoPE
+    # tables are made once per grids (the second forward makes none: no arange)
+    tower = tiny_tower()
+    grids = torch.tensor([[1, 4, 4]] * 3)
+    pixels = torch.randn(48, tower.config.patch_dim)
+    with torch.no_grad():
+        tower(pixels, grids)
+        with _Calls() as calls:
+            out, deep = tower(pixels, grids)
+        alone = [tower(pixels[16 * i:16 * (i + 1)], grids[:1]) for i in range(3)]
+    attention = [d for n, d in calls.calls if n == "scaled_dot_product_attention"]
+    assert attention == [4] * tower.config.depth
+    assert calls.count("arange") == 0
+    assert torch.equal(out, torch.cat([a[0] for a in alone]))
+    assert all(torch.equal(d, torch.cat([a[1][j] for a in alone])) for j, d in enumerate(deep))
+
+
+def test_tower_tables_are_ordinary_tensors_for_training_after_inference():
+    # a tower first run under inference mode (the generator sharing the trainer's fp32 model on CPU) keeps tables
+    # that a training forward's backward can save
+    tower = tiny_tower()
+    grids = torch.tensor([[1, 4, 4]])
+    pixels = torch.randn(16, tower.config.patch_dim)
+    with torch.inference_mode():
+        tower(pixels, grids)
+    out, deep = tower(pixels, grids)
+    (out.sum() + sum(d.sum() for d in deep)).backward()
+    assert tower.blocks[0].attn.qkv.weight.grad is not None

@@ -91,3 +91,32 @@ def test_tower_tables_are_ordinary_tensors_for_training_after_inference():
     out, deep = tower(pixels, grids)
     (out.sum() + sum(d.sum() for d in deep)).backward()
     assert tower.blocks[0].attn.qkv.weight.grad is not None
+
+
+def test_image_embeds_reads_nothing_back_from_the_device():
+    # a pack's image inputs (each trainer micro-batch, each prefill with images): the placeholder rows come from the
+    # spans on the host and the copies are queued; reading the tokens back (`ids.cpu()`, `nonzero`) or a blocking
+    # copy waited for the GPU's queue. The rows are the same: each image's placeholders, a sampled pad left as text
+    from monorl.model.config import model_shape
+    from monorl.model.decoder import build_model
+    from monorl.model.qwen3_vl import image_embeds, placeholder_spans
+    from monorl.model.vision_prompt import encode_with_images
+
+    cfg = model_shape("tiny-vl")
+    vision = cfg.vision
+    model = build_model(cfg, torch.device("cpu"), torch.float32, seed=0)
+    proc = ImageProcessor.for_model(vision, preprocessor={"min_pixels": 64, "max_pixels": 1024})
+    picture = Image.fromarray(np.random.default_rng(1).integers(0, 256, (20, 28, 3), dtype=np.uint8))
+    prompt, inputs = encode_with_images([5, vision.vision_start_token_id, vision.image_token_id,
+                                         vision.vision_end_token_id, 6], [picture], vision, proc)
+    seq = prompt + [7, vision.image_token_id, 8]  # a completion that samples the placeholder token: text
+    ids = torch.tensor(seq + seq)
+    spans = placeholder_spans([len(seq)] * 2, [inputs, inputs])
+    with torch.no_grad(), _Calls() as calls:
+        embeds, (rows, deep) = image_embeds(model, ids, [inputs, inputs], spans)
+    assert not {"cpu", "nonzero", "item"} & {n for n, _ in calls.calls}
+    pads = [i for i, t in enumerate(ids.tolist()) if t == vision.image_token_id and i % len(seq) < len(prompt)]
+    assert rows.tolist() == pads and len(pads) == 2 * inputs.spans[0][1] - 2 * inputs.spans[0][0]
+    text = torch.ones(len(ids), dtype=torch.bool)
+    text[rows] = False
+    assert torch.equal(embeds[text], model.model.embed_tokens(ids)[text])

@@ -1,5 +1,6 @@
-"""benchmarks/bench_vision_step.py --smoke on a smaller batch (CPU, tiny-vl against tiny): both cases run their RL
-steps (images through the generator and the trainer), and the JSON carries the comparison the lead's GPU run reads."""
+"""benchmarks/bench_vision_step.py --smoke on a smaller batch (CPU, tiny-vl against tiny): every case runs its RL
+steps (images through the generator and the trainer; the VL case also with its tower frozen), and the JSON carries
+the comparisons the lead's GPU run reads."""
 
 from __future__ import annotations
 
@@ -20,10 +21,11 @@ def test_smoke_runs_both_cases(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) 
                                       "--out", str(out)])
     bench_vision_step.main()
     d = json.loads(out.read_text())
-    text, vl = d["cases"]["text"], d["cases"]["vl"]
-    assert "error" not in text and "error" not in vl
+    text, vl, frozen = d["cases"]["text"], d["cases"]["vl"], d["cases"]["vl_frozen"]
+    assert "error" not in text and "error" not in vl and "error" not in frozen
     assert vl["image_tokens"] == 16  # tiny-vl's processor: a 448 x 448 picture down to 32 x 32 pixels
     assert vl["prompt_tokens_max"] == max(d["text_tokens"]) + 3 - 1 + 16  # start, pads, end around the same text
     assert text["prompt_tokens_max"] == max(d["text_tokens"])
     assert all(len(c["steps"]["train_s"]) == 2 and c["rl_step_s"] > 0 for c in (text, vl))
-    assert d["rl_step_ratio"] > 0
+    assert d["rl_step_ratio"] > 0 and d["rl_step_ratio_frozen"] > 0
+    assert frozen["params_b"] == vl["params_b"] and frozen["image_tokens"] == vl["image_tokens"]

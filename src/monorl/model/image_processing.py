@@ -7,6 +7,7 @@ makes them, with PIL and numpy only: each image resized (bicubic) to multiples o
 
 from __future__ import annotations
 
+import functools
 import io
 import math
 import os
@@ -128,27 +129,44 @@ class ImageProcessor:
         """The prompt text of one image: its placeholder tokens between the vision start and end tokens."""
         return VISION_START + IMAGE_PAD * self.token_count(grid) + VISION_END
 
-    def patches(self, image: Any) -> tuple[np.ndarray, tuple[int, int, int]]:
-        """One image (see `load_image`) -> (its flattened patches [h * w, C * t * p * p] float32, its grid)."""
-        image = load_image(image)
-        t, gh, gw = self.grid(image.height, image.width)
-        p, m = self.patch_size, self.merge_size
-        resized = image.resize((gw * p, gh * p), resample=_pil().Resampling.BICUBIC)
-        # HF's order of roundings: float64 * (1 / 255) -> float32, then (x - mean) / std in float32
-        x = (np.asarray(resized).astype(np.float64) * (1 / 255)).astype(np.float32)
-        x = ((x - np.array(self.image_mean, np.float32)) / np.array(self.image_std, np.float32)).transpose(2, 0, 1)
-        c = x.shape[0]
+    def _write_patches(self, image: Any, grid: tuple[int, int, int], out: np.ndarray) -> None:
+        """An RGB PIL image's patches of `grid` into out [h * w, C * t * p * p]: resized (bicubic), each channel's
+        levels through its table (`normalise_table`: HF's arithmetic, once per level), cut into patches in one copy."""
+        _, gh, gw = grid
+        p, m, t = self.patch_size, self.merge_size, self.temporal_patch_size
+        resized = np.asarray(image.resize((gw * p, gh * p), resample=_pil().Resampling.BICUBIC))  # [H, W, C] uint8
+        table = normalise_table(self.image_mean, self.image_std)
+        c = resized.shape[2]
+        x = np.empty((c, *resized.shape[:2]), np.float32)
+        for ch in range(c):
+            x[ch] = table[ch][resized[..., ch]]
         x = x.reshape(c, gh // m, m, p, gw // m, m, p).transpose(1, 4, 2, 5, 0, 3, 6)  # (gh, gw, mh, mw, C, p, p)
-        x = np.broadcast_to(x[:, :, :, :, :, None], (*x.shape[:5], self.temporal_patch_size, p, p))
-        return x.reshape(gh * gw, c * self.temporal_patch_size * p * p), (t, gh, gw)
+        # each patch's frame repeated t times (an image is t identical frames)
+        np.copyto(out.reshape(*x.shape[:5], t, p, p), x[:, :, :, :, :, None])
 
     def __call__(self, images: Sequence[Any]) -> tuple[Tensor, Tensor]:
-        """(pixel_values [patches, C * t * p * p] float32, grid_thw [images, 3] long) of images, in order."""
+        """(pixel_values [patches, C * t * p * p] float32, grid_thw [images, 3] long) of images, in order: written
+        straight into one array (no per-image arrays to concatenate)."""
         if not images:
             raise ValueError("no images to process")
-        out = [self.patches(image) for image in images]
-        pixels = torch.from_numpy(np.concatenate([p for p, _ in out]))
-        return pixels, torch.tensor([g for _, g in out], dtype=torch.long)
+        loaded = [load_image(image) for image in images]
+        grids = [self.grid(im.height, im.width) for im in loaded]
+        pixels = np.empty((sum(h * w for _, h, w in grids), 3 * self.temporal_patch_size * self.patch_size ** 2),
+                          np.float32)
+        start = 0
+        for im, g in zip(loaded, grids, strict=True):
+            self._write_patches(im, g, pixels[start:start + g[1] * g[2]])
+            start += g[1] * g[2]
+        return torch.from_numpy(pixels), torch.tensor(grids, dtype=torch.long)
+
+
+@functools.lru_cache(maxsize=8)
+def normalise_table(mean: tuple[float, ...], std: tuple[float, ...]) -> np.ndarray:
+    """[channels, 256] float32: each channel's normalised value of each 8-bit level, by HF's order of roundings
+    (float64 * (1 / 255) -> float32, then (x - mean) / std in float32). A lookup gives every pixel exactly that
+    value at a fifth of the arithmetic's host time (a 448 x 448 image: ~2 ms for ~10 ms)."""
+    levels = (np.arange(256, dtype=np.float64) * (1 / 255)).astype(np.float32)
+    return (levels[None, :] - np.array(mean, np.float32)[:, None]) / np.array(std, np.float32)[:, None]
 
 
 # a named shape's preprocessor_config.json (no checkpoint directory to hold one): tiny-vl's images stay small

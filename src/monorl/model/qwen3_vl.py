@@ -95,13 +95,13 @@ def image_embeds(model: nn.Module, ids: Tensor, images: Sequence[ImageInputs | N
     with_images = [im for im in images if im is not None]
     if not with_images:
         return model.model.embed_tokens(ids), None
-    pixels = torch.cat([im.pixel_values for im in with_images]).to(ids.device)
+    # no host sync: every row of a span is a placeholder (`placeholder_runs` lays them out so), so the rows come
+    # from the spans on the host (reading `ids` back waited for the GPU: each trainer micro-batch, each prefill),
+    # and the copies are queued (a blocking copy synchronised the stream)
+    pixels = torch.cat([im.pixel_values for im in with_images]).to(ids.device, non_blocking=True)
     grids = torch.cat([im.grid_thw for im in with_images])
-    inside = torch.zeros(ids.numel(), dtype=torch.bool)
-    for start, end in spans:
-        inside[start:end] = True
-    index = ((ids.cpu() == model.config.vision.image_token_id) & inside).nonzero().squeeze(1).to(ids.device)
-    return embed_images(model, ids, pixels, grids, index)
+    rows = torch.cat([torch.arange(start, end) for start, end in spans]) if spans else torch.zeros(0, dtype=torch.long)
+    return embed_images(model, ids, pixels, grids, rows.to(ids.device, non_blocking=True))
 
 
 def pack_positions(lengths: Sequence[int], images: Sequence[ImageInputs | None], total: int | None = None) -> Tensor:

@@ -18,5 +18,6 @@ class ModelSection:
     init_seed: int = 0  # seed of the random weights (model.shape or model.random_init)
     attn_backend: AttnBackend = "auto"  # auto: flash on CUDA in bf16, else sdpa
     # a vision-language model (Qwen3-VL): train the language model only; the vision tower takes no gradients and
-    # stays out of the optimizer (LoRA adapts the language model's projections only, whatever this says)
+    # stays out of the optimizer, and the trainer runs it forward only (LoRA adapts the language model's projections
+    # only, whatever this says). Off by default, as in TRL and verl, which train the tower
     freeze_vision: bool = False

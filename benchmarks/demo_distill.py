@@ -320,6 +320,8 @@ def main() -> None:
     ap.add_argument("--teacher-run", default=None, help="--judge-model teacher: the teacher's run dir")
     ap.add_argument("--work", type=Path, default=None, help="where the runs go (default: a temporary directory)")
     ap.add_argument("--smoke", action="store_true", help="CPU plumbing check with the tiny char model")
+    ap.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE",
+                    help="config overrides for every run (e.g. rollout.prompts_per_step=4 device=cpu)")
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args()
     if args.smoke:
@@ -338,6 +340,7 @@ def main() -> None:
     work.mkdir(parents=True, exist_ok=True)
     result: dict[str, Any] = json.loads(out.read_text()) if out.is_file() else {}
     base: dict[str, Any] = dict(SMOKE) if args.smoke else {}
+    base |= dict(kv.split("=", 1) for kv in args.set)
     if args.smoke:  # the start: a tiny_arith warm start, saved, in the GGUF's place
         _cli(["train", "--preset", name, "--run_dir", str(work / "start"), "--steps", "0", "--warm_start.steps",
               "50", "--validation.num_prompts", "0", "--checkpoint.every_minutes", "0"], "smoke: the start")

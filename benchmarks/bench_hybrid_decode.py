@@ -30,7 +30,7 @@ from profile_train_step import seqs, timed
 
 from monorl.model.config import model_shape
 from monorl.model.decoder import build_model
-from monorl.ops import gated_delta
+from monorl.ops import gated_delta, gated_delta_decode
 from monorl.ops.gated_delta import _fla
 from monorl.train.losses import LossConfig
 from monorl.train.trainer import Trainer, TrainerConfig
@@ -70,6 +70,7 @@ def main() -> None:
         sys.exit("bench_hybrid_decode: fla-core is not installed (pip install 'monorl[linear-attention]'): the hybrid "
                  "would run the plain-PyTorch reference rule")
     gated_delta.FLA_ENABLED = True  # fla's prefill (its generator is not yet verified: gated_delta's docstring)
+    gated_delta_decode.ENABLED = True  # the in-place decode kernels (not yet verified either: their docstring)
     res: dict = {"device": torch.cuda.get_device_name(), "chunk": args.chunk, "shapes": {}}
     shapes = [s for pair in args.pairs.split(",") for s in pair.split(":")]
     for shape in shapes:

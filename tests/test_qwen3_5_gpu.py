@@ -11,7 +11,7 @@ import torch
 
 from monorl.generate import Generator, GeneratorConfig, SamplingParams
 from monorl.model import build_model
-from monorl.ops import gated_delta
+from monorl.ops import gated_delta, gated_delta_decode
 from monorl.ops.gated_delta import _fla, chunk_gated_delta_rule, gated_delta_rule, recurrent_gated_delta_rule
 from tests.conftest import full_forward_logprobs
 from tests.test_recurrent_state import HYBRID
@@ -27,6 +27,7 @@ def _needs_fla(monkeypatch):
         pytest.skip("needs CUDA")
     pytest.importorskip("fla", reason="fla-core is not installed (the linear-attention extra)")
     monkeypatch.setattr(gated_delta, "FLA_ENABLED", True)  # these tests are fla's gate (gated_delta's docstring)
+    monkeypatch.setattr(gated_delta_decode, "ENABLED", True)  # and the in-place decode kernels' (their docstring)
 
 
 def _pack(lengths: list[int], hk: int, hv: int, dk: int, dv: int, seed: int = 0):

@@ -5,10 +5,10 @@ Qwen3, Llama, Qwen2 and Qwen3-MoE are Llama-shaped decoders: RMSNorm, rotate-hal
 MLP (Qwen3-MoE: a sparse mixture of such MLPs in its sparse layers, `monorl.model.moe`). They differ in a per-head q/k
 RMSNorm (Qwen3, Qwen3-MoE), biases on q/k/v (Qwen2 always; Llama and Qwen3 on q/k/v/o with `attention_bias`), what
 a config.json key left out means (transformers' config class defaults, including head_dim: Qwen3Config's 128, the
-others hidden_size // num_attention_heads), and the GGUF architecture name. Gemma 3, Qwen3.5 and GPT-OSS have
-layers of their own (`monorl.model.decoder.FAMILY_BLOCKS`; layer kinds by `layer_types`) and their config.json keys
-in a module of their own (`Family.hf_module`). Everything else (checkpoints, LoRA, batch invariance, the memory
-plan) reads the resulting `ModelConfig` fields.
+others hidden_size // num_attention_heads), and the GGUF architecture name. Gemma 3, Qwen3.5 (dense and MoE) and
+GPT-OSS have layers of their own (`monorl.model.decoder.FAMILY_BLOCKS`; layer kinds by `layer_types`) and their
+config.json keys in a module of their own (`Family.hf_module`). Everything else (checkpoints, LoRA, batch invariance,
+the memory plan) reads the resulting `ModelConfig` fields.
 """
 
 from __future__ import annotations

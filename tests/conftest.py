@@ -41,6 +41,7 @@ HF_FAMILY_CLASSES = {"qwen3": ("Qwen3Config", "Qwen3ForCausalLM"), "llama": ("Ll
                      "qwen2": ("Qwen2Config", "Qwen2ForCausalLM"),
                      "qwen3_moe": ("Qwen3MoeConfig", "Qwen3MoeForCausalLM"),
                      "qwen3_5_text": ("Qwen3_5TextConfig", "Qwen3_5ForCausalLM"),
+                     "qwen3_5_moe_text": ("Qwen3_5MoeTextConfig", "Qwen3_5MoeForCausalLM"),
                      "gemma3_text": ("Gemma3TextConfig", "Gemma3ForCausalLM"),
                      "gpt_oss": ("GptOssConfig", "GptOssForCausalLM")}
 

@@ -151,6 +151,7 @@ def hf_resolved(d: dict[str, Any]) -> dict[str, Any]:
                 router_aux_loss_coef=c.router_aux_loss_coef) if family.moe else
            dict(num_experts=0, num_experts_per_tok=0, moe_intermediate_size=0, norm_topk_prob=False,
                 decoder_sparse_step=1, mlp_only_layers=(), router_aux_loss_coef=0.0)),
+        shared_expert_intermediate_size=0,  # Qwen3.5-MoE's (tests/test_qwen3_5.py)
         # these families' layers are all full attention (a family with other layer kinds reads HF's layer_types)
         **(gemma or dict(layer_types=(), sliding_window=0, rope_local_theta=0.0, query_pre_attn_scalar=0.0)),
         partial_rotary_factor=1.0, linear_conv_kernel_dim=0, linear_num_key_heads=0, linear_num_value_heads=0,
@@ -236,7 +237,8 @@ def test_empty_config_matches_hf():
         tie_word_embeddings=False, bos_token_id=None, eos_token_id=None, model_type="qwen3", qk_norm=True,
         qkv_bias=False, o_bias=False, rope_scaling=None, num_experts=0, num_experts_per_tok=0,
         moe_intermediate_size=0, norm_topk_prob=False, decoder_sparse_step=1, mlp_only_layers=(),
-        router_aux_loss_coef=0.0, layer_types=(), sliding_window=0, partial_rotary_factor=1.0,
+        router_aux_loss_coef=0.0, shared_expert_intermediate_size=0, layer_types=(), sliding_window=0,
+        partial_rotary_factor=1.0,
         linear_conv_kernel_dim=0, linear_num_key_heads=0, linear_num_value_heads=0, linear_key_head_dim=0,
         linear_value_head_dim=0, vision=None, rope_local_theta=0.0, query_pre_attn_scalar=0.0,
         swiglu_alpha=1.702, swiglu_limit=7.0)

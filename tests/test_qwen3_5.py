@@ -1,5 +1,7 @@
-"""Qwen3.5 (`monorl.model.qwen3_5`, model_type qwen3_5_text) against transformers' `Qwen3_5ForCausalLM`, and the
-gated delta rule's references (`monorl.ops.gated_delta`) against each other. Tiny configs, CPU, fp32."""
+"""Qwen3.5 (`monorl.model.qwen3_5`, model_type qwen3_5_text) against transformers' `Qwen3_5ForCausalLM`, its MoE
+(qwen3_5_moe_text: every MLP a `monorl.model.moe.SparseMoeBlock` with a shared expert) against
+`Qwen3_5MoeForCausalLM`, and the gated delta rule's references (`monorl.ops.gated_delta`) against each other. Tiny
+configs, CPU, fp32."""
 
 from __future__ import annotations
 
@@ -12,11 +14,15 @@ from safetensors.torch import load_file, save_file
 from monorl.model.config import ModelConfig
 from monorl.model.hf_checkpoint import load_checkpoint, save_checkpoint
 from monorl.ops.gated_delta import causal_conv, chunk_gated_delta_rule, recurrent_gated_delta_rule
+from tests.conftest import HF_FAMILY_CLASSES
 from tests.test_model_parity import hf_logits, our_logits, random_seqs
 
 transformers = pytest.importorskip("transformers")
 
-# two Gated DeltaNet shapes (conv width, key / value head sizes, value heads per key head) and both layer kinds
+# two Gated DeltaNet shapes (conv width, key / value head sizes, value heads per key head) and both layer kinds; the
+# MoE family (8 experts, top-2, a shared expert of another width) on the first shape
+MOE = dict(family="qwen3_5_moe_text", num_experts=8, num_experts_per_tok=2, moe_intermediate_size=32,
+           shared_expert_intermediate_size=48)
 CASES = {
     "k4-gva": dict(linear_conv_kernel_dim=4, linear_key_head_dim=8, linear_value_head_dim=16,
                    linear_num_key_heads=2, linear_num_value_heads=4),
@@ -24,13 +30,15 @@ CASES = {
                     linear_num_key_heads=2, linear_num_value_heads=2, tie_word_embeddings=True,
                     layer_types=["full_attention", "linear_attention", "linear_attention"], num_hidden_layers=3),
 }
+CASES["moe-k4-gva"] = {**CASES["k4-gva"], **MOE}
+CASES["moe-k2-tied"] = {**CASES["k2-tied"], **MOE}
 
 
 @pytest.fixture
 def qwen3_5(make_hf_checkpoint):
     def make(case: str):
-        kw = {"num_hidden_layers": 4, "head_dim": 16, **CASES[case]}
-        return make_hf_checkpoint(family="qwen3_5_text", **kw)
+        kw = {"num_hidden_layers": 4, "head_dim": 16, "family": "qwen3_5_text", **CASES[case]}
+        return make_hf_checkpoint(**kw)
     return make
 
 
@@ -38,7 +46,7 @@ def qwen3_5(make_hf_checkpoint):
 def test_logits_match_hf(qwen3_5, load_hf_model, case):
     path = qwen3_5(case)
     ours, ref = load_checkpoint(path), load_hf_model(path)
-    assert type(ref).__name__ == "Qwen3_5ForCausalLM"
+    assert type(ref).__name__ == HF_FAMILY_CLASSES[CASES[case].get("family", "qwen3_5_text")][1]
     cfg = ours.config
     assert set(cfg.layer_types) == {"linear_attention", "full_attention"}
     assert cfg.rotary_dim == 4  # a quarter of head_dim 16
@@ -57,25 +65,28 @@ def test_a_pack_equals_each_sequence_alone(qwen3_5):
     assert (packed - alone).abs().max().item() < 1e-3  # GEMMs of other row counts round differently
 
 
-def test_save_then_transformers_loads(qwen3_5, tmp_path):
-    ours = load_checkpoint(qwen3_5("k2-tied"))
+@pytest.mark.parametrize("case", ["k2-tied", "moe-k2-tied"])
+def test_save_then_transformers_loads(qwen3_5, tmp_path, case):
+    ours = load_checkpoint(qwen3_5(case))
     save_checkpoint(ours, tmp_path / "out")
     ref = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "out").eval()
-    assert type(ref).__name__ == "Qwen3_5ForCausalLM"
+    assert type(ref).__name__ == HF_FAMILY_CLASSES[CASES[case].get("family", "qwen3_5_text")][1]
     seqs = random_seqs([33], ours.config.vocab_size)
     assert (our_logits(ours, seqs) - hf_logits(ref, seqs)).abs().max().item() < 1e-4
     assert ModelConfig.from_hf(json.loads((tmp_path / "out" / "config.json").read_text())) == ours.config
 
 
-def test_vision_language_checkpoint_loads_its_language_model(qwen3_5, tmp_path):
-    """A `Qwen3_5ForConditionalGeneration` directory: text_config nested, weights under model.language_model.*,
-    a vision tower and an MTP head read past."""
-    path = qwen3_5("k4-gva")
+@pytest.mark.parametrize("case,outer", [("k4-gva", "qwen3_5"), ("moe-k4-gva", "qwen3_5_moe")])
+def test_vision_language_checkpoint_loads_its_language_model(qwen3_5, tmp_path, case, outer):
+    """A `Qwen3_5(Moe)ForConditionalGeneration` directory: text_config nested, weights under
+    model.language_model.*, a vision tower and an MTP head read past."""
+    path = qwen3_5(case)
     text = json.loads((path / "config.json").read_text())
     out = tmp_path / "vl"
     out.mkdir()
+    arch = "Qwen3_5MoeForConditionalGeneration" if outer == "qwen3_5_moe" else "Qwen3_5ForConditionalGeneration"
     (out / "config.json").write_text(json.dumps({
-        "architectures": ["Qwen3_5ForConditionalGeneration"], "model_type": "qwen3_5", "text_config": text,
+        "architectures": [arch], "model_type": outer, "text_config": text,
         "vision_config": {"depth": 1}, "tie_word_embeddings": False}))
     state = {(k.replace("model.", "model.language_model.", 1) if k.startswith("model.") else k): v
              for k, v in load_file(path / "model.safetensors").items()}
@@ -96,6 +107,30 @@ def test_config_json_errors_are_one_line():
     assert cfg.layer_types == ("linear_attention",) * 3 + ("full_attention",) + ("linear_attention",) * 3 + (
         "full_attention",)  # HF's full_attention_interval 4
     assert cfg.partial_rotary_factor == 0.25
+
+
+def test_moe_config_reads_as_transformers_and_refuses_what_it_does_not_run():
+    """An empty qwen3_5_moe_text config.json resolves to Qwen3_5MoeTextConfig's values; the routing keys its class
+    ignores (every layer sparse, top-k renormalised) are refused in one line when they say otherwise."""
+    cfg, hf = ModelConfig.from_hf({"model_type": "qwen3_5_moe_text"}), transformers.Qwen3_5MoeTextConfig()
+    assert (cfg.num_experts, cfg.num_experts_per_tok, cfg.moe_intermediate_size, cfg.shared_expert_intermediate_size,
+            cfg.num_layers, cfg.hidden_size, cfg.router_aux_loss_coef) == (
+        hf.num_experts, hf.num_experts_per_tok, hf.moe_intermediate_size, hf.shared_expert_intermediate_size,
+        hf.num_hidden_layers, hf.hidden_size, hf.router_aux_loss_coef)
+    assert cfg.layer_types == tuple(hf.layer_types) and cfg.norm_topk_prob
+    assert all(cfg.sparse_layer(i) for i in range(cfg.num_layers))
+    base = cfg.to_hf()
+    assert ModelConfig.from_hf(base) == cfg
+    # what Qwen3-Next-style config.json files state, and transformers' behaviour: accepted
+    assert ModelConfig.from_hf({**base, "mlp_only_layers": [], "decoder_sparse_step": 1, "norm_topk_prob": True}) == cfg
+    for key, value in (("mlp_only_layers", [0]), ("decoder_sparse_step", 2), ("norm_topk_prob", False)):
+        with pytest.raises(ValueError, match=f"unsupported {key}=.* must be") as e:
+            ModelConfig.from_hf({**base, key: value})
+        assert "\n" not in str(e.value)
+    with pytest.raises(ValueError, match="shared_expert_intermediate_size must be a positive integer"):
+        ModelConfig.from_hf({**base, "shared_expert_intermediate_size": 0})
+    with pytest.raises(ValueError, match="routes every layer's MLP"):  # a config no Qwen3_5MoeForCausalLM holds
+        cfg.replace(mlp_only_layers=(1,)).to_hf()
 
 
 # ---- the kernels' references --------------------------------------------------------------------------------

@@ -25,7 +25,7 @@ from monorl.train.trainer import Trainer, TrainerConfig
 from tests.test_episodes import TURNS, generator, reprefilled_turn, scripted, turn_starts
 from tests.test_families import prompts_of, rollouts, scaled_model, trainer_logprobs
 from tests.test_qwen3_5 import _inputs
-from tests.test_recurrent_state import HYBRID
+from tests.test_recurrent_state import HYBRID, HYBRID_MOE
 
 C = 8  # the mode's chunk here: prompts and generations of ~20-40 tokens cross several boundaries
 
@@ -62,9 +62,9 @@ def test_decode_and_resumed_prefill_compute_each_token_as_the_pack():
         assert n_after == [5]
 
 
-@pytest.fixture(scope="module")
-def model():
-    return make_batch_invariant_(scaled_model(HYBRID, seed=2))
+@pytest.fixture(scope="module", params=[HYBRID, HYBRID_MOE], ids=["dense", "moe"])
+def model(request):
+    return make_batch_invariant_(scaled_model(request.param, seed=2))
 
 
 def test_generator_equals_the_trainer_bitwise(model):
@@ -120,11 +120,12 @@ def test_the_modes_rows_are_planned_and_allocated(model):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-def test_generator_equals_the_trainer_bitwise_on_cuda(monkeypatch):
+@pytest.mark.parametrize("cfg", [HYBRID, HYBRID_MOE], ids=["dense", "moe"])
+def test_generator_equals_the_trainer_bitwise_on_cuda(monkeypatch, cfg):
     """The same on CUDA (no fla in the mode): the bf16 generator (decode from CUDA graphs) against the trainer's
     packs (fp32 masters under its autocast), the real chunk of 64, prompts and generations across chunks."""
     monkeypatch.setattr(gated_delta_invariant, "CHUNK", 64)
-    model = make_batch_invariant_(build_model(HYBRID, "cuda", torch.float32, seed=None).init_weights(3, std=0.2))
+    model = make_batch_invariant_(build_model(cfg, "cuda", torch.float32, seed=None).init_weights(3, std=0.2))
     gen = Generator(model, GeneratorConfig(max_num_seqs=6, max_model_len=512, kv_cache_bytes=1 << 28))
     make_batch_invariant_(gen.model)  # as the RL loop converts both sides
     g = torch.Generator().manual_seed(0)

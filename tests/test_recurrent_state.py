@@ -23,11 +23,14 @@ HYBRID = ModelConfig(vocab_size=128, hidden_size=64, intermediate_size=128, num_
     layer_types=("linear_attention", "full_attention", "linear_attention", "linear_attention"),
     partial_rotary_factor=0.25, linear_conv_kernel_dim=4, linear_num_key_heads=2, linear_num_value_heads=4,
     linear_key_head_dim=8, linear_value_head_dim=8)
+# its MoE (Qwen3.5-MoE): every MLP 8 experts, top-2, and a shared expert
+HYBRID_MOE = HYBRID.with_family("qwen3_5_moe_text", num_experts=8, num_experts_per_tok=2, moe_intermediate_size=16,
+                                norm_topk_prob=True, shared_expert_intermediate_size=32)
 
 
-@pytest.fixture(scope="module")
-def model():
-    return build_model(HYBRID, seed=None).init_weights(3, std=0.2)
+@pytest.fixture(scope="module", params=[HYBRID, HYBRID_MOE], ids=["dense", "moe"])
+def model(request):
+    return build_model(request.param, seed=None).init_weights(3, std=0.2)
 
 
 def trainer_logprobs(model, tokens: list[int], start: int) -> tuple[list[int], list[float]]:

@@ -221,6 +221,11 @@ def test_a_degree_that_does_not_divide_the_heads_is_refused() -> None:
         check_tensor_parallel(cfg, 4)
     with pytest.raises(ValueError, match="needs a tensor-parallel group"):
         Generator(build_model(cfg), GeneratorConfig(tensor_parallel_size=2))
+    # a Qwen3.5-MoE shared expert (even with full attention on every layer): not sharded, refused
+    moe = cfg.with_family("qwen3_5_moe_text", num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
+                          norm_topk_prob=True, shared_expert_intermediate_size=64)
+    with pytest.raises(ValueError, match="shared expert .* not sharded yet"):
+        check_tensor_parallel(moe, 2)
 
 
 def test_full_copy_sync_unchanged_without_tp() -> None:

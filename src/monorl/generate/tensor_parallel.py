@@ -131,6 +131,9 @@ def check_tensor_parallel(cfg: ModelConfig, size: int) -> None:
     if size > 1 and cfg.model_type == "gpt_oss":
         raise ValueError(f"generator.tensor_parallel_size={size}: GPT-OSS is not sharded yet (its attention sinks per "
                          "head, its interleaved experts and their biases): use 1")
+    if size > 1 and cfg.shared_expert_intermediate_size:
+        raise ValueError(f"generator.tensor_parallel_size={size}: a shared expert (Qwen3.5-MoE) is not sharded yet: "
+                         "use 1")
     sizes = [("num_heads", cfg.num_heads), ("num_kv_heads", cfg.num_kv_heads),
              ("intermediate_size", cfg.intermediate_size), ("vocab_size", cfg.vocab_size)]
     for what, n in sizes + ([("moe_intermediate_size", cfg.moe_intermediate_size)] if cfg.is_moe else []):

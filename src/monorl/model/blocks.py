@@ -92,7 +92,7 @@ class TransformerBlock(nn.Module):
         super().__init__()
         self.self_attn = Attention(cfg, fused)
         if sparse:
-            self.mlp: nn.Module = SparseMoeBlock(cfg)
+            self.mlp: nn.Module = SparseMoeBlock(cfg, fused)
         else:
             self.mlp = MLP(cfg, fused)
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)

@@ -84,6 +84,7 @@ class ModelConfig:
     decoder_sparse_step: int = 1  # layer i is sparse when (i + 1) % decoder_sparse_step == 0 ...
     mlp_only_layers: tuple[int, ...] = ()  # ... and i is not one of these (HF's rule)
     router_aux_loss_coef: float = 0.0  # the load-balancing loss's weight (when `trainer.router_aux_loss` is on)
+    shared_expert_intermediate_size: int = 0  # a sigmoid-gated expert every token takes too (Qwen3.5-MoE); 0: none
     # each layer's kind (HF's `layer_types`; empty: every layer full attention); a kind decides the layer's cache
     # (`monorl.generate.cache.cache_kinds`) and how its attention reads it
     layer_types: tuple[str, ...] = ()
@@ -178,7 +179,8 @@ class ModelConfig:
         bias = fam.qkv_bias if fam.qkv_bias is not None else attention_bias
         if not fam.moe:
             moe = dict(num_experts=0, num_experts_per_tok=0, moe_intermediate_size=0, norm_topk_prob=False,
-                       decoder_sparse_step=1, mlp_only_layers=(), router_aux_loss_coef=0.0, **moe)
+                       decoder_sparse_step=1, mlp_only_layers=(), router_aux_loss_coef=0.0,
+                       shared_expert_intermediate_size=0, **moe)
         return self.replace(model_type=model_type, qk_norm=fam.qk_norm, qkv_bias=bias,
                             o_bias=bias and fam.qkv_bias is None, **moe)
 

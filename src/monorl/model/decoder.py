@@ -38,7 +38,7 @@ from monorl.model.rope import model_rope
 # A block class may also name the model's final norm (`final_norm`) and ask for embeddings scaled by
 # sqrt(hidden_size) (`embed_scale`), as Gemma 3's does.
 FAMILY_BLOCKS: dict[str, Callable[[ModelConfig, int, bool], nn.Module]] = {
-    "gemma3_text": Gemma3Block, "qwen3_5_text": Qwen3_5Block, "gpt_oss": GptOssBlock}
+    "gemma3_text": Gemma3Block, "qwen3_5_text": Qwen3_5Block, "qwen3_5_moe_text": Qwen3_5Block, "gpt_oss": GptOssBlock}
 
 
 def make_block(cfg: ModelConfig, i: int, fused: bool) -> nn.Module:

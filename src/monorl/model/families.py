@@ -5,10 +5,10 @@ Qwen3, Llama, Qwen2 and Qwen3-MoE are Llama-shaped decoders: RMSNorm, rotate-hal
 MLP (Qwen3-MoE: a sparse mixture of such MLPs in its sparse layers, `monorl.model.moe`). They differ in a per-head q/k
 RMSNorm (Qwen3, Qwen3-MoE), biases on q/k/v (Qwen2 always; Llama and Qwen3 on q/k/v/o with `attention_bias`), what
 a config.json key left out means (transformers' config class defaults, including head_dim: Qwen3Config's 128, the
-others hidden_size // num_attention_heads), and the GGUF architecture name. Gemma 3, Qwen3.5 and GPT-OSS have
-layers of their own (`monorl.model.decoder.FAMILY_BLOCKS`; layer kinds by `layer_types`) and their config.json keys
-in a module of their own (`Family.hf_module`). Everything else (checkpoints, LoRA, batch invariance, the memory
-plan) reads the resulting `ModelConfig` fields.
+others hidden_size // num_attention_heads), and the GGUF architecture name. Gemma 3, Qwen3.5 (dense and MoE) and
+GPT-OSS have layers of their own (`monorl.model.decoder.FAMILY_BLOCKS`; layer kinds by `layer_types`) and their
+config.json keys in a module of their own (`Family.hf_module`). Everything else (checkpoints, LoRA, batch invariance,
+the memory plan) reads the resulting `ModelConfig` fields.
 """
 
 from __future__ import annotations
@@ -117,6 +117,20 @@ QWEN3_5 = Family(
     partial_rotary=True, hybrid=True, hf_module="monorl.model.qwen3_5_hf",
 )
 
+# transformers' Qwen3_5MoeTextConfig (models/qwen3_5_moe; Qwen3_5MoeForCausalLM, the MoE of Qwen3.5-35B-A3B): Qwen3.5's
+# layers with every MLP a sparse block (`monorl.model.moe`) plus a sigmoid-gated shared expert; its own keys in
+# `monorl.model.qwen3_5_moe_hf`. The class has no intermediate_size, norm_topk_prob, decoder_sparse_step or
+# mlp_only_layers (None here, as for a key HF does not declare): every layer sparse, top-k always renormalised.
+QWEN3_5_MOE = Family(
+    model_type="qwen3_5_moe_text", architecture="Qwen3_5MoeForCausalLM", gguf_arch="", qk_norm=True, qkv_bias=None,
+    defaults=MappingProxyType({
+        **QWEN3_5.defaults, "hidden_size": 2048, "intermediate_size": None, "num_hidden_layers": 40,
+        "num_key_value_heads": 2, "num_experts": 256, "num_experts_per_tok": 8, "moe_intermediate_size": 512,
+        "shared_expert_intermediate_size": 512, "router_aux_loss_coef": 0.001, "norm_topk_prob": None,
+        "decoder_sparse_step": None, "mlp_only_layers": None}),
+    moe=True, partial_rotary=True, hybrid=True, hf_module="monorl.model.qwen3_5_moe_hf",
+)
+
 # transformers' Gemma3TextConfig (models/gemma3/configuration_gemma3.py; Gemma3ForCausalLM, text only): pre- and
 # post-norms, (1 + w) RMSNorms, GeGLU, a scaled embedding, sliding-window layers with their own RoPE base
 # (`monorl.model.gemma3`; its config.json keys: `monorl.model.gemma3_config`). rope_theta / rope_local_base_freq:
@@ -154,7 +168,8 @@ GPT_OSS = Family(
     moe=True, hf_module="monorl.model.gpt_oss_config", stacked_experts=True,
 )
 
-FAMILIES: dict[str, Family] = {f.model_type: f for f in (QWEN3, LLAMA, QWEN2, QWEN3_MOE, QWEN3_5, GEMMA3, GPT_OSS)}
+FAMILIES: dict[str, Family] = {f.model_type: f for f in (QWEN3, LLAMA, QWEN2, QWEN3_MOE, QWEN3_5, QWEN3_5_MOE, GEMMA3,
+                                                         GPT_OSS)}
 
 
 def family(model_type: str) -> Family:

@@ -1,4 +1,5 @@
-"""The sparse mixture-of-experts MLP of Qwen3-MoE (`SparseMoeBlock`), in a sparse layer's place of the dense MLP.
+"""The sparse mixture-of-experts MLP of Qwen3-MoE and Qwen3.5-MoE (`SparseMoeBlock`), in a sparse layer's place of
+the dense MLP.
 
 A router (`gate`, a `Linear` [E, hidden]) scores each token's experts; the token goes to its top-k by softmax
 probability, weighted by those probabilities (renormalised to sum to 1 with `norm_topk_prob`), and its output is
@@ -25,6 +26,7 @@ Every path sums a token's k weighted outputs in its own slot order (`_combine`),
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 
 import torch
@@ -34,6 +36,7 @@ from torch import Tensor, nn
 from monorl.model.config import ModelConfig
 from monorl.model.layers import Linear
 from monorl.ops import matmul_invariant
+from monorl.ops.gated_delta_invariant import pointwise
 from monorl.ops.tree_sum import tree_sum
 from monorl.speedups.private_apis import grouped_mm
 
@@ -180,16 +183,26 @@ def compute_dtype(x: Tensor) -> torch.dtype:
 
 
 class SparseMoeBlock(nn.Module):
-    """A sparse layer's MLP (see the module docstring): `gate` (the router) and `experts`."""
+    """A sparse layer's MLP (see the module docstring): `gate` (the router) and `experts`; with
+    `shared_expert_intermediate_size` (Qwen3.5-MoE, transformers' `Qwen3_5MoeSparseMoeBlock`) also a `shared_expert`
+    MLP every token takes, added times sigmoid(`shared_expert_gate`(x)). fused: the shared expert's gate/up as one
+    projection (the generator's copy)."""
 
     router_name = "gate"  # its router's attribute: `moe_blocks` finds any block that names one (GPT-OSS: "router")
+    sigmoid = staticmethod(torch.sigmoid)  # the shared expert's gate
 
-    def __init__(self, cfg: ModelConfig) -> None:
+    def __init__(self, cfg: ModelConfig, fused: bool = False) -> None:
         super().__init__()
         self.num_experts, self.top_k, self.norm_topk_prob = (cfg.num_experts, cfg.num_experts_per_tok,
                                                              cfg.norm_topk_prob)
         self.gate = Linear(cfg.hidden_size, cfg.num_experts, bias=False)
         self.experts = Experts(cfg.num_experts, cfg.hidden_size, cfg.moe_intermediate_size)
+        self.shared_expert: nn.Module | None = None
+        if cfg.shared_expert_intermediate_size:
+            from monorl.model.blocks import MLP  # (blocks.py imports this module)
+
+            self.shared_expert = MLP(cfg.replace(intermediate_size=cfg.shared_expert_intermediate_size), fused)
+            self.shared_expert_gate = Linear(cfg.hidden_size, 1, bias=False)
 
     def route(self, logits: Tensor) -> tuple[Tensor, Tensor]:
         """(weights [T, k], experts [T, k]) of router logits [T, E]."""
@@ -197,7 +210,10 @@ class SparseMoeBlock(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         weights, experts = self.route(self.gate(x))
-        return self.run_experts(x.to(compute_dtype(x)), weights, experts)
+        out = self.run_experts(x.to(compute_dtype(x)), weights, experts)
+        if self.shared_expert is not None:
+            out = out + self.sigmoid(self.shared_expert_gate(x)) * self.shared_expert(x)
+        return out
 
     def run_experts(self, x: Tensor, weights: Tensor, experts: Tensor) -> Tensor:
         gate_up, down = self.experts.gate_up_proj.to(x.dtype), self.experts.down_proj.to(x.dtype)
@@ -213,6 +229,9 @@ class SparseMoeBlock(nn.Module):
 
 class BatchInvariantSparseMoeBlock(SparseMoeBlock):
     """The block in batch-invariant mode (see the module docstring); made by `make_batch_invariant_`."""
+
+    # the shared expert's gate [T, 1]: every element by ATen's SIMD form, whatever T (`pointwise`)
+    sigmoid = staticmethod(functools.partial(pointwise, torch.sigmoid))
 
     def route(self, logits: Tensor) -> tuple[Tensor, Tensor]:
         return route(logits, self.top_k, self.norm_topk_prob, invariant=True)

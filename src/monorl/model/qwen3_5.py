@@ -24,6 +24,7 @@ from monorl.model.attention import AttentionContext
 from monorl.model.blocks import MLP
 from monorl.model.config import ModelConfig
 from monorl.model.layers import Linear, OffsetRMSNorm
+from monorl.model.moe import SparseMoeBlock
 from monorl.ops import gated_delta_invariant, rmsnorm_invariant
 from monorl.ops.gated_delta import causal_conv, gated_delta_rule
 from monorl.ops.gated_delta_decode import conv_step, in_place_decode, rule_step
@@ -209,7 +210,8 @@ def _cached_layout(ctx: Any, cache: Any, reference: bool) -> _Layout:
 
 
 class Qwen3_5Block(nn.Module):
-    """One Qwen3.5 decoder layer: its kind's token mixer (`linear_attn` or `self_attn`), then the MLP."""
+    """One Qwen3.5 decoder layer: its kind's token mixer (`linear_attn` or `self_attn`), then the MLP (Qwen3.5-MoE,
+    qwen3_5_moe_text: a sparse layer's, `monorl.model.moe.SparseMoeBlock` with its shared expert)."""
 
     final_norm = OffsetRMSNorm  # the model's final norm (`monorl.model.decoder.Qwen3Model`)
 
@@ -219,7 +221,7 @@ class Qwen3_5Block(nn.Module):
             self.linear_attn = GatedDeltaNet(cfg)
         else:
             self.self_attn = GatedAttention(cfg)
-        self.mlp = MLP(cfg, fused)
+        self.mlp = SparseMoeBlock(cfg, fused) if cfg.sparse_layer(i) else MLP(cfg, fused)
         self.input_layernorm = OffsetRMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.post_attention_layernorm = OffsetRMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 

@@ -1,6 +1,6 @@
 """Qwen3.5's config.json keys beyond the shared ones (`ModelConfig.from_hf` / `to_hf` call these for a `hybrid`
 family): the Gated DeltaNet shape, `layer_types` (or HF's `full_attention_interval`), the partial rotary factor, and
-the text config nested in a vision-language checkpoint (`Qwen3_5ForConditionalGeneration`: its language model's
+the text config nested in a vision-language checkpoint (`Qwen3_5(Moe)ForConditionalGeneration`: its language model's
 weights are `model.language_model.*`, `monorl.model.hf_checkpoint` maps them). Plain dict functions, so config.py
 imports them without a cycle."""
 
@@ -13,12 +13,14 @@ LINEAR_KEYS = ("linear_conv_kernel_dim", "linear_num_key_heads", "linear_num_val
 # transformers' defaults that Qwen3_5TextConfig sets in __post_init__ rather than as fields
 PARTIAL_ROTARY_DEFAULT = 0.25
 FULL_ATTENTION_INTERVAL_DEFAULT = 4
-NESTED_MODEL_TYPE = "qwen3_5"  # the vision-language config whose text_config is a qwen3_5_text one
+# the vision-language configs whose text_config is a Qwen3.5 language model -> its model_type and causal LM class
+NESTED = {"qwen3_5": ("qwen3_5_text", "Qwen3_5ForCausalLM"),
+          "qwen3_5_moe": ("qwen3_5_moe_text", "Qwen3_5MoeForCausalLM")}
 
 
 def is_nested(hf: dict[str, Any]) -> bool:
-    """A `Qwen3_5ForConditionalGeneration` config.json (its language model under text_config)."""
-    return hf.get("model_type") == NESTED_MODEL_TYPE and isinstance(hf.get("text_config"), dict)
+    """A `Qwen3_5(Moe)ForConditionalGeneration` config.json (its language model under text_config)."""
+    return hf.get("model_type") in NESTED and isinstance(hf.get("text_config"), dict)
 
 
 def text_config(hf: dict[str, Any]) -> dict[str, Any]:
@@ -27,8 +29,9 @@ def text_config(hf: dict[str, Any]) -> dict[str, Any]:
     if not is_nested(hf):
         return hf
     text = dict(hf["text_config"])
-    text.setdefault("model_type", "qwen3_5_text")
-    text["architectures"] = ["Qwen3_5ForCausalLM"]
+    model_type, architecture = NESTED[hf["model_type"]]
+    text.setdefault("model_type", model_type)
+    text["architectures"] = [architecture]
     text["tie_word_embeddings"] = hf.get("tie_word_embeddings", False)
     return text
 

@@ -11,10 +11,10 @@ import torch
 from safetensors import safe_open
 
 from monorl.model.attention import VarlenContext
-from monorl.model.blocks import MLP
 from monorl.model.config import ModelConfig, model_shape
 from monorl.model.decoder import build_model
 from monorl.model.hf_checkpoint import load_checkpoint, load_config, save_checkpoint
+from monorl.model.mlp import MLP
 from monorl.model.moe import (
     SparseMoeBlock,
     experts_every_expert,

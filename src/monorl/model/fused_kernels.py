@@ -26,9 +26,10 @@ import torch
 from torch import Tensor, nn
 
 from monorl.model.attention import AttentionContext
-from monorl.model.blocks import MLP, Attention, TransformerBlock
+from monorl.model.blocks import Attention, TransformerBlock
 from monorl.model.decoder import DecoderForCausalLM
 from monorl.model.layers import Linear, RMSNorm
+from monorl.model.mlp import MLP
 from monorl.model.rope import rope
 from monorl.ops import block_kernels, decode_gemm, matmul_invariant, rmsnorm_invariant
 

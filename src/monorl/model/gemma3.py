@@ -19,9 +19,10 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from monorl.model.attention import AttentionContext
-from monorl.model.blocks import MLP, Attention
+from monorl.model.blocks import Attention
 from monorl.model.config import ModelConfig
 from monorl.model.layers import OffsetRMSNorm
+from monorl.model.mlp import MLP
 
 
 class Gemma3Attention(Attention):

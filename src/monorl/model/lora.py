@@ -35,9 +35,10 @@ from safetensors.torch import save_file
 from torch import Tensor, nn
 
 from monorl.fsutil import read_json, write_dir_atomic
-from monorl.model.blocks import MLP, Attention
+from monorl.model.blocks import Attention
 from monorl.model.decoder import DecoderForCausalLM, materialize_
 from monorl.model.layers import Linear
+from monorl.model.mlp import MLP
 
 # short name -> HF module name, in the model's order
 TARGET_MODULES: dict[str, str] = {"q": "q_proj", "k": "k_proj", "v": "v_proj", "o": "o_proj",

@@ -35,6 +35,7 @@ from torch import Tensor, nn
 
 from monorl.model.config import ModelConfig
 from monorl.model.layers import Linear
+from monorl.model.mlp import MLP
 from monorl.ops import matmul_invariant
 from monorl.ops.gated_delta_invariant import pointwise
 from monorl.ops.tree_sum import tree_sum
@@ -199,8 +200,6 @@ class SparseMoeBlock(nn.Module):
         self.experts = Experts(cfg.num_experts, cfg.hidden_size, cfg.moe_intermediate_size)
         self.shared_expert: nn.Module | None = None
         if cfg.shared_expert_intermediate_size:
-            from monorl.model.blocks import MLP  # (blocks.py imports this module)
-
             self.shared_expert = MLP(cfg.replace(intermediate_size=cfg.shared_expert_intermediate_size), fused)
             self.shared_expert_gate = Linear(cfg.hidden_size, 1, bias=False)
 

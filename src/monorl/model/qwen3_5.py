@@ -21,9 +21,9 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from monorl.model.attention import AttentionContext
-from monorl.model.blocks import MLP
 from monorl.model.config import ModelConfig
 from monorl.model.layers import Linear, OffsetRMSNorm
+from monorl.model.mlp import MLP
 from monorl.model.moe import SparseMoeBlock
 from monorl.ops import gated_delta_invariant, rmsnorm_invariant
 from monorl.ops.gated_delta import causal_conv, gated_delta_rule

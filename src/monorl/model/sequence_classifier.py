@@ -90,9 +90,9 @@ def load_sequence_classifier(path: str | os.PathLike, device: torch.device | str
 
 
 def classifier_config(directory: Path) -> tuple[ModelConfig, dict, int]:
-    """(the body's architecture, config.json, the score head's labels) of a sequence-classifier checkpoint directory, no weights read (the
-    memory plan sizes a reward model with it). CheckpointError (one line) for another kind of checkpoint or a
-    mixture-of-experts body."""
+    """(the body's architecture, config.json, the score head's labels) of a sequence-classifier checkpoint
+    directory, no weights read (the memory plan sizes a reward model with it). CheckpointError (one line) for another
+    kind of checkpoint or a mixture-of-experts body."""
     hf = read_json(directory / CONFIG_FILE, CheckpointError)
     archs = hf.get("architectures") or []
     if not any(a.endswith(CLASSIFIER_SUFFIX) for a in archs):

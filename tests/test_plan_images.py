@@ -94,3 +94,26 @@ def test_preprocessor_settings_monorl_does_not_run(tmp_path: Path, bad: dict, me
     with pytest.raises(ValueError, match="preprocessor_config.json: " + message.replace("(", r"\(")) as e:
         image_processor(ModelSection(path=str(path)), model_shape("tiny-vl"))
     assert "\n" not in str(e.value)
+
+
+def test_plan_counts_the_images_an_episodes_tools_may_return():
+    """An agent episode's tool images (rollout.max_tool_images at the processor's max_pixels, within max_new_tokens)
+    add the tower's activations to the trainer's pack and the generator's turn prefill."""
+    from monorl.model.image_processing import SHAPE_PREPROCESSORS, ImageProcessor
+    from monorl.plan_images import tool_image_tokens_bound
+
+    cfg = run_config("tiny_vision", {"rollout.max_tool_images": "2", "rollout.max_new_tokens": "100"})
+    m = model_shape("tiny-vl")
+    proc = ImageProcessor.for_model(m.vision, preprocessor=SHAPE_PREPROCESSORS["tiny-vl"])  # 16 tokens an image
+    assert tool_image_tokens_bound(2, 100, True, proc) == 32
+    assert tool_image_tokens_bound(8, 100, True, proc) == 100  # within the completion budget
+    assert tool_image_tokens_bound(2, 100, False, proc) == tool_image_tokens_bound(2, 100, True, None) == 0
+    bare = plan_memory(cfg, m, 40, None, on_gpu=False)
+    tools = plan_memory(cfg, m, 40, None, on_gpu=False, tool_image_tokens=32)
+    for row in ("trainer activations", "generator prefill"):
+        assert tools.row(row).bytes > bare.row(row).bytes, row
+    # the trainer's pack at the completions' image share (32 of 100 tokens), above the prompts' (5 of 40)
+    prompts = plan_memory(cfg, m, 40, None, on_gpu=False, image_tokens=5)
+    both = plan_memory(cfg, m, 40, None, on_gpu=False, image_tokens=5, tool_image_tokens=32)
+    assert both.row("trainer activations").bytes == tools.row("trainer activations").bytes \
+        > prompts.row("trainer activations").bytes

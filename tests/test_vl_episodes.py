@@ -247,3 +247,16 @@ def test_a_reference_solution_with_tool_images_stops_in_one_line(tmp_path):
         {"role": "assistant", "content": "done"}]
     with pytest.raises(ValueError, match="reference solution's tool / environment message holds images"):
         solution_sequence(ChatRenderer(CharTokenizer()), task, task.prompts(tmp_path)[0])
+
+
+def test_an_episode_past_max_tool_images_stops_in_one_line(tmp_path):
+    tok, model, gen = vl_setup(tmp_path, invariant=False)
+    task = CropTask(tmp_path, 3, prompt_image=False)  # two tool images an episode
+    runner = EpisodeRunner(gen, tok, task, max_len=512, max_tool_images=1)
+    try:
+        with pytest.raises(ValueError, match=r"returned 2 images, more than rollout.max_tool_images=1 \(what the "
+                                             "memory plan counts\\): raise it") as e:
+            runner.play(task.prompts(tmp_path)[:1], sampling(model.config.vocab_size), n=1)
+    finally:
+        runner.close()
+    assert "\n" not in str(e.value)

@@ -28,7 +28,8 @@ from monorl.model.section import ModelSection
 from monorl.model.source import image_processor, resolve_model
 from monorl.model.vocab_match import check_same_vocab
 from monorl.plan import MemoryPlan, run_memory_plan, with_overrides
-from monorl.plan_images import image_tokens_bound
+from monorl.plan_images import image_tokens_bound, tool_image_tokens_bound
+from monorl.plan_rewards import resolve_model_rewards, size_judges_
 from monorl.task_registry import load_task
 from monorl.tasks.base import Prompt, Task
 from monorl.tasks.rewards import OVERLONG
@@ -190,7 +191,12 @@ def build_run(cfg: RunConfig, device: torch.device, world: World = SINGLE, plan:
     train = list(itertools.islice(task.train_prompts(seed=cfg.seed), sample))
     longest = longest_fitting_prompt(task, tokenizer, train, max_len, r.max_new_tokens, "training") or 1
     # a prompt's images at the processor's max_pixels: prompt tokens the plan sizes the KV cache and packs with
-    longest += (image_tokens := image_tokens_bound(train, image_processor(cfg.model, model_config)))
+    processor = image_processor(cfg.model, model_config)
+    longest += (image_tokens := image_tokens_bound(train, processor))
+    tool_images = tool_image_tokens_bound(r.max_tool_images, r.max_new_tokens, isinstance(task, AgentTask), processor)
+    # a judge's and a reward model's architectures; the judge's engine sized as the plan counts it
+    rewards = resolve_model_rewards(cfg, longest, torch.bfloat16 if device.type == "cuda" else torch.float32)
+    size_judges_(task, rewards)
     longest_fitting_prompt(task, tokenizer, val_prompts, max_len, v.max_new_tokens or r.max_new_tokens, "validation")
     components = reward_components(cfg, task)
     pass_component = v.pass_component or (task.reward_components or (None,))[0]
@@ -201,5 +207,6 @@ def build_run(cfg: RunConfig, device: torch.device, world: World = SINGLE, plan:
     if plan:
         spec.plan = run_memory_plan(cfg, model_config, longest, device, world.size, world.rank,
                                     change_resolver(given, model_config, device),
-                                    teacher=teacher[0] if teacher else None, image_tokens=image_tokens)
+                                    teacher=teacher[0] if teacher else None, image_tokens=image_tokens,
+                                    tool_image_tokens=tool_images, rewards=rewards)
     return spec

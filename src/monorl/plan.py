@@ -34,7 +34,7 @@ from monorl.generate.cache import bytes_per_block, bytes_per_sequence, kv_cache_
 from monorl.generate.tensor_parallel import check_tensor_parallel, shard_config
 from monorl.model.config import ModelConfig
 from monorl.model.pack_layout import bucket_size
-from monorl.plan_activations import activation_shape, trainer_activation_bytes
+from monorl.plan_activations import FORWARD_TENSORS_PER_TOKEN_WIDTH, activation_shape, trainer_activation_bytes
 from monorl.plan_images import vision_activation_bytes
 from monorl.plan_params import (
     active_param_count,
@@ -42,12 +42,13 @@ from monorl.plan_params import (
     param_counts,
     tensor_parallel_copy_params,
 )
+from monorl.plan_rewards import MODEL_REWARD_ROWS, ModelRewards, model_reward_rows
 from monorl.plan_table import GiB, MemoryPlan, MemoryRow, reserve_for
 
 if TYPE_CHECKING:
     from monorl.config import RunConfig
 
-_GEN_PREFILL_BYTES_PER_TOKEN_LAYER_WIDTH = 2 * 4  # a prefill's transient: ~4 bf16 [tokens, width] per layer
+_GEN_PREFILL_BYTES_PER_TOKEN_LAYER_WIDTH = 2 * FORWARD_TENSORS_PER_TOKEN_WIDTH  # a prefill's transient, in bf16
 
 
 def largest_micro_batch(cfg: RunConfig, max_prompt_tokens: int, ranks: int = 1) -> int:
@@ -61,7 +62,8 @@ def largest_micro_batch(cfg: RunConfig, max_prompt_tokens: int, ranks: int = 1) 
 def plan_memory(cfg: RunConfig, m: ModelConfig, max_prompt_tokens: int, device_bytes: int | None,
                 on_gpu: bool = True, activation_checkpointing: bool | None = None,
                 max_model_len: int | None = None, ranks: int = 1, role: str = "both",
-                teacher: ModelConfig | None = None, image_tokens: int = 0) -> MemoryPlan:
+                teacher: ModelConfig | None = None, image_tokens: int = 0, tool_image_tokens: int = 0,
+                rewards: ModelRewards | None = None) -> MemoryPlan:
     """The plan for `cfg` on one GPU of `device_bytes` (see the module docstring). on_gpu=False plans a CPU run
     (fp32 everywhere, no graphs); activation_checkpointing overrides `trainer.activation_checkpointing`.
     ranks > 1: one GPU of an FSDP run (`monorl.distributed`): the policy, its gradients and AdamW's state are
@@ -70,7 +72,9 @@ def plan_memory(cfg: RunConfig, m: ModelConfig, max_prompt_tokens: int, device_b
     (`monorl.generate.tensor_parallel`), each group of N generating its share of the step's prompt groups. role
     "trainer" / "generator": a disaggregated rank's rows alone (`ranks`: those of its role; `role_share`). teacher:
     a distillation teacher's architecture (a frozen full copy on every trainer rank, in the generator's dtype).
-    image_tokens: those of max_prompt_tokens that are a vision-language prompt's images (`monorl.plan_images`)."""
+    image_tokens: those of max_prompt_tokens that are a vision-language prompt's images (`monorl.plan_images`);
+    tool_image_tokens: those an agent episode's tools may insert (`tool_image_tokens_bound`). rewards: a judge's and a
+    reward model's rows (`monorl.plan_rewards`)."""
     t, g, cc, lora = cfg.trainer, cfg.generator, cfg.compile, cfg.lora
     tp = g.tensor_parallel_size
     if ranks % tp:
@@ -143,7 +147,9 @@ def plan_memory(cfg: RunConfig, m: ModelConfig, max_prompt_tokens: int, device_b
     act_shape = activation_shape(m)  # a sparse layer's per-token width, for the activation rows
     compiled = cc.backend == "inductor" and cc.trainer
     acts = trainer_activation_bytes(act_shape, mb, compute, ac, t.logprob_chunk, copy_params, residual, compiled)
-    tower, patches = vision_activation_bytes(m, mb, image_tokens / max_prompt_tokens, compute, training=True)
+    # a pack's image share: its prompts' at most, or its completions' (a tool's images are inserted tokens)
+    fraction = max(image_tokens / max_prompt_tokens, tool_image_tokens / cfg.rollout.max_new_tokens)
+    tower, patches = vision_activation_bytes(m, mb, fraction, compute, training=True)
     acts += tower  # the tower's blocks run inside the pack's forward
     note = f"{mb} tokens{f', the tower {patches} patches' if patches else ''}{', checkpointed' if ac else ''}"
     note += ", compiled" if compiled else ""
@@ -163,8 +169,12 @@ def plan_memory(cfg: RunConfig, m: ModelConfig, max_prompt_tokens: int, device_b
     width = act_shape.hidden_size + activation_shape(gen_m).intermediate_size  # a TP rank's MLP share
     prefill = largest_prefill(cfg, max_prompt_tokens, ranks // tp)
     gen_transient = _GEN_PREFILL_BYTES_PER_TOKEN_LAYER_WIDTH * prefill * width + 4 * prefill * m.vocab_size
-    gen_transient += vision_activation_bytes(m, prefill, image_tokens / max_prompt_tokens, compute, False)[0]
+    # the tower at a prompt's prefill, or at a turn's (the resuming episodes' tool images, up to max_prefill_tokens)
+    turn = max(tool_image_tokens, min(g.max_prefill_tokens, g.max_num_seqs * tool_image_tokens))
+    gen_transient += max(vision_activation_bytes(m, prefill, image_tokens / max_prompt_tokens, compute, False)[0],
+                         vision_activation_bytes(m, turn, 1.0, compute, False)[0])
     rows.append(MemoryRow("generator prefill", int(gen_transient), f"{prefill} tokens", persistent=False))
+    rows += model_reward_rows(rewards, cfg, max_prompt_tokens, gen_dtype)  # loaded by the producer, at first call
     if ranks > 1 and role == "both":  # a colocated FSDP run's weight sync gathers the shards into the generator
         rows.append(_weight_sync_row(m, counts, ranks, tp, lora.enabled, compute, gen_bytes))
     if on_gpu and cc.decode_cuda_graphs:
@@ -213,7 +223,7 @@ def _weight_sync_row(m: ModelConfig, counts: dict[str, int], ranks: int, tp: int
                      "a bucket of the all-gathered shards", persistent=False)
 
 
-GENERATOR_ROWS = ("generator weights", "KV cache", "generator prefill", "decode graph pool")
+GENERATOR_ROWS = ("generator weights", "KV cache", "generator prefill", "decode graph pool", *MODEL_REWARD_ROWS)
 
 
 def step_kv_need(cfg: RunConfig, m: ModelConfig, max_prompt_tokens: int, ranks: int,
@@ -254,14 +264,15 @@ def _kv_to_room_(plan: MemoryPlan, cfg: RunConfig, m: ModelConfig, max_prompt_to
 
 def auto_checkpointing(cfg: RunConfig, m: ModelConfig, max_prompt_tokens: int, device_bytes: int | None,
                        on_gpu: bool = True, ranks: int = 1, role: str = "both",
-                       teacher: ModelConfig | None = None) -> bool:
-    """`trainer.activation_checkpointing` auto (None): on only when the run does not fit without it."""
+                       teacher: ModelConfig | None = None, **beside: Any) -> bool:
+    """`trainer.activation_checkpointing` auto (None): on only when the run does not fit without it. beside: what
+    else `plan_memory` takes of the run (image_tokens, tool_image_tokens, rewards)."""
     if cfg.trainer.activation_checkpointing is not None:
         return cfg.trainer.activation_checkpointing
     if not on_gpu or device_bytes is None:
         return False
     return not plan_memory(cfg, m, max_prompt_tokens, device_bytes, on_gpu, activation_checkpointing=False,
-                           ranks=ranks, role=role, teacher=teacher).fits
+                           ranks=ranks, role=role, teacher=teacher, **beside).fits
 
 
 _RANKS = "nproc"  # the candidate change "more GPUs": not a config key, the rank count `monorl train --nproc` sets
@@ -333,14 +344,15 @@ def with_overrides(cfg: RunConfig, overrides: dict[str, Any]) -> RunConfig:
 
 
 def _auto_plan(cfg: RunConfig, m: ModelConfig, max_prompt_tokens: int, device_bytes: int,
-               ranks: int = 1, teacher: ModelConfig | None = None) -> MemoryPlan:
-    ac = auto_checkpointing(cfg, m, max_prompt_tokens, device_bytes, ranks=ranks, teacher=teacher)
+               ranks: int = 1, teacher: ModelConfig | None = None, **beside: Any) -> MemoryPlan:
+    ac = auto_checkpointing(cfg, m, max_prompt_tokens, device_bytes, ranks=ranks, teacher=teacher, **beside)
     return plan_memory(cfg, m, max_prompt_tokens, device_bytes, activation_checkpointing=ac, ranks=ranks,
-                       teacher=teacher)
+                       teacher=teacher, **beside)
 
 
 def advise(cfg: RunConfig, m: ModelConfig, max_prompt_tokens: int, device_bytes: int, ranks: int = 1,
-           apply: Callable[[dict[str, Any]], RunConfig] | None = None, teacher: ModelConfig | None = None) -> list[str]:
+           apply: Callable[[dict[str, Any]], RunConfig] | None = None, teacher: ModelConfig | None = None,
+           **beside: Any) -> list[str]:
     """For a plan that does not fit: the cheapest single change that makes it fit, else the cheapest pair, else
     a line saying nothing here does. Changes are ordered cheapest first (more GPUs before LoRA, which changes
     the method); activation checkpointing left on auto is resolved for each candidate, as the run would. apply: the
@@ -356,7 +368,7 @@ def advise(cfg: RunConfig, m: ModelConfig, max_prompt_tokens: int, device_bytes:
         if n % overrides.get("generator.tensor_parallel_size", cfg.generator.tensor_parallel_size):
             continue  # a tensor-parallel group is made of the run's ranks
         changed = apply(overrides) if apply is not None else with_overrides(cfg, overrides)
-        p = _auto_plan(changed, m, max_prompt_tokens, device_bytes, n, teacher)
+        p = _auto_plan(changed, m, max_prompt_tokens, device_bytes, n, teacher, **beside)
         if p.fits:
             flags = " ".join(flag for flag, _, _ in combo)
             ac = (" (activation checkpointing then on, auto)" if p.activation_checkpointing
@@ -379,19 +391,19 @@ def device_memory_bytes(device: torch.device) -> int | None:
 def run_memory_plan(cfg: RunConfig, m: ModelConfig, max_prompt_tokens: int, device: torch.device,
                     ranks: int = 1, rank: int = 0,
                     apply: Callable[[dict[str, Any]], RunConfig] | None = None,
-                    teacher: ModelConfig | None = None, image_tokens: int = 0) -> MemoryPlan:
+                    teacher: ModelConfig | None = None, **beside: Any) -> MemoryPlan:
     """The plan for a run on `device` (its whole memory), with `trainer.activation_checkpointing` auto resolved.
     A run that does not fit raises MemoryPlanError naming the cheapest change that does (`advise`, with `apply`),
     after printing the table. ranks: the run's rank count (one GPU of an FSDP run); rank: this one (its role in a
-    disaggregated run)."""
+    disaggregated run); beside: what else `plan_memory` takes of the run (images, model-graded rewards)."""
     on_gpu = device.type == "cuda"
     device_bytes = device_memory_bytes(device)
     role, ranks = role_share(cfg.placement, ranks, rank)
-    ac = auto_checkpointing(cfg, m, max_prompt_tokens, device_bytes, on_gpu, ranks, role, teacher)
+    ac = auto_checkpointing(cfg, m, max_prompt_tokens, device_bytes, on_gpu, ranks, role, teacher, **beside)
     plan = plan_memory(cfg, m, max_prompt_tokens, device_bytes, on_gpu, ac, ranks=ranks, role=role, teacher=teacher,
-                       image_tokens=image_tokens)
+                       **beside)
     if plan.fits is False:
-        plan.advice = advise(cfg, m, max_prompt_tokens, device_bytes, ranks, apply, teacher)
+        plan.advice = advise(cfg, m, max_prompt_tokens, device_bytes, ranks, apply, teacher, **beside)
         print(f"memory plan (does not fit {device}):\n{plan.table()}", file=sys.stderr, flush=True)
         raise MemoryPlanError(f"the run does not fit {device}: planned peak {plan.peak_bytes / GiB:.1f} GiB + "
                               f"{plan.reserve_bytes / GiB:.1f} GiB context and slack > {device_bytes / GiB:.1f} GiB; "

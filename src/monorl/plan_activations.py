@@ -9,6 +9,9 @@ from dataclasses import dataclass
 
 from monorl.model.config import ModelConfig
 
+# a no-grad forward's transient (the generator's prefill, a reward model's packs): ~4 [tokens, width] tensors of
+# its dtype alive in a layer at a time
+FORWARD_TENSORS_PER_TOKEN_WIDTH = 4
 _LOGPROB_BYTES_PER_ROW_VOCAB = 16  # a chunk's fp32 logits, log-softmax and (backward) their gradient
 
 

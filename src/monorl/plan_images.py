@@ -1,7 +1,8 @@
 """What a vision-language run's images add to the memory plan (`monorl.plan`): the tower's activations in the trainer's
 largest micro-batch and in the generator's largest prefill. The tower's weights are in `param_counts` ("vision"),
 and image tokens are prompt tokens: `image_tokens_bound` adds them to the longest prompt the plan sizes the KV cache,
-the packs and the prefill with."""
+the packs and the prefill with. An agent episode's tools may return images too (inserted tokens of a later turn,
+within rollout.max_new_tokens): `tool_image_tokens_bound` is what the plan counts of them."""
 
 from __future__ import annotations
 
@@ -27,6 +28,16 @@ def image_tokens_bound(prompts: Sequence[Any], processor: Any) -> int:
     if not most or processor is None:
         return 0
     return most * (max_image_tokens(processor.max_pixels, processor.patch_size, processor.merge_size) - 1)
+
+
+def tool_image_tokens_bound(max_tool_images: int, max_new_tokens: int, is_agent_task: bool, processor: Any) -> int:
+    """The most image tokens an agent episode's tools and environment insert: `max_tool_images` (rollout's) images at
+    the processor's max_pixels, within the completion budget they count against (`max_new_tokens`). 0 for a task
+    that plays no episodes or a policy without a processor (a text model)."""
+    if not is_agent_task or processor is None:
+        return 0
+    each = max_image_tokens(processor.max_pixels, processor.patch_size, processor.merge_size)
+    return min(max_tool_images * each, max_new_tokens)
 
 
 def vision_activation_bytes(m: ModelConfig, pack_tokens: int, image_fraction: float, compute: str,

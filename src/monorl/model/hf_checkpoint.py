@@ -24,6 +24,7 @@ from monorl.fsutil import read_json, write_dir_atomic
 from monorl.model.config import ModelConfig
 from monorl.model.decoder import DecoderForCausalLM
 from monorl.model.expert_stacking import is_stacked, per_expert_expected, stack_experts, unstack_experts
+from monorl.model.image_processing import ImageProcessor
 from monorl.model.qwen3_5_hf import is_nested
 from monorl.model.tokenizer import HFTokenizer, Tokenizer, TokenizerError
 
@@ -263,26 +264,32 @@ def _shards(state: dict[str, Tensor], max_shard_bytes: int | None) -> list[dict[
 
 
 def save_checkpoint(model: DecoderForCausalLM, path: str | os.PathLike, dtype: torch.dtype | None = None,
-                    tokenizer: Tokenizer | None = None, max_shard_bytes: int | None = None) -> Path:
+                    tokenizer: Tokenizer | None = None, max_shard_bytes: int | None = None,
+                    processor: ImageProcessor | None = None) -> Path:
     """Write `model` (and `tokenizer`, if given) as an HF checkpoint directory at `path`, replacing any
-    existing one only once the new one is complete. dtype=None keeps the model's dtype."""
+    existing one only once the new one is complete. dtype=None keeps the model's dtype. A vision-language model's
+    image processor files too (`write_checkpoint_files`)."""
     path = Path(path)
     if path.exists() and not path.is_dir():
         raise CheckpointError(f"cannot save checkpoint to {path}: it exists and is not a directory")
-    return write_dir_atomic(path, lambda d: write_checkpoint_files(model, d, dtype, tokenizer, max_shard_bytes))
+    return write_dir_atomic(path, lambda d: write_checkpoint_files(model, d, dtype, tokenizer, max_shard_bytes,
+                                                                   processor=processor))
 
 
 def write_checkpoint_files(model: DecoderForCausalLM, directory: Path, dtype: torch.dtype | None = None,
                            tokenizer: Tokenizer | None = None, max_shard_bytes: int | None = None,
-                           weights: bool = True) -> None:
+                           weights: bool = True, processor: ImageProcessor | None = None) -> None:
     """The files of `save_checkpoint`, into an existing directory and not atomically: for a writer that adds
     files of its own beside them and publishes the directory once (a training checkpoint). weights=False writes
-    config.json and the tokenizer only (a LoRA run's checkpoint, whose weights are its adapter)."""
+    config.json and the tokenizer only (a LoRA run's checkpoint, whose weights are its adapter). A vision-language
+    model's preprocessor files (`ImageProcessor.write`): `processor` (the run's, read from the checkpoint it started
+    from), else the tower's patch sizes with Qwen3-VL's defaults -- so `AutoProcessor` loads the directory."""
     if any(t.is_meta for t in model.state_dict().values()):
         raise CheckpointError("cannot save a model that still has meta (unmaterialised) tensors")
     if not weights:
         _write_json(directory / CONFIG_FILE, model.config.to_hf(_DTYPE_NAMES.get(dtype, "float32")))
         _write_tokenizer(tokenizer, directory)
+        _write_processor(model.config, processor, directory)
         return
     state = {name: t.detach().to("cpu", dtype=dtype or t.dtype).contiguous() for name, t in model.state_dict().items()}
     if model.config.is_moe and not model.config.family.stacked_experts:  # experts one by one, as the Hub stores them
@@ -305,6 +312,12 @@ def write_checkpoint_files(model: DecoderForCausalLM, directory: Path, dtype: to
         total = sum(t.numel() * t.element_size() for t in state.values())
         _write_json(directory / INDEX_FILE, {"metadata": {"total_size": total}, "weight_map": weight_map})
     _write_tokenizer(tokenizer, directory)
+    _write_processor(model.config, processor, directory)
+
+
+def _write_processor(config: ModelConfig, processor: ImageProcessor | None, directory: Path) -> None:
+    if config.vision is not None:
+        (processor or ImageProcessor.for_model(config.vision)).write(directory)
 
 
 def _write_tokenizer(tokenizer: Tokenizer | None, directory: Path) -> None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import io
+import json
 import math
 import os
 from collections.abc import Sequence
@@ -24,6 +25,7 @@ from monorl.fsutil import read_json
 from monorl.model.vision_config import VisionConfig
 
 PREPROCESSOR_FILE = "preprocessor_config.json"
+VIDEO_PREPROCESSOR_FILE = "video_preprocessor_config.json"
 VISION_START, IMAGE_PAD, VISION_END = "<|vision_start|>", "<|image_pad|>", "<|vision_end|>"
 
 
@@ -114,6 +116,21 @@ class ImageProcessor:
                 "size": {"shortest_edge": self.min_pixels, "longest_edge": self.max_pixels},
                 "patch_size": self.patch_size, "temporal_patch_size": self.temporal_patch_size,
                 "merge_size": self.merge_size, "image_mean": list(self.image_mean), "image_std": list(self.image_std)}
+
+    def video_preprocessor_config(self) -> dict[str, Any]:
+        """video_preprocessor_config.json for transformers' `Qwen3VLProcessor`, which loads a video processor beside the
+        image one (monorl runs no videos): the tower's patch sizes and this normalisation, its other settings
+        transformers' Qwen3-VL defaults."""
+        return {"video_processor_type": "Qwen3VLVideoProcessor", "patch_size": self.patch_size,
+                "temporal_patch_size": self.temporal_patch_size, "merge_size": self.merge_size,
+                "image_mean": list(self.image_mean), "image_std": list(self.image_std)}
+
+    def write(self, directory: str | os.PathLike) -> None:
+        """This processor's files in a checkpoint directory, beside its tokenizer's, so that transformers'
+        `AutoProcessor.from_pretrained(directory)` makes the pixel values and grids this processor makes."""
+        for name, data in ((PREPROCESSOR_FILE, self.preprocessor_config()),
+                           (VIDEO_PREPROCESSOR_FILE, self.video_preprocessor_config())):
+            (Path(directory) / name).write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")
 
     def grid(self, height: int, width: int) -> tuple[int, int, int]:
         """[t, h, w] patches of an image of this size once resized."""

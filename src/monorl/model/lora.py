@@ -320,13 +320,16 @@ def merged_state_dict(model: DecoderForCausalLM, dtype: torch.dtype | None = Non
 
 
 def save_merged_checkpoint(model: DecoderForCausalLM, path: str | os.PathLike, tokenizer: Any = None,
-                           dtype: torch.dtype | None = None, max_shard_bytes: int | None = None) -> Path:
+                           dtype: torch.dtype | None = None, max_shard_bytes: int | None = None,
+                           processor: Any = None) -> Path:
     """Write base + merged adapters as a plain HF checkpoint (`monorl.model.hf_checkpoint.save_checkpoint`) that
-    transformers loads; the live model is not changed. dtype: default the base's dtype."""
+    transformers loads; the live model is not changed. dtype: default the base's dtype. processor: a
+    vision-language model's image processor (`save_checkpoint`)."""
     from monorl.model.hf_checkpoint import save_checkpoint
 
     state = merged_state_dict(model, dtype, device="cpu")
     with torch.device("meta"):
         plain = DecoderForCausalLM(model.config)
     plain.load_state_dict(state, strict=True, assign=True)
-    return save_checkpoint(plain, path, dtype=dtype, tokenizer=tokenizer, max_shard_bytes=max_shard_bytes)
+    return save_checkpoint(plain, path, dtype=dtype, tokenizer=tokenizer, max_shard_bytes=max_shard_bytes,
+                           processor=processor)

@@ -77,6 +77,22 @@ def load_sequence_classifier(path: str | os.PathLike, device: torch.device | str
     """A sequence-classifier checkpoint (a local directory or a Hub name) as a `SequenceClassifier`, frozen, in
     `dtype`. Mixture-of-experts bodies are not read here (their experts' per-expert names)."""
     directory = _check_dir(resolve_model_path(str(path))[0])
+    body_cfg, hf, num_labels = classifier_config(directory)
+    with torch.device("meta"):
+        body = DecoderForCausalLM(body_cfg)
+        score = nn.Linear(body_cfg.hidden_size, num_labels, bias=False)
+    expected = {**body.state_dict(), SCORE_WEIGHT: score.weight}
+    state = load_state_dict(directory, expected, device=device, dtype=dtype)
+    score.weight = nn.Parameter(state.pop(SCORE_WEIGHT))
+    body.load_state_dict(state, strict=True, assign=True)
+    model = SequenceClassifier(body, score, hf.get("pad_token_id"))
+    return model.eval().requires_grad_(False)
+
+
+def classifier_config(directory: Path) -> tuple[ModelConfig, dict, int]:
+    """(the body's architecture, config.json, the score head's labels) of a sequence-classifier checkpoint
+    directory, no weights read (the memory plan sizes a reward model with it). CheckpointError (one line) for another
+    kind of checkpoint or a mixture-of-experts body."""
     hf = read_json(directory / CONFIG_FILE, CheckpointError)
     archs = hf.get("architectures") or []
     if not any(a.endswith(CLASSIFIER_SUFFIX) for a in archs):
@@ -89,17 +105,7 @@ def load_sequence_classifier(path: str | os.PathLike, device: torch.device | str
     if cfg.is_moe:
         raise CheckpointError(f"{directory}: a mixture-of-experts reward model is not supported")
     # the body alone: an untied LM head would be expected in the file, which holds the score head instead
-    body_cfg = dataclasses.replace(cfg, tie_word_embeddings=True)
-    with torch.device("meta"):
-        body = DecoderForCausalLM(body_cfg)
-        num_labels = _num_labels(hf, directory)
-        score = nn.Linear(cfg.hidden_size, num_labels, bias=False)
-    expected = {**body.state_dict(), SCORE_WEIGHT: score.weight}
-    state = load_state_dict(directory, expected, device=device, dtype=dtype)
-    score.weight = nn.Parameter(state.pop(SCORE_WEIGHT))
-    body.load_state_dict(state, strict=True, assign=True)
-    model = SequenceClassifier(body, score, hf.get("pad_token_id"))
-    return model.eval().requires_grad_(False)
+    return dataclasses.replace(cfg, tie_word_embeddings=True), hf, _num_labels(hf, directory)
 
 
 def _num_labels(hf: dict, directory: Path) -> int:

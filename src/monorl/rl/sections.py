@@ -51,6 +51,10 @@ class RolloutSection:
     # with max_staleness > 0: the batch generated during a trainer step takes its new weights between decode chunks
     # (engine steps for episodes), keeping its KV cache; each token records the version that sampled it (one process)
     inflight_updates: bool = False
+    # an agent task's episode on a vision-language policy: the images its tools and environment may return in all;
+    # the memory plan counts that many (each at the processor's max_pixels), and an episode returning more stops the
+    # run, naming this setting
+    max_tool_images: int = 4
 
     def __post_init__(self) -> None:
         if self.advantage not in ADVANTAGE_KINDS:
@@ -64,6 +68,8 @@ class RolloutSection:
         if not 0 <= self.overlong_buffer <= self.max_new_tokens:
             raise ValueError(f"rollout.overlong_buffer must be in [0, max_new_tokens={self.max_new_tokens}] "
                              f"(0 = off), got {self.overlong_buffer}")
+        if self.max_tool_images < 0:
+            raise ValueError(f"rollout.max_tool_images must be >= 0, got {self.max_tool_images}")
         if self.max_staleness < 0:
             raise ValueError(f"rollout.max_staleness must be >= 0 (0 = on-policy), got {self.max_staleness}")
         if self.inflight_updates and self.max_staleness < 1:

@@ -243,4 +243,5 @@ def join_run_dir(p: Parts) -> RunDir:
 def build_checkpoints(p: Parts, config_source: torch.nn.Module) -> RunCheckpoints:
     """config_source: a module whose config the sharded export writes (the generator's full copy, or the policy)."""
     return RunCheckpoints(p.run_dir.checkpoints, p.policy, p.trainer, p.tokenizer, p.train_world,
-                          keep_last=p.cfg.checkpoint.keep_last, config_source=config_source)
+                          keep_last=p.cfg.checkpoint.keep_last, config_source=config_source,
+                          processor=image_processor(p.cfg.model, p.spec.model_config))

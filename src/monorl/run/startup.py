@@ -29,6 +29,7 @@ from monorl.generate.sampling import SamplingParams
 from monorl.model.batch_invariant import is_batch_invariant
 from monorl.ops import HAS_TRITON
 from monorl.plan import GiB, step_kv_need
+from monorl.plan_rewards import MODEL_REWARD_ROWS
 from monorl.speedups.precompile import (
     TritonKeyPrefetch,
     compile_ahead,
@@ -241,6 +242,9 @@ class Startup:
         # the generator's transients (a prefill, the weight sync's gather: one at a time) and its decode graphs' pool
         gen_bytes = max((r.bytes for r in plan.rows if r.name in ("generator prefill", "weight sync")), default=0)
         gen_bytes += sum(r.bytes for r in plan.rows if r.name == "decode graph pool")
+        # a judge's and a reward model's (loaded at the first reward, after this cache): their weights, the judge's
+        # KV cache and the reward model's forward, all set aside
+        gen_bytes += sum(r.bytes for r in plan.rows if r.name in MODEL_REWARD_ROWS)
         slack = int(0.03 * total) + GiB // 4
         room = generator.tp.min_int(free - transient - optimizer - gen_bytes - slack)  # a TP group decides alike
         need = generator.kv_bytes_needed()

@@ -278,6 +278,11 @@ class DatasetTask(Task):
         self.reward_components = tuple(f.name for f in self._fns)
         self.reward_weights = {f.name: f.weight for f in self._fns}
 
+    @property
+    def reward_functions(self) -> tuple[Any, ...]:
+        """The reward functions, in component order (a run hands a judge its planned engine: `plan_rewards`)."""
+        return tuple(f.fn for f in self._fns)
+
     # -- data -----------------------------------------------------------------------------------------------
     def _check(self, ds: Any, where: Path) -> None:
         """The prompt column exists and holds strings or message lists; no column shadows a reward argument."""

@@ -85,6 +85,9 @@ class judge:  # noqa: N801 -- named as the component it gives (rewards/judge/*)
         self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
         self.generator: Any = None
         self.tokenizer: Any = None
+        # its engine's slots, context and KV cache: a run's are the memory plan's (`monorl.plan_rewards.judge_engine`);
+        # None: `GeneratorConfig`'s defaults
+        self.engine: Any = None
         self.warned = False  # parse failures are warned about once
 
     def _load(self) -> None:
@@ -99,7 +102,7 @@ class judge:  # noqa: N801 -- named as the component it gives (rewards/judge/*)
         model, self.tokenizer, _ = load_policy(ModelSection(path=self.path), self.device,
                                                dtype=torch.bfloat16 if self.device.type == "cuda" else torch.float32)
         model.requires_grad_(False)
-        sections = _JudgeSections(GeneratorConfig(), LoRAConfig())
+        sections = _JudgeSections(self.engine or GeneratorConfig(), LoRAConfig())
         self.generator = build_generator(model, sections, self.tokenizer, tensor_parallel_group(0, 1, 1),
                                          CompileConfig(), allocate_kv=True)
 

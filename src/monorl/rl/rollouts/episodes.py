@@ -63,6 +63,7 @@ class _Live:
     versions: list[int] = field(default_factory=list)  # per completion token: the policy version that sampled it, or -1
     cut_text: str = ""  # a last turn cut by the budget: its text, which the environment never saw
     images: ImageInputs | None = None  # its images so far (the prompt's, then tools'), laid out over `tokens`
+    tool_images: int = 0  # of them, those its tools and environment returned
 
     def messages(self) -> list[dict[str, Any]]:
         """The conversation after the prompt as messages (TRL's conversational completion), a cut turn included;
@@ -75,8 +76,11 @@ class EpisodeRunner:
     """Plays episodes of one `AgentTask` on one generator; reused across steps (its engine and threads)."""
 
     def __init__(self, generator: Generator, tokenizer: Any, task: AgentTask, max_len: int,
-                 max_workers: int = 32) -> None:
+                 max_workers: int = 32, max_tool_images: int | None = None) -> None:
+        """max_tool_images: the images an episode's tools and environment may return in all (a run's
+        `rollout.max_tool_images`, which its memory plan counts); more stop the run. None: no bound."""
         self.gen, self.tokenizer, self.task = generator, tokenizer, task
+        self.max_tool_images = max_tool_images
         self.renderer = ChatRenderer(tokenizer)
         self.max_len = max_len
         self.engine: Engine | None = None  # built at first use (it needs the generator's KV cache)
@@ -155,6 +159,11 @@ class EpisodeRunner:
         images, new_images = message_images(turn.messages), None
         if images:
             vision, processor = self._vision("a tool or environment returned an image")
+            lv.tool_images += len(images)
+            if self.max_tool_images is not None and lv.tool_images > self.max_tool_images:
+                raise ValueError(f"episode {key}: its tools and environment returned {lv.tool_images} images, more "
+                                 f"than rollout.max_tool_images={self.max_tool_images} (what the memory plan "
+                                 "counts): raise it")
             inserted, new_images = append_images(lv.images, len(lv.tokens), inserted, images, vision, processor)
         left = budget - (len(lv.tokens) - lv.prompt_len) - len(inserted)
         if left <= 0:  # no room for the answer and another turn (TRL drops a tool result that overflows)

@@ -69,7 +69,8 @@ class RolloutProducer:
         self.reward_failed_steps = 0  # consecutive steps whose reward failed on every completion
         self.warned_short_batch = False
         # an agent task's prompts are played as multi-turn episodes (`rl/rollouts/episodes.py`)
-        self.episodes = (EpisodeRunner(generator, spec.tokenizer, spec.task, spec.max_len)
+        self.episodes = (EpisodeRunner(generator, spec.tokenizer, spec.task, spec.max_len,
+                                       max_tool_images=spec.cfg.rollout.max_tool_images)
                          if isinstance(spec.task, AgentTask) else None)
         self.records: list[EpisodeRecord] = []  # the step's episodes so far (over dynamic sampling's rounds)
 

@@ -15,6 +15,7 @@ from monorl.distributed.world import World
 from monorl.model.config import ModelConfig
 from monorl.model.decoder import DecoderForCausalLM, build_model
 from monorl.model.hf_checkpoint import save_checkpoint
+from monorl.model.image_processing import ImageProcessor
 from monorl.model.lora import LoRAConfig, apply_lora_, is_lora, save_adapter, save_merged_checkpoint
 from monorl.rl.rollouts.metrics import ValidationResult
 from monorl.run.checkpoints.files import load_training_checkpoint, save_training_checkpoint
@@ -37,16 +38,19 @@ class Restored:
 
 class RunCheckpoints:
     def __init__(self, root: Path, policy: torch.nn.Module, trainer: Trainer, tokenizer: Any, world: World,
-                 config_source: torch.nn.Module, keep_last: int) -> None:
+                 config_source: torch.nn.Module, keep_last: int, processor: ImageProcessor | None = None) -> None:
         """root: the run directory's checkpoints/; config_source: a module whose config the sharded export
         writes (the generator's full copy, or a trainer rank's policy); world: the ranks that hold the trainer
-        state (a disaggregated run's trainers)."""
+        state (a disaggregated run's trainers); processor: a vision-language policy's image processor, the run's
+        (its files go in every checkpoint, so that transformers' AutoProcessor loads one)."""
         self.root, self.policy, self.trainer, self.tokenizer, self.world = root, policy, trainer, tokenizer, world
+        self.processor = processor
         self.config_source, self.keep_last = config_source, keep_last
 
     def save(self, step: int, data_position: int, meta: dict[str, Any]) -> Path:
         """Checkpoint after `step` completed steps. Several ranks write one sharded (DCP) checkpoint together."""
-        kw = {"data_position": data_position, "tokenizer": self.tokenizer, "meta": meta, "keep_last": self.keep_last}
+        kw = {"data_position": data_position, "tokenizer": self.tokenizer, "meta": meta, "keep_last": self.keep_last,
+              "processor": self.processor}
         if self.world.size > 1:
             return save_sharded_checkpoint(self.root, step, self.policy, self.trainer, self.world,
                                            config_source=self.config_source, **kw)
@@ -83,9 +87,10 @@ class RunCheckpoints:
             if policy is None:
                 return
         if not is_lora(policy):
-            save_checkpoint(policy, final, dtype=torch.float32, tokenizer=self.tokenizer)
+            save_checkpoint(policy, final, dtype=torch.float32, tokenizer=self.tokenizer, processor=self.processor)
             return
         save_adapter(policy, final, base_model_name_or_path=base_path)
         self.tokenizer.save(final)
         if merged:
-            save_merged_checkpoint(policy, self.root / "final_merged", tokenizer=self.tokenizer)
+            save_merged_checkpoint(policy, self.root / "final_merged", tokenizer=self.tokenizer,
+                                   processor=self.processor)

@@ -111,9 +111,10 @@ def step_checkpoints(root: Path) -> list[tuple[int, Path]]:
 
 def save_training_checkpoint(root: str | os.PathLike, step: int, policy: DecoderForCausalLM, trainer: Trainer, *,
                              data_position: int, tokenizer: Any = None, meta: dict[str, Any] | None = None,
-                             keep_last: int = 2) -> Path:
+                             keep_last: int = 2, processor: Any = None) -> Path:
     """Write `root/step_<step>/` atomically, point `root/latest` at it, and delete step checkpoints older than
-    the newest `keep_last`. `step` counts completed RL steps (the resumed run starts at step index `step`)."""
+    the newest `keep_last`. `step` counts completed RL steps (the resumed run starts at step index `step`).
+    processor: a vision-language policy's image processor (its files beside the tokenizer's)."""
     root = Path(root)
     root.mkdir(parents=True, exist_ok=True)
     remove_leftovers(root, PREFIX)  # temp dirs of writes that were killed before their rename
@@ -124,7 +125,8 @@ def save_training_checkpoint(root: str | os.PathLike, step: int, policy: Decoder
         # trained weights are its adapters (PEFT format, under adapter/); its frozen base comes from the run's
         # model.path (or seed) on resume
         lora = is_lora(policy)
-        write_checkpoint_files(policy, tmp, dtype=torch.float32, tokenizer=tokenizer, weights=not lora)
+        write_checkpoint_files(policy, tmp, dtype=torch.float32, tokenizer=tokenizer, weights=not lora,
+                               processor=processor)
         if lora:
             save_adapter(policy, tmp / ADAPTER_DIR)
         _test_hook_sleep()

@@ -75,7 +75,7 @@ def full_policy_on_main(policy: nn.Module, world: World, make_plain: Callable[[]
 
 def save_sharded_checkpoint(root: Path, step: int, policy: nn.Module, trainer: Trainer, world: World, *,
                             data_position: int, config_source: nn.Module, tokenizer: Any = None,
-                            meta: dict[str, Any] | None = None, keep_last: int = 2) -> Path:
+                            meta: dict[str, Any] | None = None, keep_last: int = 2, processor: Any = None) -> Path:
     """Write `root/step_<step>/` (see the module docstring) from every rank, point `latest` at it, keep the
     newest `keep_last`. config_source: a module whose `.config` is the policy's (for config.json)."""
     import torch.distributed.checkpoint as dcp
@@ -94,7 +94,8 @@ def save_sharded_checkpoint(root: Path, step: int, policy: nn.Module, trainer: T
     def fill(tmp: Path) -> None:
         world.broadcast(tmp)
         dcp.save(state, checkpoint_id=tmp / DCP_DIR, process_group=world.group)
-        write_checkpoint_files(config_source, tmp, dtype=torch.float32, tokenizer=tokenizer, weights=False)
+        write_checkpoint_files(config_source, tmp, dtype=torch.float32, tokenizer=tokenizer, weights=False,
+                               processor=processor)
         ck._test_hook_sleep()
         small = {"format": ck.FORMAT, "version": ck.VERSION, "step": step, "data_position": data_position,
                  "scheduler": trainer.scheduler.state_dict(), "trainer_step_count": trainer.step_count,

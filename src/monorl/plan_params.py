@@ -1,46 +1,52 @@
 """How many parameters of each kind a model holds: by kind (projections, experts, head, embedding, norms), those
 one token reads (a mixture of experts'), its LoRA adapters, and one rank's shard of a tensor-parallel generator
-copy. Counted from the config alone, so the memory plan (`monorl.plan`) and the benchmarks need no model."""
+copy. From the config alone (the model built on the meta device: no weights, no memory), so the memory plan
+(`monorl.plan`) and the benchmarks need no checkpoint."""
 
 from __future__ import annotations
 
+import functools
 from typing import TYPE_CHECKING
 
+import torch
+
 from monorl.model.config import ModelConfig
-from monorl.model.vision_config import VisionConfig
 
 if TYPE_CHECKING:
     from monorl.model.lora import LoRAConfig
 
 
 def param_counts(m: ModelConfig) -> dict[str, int]:
-    """Parameters by kind: `linear` (the layers' projections: attention, dense MLPs, routers), `experts` (every
-    expert of the sparse layers, `monorl.model.moe`; 0 for a dense model), `lm_head` (0 when tied), `embed`, `norm`."""
-    q, kv = m.num_heads * m.head_dim, m.num_kv_heads * m.head_dim
-    sparse = sum(map(m.sparse_layer, range(m.num_layers)))
-    per_layer_attn = m.hidden_size * (2 * q + 2 * kv)
-    per_layer_attn += (q + 2 * kv) * m.qkv_bias + m.hidden_size * m.o_bias  # the family's biases
-    dense_mlp = 3 * m.hidden_size * m.intermediate_size
-    per_layer_norm = 2 * m.hidden_size + 2 * m.head_dim * m.qk_norm
-    return {
-        "linear": m.num_layers * per_layer_attn + (m.num_layers - sparse) * dense_mlp
-        + sparse * m.num_experts * m.hidden_size,
-        "experts": sparse * m.num_experts * 3 * m.hidden_size * m.moe_intermediate_size,
-        "lm_head": 0 if m.tie_word_embeddings else m.vocab_size * m.hidden_size,
-        "embed": m.vocab_size * m.hidden_size,
-        "norm": m.num_layers * per_layer_norm + m.hidden_size,
-        "vision": 0 if m.vision is None else vision_param_count(m.vision),
-    }
+    """Parameters by kind: `linear` (the layers' projections: attention, dense MLPs, routers, and a family's small
+    extras: sinks, a linear-attention layer's conv and decay), `experts` (every expert of the sparse layers,
+    `monorl.model.moe`; 0 for a dense model), `lm_head` (0 when tied), `embed`, `norm`, `vision` (the tower).
+    Counted on the model built on the meta device (no memory, ~0.1 s for a 20B shape), so every family's layer
+    kinds count as they are built, not as one family's formula would have them."""
+    return dict(_param_counts(m))
 
 
-def vision_param_count(v: VisionConfig) -> int:
-    """A vision tower's parameters (`monorl.model.vision`): the patch embedding, the position grid, the blocks, the
-    merger and one DeepStack merger per listed block."""
-    h, i, wide = v.hidden_size, v.intermediate_size, v.hidden_size * v.spatial_merge_size ** 2
-    block = 4 * h + (3 * h * h + 3 * h) + (h * h + h) + (h * i + i) + (i * h + h)  # norms, qkv, proj, MLP
-    merger = wide * wide + wide + wide * v.out_hidden_size + v.out_hidden_size
-    return (v.patch_dim * h + h + v.num_position_embeddings * h + v.depth * block + merger + 2 * h
-            + len(v.deepstack_visual_indexes) * (merger + 2 * wide))
+@functools.lru_cache(maxsize=32)
+def _param_counts(m: ModelConfig) -> tuple[tuple[str, int], ...]:
+    from monorl.model.decoder import build_model  # the model layer, only when a plan is made
+
+    counts = dict.fromkeys(("linear", "experts", "lm_head", "embed", "norm", "vision"), 0)
+    model = build_model(m, device="meta", dtype=torch.bfloat16, seed=None)
+    for name, p in model.named_parameters():  # a tied lm_head is the embedding's parameter: named (counted) once
+        counts[_kind(name)] += p.numel()
+    return tuple(counts.items())
+
+
+def _kind(name: str) -> str:
+    parts = name.split(".")
+    if parts[:2] == ["model", "visual"]:
+        return "vision"
+    if "embed_tokens" in parts:
+        return "embed"
+    if parts[0] == "lm_head":
+        return "lm_head"
+    if "experts" in parts:
+        return "experts"
+    return "norm" if any("norm" in x for x in parts[-2:]) else "linear"
 
 
 def active_param_count(m: ModelConfig) -> int:

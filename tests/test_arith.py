@@ -45,6 +45,11 @@ def test_prompt_is_a_one_shot_chat_by_default():
     plain = ArithTask(shots=0, instruction="", ops="+", add_digits=1)
     q = plain.val_prompts(1)[0]
     assert plain.plain_prompt(q) == f"User: What is {q.meta['a']} + {q.meta['b']}?\nAssistant: "
+    # a subword tokenizer's words carry their leading space: reply_space=False ends the prompt before it
+    few_shot = ArithTask(shots=2, reply_space=False)
+    r = few_shot.val_prompts(1)[0]
+    assert few_shot.plain_prompt(r) == ("User: What is 12 + 34?\nAssistant: Answer: 46\nUser: What is 23 * 4?\n"
+                                        f"Assistant: Answer: 92\nUser: {r.text}\nAssistant:")
 
 
 @pytest.mark.parametrize(("completion", "expected"), [

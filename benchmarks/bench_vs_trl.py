@@ -1,6 +1,8 @@
 """monorl against TRL's GRPOTrainer on one GPU: the same model, prompts, rewards and hyper-parameters (issue #43).
 
-Both sides start from one preset (default `smollm2_135m_arith`, SmolLM2-135M-Instruct from a GGUF file):
+Both sides start from one preset (default `smollm2_135m_arith`, SmolLM2-135M-Instruct from a GGUF file;
+`gemma3_270m_arith`: Gemma-3-270M, the base model, from its Q4_K_M GGUF, transformers 5.25's GGUF loader reads
+`gemma3` too):
 
   monorl  `python -m monorl.cli train --preset P --model.path FILE.gguf --steps N ...` in a child process, timed
           whole (interpreter, imports, startup, validation before and after, the steps); reward per step from
@@ -10,6 +12,11 @@ Both sides start from one preset (default `smollm2_135m_arith`, SmolLM2-135M-Ins
           on the training prompts monorl draws, in the same order (`shuffle_dataset=False`), with the task's own
           reward components as TRL reward functions (both sides score with `Task.reward`), then pass@1 again.
           Timed: `trainer.train()` alone and the whole phase.
+
+The same prompt tokens on both sides, checked for every prompt before TRL starts (`trl_prompts`): a tokenizer
+with a chat template (SmolLM2) gets the messages, which TRL renders with the file's template; one without (a base
+model's plain few-shot prompt: Gemma-3-270M) gets the text monorl's `Task.render` writes less its BOS text, as TRL
+tokenizes plain text with the tokenizer's special tokens (the BOS transformers adds is the one monorl writes).
 
 The settings TRL gets are read from the preset (one source): per_device_train_batch_size = prompts x group,
 num_generations = group, gradient_accumulation_steps 1 (one optimizer step per generation batch, on-policy),
@@ -26,10 +33,14 @@ steps, wall times) and writes JSON (default benchmarks/results/vs_trl_<date>.jso
 now and takes the other's numbers from the JSON already at --out (two device calls, same warm machine).
 
 --smoke: the plumbing on CPU in a few minutes: 2 steps of 2 prompts x 4, 8 tokens, 8 held-out prompts; monorl
-runs `tiny_arith` (the built-in char model: no GGUF needed) unless --smoke-monorl gguf; TRL runs the real GGUF.
+runs `tiny_arith` (the built-in char model: no GGUF needed) unless --smoke-monorl gguf (then 8 decode slots and a
+512 MiB KV budget: a CPU generator's default 256 MiB does not hold Gemma 3's per-sequence window rings for the
+preset's 128 slots); TRL runs the real GGUF.
 
   python benchmarks/bench_vs_trl.py --model .device/model/SmolLM2-135M-Instruct.Q4_1.gguf --steps 100
   python benchmarks/bench_vs_trl.py --smoke --model /path/to/SmolLM2-135M-Instruct.Q4_1.gguf
+  python benchmarks/bench_vs_trl.py --smoke --smoke-monorl gguf --preset gemma3_270m_arith \
+      --model /path/to/gemma-3-270m-q4_k_m.gguf
 """
 
 from __future__ import annotations
@@ -54,10 +65,12 @@ sys.path.insert(0, str(ROOT / "src"))
 from monorl.config import RunConfig  # noqa: E402 -- after the src path
 from monorl.presets import preset  # noqa: E402
 from monorl.task_registry import load_task  # noqa: E402
-from monorl.tasks.base import Prompt, Task  # noqa: E402
+from monorl.tasks.base import Prompt, Task, messages_of  # noqa: E402
 
 SMOKE = {"steps": 2, "rollout.prompts_per_step": 2, "rollout.group_size": 4, "rollout.max_new_tokens": 8,
          "validation.num_prompts": 8, "validation.max_new_tokens": 8}
+# --smoke-monorl gguf: monorl's generator on CPU with the smoke's 8 sequences (the module docstring says why)
+SMOKE_GGUF = {"generator.max_num_seqs": 8, "generator.kv_cache_bytes": 512 << 20}
 # monorl loss kind -> TRL (loss_type, importance_sampling_level); see the module docstring
 TRL_LOSS = {"token_grpo": ("dapo", "token"), "dapo": ("dapo", "token"), "grpo": ("grpo", "sequence"),
             "gspo": ("grpo", "sequence"), "cispo": ("cispo", "token")}
@@ -88,6 +101,8 @@ def set_key(cfg: RunConfig, key: str, value: Any) -> None:
 def settings(args: argparse.Namespace) -> tuple[RunConfig, dict[str, Any]]:
     """The preset with this benchmark's overrides, and those overrides (dotted key -> value) for monorl's CLI."""
     overrides: dict[str, Any] = dict(SMOKE) if args.smoke else {}
+    if args.smoke and args.smoke_monorl == "gguf":
+        overrides.update(SMOKE_GGUF)
     if args.steps is not None:
         overrides["steps"] = args.steps
     if args.lr is not None:
@@ -163,24 +178,48 @@ def trl_reward_funcs(task: Task) -> list[Any]:
     return [component(c) for c in task.reward_components]
 
 
-def hf_pass_at_1(model: Any, tokenizer: Any, task: Task, prompts: list[Prompt], max_new_tokens: int,
-                 component: str, threshold: float, batch: int = 256) -> dict[str, Any]:
-    """Greedy pass@1 with transformers' generate: each prompt's messages through the chat template."""
+def trl_prompts(task: Task, prompts: list[Prompt], hf_tok: Any, ours: Any) -> tuple[list[Any], list[list[int]]]:
+    """What TRL's dataset gets as each prompt, and the token ids both sides feed the model (monorl's: `Task.render`
+    through monorl's tokenizer `ours`), checked equal to what TRL will tokenize (the module docstring): with a chat
+    template, the messages; without one, the rendered text less the BOS text transformers' tokenizer adds itself."""
+    rows, ids = [], []
+    bos = ours.special_tokens.get("bos_token", "") if getattr(ours, "add_bos_token", False) else ""
+    for p in prompts:
+        text = task.render(p, ours)
+        want = ours.encode(text)
+        if hf_tok.chat_template:
+            row: Any = messages_of(p)
+            got = hf_tok.apply_chat_template([row], add_generation_prompt=True, tokenize=True,
+                                             return_dict=True)["input_ids"][0]
+        else:
+            row = text.removeprefix(bos) if bos else text
+            got = hf_tok(text=row)["input_ids"]  # as TRL's GRPOTrainer tokenizes a plain prompt
+        if list(got) != want:
+            raise SystemExit(f"bench_vs_trl: TRL would feed other tokens than monorl for the prompt {text!r}: "
+                             f"{list(got)[:8]}... against {want[:8]}...")
+        rows.append(row)
+        ids.append(want)
+    return rows, ids
+
+
+def hf_pass_at_1(model: Any, tokenizer: Any, task: Task, prompts: list[Prompt], prompt_ids: list[list[int]],
+                 max_new_tokens: int, component: str, threshold: float, batch: int = 256) -> dict[str, Any]:
+    """Greedy pass@1 with transformers' generate on the prompts' token ids (`trl_prompts`), left-padded."""
     import torch
 
-    tokenizer.padding_side = "left"
     passed: list[bool] = []
     was_training = model.training
     model.eval()
     for i in range(0, len(prompts), batch):
-        chunk = prompts[i:i + batch]
-        texts = [tokenizer.apply_chat_template(p.meta["messages"], tokenize=False, add_generation_prompt=True)
-                 for p in chunk]
-        enc = tokenizer(texts, return_tensors="pt", padding=True, add_special_tokens=False).to(model.device)
+        chunk, chunk_ids = prompts[i:i + batch], prompt_ids[i:i + batch]
+        width = max(map(len, chunk_ids))
+        input_ids = torch.tensor([[tokenizer.pad_token_id] * (width - len(x)) + x for x in chunk_ids])
+        mask = torch.tensor([[0] * (width - len(x)) + [1] * len(x) for x in chunk_ids])
         with torch.no_grad():
-            out = model.generate(**enc, max_new_tokens=max_new_tokens, do_sample=False,
+            out = model.generate(input_ids=input_ids.to(model.device), attention_mask=mask.to(model.device),
+                                 max_new_tokens=max_new_tokens, do_sample=False,
                                  pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id)
-        completions = tokenizer.batch_decode(out[:, enc["input_ids"].shape[1]:], skip_special_tokens=True)
+        completions = tokenizer.batch_decode(out[:, width:], skip_special_tokens=True)
         passed += [(task.reward(p, c)[component] or 0.0) >= threshold for p, c in zip(chunk, completions, strict=True)]
     model.train(was_training)
     return pass_stats(passed)
@@ -238,6 +277,8 @@ def run_trl_phase(args: argparse.Namespace) -> None:
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from trl import GRPOTrainer
 
+    from monorl.model.hf_checkpoint import load_tokenizer
+
     cfg, _ = settings(args)
     task = task_of(cfg)
     cuda = torch.cuda.is_available()
@@ -250,17 +291,22 @@ def run_trl_phase(args: argparse.Namespace) -> None:
                                                                 dtype=torch.float32))
     model.to("cuda" if cuda else "cpu")
     load_s = time.perf_counter() - t0
+    ours = load_tokenizer(model_file)  # monorl's, for the prompt check (`trl_prompts`)
     v = cfg.validation
     val = task.val_prompts(v.num_prompts)
+    ro = cfg.rollout
+    prompts = list(islice(task.train_prompts(seed=cfg.seed), cfg.steps * ro.prompts_per_step))
+    _, val_ids = trl_prompts(task, val, tokenizer, ours)
+    rows, _ = trl_prompts(task, prompts, tokenizer, ours)
+    print(f"trl: the {len(val) + len(prompts)} prompts' tokens equal monorl's ("
+          f"{'chat template' if tokenizer.chat_template else 'plain text'})", flush=True)
     max_new = v.max_new_tokens or cfg.rollout.max_new_tokens
     component = v.pass_component or task.reward_components[0]
     t0 = time.perf_counter()
-    pre = hf_pass_at_1(model, tokenizer, task, val, max_new, component, v.pass_threshold)
+    pre = hf_pass_at_1(model, tokenizer, task, val, val_ids, max_new, component, v.pass_threshold)
     eval_s = time.perf_counter() - t0
 
-    ro = cfg.rollout
-    prompts = list(islice(task.train_prompts(seed=cfg.seed), cfg.steps * ro.prompts_per_step))
-    data = Dataset.from_list([{"prompt": p.meta["messages"], "answer": p.answer} for p in prompts])
+    data = Dataset.from_list([{"prompt": row, "answer": p.answer} for row, p in zip(rows, prompts, strict=True)])
     with tempfile.TemporaryDirectory(prefix="vs_trl_trl_") as out_dir:
         trainer = GRPOTrainer(model=model, reward_funcs=trl_reward_funcs(task),
                               args=trl_config(cfg, task, out_dir, cuda), train_dataset=data,
@@ -270,7 +316,7 @@ def run_trl_phase(args: argparse.Namespace) -> None:
         train_s = time.perf_counter() - t0
     trained = trainer.accelerator.unwrap_model(trainer.model)
     t0 = time.perf_counter()
-    post = hf_pass_at_1(trained, tokenizer, task, val, max_new, component, v.pass_threshold)
+    post = hf_pass_at_1(trained, tokenizer, task, val, val_ids, max_new, component, v.pass_threshold)
     eval_s += time.perf_counter() - t0
     logs = [h for h in trainer.state.log_history if "reward" in h]
     result = {"pre": pre, "post": post, "reward_per_step": [h["reward"] for h in logs],
@@ -284,7 +330,7 @@ def run_trl(args: argparse.Namespace) -> dict[str, Any]:
     out = Path(tempfile.mkdtemp(prefix="vs_trl_")) / "trl.json"
     cmd = [sys.executable, __file__, "--phase", "trl", "--phase-out", str(out), "--preset", args.preset,
            "--model", str(args.model)]
-    cmd += [f for f, on in (("--smoke", args.smoke),) if on]
+    cmd += [f for f, on in (("--smoke", args.smoke),) if on] + ["--smoke-monorl", args.smoke_monorl]
     cmd += [x for k, val in (("--steps", args.steps), ("--lr", args.lr)) if val is not None for x in (k, str(val))]
     print("trl:", " ".join(cmd), flush=True)
     t0 = time.perf_counter()
@@ -333,7 +379,7 @@ def table(result: dict[str, Any]) -> str:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--model", help="the GGUF file (SmolLM2-135M-Instruct.Q4_1.gguf)")
+    ap.add_argument("--model", help="the GGUF file (SmolLM2-135M-Instruct.Q4_1.gguf, gemma-3-270m-q4_k_m.gguf)")
     ap.add_argument("--preset", default="smollm2_135m_arith")
     ap.add_argument("--steps", type=int, default=None, help="RL steps (default: the preset's)")
     ap.add_argument("--lr", type=float, default=None, help="learning rate for both sides (default: the preset's)")

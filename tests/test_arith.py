@@ -2,6 +2,7 @@
 
 import importlib.util
 import itertools
+import os
 from pathlib import Path
 
 import pytest
@@ -45,6 +46,11 @@ def test_prompt_is_a_one_shot_chat_by_default():
     plain = ArithTask(shots=0, instruction="", ops="+", add_digits=1)
     q = plain.val_prompts(1)[0]
     assert plain.plain_prompt(q) == f"User: What is {q.meta['a']} + {q.meta['b']}?\nAssistant: "
+    # a subword tokenizer's words carry their leading space: reply_space=False ends the prompt before it
+    few_shot = ArithTask(shots=2, reply_space=False)
+    r = few_shot.val_prompts(1)[0]
+    assert few_shot.plain_prompt(r) == ("User: What is 12 + 34?\nAssistant: Answer: 46\nUser: What is 23 * 4?\n"
+                                        f"Assistant: Answer: 92\nUser: {r.text}\nAssistant:")
 
 
 @pytest.mark.parametrize(("completion", "expected"), [
@@ -84,12 +90,17 @@ def test_smollm2_preset_settings():
     assert load_task(cfg.task.name, **cfg.task.args).val_size >= cfg.validation.num_prompts
 
 
-def test_trl_settings_match_the_preset():
-    pytest.importorskip("trl")
+def _bench():
     spec = importlib.util.spec_from_file_location(
         "bench_vs_trl", Path(__file__).resolve().parents[1] / "benchmarks" / "bench_vs_trl.py")
     bench = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(bench)
+    return bench
+
+
+def test_trl_settings_match_the_preset():
+    pytest.importorskip("trl")
+    bench = _bench()
     cfg = preset("smollm2_135m_arith")
     trl = bench.trl_config(cfg, load_task(cfg.task.name, **cfg.task.args), "/tmp/unused", cuda=False)
     ro, tr = cfg.rollout, cfg.trainer
@@ -106,6 +117,31 @@ def test_trl_settings_match_the_preset():
     assert [f.__name__ for f in reward] == ["correctness", "format"]
     completions = [[{"role": "assistant", "content": "Answer: 7"}], [{"role": "assistant", "content": "7"}]]
     assert reward[0](completions, answer=[7, 7]) == [1.0, 0.0] and reward[1](completions, answer=[7, 7]) == [0.2, 0.0]
+
+
+GEMMA3 = Path(os.environ.get("MONORL_GEMMA3_GGUF", "/work/models/gemma3/gemma-3-270m-q4_k_m.gguf"))
+
+
+@pytest.mark.slow  # ~1 min: two tokenizers of a 262k vocabulary
+@pytest.mark.skipif(not GEMMA3.is_file(), reason=f"no Gemma 3 GGUF at {GEMMA3} (set MONORL_GEMMA3_GGUF)")
+def test_trl_gets_the_base_model_prompts_monorl_feeds():
+    """gemma3_270m_arith (no chat template): TRL's dataset gets plain text without the BOS text, which transformers'
+    tokenizer adds, so both sides feed the same ids; a monorl tokenizer that would not write BOS is refused."""
+    transformers = pytest.importorskip("transformers")
+    from monorl.model.hf_checkpoint import load_tokenizer
+
+    bench = _bench()
+    cfg = preset("gemma3_270m_arith")
+    task = load_task(cfg.task.name, **cfg.task.args)
+    theirs = transformers.AutoTokenizer.from_pretrained(GEMMA3.parent, gguf_file=GEMMA3.name)
+    ours = load_tokenizer(GEMMA3)
+    prompts = task.val_prompts(3) + list(itertools.islice(task.train_prompts(seed=cfg.seed), 3))
+    rows, ids = bench.trl_prompts(task, prompts, theirs, ours)
+    assert rows == [task.plain_prompt(p) for p in prompts] and rows[0].endswith("\nAssistant:")
+    assert all(x[0] == ours.bos_token_id and x.count(ours.bos_token_id) == 1 for x in ids)
+    ours.add_bos_token = False
+    with pytest.raises(SystemExit, match="other tokens"):
+        bench.trl_prompts(task, prompts, theirs, ours)
 
 
 @pytest.mark.slow  # ~30 s on 2 idle cores; minutes on a shared box

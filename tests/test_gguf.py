@@ -20,6 +20,8 @@ from monorl.model.decoder import build_model
 from monorl.model.gguf_header import GGUFHeader
 from monorl.model.hf_checkpoint import CheckpointError, load_checkpoint, load_config, load_tokenizer, save_checkpoint
 from monorl.model.tokenizer import TokenizerError
+from monorl.presets import preset
+from monorl.task_registry import load_task
 
 gguf = pytest.importorskip("gguf")
 transformers = pytest.importorskip("transformers")
@@ -354,3 +356,10 @@ def test_gemma3_270m_q4_k_m_equals_transformers():
     assert ids == ref_ids
     text = tok.decode(ids[-8:])
     assert "France" in text or "Paris" in text, text
+    # the gemma3_270m_arith preset's plain prompt: monorl's tokens are those transformers' tokenizer (TRL's) gives
+    # its text, BOS included once
+    cfg = preset("gemma3_270m_arith")
+    task = load_task(cfg.task.name, **cfg.task.args)
+    prompt = task.val_prompts(1)[0]
+    ours_ids = tok.encode(task.render(prompt, tok))
+    assert ours_ids == theirs_tok(task.plain_prompt(prompt))["input_ids"] and ours_ids.count(tok.bos_token_id) == 1

@@ -195,6 +195,28 @@ def test_render():
     assert plain.calls == []
 
 
+@pytest.mark.parametrize("add_bos", [True, False])
+def test_render_without_template_starts_with_bos_when_the_tokenizer_adds_it(add_bos):
+    """A base model's plain prompt starts with BOS when its tokenizer config says so (add_bos_token: Gemma's,
+    transformers adds it to plain text), as one token; never twice, and never for a tokenizer that does not."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    from monorl.model.tokenizer import HFTokenizer
+
+    words = ["<pad>", "<eos>", "<bos>", "[UNK]", "User:", "Assistant:", "What", "is", "1", "+", "2?"]
+    raw = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="[UNK]"))
+    raw.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    raw.add_special_tokens(["<pad>", "<eos>", "<bos>"])
+    tok = HFTokenizer(raw, {"bos_token": "<bos>", "eos_token": "<eos>", "pad_token": "<pad>",
+                            "add_bos_token": add_bos})
+    task = SumDigitsTask(instructions=False)
+    p = Prompt(text="What is 1 + 2?", answer=3)
+    text = task.render(p, tok)
+    assert text == ("<bos>" if add_bos else "") + "User: What is 1 + 2?\nAssistant: "
+    ids = tok.encode(text)
+    assert ids[:2] == ([2, 4] if add_bos else [4, 6]) and ids.count(2) == int(add_bos)
+
+
 class Flaky(Task):
     name = "flaky"
     reward_components = ("a", "b")

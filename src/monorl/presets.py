@@ -201,7 +201,9 @@ def _gemma3_270m_arith() -> RunConfig:
     cfg = _smollm2_135m_arith()
     cfg.preset = "gemma3_270m_arith"
     cfg.model = ModelSection(path=os.environ.get("MONORL_GEMMA3_GGUF"))
-    cfg.task = TaskSection(name="arith", args={"shots": 2})
+    # a plain prompt (the file has no chat template) after BOS, ending "Assistant:" (`reply_space`: the space is
+    # the next word's, as the examples' " Answer" is one token)
+    cfg.task = TaskSection(name="arith", args={"shots": 2, "reply_space": False})
     return cfg
 
 

@@ -89,6 +89,10 @@ class Tokenizer:
     bos_token_id: int | None
     chat_template: str | None = None
     special_tokens: dict[str, str]  # e.g. {"eos_token": "<|im_end|>"}: what templates see
+    # whether a prompt without a chat template starts with the BOS token (`Task.render`): tokenizer_config.json's
+    # add_bos_token (a GGUF's tokenizer.ggml.add_bos_token), as HF's tokenizer adds it to plain text; a chat
+    # template writes its own
+    add_bos_token: bool = False
 
     def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
         raise NotImplementedError
@@ -219,6 +223,7 @@ class HFTokenizer(Tokenizer):
                 self.special_tokens[key] = content
                 ids[key] = tid
         self.bos_token_id, self.eos_token_id, self.pad_token_id = ids["bos_token"], ids["eos_token"], ids["pad_token"]
+        self.add_bos_token = bool(config.get("add_bos_token")) and self.bos_token_id is not None
         eos = [self.eos_token_id] if self.eos_token_id is not None else []
         self.eos_token_ids = list(dict.fromkeys(eos + list(generation_eos or [])))
         if self.eos_token_id is None and self.eos_token_ids:

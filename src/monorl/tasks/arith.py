@@ -63,6 +63,10 @@ class ArithTask(Task):
         val_size: held-out problems (default: 200, fewer when the problem space is small)
         solution_style: the warm start's reference solutions: answer ("Answer: n") or mixed (the bare number on
             odd stream positions, so a warm-started model does not reliably know the rewarded format)
+        reply_space: whether a prompt without a chat template ends ``Assistant: `` (the char models' format) or
+            ``Assistant:`` (false: for a subword tokenizer, which spells a word with the space before it, so a
+            prompt ending in a space leaves the model to start mid-word; Gemma-3-270M's base model then answers
+            a bare number instead of the ``Answer: n`` its examples show)
     """
 
     name = "arith"
@@ -71,7 +75,7 @@ class ArithTask(Task):
     def __init__(self, ops: str | Sequence[str] = "+,*", add_digits: int = 2, mul_digits: int = 2,
                  mul_by_digits: int = 1, shots: int = 1, instruction: str | None = None,
                  correctness_reward: float = 1.0, format_reward: float = 0.2, val_seed: int = 99,
-                 val_size: int | None = None, solution_style: str = "answer") -> None:
+                 val_size: int | None = None, solution_style: str = "answer", reply_space: bool = True) -> None:
         self.ops = _parse_ops(ops)
         self.ranges = {"+": (_operand_range(add_digits, "add_digits"), _operand_range(add_digits, "add_digits")),
                        "*": (_operand_range(mul_digits, "mul_digits"), _operand_range(mul_by_digits, "mul_by_digits"))}
@@ -82,6 +86,7 @@ class ArithTask(Task):
         if instruction is None:  # the worked exchange states the format better than text does (module docstring)
             instruction = "" if shots else INSTRUCTION
         self.shots, self.instruction, self.solution_style = shots, instruction.strip(), solution_style
+        self.reply_space = reply_space
         self.correctness_reward, self.format_reward = float(correctness_reward), float(format_reward)
         self.val_seed = val_seed
         self._examples = set(EXAMPLES[:shots])
@@ -123,6 +128,10 @@ class ArithTask(Task):
         if self.instruction:
             turns[0] = {"role": "user", "content": f"{turns[0]['content']} {self.instruction}"}
         return turns
+
+    def plain_prompt(self, prompt: Prompt) -> str:
+        text = super().plain_prompt(prompt)
+        return text if self.reply_space else text.rstrip(" ")
 
     def _prompt(self, problem: Problem, **meta: object) -> Prompt:
         op, a, b = problem

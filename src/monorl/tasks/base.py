@@ -83,13 +83,16 @@ class Task(ABC):
 
     def render(self, prompt: Prompt, tokenizer: ChatTokenizer) -> str:
         """The text the generator continues: the chat template over the prompt's messages (`meta["messages"]`,
-        else one user turn of `text`) + generation prompt when the tokenizer has one, else `plain_prompt`."""
+        else one user turn of `text`) + generation prompt when the tokenizer has one, else `plain_prompt`, after
+        the BOS token when the tokenizer's `add_bos_token` says plain text starts with it (a base model such as
+        Gemma 3's is trained with it; HF's tokenizer adds it to plain text)."""
         if getattr(tokenizer, "has_chat_template", False):
             out = tokenizer.apply_chat_template(messages_of(prompt), add_generation_prompt=True)
             if not isinstance(out, str):
                 raise TypeError(f"tokenizer.apply_chat_template returned {type(out).__name__}, expected str")
             return out
-        return self.plain_prompt(prompt)
+        bos = (getattr(tokenizer, "special_tokens", None) or {}).get("bos_token")
+        return (bos if bos and getattr(tokenizer, "add_bos_token", False) else "") + self.plain_prompt(prompt)
 
 
     def score_batch(self, prompts: Sequence[Prompt], completions: Sequence[str],

@@ -63,16 +63,15 @@ def judge_engine(cfg: RunConfig, judge: ModelConfig, template_tokens: int, max_p
 
 def resolve_model_rewards(cfg: RunConfig, max_prompt_tokens: int, dtype: torch.dtype) -> ModelRewards:
     """The run's judge and reward model (config.json and tokenizer, no weights), refused in one line when a path
-    does not hold one; an empty `ModelRewards` when the rewards name neither."""
-    from monorl.model.hub import resolve_model_path
-    from monorl.model.section import ModelSection
-    from monorl.model.sequence_classifier import classifier_config
-    from monorl.model.source import resolve_model
-    from monorl.tasks.judge import DEFAULT_RUBRIC, DEFAULT_TEMPLATE
-
+    does not hold one; an empty `ModelRewards` when the rewards name neither (and no judge or reward-model module
+    imported: a run without them never loads them)."""
     args, names = cfg.task.args, reward_names(cfg.task.args)
     out: dict[str, Any] = {}
     if (judges := names.count("judge")) and args.get("judge_model"):
+        from monorl.model.section import ModelSection
+        from monorl.model.source import resolve_model
+        from monorl.tasks.judge import DEFAULT_RUBRIC, DEFAULT_TEMPLATE
+
         try:
             judge, tok, _ = resolve_model(ModelSection(path=str(args["judge_model"])))
         except (OSError, ValueError) as e:  # the model.path messages, said of the judge
@@ -83,6 +82,9 @@ def resolve_model_rewards(cfg: RunConfig, max_prompt_tokens: int, dtype: torch.d
         engine = judge_engine(cfg, judge, len(tok.encode(filled)), max_prompt_tokens, dtype)
         out.update(judge=judge, judge_engine=engine, judges=judges)
     if (models := names.count("reward_model")) and args.get("reward_model"):
+        from monorl.model.hub import resolve_model_path
+        from monorl.model.sequence_classifier import classifier_config
+
         try:
             body, _, labels = classifier_config(resolve_model_path(str(args["reward_model"]))[0])
         except (OSError, ValueError) as e:
@@ -95,8 +97,6 @@ def model_reward_rows(rewards: ModelRewards | None, cfg: RunConfig, max_prompt_t
                       dtype: torch.dtype) -> list[MemoryRow]:
     """The plan's rows of `rewards`: a judge's weights and KV cache, a reward model's weights (persistent: loaded at
     the first reward, kept) and its forward over a pack of `MAX_PACK_TOKENS` at most (transient)."""
-    from monorl.tasks.reward_model import MAX_PACK_TOKENS
-
     rows: list[MemoryRow] = []
     if rewards is None:
         return rows
@@ -108,6 +108,8 @@ def model_reward_rows(rewards: ModelRewards | None, cfg: RunConfig, max_prompt_t
                               f"{e.max_num_seqs} seqs x {e.max_model_len} tokens (template, prompt, completion, "
                               f"answer){_each(n)}"))
     if (rm := rewards.reward_model) is not None:
+        from monorl.tasks.reward_model import MAX_PACK_TOKENS
+
         n = rewards.reward_models
         params = sum(param_counts(rm).values()) + rewards.reward_model_labels * rm.hidden_size
         rows.append(MemoryRow("reward model weights", n * params * dtype.itemsize, "frozen sequence classifier"
@@ -126,6 +128,8 @@ def _each(n: int) -> str:
 
 def size_judges_(task: Any, rewards: ModelRewards) -> None:
     """Hand each judge among `task`'s reward functions the engine the plan sized (`judge_engine`)."""
+    if rewards.judge_engine is None:
+        return
     from monorl.tasks.judge import judge
 
     for fn in getattr(task, "reward_functions", ()):

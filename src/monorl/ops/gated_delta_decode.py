@@ -25,6 +25,7 @@ import torch
 from torch import Tensor
 
 from monorl.ops import HAS_TRITON, use_triton
+from monorl.ops.tunables import chip_for, tuned
 
 ENABLED = False  # the in-place kernels in a CUDA decode step (the module docstring says why they are off)
 BV = 8  # values per program of the rule step (fla's and vLLM's choice for one token)
@@ -118,5 +119,6 @@ def rule_step(x: Tensor, a: Tensor, b: Tensor, a_log: Tensor, dt_bias: Tensor, s
     o = torch.empty(N, hv, dv, dtype=x.dtype, device=x.device)
     _rule_step_kernel[(N * hv * (dv // BV),)](x, x.stride(0), a, a.stride(0), b, b.stride(0), a_log, dt_bias, state,
                                               state.stride(0), rows, o, dk ** -0.5, HK=hk, HV=hv, DK=dk, DV=dv, BV=BV,
-                                              num_warps=1, num_stages=3)
+                                              num_warps=tuned("gated_delta_decode.rule_warps", chip_for(x)),
+                                              num_stages=tuned("gated_delta_decode.rule_stages", chip_for(x)))
     return o

@@ -181,8 +181,7 @@ def main() -> None:
     args = ap.parse_args()
     if args.smoke:
         args.shape, args.warmup, args.steps, args.decode_reps = "tiny-vl", 1, 2, 2
-        device = torch.device("cpu")
-        torch.set_num_threads(1)
+        device = torch.device("cpu")  # threads as the process has them (a test runs this in pytest's process)
     elif torch.cuda.is_available():
         device = torch.device("cuda")
     else:

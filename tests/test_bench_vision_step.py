@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 pytest.importorskip("PIL.Image")
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
@@ -19,7 +20,9 @@ def test_smoke_runs_both_cases(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) 
     out = tmp_path / "vision_step.json"
     monkeypatch.setattr(sys, "argv", ["bench_vision_step.py", "--smoke", "--prompts", "2", "--n", "2", "--new", "6",
                                       "--out", str(out)])
+    threads = torch.get_num_threads()
     bench_vision_step.main()
+    assert torch.get_num_threads() == threads  # the process's later tests (and their subprocesses) keep theirs
     d = json.loads(out.read_text())
     text, vl, frozen = d["cases"]["text"], d["cases"]["vl"], d["cases"]["vl_frozen"]
     assert "error" not in text and "error" not in vl and "error" not in frozen

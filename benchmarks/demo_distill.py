@@ -53,6 +53,7 @@ from pathlib import Path
 from typing import Any
 
 from bench_vs_trl import ROOT, wilson  # noqa: E402 -- benchmarks/ is the script's own directory
+from bench_vs_trl import _num as _n  # noqa: E402 -- the same 'n/a' or formatted number
 
 sys.path.insert(0, str(ROOT / "src"))
 from monorl.presets import preset  # noqa: E402
@@ -264,10 +265,6 @@ def _p(p: dict[str, Any] | None) -> str:
         return "n/a"
     lo, hi = p["ci95"]
     return f"{p['pass@1']:.3f} [{lo:.2f}, {hi:.2f}]"
-
-
-def _n(x: float | None, fmt: str = ".3f") -> str:
-    return "n/a" if x is None else format(x, fmt)
 
 
 def table(result: dict[str, Any]) -> str:

@@ -179,3 +179,17 @@ def test_a_prefill_writes_each_ring_slot_once():
     ring = slots[slots >= BS]  # the scratch block 0 holds slots 0 .. BS - 1
     assert ring.numel() == WINDOW - 1
     assert ring.unique().numel() == ring.numel()
+
+
+def test_cpu_default_budget_holds_the_rings_beside_its_blocks(monkeypatch):
+    """The CPU default KV budget is that many bytes of blocks beside the per-sequence rows every cache allocates
+    (gemma3-270m's window rings for 128 sequences alone pass 256 MiB: its preset stopped with "holds 0 blocks")."""
+    from monorl.generate import generator as generator_mod
+
+    per_block = cache_mod.bytes_per_block(CFG, BS, torch.float32)
+    rows = cache_mod.sequence_rows(8) * cache_mod.bytes_per_sequence(CFG, torch.float32, False, BS)
+    assert rows > 4 * per_block
+    monkeypatch.setattr(generator_mod, "_CPU_DEFAULT_KV_BYTES", 4 * per_block)  # less than the rings alone
+    gen = Generator(scaled_model(CFG, seed=1), GeneratorConfig(max_num_seqs=8, max_model_len=128, block_size=BS),
+                    eos_token_ids=())
+    assert gen.cache.num_blocks == 4

@@ -30,7 +30,9 @@ from monorl.generate.cache import (
     blocks_for,
     blocks_in_budget,
     bytes_per_block,
+    bytes_per_sequence,
     kv_cache_bytes_needed,
+    sequence_rows,
     slot_mapping,
 )
 from monorl.generate.requests import Completion
@@ -52,7 +54,8 @@ _CPU_DEFAULT_KV_BYTES = 256 << 20
 class GeneratorConfig:
     max_num_seqs: int = 64  # decode slots
     kv_cache_bytes: int | None = None  # KV budget; None: what max_num_seqs * max_model_len needs, capped by
-    #                                    half the free GPU memory (256 MiB on CPU)
+    #                                    half the free GPU memory (on CPU: 256 MiB of blocks beside the
+    #                                    per-sequence rows, e.g. window rings)
     block_size: int = 16  # tokens per KV-cache block
     max_model_len: int | None = None  # context length (prompt + completion); None: the model's max_position_embeddings
     stop_check_interval: int = 1  # decode steps between host-side stop checks (results do not depend on it)
@@ -150,7 +153,8 @@ class Generator:
 
     def allocate_kv_cache(self, budget: int | None = None) -> None:
         """Allocate the KV cache and the model runner. budget: bytes (None: `config.kv_cache_bytes`, else what
-        `kv_bytes_needed` says, capped by half the free GPU memory, or 256 MiB on CPU)."""
+        `kv_bytes_needed` says, capped by half the free GPU memory, or on CPU by 256 MiB of blocks beside the
+        per-sequence rows every cache allocates: a window model's rings alone can pass 256 MiB)."""
         if self.cache is not None:
             raise RuntimeError("the generator's KV cache is already allocated")
         config, bs = self.config, self.config.block_size
@@ -161,7 +165,9 @@ class Generator:
             free, _ = torch.cuda.mem_get_info(self.device)
             budget = min(need, free // 2)
         elif budget is None:
-            budget = min(need, _CPU_DEFAULT_KV_BYTES)
+            rows = sequence_rows(config.max_num_seqs) * bytes_per_sequence(self.kv_config, self.dtype,
+                                                                           self._invariant_cache(), bs)
+            budget = min(need, rows + _CPU_DEFAULT_KV_BYTES)
         # a TP group's ranks schedule alike: the same blocks
         num_blocks = self.tp.min_int(blocks_in_budget(self.kv_config, budget, config.max_num_seqs, bs, self.dtype,
                                                       self._invariant_cache()))

@@ -15,12 +15,13 @@ trained tokens count (the loss mask: an episode's tool results and other inserte
 teacher's log-probs come from a trainer-side forward over the student's own micro-batches, kept on the device
 (`fill_teacher_logprobs`; where the student's step replays CUDA graphs, each pack shape's teacher forward replays one
 too); only the scored tokens' hidden states reach its LM head. The teacher is never sampled from. Its forward's wall
-seconds are each step's metric `time/teacher_s` (part of `time/train_s`)."""
+seconds (CUDA events on a GPU) are each step's metric `time/teacher_s` (part of `time/train_s`)."""
 
 from __future__ import annotations
 
 import dataclasses
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -58,17 +59,22 @@ def distillation_terms(student_logprobs: Tensor, teacher_logprobs: Tensor, mask:
     return -kl_coef * kl, kl
 
 
-def fill_teacher_logprobs(trainer: Any, mbs: list[Any], temperature: float) -> float:
+def fill_teacher_logprobs(trainer: Any, mbs: list[Any], temperature: float) -> Callable[[], float]:
     """Give each of this rank's micro-batches `mbs` (in place) the teacher's log-probs of its completion tokens, on
     the device, from a forward over the student's own pack: no second packing, no host round trip of the
-    log-probs. Returns its wall seconds, the GPU's work included (a device sync each side)."""
-    sync = (lambda: torch.cuda.synchronize(trainer.device)) if trainer.device.type == "cuda" else (lambda: None)
-    sync()
+    log-probs. Returns what reads its seconds, the GPU's work included: on CUDA two events, read after the step's
+    own metrics sync (no sync of its own)."""
+    if trainer.device.type == "cuda":
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
     t = time.perf_counter()
     for i, mb in enumerate(mbs):
         mbs[i] = dataclasses.replace(mb, teacher_logprobs=teacher_forward(trainer, mb, temperature))
-    sync()
-    return time.perf_counter() - t
+    if trainer.device.type != "cuda":
+        seconds = time.perf_counter() - t
+        return lambda: seconds
+    end.record()
+    return lambda: (end.synchronize(), start.elapsed_time(end) / 1e3)[1]
 
 
 @torch.no_grad()

@@ -405,7 +405,7 @@ class Trainer(TrainerWarmUps):
         }
         out.update({k: v for k, v in sums.items() if k != "loss"} if mbs else {})
         if teacher_s is not None:  # the mean per-token reverse KL to the teacher over the trained tokens; its forward
-            out |= {"teacher/kl": host[_TEACHER_SLOT] / d_count if d_count else 0.0, "time/teacher_s": teacher_s}
+            out |= {"teacher/kl": host[_TEACHER_SLOT] / d_count if d_count else 0.0, "time/teacher_s": teacher_s()}
         if self.router_tap is not None:
             out["moe/aux_loss"] = host[_AUX_SLOT]  # the step's load-balancing loss (before its coefficient)
         return out | (self.graphs.log.since_last_read() if self.graphs is not None else {})

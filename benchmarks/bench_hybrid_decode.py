@@ -62,6 +62,9 @@ def main() -> None:
     ap.add_argument("--chunk", type=int, default=16, help="decode steps a timed engine step runs")
     ap.add_argument("--chunks", type=int, default=8, help="timed chunks (median)")
     ap.add_argument("--no-train", action="store_true", help="skip the trainer steps")
+    ap.add_argument("--plain-decode-too", action="store_true",
+                    help="also time each hybrid case with the in-place decode kernels off (the plain gather / step / "
+                         "scatter path), in the same process: the kernels' own gain")
     args = ap.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(name)s: %(message)s")  # which rule runs (gated_delta.rule_path)
     if not torch.cuda.is_available():
@@ -82,6 +85,12 @@ def main() -> None:
                 r = decode_case(model, rows, context, args.chunk, args.chunks)
                 entry["decode"].append({"rows": rows, "context": context, **r})
                 print(shape, rows, context, r, flush=True)
+                if args.plain_decode_too and "linear_attention" in model.config.layer_types:
+                    gated_delta_decode.ENABLED = False
+                    plain = decode_case(model, rows, context, args.chunk, args.chunks)
+                    gated_delta_decode.ENABLED = True
+                    entry.setdefault("plain_decode", []).append({"rows": rows, "context": context, **plain})
+                    print(shape, rows, context, "kernels off:", plain, flush=True)
         del model
         free_cuda()
         if not args.no_train:
@@ -104,6 +113,11 @@ def main() -> None:
             ran = "skipped" not in h and "skipped" not in d
             ratio = f"{h['decode_tokens_s'] / d['decode_tokens_s']:.2f}x" if ran else "not both ran"
             print(f"{pair} rows {h['rows']} context {h['context']}: hybrid / dense tokens/s {ratio}")
+    for shape, e in res["shapes"].items():
+        for k, p in zip(e["decode"], e.get("plain_decode", []), strict=False):
+            if "skipped" not in k and "skipped" not in p:
+                print(f"{shape} rows {k['rows']} context {k['context']}: decode step {k['decode_step_ms']:.2f} ms "
+                      f"with the in-place kernels, {p['decode_step_ms']:.2f} ms without")
     for shape, e in res["shapes"].items():
         if "train" in e:
             print(f"{shape} ({e['params_b']:.2f}B): W0-like trainer step {e['train']['step_s'] * 1e3:.0f} ms, "

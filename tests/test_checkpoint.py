@@ -269,3 +269,18 @@ def test_error_corrupt_safetensors(ckpt, damage):
     with pytest.raises(CheckpointError, match="cannot read safetensors file") as e:
         load_checkpoint(ckpt)
     assert shard.name in str(e.value)
+
+
+def test_resume_refuses_another_architecture_by_every_field(tmp_path):
+    """`check_architecture` compares every config field that shapes the weights or their meaning -- a Gemma 3's
+    layer kinds and window, a Qwen3.5-MoE's shared expert -- and lets the token ids and the context length differ."""
+    from monorl.run.checkpoints.files import check_architecture
+
+    cfg = model_shape("tiny").with_family("gemma3_text").replace(
+        layer_types=("sliding_attention", "full_attention"), num_layers=2, sliding_window=8)
+    save_checkpoint(build_model(cfg), tmp_path)
+    cfg = load_config(tmp_path)  # the run's policy as a run builds it: from the checkpoint's config.json
+    check_architecture(tmp_path, cfg.replace(eos_token_id=7, max_position_embeddings=4 * cfg.max_position_embeddings))
+    for other in (cfg.replace(sliding_window=16), cfg.replace(layer_types=("full_attention", "sliding_attention"))):
+        with pytest.raises(CheckpointError, match="another model than the run's policy"):
+            check_architecture(tmp_path, other)

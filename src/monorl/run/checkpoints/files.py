@@ -24,6 +24,7 @@ before trainer_state.pt, so a test can SIGKILL a process mid-write deterministic
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import random
@@ -231,13 +232,16 @@ def read_meta(path: str | os.PathLike) -> dict[str, Any]:
     return meta
 
 
+# config fields a checkpoint may differ in from the run's policy: token ids may be rewritten on save, the context
+# length and the router's loss coefficient are run settings, not weights' shapes or meaning
+_NOT_ARCHITECTURE = frozenset({"bos_token_id", "eos_token_id", "max_position_embeddings", "router_aux_loss_coef"})
+
+
 def check_architecture(path: Path, config: Any) -> None:
-    """Refuse a checkpoint whose config.json is another architecture than the run's policy (`config`)."""
+    """Refuse a checkpoint whose config.json is another architecture than the run's policy (`config`): every
+    `ModelConfig` field but `_NOT_ARCHITECTURE` (layer kinds, windows, shared experts and vision towers included)."""
     stored = load_config(path)
-    arch = ("vocab_size", "hidden_size", "intermediate_size", "num_layers", "num_heads", "num_kv_heads", "head_dim",
-            "rope_theta", "rms_norm_eps", "tie_word_embeddings", "model_type", "qkv_bias", "o_bias",
-            "rope_scaling", "num_experts", "num_experts_per_tok", "moe_intermediate_size", "norm_topk_prob",
-            "decoder_sparse_step", "mlp_only_layers")  # not token ids: those may be rewritten on save
+    arch = [f.name for f in dataclasses.fields(stored) if f.name not in _NOT_ARCHITECTURE]
     if diff := [f"{k}={getattr(stored, k)} (run: {getattr(config, k)})" for k in arch
                 if getattr(stored, k) != getattr(config, k)]:
         raise CheckpointError(f"{path / 'config.json'} is another model than the run's policy: {', '.join(diff)}")

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Here (a machine with PyPI): what benchmarks/bench_vs_trl.py needs on the GPU machine, which has torch, triton,
-# transformers, accelerate, pyarrow and pandas but not trl, gguf, datasets (+ dill, multiprocess) or jsonargparse,
+# transformers, accelerate, pyarrow and pandas but not trl, gguf, datasets (+ dill, multiprocess), jsonargparse or
+# fla-core (+ einops: the linear-attention extra, for Qwen3.5),
 # and cannot download. Writes the ignored folder .device/:
 #   .device/wheels/   python 3.12 wheels, --no-deps (each one's needs are on the device or in this list), ~2 MiB
 #   .device/parts/a, b, ...   the GGUF file in parts of at most 52 MiB (one call carries 64 MiB with the ~4 MiB
@@ -35,7 +36,8 @@ rm -rf .device/wheels "$dir/parts" && mkdir -p .device/wheels "$dir/parts"
 python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
   --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
   -d .device/wheels \
-  trl==1.16.0 datasets==5.2.0 dill==0.4.1 multiprocess==0.70.19 gguf==0.19.0 jsonargparse==4.53.0 ${EXTRA:-}
+  trl==1.16.0 datasets==5.2.0 dill==0.4.1 multiprocess==0.70.19 gguf==0.19.0 jsonargparse==4.53.0 \
+  fla-core==0.6.0 einops==0.8.2 ${EXTRA:-}
 size=$(stat -c %s "$gguf")
 max_part=$((52 << 20))
 n=$(( (size + max_part - 1) / max_part ))

@@ -8,44 +8,24 @@ the interpreter computes bf16 wrongly (tests/test_sinks_triton.py)."""
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-
 import pytest
 import torch
 import torch.nn.functional as F
 
 pytest.importorskip("triton")
 
-INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
-cases = pytest.mark.skipif(not INTERPRETED, reason="runs in test_decode_kernels_under_the_interpreter's subprocess")
+from tests.triton_interpreter import cases, interpreter_patches, outer, run_this_file_interpreted  # noqa: E402
 
 
-@pytest.mark.skipif(INTERPRETED, reason="the subprocess itself")
+@outer
 def test_decode_kernels_under_the_interpreter():
-    env = {**os.environ, "TRITON_INTERPRET": "1", "OMP_NUM_THREADS": "1"}
-    r = subprocess.run([sys.executable, "-m", "pytest", __file__, "-q", "-p", "no:cacheprovider"], env=env,
-                       capture_output=True, text=True, timeout=600)
-    assert r.returncode == 0 and " passed" in r.stdout, r.stdout[-6000:] + r.stderr[-2000:]
+    run_this_file_interpreted(__file__)
 
 
 @pytest.fixture(autouse=True)
 def interpreter(monkeypatch):
-    """numpy >= 2.4's refusal of int() on a size-1 array (the interpreter's loop bounds are such arrays) worked
-    around, as in tests/test_sinks_triton.py."""
-    if not INTERPRETED:
-        yield
-        return
-    from triton.runtime import interpreter as interp
-    patch = interp._patch_lang_tensor
-
-    def patched(tensor, scope):
-        patch(tensor, scope)
-        scope.set_attr(tensor, "__index__", lambda self: int(self.handle.data.reshape(-1)[0]))
-
-    monkeypatch.setattr(interp, "_patch_lang_tensor", patched)
-    yield
+    from monorl.ops import gated_delta_decode
+    yield from interpreter_patches(monkeypatch, gated_delta_decode)
 
 
 @cases

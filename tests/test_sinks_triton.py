@@ -9,47 +9,23 @@ this file again in a subprocess with TRITON_INTERPRET=1, where the cases below r
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-
 import pytest
 import torch
 
 pytest.importorskip("triton")
 
-INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
-cases = pytest.mark.skipif(not INTERPRETED, reason="runs in test_kernel_sinks_under_the_interpreter's subprocess")
+from tests.triton_interpreter import cases, interpreter_patches, outer, run_this_file_interpreted  # noqa: E402
 
 
-@pytest.mark.skipif(INTERPRETED, reason="the subprocess itself")
+@outer
 def test_kernel_sinks_under_the_interpreter():
-    env = {**os.environ, "TRITON_INTERPRET": "1", "OMP_NUM_THREADS": "1"}
-    r = subprocess.run([sys.executable, "-m", "pytest", __file__, "-q", "-p", "no:cacheprovider"], env=env,
-                       capture_output=True, text=True, timeout=600)
-    assert r.returncode == 0 and " passed" in r.stdout, r.stdout[-6000:] + r.stderr[-2000:]
+    run_this_file_interpreted(__file__)
 
 
 @pytest.fixture(autouse=True)
 def interpreter(monkeypatch):
-    """On CPU tensors: the Hopper launch values (chip_for reads a CUDA device), and numpy >= 2.4's refusal of
-    int() on a size-1 array (the interpreter's loop bounds are such arrays) worked around."""
-    if not INTERPRETED:
-        yield
-        return
-    from triton.runtime import interpreter as interp
-
     from monorl.ops.attention import kernel
-    from monorl.ops.tunables import HOPPER
-    monkeypatch.setattr(kernel, "chip_for", lambda t: HOPPER)
-    patch = interp._patch_lang_tensor
-
-    def patched(tensor, scope):
-        patch(tensor, scope)
-        scope.set_attr(tensor, "__index__", lambda self: int(self.handle.data.reshape(-1)[0]))
-
-    monkeypatch.setattr(interp, "_patch_lang_tensor", patched)
-    yield
+    yield from interpreter_patches(monkeypatch, kernel)
 
 
 def packed(lengths, hq=4, hkv=2, d=16, seed=0, device="cpu", dtype=torch.float32):

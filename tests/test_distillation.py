@@ -152,23 +152,22 @@ def _trainer_with_teacher(**kw) -> tuple:
 def test_the_teacher_scores_the_students_own_packs_with_a_separate_forwards_values(monkeypatch,
                                                                                  share_prompts: bool) -> None:
     """The teacher's log-probs come from a forward over the student's micro-batches, kept on the device: the values
-    a separately packed teacher forward gives (`frozen_logprobs`, as it ran before), and the step packs once."""
+    a separately packed teacher forward gives (as it ran before), and the step packs once."""
     import monorl.train.trainer as trainer_module
-    from monorl.train.teacher import fill_teacher_logprobs
+    from monorl.train.frozen import fill_frozen_logprobs
+    from tests.test_frozen_logprobs import separately_packed_logprobs
 
     trainer, seqs = _trainer_with_teacher(share_prompts=share_prompts)
-    trainer.frozen_logprobs(trainer.teacher, seqs, 0.7, into="teacher_logprobs")  # the separate forward's
+    teacher_lp = separately_packed_logprobs(trainer, trainer.teacher, seqs, 0.7)
     mbs, _ = trainer._my_micro_batches(seqs)
     assert len(mbs) > 1  # several packs: each one's tokens laid out in sequence order
-    fill_teacher_logprobs(trainer, mbs, 0.7)
+    fill_frozen_logprobs(trainer, trainer.teacher, mbs, "teacher_logprobs", 0.7)
     for mb in mbs:
         ids = sorted(set(mb.seq_ids.tolist()))
-        want = [x for i in ids for x in seqs[i].teacher_logprobs]
+        want = [x for i in ids for x in teacher_lp[i]]
         assert mb.teacher_logprobs.tolist() == want
     packed = []
     real = trainer_module.make_micro_batches
     monkeypatch.setattr(trainer_module, "make_micro_batches", lambda *a, **k: packed.append(1) or real(*a, **k))
-    for s in seqs:
-        s.teacher_logprobs = None
     row = trainer.step(seqs, 0.7)
     assert len(packed) == 1 and row["teacher/kl"] != 0.0 and row["time/teacher_s"] > 0

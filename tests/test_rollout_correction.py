@@ -16,6 +16,7 @@ from monorl.train.packing import TrainSequence
 from monorl.train.rollout_correction import RolloutCorrectionConfig
 from monorl.train.trainer import Trainer, TrainerConfig
 from tests.conftest import digits_cfg
+from tests.test_frozen_logprobs import separately_packed_logprobs
 
 LN2, LN3, LN4, LN15 = math.log(2.0), math.log(3.0), math.log(4.0), math.log(1.5)
 # trainer log-probs (pi_old = this forward) all -1; the generator's make the IS weights pi_old / pi_rollout
@@ -148,12 +149,10 @@ def _shifted_seqs() -> list[TrainSequence]:
                           torch.randint(3, 100, (3 + i % 4,), generator=g).tolist(), [0.0] * (3 + i % 4),
                           float(i % 3 - 1)) for i in range(6)]
     tr = Trainer(model, TrainerConfig(micro_batch_tokens=4096), total_steps=1)
-    tr.ref_model = model  # the model's own log-probs, through the trainer's reference path
-    tr.frozen_logprobs(tr.ref_model, seqs, 1.0)
+    own = separately_packed_logprobs(tr, model, seqs, 1.0)  # the model's own log-probs
     offsets = [0.0, -LN2, LN3, 0.1, -0.1, 0.0]  # log w = -offset at token 0 of sequence i
-    for s, off in zip(seqs, offsets, strict=True):
-        s.old_logprobs = [s.ref_logprobs[0] + off] + s.ref_logprobs[1:]
-        s.ref_logprobs = None
+    for s, lp, off in zip(seqs, own, offsets, strict=True):
+        s.old_logprobs = [lp[0] + off] + lp[1:]
     return seqs
 
 

@@ -207,17 +207,22 @@ def test_warm_up_packs_are_a_ranks_share_of_the_step():
     assert shapes(tr4, 40) == shapes(tr1, 10)
 
 
-def test_warm_up_graph_keys_are_the_steps():
+@pytest.mark.parametrize("kl_reference", [False, True])
+def test_warm_up_graph_keys_are_the_steps(kl_reference: bool):
     """The graphs the warm-up captures are the ones a step replays: its packs' keys (shape, the step's sequence
     count, ...) are those of a rank's share of a step of that many sequences. With the share's count in the key
     (session 9) no step replayed a warm-up graph: each captured its own, outside the planned pool (Qwen3-8B on 4
-    H100s ran out of memory)."""
+    H100s ran out of memory). With a KL reference, the step's packs are keyed (`_cover`) before the reference scores
+    them, the warm-up's carry zeros: the same keys."""
     from monorl.distributed.world import World
 
     prompt, comp, n, T = list(range(3, 9)), 5, 64, 1.0
+    loss = LossConfig(kl_coef=0.1 if kl_reference else 0.0)
     for rank in range(4):
-        tr = Trainer(build_model(model_shape("tiny"), seed=3), TrainerConfig(lr=1e-3, micro_batch_tokens=4096),
-                     total_steps=1, world=World(rank, 4))
+        ref = build_model(model_shape("tiny"), seed=3).requires_grad_(False) if kl_reference else None
+        tr = Trainer(build_model(model_shape("tiny"), seed=3), TrainerConfig(lr=1e-3, micro_batch_tokens=4096,
+                                                                             loss=loss),
+                     total_steps=1, world=World(rank, 4), ref_model=ref)
         warm = {tr._graph_key(mb, adv.numel(), T)
                 for mb, _, adv, full in tr._warm_up_packs(prompt, n, comp, smaller=True, group_size=8) if full}
         seqs = [TrainSequence(list(prompt), list(range(10, 10 + comp)), [0.0] * comp, 1.0, group=j // 8)

@@ -120,11 +120,11 @@ def test_a_slightly_smaller_pack_replays_a_captured_graph():
 
 def test_a_graph_replayed_teacher_forward_equals_the_eager_one():
     """Distillation's teacher forward, replayed from a graph per pack shape where the student's step has graphs
-    (monorl.train.teacher.teacher_forward), gives the eager forward's log-probs bit for bit (batch-invariant
+    (monorl.train.frozen.frozen_forward), gives the eager forward's log-probs bit for bit (batch-invariant
     model), for two packs of one shape replaying the same graph, and the step runs on them."""
     _need_cuda()
     from monorl.model.batch_invariant import make_batch_invariant_
-    from monorl.train.teacher import fill_teacher_logprobs, teacher_forward
+    from monorl.train.frozen import fill_frozen_logprobs, frozen_forward
 
     student = build_model(model_shape("tiny"), "cuda", torch.float32, seed=0)
     teacher = build_model(model_shape("tiny"), "cuda", torch.bfloat16, seed=1).eval().requires_grad_(False)
@@ -136,11 +136,47 @@ def test_a_graph_replayed_teacher_forward_equals_the_eager_one():
     seqs = _seqs(12, seed=4)
     mbs, _ = tr._my_micro_batches(seqs)
     eager = [tr.response_logprobs(teacher, mb, 0.8) for mb in mbs]
-    fill_teacher_logprobs(tr, mbs, 0.8)
-    fill_teacher_logprobs(tr, mbs, 0.8)  # replays, the first call captured
-    assert any(k[0] == "teacher" for k in tr.graphs.graphs)
+    fill_frozen_logprobs(tr, teacher, mbs, "teacher_logprobs", 0.8)
+    fill_frozen_logprobs(tr, teacher, mbs, "teacher_logprobs", 0.8)  # replays, the first call captured
+    assert any(k[0] == "teacher_logprobs" for k in tr.graphs.graphs)
     for mb, want in zip(mbs, eager, strict=True):
         assert torch.equal(mb.teacher_logprobs, want)
-    assert torch.equal(teacher_forward(tr, mbs[0], 0.8), eager[0])
+    assert torch.equal(frozen_forward(tr, teacher, mbs[0], "teacher_logprobs", 0.8), eager[0])
     row = tr.step(seqs, 0.8)
     assert math.isfinite(row["teacher/kl"]) and row["time/teacher_s"] > 0
+
+
+def test_the_kl_reference_and_the_teacher_replay_graphs_of_their_own(monkeypatch):
+    """With both a KL reference and a teacher, each frozen forward replays its own graph per pack shape (keyed by the
+    field it fills: the two never share one, though both forwards see the same pack shapes), each bit for bit its
+    model's eager log-probs (batch-invariant models), and a step with graphs packs once and runs on them."""
+    _need_cuda()
+    import monorl.train.trainer as trainer_module
+    from monorl.model.batch_invariant import make_batch_invariant_
+    from monorl.train.frozen import fill_frozen_logprobs
+
+    student = build_model(model_shape("tiny"), "cuda", torch.float32, seed=0)
+    ref = build_model(model_shape("tiny"), "cuda", torch.bfloat16, seed=2).eval().requires_grad_(False)
+    teacher = build_model(model_shape("tiny"), "cuda", torch.bfloat16, seed=1).eval().requires_grad_(False)
+    for m in (student, ref, teacher):
+        make_batch_invariant_(m)
+    tr = Trainer(student, TrainerConfig(lr=1e-4, micro_batch_tokens=512, loss=LossConfig(kind="token_grpo",
+                                                                                         kl_coef=0.1)),
+                 total_steps=3, cuda_graphs=True, teacher=teacher, ref_model=ref)
+    assert tr.graphs is not None
+    seqs = _seqs(12, seed=4)
+    packed = []
+    real = trainer_module.make_micro_batches
+    monkeypatch.setattr(trainer_module, "make_micro_batches", lambda *a, **k: packed.append(1) or real(*a, **k))
+    rows = [tr.step(seqs, 0.8) for _ in range(2)]  # the second replays every graph the first captured
+    assert len(packed) == 2 and rows[1]["trainer/graph_captures"] == 0
+    fields = {k[0] for k in tr.graphs.graphs if isinstance(k[0], str)}
+    assert fields == {"ref_logprobs", "teacher_logprobs"}
+    mbs, _ = tr._my_micro_batches(seqs)
+    eager = {f: [tr.response_logprobs(m, mb, 0.8) for mb in mbs] for f, m in tr.frozen_models()}
+    for f, m in tr.frozen_models():
+        fill_frozen_logprobs(tr, m, mbs, f, 0.8)
+    for f, want in eager.items():
+        for mb, w in zip(mbs, want, strict=True):
+            assert torch.equal(getattr(mb, f), w), f
+    assert all(math.isfinite(r["kl"]) and math.isfinite(r["teacher/kl"]) for r in rows)

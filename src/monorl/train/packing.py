@@ -43,6 +43,8 @@ class TrainSequence:
     completion_ids: list[int]
     old_logprobs: list[float]  # generator log-probs of completion_ids
     advantage: float
+    # the KL reference's log-probs of completion_ids, where the sequence brings them (a trainer with a KL
+    # reference model scores its packs itself: monorl.train.frozen)
     ref_logprobs: list[float] | None = None
     # the index of its prompt group in the step: a group's sequences share their prompt in a pack (`pack`); None:
     # sequences with equal prompt ids are one group
@@ -54,7 +56,8 @@ class TrainSequence:
     # environment messages and turn headers): no loss, no gradient, out of every normaliser, no entropy / KL /
     # log-prob diff. None: every completion token trains
     completion_mask: list[int] | None = None
-    # a distillation teacher's log-probs of completion_ids (`Trainer.frozen_logprobs`; monorl.train.teacher)
+    # a distillation teacher's log-probs of completion_ids, where the sequence brings them (a trainer with a teacher
+    # scores its packs itself: monorl.train.frozen)
     teacher_logprobs: list[float] | None = None
     # its images (`ImageInputs`: placeholders expanded): the prompt's, then in an episode those a tool returned
     # (inserted tokens, completion_mask 0); the model takes the tower's embeddings at their placeholders and M-RoPE

@@ -12,7 +12,7 @@ efficient RL framework secretly brings you off-policy RL training") and IcePop (
 pi_old must be the trainer's own log-probs before the update. monorl takes one optimizer step per batch, so
 pi_old is the trainer's forward of this very step, detached (`logprobs.detach()`): no second forward, and r = 1 in
 value (its gradient is grad log pi_theta). With several updates per batch pi_old would have to come from a no-grad
-forward before the first update, as the KL reference's log-probs do (`Trainer.ref_logprobs`).
+forward before the first update, as the KL reference's log-probs do (`monorl.train.frozen`).
 
 Two mechanisms, each at a level (verl's `rollout_is` / `rollout_rs`):
     rollout_is      importance weights, truncated (TIS): w <- min(w, rollout_is_threshold)

@@ -42,6 +42,7 @@ from monorl.model.logprobs import chunked_token_logprobs, chunked_token_logprobs
 from monorl.model.moe import grouped_mm_serves
 from monorl.model.moe_routing import RouterTap, load_balancing_loss
 from monorl.ops.row_copies import take_rows
+from monorl.train.frozen import FROZEN_FIELDS, fill_frozen_logprobs
 from monorl.train.graphs import TrainGraphs
 from monorl.train.losses import LossNorm, loss_metric_names, policy_loss
 from monorl.train.optim import clip_and_step, lr_factor, make_optimizer
@@ -56,7 +57,7 @@ from monorl.train.packing import (
     token_share,
 )
 from monorl.train.rollout_correction import MAX_METRIC, MIN_METRIC
-from monorl.train.teacher import TeacherSection, distillation_terms, fill_teacher_logprobs
+from monorl.train.teacher import TeacherSection, distillation_terms
 from monorl.train.trainer_config import TrainerConfig
 from monorl.train.warm_up import TrainerWarmUps
 
@@ -89,7 +90,7 @@ class Trainer(TrainerWarmUps):
         self.model, self.cfg, self.total_steps, self.world = model, cfg, total_steps, world
         self.attn_backend, self.ref_model = attn_backend, ref_model
         self.teacher, self.teacher_kl_coef = teacher, (distill or TeacherSection()).kl_coef
-        self.teacher_out: dict[tuple, Tensor] = {}  # each teacher graph's output buffer (`fill_teacher_logprobs`)
+        self.frozen_out: dict[tuple, Tensor] = {}  # each frozen forward's graph's output buffer (train/frozen.py)
         self.device = next(model.parameters()).device
         params = [p for p in model.parameters() if p.requires_grad]
         moe = model.config.is_moe
@@ -146,21 +147,12 @@ class Trainer(TrainerWarmUps):
             hidden = take_rows(model_forward(self.model, mb), mb.logit_index)
             return chunked_token_logprobs_entropy(self.model, hidden, mb.targets, temperature, self.cfg.logprob_chunk)
 
-    @torch.no_grad()
-    def frozen_logprobs(self, model: DecoderForCausalLM, seqs: Sequence[TrainSequence], temperature: float,
-                        indices: Sequence[int] | None = None, into: str = "ref_logprobs") -> None:
-        """Fill the field `into` of each sequence (of `seqs[indices]`) with a frozen model's log-probs of its
-        completion (the KL reference's, a distillation teacher's), packed as the trainer packs. The model is a full
-        copy on every rank: no collectives."""
-        for mb in make_micro_batches(seqs, self.cfg.micro_batch_tokens, self.device, self.attn_backend,
-                                     indices=indices, share_prompts=self.cfg.share_prompts):
-            lp = self.response_logprobs(model, mb, temperature).tolist()
-            # tokens are laid out sequence by sequence in index order within the micro-batch
-            pos = 0
-            for i in sorted(set(mb.seq_ids.tolist())):
-                n = len(seqs[i].completion_ids)
-                setattr(seqs[i], into, lp[pos:pos + n])
-                pos += n
+    def frozen_models(self) -> list[tuple[str, DecoderForCausalLM]]:
+        """The frozen models that score a step's packs, each with the MicroBatch field it fills
+        (`fill_frozen_logprobs`): the KL reference (when the loss has a KL term), the distillation teacher."""
+        kl_ref = self.ref_model is not None and self.cfg.loss.kl_coef > 0
+        return ([("ref_logprobs", self.ref_model)] if kl_ref else []) + (
+            [("teacher_logprobs", self.teacher)] if self.teacher is not None else [])
 
     def _apply_gradients(self) -> tuple[Tensor | float, Tensor | bool, float]:
         """Clip, step AdamW and the schedule; a non-finite gradient norm skips the update (weights and moments
@@ -266,8 +258,11 @@ class Trainer(TrainerWarmUps):
         torch.maximum(self._acc_max[: len(maxes)], torch.stack(maxes), out=self._acc_max[: len(maxes)])
 
     def _graph_key(self, mb: MicroBatch, num_seqs: int, temperature: float) -> tuple:
-        # a teacher's log-probs join a step's packs after packing (`fill_teacher_logprobs`): keyed by the trainer's
-        return (mb.shape, num_seqs, mb.ref_logprobs is not None, self.teacher is not None, float(temperature))
+        # the frozen log-probs `_accumulate` will read: the frozen models' join a step's packs after packing (and
+        # after `_cover` keys them), a sequence may carry its own
+        filled = {f for f, _ in self.frozen_models()}
+        frozen = tuple(f for f in FROZEN_FIELDS if f in filled or getattr(mb, f) is not None)
+        return (mb.shape, num_seqs, frozen, float(temperature))
 
     def _cover(self, num_seqs: int, temperature: float) -> Callable[[MicroBatch], PackShape | None] | None:
         """With graphs: for a pack whose key has no graph, a captured shape of the same key otherwise that holds it
@@ -352,13 +347,13 @@ class Trainer(TrainerWarmUps):
         if not seqs:
             raise ValueError("trainer.step needs at least one sequence")
         cfg = self.cfg
-        if self.ref_model is not None and cfg.loss.kl_coef > 0:
-            self.frozen_logprobs(self.ref_model, seqs, temperature, self._my_share(seqs))
         self.model.train()
         norm = LossNorm.for_step(cfg.loss, [s.trained_tokens for s in seqs], self.device)
         advantages = torch.tensor([s.advantage for s in seqs], dtype=torch.float32, device=self.device)
         mbs, real = self._my_micro_batches(seqs, self._cover(len(seqs), temperature))
-        teacher_s = None if self.teacher is None else fill_teacher_logprobs(self, mbs, temperature)
+        # the KL reference's and the teacher's log-probs, on these packs (before any capture or accumulation)
+        frozen_s = {f: fill_frozen_logprobs(self, model, mbs, f, temperature) for f, model in self.frozen_models()}
+        teacher_s = frozen_s.get("teacher_logprobs")
         keys: list[tuple | None] = [None] * len(mbs)
         if self.graphs is not None:
             # capture every new shape first: a capture's warm-up runs accumulate, and are then cleared

@@ -11,10 +11,10 @@ import torch
 from torch import Tensor
 
 from monorl.compile import is_compiled
+from monorl.train.frozen import frozen_forward
 from monorl.train.losses import LossNorm
 from monorl.train.optim import launch_update_kernels
 from monorl.train.packing import MicroBatch, TrainSequence
-from monorl.train.teacher import teacher_forward
 
 
 class TrainerWarmUps:
@@ -38,9 +38,10 @@ class TrainerWarmUps:
         sizes = [(share, comp)] + ([(max(1, share // 4), comp[: max(1, len(comp) // 2)])] if smaller else [])
         packs = []
         for i, (n, c) in enumerate(sizes):
-            # with a KL term the step's packs carry reference log-probs: so do these (the same graph key and code)
+            # with a KL term the step's packs carry reference log-probs: so do these (the same graph key and code),
+            # and a teacher's with distillation (`Trainer.frozen_models`; a step's are filled after packing)
             ref = [0.0] * len(c) if self.cfg.loss.kl_coef > 0 else None
-            teacher = [0.0] * len(c) if self.teacher is not None else None  # and a teacher's, with distillation
+            teacher = [0.0] * len(c) if self.teacher is not None else None
             seqs = [TrainSequence(list(prompt_ids), c, [0.0] * len(c), 1.0, ref_logprobs=ref,
                                   group=j // max(1, group_size), teacher_logprobs=teacher) for j in range(n)]
             packs += [(mb, norm, adv, i == 0) for mb in self._micro_batches(seqs)]
@@ -68,8 +69,8 @@ class TrainerWarmUps:
                 torch.cuda.empty_cache()
             for mb, norm, adv in full:
                 self._ensure_graph(mb, norm, adv, temperature)
-                if self.teacher is not None:  # and the distillation teacher's forward of the pack
-                    teacher_forward(self, mb, temperature)
+                for field, model in self.frozen_models():  # and the KL reference's, the teacher's forward of it
+                    frozen_forward(self, model, mb, field, temperature)
         self._reset_accumulators()
 
     def trace_kernels(self, prompt_ids: list[int], num_seqs: int, completion_len: int, temperature: float,

@@ -83,6 +83,19 @@ def test_plain_fallback(closed):
     assert renderer.delta([{"role": "tool", "name": "f", "content": "7"}]) == "\nTool: 7\nAssistant: "
 
 
+def test_plain_fallback_starts_with_bos_when_the_tokenizer_adds_it():
+    """A base model's episode (no chat template) starts with BOS as its one-turn prompts do (`Task.render`), once:
+    the turns' deltas stay token in / token out."""
+    tok = CharTokenizer()
+    tok.add_bos_token = True
+    renderer = ChatRenderer(tok)
+    text = renderer.render(PROMPT, tools=TOOLS)
+    assert text.startswith("<bos>System: ") and tok.encode(text)[0] == tok.bos_token_id
+    ids, _ = check_token_in_token_out(renderer, TURNS)
+    assert ids.count(tok.bos_token_id) == 1
+    assert "<bos>" not in renderer.delta([{"role": "tool", "name": "f", "content": "7"}])
+
+
 @pytest.mark.parametrize("closed", [True, False])
 def test_chatml_fallback(closed):
     renderer = ChatRenderer(CharTokenizer(), style="chatml")

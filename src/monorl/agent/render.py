@@ -39,6 +39,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from monorl.agent.harmony import TURN_ENDS, harmony_delta, render_harmony
+from monorl.tasks.base import plain_text_start
 from monorl.tasks.harmony import CALL, CHANNEL, RETURN
 
 IM_START, IM_END = "<|im_start|>", "<|im_end|>"
@@ -147,7 +148,9 @@ class ChatRenderer:
             return _render_chatml(messages, tools, add_generation_prompt)
         if self.style == "harmony":
             return render_harmony(messages, tools, add_generation_prompt)
-        return _render_plain(messages, tools, add_generation_prompt, self.end_of_turn)
+        # after BOS where plain text starts with it, as `Task.render`'s plain prompts (`delta` keeps only a suffix)
+        return plain_text_start(self.tokenizer) + _render_plain(messages, tools, add_generation_prompt,
+                                                                self.end_of_turn)
 
     # -- what to append after a model's turn ------------------------------------------------------------
     def delta(self, new_messages: Sequence[dict[str, Any]], tools: Sequence[dict[str, Any]] | None = None,

@@ -39,6 +39,14 @@ class ChatTokenizer(Protocol):
     def apply_chat_template(self, messages: list[dict[str, str]], add_generation_prompt: bool = True) -> str: ...
 
 
+
+def plain_text_start(tokenizer: object) -> str:
+    """What text without a chat template starts with: the BOS token's text when the tokenizer's `add_bos_token`
+    says so (HF's tokenizer adds it to plain text; a base model such as Gemma 3's is trained with it), else ""."""
+    bos = (getattr(tokenizer, "special_tokens", None) or {}).get("bos_token")
+    return bos if bos and getattr(tokenizer, "add_bos_token", False) else ""
+
+
 class Task(ABC):
     """Base class for tasks. Subclasses set `name` and `reward_components` and implement the three abstract
     methods; `render` has a sensible default."""
@@ -91,8 +99,7 @@ class Task(ABC):
             if not isinstance(out, str):
                 raise TypeError(f"tokenizer.apply_chat_template returned {type(out).__name__}, expected str")
             return out
-        bos = (getattr(tokenizer, "special_tokens", None) or {}).get("bos_token")
-        return (bos if bos and getattr(tokenizer, "add_bos_token", False) else "") + self.plain_prompt(prompt)
+        return plain_text_start(tokenizer) + self.plain_prompt(prompt)
 
 
     def score_batch(self, prompts: Sequence[Prompt], completions: Sequence[str],

@@ -29,11 +29,14 @@ def _nbytes(tensors) -> int:
     return sum(t.numel() * t.element_size() for t in tensors)
 
 
-@pytest.mark.parametrize("lora,invariant", [(False, False), (True, False), (True, True)])
-def test_plan_rows_equal_what_the_run_allocates(tmp_path: Path, lora: bool, invariant: bool) -> None:
+@pytest.mark.parametrize("lora,invariant,merge", [(False, False, True), (True, False, True), (True, True, True),
+                                                  (True, False, False)])
+def test_plan_rows_equal_what_the_run_allocates(tmp_path: Path, lora: bool, invariant: bool, merge: bool) -> None:
     extra = {"lora.rank": "4"} if lora else {}
     if invariant:
         extra["batch_invariant"] = "true"
+    if not merge:
+        extra["generator.merge_lora"] = "false"
     run = GRPORun(small_cfg(tmp_path / "run", **extra), progress=False)
     plan = run.plan
     assert plan.row("policy weights").bytes == _nbytes(run.policy.parameters())
@@ -41,8 +44,9 @@ def test_plan_rows_equal_what_the_run_allocates(tmp_path: Path, lora: bool, inva
     assert plan.row("gradients").bytes == _nbytes(trainable)
     policy = {p.data_ptr() for p in run.policy.parameters()}
     own = [p for p in run.generator.model.parameters() if p.data_ptr() not in policy]
-    # a batch-invariant LoRA run's generator runs the policy's own base tensors (share_frozen_): only adapters
-    assert (len(own) < len(list(run.generator.model.parameters()))) == invariant
+    # a batch-invariant LoRA run's generator, or one with generator.merge_lora off, runs the policy's own base
+    # tensors (share_frozen_): only adapters
+    assert (len(own) < len(list(run.generator.model.parameters()))) == (invariant or not merge)
     assert plan.row("generator weights").bytes == _nbytes(own)
     run.warm_up()
     run.size_kv_cache()
@@ -174,6 +178,19 @@ def test_advice_applied_plans_the_peak_it_quotes(preset_name: str, shape: str, g
     assert advice is not None
     assert main([*base, *advice.group(1).split()]) == 0
     assert re.search(r"peak \(planned\)\s+([\d.]+)", capsys.readouterr().out).group(1) == advice.group(2)
+
+
+def test_a_large_lora_run_is_advised_to_keep_its_generators_adapters_separate(capsys) -> None:
+    """GPT-OSS-20B with LoRA on one 80 GB GPU: the merged generator copy (a second 39 GiB bf16 base) does not fit;
+    the cheapest change is the adapters kept separate over the policy's own base, whose plan has no second base."""
+    base = ["plan", "--preset", "tiny_arith", "--model.shape", "gpt-oss-20b", "--lora.rank", "16",
+            "--gpu_memory_gb", "79.6"]
+    assert main(base) == 1
+    assert "cheapest change that fits: --generator.merge_lora false  (peak" in capsys.readouterr().out
+    assert main([*base, "--generator.merge_lora", "false"]) == 0
+    out = capsys.readouterr().out
+    row = re.search(r"generator weights\s+([\d.]+)\s+adapters only: the base is shared with the policy", out)
+    assert row is not None and float(row.group(1)) < 0.1
 
 
 def test_lora_target_names() -> None:

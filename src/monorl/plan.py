@@ -30,6 +30,7 @@ import torch
 
 from monorl.distributed.fsdp import GATHER_BUCKET_BYTES
 from monorl.distributed.placement import role_share
+from monorl.generate.build import lora_kept_separate
 from monorl.generate.cache import bytes_per_block, bytes_per_sequence, kv_cache_bytes_needed, sequence_rows
 from monorl.generate.tensor_parallel import check_tensor_parallel, shard_config
 from monorl.model.config import ModelConfig
@@ -126,10 +127,10 @@ def plan_memory(cfg: RunConfig, m: ModelConfig, max_prompt_tokens: int, device_b
         rows.append(MemoryRow("KL reference", total * gen_bytes, "frozen copy of the starting policy"))
     if teacher is not None:
         rows.append(MemoryRow("teacher weights", sum(param_counts(teacher).values()) * gen_bytes, "frozen"))
-    if lora.enabled and cfg.batch_invariant and ranks == 1:  # an unmerged copy, its frozen base the policy's
+    if lora.enabled and lora_kept_separate(cfg) and ranks == 1:  # an unmerged copy, its frozen base the policy's
         rows.append(MemoryRow("generator weights", lora_param_count(m, lora) * gen_bytes,
                               "adapters only: the base is shared with the policy"))
-    elif lora.enabled and cfg.batch_invariant:  # shared before FSDP sharded the policy: the copy keeps it whole
+    elif lora.enabled and lora_kept_separate(cfg):  # shared before FSDP sharded the policy: the copy keeps it whole
         rows.append(MemoryRow("generator weights", (total + lora_param_count(m, lora)) * gen_bytes,
                               "unmerged copy: the whole frozen base (shared with the policy before it was sharded) "
                               "and the adapters"))
@@ -302,6 +303,9 @@ def _changes(cfg: RunConfig, m: ModelConfig, max_prompt_tokens: int,
         out.append((f"--trainer.micro_batch_tokens {mbt}", "more, smaller trainer micro-batches",
                     {"trainer.micro_batch_tokens": mbt}))
     out += no_graphs if ranks > 1 else []
+    if cfg.lora.enabled and not lora_kept_separate(cfg):
+        out.append(("--generator.merge_lora false", "the generator's adapters as separate matmuls over the policy's "
+                    "base (one copy of the base; slower decode)", {"generator.merge_lora": False}))
     # the generator's copy and KV cache split over N of the run's GPUs (one node's): the GPUs the run has, before
     # more of them; N must divide the run's ranks (a pair with --nproc where it does not: `advise`)
     for n in (2, 4, 8):

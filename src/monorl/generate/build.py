@@ -32,12 +32,19 @@ def generator_group(cfg: GeneratorSections, world: World) -> TensorParallel:
                                  fixed_order=bool(cfg.batch_invariant))
 
 
+def lora_kept_separate(cfg: GeneratorSections) -> bool:
+    """Whether a LoRA run's generator keeps the adapters as separate matmuls over the policy's shared frozen base
+    (batch-invariant mode, or `generator.merge_lora` off) rather than merging them into a copy of its own."""
+    return bool(cfg.batch_invariant) or not cfg.generator.merge_lora
+
+
 def build_generator(policy: DecoderForCausalLM, cfg: GeneratorSections, tokenizer: object, tp: TensorParallel,
                     compile: CompileConfig, allocate_kv: bool = True) -> Generator:
     """The generator's own copy of `policy` (this rank's shard of it with tensor parallelism). In batch-invariant mode
     the copy is converted (`make_batch_invariant_`) and a LoRA policy's adapters stay separate matmuls, unmerged (the
-    bitwise guarantee is for those); otherwise adapters are merged into the copy at every sync."""
-    lora = cfg.lora if cfg.batch_invariant and is_lora(policy) else None
+    bitwise guarantee is for those), over the policy's own frozen base; otherwise adapters are merged into the copy
+    at every sync, unless `generator.merge_lora` is off (separate, the base shared, as in batch-invariant mode)."""
+    lora = cfg.lora if lora_kept_separate(cfg) and is_lora(policy) else None
     gen = Generator(policy, cfg.generator, tokenizer=tokenizer, compile=compile, allocate_kv=allocate_kv,
                     eos_token_ids=eos_ids(tokenizer, policy.config), lora=lora, tp=tp)
     if cfg.batch_invariant:  # converted once (the KL reference inherits the policy's conversion)

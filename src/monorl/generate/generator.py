@@ -70,6 +70,11 @@ class GeneratorConfig:
     # cache and vocabulary divided by N (monorl.generate.tensor_parallel), for a model whose bf16 copy does not fit
     # one GPU; N must divide the heads, kv heads, MLP width and vocabulary
     tensor_parallel_size: int = 1
+    # a LoRA policy's generator: true merges the adapters into a copy of the base at every sync (the fastest
+    # decode; two copies of the base); false keeps them separate matmuls over the policy's own frozen base tensors
+    # (one copy: what a large model's LoRA run needs to fit one GPU; decode pays the adapters' small matmuls). A
+    # batch-invariant run keeps them separate regardless (its bitwise guarantee is for that form)
+    merge_lora: bool = True
 
 
 class Generator:
@@ -99,7 +104,8 @@ class Generator:
                              f"group of that many ranks (tensor_parallel_group), got one of {tp.size}")
         if tp.size > 1 and lora is not None:
             raise ValueError("generator.tensor_parallel_size > 1 merges LoRA adapters into its copy: a copy with "
-                             "separate adapters (batch-invariant LoRA) is not tensor-parallel")
+                             "separate adapters (batch-invariant LoRA, or generator.merge_lora false) is not "
+                             "tensor-parallel")
         self.tp = tp
         self.config, self.tokenizer = config, tokenizer
         cfg = model.config

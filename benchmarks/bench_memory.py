@@ -41,6 +41,11 @@ ROWS: dict[str, tuple[str, list[str]]] = {
     "8b-lora": ("qwen3-8b", ["--lora.rank", "16"]),
     "4b-nographs": ("qwen3-4b", ["--compile.trainer_cuda_graphs", "false"]),
     "1.7b-lora": ("qwen3-1.7b", ["--lora.rank", "16"]),
+    # GPT-OSS-20B (#57; its released config, from MODEL_SHAPES; the Qwen3 tokenizer's ids fit its vocabulary):
+    # LoRA on the attention (experts take no adapters), the generator's adapters over the policy's own base (the
+    # merged copy's second 39 GiB base does not fit 80 GB: `monorl plan` advises it)
+    "gpt-oss-20b-lora": ("gpt-oss-20b", ["--lora.rank", "16", "--lora.targets", "q,k,v,o",
+                                         "--generator.merge_lora", "false"]),
 }
 
 
@@ -49,7 +54,12 @@ def model_dir(models: Path, model: str) -> Path:
     d = Path(tempfile.gettempdir()) / "monorl_models" / model
     d.mkdir(parents=True, exist_ok=True)
     for f in [models / model / "config.json", *sorted((models / "qwen3-tokenizer").iterdir())]:
-        shutil.copy(f, d / f.name)
+        if f.is_file() or f.name != "config.json":
+            shutil.copy(f, d / f.name)
+        else:  # a shape monorl knows the released config of (gpt-oss-20b): written from it
+            from monorl.model.config import MODEL_SHAPES
+
+            (d / "config.json").write_text(json.dumps(MODEL_SHAPES[model].to_hf(), indent=1))
     return d
 
 

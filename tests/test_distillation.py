@@ -171,3 +171,24 @@ def test_the_teacher_scores_the_students_own_packs_with_a_separate_forwards_valu
     monkeypatch.setattr(trainer_module, "make_micro_batches", lambda *a, **k: packed.append(1) or real(*a, **k))
     row = trainer.step(seqs, 0.7)
     assert len(packed) == 1 and row["teacher/kl"] != 0.0 and row["time/teacher_s"] > 0
+
+
+def test_a_gguf_teacher_scores_as_the_same_weights_do(tmp_path: Path) -> None:
+    """A llama.cpp file as the teacher (`--teacher.path FILE.gguf`, as the student may be): the student's own file
+    scores KL 0 at step 1; the same architecture with other weights does not."""
+    pytest.importorskip("gguf")
+    from tests.test_gguf import GGUF_SHAPES, PRE, byte_level_vocab, write_gguf
+
+    tokens, merges = byte_level_vocab()
+    cfg = GGUF_SHAPES["llama"].replace(vocab_size=len(tokens), bos_token_id=1, eos_token_id=2)
+    files = []
+    for seed in (3, 4):
+        state = build_model(cfg, seed=seed).state_dict()
+        files.append(tmp_path / f"seed{seed}.gguf")
+        write_gguf(files[-1], "llama", cfg, state, tokens, merges, PRE["llama"])
+    same = run(tmp_path / "same", **{"model.shape": None, "model.path": str(files[0]),
+                                     "teacher.path": str(files[0])})[0]
+    assert same["teacher/kl"] == 0.0 and same["train_tokens"] > 0
+    other = run(tmp_path / "other", **{"model.shape": None, "model.path": str(files[0]),
+                                       "teacher.path": str(files[1])})[0]
+    assert other["teacher/kl"] > 0.0

@@ -17,6 +17,6 @@ M=$(python3 -c "import sys; sys.path.insert(0, 'benchmarks'); from pathlib impor
 t0=$(date +%s.%N); python3 benchmarks/probe_pre_run.py $M 2>&1 | head -12; echo "pre_run process $(python3 -c "print(round($(date +%s.%N)-$t0,2))") s"
 timeout 120 python3 benchmarks/demo_distill.py --model $G --part distill --distill-lrs 1 --out $OUT/demo.json > $OUT/distill.log 2>&1; echo "distill rc $?"
 grep -v "DEBUG\|^step \|it/s" $OUT/distill.log | tail -9
-# the judge: the teacher part (a) just trained (pass@1 ~0.58), reference-guided (the start model, on CPU, graded wrong answers 0.79)
-timeout 150 python3 benchmarks/demo_distill.py --model $G --part judge --judge-model teacher --out $OUT/demo.json > $OUT/judge.log 2>&1; echo "judge rc $?"
-grep -v "DEBUG\|^step \|it/s" $OUT/judge.log | tail -8
+# the judge (JUDGE=1): the teacher part (a) just trained (pass@1 ~0.58), reference-guided (the start model, on CPU, graded wrong answers 0.79)
+[ "${JUDGE:-0}" = 1 ] && timeout 150 python3 benchmarks/demo_distill.py --model $G --part judge --judge-model teacher --out $OUT/demo.json > $OUT/judge.log 2>&1; echo "judge rc $?"
+[ "${JUDGE:-0}" = 1 ] && grep -v "DEBUG\|^step \|it/s" $OUT/judge.log | tail -8

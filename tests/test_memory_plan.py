@@ -186,11 +186,14 @@ def test_a_large_lora_run_is_advised_to_keep_its_generators_adapters_separate(ca
     base = ["plan", "--preset", "tiny_arith", "--model.shape", "gpt-oss-20b", "--lora.rank", "16",
             "--gpu_memory_gb", "79.6"]
     assert main(base) == 1
-    assert "cheapest change that fits: --generator.merge_lora false  (peak" in capsys.readouterr().out
+    advice = re.search(r"cheapest change that fits: --generator.merge_lora false  \(peak ([\d.]+) GiB",
+                       capsys.readouterr().out)
+    assert advice is not None
     assert main([*base, "--generator.merge_lora", "false"]) == 0
     out = capsys.readouterr().out
     row = re.search(r"generator weights\s+([\d.]+)\s+adapters only: the base is shared with the policy", out)
     assert row is not None and float(row.group(1)) < 0.1
+    assert re.search(r"peak \(planned\)\s+([\d.]+)", out).group(1) == advice.group(1)  # the peak it quoted
 
 
 def test_lora_target_names() -> None:

@@ -162,6 +162,7 @@ class RunSpec:
     warm_start_steps: int  # 0 when the task has no reference solutions
     plan: MemoryPlan | None = None
     teacher: tuple[ModelConfig, Any, str] | None = None  # the distillation teacher's `resolve_model` (teacher.path)
+    processor: Any = None  # a vision-language policy's image processor (`image_processor`; None: text)
     notes: list[str] = field(default_factory=list)  # what resolving `auto` settings chose
 
 
@@ -203,7 +204,7 @@ def build_run(cfg: RunConfig, device: torch.device, world: World = SINGLE, plan:
     given = cfg
     cfg, notes = resolve_config(cfg, model_config, device, world)  # before the plan, which reads what it decides
     spec = RunSpec(cfg, device, model_config, tokenizer, source, task, max_len, val_prompts, longest, components,
-                   pass_component, warm_start_steps, teacher=teacher, notes=notes)
+                   pass_component, warm_start_steps, teacher=teacher, processor=processor, notes=notes)
     if plan:
         spec.plan = run_memory_plan(cfg, model_config, longest, device, world.size, world.rank,
                                     change_resolver(given, model_config, device),

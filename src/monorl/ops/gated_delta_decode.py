@@ -117,8 +117,9 @@ def rule_step(x: Tensor, a: Tensor, b: Tensor, a_log: Tensor, dt_bias: Tensor, s
     hv, dv = state.shape[1], state.shape[3]
     assert state.dtype == torch.float32 and state[0].is_contiguous() and dv % BV == 0
     o = torch.empty(N, hv, dv, dtype=x.dtype, device=x.device)
+    chip = chip_for(x)
     _rule_step_kernel[(N * hv * (dv // BV),)](x, x.stride(0), a, a.stride(0), b, b.stride(0), a_log, dt_bias, state,
                                               state.stride(0), rows, o, dk ** -0.5, HK=hk, HV=hv, DK=dk, DV=dv, BV=BV,
-                                              num_warps=tuned("gated_delta_decode.rule_warps", chip_for(x)),
-                                              num_stages=tuned("gated_delta_decode.rule_stages", chip_for(x)))
+                                              num_warps=tuned("gated_delta_decode.rule_warps", chip),
+                                              num_stages=tuned("gated_delta_decode.rule_stages", chip))
     return o

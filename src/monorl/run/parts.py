@@ -32,7 +32,7 @@ from monorl.model.batch_invariant import make_batch_invariant_
 from monorl.model.lora import apply_lora_
 from monorl.model.qwen3_vl import freeze_vision_
 from monorl.model.section import ModelSection
-from monorl.model.source import image_processor, load_policy
+from monorl.model.source import load_policy
 from monorl.rl.consumer import Publish, TrainerConsumer
 from monorl.rl.loggers import check_loggers, open_loggers
 from monorl.rl.ranks.weight_broadcast import WeightBroadcast
@@ -162,7 +162,7 @@ def generator_builder(p: Parts) -> Callable[[], Generator]:
                     "slower than the default kernels); --batch_invariant false for a quick run", p.device.type)
     if cfg.batch_invariant:
         make_batch_invariant_(p.policy)
-    processor = image_processor(cfg.model, p.spec.model_config)  # a vision-language policy's (None: text)
+    processor = p.spec.processor  # a vision-language policy's (None: text)
 
     def build() -> Generator:
         gen = build_generator(p.policy, cfg, p.tokenizer, tp, cfg.compile, allocate_kv=p.device.type != "cuda")
@@ -244,4 +244,4 @@ def build_checkpoints(p: Parts, config_source: torch.nn.Module) -> RunCheckpoint
     """config_source: a module whose config the sharded export writes (the generator's full copy, or the policy)."""
     return RunCheckpoints(p.run_dir.checkpoints, p.policy, p.trainer, p.tokenizer, p.train_world,
                           keep_last=p.cfg.checkpoint.keep_last, config_source=config_source,
-                          processor=image_processor(p.cfg.model, p.spec.model_config))
+                          processor=p.spec.processor)

@@ -11,7 +11,8 @@ experts have biases, a clamped SwiGLU ((up + 1) * gate * sigmoid(alpha * gate), 
 on both sides) and HF's layouts: `gate_up_proj` [E, hidden, 2I] with gate and up *interleaved* along the last dim
 ([..., ::2] / [..., 1::2]), `down_proj` [E, I, hidden] (x @ W, not F.linear's W^T), so checkpoints map one to one.
 It reuses SparseMoeBlock's token sort and per-token combine (`monorl.model.moe`), and runs the same paths: one
-product per expert on its sorted slice (gradients, or many tokens), a gather of each slot's expert weights (a
+`torch._grouped_mm` launch per projection over the tokens grouped by expert (bf16 on sm90+: gradients, or many
+tokens), one product per expert on its sorted slice (the same elsewhere), a gather of each slot's expert weights (a
 decode step's few tokens, CUDA-graph capturable), and in batch-invariant mode every expert over all rows for a
 decode step (its `linear` the invariant GEMM, so a token's outputs do not depend on its batch).
 """
@@ -35,9 +36,12 @@ from monorl.model.moe import (
     _combine,
     _sort_by_expert,
     compute_dtype,
+    grouped_mm_fits,
+    grouped_rows,
     softmax_invariant,
 )
 from monorl.ops import matmul_invariant
+from monorl.speedups.private_apis import grouped_mm
 
 
 class GptOssAttention(Attention):
@@ -121,11 +125,25 @@ class GptOssMoeBlock(nn.Module):
         y = torch.bmm(clamped_swiglu(h, self.alpha, self.limit).unsqueeze(1), p.down_proj.index_select(0, flat).to(dt))
         return _combine(y.squeeze(1) + p.down_proj_bias.index_select(0, flat).to(dt), weights)
 
+    def experts_grouped(self, x: Tensor, weights: Tensor, experts: Tensor) -> Tensor:
+        """The experts by `torch._grouped_mm` over the tokens grouped by expert (`monorl.model.moe.grouped_rows`),
+        each row's biases its group's: no host read, so a trainer step with gradients captures in a CUDA graph."""
+        p, dt = self.experts, x.dtype
+        xs, offs, row = grouped_rows(x, experts, self.num_experts)
+        group = torch.searchsorted(offs.long(), torch.arange(xs.shape[0], device=x.device), right=True)
+        group = group.clamp_max(self.num_experts - 1)  # the tail rows past the last end: padding, outputs unread
+        h = grouped_mm(xs, p.gate_up_proj.to(dt), offs) + p.gate_up_proj_bias.to(dt)[group]
+        y = grouped_mm(clamped_swiglu(h, self.alpha, self.limit), p.down_proj.to(dt), offs)
+        return _combine((y + p.down_proj_bias.to(dt)[group])[row], weights)
+
     def run_experts(self, x: Tensor, weights: Tensor, experts: Tensor) -> Tensor:
         per_slot = self.experts.gate_up_proj[0].numel() + self.experts.down_proj[0].numel()
+        grouped = grouped_mm_fits(x, self.experts.gate_up_proj, self.experts.down_proj)
         if not torch.is_grad_enabled() and (experts.numel() * per_slot * x.element_size() <= GATHER_MAX_BYTES
-                                            or _capturing(x)):
+                                            or _capturing(x) and not grouped):
             return self.experts_gathered(x, weights, experts)
+        if grouped:
+            return self.experts_grouped(x, weights, experts)
         return self.experts_loop(x, weights, experts)
 
 

@@ -117,13 +117,14 @@ def experts_loop(x: Tensor, weights: Tensor, experts: Tensor, gate_up: Tensor, d
     return _combine(torch.cat(outs)[inverse], weights)
 
 
-def experts_grouped_mm(x: Tensor, weights: Tensor, experts: Tensor, gate_up: Tensor, down: Tensor) -> Tensor:
-    """The experts by `torch._grouped_mm` over the sorted tokens (one launch per projection, no host read). Each
-    expert's rows start at a multiple of `GROUP_ALIGN` (zero rows between): the weight gradient's grouped GEMM runs
-    over the rows as its K dim, whose group starts its TMA loads need 16-byte aligned (TorchTitan pads the same way).
-    The padded row count is a bound of the shapes alone, so a CUDA graph holds it."""
+def grouped_rows(x: Tensor, experts: Tensor, num_experts: int) -> tuple[Tensor, Tensor, Tensor]:
+    """(xs [R, hidden], offs [E] int32, row [T * k]): each (token, slot)'s row of x placed in its expert's group of
+    xs, `offs` the groups' ends for `torch._grouped_mm`, `row` where each slot's output lands. Each group starts at a
+    multiple of `GROUP_ALIGN` (zero rows between): the weight gradient's grouped GEMM runs over the rows as its K dim,
+    whose group starts its TMA loads need 16-byte aligned (TorchTitan pads the same way). R is a bound of the shapes
+    alone, so a CUDA graph holds it; no host read."""
     T, k = experts.shape
-    E = gate_up.shape[0]
+    E = num_experts
     order, inverse, counts = _sort_by_expert(experts, E)
     padded = (counts + GROUP_ALIGN - 1) // GROUP_ALIGN * GROUP_ALIGN
     ends = padded.cumsum(0)
@@ -134,9 +135,16 @@ def experts_grouped_mm(x: Tensor, weights: Tensor, experts: Tensor, gate_up: Ten
     total = -(-(T * k + E * (GROUP_ALIGN - 1)) // GROUP_ALIGN) * GROUP_ALIGN  # >= ends[-1]
     offs = torch.cat([ends[:-1], ends.new_full((1,), total)]).to(torch.int32)  # the last group takes the tail
     xs = x.new_zeros(total, x.shape[1]).index_copy(0, rows, x[order // k])
+    return xs, offs, rows[inverse]
+
+
+def experts_grouped_mm(x: Tensor, weights: Tensor, experts: Tensor, gate_up: Tensor, down: Tensor) -> Tensor:
+    """The experts by `torch._grouped_mm` over the tokens grouped by expert (`grouped_rows`): one launch per
+    projection, no host read."""
+    xs, offs, row = grouped_rows(x, experts, gate_up.shape[0])
     gate, up = grouped_mm(xs, gate_up.transpose(1, 2), offs).chunk(2, dim=-1)
     y = grouped_mm(F.silu(gate) * up, down.transpose(1, 2), offs)
-    return _combine(y[rows[inverse]], weights)
+    return _combine(y[row], weights)
 
 
 def experts_gathered(x: Tensor, weights: Tensor, experts: Tensor, gate_up: Tensor, down: Tensor) -> Tensor:

@@ -82,8 +82,9 @@ def yarn_inv_freq(dim: int, base: float, device: torch.device, factor: float, be
     low, high = max(low, 0), min(high, dim - 1)
     if low == high:
         high += 0.001  # HF: no singular ramp
-    pos_freqs = base ** (torch.arange(0, dim, 2).to(device=device, dtype=torch.float) / dim)
+    # built on `device`: a CPU tensor copied in would break CUDA graph capture
+    pos_freqs = base ** (torch.arange(0, dim, 2, device=device).float() / dim)
     extrapolation, interpolation = 1.0 / pos_freqs, 1.0 / (factor * pos_freqs)
-    ramp = torch.clamp((torch.arange(dim // 2, dtype=torch.float32) - low) / (high - low), 0, 1).to(device)
+    ramp = torch.clamp((torch.arange(dim // 2, device=device).float() - low) / (high - low), 0, 1)
     keep = 1 - ramp  # HF's inv_freq_extrapolation_factor
     return interpolation * (1 - keep) + extrapolation * keep

@@ -4,8 +4,8 @@ distillation teacher's (`MicroBatch.teacher_logprobs`; monorl.train.teacher).
 They come from a forward over the student's own micro-batches, after packing, and stay on the device: no second
 packing, no host round trip of the log-probs. Where the student's step replays CUDA graphs, each pack shape's
 frozen forward replays one too (a forward alone: one launch for the eager forward's hundreds), in the trainer's pool,
-keyed by the field it fills, so the reference's and the teacher's graphs never share a key. The frozen model is a full
-copy on every rank: no collectives."""
+keyed by the field it fills (its own budget of graphs beside the step's), so the reference's and the teacher's
+graphs never share a key. The frozen model is a full copy on every rank: no collectives."""
 
 from __future__ import annotations
 
@@ -47,7 +47,7 @@ def frozen_forward(trainer: Any, model: torch.nn.Module, mb: Any, field: str, te
     the student's step replays graphs, so does this: a graph per (field, pack shape, temperature) in the trainer's
     pool, its output copied out of the graph's buffer; else eagerly."""
     graphs = trainer.graphs
-    if graphs is None or mb.images or graphs.full():
+    if graphs is None or mb.images or graphs.full(field):
         return trainer.response_logprobs(model, mb, temperature)
     # the frozen fields are never its inputs (whichever forward ran first, or a warm-up's zeros): one graph per key
     mb = dataclasses.replace(mb, **dict.fromkeys(FROZEN_FIELDS))

@@ -42,8 +42,17 @@ class CaptureLog:
         return {"trainer/graph_captures": float(self.captures - n), "time/graph_capture_s": self.seconds - s}
 
 
+def graph_owner(key: tuple) -> str:
+    """Whose graph a key names: a frozen forward's keys start with the field it fills (`monorl.train.frozen`), the
+    student's step's with its pack shape ("step")."""
+    return key[0] if key and isinstance(key[0], str) else "step"
+
+
 class TrainGraphs:
-    """Captured micro-batch graphs keyed by everything the captured work depends on."""
+    """Captured micro-batch graphs keyed by everything the captured work depends on. Each owner (`graph_owner`: the
+    student's step, each frozen forward) has its own `max_graphs`: the frozen forwards run first in a step, and on a
+    shared budget their graphs took the slots the step's own (the costlier: forward and backward) were left without.
+    """
 
     def __init__(self, params: list[torch.nn.Parameter], device: torch.device, max_graphs: int = 32) -> None:
         self.params, self.device, self.max_graphs = params, device, max_graphs
@@ -54,7 +63,7 @@ class TrainGraphs:
         self.warmup_s = 0.0
         self.log = CaptureLog()  # both, per step
         self.replays = 0
-        self._warned_full = False
+        self._warned_full: set[str] = set()
 
     def install_grads(self) -> None:
         """Point every `.grad` at the fixed buffers (zeroing them if something else had replaced them,
@@ -67,15 +76,23 @@ class TrainGraphs:
     def has(self, key: tuple) -> bool:
         return key in self.graphs
 
-    def new_captures(self, keys: list[tuple]) -> int:
-        """How many graphs capturing `keys` would add now: the new keys, up to the room left."""
-        return min(len({k for k in keys if k not in self.graphs}), self.max_graphs - len(self.graphs))
+    def count(self, owner: str = "step") -> int:
+        return sum(graph_owner(k) == owner for k in self.graphs)
 
-    def full(self) -> bool:
-        if len(self.graphs) >= self.max_graphs and not self._warned_full:
-            log.warning("trainer: %d CUDA graphs captured; further pack shapes run without graphs", self.max_graphs)
-            self._warned_full = True
-        return len(self.graphs) >= self.max_graphs
+    def new_captures(self, keys: list[tuple]) -> int:
+        """How many graphs capturing `keys` (one owner's) would add now: the new keys, up to that owner's room."""
+        new = {k for k in keys if k not in self.graphs}
+        owner = graph_owner(next(iter(new))) if new else "step"
+        return min(len(new), self.max_graphs - self.count(owner))
+
+    def full(self, owner: str = "step") -> bool:
+        """Whether `owner` has captured its `max_graphs` (warns once per owner)."""
+        full = self.count(owner) >= self.max_graphs
+        if full and owner not in self._warned_full:
+            log.warning("trainer: %d CUDA graphs captured for %s; further pack shapes run it without graphs",
+                        self.max_graphs, owner)
+            self._warned_full.add(owner)
+        return full
 
     def capture(self, key: tuple, fn: Callable[..., None], inputs: tuple, reset: Callable[[], None],
                 warmup: int = 2) -> None:

@@ -35,6 +35,7 @@ from torch import Tensor
 
 from monorl.generate.block_pool import BlockPool
 from monorl.model.config import ModelConfig
+from monorl.ops import sequence_of_rows
 from monorl.ops.block_kernels import write_kv
 
 KIND = "window"  # its key in SequenceState.kind_state
@@ -178,7 +179,7 @@ class WindowLayer:
         if name == "DecodeContext" and ctx.cu_seqlens is not None:  # a turn's decode rows (batch-invariant)
             cu, pos = ctx.cu_seqlens.long(), ctx.seq_lens.long() - 1
             T, S = pos.numel(), cu.numel() - 1
-            seq = torch.searchsorted(cu[1:], torch.arange(T, device=cu.device), right=True).clamp(max=S - 1)
+            seq = sequence_of_rows(cu, torch.arange(T, device=cu.device)).clamp(max=S - 1)
             lens_q = cu.diff()
             end = torch.where(lens_q > 0, pos[(cu[1:] - 1).clamp(min=0)] + 1, 0)
             tables = ctx.block_tables[cu[:-1].clamp(max=T - 1)]
@@ -190,7 +191,7 @@ class WindowLayer:
             v = ctx.varlen
             cu = v.cu_seqlens.long()
             T = ctx.slot_mapping.numel()
-            seq = torch.searchsorted(cu[1:], torch.arange(T, device=cu.device), right=True).clamp(max=cu.numel() - 2)
+            seq = sequence_of_rows(cu, torch.arange(T, device=cu.device)).clamp(max=cu.numel() - 2)
             end = (cu[1:] - cu[:-1])[seq]
             return replace(ctx, slot_mapping=self.ring_slots(ctx.slot_mapping, v.positions[:T], end))
         raise NotImplementedError(f"recycled window layers: no window view of a {name}")
@@ -252,6 +253,6 @@ class TurnWindow:
         cu_k, K = self.ctx.cu_seqlens_k.long(), self.ctx.key_slots.numel()
         S, width = tmp_table.shape
         j = torch.arange(K, device=cu_k.device)
-        seq = torch.searchsorted(cu_k[1:], j, right=True).clamp(max=S - 1)
+        seq = sequence_of_rows(cu_k, j).clamp(max=S - 1)
         pos = (j - cu_k[seq]).clamp(0, width * self.layer.block_size - 1)  # rows past the last sequence: unread
         return tmp_table[seq, pos // self.layer.block_size] * self.layer.block_size + pos % self.layer.block_size

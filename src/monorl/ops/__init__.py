@@ -83,3 +83,10 @@ def unit_stride(x: Tensor) -> Tensor:
     """x with a unit last-dim stride, copied only if needed: the kernels take row strides as arguments, so a fused
     GEMM's column slices pass as they are."""
     return x if x.stride(-1) == 1 else x.contiguous()
+
+
+def sequence_of_rows(cu_seqlens: Tensor, rows: Tensor) -> Tensor:
+    """Which sequence of a pack each of `rows` (>= 0) lies in, cu_seqlens [S + 1] starting at 0 (a row past the last
+    end gets S). Searched over the whole cu_seqlens, not `cu_seqlens[1:]`: Inductor cannot lower a search whose
+    boundaries are a slice view (torch 2.11: NotImplementedError: SliceView, in a compiled batch-invariant layer)."""
+    return torch.searchsorted(cu_seqlens, rows, right=True) - 1

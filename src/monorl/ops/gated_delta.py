@@ -38,6 +38,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from monorl.ops import sequence_of_rows
+
 CHUNK = 64  # the chunked form's chunk (transformers' and fla's)
 FLA_ENABLED = False  # fla's kernels on CUDA (the module docstring says why they are off)
 FLA_BAD_TRITON = ((3, 4, 0), (3, 7, 1))  # [from, to): Hopper + these Triton versions miscompute fla's gated backward
@@ -241,7 +243,7 @@ def causal_conv(x: Tensor, weight: Tensor, cu_seqlens: Tensor, initial: Tensor |
     src = torch.cat([x, initial.to(x.dtype).reshape(N * (K - 1), C)])
     cu = cu_seqlens.long()
     t = torch.arange(T, device=dev)
-    seq = torch.searchsorted(cu[1:], t, right=True)
+    seq = sequence_of_rows(cu, t)
     j = t - cu[seq]  # position within the sequence
     back = torch.arange(K - 1, -1, -1, device=dev)  # tap i reads the input K - 1 - i before
     p = j[:, None] - back  # [T, K]: position of each tap's input (< 0: from the state)

@@ -124,6 +124,12 @@ def test_decode_kernels_equal_the_gathered_reference_in_bf16():
                                                   b.sigmoid(), cu, ssm[rows])
     mixed = conv_step(x, weight, conv, rows)
     o = rule_step(mixed, a, b, a_log, dt_bias, ssm, rows, hk, dk)
+    bad = (mixed.float() - mixed_ref.float()).abs() > 1e-5 + 1.6e-2 * mixed_ref.float().abs()
+    if bad.any():  # what the first H100 run (2026-12-07) could not show: where the 4.8% mismatched elements come from
+        n, c = bad.nonzero()[:6].unbind(1)
+        pre = (conv[rows][n, :, c].float() * weight[c, :-1].float()).sum(-1) + x[n, c].float() * weight[c, -1].float()
+        print("kernel / reference / fp32 pre-activation:", list(zip(mixed[n, c].tolist(), mixed_ref[n, c].tolist(),
+                                                                   pre.tolist(), strict=True)))
     torch.testing.assert_close(mixed, mixed_ref)  # the same roundings: bf16's tolerance for an fp32 exp's last bit
     assert torch.equal(conv[rows], conv_final)
     torch.testing.assert_close(o.float(), o_ref.to(o.dtype).float(), atol=ATOL, rtol=ATOL)

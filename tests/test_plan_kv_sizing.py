@@ -137,3 +137,21 @@ def test_a_window_model_whose_default_cache_does_not_fit_is_planned(capsys) -> N
                "--lora.rank", "16", "--device", "cuda", "--gpu_memory_gb", "79.2"])
     out = capsys.readouterr().out
     assert rc == 1 and "one step's rollouts, the least a run takes" in out and "does not fit" in out
+
+
+def test_a_prefills_logits_are_its_sequences_last_rows_not_every_token() -> None:
+    """The engine computes logits only at each prefilled sequence's last token (`ModelRunner._prefill_forward`), so
+    the prefill row's logits grow with the slots, not the tokens: GPT-OSS-20B's 201,088-word vocabulary over a
+    3,240-token prefill counted 2.4 GiB of fp32 logits that never exist (its plan stood 17.6% above the measured
+    peak on an H100, 2026-12-07)."""
+    from monorl.model.config import model_shape
+    from monorl.plan_activations import PREFILL_BYTES_PER_TOKEN_LAYER_WIDTH, activation_shape
+
+    cfg = preset("qwen3_0_6b_sum_digits")
+    m = model_shape("gpt-oss-20b")
+    plan = plan_memory(cfg, m, 160, H100, activation_checkpointing=True)
+    row = plan.row("generator prefill")
+    tokens = int(row.note.split()[0])
+    layers = PREFILL_BYTES_PER_TOKEN_LAYER_WIDTH * tokens * (m.hidden_size + activation_shape(m).intermediate_size)
+    assert row.bytes - layers == 3 * 4 * min(tokens, cfg.generator.max_num_seqs) * m.vocab_size
+    assert row.bytes - layers < 4 * tokens * m.vocab_size / 10

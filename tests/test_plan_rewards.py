@@ -53,7 +53,14 @@ def test_plan_counts_the_judge_weights_and_kv_cache(tmp_path: Path) -> None:
     plan = plan_memory(cfg, m, 160, 80 * GiB, activation_checkpointing=False, rewards=rewards)
     assert plan.row("judge weights").bytes == 2 * sum(param_counts(judge).values())  # bf16
     assert plan.row("judge KV cache").bytes == engine.kv_cache_bytes
-    assert plan.peak_bytes == without.peak_bytes + plan.row("judge weights").bytes + engine.kv_cache_bytes
+    # its prefill: a transient of the reward phase, one batch of distinct sequences packed up to max_prefill_tokens
+    prefill = plan.row("judge prefill")
+    assert not prefill.persistent and prefill.note == f"{min(engine.max_prefill_tokens, seqs * length)} tokens"
+    assert prefill.bytes > 8 * min(engine.max_prefill_tokens, seqs * length) * (judge.hidden_size
+                                                                                   + judge.intermediate_size)
+    transients = max(r.bytes for r in without.rows if not r.persistent)
+    assert plan.peak_bytes == (without.peak_bytes + plan.row("judge weights").bytes + engine.kv_cache_bytes
+                               + max(0, prefill.bytes - transients))
     # a disaggregated run's rewards are the generator ranks' (the producer's)
     assert "judge KV cache" in [row.name for row in plan_memory(cfg, m, 160, None, role="generator",
                                                                 rewards=rewards).rows]

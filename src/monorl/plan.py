@@ -35,7 +35,11 @@ from monorl.generate.cache import bytes_per_block, bytes_per_sequence, kv_cache_
 from monorl.generate.tensor_parallel import check_tensor_parallel, shard_config
 from monorl.model.config import ModelConfig
 from monorl.model.pack_layout import bucket_size
-from monorl.plan_activations import FORWARD_TENSORS_PER_TOKEN_WIDTH, activation_shape, trainer_activation_bytes
+from monorl.plan_activations import (
+    activation_shape,
+    prefill_bytes,
+    trainer_activation_bytes,
+)
 from monorl.plan_images import vision_activation_bytes
 from monorl.plan_params import (
     active_param_count,
@@ -49,7 +53,6 @@ from monorl.plan_table import GiB, MemoryPlan, MemoryRow, reserve_for
 if TYPE_CHECKING:
     from monorl.config import RunConfig
 
-_GEN_PREFILL_BYTES_PER_TOKEN_LAYER_WIDTH = 2 * FORWARD_TENSORS_PER_TOKEN_WIDTH  # a prefill's transient, in bf16
 
 
 def largest_micro_batch(cfg: RunConfig, max_prompt_tokens: int, ranks: int = 1) -> int:
@@ -169,7 +172,7 @@ def plan_memory(cfg: RunConfig, m: ModelConfig, max_prompt_tokens: int, device_b
     rows.append(MemoryRow("allocator slack", int(0.12 * acts), "measured: 12% of activations"))
     width = act_shape.hidden_size + activation_shape(gen_m).intermediate_size  # a TP rank's MLP share
     prefill = largest_prefill(cfg, max_prompt_tokens, ranks // tp)
-    gen_transient = _GEN_PREFILL_BYTES_PER_TOKEN_LAYER_WIDTH * prefill * width + 4 * prefill * m.vocab_size
+    gen_transient = prefill_bytes(m, prefill, width, g.max_num_seqs)
     # the tower at a prompt's prefill, or at a turn's (the resuming episodes' tool images, up to max_prefill_tokens)
     turn = max(tool_image_tokens, min(g.max_prefill_tokens, g.max_num_seqs * tool_image_tokens))
     gen_transient += max(vision_activation_bytes(m, prefill, image_tokens / max_prompt_tokens, compute, False)[0],

@@ -12,6 +12,7 @@ from monorl.model.config import ModelConfig
 # a no-grad forward's transient (the generator's prefill, a reward model's packs): ~4 [tokens, width] tensors of
 # its dtype alive in a layer at a time
 FORWARD_TENSORS_PER_TOKEN_WIDTH = 4
+PREFILL_BYTES_PER_TOKEN_LAYER_WIDTH = 2 * FORWARD_TENSORS_PER_TOKEN_WIDTH  # an engine's prefill, in bf16
 _LOGPROB_BYTES_PER_ROW_VOCAB = 16  # a chunk's fp32 logits, log-softmax and (backward) their gradient
 
 
@@ -83,3 +84,10 @@ def trainer_activation_bytes(m: ModelConfig, tokens: int, compute_dtype: str, ch
     key = compute_dtype if compute_dtype != "bfloat16" or compiled else "bfloat16-eager"
     acts = ACTIVATION_COEFFS[key].per_token_layer(m) * tokens * m.num_layers
     return int(acts + lm_head + hidden + casts)
+
+
+def prefill_bytes(m: ModelConfig, tokens: int, width: int, rows: int) -> int:
+    """An engine's prefill transient over `tokens` (no gradients: one layer's tensors at a time, `width` its hidden
+    plus MLP widths, a rank's share under TP), and the logits of its `rows` sequences' last tokens, the only ones the
+    engine computes (`ModelRunner._prefill_forward`): fp32, with the sampler's softmax and sort beside them."""
+    return PREFILL_BYTES_PER_TOKEN_LAYER_WIDTH * tokens * width + 3 * 4 * min(rows, tokens) * m.vocab_size

@@ -16,14 +16,14 @@ import torch
 from monorl.generate.cache import kv_cache_bytes_needed
 from monorl.generate.generator import GeneratorConfig
 from monorl.model.config import ModelConfig
-from monorl.plan_activations import FORWARD_TENSORS_PER_TOKEN_WIDTH
+from monorl.plan_activations import FORWARD_TENSORS_PER_TOKEN_WIDTH, activation_shape, prefill_bytes
 from monorl.plan_params import param_counts
 from monorl.plan_table import MemoryRow
 
 if TYPE_CHECKING:
     from monorl.config import RunConfig
 
-MODEL_REWARD_ROWS = ("judge weights", "judge KV cache", "reward model weights", "reward model forward")
+MODEL_REWARD_ROWS = ("judge weights", "judge KV cache", "judge prefill", "reward model weights", "reward model forward")
 
 
 @dataclass(frozen=True)
@@ -95,8 +95,9 @@ def resolve_model_rewards(cfg: RunConfig, max_prompt_tokens: int, dtype: torch.d
 
 def model_reward_rows(rewards: ModelRewards | None, cfg: RunConfig, max_prompt_tokens: int,
                       dtype: torch.dtype) -> list[MemoryRow]:
-    """The plan's rows of `rewards`: a judge's weights and KV cache, a reward model's weights (persistent: loaded at
-    the first reward, kept) and its forward over a pack of `MAX_PACK_TOKENS` at most (transient)."""
+    """The plan's rows of `rewards`: a judge's weights and KV cache (persistent) and its prefill (transient), a
+    reward model's weights (persistent: loaded at the first reward, kept) and its forward over a pack of
+    `MAX_PACK_TOKENS` at most (transient)."""
     rows: list[MemoryRow] = []
     if rewards is None:
         return rows
@@ -107,6 +108,12 @@ def model_reward_rows(rewards: ModelRewards | None, cfg: RunConfig, max_prompt_t
         rows.append(MemoryRow("judge KV cache", n * int(e.kv_cache_bytes or 0),
                               f"{e.max_num_seqs} seqs x {e.max_model_len} tokens (template, prompt, completion, "
                               f"answer){_each(n)}"))
+        # one prefill of the judge's batch: its sequences are all distinct (no shared prompt), packed up to the
+        # engine's max_prefill_tokens (a longer one alone); the judges run one after another
+        tokens = max(e.max_model_len, min(e.max_prefill_tokens, e.max_model_len * e.max_num_seqs))
+        width = activation_shape(rewards.judge).hidden_size + activation_shape(rewards.judge).intermediate_size
+        rows.append(MemoryRow("judge prefill", prefill_bytes(rewards.judge, tokens, width, e.max_num_seqs),
+                              f"{tokens} tokens", persistent=False))
     if (rm := rewards.reward_model) is not None:
         from monorl.tasks.reward_model import MAX_PACK_TOKENS
 

@@ -243,7 +243,7 @@ class Startup:
         gen_bytes = max((r.bytes for r in plan.rows if r.name in ("generator prefill", "weight sync")), default=0)
         gen_bytes += sum(r.bytes for r in plan.rows if r.name == "decode graph pool")
         # a judge's and a reward model's (loaded at the first reward, after this cache): their weights, the judge's
-        # KV cache and the reward model's forward, all set aside
+        # KV cache and prefill, and the reward model's forward, all set aside
         gen_bytes += sum(r.bytes for r in plan.rows if r.name in MODEL_REWARD_ROWS)
         slack = int(0.03 * total) + GiB // 4
         room = generator.tp.min_int(free - transient - optimizer - gen_bytes - slack)  # a TP group decides alike

@@ -35,11 +35,7 @@ from monorl.generate.cache import bytes_per_block, bytes_per_sequence, kv_cache_
 from monorl.generate.tensor_parallel import check_tensor_parallel, shard_config
 from monorl.model.config import ModelConfig
 from monorl.model.pack_layout import bucket_size
-from monorl.plan_activations import (
-    activation_shape,
-    prefill_bytes,
-    trainer_activation_bytes,
-)
+from monorl.plan_activations import activation_shape, prefill_bytes, trainer_activation_bytes
 from monorl.plan_images import vision_activation_bytes
 from monorl.plan_params import (
     active_param_count,
@@ -52,7 +48,6 @@ from monorl.plan_table import GiB, MemoryPlan, MemoryRow, reserve_for
 
 if TYPE_CHECKING:
     from monorl.config import RunConfig
-
 
 
 def largest_micro_batch(cfg: RunConfig, max_prompt_tokens: int, ranks: int = 1) -> int:

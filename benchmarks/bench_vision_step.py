@@ -26,7 +26,6 @@ new token) / 99, medians (bench_generate.py's split). Prints one table, writes -
 from __future__ import annotations
 
 import argparse
-import copy
 import gc
 import json
 import statistics
@@ -94,11 +93,9 @@ def make_prompts(vl: ModelConfig, prompts: int, image_size: int) -> tuple[list[l
 
 
 def run_case(cfg: ModelConfig, shape: str, prompts: list[list[int]], pictures: list | None, args: Any,
-             device: torch.device, max_len: int, freeze: bool = False, copies: bool = False) -> dict:
+             device: torch.device, max_len: int, freeze: bool = False) -> dict:
     """RL steps (generate, train, sync) of `cfg` on `prompts` (with `pictures`, one per prompt, when given), then
-    the batch with 1 new token for the decode split. freeze: the tower frozen (`--model.freeze_vision true`). copies:
-    each sample holds its own copy of its prompt's ImageInputs (so the trainer's tower runs once per sample, as
-    before it ran once per distinct image set: the A/B of that change in one process)."""
+    the batch with 1 new token for the decode split. freeze: the tower frozen (`--model.freeze_vision true`)."""
     gc.collect()
     if device.type == "cuda":
         torch.cuda.empty_cache()
@@ -133,7 +130,7 @@ def run_case(cfg: ModelConfig, shape: str, prompts: list[list[int]], pictures: l
         gen_peak = peak_gib(device)
         prompt_len = max(map(len, ids))
         seqs = [TrainSequence(ids[k], c.token_ids, c.logprobs, advantage=float(j % 3 - 1), group=k,
-                              images=None if images is None else copy.copy(images[k]) if copies else images[k])
+                              images=None if images is None else images[k])
                 for k, comps in enumerate(outs) for j, c in enumerate(comps)]
         assert all(len(s.completion_ids) == args.new for s in seqs)
         reset_peak(device)
@@ -202,14 +199,13 @@ def main() -> None:
                            "new_tokens": args.new, "image_size": args.image_size,
                            "text_tokens": [len(p) for p in text_prompts], "max_model_len": max_len, "cases": {}}
     t0 = time.perf_counter()
-    cases = [("text", vl.replace(vision=None), text_prompts, None, False, False),
-             ("vl", vl, vl_prompts, pictures, False, False), ("vl_frozen", vl, vl_prompts, pictures, True, False),
-             ("vl_per_sample_tower", vl, vl_prompts, pictures, False, True)]
-    for name, cfg, prompts, pics, freeze, copies in cases:
+    cases = [("text", vl.replace(vision=None), text_prompts, None, False), ("vl", vl, vl_prompts, pictures, False),
+             ("vl_frozen", vl, vl_prompts, pictures, True)]
+    for name, cfg, prompts, pics, freeze in cases:
         print(f"{name}: {args.shape}{' without vision' if pics is None else ''}{' (tower frozen)' if freeze else ''}",
               flush=True)
         try:
-            res["cases"][name] = run_case(cfg, args.shape, prompts, pics, args, device, max_len, freeze, copies)
+            res["cases"][name] = run_case(cfg, args.shape, prompts, pics, args, device, max_len, freeze)
         except Exception as e:  # the other case's numbers still print
             traceback.print_exc()
             res["cases"][name] = {"error": f"{type(e).__name__}: {e}"}

@@ -111,29 +111,3 @@ def test_freeze_vision_keeps_gradients_out_of_the_tower(checkpoint):
     assert not any(n.startswith("model.visual.") for n in grads)
     assert all(g is not None for g in grads.values())
     assert all(p.grad is None for p in model.model.visual.parameters())
-
-
-def test_a_group_sharing_its_prompts_images_runs_the_tower_once_with_the_same_result(checkpoint):
-    """Samples of a group share their prompt's ImageInputs: the tower runs once per distinct set (counted by a hook),
-    and the logits and every gradient equal those of the same pack where each sample holds its own copy."""
-    import copy
-
-    _, path = checkpoint
-    model = load_checkpoint(path, dtype=torch.float32).train()
-    seqs, inputs = vl_sequences(model)
-    # a group of three samples of prompt 1 (one shared ImageInputs), the other prompt, text, then prompt 1 again
-    group = [seqs[1][:-2] + [31 + i, 41] for i in range(3)]
-    shared = [*group, seqs[0], seqs[2], seqs[1]], [inputs[1]] * 3 + [inputs[0], None, inputs[1]]
-    copies = shared[0], [copy.deepcopy(im) for im in shared[1]]
-    patches = []
-    hook = model.model.visual.register_forward_hook(lambda m, a, out: patches.append(a[0].shape[0]))
-    grads = [_grads(model, *shared), None]
-    model.zero_grad(set_to_none=True)
-    grads[1] = _grads(model, *copies)
-    hook.remove()
-    per_set = [int(im.grid_thw.prod(1).sum()) for im in inputs[:2]]
-    assert patches == [sum(per_set), 4 * per_set[1] + per_set[0]]
-    assert grads[0].keys() == grads[1].keys()
-    assert any(n.startswith("model.visual.") and g.abs().sum() > 0 for n, g in grads[0].items())
-    for n in grads[0]:
-        torch.testing.assert_close(grads[0][n], grads[1][n], atol=1e-5, rtol=1e-4, msg=n)

@@ -8,7 +8,6 @@ DeepStack features the decoder adds at those tokens (`DecoderForCausalLM.forward
 
 from __future__ import annotations
 
-import itertools
 from collections.abc import Sequence
 
 import torch
@@ -33,19 +32,15 @@ def monorl_name(name: str) -> str:
 
 
 def embed_images(model: nn.Module, input_ids: Tensor, pixel_values: Tensor, grid_thw: Tensor,
-                 index: Tensor | None = None, repeat: Tensor | None = None
-                 ) -> tuple[Tensor, tuple[Tensor, list[Tensor]]]:
+                 index: Tensor | None = None) -> tuple[Tensor, tuple[Tensor, list[Tensor]]]:
     """(inputs_embeds [T, hidden], deepstack) for `DecoderForCausalLM.forward`: the token embeddings of input_ids
     [T] with its image placeholder tokens, in order, replaced by the tower's embeddings of the images
     (pixel_values, grid_thw: `monorl.model.image_processing`'s); deepstack: (those tokens' indices, the tower's
-    DeepStack features). index: the placeholder rows (default: every image token); repeat: which of the tower's
-    output rows fill them, in order (default: each once). ValueError when the placeholders and the images' token
-    counts differ."""
+    DeepStack features). index: the placeholder rows (default: every image token). ValueError when the
+    placeholders and the images' token counts differ."""
     vision = model.config.vision
     x = model.model.embed_tokens(input_ids)
     image_embeds, deep = model.model.visual(pixel_values, grid_thw)
-    if repeat is not None:
-        image_embeds, deep = image_embeds[repeat], [d[repeat] for d in deep]
     if index is None:
         index = (input_ids == vision.image_token_id).nonzero().squeeze(1)
     if index.numel() != image_embeds.shape[0]:
@@ -100,23 +95,13 @@ def image_embeds(model: nn.Module, ids: Tensor, images: Sequence[ImageInputs | N
     with_images = [im for im in images if im is not None]
     if not with_images:
         return model.model.embed_tokens(ids), None
-    # the samples of a group share their prompt's ImageInputs: the tower runs once per distinct image set, and its
-    # rows are repeated into each copy's placeholders (the backward sums the copies' gradients, as one run each
-    # would: 1/8 of the tower's work at 8 samples a prompt)
-    distinct = list({id(im): im for im in with_images}.values())
     # no host sync: every row of a span is a placeholder (`placeholder_runs` lays them out so), so the rows come
     # from the spans on the host (reading `ids` back waited for the GPU: each trainer micro-batch, each prefill),
     # and the copies are queued (a blocking copy synchronised the stream)
-    pixels = torch.cat([im.pixel_values for im in distinct]).to(ids.device, non_blocking=True)
-    grids = torch.cat([im.grid_thw for im in distinct])
+    pixels = torch.cat([im.pixel_values for im in with_images]).to(ids.device, non_blocking=True)
+    grids = torch.cat([im.grid_thw for im in with_images])
     rows = torch.cat([torch.arange(start, end) for start, end in spans]) if spans else torch.zeros(0, dtype=torch.long)
-    repeat = None
-    if len(distinct) < len(with_images):
-        sizes = {id(im): sum(b - a for a, b in im.spans) for im in distinct}  # each set's image tokens
-        starts = dict(zip(sizes, itertools.accumulate(sizes.values(), initial=0), strict=False))
-        repeat = torch.cat([torch.arange(starts[id(im)], starts[id(im)] + sizes[id(im)]) for im in with_images])
-        repeat = repeat.to(ids.device, non_blocking=True)
-    return embed_images(model, ids, pixels, grids, rows.to(ids.device, non_blocking=True), repeat)
+    return embed_images(model, ids, pixels, grids, rows.to(ids.device, non_blocking=True))
 
 
 def pack_positions(lengths: Sequence[int], images: Sequence[ImageInputs | None], total: int | None = None) -> Tensor:

@@ -1,7 +1,7 @@
 #!/bin/bash
 # Session 15's second call (carry .device/wheels .device/tok .device/gguf.sha256 on a fresh machine): the GPU tests
 # gpu_pending_a's 200 s limit cut off, the GPT-OSS-20B LoRA steps after the grouped_mm and YaRN fixes, the vision RL
-# step with the tower's dedup A/B (vl against vl_per_sample_tower), then the slow hybrid generator test
+# step again (its image steps moved between two hosts), then the slow hybrid generator test
 set -u
 export PYTHONUNBUFFERED=1 JSONARGPARSE_DEPRECATION_WARNINGS=off
 [ -d .models ] || tar xzf .device/tok/models.tgz

@@ -111,7 +111,8 @@ def model_reward_rows(rewards: ModelRewards | None, cfg: RunConfig, max_prompt_t
         # one prefill of the judge's batch: its sequences are all distinct (no shared prompt), packed up to the
         # engine's max_prefill_tokens (a longer one alone); the judges run one after another
         tokens = max(e.max_model_len, min(e.max_prefill_tokens, e.max_model_len * e.max_num_seqs))
-        width = activation_shape(rewards.judge).hidden_size + activation_shape(rewards.judge).intermediate_size
+        shape = activation_shape(rewards.judge)
+        width = shape.hidden_size + shape.intermediate_size
         rows.append(MemoryRow("judge prefill", prefill_bytes(rewards.judge, tokens, width, e.max_num_seqs),
                               f"{tokens} tokens", persistent=False))
     if (rm := rewards.reward_model) is not None:

@@ -30,13 +30,12 @@ from monorl.model.blocks import Attention
 from monorl.model.config import ModelConfig
 from monorl.model.layers import Linear, RMSNorm
 from monorl.model.moe import (
-    GATHER_MAX_BYTES,
     LinearFn,
     _capturing,
     _combine,
     _sort_by_expert,
     compute_dtype,
-    grouped_mm_fits,
+    expert_path,
     grouped_rows,
     softmax_invariant,
 )
@@ -137,12 +136,10 @@ class GptOssMoeBlock(nn.Module):
         return _combine((y + p.down_proj_bias.to(dt)[group])[row], weights)
 
     def run_experts(self, x: Tensor, weights: Tensor, experts: Tensor) -> Tensor:
-        per_slot = self.experts.gate_up_proj[0].numel() + self.experts.down_proj[0].numel()
-        grouped = grouped_mm_fits(x, self.experts.gate_up_proj, self.experts.down_proj)
-        if not torch.is_grad_enabled() and (experts.numel() * per_slot * x.element_size() <= GATHER_MAX_BYTES
-                                            or _capturing(x) and not grouped):
+        path = expert_path(x, experts, self.experts.gate_up_proj, self.experts.down_proj)
+        if path == "gathered":
             return self.experts_gathered(x, weights, experts)
-        if grouped:
+        if path == "grouped":
             return self.experts_grouped(x, weights, experts)
         return self.experts_loop(x, weights, experts)
 

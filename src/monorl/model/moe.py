@@ -181,6 +181,18 @@ def grouped_mm_fits(x: Tensor, gate_up: Tensor, down: Tensor) -> bool:
     return x.dtype == torch.bfloat16 and grouped_mm_serves(x.device, down.shape[1], down.shape[2])
 
 
+def expert_path(x: Tensor, experts: Tensor, gate_up: Tensor, down: Tensor) -> str:
+    """How a block runs its experts on activations x routed to `experts` [T, k] (any layout of the [E, ...] weights):
+    "gathered" without gradients when the slots' weight copies are small or a CUDA graph is being captured where
+    grouped_mm does not serve (the loop's host read cannot be captured), "grouped" where grouped_mm serves, else
+    "loop". One decision for every MoE family (`SparseMoeBlock`, GPT-OSS's block)."""
+    grouped = grouped_mm_fits(x, gate_up, down)
+    gather_bytes = experts.numel() * (gate_up[0].numel() + down[0].numel()) * x.element_size()
+    if not torch.is_grad_enabled() and (gather_bytes <= GATHER_MAX_BYTES or _capturing(x) and not grouped):
+        return "gathered"
+    return "grouped" if grouped else "loop"
+
+
 def _capturing(x: Tensor) -> bool:
     return x.is_cuda and torch.cuda.is_current_stream_capturing()
 
@@ -224,12 +236,10 @@ class SparseMoeBlock(nn.Module):
 
     def run_experts(self, x: Tensor, weights: Tensor, experts: Tensor) -> Tensor:
         gate_up, down = self.experts.gate_up_proj.to(x.dtype), self.experts.down_proj.to(x.dtype)
-        slots = experts.numel()
-        grouped = grouped_mm_fits(x, gate_up, down)
-        gather_bytes = slots * (gate_up[0].numel() + down[0].numel()) * x.element_size()
-        if not torch.is_grad_enabled() and (gather_bytes <= GATHER_MAX_BYTES or _capturing(x) and not grouped):
+        path = expert_path(x, experts, gate_up, down)
+        if path == "gathered":
             return experts_gathered(x, weights, experts, gate_up, down)
-        if grouped:
+        if path == "grouped":
             return experts_grouped_mm(x, weights, experts, gate_up, down)
         return experts_loop(x, weights, experts, gate_up, down)
 

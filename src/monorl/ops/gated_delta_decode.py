@@ -4,7 +4,9 @@ ops and the state copied four times (gathered out of the cache, read and written
 
 - `conv_step`: the causal depthwise conv's one new input per row -> SiLU(conv) [N, C], the row's conv state
   shifted by one (its oldest input out, this one in). Each product and sum is rounded to x's dtype in the order
-  `monorl.ops.gated_delta.causal_conv` takes, so the output equals it (the trainer's).
+  `monorl.ops.gated_delta.causal_conv` takes, so the output equals it (the trainer's); launched without FMA
+  contraction (Triton fuses a multiply and an add by default, which drops the product's rounding: the likely cause
+  of the 1-3 bf16 ulps the first H100 run saw in 4.8% of outputs).
 - `rule_step`: per (row, value head, block of BV values): q, k, v from the conv output, q and k L2-normalised and q
   scaled by Dk ** -0.5, beta = sigmoid(b) (rounded to b's dtype, as the model's `b.sigmoid()`), the log decay
   g = -exp(A_log) * softplus(a + dt_bias) in fp32; then the gated delta rule's one step on the row's fp32 state
@@ -104,7 +106,8 @@ def conv_step(x: Tensor, weight: Tensor, state: Tensor, rows: Tensor) -> Tensor:
     out = torch.empty(N, C, dtype=x.dtype, device=x.device)
     BC = 256
     _conv_step_kernel[(N, triton.cdiv(C, BC))](x, x.stride(0), state, state.stride(0), state.stride(1),
-                                               weight.contiguous(), rows, out, out.stride(0), C, KW=K, BC=BC)
+                                               weight.contiguous(), rows, out, out.stride(0), C, KW=K, BC=BC,
+                                               enable_fp_fusion=False)
     return out
 
 

@@ -2,6 +2,7 @@
 # Session 13's unrun GPU call B (after A on the same machine; carry .device/parts/a then b): the GGUF joined; where W0's process time goes before the run's clock; distillation (#60) and then the judge-rewarded run with its teacher as the judge
 set -u
 export PYTHONUNBUFFERED=1 JSONARGPARSE_DEPRECATION_WARNINGS=off
+[ -d .models ] || tar xzf .device/tok/models.tgz
 bash scripts/device_setup.sh 2>&1 | tail -1
 export PYTHONPATH=$PWD/src:$PWD/.device/site
 G=$(ls .device/model/*.gguf)

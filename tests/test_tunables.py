@@ -23,7 +23,11 @@ PINNED = {
     "decode_gemm.enabled": True, "decode_gemm.parts": 2, "decode_gemm.block_k": 128, "decode_gemm.min_k_blocks": 4,
     "decode_gemm.max_block_n": 64, "decode_gemm.max_rows": 64, "decode_gemm.block_m": 64, "decode_gemm.warps": 4,
     "decode_gemm.stages_one_tile": 6, "decode_gemm.mid_rows_max": 192, "decode_gemm.mid_block_n": 64,
-    "decode_gemm.max_mid_parts": 4, "decode_gemm.stages_mid": 4,
+    "decode_gemm.max_mid_parts": 4, "decode_gemm.stages_mid": 4, "decode_gemm.sum_block": 1024,
+    "decode_gemm.sum_warps": 4,
+    # the invariant GEMM's K parts (issue #62): none until measured, so every product keeps its one K loop
+    "matmul_split.parts": (), "matmul_split.part_align": 128, "matmul_split.partials_rows": 64,
+    "matmul_split.max_block_n": 64,
     "attention.block_n": 64, "attention.rows": 16, "attention.warps": 4, "attention.split_below_programs_per_sm": 2,
     "attention.split_target_programs_per_sm": 8, "attention.max_splits": 16, "attention.combine_warps": 1,
     "attention.cached_rows": 64, "attention.cached_warps": 4,  # the turn boundary's paged prefill (2026-11-27)
@@ -111,8 +115,9 @@ def test_the_kernels_read_every_value_from_the_table():
     """Each entry is read by the kernel file its name starts with, and no kernel launch in ops/ passes a literal
     warps or stages count (a value outside the table)."""
     ops = Path(tunables.__file__).parent
-    files = {"matmul": "matmul_invariant", "attention": "attention/kernel", "block": "block_kernels",
-             "logprob": "logprob_invariant", "rmsnorm": "rmsnorm_invariant", "sampler": "sample_kernels"}
+    files = {"matmul": "matmul_invariant", "matmul_split": "matmul_invariant_split", "attention": "attention/kernel",
+             "block": "block_kernels", "logprob": "logprob_invariant", "rmsnorm": "rmsnorm_invariant",
+             "sampler": "sample_kernels"}
     for name in PINNED:
         family = name.split(".")[0]
         text = (ops / f"{files.get(family, family)}.py").read_text()

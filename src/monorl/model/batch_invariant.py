@@ -65,6 +65,7 @@ from monorl.ops import decode_gemm, logprob_invariant, matmul_invariant, rmsnorm
 
 class BatchInvariantLinear(Linear):
     decode_rows_on_triton = True  # every product on the invariant GEMM (see `FusedKernelsLinear`)
+    invariant_parts = True  # a decode step's o/down products may hand their K parts to the next add (`project`)
 
     def forward(self, x: Tensor) -> Tensor:
         y = matmul_invariant.linear(x, self.weight)

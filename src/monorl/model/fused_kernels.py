@@ -31,7 +31,7 @@ from monorl.model.decoder import DecoderForCausalLM
 from monorl.model.layers import Linear, RMSNorm
 from monorl.model.mlp import MLP
 from monorl.model.rope import rope
-from monorl.ops import block_kernels, decode_gemm, matmul_invariant, rmsnorm_invariant
+from monorl.ops import block_kernels, decode_gemm, matmul_invariant, matmul_invariant_split, rmsnorm_invariant
 
 
 class FusedKernelsLinear(Linear):
@@ -52,11 +52,16 @@ def project(proj: nn.Module, x: Tensor) -> Tensor:
     """proj(x) for a block's last projections (o_proj, down_proj), whose output only the next residual add + norm
     reads; at a decode step's rows where splitting K pays (`decode_gemm.split_k_fits`: Qwen3-0.6B's and 1.7B's
     products, up to 192 rows), its fp32 K parts [P, T, N] instead, which that add sums (`add_norm`). Only this
-    class's projections: a batch-invariant copy's (`BatchInvariantLinear`) keep the invariant GEMM."""
+    class's projections; a batch-invariant copy's (`BatchInvariantLinear`, `invariant_parts`) hand over the invariant
+    GEMM's own K parts where it would write them out anyway (`matmul_invariant_split.partials_fit`): the sum is then
+    the one `bi_mm` rounds, so the trainer's product is the same."""
     # (a tensor-parallel copy's row-parallel projection is summed over ranks by its forward: never split there)
-    if (type(proj) is FusedKernelsLinear and proj.bias is None and not torch.is_grad_enabled()
-            and not getattr(proj, "row_parallel", False) and decode_gemm.split_k_fits(x, proj.weight)):
+    if proj.bias is not None or torch.is_grad_enabled() or getattr(proj, "row_parallel", False):
+        return proj(x)
+    if type(proj) is FusedKernelsLinear and decode_gemm.split_k_fits(x, proj.weight):
         return decode_gemm.split_k_parts(x, proj.weight.to(x.dtype))
+    if getattr(proj, "invariant_parts", False) and matmul_invariant_split.partials_fit(x, proj.weight):
+        return matmul_invariant_split.invariant_partials(x, proj.weight.to(x.dtype))
     return proj(x)
 
 

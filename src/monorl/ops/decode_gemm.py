@@ -32,7 +32,7 @@ import torch
 from torch import Tensor
 
 from monorl.ops import HAS_TRITON, custom_op, pdl_launch, sm_count, use_triton
-from monorl.ops.tunables import HOPPER, chip_of, tuned
+from monorl.ops.tunables import HOPPER, chip_for, chip_of, tuned
 
 if HAS_TRITON:
     import triton
@@ -42,9 +42,11 @@ if HAS_TRITON:
 
     @triton.jit(do_not_specialize=["M"])
     def _split_k_kernel(a_ptr, b_ptr, p_ptr, M, N, K, KS, stride_am, stride_bn, BLOCK_M: tl.constexpr,
-                        BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr = False):
+                        BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, IEEE: tl.constexpr = False,
+                        PDL: tl.constexpr = False):
         """Program (column tile n, part s, row tile m): rows m * BLOCK_M .. over K columns s * KS .. (s + 1) * KS - 1,
-        its fp32 sums to p_ptr [parts, M, N]."""
+        its fp32 sums to p_ptr [parts, M, N]. IEEE: fp32 operands multiplied in full fp32, as the invariant GEMM's
+        (`matmul_invariant_split.partials`: its parts must be that kernel's; the default mode's may run TF32)."""
         if PDL:
             pdl_start()
         pid_n = tl.program_id(0)
@@ -59,9 +61,25 @@ if HAS_TRITON:
                         mask=(offs_m[:, None] < M) & (kk[None, :] < K), other=0.0)
             b = tl.load(b_ptr + offs_n[:, None] * stride_bn + kk[None, :],
                         mask=(offs_n[:, None] < N) & (kk[None, :] < K), other=0.0)
-            acc = tl.dot(a, tl.trans(b), acc)
+            if IEEE:
+                acc = tl.dot(a, tl.trans(b), acc, input_precision="ieee")
+            else:
+                acc = tl.dot(a, tl.trans(b), acc)
         tl.store(p_ptr + s * M * N + offs_m[:, None] * N + offs_n[None, :], acc,
                  mask=(offs_m[:, None] < M) & (offs_n[None, :] < N))
+
+
+    @triton.jit
+    def _sum_parts_kernel(p_ptr, o_ptr, n, PARTS: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr = False):
+        """o = ((p0 + p1) + p2) + ... over PARTS fp32 parts of n elements each, rounded to o's dtype."""
+        if PDL:
+            pdl_start()
+        offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+        mask = offs < n
+        acc = tl.load(p_ptr + offs, mask=mask, other=0.0)
+        for i in tl.static_range(1, PARTS):
+            acc += tl.load(p_ptr + i * n + offs, mask=mask, other=0.0)
+        tl.store(o_ptr + offs, acc.to(o_ptr.dtype.element_ty), mask=mask)
 
 
 def parts_for(rows: int, n: int, sms: int, *, chip: str = HOPPER) -> int:
@@ -136,9 +154,23 @@ def _(x: Tensor, w: Tensor) -> Tensor:
 
 
 def sum_parts(parts: Tensor, dtype: torch.dtype) -> Tensor:
-    """The product `split_k_parts` split: ((p0 + p1) + p2) + ... in fp32, rounded to dtype (what the kernels that
-    take parts do)."""
+    """The product `split_k_parts` (or `matmul_invariant_split.partials`) split: ((p0 + p1) + p2) + ... in fp32,
+    rounded to dtype (what the kernels that take parts do); on CUDA one launch (`_sum_parts_kernel`)."""
+    if use_triton(parts):
+        return _sum_parts_triton(parts, dtype)
     acc = parts[0]
     for p in parts[1:]:
         acc = acc + p
     return acc.to(dtype)
+
+
+def _sum_parts_triton(parts: Tensor, dtype: torch.dtype) -> Tensor:
+    parts = parts.contiguous()
+    out = torch.empty(parts.shape[1:], dtype=dtype, device=parts.device)
+    n = out.numel()
+    if n:
+        block = tuned("decode_gemm.sum_block", chip_for(parts))
+        _sum_parts_kernel[(triton.cdiv(n, block),)](parts, out, n, PARTS=parts.shape[0], BLOCK=block,
+                                                    num_warps=tuned("decode_gemm.sum_warps", chip_for(parts)),
+                                                    **pdl_launch(parts))
+    return out

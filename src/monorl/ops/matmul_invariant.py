@@ -1,10 +1,11 @@
 """Batch-invariant matmul: x [.., K] @ w [N, K]^T, where row i of the result depends only on x[i] and w.
 
 Why the default is not: cuBLAS / MKL pick GEMM tilings and split-K by M, the number of rows. Here,
-on CUDA, a Triton GEMM whose K loop is one fixed order for every M (no split-K; tilings that change with M
-change only how the output is tiled, see `_mm_config`); on
-CPU, fp32 products summed by a fixed pairwise tree over K. A `torch.library` custom op (opaque to
-torch.compile); backward is ordinary math: only forward values have to match the generator.
+on CUDA, a Triton GEMM whose K order is one fixed order for every M (tilings that change with M change only how the
+output is tiled, see `_mm_config`; K parts, where a product has them, are a function of K alone and are summed in
+one order, see `monorl.ops.matmul_invariant_split`); on CPU, fp32 products summed by a fixed pairwise tree over K.
+A `torch.library` custom op (opaque to torch.compile); backward is ordinary math: only forward values have to
+match the generator.
 """
 
 from __future__ import annotations
@@ -13,6 +14,8 @@ import torch
 from torch import Tensor
 
 from monorl.ops import HAS_TRITON, custom_op, pdl_launch, sm_count, use_triton
+from monorl.ops.decode_gemm import sum_parts
+from monorl.ops.matmul_invariant_split import k_parts, launch_chip, partials, partials_pay
 from monorl.ops.tree_sum import tree_sum
 from monorl.ops.tunables import HOPPER, chip_of, threshold_pick, tuned
 
@@ -23,8 +26,12 @@ if HAS_TRITON:
     from monorl.ops import pdl_start
 
     @triton.jit(do_not_specialize=["M"])  # M must not change the compiled kernel (Triton specialises 1, %16)
-    def _mm_kernel(a_ptr, b_ptr, c_ptr, M, N, K, stride_am, stride_bn, stride_cm,
-                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr = False):
+    def _mm_kernel(a_ptr, b_ptr, c_ptr, M, N, K, KS, stride_am, stride_bn, stride_cm,
+                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PARTS: tl.constexpr = 1,
+                   PDL: tl.constexpr = False):
+        """A program per output tile; K in PARTS parts of KS columns (`matmul_invariant_split`), each summed from zero
+        in its own fp32 accumulator, added in order ((p0 + p1) + p2) ... before the one rounding. PARTS = 1: one K
+        loop (the loop is unrolled per part, so one part compiles to exactly the one-loop kernel)."""
         if PDL:  # wait for the kernel before (programmatic dependent launch)
             pdl_start()
         pid_m = tl.program_id(0)
@@ -32,24 +39,29 @@ if HAS_TRITON:
         offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
         offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
         offs_k = tl.arange(0, BLOCK_K)
-        acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-        for k0 in range(0, K, BLOCK_K):  # one fixed K order: no split-K
-            kk = k0 + offs_k
-            a = tl.load(a_ptr + offs_m[:, None] * stride_am + kk[None, :],
-                        mask=(offs_m[:, None] < M) & (kk[None, :] < K), other=0.0)
-            b = tl.load(b_ptr + offs_n[:, None] * stride_bn + kk[None, :],
-                        mask=(offs_n[:, None] < N) & (kk[None, :] < K), other=0.0)
-            acc = tl.dot(a, tl.trans(b), acc, input_precision="ieee")
-        tl.store(c_ptr + offs_m[:, None] * stride_cm + offs_n[None, :], acc.to(c_ptr.dtype.element_ty),
+        for p in tl.static_range(PARTS):
+            acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+            for k0 in range(p * KS, tl.minimum(K, p * KS + KS), BLOCK_K):  # one fixed K order within the part
+                kk = k0 + offs_k
+                a = tl.load(a_ptr + offs_m[:, None] * stride_am + kk[None, :],
+                            mask=(offs_m[:, None] < M) & (kk[None, :] < K), other=0.0)
+                b = tl.load(b_ptr + offs_n[:, None] * stride_bn + kk[None, :],
+                            mask=(offs_n[:, None] < N) & (kk[None, :] < K), other=0.0)
+                acc = tl.dot(a, tl.trans(b), acc, input_precision="ieee")
+            if p == 0:
+                total = acc
+            else:  # the partials path's order (`decode_gemm.sum_parts`)
+                total = total + acc
+        tl.store(c_ptr + offs_m[:, None] * stride_cm + offs_n[None, :], total.to(c_ptr.dtype.element_ty),
                  mask=(offs_m[:, None] < M) & (offs_n[None, :] < N))
 
     @triton.jit(do_not_specialize=["M"])
-    def _mm_silu_kernel(a_ptr, b_ptr, c_ptr, M, N, K, stride_am, stride_bn, stride_cm,
+    def _mm_silu_kernel(a_ptr, b_ptr, c_ptr, M, N, K, KS, stride_am, stride_bn, stride_cm,
                         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                        PDL: tl.constexpr = False):
+                        PARTS: tl.constexpr = 1, PDL: tl.constexpr = False):
         """`_mm_kernel` over a fused [gate | up] weight (rows 0..N-1 and N..2N-1) with SiLU(gate) * up as its
-        epilogue: each output column's two products accumulate exactly as `_mm_kernel`'s (the same K order and
-        64-row wgmma), are rounded to the output dtype as it stores them, and the epilogue is `silu_mul`'s
+        epilogue: each output column's two products accumulate exactly as `_mm_kernel`'s (the same K parts and
+        order, 64-row wgmma), are rounded to the output dtype as it stores them, and the epilogue is `silu_mul`'s
         arithmetic (launched, like it, without FMA contraction)."""
         if PDL:
             pdl_start()
@@ -58,20 +70,27 @@ if HAS_TRITON:
         offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
         offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
         offs_k = tl.arange(0, BLOCK_K)
-        acc_g = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-        acc_u = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-        for k0 in range(0, K, BLOCK_K):
-            kk = k0 + offs_k
-            a = tl.load(a_ptr + offs_m[:, None] * stride_am + kk[None, :],
-                        mask=(offs_m[:, None] < M) & (kk[None, :] < K), other=0.0)
-            bmask = (offs_n[:, None] < N) & (kk[None, :] < K)
-            bg = tl.load(b_ptr + offs_n[:, None] * stride_bn + kk[None, :], mask=bmask, other=0.0)
-            bu = tl.load(b_ptr + (N + offs_n[:, None]) * stride_bn + kk[None, :], mask=bmask, other=0.0)
-            acc_g = tl.dot(a, tl.trans(bg), acc_g, input_precision="ieee")
-            acc_u = tl.dot(a, tl.trans(bu), acc_u, input_precision="ieee")
+        for p in tl.static_range(PARTS):
+            acc_g = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+            acc_u = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+            for k0 in range(p * KS, tl.minimum(K, p * KS + KS), BLOCK_K):
+                kk = k0 + offs_k
+                a = tl.load(a_ptr + offs_m[:, None] * stride_am + kk[None, :],
+                            mask=(offs_m[:, None] < M) & (kk[None, :] < K), other=0.0)
+                bmask = (offs_n[:, None] < N) & (kk[None, :] < K)
+                bg = tl.load(b_ptr + offs_n[:, None] * stride_bn + kk[None, :], mask=bmask, other=0.0)
+                bu = tl.load(b_ptr + (N + offs_n[:, None]) * stride_bn + kk[None, :], mask=bmask, other=0.0)
+                acc_g = tl.dot(a, tl.trans(bg), acc_g, input_precision="ieee")
+                acc_u = tl.dot(a, tl.trans(bu), acc_u, input_precision="ieee")
+            if p == 0:
+                total_g = acc_g
+                total_u = acc_u
+            else:
+                total_g = total_g + acc_g
+                total_u = total_u + acc_u
         dt = c_ptr.dtype.element_ty
-        g = acc_g.to(dt).to(tl.float32)
-        u = acc_u.to(dt).to(tl.float32)
+        g = total_g.to(dt).to(tl.float32)
+        u = total_u.to(dt).to(tl.float32)
         silu = (g / (1.0 + tl.exp(-g))).to(dt).to(tl.float32)
         tl.store(c_ptr + offs_m[:, None] * stride_cm + offs_n[None, :], (silu * u).to(dt),
                  mask=(offs_m[:, None] < M) & (offs_n[None, :] < N))
@@ -117,18 +136,36 @@ def _mm_config(M: int, N: int, K: int, sms: int = 132, *, chip: str = HOPPER) ->
     return bm, bn, bk, warps, stages
 
 
-def _mm_triton(x: Tensor, w: Tensor, config: tuple[int, int, int, int, int] | None = None) -> Tensor:
+def _mm_triton(x: Tensor, w: Tensor, config: tuple[int, int, int, int, int] | None = None,
+               parts: int | None = None) -> Tensor:
+    """`_mm_kernel`, a program per output tile walking K's parts itself (the table's for K, or `parts`)."""
     M, K = x.shape
     N = w.shape[0]
     out = torch.empty(M, N, dtype=x.dtype, device=x.device)
     if M == 0:
         return out
-    index = x.device.index or 0
-    bm, bn, bk, nw, ns = config or _mm_config(M, N, K, sm_count(index), chip=chip_of(index))
+    chip = launch_chip(x)
+    P, ks = k_parts(K, chip, parts)
+    bm, bn, bk, nw, ns = config or _mm_config(M, N, K, sm_count(x.device.index or 0), chip=chip)
     _mm_kernel[(triton.cdiv(M, bm), triton.cdiv(N, bn))](
-        x, w, out, M, N, K, x.stride(0), w.stride(0), out.stride(0),
-        BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, num_warps=nw, num_stages=ns, **pdl_launch(x))
+        x, w, out, M, N, K, ks, x.stride(0), w.stride(0), out.stride(0),
+        BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, PARTS=P, num_warps=nw, num_stages=ns, **pdl_launch(x))
     return out
+
+
+def _mm_cuda(x: Tensor, w: Tensor) -> Tensor:
+    """The product on the GPU: a decode step's rows of a product with K parts whose tiles leave SMs idle as a
+    program per (tile, part) and one sum (`matmul_invariant_split.partials_pay`), else `_mm_triton`; bitwise the
+    same values either way."""
+    M, K = x.shape
+    N = w.shape[0]
+    index = x.device.index or 0
+    chip, sms = chip_of(index), sm_count(index)
+    config = _mm_config(M, N, K, sms, chip=chip)
+    P = k_parts(K, chip)[0]
+    if partials_pay(M, N, triton.cdiv(M, config[0]) * triton.cdiv(N, config[1]), P, sms, chip):
+        return sum_parts(partials(x, w, chip=chip), x.dtype)
+    return _mm_triton(x, w, config)
 
 
 def silu_mul_fusable(x: Tensor) -> bool:
@@ -148,13 +185,23 @@ def mm_silu_mul(x: Tensor, w: Tensor) -> Tensor:
     out = torch.empty(M, N, dtype=x.dtype, device=x.device)
     if M == 0:
         return out
-    index = x.device.index or 0
+    return _mm_silu_triton(x, w, out)
+
+
+def _mm_silu_triton(x: Tensor, w: Tensor, out: Tensor, config: tuple[int, int, int, int, int] | None = None,
+                    parts: int | None = None) -> Tensor:
+    """`_mm_silu_kernel` into out. Its K parts are the unfused products' (`k_parts` of K, whatever N), walked by each
+    program (the many-rows structure): the epilogue needs both whole sums, so no program per part here."""
+    M, K = x.shape
+    N = out.shape[1]
+    chip = launch_chip(x)
+    P, ks = k_parts(K, chip, parts)
     # the unfused product's tiling (its programs and pipeline), each program's columns split into gate and up
-    bm, bn, bk, nw, ns = _mm_config(M, 2 * N, K, sm_count(index), chip=chip_of(index))
+    bm, bn, bk, nw, ns = config or _mm_config(M, 2 * N, K, sm_count(x.device.index or 0), chip=chip)
     bn = max(16, bn // 2)
     _mm_silu_kernel[(triton.cdiv(M, bm), triton.cdiv(N, bn))](
-        x, w, out, M, N, K, x.stride(0), w.stride(0), out.stride(0), BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk,
-        num_warps=nw, num_stages=ns, enable_fp_fusion=False, **pdl_launch(x))
+        x, w, out, M, N, K, ks, x.stride(0), w.stride(0), out.stride(0), BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk,
+        PARTS=P, num_warps=nw, num_stages=ns, enable_fp_fusion=False, **pdl_launch(x))
     return out
 
 
@@ -176,7 +223,7 @@ def _mm_cpu(x: Tensor, w: Tensor) -> Tensor:
 def bi_mm(x: Tensor, w: Tensor) -> Tensor:
     """x [M, K] @ w [N, K]^T -> [M, N] in x's dtype; row i depends only on x[i] and w."""
     x, w = x.contiguous(), w.contiguous()
-    return _mm_triton(x, w) if use_triton(x) else _mm_cpu(x, w)
+    return _mm_cuda(x, w) if use_triton(x) else _mm_cpu(x, w)
 
 
 @bi_mm.register_fake

@@ -80,6 +80,22 @@ _HOPPER: dict[str, Tunable] = {
                                     "pipeline when the tiles fit one wave; Qwen3-0.6B's four layer GEMMs at 40 rows "
                                     "31.6 -> 24.4 us, at 128 rows 35.1 -> 27.4 (tune_bi_matmul.py --cold, H100, "
                                     "3b981c5, 2026-11-25)", bitwise=_INVARIANT_TILE),
+    # ---- matmul_invariant_split: the batch-invariant GEMM's K parts, one split for every row count ----
+    "matmul_split.parts": Tunable((), "((K, parts), ...): none yet, every product one K loop as before (issue #62, "
+                                  "2026-12-07); benchmarks/tune_invariant_split.py times P in 1, 2, 4, 8 at 40 rows "
+                                  "per Qwen3-0.6B shape to decide K = 1024 (q/k/v, gate/up, LM head), 2048 (o), "
+                                  "3072 (down)", bitwise="where each fp32 part's sum starts: trainer and generator "
+                                  "must run the same (keyed by K alone, so fused and unfused weights agree)"),
+    "matmul_split.part_align": Tunable(128, "parts are whole runs of this many columns: every tiling's BLOCK_K (64 or "
+                                       "128) divides it (issue #62, 2026-12-07; not swept)",
+                                       bitwise="the parts' boundaries"),
+    "matmul_split.partials_rows": Tunable(64, "up to this many rows a product with parts may write them out, a "
+                                          "program per (tile, part) (issue #62, 2026-12-07; not swept: "
+                                          "tune_invariant_split.py times both kernels)"),
+    "matmul_split.max_block_n": Tunable(64, "the partials kernel's widest column tile, as decode_gemm.max_block_n "
+                                        "(issue #62, 2026-12-07; not swept)"),
+    "decode_gemm.sum_block": Tunable(1024, _NOT_SWEPT.format("issue #62's one-launch sum of parts, 2026-12-07")),
+    "decode_gemm.sum_warps": Tunable(4, _NOT_SWEPT.format("issue #62's one-launch sum of parts, 2026-12-07")),
     # ---- decode_gemm: the default mode's split-K decode products ----
     "decode_gemm.enabled": Tunable(True, "measured on H100/H200 only (ed88930, 2026-11-26)"),
     "decode_gemm.parts": Tunable(2, "K parts up to max_rows rows: 0.6B o 5.38 -> 4.21 us, down 7.14 -> 5.27; 1.7B o "

@@ -28,3 +28,12 @@ PY
     grep -E "Error|error:" $OUT/step_${shape}_$bi.log | grep -v DEBUG | tail -2
   done
 done
+# #62: the invariant GEMM's K parts (default off): bf16 (a) == (b), generator == trainer with parts on and with the
+# defaults, then the 40-row timing that decides matmul_split.parts
+timeout ${SLIMIT:-150} python3 -m pytest -v -p no:cacheprovider --tb=short -m "gpu or not gpu" \
+  tests/test_matmul_invariant_split_gpu.py "tests/test_batch_invariant_gpu.py::test_eager_bitwise" \
+  tests/test_batch_invariant_gpu.py::test_matmul_tilings_agree_bitwise \
+  tests/test_batch_invariant_gpu.py::test_mm_silu_mul_equals_gemm_then_silu > $OUT/split_tests.log 2>&1
+echo "split tests rc $?"; grep -E "PASSED|FAILED|ERROR|passed|failed|^E  " $OUT/split_tests.log | cut -c1-160 | head -24
+timeout 90 python3 benchmarks/tune_invariant_split.py --out $OUT/tune_invariant_split.json > $OUT/tune_split.log 2>&1
+echo "tune rc $?"; tail -30 $OUT/tune_split.log

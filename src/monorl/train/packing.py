@@ -184,14 +184,15 @@ def plan_micro_batches(lengths: Sequence[int], max_tokens: int,
 
 def covering_shape(shape: PackShape, have: Iterable[PackShape], slack: float, floor: int = 0) -> PackShape | None:
     """The cheapest of `have` that a static pack of `shape` can be padded to: every size at least `shape`'s, the
-    same prompt layout (shared or not) and images, and its tokens, attention tokens and completion rows -- what the work grows
-    with -- each at most n + slack * max(n, floor) for `shape`'s n. floor (the trainer's micro_batch_tokens): a small
-    pack (a rank's last micro-batch) may grow by slack of a whole micro-batch, since that costs little next to the
-    capture it saves. None if none is."""
+    same prompt layout (shared or not) and image grids, and its tokens, attention tokens and completion rows -- what
+    the work grows with -- each at most n + slack * max(n, floor) for `shape`'s n. floor (the trainer's
+    micro_batch_tokens): a small pack (a rank's last micro-batch) may grow by slack of a whole micro-batch, since that
+    costs little next to the capture it saves. None if none is."""
     def fits(h: PackShape) -> bool:
         grows = ((h.tokens, shape.tokens), (h.full_tokens, shape.full_tokens), (h.targets, shape.targets))
-        return ((h.copies > 1) == (shape.copies > 1) and h.image_grids == shape.image_grids and h.seqs >= shape.seqs and h.max_seqlen >= shape.max_seqlen
-                and h.copies >= shape.copies and all(n <= big <= n + slack * max(n, floor) for big, n in grows))
+        return ((h.copies > 1) == (shape.copies > 1) and h.image_grids == shape.image_grids and h.seqs >= shape.seqs
+                and h.max_seqlen >= shape.max_seqlen and h.copies >= shape.copies
+                and all(n <= big <= n + slack * max(n, floor) for big, n in grows))
     return min(filter(fits, have), key=lambda h: (h.full_tokens, h.tokens, h.targets, h.seqs, h.max_seqlen,
                                                   h.copies), default=None)
 
@@ -295,7 +296,8 @@ def pack(seqs: Sequence[TrainSequence], indices: Sequence[int], buckets: Sequenc
     if images:
         if vision is None:
             raise ValueError("a pack with images needs the model's vision config (pack(vision=...))")
-        prepared = pack_images(vision, images, spans, device)  # each unique token's M-RoPE position, from any of its copies (the sequences' layout); fillers 0
+        prepared = pack_images(vision, images, spans, device)  # on the device now: the forward reads no host data
+        # each unique token's M-RoPE position, from any of its copies (the sequences' layout); fillers 0
         full = pack_positions([len(seqs[i]) for i in indices], [seqs[i].images for i in indices])
         mrope = torch.zeros(3, size, dtype=torch.long)
         mrope[:, host_tensor([r for rows in seq_rows for r in rows], torch.long)] = full

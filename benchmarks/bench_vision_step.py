@@ -4,7 +4,9 @@ tower at equal text lengths (#59: the target is the VL step within 1.3x of the t
 prompts x 8 samples, 105-115 random text tokens per prompt (the VL prompt: the same tokens with one image's
 <|vision_start|><|image_pad|><|vision_end|> after the first 3, where a chat template puts it), 100 new tokens,
 EOS ignored, temperature 0.8, top_p 0.95; then one trainer step (GRPO, the run's default TrainerConfig otherwise:
-eager, shared prompts, bf16 autocast over fp32 masters) on those 40 rollouts, then the generator's weight sync.
+eager -- with --trainer-graphs each micro-batch replays a trainer CUDA graph, as the presets'
+`--compile.trainer_cuda_graphs true` does, packs with images included --, shared prompts, bf16 autocast over fp32
+masters) on those 40 rollouts, then the generator's weight sync.
 The VL case twice: the tower trained (the run's default) and frozen (`--model.freeze_vision true`: no tower
 backward, gradients or AdamW state).
 
@@ -20,6 +22,7 @@ allocated during each phase. Decode tokens/s: 40 rows over the decode step, (bat
 new token) / 99, medians (bench_generate.py's split). Prints one table, writes --out.
 
   python benchmarks/bench_vision_step.py --out vision_step.json     # one H100: ~1-2 min
+  python benchmarks/bench_vision_step.py --trainer-graphs --out vision_step_graphs.json
   python benchmarks/bench_vision_step.py --smoke                    # CPU, tiny-vl against tiny, < 1 min
 """
 
@@ -106,7 +109,7 @@ def run_case(cfg: ModelConfig, shape: str, prompts: list[list[int]], pictures: l
     gen = Generator(model, GeneratorConfig(max_num_seqs=len(prompts) * args.n, max_model_len=max_len))
     backend = resolve_backend("auto", device, torch.bfloat16 if device.type == "cuda" else torch.float32)
     trainer = Trainer(model, TrainerConfig(lr=1e-6, loss=LossConfig(kind="grpo")), total_steps=100,
-                      attn_backend=backend, cuda_graphs=False)
+                      attn_backend=backend, cuda_graphs=args.trainer_graphs)
 
     def encode() -> tuple[list[list[int]], list | None]:
         if pictures is None:
@@ -177,6 +180,7 @@ def main() -> None:
     ap.add_argument("--warmup", type=int, default=2, help="RL steps before the timed ones")
     ap.add_argument("--steps", type=int, default=5, help="timed RL steps (median)")
     ap.add_argument("--decode-reps", type=int, default=5, help="timed 1-new-token batches (median)")
+    ap.add_argument("--trainer-graphs", action="store_true", help="the trainer step replays CUDA graphs (#59)")
     ap.add_argument("--smoke", action="store_true", help="CPU, tiny-vl against tiny, few steps: checks the script")
     args = ap.parse_args()
     if args.smoke:
@@ -197,6 +201,7 @@ def main() -> None:
     res: dict[str, Any] = {"device": torch.cuda.get_device_name() if device.type == "cuda" else "cpu",
                            "torch": torch.__version__, "shape": args.shape, "prompts": args.prompts, "n": args.n,
                            "new_tokens": args.new, "image_size": args.image_size,
+                           "trainer_graphs": args.trainer_graphs,
                            "text_tokens": [len(p) for p in text_prompts], "max_model_len": max_len, "cases": {}}
     t0 = time.perf_counter()
     cases = [("text", vl.replace(vision=None), text_prompts, None, False), ("vl", vl, vl_prompts, pictures, False),

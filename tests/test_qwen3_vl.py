@@ -19,6 +19,7 @@ from monorl.model.mrope import mrope_positions
 from monorl.model.qwen3_vl import embed_images
 from monorl.model.qwen3_vl_hf import HF_TEXT_DEFAULTS, QWEN3_VL_2B
 from monorl.model.vision_config import HF_VISION_DEFAULTS, HF_VL_TOKEN_DEFAULTS
+from monorl.model.vision_inputs import vision_inputs
 from tests.conftest import randomize_hf_model
 
 transformers = pytest.importorskip("transformers")
@@ -106,7 +107,9 @@ def test_logits_equal_transformers(checkpoint, sizes):
         positions = torch.cat([mrope_positions(s, g.tolist(), IMAGE, 2)[0]
                                for s, g in zip(seqs, grids, strict=True)], dim=1)
         ctx = VarlenContext.from_lengths([len(s) for s in seqs], "cpu", "sdpa")
-        embeds, deepstack = embed_images(model, ids, torch.cat(pix), torch.cat(grids))
+        rows = (ids == IMAGE).nonzero().squeeze(1)  # every placeholder takes an image
+        prepared = vision_inputs(model.config.vision, torch.cat(pix), torch.cat(grids), rows, "cpu")
+        embeds, deepstack = embed_images(model, ids, prepared)
         logits = model.compute_logits(model(ids, positions, ctx, inputs_embeds=embeds, deepstack=deepstack))
     diff = (logits - torch.cat(ref)).abs().max().item()
     print(f"max |logit diff| vs transformers: {diff:.3g}")

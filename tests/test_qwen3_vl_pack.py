@@ -1,6 +1,7 @@
 """The trainer's view of a vision-language pack (`monorl.model.qwen3_vl.pack_inputs`): sequences of prompt (with
 images) + completion tokens packed into one forward give each token transformers' logits; a completion token's
-M-RoPE position continues its prompt's (the decode rule); LoRA adapts the language model only and
+M-RoPE position continues its prompt's (the decode rule); the trainer's static pack (its images made ready on the
+device at pack time) gives transformers' log-probs and gradients; LoRA adapts the language model only and
 `freeze_vision_` keeps gradients out of the tower."""
 
 from __future__ import annotations
@@ -12,8 +13,10 @@ from monorl.model.attention import VarlenContext
 from monorl.model.hf_checkpoint import load_checkpoint
 from monorl.model.lora import LoRAConfig, apply_lora_, lora_parameters
 from monorl.model.mrope import mrope_positions
-from monorl.model.qwen3_vl import freeze_vision_, pack_inputs, sequence_positions
+from monorl.model.qwen3_vl import freeze_vision_, hf_name, pack_inputs, sequence_positions
 from monorl.model.vision_prompt import encode_with_images
+from monorl.train.packing import TrainSequence
+from monorl.train.trainer import Trainer, TrainerConfig
 from tests.conftest import randomize_hf_model
 from tests.test_qwen3_vl import END, IMAGE, PROCESSOR, START, images, tiny_hf_config
 
@@ -111,3 +114,37 @@ def test_freeze_vision_keeps_gradients_out_of_the_tower(checkpoint):
     assert not any(n.startswith("model.visual.") for n in grads)
     assert all(g is not None for g in grads.values())
     assert all(p.grad is None for p in model.model.visual.parameters())
+
+
+def test_trainer_pack_logprobs_and_gradients_equal_transformers(checkpoint):
+    """The trainer's own path: a static pack (shared prompts: each group's images once) of sequences with images,
+    made ready on the device at pack time (`VisionInputs`), through `Trainer.response_logprobs` -- the completion
+    tokens' log-probs and every parameter's gradient (the tower's included) equal transformers', one HF forward per
+    sequence."""
+    hf, path = checkpoint
+    model = load_checkpoint(path, dtype=torch.float32).train()
+    seqs, inputs = vl_sequences(model)
+    train = [TrainSequence(s[:-4], s[-4:] if j == 0 else s[-4:-1] + [60 + k], [0.0] * 4, 1.0, group=k, images=im)
+             for k, (s, im) in enumerate(zip(seqs, inputs, strict=True)) for j in range(2)]
+    tr = Trainer(model, TrainerConfig(micro_batch_tokens=512), total_steps=1, static_shapes=True)
+    (mb,) = tr._micro_batches(train)
+    assert mb.images is not None and len(mb.images.grids) == 3 and mb.ctx.shared is not None
+    lp = tr.response_logprobs(model, mb, 1.0)[: mb.num_targets]
+    hf.zero_grad(set_to_none=True)
+    ref = []
+    for s in train:
+        ids = torch.tensor([s.prompt_ids + s.completion_ids])
+        kw = {} if s.images is None else dict(pixel_values=s.images.pixel_values, image_grid_thw=s.images.grid_thw,
+                                               mm_token_type_ids=(ids == IMAGE).int())
+        logits = hf(input_ids=ids, **kw).logits[0, len(s.prompt_ids) - 1:-1]
+        ref.append(logits.log_softmax(-1).gather(1, torch.tensor(s.completion_ids)[:, None])[:, 0])
+    ref = torch.cat(ref)
+    assert (lp - ref).abs().max().item() <= 1e-4
+    weights = torch.linspace(-1.0, 1.0, lp.numel())
+    (lp * weights).sum().backward()
+    (ref * weights).sum().backward()
+    theirs = dict(hf.named_parameters())
+    for name, p in model.named_parameters():
+        want = theirs[hf_name(name)].grad
+        assert (p.grad - want).abs().max().item() <= 1e-4 * want.abs().max().item() + 1e-7, name
+    assert any(n.startswith("model.visual.") and p.grad.abs().sum() > 0 for n, p in model.named_parameters())

@@ -89,9 +89,10 @@ def test_prompts_of_equal_tokens_keep_their_own_images():
     assert seqs[0].prompt_ids == seqs[1].prompt_ids
     trainer = Trainer(model, TrainerConfig(), total_steps=1)
     with torch.no_grad():
-        (mb,) = make_micro_batches(seqs, 4096, "cpu")
+        (mb,) = make_micro_batches(seqs, 4096, "cpu", vision=cfg.vision)
         packed = trainer.response_logprobs(model, mb, 1.0)
-        alone = [trainer.response_logprobs(model, make_micro_batches([s], 4096, "cpu")[0], 1.0) for s in seqs]
+        alone = [trainer.response_logprobs(model, make_micro_batches([s], 4096, "cpu", vision=cfg.vision)[0], 1.0)
+                 for s in seqs]
     for i in range(2):
         torch.testing.assert_close(packed[mb.seq_ids == i], alone[i], rtol=0, atol=1e-5)
     assert (alone[0] - alone[1]).abs().max() > 1e-4  # the pictures differ, so do the log-probs

@@ -61,18 +61,25 @@ def tiny_tower():
     return tower
 
 
+def prepared(tower, pixels: torch.Tensor, grids: torch.Tensor):
+    """The tower's `VisionInputs` of these images (no placeholder rows: the tower alone)."""
+    from monorl.model.vision_inputs import vision_inputs
+
+    return vision_inputs(tower.config, pixels, grids, torch.zeros(0, dtype=torch.long), "cpu")
+
+
 def test_tower_attends_images_of_one_size_in_one_fused_call_per_block():
     # three images of one size: one 4-D attention call per block (the fused kernels take 4-D inputs; the tower ran
     # one 3-D call per image, the math path on CUDA), each image's output as it is alone; the position and RoPE
-    # tables are made once per grids (the second forward makes none: no arange)
+    # tables are made once per grids (the second preparation makes none: no arange)
     tower = tiny_tower()
     grids = torch.tensor([[1, 4, 4]] * 3)
     pixels = torch.randn(48, tower.config.patch_dim)
     with torch.no_grad():
-        tower(pixels, grids)
+        tower(prepared(tower, pixels, grids))
         with _Calls() as calls:
-            out, deep = tower(pixels, grids)
-        alone = [tower(pixels[16 * i:16 * (i + 1)], grids[:1]) for i in range(3)]
+            out, deep = tower(prepared(tower, pixels, grids))
+        alone = [tower(prepared(tower, pixels[16 * i:16 * (i + 1)], grids[:1])) for i in range(3)]
     attention = [d for n, d in calls.calls if n == "scaled_dot_product_attention"]
     assert attention == [4] * tower.config.depth
     assert calls.count("arange") == 0
@@ -87,8 +94,8 @@ def test_tower_tables_are_ordinary_tensors_for_training_after_inference():
     grids = torch.tensor([[1, 4, 4]])
     pixels = torch.randn(16, tower.config.patch_dim)
     with torch.inference_mode():
-        tower(pixels, grids)
-    out, deep = tower(pixels, grids)
+        tower(prepared(tower, pixels, grids))
+    out, deep = tower(prepared(tower, pixels, grids))
     (out.sum() + sum(d.sum() for d in deep)).backward()
     assert tower.blocks[0].attn.qkv.weight.grad is not None
 

@@ -72,7 +72,7 @@ def trainer_logprobs(model, seqs, share_prompts: bool) -> list[torch.Tensor]:
     trainer = Trainer(model, TrainerConfig(share_prompts=share_prompts), total_steps=1)
     out: dict[int, torch.Tensor] = {}
     with torch.no_grad():
-        for mb in make_micro_batches(seqs, 4096, "cpu", share_prompts=share_prompts):
+        for mb in make_micro_batches(seqs, 4096, "cpu", share_prompts=share_prompts, vision=model.config.vision):
             lp = trainer.response_logprobs(model, mb, 1.0)
             for i in sorted(set(mb.seq_ids.tolist())):
                 out[i] = lp[mb.seq_ids == i]
@@ -202,7 +202,7 @@ def test_the_tower_runs_once_per_prompt_group(monkeypatch):
     seen: list[int] = []
     visual = gen.model.model.visual
     orig = visual.forward
-    monkeypatch.setattr(visual, "forward", lambda pixels, grids: seen.append(len(grids)) or orig(pixels, grids))
+    monkeypatch.setattr(visual, "forward", lambda inputs: seen.append(len(inputs.grids)) or orig(inputs))
     gen.generate([p for p, _ in prompts], SamplingParams(max_new_tokens=4, seed=0), n=4,
                  images=[im for _, im in prompts])
     assert sum(seen) == sum(len(s) for s in SIZES)  # 6 images, not 4 x 6

@@ -89,7 +89,8 @@ def trainer_logprobs(run, seqs: list[TrainSequence], temperature: float) -> list
     """The trainer's log-probs of each sequence's completion (in `seqs` order), packed as a training step packs."""
     tr = run.trainer
     out: dict[int, torch.Tensor] = {}
-    for mb in make_micro_batches(seqs, tr.cfg.micro_batch_tokens, tr.device, tr.attn_backend):
+    for mb in make_micro_batches(seqs, tr.cfg.micro_batch_tokens, tr.device, tr.attn_backend,
+                                 vision=tr.model.config.vision):
         lp, _ = tr.logprobs_entropy(mb, temperature)
         for i in mb.seq_ids.unique().tolist():
             out[i] = lp[mb.seq_ids == i]

@@ -3,7 +3,8 @@ tower (`monorl.model.vision`). What this module adds to the shared decoder: the 
 `Qwen3VLForConditionalGeneration` config: text_config + vision_config), the checkpoint names (HF's
 `model.language_model.*` are the decoder's `model.*`; `model.visual.*` and `lm_head` are the same), and
 `embed_images`: a sequence's token embeddings with its image placeholders replaced by the tower's output, plus the
-DeepStack features the decoder adds at those tokens (`DecoderForCausalLM.forward(inputs_embeds=, deepstack=)`).
+DeepStack features the decoder adds at those tokens (`DecoderForCausalLM.forward(inputs_embeds=, deepstack=)`), of
+images made ready on the device beforehand (`pack_images`: a trainer pack's, a prefill's).
 """
 
 from __future__ import annotations
@@ -13,6 +14,8 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor, nn
 
+from monorl.model.vision_config import VisionConfig
+from monorl.model.vision_inputs import VisionInputs, vision_inputs
 from monorl.model.vision_prompt import ImageInputs
 
 _TEXT_PREFIX, _DECODER_PREFIX = "model.language_model.", "model."
@@ -31,21 +34,18 @@ def monorl_name(name: str) -> str:
     return _DECODER_PREFIX + name[len(_TEXT_PREFIX):] if name.startswith(_TEXT_PREFIX) else name
 
 
-def embed_images(model: nn.Module, input_ids: Tensor, pixel_values: Tensor, grid_thw: Tensor,
-                 index: Tensor | None = None) -> tuple[Tensor, tuple[Tensor, list[Tensor]]]:
+def embed_images(model: nn.Module, input_ids: Tensor, images: VisionInputs
+                 ) -> tuple[Tensor, tuple[Tensor, list[Tensor]]]:
     """(inputs_embeds [T, hidden], deepstack) for `DecoderForCausalLM.forward`: the token embeddings of input_ids
-    [T] with its image placeholder tokens, in order, replaced by the tower's embeddings of the images
-    (pixel_values, grid_thw: `monorl.model.image_processing`'s); deepstack: (those tokens' indices, the tower's
-    DeepStack features). index: the placeholder rows (default: every image token). ValueError when the
-    placeholders and the images' token counts differ."""
-    vision = model.config.vision
+    [T] with the rows `images.rows` replaced, in order, by the tower's embeddings of the images; deepstack: (those
+    rows, the tower's DeepStack features). Reads nothing from the host (a trainer CUDA graph captures it). ValueError
+    when the rows and the images' token counts differ."""
     x = model.model.embed_tokens(input_ids)
-    image_embeds, deep = model.model.visual(pixel_values, grid_thw)
-    if index is None:
-        index = (input_ids == vision.image_token_id).nonzero().squeeze(1)
+    image_embeds, deep = model.model.visual(images)
+    index = images.rows
     if index.numel() != image_embeds.shape[0]:
         raise ValueError(f"the tokens hold {index.numel()} image placeholder(s), the images fill "
-                         f"{image_embeds.shape[0]} (grid_thw {grid_thw.tolist()})")
+                         f"{image_embeds.shape[0]} (grid_thw {list(images.grids)})")
     x = x.index_copy(0, index, image_embeds.to(x.dtype))
     return x, (index, [d.to(x.dtype) for d in deep])
 
@@ -84,24 +84,32 @@ def sequence_positions(inputs: ImageInputs | None, length: int) -> Tensor:
     return torch.cat([inputs.positions, after], dim=1)
 
 
-def image_embeds(model: nn.Module, ids: Tensor, images: Sequence[ImageInputs | None],
-                 spans: Sequence[tuple[int, int]]) -> tuple[Tensor, tuple[Tensor, list[Tensor]] | None]:
-    """(inputs_embeds, deepstack) of flat tokens `ids` whose image placeholder runs hold, in order, the images of
-    `images` (each a sequence's, or None: that one has none): the tower runs once over them all (each image
-    attends only within itself, so this equals one run per sequence). spans: the rows [start, end) of each image's
-    placeholders in `ids` (`placeholder_spans`): only placeholders there take images (a completion that samples
-    the placeholder token keeps it as text, as the generator's decode does). Without images: the token embeddings,
-    None."""
+def pack_images(vision: VisionConfig, images: Sequence[ImageInputs | None], spans: Sequence[tuple[int, int]],
+                device: torch.device | str) -> VisionInputs | None:
+    """The `VisionInputs` of flat tokens whose image placeholder runs hold, in order, the images of `images` (each a
+    sequence's, or None: that one has none), for a tower of `vision` on `device`: the tower runs once over them all
+    (each image attends only within itself, so this equals one run per sequence). spans: the rows [start, end) of
+    each image's placeholders (`placeholder_spans`): only placeholders there take images (a completion that samples
+    the placeholder token keeps it as text, as the generator's decode does). None without images."""
     with_images = [im for im in images if im is not None]
     if not with_images:
-        return model.model.embed_tokens(ids), None
-    # no host sync: every row of a span is a placeholder (`placeholder_runs` lays them out so), so the rows come
-    # from the spans on the host (reading `ids` back waited for the GPU: each trainer micro-batch, each prefill),
-    # and the copies are queued (a blocking copy synchronised the stream)
-    pixels = torch.cat([im.pixel_values for im in with_images]).to(ids.device, non_blocking=True)
+        return None
+    # the rows come from the spans on the host (every row of a span is a placeholder: `placeholder_runs` lays them
+    # out so), never from reading the tokens back; the copies are queued
+    pixels = torch.cat([im.pixel_values for im in with_images])
     grids = torch.cat([im.grid_thw for im in with_images])
     rows = torch.cat([torch.arange(start, end) for start, end in spans]) if spans else torch.zeros(0, dtype=torch.long)
-    return embed_images(model, ids, pixels, grids, rows.to(ids.device, non_blocking=True))
+    return vision_inputs(vision, pixels, grids, rows, device)
+
+
+def image_embeds(model: nn.Module, ids: Tensor, images: Sequence[ImageInputs | None],
+                 spans: Sequence[tuple[int, int]]) -> tuple[Tensor, tuple[Tensor, list[Tensor]] | None]:
+    """(inputs_embeds, deepstack) of flat tokens `ids` holding `images` at `spans` (`pack_images`, made here: the
+    generator's prefill), through `embed_images`. Without images: the token embeddings, None."""
+    prepared = pack_images(model.config.vision, images, spans, ids.device)
+    if prepared is None:
+        return model.model.embed_tokens(ids), None
+    return embed_images(model, ids, prepared)
 
 
 def pack_positions(lengths: Sequence[int], images: Sequence[ImageInputs | None], total: int | None = None) -> Tensor:

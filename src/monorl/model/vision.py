@@ -2,10 +2,12 @@
 patch merger into the text decoder's width, plus the DeepStack features (merged outputs of some middle blocks) that
 the decoder adds to its first layers' hidden states at the image tokens.
 
-Parameter names equal transformers' `Qwen3VLVisionModel` (checkpoints say `model.visual.<name>`). Inputs are HF's:
-`pixel_values [patches, C * t * p * p]` in `monorl.model.image_processing`'s order (merge blocks contiguous) and
-`grid_thw [images, 3]` (frames, patch rows, patch columns per image). The images of one call attend only within
-themselves (per frame), so a call over several images equals one call per image.
+Parameter names equal transformers' `Qwen3VLVisionModel` (checkpoints say `model.visual.<name>`). Its input is a
+`VisionInputs` (`monorl.model.vision_inputs`): HF's `pixel_values [patches, C * t * p * p]` in
+`monorl.model.image_processing`'s order (merge blocks contiguous) and the grids' (frames, patch rows, patch columns
+per image) position and RoPE tables, all on the device before the forward (a CUDA graph captures the tower). The
+images of one call attend only within themselves (per frame), so a call over several images equals one call per
+image.
 """
 
 from __future__ import annotations
@@ -16,8 +18,8 @@ from torch import Tensor, nn
 
 from monorl.model.layers import Linear, embedding
 from monorl.model.vision_config import VisionConfig
+from monorl.model.vision_inputs import VisionInputs, table_settings
 
-TABLE_CACHE = 64  # grids whose position and RoPE tables a tower keeps (`VisionTower._tables`)
 
 def _rotate_half(x: Tensor) -> Tensor:
     x1, x2 = x.chunk(2, dim=-1)
@@ -58,7 +60,7 @@ class VisionAttention(nn.Module):
         self.proj = Linear(cfg.hidden_size, cfg.hidden_size, bias=True)
 
     def forward(self, x: Tensor, cos: Tensor, sin: Tensor, lengths: list[int]) -> Tensor:
-        """cos / sin: [T, 1, 1, head_dim] fp32 (`VisionTower._tables`)."""
+        """cos / sin: [T, 1, 1, head_dim] fp32 (`VisionInputs`)."""
         T = x.shape[0]
         qkv = self.qkv(x).view(T, 3, self.num_heads, self.head_dim)
         # RoPE in fp32, back to the activations' dtype (HF's apply_rotary_pos_emb_vision), on q and k together:
@@ -111,7 +113,7 @@ class PatchMerger(nn.Module):
 
 
 class VisionTower(nn.Module):
-    """pixel_values, grid_thw -> (image embeddings [tokens, out_hidden], DeepStack features: one such per
+    """images (`VisionInputs`) -> (image embeddings [tokens, out_hidden], DeepStack features: one such per
     `deepstack_visual_indexes` entry), tokens = sum over images of t * h * w / merge^2, in the images' order."""
 
     def __init__(self, cfg: VisionConfig) -> None:
@@ -123,77 +125,18 @@ class VisionTower(nn.Module):
         self.merger = PatchMerger(cfg)
         self.deepstack_merger_list = nn.ModuleList(PatchMerger(cfg, postshuffle=True)
                                                    for _ in cfg.deepstack_visual_indexes)
-        self._table_cache: dict[tuple, tuple[Tensor, ...]] = {}  # `_tables`' (not module state)
 
-    def forward(self, pixel_values: Tensor, grid_thw: Tensor) -> tuple[Tensor, list[Tensor]]:
-        grids = [tuple(int(v) for v in g) for g in grid_thw.tolist()]
-        if pixel_values.shape != (sum(t * h * w for t, h, w in grids), self.config.patch_dim):
-            raise ValueError(f"pixel_values has shape {list(pixel_values.shape)}; grid_thw {grids} needs "
-                             f"[{sum(t * h * w for t, h, w in grids)}, {self.config.patch_dim}]")
-        x = self.patch_embed(pixel_values)
-        index, weight, cos, sin = self._tables(grids, x.device)
-        x = x + (self.pos_embed(index) * weight[:, :, None]).sum(1).to(x.dtype)
-        lengths = [h * w for t, h, w in grids for _ in range(t)]  # attention within each frame of each image
+    def forward(self, inputs: VisionInputs) -> tuple[Tensor, list[Tensor]]:
+        """inputs: made before the forward (`vision_inputs`): nothing here reads the host or copies to the device."""
+        if inputs.tables_for != table_settings(self.config):
+            raise ValueError(f"the images' tables were made for a tower of {inputs.tables_for} (merge, position "
+                             f"embeddings, head_dim, rope_theta), this tower is {table_settings(self.config)}")
+        x = self.patch_embed(inputs.pixel_values)
+        x = x + (self.pos_embed(inputs.pos_index) * inputs.pos_weight[:, :, None]).sum(1).to(x.dtype)
+        lengths = inputs.lengths  # attention within each frame of each image
         deepstack = []
         for i, block in enumerate(self.blocks):
-            x = block(x, cos, sin, lengths)
+            x = block(x, inputs.cos, inputs.sin, lengths)
             if i in self.config.deepstack_visual_indexes:
                 deepstack.append(self.deepstack_merger_list[self.config.deepstack_visual_indexes.index(i)](x))
         return self.merger(x), deepstack
-
-    def _tables(self, grids: list[tuple[int, int, int]], device: torch.device) -> tuple[Tensor, ...]:
-        """(position-table indices, their weights, RoPE cos, sin [patches, 1, 1, head_dim]) of images of `grids`:
-        constants of the grids, made once per grids and device and kept (a prompt's images recur at every step of
-        its group's generation and training; ~100 small launches a forward otherwise). Made as ordinary tensors
-        (outside inference mode) so that a trainer's backward can save them."""
-        key = (tuple(grids), str(device))
-        if (hit := self._table_cache.get(key)) is None:
-            with torch.inference_mode(False), torch.no_grad():
-                index, weight = self._pos_taps(grids, device)
-                cos, sin = self._rope(grids, device)
-                hit = (index, weight, cos[:, None, None], sin[:, None, None])
-            if len(self._table_cache) >= TABLE_CACHE:
-                self._table_cache.pop(next(iter(self._table_cache)))  # the oldest
-            self._table_cache[key] = hit
-        return hit
-
-    def _merge_order(self, h: int, w: int, device: torch.device) -> tuple[Tensor, Tensor]:
-        """(row, column) of each patch of an h x w grid in pixel_values' order: merge blocks row-major, each
-        block's merge x merge patches row-major inside it."""
-        m = self.config.spatial_merge_size
-        rows = torch.arange(h, device=device)[:, None].expand(h, w).reshape(h // m, m, w // m, m)
-        cols = torch.arange(w, device=device)[None, :].expand(h, w).reshape(h // m, m, w // m, m)
-        return rows.transpose(1, 2).flatten(), cols.transpose(1, 2).flatten()
-
-    def _pos_taps(self, grids: list[tuple[int, int, int]], device: torch.device) -> tuple[Tensor, Tensor]:
-        """The learned square position grid resampled bilinearly (align_corners) to each image's grid: 4 table
-        indices and weights per patch (HF's get_vision_interpolation_indices_and_weights)."""
-        side = round(self.config.num_position_embeddings ** 0.5)
-        indices, weights = [], []
-        for t, h, w in grids:
-            rows, cols = self._merge_order(h, w, device)
-            taps = [self._axis_taps(rows, h, side), self._axis_taps(cols, w, side)]
-            (hi, hw), (wi, ww) = taps
-            indices.append((hi[:, :, None] * side + wi[:, None, :]).reshape(-1, 4).repeat(t, 1))
-            weights.append((hw[:, :, None] * ww[:, None, :]).reshape(-1, 4).repeat(t, 1))
-        return torch.cat(indices), torch.cat(weights)
-
-    @staticmethod
-    def _axis_taps(index: Tensor, size: int, side: int) -> tuple[Tensor, Tensor]:
-        src = index.float() * (side - 1) / max(size - 1, 1)
-        floor = torch.floor(src)
-        offsets = torch.arange(2, device=index.device)
-        taps = (floor.long()[:, None] + offsets).clamp(0, side - 1)
-        return taps, (1 - (src[:, None] - floor[:, None] - offsets).abs()).clamp(min=0)
-
-    def _rope(self, grids: list[tuple[int, int, int]], device: torch.device) -> tuple[Tensor, Tensor]:
-        """cos / sin [patches, head_dim] of the axial 2-D RoPE: the first half of each head's frequencies rotate
-        by the patch's row, the second by its column (HF's Qwen3VLVisionRotaryEmbedding)."""
-        half = self.config.head_dim // 2
-        inv_freq = 1.0 / (self.config.rope_theta ** (torch.arange(0, half, 2, dtype=torch.float, device=device)
-                                                     / half))
-        pos = torch.cat([torch.stack(self._merge_order(h, w, device), -1).repeat(t, 1) for t, h, w in grids])
-        freqs = pos[..., None].float() * inv_freq  # [N, 2, head_dim / 4]
-        freqs = freqs.flatten(1)
-        emb = torch.cat((freqs, freqs), dim=-1)
-        return emb.cos(), emb.sin()

@@ -44,10 +44,10 @@ def fill_frozen_logprobs(trainer: Any, model: torch.nn.Module, mbs: list[Any], f
 @torch.no_grad()
 def frozen_forward(trainer: Any, model: torch.nn.Module, mb: Any, field: str, temperature: float) -> Tensor:
     """`model`'s log-probs of one micro-batch's completion tokens ([N] fp32, on the device), for its `field`. Where
-    the student's step replays graphs, so does this: a graph per (field, pack shape, temperature) in the trainer's
-    pool, its output copied out of the graph's buffer; else eagerly."""
+    the student's step replays graphs, so does this: a graph per (field, pack shape: its image grids included,
+    temperature) in the trainer's pool, its output copied out of the graph's buffer; else eagerly."""
     graphs = trainer.graphs
-    if graphs is None or mb.images or graphs.full(field):
+    if graphs is None or graphs.full(field):
         return trainer.response_logprobs(model, mb, temperature)
     # the frozen fields are never its inputs (whichever forward ran first, or a warm-up's zeros): one graph per key
     mb = dataclasses.replace(mb, **dict.fromkeys(FROZEN_FIELDS))

@@ -31,7 +31,9 @@ from torch import Tensor, nn
 
 from monorl.model.attention import SharedPrompts, VarlenContext, positions_of
 from monorl.model.pack_layout import bucket_size, filler_lengths, next_pow2, static_max_seqlen
-from monorl.model.qwen3_vl import image_embeds, pack_positions
+from monorl.model.qwen3_vl import embed_images, pack_images, pack_positions
+from monorl.model.vision_config import VisionConfig
+from monorl.model.vision_inputs import Grids, VisionInputs
 from monorl.model.vision_prompt import ImageInputs
 
 
@@ -97,6 +99,7 @@ class PackShape:
     max_seqlen: int  # the attention's bound on any one sequence's length
     full_tokens: int  # the attention's layout, every sequence whole: T without shared prompts
     copies: int  # the most copies of one token in that layout (columns of `SharedPrompts.copies`; 1 unshared)
+    image_grids: Grids = ()  # its images' grids, in order (`VisionInputs.grids`: the tower's shapes follow them)
 
 
 @dataclass
@@ -112,10 +115,10 @@ class MicroBatch:
     token_mask: Tensor  # [N] fp32, 1 for a real completion token, 0 for a padded row
     num_real_tokens: int  # tokens of its sequences, whole (a shared prompt counted per sequence, as TRL counts)
     num_targets: int  # real completion tokens (rows of token_mask that are 1)
-    # the images of its prompts, in the order their placeholder runs lie in input_ids, and then the unique tokens'
-    # M-RoPE positions [3, T] (`model_forward`); none: text only, the context's positions
-    images: tuple[ImageInputs, ...] = ()
-    image_spans: tuple[tuple[int, int], ...] = ()  # each image's placeholder rows in input_ids
+    # the images of its prompts, in the order their placeholder runs lie in input_ids, on the device with their
+    # placeholder rows and tables (`pack_images`: a graph replays the pack), and then the unique tokens' M-RoPE
+    # positions [3, T] (`model_forward`); None: text only, the context's positions
+    images: VisionInputs | None = None
     mrope_positions: Tensor | None = None
 
     @property
@@ -123,7 +126,8 @@ class MicroBatch:
         sh = self.ctx.shared
         T = self.input_ids.numel()
         return PackShape(T, self.ctx.cu_seqlens.numel() - 1, self.targets.numel(), self.ctx.max_seqlen,
-                         T if sh is None else sh.expand_index.numel(), 1 if sh is None else sh.copies.shape[1])
+                         T if sh is None else sh.expand_index.numel(), 1 if sh is None else sh.copies.shape[1],
+                         () if self.images is None else self.images.grids)
 
 
 def masked_copy(mb: MicroBatch) -> MicroBatch:
@@ -180,26 +184,27 @@ def plan_micro_batches(lengths: Sequence[int], max_tokens: int,
 
 def covering_shape(shape: PackShape, have: Iterable[PackShape], slack: float, floor: int = 0) -> PackShape | None:
     """The cheapest of `have` that a static pack of `shape` can be padded to: every size at least `shape`'s, the
-    same prompt layout (shared or not), and its tokens, attention tokens and completion rows -- what the work grows
-    with -- each at most n + slack * max(n, floor) for `shape`'s n. floor (the trainer's micro_batch_tokens): a small
-    pack (a rank's last micro-batch) may grow by slack of a whole micro-batch, since that costs little next to the
-    capture it saves. None if none is."""
+    same prompt layout (shared or not) and image grids, and its tokens, attention tokens and completion rows -- what
+    the work grows with -- each at most n + slack * max(n, floor) for `shape`'s n. floor (the trainer's
+    micro_batch_tokens): a small pack (a rank's last micro-batch) may grow by slack of a whole micro-batch, since that
+    costs little next to the capture it saves. None if none is."""
     def fits(h: PackShape) -> bool:
         grows = ((h.tokens, shape.tokens), (h.full_tokens, shape.full_tokens), (h.targets, shape.targets))
-        return ((h.copies > 1) == (shape.copies > 1) and h.seqs >= shape.seqs and h.max_seqlen >= shape.max_seqlen
-                and h.copies >= shape.copies and all(n <= big <= n + slack * max(n, floor) for big, n in grows))
+        return ((h.copies > 1) == (shape.copies > 1) and h.image_grids == shape.image_grids and h.seqs >= shape.seqs
+                and h.max_seqlen >= shape.max_seqlen and h.copies >= shape.copies
+                and all(n <= big <= n + slack * max(n, floor) for big, n in grows))
     return min(filter(fits, have), key=lambda h: (h.full_tokens, h.tokens, h.targets, h.seqs, h.max_seqlen,
                                                   h.copies), default=None)
 
 
 def pack(seqs: Sequence[TrainSequence], indices: Sequence[int], buckets: Sequence[int], device: torch.device | str,
          attn_backend: str = "sdpa", pad_id: int = 0, static: bool = False, share_prompts: bool = True,
-         shape: PackShape | None = None) -> MicroBatch:
+         shape: PackShape | None = None, vision: VisionConfig | None = None) -> MicroBatch:
     """Lay out `seqs[indices]` end to end, then pad to the smallest bucket that fits with filler sequences.
     static: also pad the sequence count, completion rows and max_seqlen to buckets (see `PackShape`).
     share_prompts: the sequences of one prompt group (`group_key`) hold their prompt once (module docstring).
     shape (static): pad to this shape instead of the buckets' (`covering_shape`); ValueError if the pack cannot
-    take it."""
+    take it. vision: the model's tower config, for a pack with images (their tables: `pack_images`)."""
     if shape is not None and not static:
         raise ValueError("pack(shape=...) pads a static pack")
     group_size: dict[tuple, int] = {}
@@ -287,8 +292,12 @@ def pack(seqs: Sequence[TrainSequence], indices: Sequence[int], buckets: Sequenc
                                                    None if shape is None else shape.copies).to(device))
     else:
         lengths = filler_lengths(lengths, size, chunk, static, count)
-    mrope = None
-    if images:  # each unique token's M-RoPE position, from any of its copies (the sequences' layout); fillers 0
+    mrope, prepared = None, None
+    if images:
+        if vision is None:
+            raise ValueError("a pack with images needs the model's vision config (pack(vision=...))")
+        prepared = pack_images(vision, images, spans, device)  # on the device now: the forward reads no host data
+        # each unique token's M-RoPE position, from any of its copies (the sequences' layout); fillers 0
         full = pack_positions([len(seqs[i]) for i in indices], [seqs[i].images for i in indices])
         mrope = torch.zeros(3, size, dtype=torch.long)
         mrope[:, host_tensor([r for rows in seq_rows for r in rows], torch.long)] = full
@@ -313,8 +322,7 @@ def pack(seqs: Sequence[TrainSequence], indices: Sequence[int], buckets: Sequenc
         token_mask=rows([float(m) for m in mask], 0.0, torch.float32),
         num_real_tokens=full_real,
         num_targets=num_targets,
-        images=tuple(images),
-        image_spans=tuple(spans),
+        images=prepared,
         mrope_positions=None if mrope is None else mrope.to(device),
     )
     if shape is not None and mb.shape != shape:  # e.g. more filler sequences than the shape's entries
@@ -324,10 +332,11 @@ def pack(seqs: Sequence[TrainSequence], indices: Sequence[int], buckets: Sequenc
 
 def model_forward(model: nn.Module, mb: MicroBatch) -> Tensor:
     """The model's final hidden states of a micro-batch: where its prompts hold images, the tower's embeddings at
-    their placeholders (the tower runs in this forward: it trains unless frozen) and the M-RoPE positions."""
-    if not mb.images:
+    their placeholders (the tower runs in this forward: it trains unless frozen) and the M-RoPE positions. Its inputs
+    are all on the device (`pack`): a trainer CUDA graph captures it, the tower included."""
+    if mb.images is None:
         return model(mb.input_ids, mb.ctx.positions, mb.ctx)
-    embeds, deepstack = image_embeds(model, mb.input_ids, mb.images, mb.image_spans)
+    embeds, deepstack = embed_images(model, mb.input_ids, mb.images)
     return model(mb.input_ids, mb.mrope_positions, mb.ctx, inputs_embeds=embeds, deepstack=deepstack)
 
 
@@ -401,10 +410,12 @@ def make_micro_batches(seqs: Sequence[TrainSequence], max_tokens: int, device: t
                        attn_backend: str = "sdpa", buckets: Sequence[int] | None = None,
                        static: bool = False, indices: Sequence[int] | None = None,
                        share_prompts: bool = True,
-                       cover: Callable[[MicroBatch], PackShape | None] | None = None) -> list[MicroBatch]:
+                       cover: Callable[[MicroBatch], PackShape | None] | None = None,
+                       vision: VisionConfig | None = None) -> list[MicroBatch]:
     """The packed micro-batches of `seqs` (of `seqs[indices]`: one rank's share of the step), masked sequences
     left out (their indices stay the step's: seq_ids index the step's advantages). share_prompts: see `pack`.
-    cover (static): given a pack, a larger shape to pad it to instead (`covering_shape`), or None."""
+    cover (static): given a pack, a larger shape to pad it to instead (`covering_shape`), or None. vision: see
+    `pack`."""
     buckets = tuple(buckets) if buckets else token_buckets(max_tokens)
     keep = [i for i in (range(len(seqs)) if indices is None else indices) if not seqs[i].masked]
     groups = [group_key(seqs[i]) for i in keep] if share_prompts else None
@@ -412,11 +423,12 @@ def make_micro_batches(seqs: Sequence[TrainSequence], max_tokens: int, device: t
     out = []
     for idx in plan:
         members = [keep[j] for j in idx]
-        mb = pack(seqs, members, buckets, device, attn_backend, static=static, share_prompts=share_prompts)
+        mb = pack(seqs, members, buckets, device, attn_backend, static=static, share_prompts=share_prompts,
+                  vision=vision)
         if static and cover is not None and (shape := cover(mb)) is not None and shape != mb.shape:
             try:
                 mb = pack(seqs, members, buckets, device, attn_backend, static=True, share_prompts=share_prompts,
-                          shape=shape)
+                          shape=shape, vision=vision)
             except ValueError:  # the layout did not take it (too many filler sequences): the pack as it was
                 pass
         out.append(mb)

@@ -7,7 +7,8 @@ setting in both modes: a batch-invariant model (`monorl.model.batch_invariant`) 
 autocast's dtype and its weights to their inputs' dtype, so it computes in exactly the generator's dtype.
 
 With `cuda_graphs`, packs are static (`packing.pack(static=True)`) and each micro-batch is one replay of a graph
-captured per pack shape (`train.graphs`); without (or for a pack with images), `_accumulate` runs directly.
+captured per pack shape (`train.graphs`; a pack's image grids are part of its shape: the tower runs inside the graph,
+forward and backward); without, `_accumulate` runs directly.
 
 Several ranks (`world`, an FSDP2-sharded model: `monorl.distributed`): every rank is given the whole step's
 sequences and trains its contiguous share of them, balanced by packed tokens (`packing.token_share`). The loss
@@ -183,7 +184,7 @@ class Trainer(TrainerWarmUps):
                        cover: Callable[[MicroBatch], PackShape | None] | None = None) -> list[MicroBatch]:
         return make_micro_batches(seqs, self.cfg.micro_batch_tokens, self.device, self.attn_backend,
                                   static=self.static_shapes, indices=indices, share_prompts=self.cfg.share_prompts,
-                                  cover=cover)
+                                  cover=cover, vision=self.model.config.vision)
 
     def _my_share(self, seqs: Sequence[TrainSequence]) -> range:
         """The slice of the step's `seqs` this rank trains (all of them on one rank): balanced by packed tokens."""
@@ -283,9 +284,9 @@ class Trainer(TrainerWarmUps):
         """Capture the graph for this micro-batch's key if needed; its key, or None when no graph serves it."""
         assert self.graphs is not None
         key = self._graph_key(mb, advantages.numel(), temperature)
-        if self.graphs.has(key) and not mb.images:  # (a pack with images runs eagerly: its tower's shapes vary)
+        if self.graphs.has(key):
             return key
-        if mb.images or self.graphs.full():
+        if self.graphs.full():
             return None
         if self.max_graph_tokens is not None and mb.shape.full_tokens > self.max_graph_tokens:
             if not self._warned_graph_size:

@@ -37,3 +37,11 @@ timeout ${SLIMIT:-150} python3 -m pytest -v -p no:cacheprovider --tb=short -m "g
 echo "split tests rc $?"; grep -E "PASSED|FAILED|ERROR|passed|failed|^E  " $OUT/split_tests.log | cut -c1-160 | head -24
 timeout 90 python3 benchmarks/tune_invariant_split.py --out $OUT/tune_invariant_split.json > $OUT/tune_split.log 2>&1
 echo "tune rc $?"; tail -30 $OUT/tune_split.log
+# #59: packs with images under trainer graphs: the GPU test, then the vision step eager and with trainer graphs
+timeout ${VLIMIT:-150} python3 -m pytest -v -p no:cacheprovider --tb=short -m "gpu or not gpu" \
+  tests/test_trainer_graphs_gpu.py > $OUT/vl_graph_tests.log 2>&1
+echo "trainer graph tests rc $?"; grep -E "PASSED|FAILED|ERROR|passed|failed|^E  " $OUT/vl_graph_tests.log | cut -c1-160 | head -24
+for g in "" "--trainer-graphs"; do
+  timeout 150 python3 benchmarks/bench_vision_step.py $g --out $OUT/vision_step${g:+_graphs}.json > $OUT/vision${g:+_graphs}.log 2>&1
+  echo "vision step ${g:-eager} rc $?"; grep -v DEBUG $OUT/vision${g:+_graphs}.log | tail -6
+done

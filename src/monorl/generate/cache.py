@@ -59,6 +59,9 @@ class LayerCache(Protocol):
     """One kind of per-layer state over some of the model's layers (the module docstring)."""
 
     layer_ids: list[int]  # the model layers of this kind
+    # whether a kernel-trace pass (`Generator.trace_kernels`: Triton launches skipped, their outputs garbage) can run
+    # its layers: False where a PyTorch op indexes with a kernel's output (a slot mapped to a row or a window block)
+    traceable: bool
 
     def bytes_per_block(self, block_size: int, dtype: torch.dtype) -> int:
         """Bytes one block of `block_size` tokens of one sequence costs over all this kind's layers."""
@@ -87,6 +90,8 @@ class LayerCache(Protocol):
 
 class PagedKV:
     """Paged full-attention keys and values: the first `LayerCache` kind."""
+
+    traceable = True  # its slots reach only Triton kernels (the write, the attention)
 
     def __init__(self, cfg: ModelConfig, layer_ids: list[int]) -> None:
         self.cfg, self.layer_ids = cfg, layer_ids
@@ -121,6 +126,11 @@ class PagedKV:
 # the cache kind of each layer kind (`ModelConfig.layer_type`): a new layer kind registers its class here
 CACHE_KINDS: dict[str, type] = {"full_attention": PagedKV, "sliding_attention": RecycledWindowKV,
                                "linear_attention": RecurrentState}
+
+
+def traceable(cfg: ModelConfig) -> bool:
+    """Whether a kernel-trace pass can run this model's generator (every layer kind's `LayerCache.traceable`)."""
+    return all(CACHE_KINDS[cfg.layer_type(i)].traceable for i in range(cfg.num_layers))
 
 
 def cache_kinds(cfg: ModelConfig) -> list[LayerCache]:

@@ -51,6 +51,7 @@ class RecurrentState:
     # its prefills are never CUDA graphs: the chunked rule (fla's and the reference) reads cu_seqlens on the host
     prefill_graphs = False
     batch_invariant = False  # rows keep the current chunk's inputs (see the module docstring)
+    traceable = False  # `rows` indexes with the step's slot mapping (a kernel's output in a trace pass)
 
     def __init__(self, cfg: ModelConfig, layer_ids: list[int]) -> None:
         self.cfg, self.layer_ids = cfg, layer_ids

@@ -56,6 +56,8 @@ class Ring:
 class RecycledWindowKV:
     """The recycling cache kind of "sliding_attention" layers (the module docstring)."""
 
+    traceable = False  # `_slots` / `ring_slots` map the step's slot mapping (a kernel's output in a trace pass)
+
     block_size = 0  # set before sizing (`cache._kinds`): a row holds R blocks
 
     def __init__(self, cfg: ModelConfig, layer_ids: list[int]) -> None:

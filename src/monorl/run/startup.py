@@ -24,9 +24,11 @@ from monorl.assembly import RunSpec
 from monorl.compile import is_compiled
 from monorl.compile_auto import mark_compiled, run_aten_key, run_compile_key, run_kernels_key
 from monorl.distributed.world import World
+from monorl.generate.cache import traceable
 from monorl.generate.generator import Generator
 from monorl.generate.sampling import SamplingParams
 from monorl.model.batch_invariant import is_batch_invariant
+from monorl.model.config import ModelConfig
 from monorl.ops import HAS_TRITON
 from monorl.plan import GiB, step_kv_need
 from monorl.plan_rewards import MODEL_REWARD_ROWS
@@ -174,11 +176,7 @@ class Startup:
         torch.compile runs a model (those passes would compile it here). The traced list is kept beside Triton's
         cache; a later run with the same shapes, settings and code loads it instead of tracing. Rank-local (each
         rank traces the same passes; FSDP's collectives in them run on every rank)."""
-        # the generator's trace pass skips Triton launches and runs its PyTorch ops on what they left: a family
-        # without the fused q/k-norm kernel rotates with PyTorch ops there (`monorl::rope`), which then read
-        # garbage indices (a device-side assert on H200, SmolLM2): its kernels compile at first launch instead
-        traced = {"trainer": is_batch_invariant(policy) and not is_compiled(policy),
-                  "generator": not is_compiled(generator.model) and spec.model_config.qk_norm}
+        traced = trace_passes(policy, generator.model, spec.model_config)
         if self.threads == 1 or not any(traced.values()):
             return
         kept = specs_path(run_kernels_key(self.cfg, spec.model_config, self.world.size, traced))
@@ -268,3 +266,13 @@ class Startup:
         if allocated != kv_row.bytes:  # the plan then shows what was allocated
             kv_row.note += " (capped by free memory)" if allocated < kv_row.bytes else " (sized to free memory)"
             kv_row.bytes = allocated
+
+
+def trace_passes(policy: torch.nn.Module, generator_model: torch.nn.Module, cfg: ModelConfig) -> dict[str, bool]:
+    """Which warm-up passes `Startup.compile_kernels_ahead` traces. A trace pass skips Triton launches and runs its
+    PyTorch ops on what they left, so only where no PyTorch op reads a skipped kernel's output as indices: a family
+    without the fused q/k-norm kernel rotates with PyTorch ops (`monorl::rope`; a device-side assert on H200,
+    SmolLM2), and a hybrid's or a window family's cache maps the step's slots with index ops (`cache.traceable`; a
+    device-side assert on H100, Qwen3.5): their kernels compile at first launch instead."""
+    return {"trainer": is_batch_invariant(policy) and not is_compiled(policy),
+            "generator": not is_compiled(generator_model) and cfg.qk_norm and traceable(cfg)}

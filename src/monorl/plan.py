@@ -145,7 +145,8 @@ def plan_memory(cfg: RunConfig, m: ModelConfig, max_prompt_tokens: int, device_b
     mb = largest_micro_batch(cfg, max_prompt_tokens, ranks)
     act_shape = activation_shape(m)  # a sparse layer's per-token width, for the activation rows
     compiled = cc.backend == "inductor" and cc.trainer
-    acts = trainer_activation_bytes(act_shape, mb, compute, ac, t.logprob_chunk, copy_params, residual, compiled)
+    acts = trainer_activation_bytes(act_shape, mb, compute, ac, t.logprob_chunk, copy_params, residual, compiled,
+                                    batch_invariant=cfg.batch_invariant is True)
     # a pack's image share: its prompts' at most, or its completions' (a tool's images are inserted tokens)
     fraction = max(image_tokens / max_prompt_tokens, tool_image_tokens / cfg.rollout.max_new_tokens)
     tower, patches = vision_activation_bytes(m, mb, fraction, compute, training=True)

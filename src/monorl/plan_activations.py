@@ -50,6 +50,26 @@ ACTIVATION_COEFFS: dict[str, ActivationCoeffs] = {
 }
 
 
+# a Gated DeltaNet layer's saved bytes per token beyond an attention layer's of the same widths, per channel of its
+# conv (`conv_dim`: q, k and v of all heads): the plain-PyTorch chunked rule (what CUDA runs while fla is off) and
+# batch-invariant mode's rule (its per-chunk fp32 products). Measured with saved_tensors_hooks on one bf16 eager
+# layer, slope over 512- and 1024-token packs (CPU, 2026-12-07): qwen3_5-0.8b and
+# the 2b-like shape (16 heads of 128, conv_dim 6144) both 209.5 KB and 684.5 KB a token above their attention
+# layer's 99.1 / 147.1 KB; one linear shape measured, so per channel is an assumption for other head counts. An
+# H100 RL step on the 0.8B in the mode ran out of memory with the plan counting attention layers only.
+LINEAR_ATTENTION_BYTES_PER_TOKEN_CHANNEL = {False: 209.5 * 1024 / 6144, True: 684.5 * 1024 / 6144}
+
+
+def linear_attention_bytes(m: ModelConfig, tokens: int, batch_invariant: bool, layers: int | None = None) -> int:
+    """What `layers` (default: all) of a model's Gated DeltaNet layers save for backward over `tokens`, beyond the
+    attention-layer model (`LINEAR_ATTENTION_BYTES_PER_TOKEN_CHANNEL`)."""
+    if "linear_attention" not in m.layer_types:
+        return 0
+    n = sum(m.layer_type(i) == "linear_attention" for i in range(m.num_layers)) if layers is None else layers
+    conv_dim = 2 * m.linear_num_key_heads * m.linear_key_head_dim + m.linear_num_value_heads * m.linear_value_head_dim
+    return int(n * tokens * conv_dim * LINEAR_ATTENTION_BYTES_PER_TOKEN_CHANNEL[batch_invariant])
+
+
 def activation_shape(m: ModelConfig) -> ModelConfig:
     """`m` with the MLP width one token's activations have, averaged over layers, as its intermediate_size: a
     sparse layer's k routed experts (k * moe_intermediate_size, plus its k sorted copies of the input, counted as
@@ -64,25 +84,28 @@ def activation_shape(m: ModelConfig) -> ModelConfig:
 
 def trainer_activation_bytes(m: ModelConfig, tokens: int, compute_dtype: str, checkpointing: bool,
                              logprob_chunk: int, weight_copy_params: int, residual_bytes: int = 4,
-                             compiled: bool = True) -> int:
+                             compiled: bool = True, batch_invariant: bool = False) -> int:
     """Peak transient bytes of one micro-batch's forward + backward of `tokens` packed tokens, gradients apart.
     residual_bytes: the residual stream's element size (fp32 over fp32 masters; a LoRA run's bf16 base: 2).
     weight_copy_params: parameters autocast casts to bf16 (the fp32 masters' projections; 0 for a bf16 base).
     Measured (benchmarks/fit_activations.py, H200): without checkpointing the peak is at the start of backward,
     every block's activations and the bf16 weight casts alive (the same intercept compiled or not); with it,
     each block keeps its input and the peak is at the end of backward, where eager autocast still holds the casts
-    (compiled blocks do not) or the LM-head chunk is alive."""
+    (compiled blocks do not) or the LM-head chunk is alive. A hybrid's Gated DeltaNet layers save more
+    (`linear_attention_bytes`): all of them, or with checkpointing the one block recomputed at a time."""
     lm_head = _LOGPROB_BYTES_PER_ROW_VOCAB * min(logprob_chunk, tokens) * m.vocab_size
     hidden = 2 * 4 * m.hidden_size * tokens  # final hidden states (fp32) and their gradient
     casts = 2 * weight_copy_params if compute_dtype == "bfloat16" else 0
     if checkpointing:
-        inputs = residual_bytes * m.hidden_size * tokens * m.num_layers
+        inputs = residual_bytes * m.hidden_size * tokens * m.num_layers + linear_attention_bytes(
+            m, tokens, batch_invariant, layers=1)
         if compute_dtype != "bfloat16":  # fp32 (CPU): one block's activations exist at a time, twice
             co = ACTIVATION_COEFFS[compute_dtype]
             return int(inputs + 2 * co.per_token_layer(m) * tokens + lm_head + hidden)
         return int(inputs + max(lm_head, 0 if compiled else casts) + hidden)
     key = compute_dtype if compute_dtype != "bfloat16" or compiled else "bfloat16-eager"
     acts = ACTIVATION_COEFFS[key].per_token_layer(m) * tokens * m.num_layers
+    acts += linear_attention_bytes(m, tokens, batch_invariant)
     return int(acts + lm_head + hidden + casts)
 
 

@@ -6,7 +6,8 @@ set -u
 export PYTHONUNBUFFERED=1 JSONARGPARSE_DEPRECATION_WARNINGS=off
 bash scripts/device_setup.sh 2>&1 | tail -1
 export PYTHONPATH=$PWD/src:$PWD/.device/site
-for shape in qwen3-0.6b qwen3_5-0.8b; do
+S=" ${SECTIONS:-rl split vl} "  # which parts run
+[[ $S == *" rl "* ]] && for shape in qwen3-0.6b qwen3_5-0.8b; do
   for bi in false true; do
     d=/tmp/step_${shape}_$bi; rm -rf $d
     t0=$(date +%s.%N)
@@ -30,6 +31,7 @@ PY
 done
 # #62: the invariant GEMM's K parts (default off): bf16 (a) == (b), generator == trainer with parts on and with the
 # defaults, then the 40-row timing that decides matmul_split.parts
+[[ $S == *" split "* ]] || exit 0
 timeout ${SLIMIT:-150} python3 -m pytest -v -p no:cacheprovider --tb=short -m "gpu or not gpu" \
   tests/test_matmul_invariant_split_gpu.py "tests/test_batch_invariant_gpu.py::test_eager_bitwise" \
   tests/test_batch_invariant_gpu.py::test_matmul_tilings_agree_bitwise \
@@ -38,6 +40,7 @@ echo "split tests rc $?"; grep -E "PASSED|FAILED|ERROR|passed|failed|^E  " $OUT/
 timeout 90 python3 benchmarks/tune_invariant_split.py --out $OUT/tune_invariant_split.json > $OUT/tune_split.log 2>&1
 echo "tune rc $?"; tail -30 $OUT/tune_split.log
 # #59: packs with images under trainer graphs: the GPU test, then the vision step eager and with trainer graphs
+[[ $S == *" vl "* ]] || exit 0
 timeout ${VLIMIT:-150} python3 -m pytest -v -p no:cacheprovider --tb=short -m "gpu or not gpu" \
   tests/test_trainer_graphs_gpu.py > $OUT/vl_graph_tests.log 2>&1
 echo "trainer graph tests rc $?"; grep -E "PASSED|FAILED|ERROR|passed|failed|^E  " $OUT/vl_graph_tests.log | cut -c1-160 | head -24

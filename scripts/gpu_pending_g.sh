@@ -3,7 +3,7 @@
 # plan fixes (Qwen3.5-0.8B against Qwen3-0.6B, default and invariant mode, one machine), then the blind fixes' tests
 set -u
 export PYTHONUNBUFFERED=1 JSONARGPARSE_DEPRECATION_WARNINGS=off
-RLIMIT=${RLIMIT:-110} STEPS=${STEPS:-6} SLIMIT=1 VLIMIT=1 timeout ${FLIMIT:-330} bash scripts/gpu_pending_f.sh 2>&1 \
+RLIMIT=${RLIMIT:-110} STEPS=${STEPS:-6} SECTIONS=rl timeout ${FLIMIT:-330} bash scripts/gpu_pending_f.sh 2>&1 \
   | grep -E "^qwen|Error|error:" | head -12
 export PYTHONPATH=$PWD/src:$PWD/.device/site
 Q=tests/test_qwen3_5_gpu.py

@@ -6,6 +6,19 @@ export PYTHONUNBUFFERED=1 JSONARGPARSE_DEPRECATION_WARNINGS=off
 RLIMIT=${RLIMIT:-110} STEPS=${STEPS:-6} SECTIONS=rl timeout ${FLIMIT:-330} bash scripts/gpu_pending_f.sh 2>&1 \
   | grep -E "^qwen|Error|error:" | head -12
 export PYTHONPATH=$PWD/src:$PWD/.device/site
+# #62: W0's shape in the mode with the invariant GEMM's K parts on for o and down (the 40-row timing's picks) against
+# off (the runs above), the trainer walking the same parts; logprob_diff_max must stay 0.0
+d=/tmp/step_parts; rm -rf $d
+timeout 100 python3 - $d > $OUT/step_parts.log 2>&1 <<'PY'
+import sys
+from monorl.cli import main
+from monorl.ops.tunables import overridden
+with overridden({"matmul_split.parts": ((2048, 4), (3072, 4))}):
+    main(["train", "--preset", "qwen3_0_6b_sum_digits", "--model.shape", "qwen3-0.6b", "--model.random_init", "true",
+          "--rollout.ignore_eos", "true", "--checkpoint.final", "false", "--checkpoint.every_minutes", "0",
+          "--steps", "6", "--batch_invariant", "true", "--run_dir", sys.argv[1]])
+PY
+python3 -c "import json,sys; s=json.load(open('$d/summary.json')); print('qwen3-0.6b invariant, parts (2048,4),(3072,4): steady step %.4f s generate %.2f train %.2f logprob_diff_max %s' % (s['steady_step_s'], s['generate_s'], s['train_s'], s.get('logprob_diff_max')))" || tail -3 $OUT/step_parts.log
 Q=tests/test_qwen3_5_gpu.py
 timeout ${TLIMIT:-150} python3 -m pytest -v -p no:cacheprovider --tb=short -m "gpu or not gpu" -s \
   $Q::test_decode_kernels_equal_the_gathered_reference_in_bf16 \

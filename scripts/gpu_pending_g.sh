@@ -9,7 +9,7 @@ export PYTHONPATH=$PWD/src:$PWD/.device/site
 # #62: W0's shape in the mode with the invariant GEMM's K parts on for o and down (the 40-row timing's picks) against
 # off (the runs above), the trainer walking the same parts; logprob_diff_max must stay 0.0
 d=/tmp/step_parts; rm -rf $d
-timeout 100 python3 - $d > $OUT/step_parts.log 2>&1 <<'PY'
+timeout 70 python3 - $d > $OUT/step_parts.log 2>&1 <<'PY'
 import sys
 from monorl.cli import main
 from monorl.ops.tunables import overridden

@@ -7,7 +7,7 @@ export PYTHONUNBUFFERED=1 JSONARGPARSE_DEPRECATION_WARNINGS=off
 bash scripts/device_setup.sh 2>&1 | tail -1
 export PYTHONPATH=$PWD/src:$PWD/.device/site
 S=" ${SECTIONS:-rl split vl} "  # which parts run
-[[ $S == *" rl "* ]] && for shape in qwen3-0.6b qwen3_5-0.8b; do
+[[ $S == *" rl "* ]] && for shape in ${SHAPES:-qwen3-0.6b qwen3_5-0.8b}; do
   for bi in false true; do
     d=/tmp/step_${shape}_$bi; rm -rf $d
     t0=$(date +%s.%N)

@@ -45,6 +45,7 @@ from monorl.plan_params import (
 )
 from monorl.plan_rewards import MODEL_REWARD_ROWS, ModelRewards, model_reward_rows
 from monorl.plan_table import GiB, MemoryPlan, MemoryRow, reserve_for
+from monorl.train.graphs import graph_blocker
 
 if TYPE_CHECKING:
     from monorl.config import RunConfig
@@ -103,9 +104,9 @@ def plan_memory(cfg: RunConfig, m: ModelConfig, max_prompt_tokens: int, device_b
         # weight sync with 21 GiB in the trainer graphs' pool, and Qwen3-14B's measured training needs came ~15 GiB
         # above the plan; the term stands in for what the graphed FSDP step holds (not itemised yet)
         copy_params = counts["linear"] + counts["experts"] + (counts["lm_head"] or counts["embed"])
-    # the trainer's graphs: none for a MoE policy in batch-invariant mode (its experts read counts on the host:
-    # `Trainer`); the grouped-GEMM path the plan assumes elsewhere (sm90+) has them
-    graphs = on_gpu and cc.trainer_cuda_graphs and not (m.is_moe and cfg.batch_invariant)
+    # the trainer's graphs, as `Trainer` decides (`graph_blocker`), on the flash backend and the grouped-GEMM path
+    # the plan assumes elsewhere (sm90+)
+    graphs = on_gpu and cc.trainer_cuda_graphs and graph_blocker(m, cfg.batch_invariant is True, True, True) is None
     # trainer graphs write fixed gradient buffers; without them gradients exist only from backward to the
     # optimizer step, while activations are being freed: they count as a transient of the trainer phase
     rows.append(MemoryRow("gradients", trainable * 4 // ranks, "fp32" + ("" if graphs else ", freed after each step"),

@@ -44,7 +44,7 @@ from monorl.model.moe import grouped_mm_serves
 from monorl.model.moe_routing import RouterTap, load_balancing_loss
 from monorl.ops.row_copies import take_rows
 from monorl.train.frozen import FROZEN_FIELDS, fill_frozen_logprobs
-from monorl.train.graphs import TrainGraphs
+from monorl.train.graphs import TrainGraphs, graph_blocker
 from monorl.train.losses import LossNorm, loss_metric_names, policy_loss
 from monorl.train.optim import clip_and_step, lr_factor, make_optimizer
 from monorl.train.packing import (
@@ -98,19 +98,15 @@ class Trainer(TrainerWarmUps):
         if cfg.router_aux_loss and not moe:
             raise ValueError("trainer.router_aux_loss needs a mixture-of-experts model (model_type qwen3_moe)")
         self.router_tap = RouterTap(model) if cfg.router_aux_loss and model.config.router_aux_loss_coef > 0 else None
-        # a MoE block's experts read per-expert counts on the host, except on grouped_mm (bf16, not in the mode)
-        moe_host_reads = moe and (is_batch_invariant(model) or cfg.compute_dtype == "float32" or not grouped_mm_serves(
-            self.device, model.config.hidden_size, model.config.moe_intermediate_size))
-        no_host_reads = (attn_backend == "flash" or is_batch_invariant(model)) and not moe_host_reads
+        grouped = moe and cfg.compute_dtype != "float32" and grouped_mm_serves(
+            self.device, model.config.hidden_size, model.config.moe_intermediate_size)
+        blocker = graph_blocker(model.config, is_batch_invariant(model), attn_backend == "flash", grouped)
         # under FSDP2 a graph captures the micro-batch's all-gathers and reduce-scatters with its kernels (NCCL
         # kernels capture; FSDP's side streams join the capture through its events and draw their buffers from the
         # graph's pool): one launch replaces the eager step's thousands (0.300 -> 0.066 s, 2 H200, #45)
-        use_graphs = cuda_graphs and self.device.type == "cuda" and no_host_reads
+        use_graphs = cuda_graphs and self.device.type == "cuda" and blocker is None
         if cuda_graphs and self.device.type == "cuda" and not use_graphs:
-            why = ("a mixture-of-experts model runs its experts per expert here (grouped_mm: bf16 on sm90+, outside "
-                   "batch-invariant mode)" if moe_host_reads else f"they need attention backend 'flash' (got "
-                   f"{attn_backend!r})")
-            log.warning("trainer CUDA graphs: %s; running without", why)
+            log.warning("trainer CUDA graphs: %s; running without", blocker)
         self.static_shapes = use_graphs if static_shapes is None else static_shapes
         self.graphs = TrainGraphs(params, self.device) if use_graphs else None
         self.max_graph_tokens = max_graph_tokens

@@ -1,0 +1,31 @@
+"""When the trainer's step cannot be one CUDA-graph replay (`monorl.train.graphs.graph_blocker`): the trainer and the
+memory plan ask the same function. A hybrid's Gated DeltaNet layers walk cu_seqlens on the host in every trainer
+path (the chunked reference, the batch-invariant rule, fla's varlen chunk indices), so its steps run eagerly; the
+plan then counts no CUDA-graph pool."""
+
+from __future__ import annotations
+
+from monorl.model.config import model_shape
+from monorl.plan import GiB, plan_memory
+from monorl.presets import preset
+from monorl.train.graphs import graph_blocker
+
+
+def test_what_keeps_a_step_out_of_a_graph():
+    dense, moe, hybrid = (model_shape(n) for n in ("qwen3-0.6b", "qwen3-30b-a3b", "qwen3_5-0.8b"))
+    assert graph_blocker(dense, batch_invariant=False, flash=True, experts_grouped=False) is None
+    assert graph_blocker(dense, batch_invariant=True, flash=False, experts_grouped=False) is None
+    assert "flash" in graph_blocker(dense, batch_invariant=False, flash=False, experts_grouped=False)
+    assert graph_blocker(moe, batch_invariant=False, flash=True, experts_grouped=True) is None
+    for invariant, grouped in ((True, True), (False, False)):
+        assert "experts" in graph_blocker(moe, batch_invariant=invariant, flash=True, experts_grouped=grouped)
+    for invariant in (False, True):
+        assert "Gated DeltaNet" in graph_blocker(hybrid, batch_invariant=invariant, flash=True, experts_grouped=True)
+
+
+def test_the_plan_counts_no_graph_pool_for_a_hybrid():
+    cfg = preset("qwen3_0_6b_sum_digits")
+    cfg.batch_invariant = False
+    notes = {n: plan_memory(cfg, model_shape(n), 392, int(79.2 * GiB)).row("trainer activations").note
+             for n in ("qwen3-0.6b", "qwen3_5-0.8b")}
+    assert "CUDA-graph pool" in notes["qwen3-0.6b"] and "CUDA-graph pool" not in notes["qwen3_5-0.8b"]

@@ -19,11 +19,5 @@ with overridden({"matmul_split.parts": ((2048, 4), (3072, 4))}):
           "--steps", "6", "--batch_invariant", "true", "--run_dir", sys.argv[1]])
 PY
 python3 -c "import json,sys; s=json.load(open('$d/summary.json')); print('qwen3-0.6b invariant, parts (2048,4),(3072,4): steady step %.4f s generate %.2f train %.2f logprob_diff_max %s' % (s['steady_step_s'], s['generate_s'], s['train_s'], s.get('logprob_diff_max')))" || tail -3 $OUT/step_parts.log
-Q=tests/test_qwen3_5_gpu.py
-timeout ${TLIMIT:-150} python3 -m pytest -v -p no:cacheprovider --tb=short -m "gpu or not gpu" -s \
-  $Q::test_decode_kernels_equal_the_gathered_reference_in_bf16 \
-  tests/test_sinks_gpu.py::test_cuda_forward_matches_cpu_fp32 tests/test_window_recycling_gpu.py \
-  > $OUT/tests.log 2>&1
-echo "pytest rc $?"
-grep -E "PASSED|FAILED|ERROR|passed|failed|kernel / reference" $OUT/tests.log | sed 's/^tests\///' | cut -c1-220 | head -20
-grep -E "^E  " $OUT/tests.log | head -10
+# the blind fixes' GPU tests: gpu_pending_e's, without its slow hybrid generator test
+GLIMIT=0 bash scripts/gpu_pending_e.sh

@@ -259,7 +259,10 @@ class VarlenContext:
     def _attend(self, q: Tensor, k: Tensor, v: Tensor, window: int = 0, sinks: Tensor | None = None) -> Tensor:
         # invariant: the same kernel (and key-block order) as the invariant decode. flash with sinks (GPT-OSS):
         # varlen_attn takes none, so that op too: the Triton kernel's forward, sinks in its softmax state, and flash
-        # attention's backward from its log-sum-exp (exact with sinks: `bi_varlen_attn_backward`)
+        # attention's backward from its log-sum-exp (exact with sinks: `bi_varlen_attn_backward`). The sinks as the
+        # compute dtype holds them: a trainer's fp32 masters rounded as the generator's bf16 copy (its gradient
+        # passes the cast)
+        sinks = None if sinks is None else sinks.to(q.dtype)
         if self.backend == "invariant" or (self.backend == "flash" and sinks is not None):
             return attention_invariant.varlen_attention(q, k, v, self.cu_seqlens, self.pad_index, self.valid, window,
                                                         sinks)

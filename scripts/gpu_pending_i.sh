@@ -2,7 +2,7 @@
 # Session 17's second machine. STAGE=hybrid (the first call: carry .device/wheels .device/tok and the Gemma GGUF's
 # sha256 and first part): #58's RL step with the batched chunked reference, the hybrid against Qwen3-0.6B, default
 # mode. STAGE=part (carry the next part): joins the GGUF once every part is there. STAGE=monorl / STAGE=trl: #57's
-# Gemma 3 270M preset beside TRL (bench_vs_trl.py, one side a call; the JSON kept in /tmp/vs between calls)
+# Gemma 3 270M preset beside TRL (bench_vs_trl.py, one side a call; the JSON kept in .device/vs between calls)
 set -u
 export PYTHONUNBUFFERED=1 JSONARGPARSE_DEPRECATION_WARNINGS=off
 case ${STAGE:-hybrid} in
@@ -24,11 +24,11 @@ part)
 monorl|trl)
   bash scripts/device_setup.sh gemma3 2>&1 | grep -E "wait|OK|damaged"
   export PYTHONPATH=$PWD/src:$PWD/.device/site
-  mkdir -p /tmp/vs
+  mkdir -p .device/vs
   timeout ${VLIMIT:-450} python3 benchmarks/bench_vs_trl.py --preset gemma3_270m_arith \
-    --model .device/model/gemma-3-270m-q4_k_m.gguf --steps ${STEPS:-100} --sides $STAGE --out /tmp/vs/vs_trl_gemma3.json \
+    --model .device/model/gemma-3-270m-q4_k_m.gguf --steps ${STEPS:-100} --sides $STAGE --out .device/vs/vs_trl_gemma3.json \
     > $OUT/vs_$STAGE.log 2>&1
-  echo "bench_vs_trl $STAGE rc $?"; cp /tmp/vs/*.json $OUT/ 2>/dev/null
+  echo "bench_vs_trl $STAGE rc $?"; cp .device/vs/*.json $OUT/ 2>/dev/null
   grep -vE "^step|it/s|s/it" $OUT/vs_$STAGE.log | tail -25
   grep -E "^step" $OUT/vs_$STAGE.log | sed -n '1p;$p';;
 esac

@@ -18,7 +18,14 @@ hybrid)
     rc=$?; t1=$(date +%s.%N)
     python3 -c "import json,sys; s=json.load(open('$d/summary.json')); print('$shape default rc $rc process %.2f s startup %.2f steady step %.4f s (generate %.2f train %.2f over all steps) logprob_diff_max %s' % ($t1-$t0, s['startup_s'], s['steady_step_s'], s['generate_s'], s['train_s'], s.get('logprob_diff_max')))" \
       || { echo "$shape rc $rc no summary"; grep -E "Error|error:" $OUT/step_$shape.log | tail -2; }
-  done;;
+  done
+  # #57: the mode's generator == trainer after updates on a Gemma 3 shape (random init; the 270M GGUF run had
+  # logprob_diff up to 2 after step 1 before the (1 + w) norms read the masters as their bf16 copy)
+  d=/tmp/step_gemma3; rm -rf $d
+  timeout 90 python3 -m monorl.cli train --preset qwen3_0_6b_sum_digits --model.shape gemma3-270m \
+    --model.random_init true --rollout.ignore_eos true --checkpoint.final false --checkpoint.every_minutes 0 \
+    --steps 4 --trainer.lr 1e-4 --batch_invariant true --run_dir $d > $OUT/step_gemma3.log 2>&1
+  echo "gemma3-270m invariant rc $?"; grep -E "^step|Error|error:" $OUT/step_gemma3.log | cut -c1-150 | tail -5;;
 part)
   bash scripts/device_setup.sh gemma3 2>&1 | grep -E "wait|OK|damaged";;
 monorl|trl)

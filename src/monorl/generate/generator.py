@@ -41,7 +41,7 @@ from monorl.generate.sampling import SamplingParams, sample
 from monorl.generate.tensor_parallel import NO_TP, TensorParallel, build_tensor_parallel_model, shard_config
 from monorl.model.batch_invariant import is_batch_invariant
 from monorl.model.decoder import DecoderForCausalLM, build_model
-from monorl.model.fused_kernels import fused_kernels_supported, use_fused_kernels_
+from monorl.model.fused_kernels import fused_kernels_supported, use_fused_kernels_, use_fused_norms_
 from monorl.model.image_processing import ImageProcessor
 from monorl.model.lora import LoRAConfig, apply_lora_
 from monorl.model.tokenizer import eos_ids
@@ -133,6 +133,8 @@ class Generator:
                    and fused_kernels_supported(self.model))  # (not a family with its own decoder layer)
         if kernels:
             use_fused_kernels_(self.model)
+        elif config.fused_kernels and self.decode_backend == "triton":  # a family with its own decoder layers
+            use_fused_norms_(self.model)
         sampler = sample if config.fused_kernels else functools.partial(sample, kernels=False)
         self.sampler, self.use_graphs = compile_generator(self.model, sampler, compile or CompileConfig(), device,
                                                           self.decode_backend, fused_kernels=kernels)

@@ -56,7 +56,7 @@ from monorl.model.fused_kernels import (
     use_fused_kernels_,
 )
 from monorl.model.gpt_oss import BatchInvariantGptOssMoeBlock, GptOssMoeBlock
-from monorl.model.layers import BatchInvariantOffsetRMSNorm, Linear, OffsetRMSNorm, RMSNorm
+from monorl.model.layers import BatchInvariantOffsetRMSNorm, FusedOffsetRMSNorm, Linear, OffsetRMSNorm, RMSNorm
 from monorl.model.lora import LoRALinear
 from monorl.model.moe import BatchInvariantSparseMoeBlock, SparseMoeBlock
 from monorl.model.qwen3_5 import BatchInvariantGatedRMSNorm, GatedRMSNorm
@@ -123,6 +123,7 @@ _CONVERTED = {Linear: BatchInvariantLinear, FusedKernelsLinear: BatchInvariantLi
               FusedKernelsFinalNorm: BatchInvariantFinalNorm,
               nn.Embedding: BatchInvariantEmbedding, DecoderForCausalLM: BatchInvariantDecoderForCausalLM,
               SparseMoeBlock: BatchInvariantSparseMoeBlock, OffsetRMSNorm: BatchInvariantOffsetRMSNorm,
+              FusedOffsetRMSNorm: BatchInvariantOffsetRMSNorm,  # (the generator's CUDA copy: `use_fused_norms_`)
               GatedRMSNorm: BatchInvariantGatedRMSNorm, GptOssMoeBlock: BatchInvariantGptOssMoeBlock}
 
 

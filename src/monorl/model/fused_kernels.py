@@ -28,7 +28,7 @@ from torch import Tensor, nn
 from monorl.model.attention import AttentionContext
 from monorl.model.blocks import Attention, TransformerBlock
 from monorl.model.decoder import DecoderForCausalLM
-from monorl.model.layers import Linear, RMSNorm
+from monorl.model.layers import FusedOffsetRMSNorm, Linear, OffsetRMSNorm, RMSNorm
 from monorl.model.mlp import MLP
 from monorl.model.rope import rope
 from monorl.ops import block_kernels, decode_gemm, matmul_invariant, matmul_invariant_split, rmsnorm_invariant
@@ -166,6 +166,15 @@ def use_fused_kernels_(model: DecoderForCausalLM) -> DecoderForCausalLM:
     elif not getattr(model.model.norm, "takes_pending", False):  # it must take the last block's pending pair
         raise TypeError(f"use_fused_kernels_: the final norm is a {type(model.model.norm).__name__}: convert to fused "
                         "kernels before any other conversion (batch invariance)")
+    return model
+
+
+def use_fused_norms_(model: DecoderForCausalLM) -> DecoderForCausalLM:
+    """A generator copy whose family runs its own decoder layers (Gemma 3, Qwen3.5: `fused_kernels_supported` is
+    False): its (1 + w) norms one kernel each (`FusedOffsetRMSNorm`); forward only. Returns it."""
+    for m in model.modules():
+        if type(m) is OffsetRMSNorm:
+            m.__class__ = FusedOffsetRMSNorm
     return model
 
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from monorl.ops import rmsnorm_invariant
+from monorl.ops import offset_rmsnorm, rmsnorm_invariant
 
 
 class RMSNorm(nn.Module):
@@ -55,6 +55,14 @@ class OffsetRMSNorm(nn.Module):
         xf = x.float()
         xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
         return (xf * (1.0 + self.weight.float())).to(x.dtype)
+
+
+class FusedOffsetRMSNorm(OffsetRMSNorm):
+    """The generator's CUDA copy of a family with its own decoder layers (`monorl.model.fused_kernels.
+    use_fused_norms_`): one kernel a norm (`monorl.ops.offset_rmsnorm`), forward only."""
+
+    def forward(self, x: Tensor) -> Tensor:
+        return offset_rmsnorm.offset_rms_norm(x, self.weight, self.eps)
 
 
 class BatchInvariantOffsetRMSNorm(OffsetRMSNorm):

@@ -25,7 +25,14 @@ hybrid)
   timeout 90 python3 -m monorl.cli train --preset qwen3_0_6b_sum_digits --model.shape gemma3-270m \
     --model.random_init true --rollout.ignore_eos true --checkpoint.final false --checkpoint.every_minutes 0 \
     --steps 4 --trainer.lr 1e-4 --batch_invariant true --run_dir $d > $OUT/step_gemma3.log 2>&1
-  echo "gemma3-270m invariant rc $?"; grep -E "^step|Error|error:" $OUT/step_gemma3.log | cut -c1-150 | tail -5;;
+  echo "gemma3-270m invariant rc $?"; grep -E "^step|Error|error:" $OUT/step_gemma3.log | cut -c1-150 | tail -5
+  # #57: the decode step with each (1 + w) norm one kernel (the first profile today: 4.98 ms on, 10.39 off)
+  timeout 60 python3 -m pytest -q -p no:cacheprovider -m gpu tests/test_offset_rmsnorm_gpu.py 2>&1 | tail -2
+  (cd benchmarks && PYTHONPATH=$PWD/../src:$PWD/../.device/site timeout 110 python3 profile_window_decode.py \
+    --shape gemma3-270m --context 16384 --rows 64 --out $OUT/profile_window_decode2.json 2>&1 | grep -v USDT \
+    | grep -E "window (on|off)|ms +[0-9]+x" | head -14)
+  (cd benchmarks && PYTHONPATH=$PWD/../src:$PWD/../.device/site timeout 120 python3 bench_window_decode.py \
+    --shapes gemma3-270m --rows 64 --contexts 4096,16384 --out $OUT/window_decode.json 2>&1 | grep "^|" );;
 part)
   bash scripts/device_setup.sh gemma3 2>&1 | grep -E "wait|OK|damaged";;
 monorl|trl)

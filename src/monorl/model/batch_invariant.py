@@ -22,6 +22,7 @@ untouched:
 - a mixture-of-experts block (`monorl.model.moe.SparseMoeBlock`) -> `BatchInvariantSparseMoeBlock`: fixed-order
   router softmax, every expert product on the invariant GEMM, so each token is routed to the same experts, and
   gets the same outputs from them, on both sides (its router is a `Linear`, converted as above);
+- the vision tower's LayerNorms -> `BatchInvariantLayerNorm`: weight and bias in their input's dtype;
 - the embedding -> `BatchInvariantEmbedding`: its output, and so the whole forward, in the compute dtype.
   That is autocast's dtype when autocast is on, the trainer's one setting in both modes (its fp32 masters
   then enter every op as exactly the generator's bf16 weights), else the weights' own (the generator);
@@ -45,6 +46,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 
 from monorl.model.attention import AttentionContext
@@ -105,6 +107,17 @@ class BatchInvariantEmbedding(nn.Embedding):
         return x.to(torch.get_autocast_dtype(device)) if torch.is_autocast_enabled(device) else x
 
 
+class BatchInvariantLayerNorm(nn.LayerNorm):
+    """The vision tower's LayerNorms in the mode: weight and bias as the input's dtype holds them (the trainer's
+    fp32 masters rounded as the generator's bf16 copy; unrounded, a Qwen3-VL tower's log-probs differed after an
+    update, `tests/test_mode_master_rounding.py`), computed in fp32 and rounded to the input's dtype on both sides
+    (CUDA autocast runs layer_norm in fp32 and hands the next product fp32 rows; the generator has no autocast)."""
+
+    def forward(self, x: Tensor) -> Tensor:
+        w, b = (None if t is None else t.to(x.dtype).float() for t in (self.weight, self.bias))
+        return F.layer_norm(x.float(), self.normalized_shape, w, b, self.eps).to(x.dtype)
+
+
 class BatchInvariantDecoderForCausalLM(DecoderForCausalLM):
     token_logprobs = staticmethod(logprob_invariant.token_logprobs)
 
@@ -124,7 +137,8 @@ _CONVERTED = {Linear: BatchInvariantLinear, FusedKernelsLinear: BatchInvariantLi
               nn.Embedding: BatchInvariantEmbedding, DecoderForCausalLM: BatchInvariantDecoderForCausalLM,
               SparseMoeBlock: BatchInvariantSparseMoeBlock, OffsetRMSNorm: BatchInvariantOffsetRMSNorm,
               FusedOffsetRMSNorm: BatchInvariantOffsetRMSNorm,  # (the generator's CUDA copy: `use_fused_norms_`)
-              GatedRMSNorm: BatchInvariantGatedRMSNorm, GptOssMoeBlock: BatchInvariantGptOssMoeBlock}
+              GatedRMSNorm: BatchInvariantGatedRMSNorm, GptOssMoeBlock: BatchInvariantGptOssMoeBlock,
+              nn.LayerNorm: BatchInvariantLayerNorm}
 
 
 def make_batch_invariant_(model: DecoderForCausalLM) -> DecoderForCausalLM:

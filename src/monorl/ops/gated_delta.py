@@ -97,11 +97,11 @@ def _states(initial_state: Tensor | None, n: int, v: Tensor, dk: int) -> Tensor:
 
 
 @functools.lru_cache(maxsize=16)  # every Gated DeltaNet layer of a forward has the same sequences
-def _chunk_layout(bounds: tuple[int, ...], chunk: int, zero: int) -> tuple[list[tuple[list[int], Tensor]], Tensor,
-                                                                             Tensor]:
+def _chunk_layout(bounds: tuple[int, ...], chunk: int, zero: int,
+                  device: torch.device) -> tuple[list[tuple[list[int], Tensor]], Tensor, Tensor]:
     """Sequences at `bounds` grouped by chunk count -> ([(a group's sequences, their tokens [n, C * chunk], the
     zero token `zero` past each end)], each token's row in the groups' outputs end to end, the order that puts the
-    groups' final states back in sequence order), on the CPU."""
+    groups' final states back in sequence order), on `device` (copied there once for all the forward's layers)."""
     start = bounds[0]
     groups: dict[int, list[int]] = {}
     for s in range(len(bounds) - 1):
@@ -113,10 +113,11 @@ def _chunk_layout(bounds: tuple[int, ...], chunk: int, zero: int) -> tuple[list[
         tok = first + torch.arange(C * chunk)
         valid = tok < end
         rows[tok[valid] - start] = done + torch.arange(tok.numel()).view(tok.shape)[valid]
-        layout.append((seqs, torch.where(valid, tok, zero)))
+        layout.append((seqs, torch.where(valid, tok, zero).to(device)))
         order += seqs
         done += tok.numel()
-    return layout, rows, torch.tensor(sorted(range(len(order)), key=order.__getitem__), dtype=torch.long)
+    back = torch.tensor(sorted(range(len(order)), key=order.__getitem__), dtype=torch.long)
+    return layout, rows.to(device), back.to(device)
 
 
 def chunk_gated_delta_rule(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, cu_seqlens: Tensor,
@@ -132,18 +133,16 @@ def chunk_gated_delta_rule(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Ten
     states = _states(initial_state, len(bounds) - 1, v.transpose(0, 1), q.shape[-1])
     if bounds[-1] == bounds[0]:
         return v.new_zeros(0, H, Dv), states
-    layout, rows, order = _chunk_layout(bounds, chunk, T)
-    dev = q.device
+    layout, rows, order = _chunk_layout(bounds, chunk, T, q.device)
     # the zero token at index T: what every sequence is padded with
     q, k, v = (torch.cat([x, x.new_zeros(H, 1, x.shape[-1])], dim=1) for x in (q, k, v))
     g, beta = (torch.cat([x, x.new_zeros(H, 1)], dim=1) for x in (g, beta))
     outs, finals = [], []
     for seqs, tok in layout:
-        ix = tok.to(dev)
-        o, st = _chunks(*(x[:, ix].transpose(0, 1) for x in (q, k, v, g, beta)), states[seqs], chunk)
+        o, st = _chunks(*(x[:, tok].transpose(0, 1) for x in (q, k, v, g, beta)), states[seqs], chunk)
         outs.append(o.transpose(1, 2).reshape(-1, H, Dv))  # [n, H, L, Dv] -> a row per (sequence, position)
         finals.append(st)
-    return torch.cat(outs)[rows.to(dev)], torch.cat(finals)[order.to(dev)]
+    return torch.cat(outs)[rows], torch.cat(finals)[order]
 
 
 def recurrent_gated_delta_rule(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, cu_seqlens: Tensor,

@@ -107,6 +107,8 @@ def settings(args: argparse.Namespace) -> tuple[RunConfig, dict[str, Any]]:
         overrides["steps"] = args.steps
     if args.lr is not None:
         overrides["trainer.lr"] = args.lr
+    if args.seed is not None:
+        overrides["seed"] = args.seed
     cfg = preset(args.preset)
     for k, v in overrides.items():
         set_key(cfg, k, v)
@@ -354,7 +356,8 @@ def run_trl(args: argparse.Namespace) -> dict[str, Any]:
     cmd = [sys.executable, __file__, "--phase", "trl", "--phase-out", str(out), "--preset", args.preset,
            "--model", str(args.model)]
     cmd += [f for f, on in (("--smoke", args.smoke),) if on] + ["--smoke-monorl", args.smoke_monorl]
-    cmd += [x for k, val in (("--steps", args.steps), ("--lr", args.lr)) if val is not None for x in (k, str(val))]
+    cmd += [x for k, val in (("--steps", args.steps), ("--lr", args.lr), ("--seed", args.seed)) if val is not None
+            for x in (k, str(val))]
     print("trl:", " ".join(cmd), flush=True)
     t0 = time.perf_counter()
     proc = subprocess.run(cmd, cwd=ROOT)
@@ -406,6 +409,7 @@ def main() -> None:
     ap.add_argument("--preset", default="smollm2_135m_arith")
     ap.add_argument("--steps", type=int, default=None, help="RL steps (default: the preset's)")
     ap.add_argument("--lr", type=float, default=None, help="learning rate for both sides (default: the preset's)")
+    ap.add_argument("--seed", type=int, default=None, help="the run's seed on both sides (default: the preset's)")
     ap.add_argument("--sides", default="monorl,trl", help="sides to run now; others come from --out's JSON")
     ap.add_argument("--smoke", action="store_true", help="CPU plumbing check: tiny sizes (module docstring)")
     ap.add_argument("--smoke-monorl", choices=("tiny", "gguf"), default="tiny",

@@ -7,7 +7,8 @@ mismatch?" (#57), where each run is a short CLI process.
         --variant "mode s0=--seed 0" --variant "mode s1=--seed 1" \
         --variant "default tis=--batch_invariant false --trainer.loss.rollout_correction.rollout_is token"
 
-Each variant's metrics.jsonl and summary.json are copied to DIR/<slug>/; the table goes to stdout and DIR/table.md.
+Each variant's metrics.jsonl, summary.json and samples.jsonl are copied to DIR/<slug>/ (and DIR/runs.tgz); the
+table goes to stdout and DIR/table.md.
 """
 
 from __future__ import annotations
@@ -37,12 +38,15 @@ def run_variant(name: str, flags: list[str], args: argparse.Namespace) -> dict:
     t0 = time.perf_counter()
     log = args.out / f"{slug(name)}.log"
     with open(log, "w") as f:
-        rc = subprocess.run(cmd, cwd=ROOT, stdout=f, stderr=subprocess.STDOUT, timeout=args.timeout).returncode
+        try:
+            rc = subprocess.run(cmd, cwd=ROOT, stdout=f, stderr=subprocess.STDOUT, timeout=args.timeout).returncode
+        except subprocess.TimeoutExpired:
+            rc = "timeout"
     wall = time.perf_counter() - t0
     dest = args.out / slug(name)
     dest.mkdir(parents=True, exist_ok=True)
     out = {"name": name, "rc": rc, "wall_s": wall, "flags": flags}
-    for f in ("metrics.jsonl", "summary.json"):
+    for f in ("metrics.jsonl", "summary.json", "samples.jsonl"):
         if (run_dir / f).exists():
             (dest / f).write_bytes((run_dir / f).read_bytes())
     if not (run_dir / "summary.json").exists():
@@ -98,6 +102,9 @@ def main() -> None:
               flush=True)
     text = table(results)
     (args.out / "table.md").write_text(text + "\n")
+    # one archive of the runs' files (a device call brings back only a few files)
+    subprocess.run(["tar", "czf", str(args.out / "runs.tgz"), "-C", str(args.out),
+                    *[slug(r["name"]) for r in results]], check=False)
     (args.out / "results.json").write_text(json.dumps(results, indent=1))
     print(text)
 

@@ -28,9 +28,21 @@ learn)
     [s2]="mode s2=--seed 2"
     [tis]="default tis s0=--seed 0 --batch_invariant false --trainer.loss.rollout_correction.rollout_is token"
     [unshared]="mode unshared s0=--seed 0 --trainer.share_prompts false"
+    [g32]="default gen fp32 s0=--seed 0 --batch_invariant false --generator.dtype float32"
+    [g32s1]="default gen fp32 s1=--seed 1 --batch_invariant false --generator.dtype float32"
+    [all32]="default all fp32 s0=--seed 0 --batch_invariant false --generator.dtype float32 --trainer.compute_dtype float32"
+    [mode32]="mode fp32 s0=--seed 0 --batch_invariant true --generator.dtype float32 --trainer.compute_dtype float32"
+    [mode32s1]="mode fp32 s1=--seed 1 --batch_invariant true --generator.dtype float32 --trainer.compute_dtype float32"
   )
   args=()
   for k in ${VARIANTS:-s0 s1 s2 tis unshared}; do args+=(--variant "${V[$k]}"); done
   timeout ${LLIMIT:-560} python3 benchmarks/learn_variants.py --preset gemma3_270m_arith --model $m \
-    --out $OUT/learn "${args[@]}" 2>&1 | grep -vE "^step" | tail -30;;
+    --timeout ${VTIMEOUT:-150} --out $OUT/learn "${args[@]}" 2>&1 | grep -vE "^step" | tail -30
+  rm -rf $OUT/learn/*/ $OUT/learn/*.log;;
+trl)  # TRL's side alone, SEED (default the preset's)
+  bash scripts/device_setup.sh gemma3 2>&1 | grep -E "wait|OK|damaged"
+  export PYTHONPATH=$PWD/src:$PWD/.device/site
+  timeout ${VLIMIT:-450} python3 benchmarks/bench_vs_trl.py --preset gemma3_270m_arith --seed ${SEED:-0} \
+    --model .device/model/gemma-3-270m-q4_k_m.gguf --sides trl --out $OUT/vs_trl_s${SEED:-0}.json > $OUT/trl.log 2>&1
+  echo "trl rc $?"; grep -vE "it/s|s/it" $OUT/trl.log | tail -8;;
 esac

@@ -63,7 +63,7 @@ def test_varlen_equals_decode_rows_and_whole_prefill(dtype):
         for n, p in model.named_parameters():
             if not n.endswith("norm.weight"):
                 p.mul_(5.0)
-    gen = Generator(model, GeneratorConfig(max_num_seqs=8, max_model_len=1024, dtype=dtype),
+    gen = Generator(model, GeneratorConfig(max_num_seqs=8, max_model_len=1024, dtype=str(dtype).removeprefix("torch.")),
                     compile=CompileConfig(backend="none"))
     assert gen.runner.prefill_backend == ("flash" if dtype == torch.bfloat16 else "sdpa")
     paged = dtype == torch.bfloat16  # the Triton kernel's dtypes

@@ -247,7 +247,7 @@ def test_kv_budget_and_length_errors(model):
 
 
 def test_load_weights_in_place(model):
-    g = Generator(model, GeneratorConfig(max_num_seqs=2, max_model_len=64, dtype=torch.bfloat16))
+    g = Generator(model, GeneratorConfig(max_num_seqs=2, max_model_len=64, dtype="bfloat16"))
     assert g.model is not model and all(p.dtype == torch.bfloat16 for p in g.model.parameters())
     ptrs = [p.data_ptr() for p in g.model.parameters()]
     with torch.no_grad():

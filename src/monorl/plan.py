@@ -32,6 +32,7 @@ from monorl.distributed.fsdp import GATHER_BUCKET_BYTES
 from monorl.distributed.placement import role_share
 from monorl.generate.build import lora_kept_separate
 from monorl.generate.cache import bytes_per_block, bytes_per_sequence, kv_cache_bytes_needed, sequence_rows
+from monorl.generate.generator import generator_dtype
 from monorl.generate.tensor_parallel import check_tensor_parallel, shard_config
 from monorl.model.config import ModelConfig
 from monorl.model.pack_layout import bucket_size
@@ -83,7 +84,7 @@ def plan_memory(cfg: RunConfig, m: ModelConfig, max_prompt_tokens: int, device_b
     counts = param_counts(m)
     total = sum(counts.values())
     compute = ("bfloat16" if on_gpu else "float32") if t.compute_dtype == "auto" else t.compute_dtype
-    gen_dtype = torch.bfloat16 if on_gpu else torch.float32
+    gen_dtype = generator_dtype(g.dtype, "cuda" if on_gpu else "cpu")
     gen_bytes = gen_dtype.itemsize
     ac = t.activation_checkpointing if activation_checkpointing is None else activation_checkpointing
     ac = bool(ac)

@@ -17,6 +17,7 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Literal
 
 import torch
 from torch import nn
@@ -50,6 +51,14 @@ from monorl.model.vision_prompt import ImageInputs
 _CPU_DEFAULT_KV_BYTES = 256 << 20
 
 
+def generator_dtype(name: str | None, device: torch.device | str) -> torch.dtype:
+    """The generator copy's dtype (`GeneratorConfig.dtype`), decided here for the generator, the run's parts and the
+    memory plan: the named one, else bf16 on CUDA and fp32 elsewhere."""
+    if name:
+        return {"bfloat16": torch.bfloat16, "float32": torch.float32}[name]
+    return torch.bfloat16 if torch.device(device).type == "cuda" else torch.float32
+
+
 @dataclass
 class GeneratorConfig:
     max_num_seqs: int = 64  # decode slots
@@ -60,7 +69,10 @@ class GeneratorConfig:
     max_model_len: int | None = None  # context length (prompt + completion); None: the model's max_position_embeddings
     stop_check_interval: int = 1  # decode steps between host-side stop checks (results do not depend on it)
     max_prefill_tokens: int = 8192  # tokens per packed prefill forward (a longer prompt runs alone)
-    dtype: torch.dtype | None = None  # None: bf16 on CUDA, the model's dtype elsewhere
+    # the copy's weights, activations and KV cache (`generator_dtype`): None is bf16 on CUDA and fp32 elsewhere;
+    # float32 on CUDA samples from the model as an fp32 trainer computes it (TRL's generation from its fp32 model
+    # under autocast keeps an fp32 residual stream), at twice the weight and KV bytes a decode step reads
+    dtype: Literal["bfloat16", "float32"] | None = None
     # CUDA: each block's norms, RoPE and SiLU, and the sampler, in fused Triton kernels (monorl.model.fused_kernels,
     # monorl.ops.sample_kernels), so the decode step replayed from a CUDA graph is fast without torch.compile;
     # false: the model's and the sampler's PyTorch ops (a batch-invariant run's blocks run the kernels regardless:
@@ -113,7 +125,7 @@ class Generator:
         self.kv_config = shard_config(cfg, tp.size)
         p = next(model.parameters())
         device = p.device
-        dtype = config.dtype or (torch.bfloat16 if device.type == "cuda" else torch.float32)
+        dtype = generator_dtype(config.dtype, device)
         if tp.size > 1:  # this rank's shard (weight sync cuts its pieces: `TensorParallelPlacement`)
             self.model = build_tensor_parallel_model(cfg, tp, device, dtype, fused=fused)
         else:

@@ -26,7 +26,7 @@ from monorl.distributed.world import World, init_world
 from monorl.distributed.world_fit import check_world
 from monorl.fsutil import json_safe
 from monorl.generate.build import build_generator, generator_group
-from monorl.generate.generator import Generator
+from monorl.generate.generator import Generator, generator_dtype
 from monorl.model.attention import resolve_backend
 from monorl.model.batch_invariant import make_batch_invariant_
 from monorl.model.lora import apply_lora_
@@ -130,7 +130,7 @@ def start_parts(cfg: RunConfig, resume: str | Path | None, world: World | None) 
         print(note, flush=True)
     boot.cfg = spec.cfg
     boot.plan_aten_preload(spec)  # its key, taken before construction adjusts anything
-    gen_dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    gen_dtype = generator_dtype(spec.cfg.generator.dtype, device)
     return Parts(spec.cfg, spec, world, placement, device, boot, resume_from, t_start, gen_dtype=gen_dtype)
 
 

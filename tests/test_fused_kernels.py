@@ -409,6 +409,23 @@ def test_sampler_kernels_pick_the_pytorch_samplers_tokens(B):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("top_p", [1.0, 0.95])
+def test_sampler_kernels_never_pick_a_token_with_no_mass(top_p):
+    """Gemma 3's 262,144 tokens, one holding all the mass: 4,096 rows all pick it (the kernel's uniform was once
+    1.0 for one hash in 2**24: an infinite noise, a random token in 1.6% of rows at this vocabulary)."""
+    from monorl.generate.sampling import SamplingParams, sample
+
+    B, V = 4096, 262144
+    logits = torch.full((B, V), -40.0, device="cuda", dtype=torch.bfloat16)
+    logits[:, 7] = 0.0
+    g = torch.Generator(device="cuda").manual_seed(1)
+    keys = torch.randint(0, 2**32, (B,), device="cuda", generator=g)
+    pos = torch.randint(0, 4096, (B,), device="cuda", generator=g)
+    tok, _ = sample(logits, keys, pos, SamplingParams(temperature=0.8, top_p=top_p))
+    assert (tok == 7).all(), f"{int((tok != 7).sum())} of {B} rows sampled a token with no mass"
+
+
+@pytest.mark.gpu
 def test_top_p_rows_inside_and_outside_the_nucleus():
     """A row whose Gumbel-max over the whole vocabulary lies in the nucleus keeps that token; the others run the
     nucleus search and a masked pass. Both kinds occur here, and every token equals the PyTorch sampler's."""

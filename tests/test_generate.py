@@ -353,3 +353,31 @@ def test_decode_splits_fill_idle_sms_only():
     assert picks[40] == picks[256] == picks[1024] == 1 and picks[1] == MAX_SPLITS and picks[32] == 8
     assert all(s & (s - 1) == 0 and 1 <= s <= MAX_SPLITS for s in picks.values())
     assert list(picks.values()) == sorted(picks.values(), reverse=True)
+
+
+def test_gumbel_noise_is_finite_for_every_hash():
+    """Every 32-bit hash class maps to a uniform strictly inside (0, 1) in fp32, so every noise is finite: the
+    former (top 24 bits + 0.5) / 2**24 rounded the largest to 1.0, an infinite noise for one hash in 2**24."""
+    from monorl.generate.sampling import uniform_from_hash
+
+    x = torch.arange(0, 1 << 24, dtype=torch.int64) << 8 | 0xFF  # every top-24-bit class, low bits set
+    u = uniform_from_hash(x)
+    assert float(u.min()) > 0.0 and float(u.max()) < 1.0
+    g = -torch.log(-torch.log(u))
+    assert torch.isfinite(g).all() and float(g.max()) < 17.0
+
+
+def test_a_large_vocabulary_never_samples_a_token_with_no_mass():
+    """Gemma 3's 262,144 tokens, one holding all the mass at T = 0.8 (the others 40 logits below: e^-50 each):
+    no row may pick another. With the infinite noise above, 1.6% of rows took a uniformly random token (RL on
+    Gemma-3-270M then trained on that junk, its tails filled with it, and its accuracy fell: H100, 2026-12-07)."""
+    V, rows = 262144, 512
+    logits = torch.full((64, V), -40.0)
+    logits[:, 7] = 0.0
+    picked = []
+    for s in range(0, rows, 64):
+        keys = torch.tensor([sequence_key(3, s + i, 0) for i in range(64)])
+        tok, _ = sample(logits, keys, torch.arange(64) + s, SamplingParams(temperature=0.8))
+        picked.append(tok)
+    picked = torch.cat(picked)
+    assert (picked == 7).all(), f"{int((picked != 7).sum())} of {rows} rows sampled a token with no mass"

@@ -119,7 +119,7 @@ if HAS_TRITON:
             else:
                 s = x * inv_t
                 h = _mix32(rowhash + v.to(tl.uint32) * 0x6A09E667)
-                u = ((h >> 8).to(tl.float32) + 0.5) * (1.0 / 16777216.0)
+                u = ((h >> 9) * 2 + 1).to(tl.float32) * (1.0 / 16777216.0)  # `sampling.uniform_from_hash`
                 val = s + -libdevice.log(-libdevice.log(u))
                 if NUCLEUS:
                     val = tl.where(s < thresh, float("-inf"), val)

@@ -40,8 +40,7 @@ class RunConfig:
     samples_per_step: int = 4  # rollouts written to samples.jsonl each step
     # stop (with a checkpoint and a one-line reason) after this many steps in a row in which every group's rewards
     # were equal and the gradient was 0, following steps that had a signal: the policy collapsed and trains on
-    # nothing (a run without any signal from its start is warned about once; a step whose every completion scored
-    # the run's best reward solved its prompts and does not count); 0: never
+    # nothing (a run without any signal from its start is warned about once); 0: never
     stop_without_signal: int = 3
     # generator and trainer log-probs equal bit for bit (invariant kernels; docs/guides/parity.md). auto (the
     # Qwen3 presets'): on for full fine-tuning on CUDA, where it costs 1.02-1.14x of a step (Qwen3-0.6B/1.7B, H200);

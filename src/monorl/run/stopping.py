@@ -47,18 +47,12 @@ class NoLearningSignal(ValueError):
 
 def check_learning_signal(rows: list[dict], patience: int) -> str:
     """After each step: a run that had a learning signal and then went `patience` steps in a row with every group's
-    rewards equal (every advantage 0) and a zero gradient has collapsed to outputs that all score alike: further
-    steps train on nothing and only move it on AdamW's momentum, so this raises `NoLearningSignal`. A step whose
-    every completion scored the best reward any completion of the run has had (`reward_min`, `reward_max`), above
-    the lowest, solved its prompts instead: no collapse, and the run goes on (the next prompts may be harder; TRL
-    and verl run on too). A run without any signal since its first step is warned about once (the line returned): a
-    hard start may still find a signal. patience 0: never."""
-    best = max((r["reward_max"] for r in rows if r.get("reward_max") is not None), default=None)
-    worst = min((r["reward_min"] for r in rows if r.get("reward_min") is not None), default=None)
-
-    def dead(r: dict) -> bool:  # (solved: above a reward the run has seen, so not a run where all score alike)
-        solved = best is not None and best > worst and r.get("reward_min") is not None and r["reward_min"] >= best
-        return r.get("frac_reward_zero_std") == 1.0 and r.get("grad_norm") == 0.0 and not solved
+    rewards equal (every advantage 0) and a zero gradient has collapsed to outputs that all score alike (or solves
+    every prompt): further steps train on nothing and only move it on AdamW's momentum, so this raises
+    `NoLearningSignal`. A run without any signal since its first step is warned about once (the line returned):
+    a hard start may still find a signal. patience 0: never."""
+    def dead(r: dict) -> bool:
+        return r.get("frac_reward_zero_std") == 1.0 and r.get("grad_norm") == 0.0
 
     if patience <= 0 or len(rows) < patience or not all(map(dead, rows[-patience:])):
         return ""  # (the earlier rows are read only once the last `patience` are silent: not every step)

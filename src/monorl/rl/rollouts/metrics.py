@@ -102,18 +102,14 @@ def zero_std(group: list[Rollout]) -> bool:
 # ---- one step ------------------------------------------------------------------------------------------
 
 def reward_metrics(groups: list[list[Rollout]], components: tuple[str, ...]) -> dict[str, Any]:
-    """Reward metrics under TRL's names: reward (the mean over the scorable completions, NaN when none is, as TRL 1.16),
-    reward_min / reward_max (monorl's), reward_std (monorl's: the mean over groups of each group's sample std over
-    its scorable completions; TRL 1.16 logs the whole batch's std), frac_reward_zero_std (share of groups without
-    signal: `zero_std`), and per component rewards/<c>/mean and /std over the completions it applies to (None where
-    it applies to none), as TRL's."""
+    """Reward metrics under TRL's names: reward (the mean over the scorable completions, NaN when none is, as TRL
+    1.16), reward_std (monorl's: the mean over groups of each group's sample std over its scorable completions;
+    TRL 1.16 logs the whole batch's std), frac_reward_zero_std (share of groups without signal: `zero_std`), and
+    per component rewards/<c>/mean and /std over the completions it applies to (None where it applies to none),
+    as TRL's."""
     flat = [r for g in groups for r in g]
-    scored = scored_rewards(flat)
     out: dict[str, Any] = {
-        "reward": _mean(scored) if scored else math.nan,
-        # the step's lowest and highest completion reward (None when none is scorable): `check_learning_signal`
-        # tells a step whose every completion scored the run's best (solved) from a collapse
-        "reward_min": min(scored, default=None), "reward_max": max(scored, default=None),
+        "reward": _mean(scored_rewards(flat)) if any(r.scorable for r in flat) else math.nan,
         "reward_std": sum(_std(scored_rewards(g)) or 0.0 for g in groups) / len(groups),
         "frac_reward_zero_std": sum(zero_std(g) for g in groups) / len(groups),
     }

@@ -32,6 +32,20 @@ def test_check_learning_signal():
     assert check_learning_signal(never, 3) == ""
 
 
+def test_a_converged_run_goes_on_with_a_warning():
+    """Gemma-3-270M's arith run (H100, 2026-12-07) reached steps with every group uniform, 14 of 16 groups all right
+    and 2 all wrong: reward 0.94, gradient 0. That is convergence, not a collapse: a warning once, and the run goes
+    on. Silent steps below the run's earlier reward still stop it."""
+    before = [_row(i, 0.5, 1.0, r) for i, r in enumerate((0.2, 0.6, 0.8))]  # mean 0.53
+    converged = [_row(i, 1.0, 0.0, 0.94) for i in range(3, 6)]
+    line = check_learning_signal([*before, *converged], 3)
+    assert line.startswith("warning: no learning signal for 3 steps in a row") and "converged" in line
+    assert check_learning_signal([*before, *converged, _row(6, 1.0, 0.0, 0.9)], 3) == ""  # once per stretch
+    collapsed = [_row(i, 1.0, 0.0, 0.1) for i in range(3, 6)]
+    with pytest.raises(NoLearningSignal, match="below the mean reward of the steps before"):
+        check_learning_signal([*before, *collapsed], 3)
+
+
 class FadingTask(DigitsTask):
     """The digits reward for the first step's prompts (indices 0-3), then 0 for everything: a signal, then none."""
 

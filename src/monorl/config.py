@@ -39,8 +39,9 @@ class RunConfig:
     run_dir: str | None = None  # default: runs/<preset>-<time>
     samples_per_step: int = 4  # rollouts written to samples.jsonl each step
     # stop (with a checkpoint and a one-line reason) after this many steps in a row in which every group's rewards
-    # were equal and the gradient was 0, following steps that had a signal: the policy collapsed and trains on
-    # nothing (a run without any signal from its start is warned about once); 0: never
+    # were equal and the gradient was 0, at a reward below the earlier steps' mean: the policy collapsed and trains
+    # on nothing (at or above it the policy converged: a warning, and the run goes on; a run without any signal
+    # from its start is warned about once); 0: never
     stop_without_signal: int = 3
     # generator and trainer log-probs equal bit for bit (invariant kernels; docs/guides/parity.md). auto (the
     # Qwen3 presets'): on for full fine-tuning on CUDA, where it costs 1.02-1.14x of a step (Qwen3-0.6B/1.7B, H200);

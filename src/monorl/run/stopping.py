@@ -46,24 +46,40 @@ class NoLearningSignal(ValueError):
 
 
 def check_learning_signal(rows: list[dict], patience: int) -> str:
-    """After each step: a run that had a learning signal and then went `patience` steps in a row with every group's
-    rewards equal (every advantage 0) and a zero gradient has collapsed to outputs that all score alike (or solves
-    every prompt): further steps train on nothing and only move it on AdamW's momentum, so this raises
-    `NoLearningSignal`. A run without any signal since its first step is warned about once (the line returned):
-    a hard start may still find a signal. patience 0: never."""
+    """After each step, over the step rows so far: `patience` steps in a row with every group's rewards equal (every
+    advantage 0) and a zero gradient train on nothing (they only move the policy on AdamW's momentum). What that
+    means depends on the reward they hold, against the mean reward of the run's earlier steps that had a signal:
+
+    - below it, the policy collapsed to outputs that all score alike and low (#56: the tiny_tools preset fell to
+      reward 0): `NoLearningSignal` stops the run;
+    - at or above it, the policy converged: each prompt's samples all right (or all wrong) at the run's best reward
+      (Gemma-3-270M's arith run, reward 0.94 with every group uniform, H100, 2026-12-07). The run goes on, as TRL's
+      and verl's do (other prompts may still teach it), with a warning line once per such stretch;
+    - without any signal since the first step, a warning once: a hard start may still find a signal.
+
+    Returns the warning line ('' for none). patience 0: never."""
     def dead(r: dict) -> bool:
         return r.get("frac_reward_zero_std") == 1.0 and r.get("grad_norm") == 0.0
 
     if patience <= 0 or len(rows) < patience or not all(map(dead, rows[-patience:])):
         return ""  # (the earlier rows are read only once the last `patience` are silent: not every step)
-    what = f"every group's rewards were equal (mean reward {rows[-1]['reward']:+.3f}) and the gradient was 0"
-    if all(map(dead, rows[:-patience])):
+    window = rows[-patience:]
+    what = f"every group's rewards were equal (mean reward {window[-1]['reward']:+.3f}) and the gradient was 0"
+    signal = [r["reward"] for r in rows[:-patience] if not dead(r)]
+    fresh = len(rows) == patience or not dead(rows[-patience - 1])  # this silent stretch just reached `patience`
+    if not signal:
         return (f"warning: no learning signal in the first {patience} steps: {what}; the run trains on nothing "
                 "until a group's samples score differently (a warm start, a larger group, other prompts or "
                 "rewards)") if len(rows) == patience else ""
-    raise NoLearningSignal(f"no learning signal for {patience} steps in a row after steps that had one: {what}; "
-                           f"stopped after step {rows[-1]['step'] + 1} (samples.jsonl shows what the policy "
-                           f"writes; --stop_without_signal 0 runs on)")
+    held, before = sum(r["reward"] for r in window) / patience, sum(signal) / len(signal)
+    if held >= before:
+        return (f"warning: no learning signal for {patience} steps in a row: {what}, at or above the mean reward of "
+                f"the steps before ({before:+.3f}): the policy has converged on these prompts; the run goes on"
+                ) if fresh else ""
+    raise NoLearningSignal(f"no learning signal for {patience} steps in a row after steps that had one: {what}, "
+                           f"below the mean reward of the steps before ({before:+.3f}); stopped after step "
+                           f"{rows[-1]['step'] + 1} (samples.jsonl shows what the policy writes; "
+                           "--stop_without_signal 0 runs on)")
 
 
 def interrupted_line(run_dir: Path, steps_done: int | None, steps: int, stop_signal: str) -> str:

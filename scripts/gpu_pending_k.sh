@@ -3,7 +3,9 @@
 # .device/wheels .device/tok .device/gemma3/gguf.sha256 .device/gemma3/parts/a): the mode's gradients on the GPU
 # against an fp32 reference (shared prompts, Gemma's head_dim 256), the masters-as-bf16 checks on CUDA.
 # STAGE=part (carry the next part). STAGE=learn (with the last part): the preset several ways
-# (benchmarks/learn_variants.py: seeds, the default mode with TIS, unshared prompts), VARIANTS picks a subset.
+# (benchmarks/learn_variants.py: seeds, the default mode with TIS, unshared prompts, fp32 sides), VARIANTS picks a
+# subset. STAGE=trl SEED=N: TRL's side alone. Next (session 19): VARIANTS="s0 s1 s2" again, since stop_without_signal
+# no longer stops a converged run, so every seed reaches 100 steps and a post-RL validation.
 set -u
 export PYTHONUNBUFFERED=1 JSONARGPARSE_DEPRECATION_WARNINGS=off
 [ -d .models ] || tar xzf .device/tok/models.tgz

@@ -119,7 +119,7 @@ def test_weight_sync_errors_are_one_line():
 def test_sync_writes_in_place_and_equals_the_trainer_after_a_step():
     """The generator's copy (bf16 here, as on CUDA) after a trainer step: same memory, the masters' values."""
     policy = tiny_model(trainable=True)
-    g = gen(policy, dtype=torch.bfloat16)
+    g = gen(policy, dtype="bfloat16")
     assert g.model is not policy and is_fused(g.model) and not any(p.requires_grad for p in g.model.parameters())
     ptrs = [p.data_ptr() for p in g.model.parameters()]
     before = [p.detach().clone() for p in policy.parameters()]

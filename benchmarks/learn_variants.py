@@ -7,8 +7,8 @@ mismatch?" (#57), where each run is a short CLI process.
         --variant "mode s0=--seed 0" --variant "mode s1=--seed 1" \
         --variant "default tis=--batch_invariant false --trainer.loss.rollout_correction.rollout_is token"
 
-Each variant's metrics.jsonl, summary.json and samples.jsonl are copied to DIR/<slug>/ (and DIR/runs.tgz); the
-table goes to stdout and DIR/table.md.
+Each variant's metrics.jsonl, summary.json and samples.jsonl are copied to DIR/<slug>/, its output to DIR/<slug>.log
+(all in DIR/runs.tgz); the table goes to stdout and DIR/table.md.
 """
 
 from __future__ import annotations
@@ -104,7 +104,7 @@ def main() -> None:
     (args.out / "table.md").write_text(text + "\n")
     # one archive of the runs' files (a device call brings back only a few files)
     subprocess.run(["tar", "czf", str(args.out / "runs.tgz"), "-C", str(args.out),
-                    *[slug(r["name"]) for r in results]], check=False)
+                    *[p for r in results for p in (slug(r["name"]), f"{slug(r['name'])}.log")]], check=False)
     (args.out / "results.json").write_text(json.dumps(results, indent=1))
     print(text)
 

@@ -52,9 +52,7 @@ class OffsetRMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: Tensor) -> Tensor:
-        xf = x.float()
-        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
-        return (xf * (1.0 + self.weight.float())).to(x.dtype)
+        return offset_rmsnorm.offset_rms_norm_reference(x, self.weight, self.eps)
 
 
 class FusedOffsetRMSNorm(OffsetRMSNorm):

@@ -33,7 +33,7 @@ if HAS_TRITON:
 
 
 def offset_rms_norm_reference(x: Tensor, w: Tensor, eps: float) -> Tensor:
-    """The module's own math (`OffsetRMSNorm.forward`)."""
+    """The norm's math, in PyTorch ops (differentiable): `OffsetRMSNorm.forward`, and the op off CUDA."""
     xf = x.float()
     xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
     return (xf * (1.0 + w.float())).to(x.dtype)

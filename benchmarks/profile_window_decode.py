@@ -26,7 +26,20 @@ from monorl.model.config import model_shape
 from monorl.model.decoder import build_model
 
 
-def side(model: torch.nn.Module, rows: int, context: int, chunk: int, bandwidth: float) -> dict:
+def attention_by_layer(prof: profile, chunk: int) -> list[dict]:
+    """Each attention launch's time, in launch order and averaged over the chunk's steps: which layers (window or
+    full) hold the attention's time. Kernels whose name starts with `_attn`."""
+    evs = sorted((e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA
+                  and e.name.startswith("_attn")), key=lambda e: e.time_range.start)
+    per_step = len(evs) // chunk
+    out = []
+    for i in range(per_step):
+        same = evs[i::per_step][:chunk]
+        out.append({"name": same[0].name, "us": statistics.mean(e.device_time_total for e in same)})
+    return out
+
+
+def side(model: torch.nn.Module, rows: int, context: int, chunk: int, bandwidth: float, top: int) -> dict:
     cfg = model.config
     max_len = decode_len(context, chunk, 6)
     dev = next(model.parameters()).device
@@ -49,15 +62,16 @@ def side(model: torch.nn.Module, rows: int, context: int, chunk: int, bandwidth:
     counts: collections.Counter = collections.Counter()
     for e in prof.events():
         if e.device_type == torch.autograd.DeviceType.CUDA:
-            kernels[e.name[:90]] += e.device_time_total / chunk
-            counts[e.name[:90]] += 1 / chunk
+            kernels[e.name[:160]] += e.device_time_total / chunk
+            counts[e.name[:160]] += 1 / chunk
     reads = kv_reads(engine)["kv_reads"]
     weights = sum(p.numel() * p.element_size() for p in model.parameters())
     kv = sum(k["bytes_per_step"] for k in reads.values())
     out = {"step_ms": step_ms, "profiled_step_ms": wall / chunk * 1e3, "gpu_kernel_ms": sum(kernels.values()) / 1e3,
            "kernels_per_step": sum(counts.values()), "weights_mb": weights / 1e6, "kv_read_mb": kv / 1e6,
            "floor_ms": (weights + kv) / bandwidth * 1e3,
-           "top": [(n, t / 1e3, counts[n]) for n, t in kernels.most_common(14)],
+           "top": [(n, t / 1e3, counts[n]) for n, t in kernels.most_common(top)],
+           "attention_by_launch": attention_by_layer(prof, chunk),
            "host_top": [(a.key[:70], a.self_cpu_time_total / chunk / 1e3, a.count / chunk) for a in
                         sorted(prof.key_averages(), key=lambda a: -a.self_cpu_time_total)[:10]]}
     del engine, gen
@@ -73,6 +87,7 @@ def main() -> None:
     ap.add_argument("--chunk", type=int, default=16)
     ap.add_argument("--bandwidth", type=float, default=3.35e12, help="bytes/s (an H100's HBM3 peak)")
     ap.add_argument("--out", default="profile_window_decode.json")
+    ap.add_argument("--top", type=int, default=14, help="kernels listed, by their time a step")
     ap.add_argument("--smoke", action="store_true", help="CPU, a tiny Gemma 3 shape: checks the script")
     args = ap.parse_args()
     if args.smoke:
@@ -83,7 +98,7 @@ def main() -> None:
     res = {"device": torch.cuda.get_device_name() if dev.type == "cuda" else "cpu", **vars(args), "sides": {}}
     for label, c in (("on", cfg), ("off", window_off(cfg))):
         model = build_model(c, dev, dtype, seed=None).init_weights(0).requires_grad_(False)
-        res["sides"][label] = s = side(model, args.rows, args.context, args.chunk, args.bandwidth)
+        res["sides"][label] = s = side(model, args.rows, args.context, args.chunk, args.bandwidth, args.top)
         del model
         free_cuda()
         print(f"{args.shape} ctx {args.context} rows {args.rows} window {label}: step {s['step_ms']:.2f} ms "
@@ -92,6 +107,7 @@ def main() -> None:
               f"+ KV {s['kv_read_mb']:.0f} MB)", flush=True)
         for name, ms, n in s["top"]:
             print(f"   {ms:7.3f} ms {n:5.0f}x  {name}")
+        print("   attention launches, us:", " ".join(f"{a['us']:.0f}" for a in s["attention_by_launch"]))
         print("   host, self time a step:")
         for name, ms, n in s["host_top"]:
             print(f"   {ms:7.3f} ms {n:5.0f}x  {name}")

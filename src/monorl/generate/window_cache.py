@@ -187,8 +187,7 @@ class WindowLayer:
             tables = ctx.block_tables[cu[:-1].clamp(max=T - 1)]
             return TurnWindow(self, ctx, seq, pos, end - lens_q, end, tables)
         if name == "DecodeContext":
-            return replace(ctx, block_tables=self.block_map[ctx.block_tables.long()].to(torch.int32),
-                           slot_mapping=self._slots(ctx.slot_mapping))
+            return self._decode_view(ctx)
         if name == "PrefillContext":
             v = ctx.varlen
             cu = v.cu_seqlens.long()
@@ -197,6 +196,16 @@ class WindowLayer:
             end = (cu[1:] - cu[:-1])[seq]
             return replace(ctx, slot_mapping=self.ring_slots(ctx.slot_mapping, v.positions[:T], end))
         raise NotImplementedError(f"recycled window layers: no window view of a {name}")
+
+    def _decode_view(self, ctx: Any) -> Any:
+        """A decode step's view, mapped once for all the step's window layers (they share `block_map`; mapping
+        per layer took ~0.28 ms of a 3.3 ms Gemma 3 270M step at 16k x 64 rows, H100) and kept on the context,
+        which serves one forward (the runner builds one a step, inside its graph)."""
+        kept, key = ctx.__dict__.setdefault("_window_views", {}), id(self.block_map)
+        if key not in kept:
+            kept[key] = replace(ctx, block_tables=self.block_map[ctx.block_tables.long()].to(torch.int32),
+                                slot_mapping=self._slots(ctx.slot_mapping))
+        return kept[key]
 
     def ring_slots(self, slots: Tensor, positions: Tensor, end: Tensor) -> Tensor:
         """Where a forward's tokens (their sequences ending at `end`) go in the rings: only the positions the next

@@ -57,6 +57,7 @@ from monorl.model.fused_kernels import (
     fused_kernels_supported,
     use_fused_kernels_,
 )
+from monorl.model.gemma3_fused import PLAIN_GEMMA3, FusedGemma3FinalNorm
 from monorl.model.gpt_oss import BatchInvariantGptOssMoeBlock, GptOssMoeBlock
 from monorl.model.layers import BatchInvariantOffsetRMSNorm, FusedOffsetRMSNorm, Linear, OffsetRMSNorm, RMSNorm
 from monorl.model.lora import LoRALinear
@@ -138,7 +139,8 @@ _CONVERTED = {Linear: BatchInvariantLinear, FusedKernelsLinear: BatchInvariantLi
               SparseMoeBlock: BatchInvariantSparseMoeBlock, OffsetRMSNorm: BatchInvariantOffsetRMSNorm,
               FusedOffsetRMSNorm: BatchInvariantOffsetRMSNorm,  # (the generator's CUDA copy: `use_fused_norms_`)
               GatedRMSNorm: BatchInvariantGatedRMSNorm, GptOssMoeBlock: BatchInvariantGptOssMoeBlock,
-              nn.LayerNorm: BatchInvariantLayerNorm}
+              nn.LayerNorm: BatchInvariantLayerNorm, FusedGemma3FinalNorm: BatchInvariantOffsetRMSNorm,
+              **PLAIN_GEMMA3}  # (the generator's fused Gemma 3 layers back to the plain ones)
 
 
 def make_batch_invariant_(model: DecoderForCausalLM) -> DecoderForCausalLM:

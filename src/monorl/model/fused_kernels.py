@@ -28,6 +28,7 @@ from torch import Tensor, nn
 from monorl.model.attention import AttentionContext
 from monorl.model.blocks import Attention, TransformerBlock
 from monorl.model.decoder import DecoderForCausalLM
+from monorl.model.gemma3_fused import use_fused_gemma3_
 from monorl.model.layers import FusedOffsetRMSNorm, Linear, OffsetRMSNorm, RMSNorm
 from monorl.model.mlp import MLP
 from monorl.model.rope import rope
@@ -171,10 +172,12 @@ def use_fused_kernels_(model: DecoderForCausalLM) -> DecoderForCausalLM:
 
 def use_fused_norms_(model: DecoderForCausalLM) -> DecoderForCausalLM:
     """A generator copy whose family runs its own decoder layers (Gemma 3, Qwen3.5: `fused_kernels_supported` is
-    False): its (1 + w) norms one kernel each (`FusedOffsetRMSNorm`); forward only. Returns it."""
+    False): its (1 + w) norms one kernel each (`FusedOffsetRMSNorm`), and Gemma 3's layers on their fused kernels
+    where the copy has fused projections (`monorl.model.gemma3_fused`); forward only. Returns it."""
     for m in model.modules():
         if type(m) is OffsetRMSNorm:
             m.__class__ = FusedOffsetRMSNorm
+    use_fused_gemma3_(model)
     return model
 
 

@@ -27,6 +27,7 @@ from torch import Tensor
 
 from monorl.ops import HAS_TRITON, custom_op, pdl_launch, unit_stride, use_triton
 from monorl.ops.decode_gemm import sum_parts
+from monorl.ops.offset_rmsnorm import offset_rms_norm_reference
 from monorl.ops.rmsnorm_invariant import rms_norm_backward, rms_norm_rows
 from monorl.ops.rope import apply_rope
 from monorl.ops.tunables import chip_for, threshold_pick, tuned
@@ -65,9 +66,10 @@ if HAS_TRITON:
 
     @triton.jit
     def _norm_rope_heads(src, w_ptr, c1, c2, s1, s2, dst, dst2, eps, H: tl.constexpr, H_P: tl.constexpr,
-                         D: tl.constexpr, STORE2: tl.constexpr):
+                         D: tl.constexpr, STORE2: tl.constexpr, OFFSET: tl.constexpr = False):
         """RMSNorm over each of H heads [D] at src (row stride D), then rotate-half RoPE; store at dst (and, if
-        STORE2, at dst2 in its dtype: a KV-cache slot)."""
+        STORE2, at dst2 in its dtype: a KV-cache slot). OFFSET: the (1 + w) norm (`offset_rmsnorm`: normed and
+        scaled in fp32, rounded once) where Qwen3's rounds the normed row before w."""
         HALF: tl.constexpr = D // 2
         h = tl.arange(0, H_P)[:, None]
         d = tl.arange(0, HALF)[None, :]
@@ -78,8 +80,12 @@ if HAS_TRITON:
         dt = dst.dtype.element_ty
         w1 = tl.load(w_ptr + d).to(tl.float32)
         w2 = tl.load(w_ptr + HALF + d).to(tl.float32)
-        y1 = (w1 * (x1 * r[:, None]).to(dt).to(tl.float32)).to(dt).to(tl.float32)
-        y2 = (w2 * (x2 * r[:, None]).to(dt).to(tl.float32)).to(dt).to(tl.float32)
+        if OFFSET:
+            y1 = (x1 * r[:, None] * (1.0 + w1)).to(dt).to(tl.float32)
+            y2 = (x2 * r[:, None] * (1.0 + w2)).to(dt).to(tl.float32)
+        else:
+            y1 = (w1 * (x1 * r[:, None]).to(dt).to(tl.float32)).to(dt).to(tl.float32)
+            y2 = (w2 * (x2 * r[:, None]).to(dt).to(tl.float32)).to(dt).to(tl.float32)
         # eager: x * cos + cat(-x2, x1) * sin, each product and the sum rounded to the dtype
         o1 = ((y1 * c1).to(dt).to(tl.float32) - (y2 * s1).to(dt).to(tl.float32)).to(dt)
         o2 = ((y2 * c2).to(dt).to(tl.float32) + (y1 * s2).to(dt).to(tl.float32)).to(dt)
@@ -93,7 +99,7 @@ if HAS_TRITON:
     def _qk_norm_rope_kernel(qi_ptr, ki_ptr, qw_ptr, kw_ptr, cos_ptr, sin_ptr, q_ptr, k_ptr, stride_q, stride_k,
                              v_ptr, stride_v, kc_ptr, vc_ptr, slot_ptr, eps, HQ: tl.constexpr, HKV: tl.constexpr,
                              HQ_P: tl.constexpr, HKV_P: tl.constexpr, D: tl.constexpr, WRITE_KV: tl.constexpr,
-                             SPLIT: tl.constexpr = False, PDL: tl.constexpr = False):
+                             SPLIT: tl.constexpr = False, OFFSET: tl.constexpr = False, PDL: tl.constexpr = False):
         """One token's q and k heads normed and rotated; with WRITE_KV, its k (as returned) and v also stored at
         its KV-cache slot (kc_ptr / vc_ptr: [slots, HKV, D]), so the generator needs no separate cache write.
         SPLIT (few tokens: a decode step): program (t, 0) does the q heads and (t, 1) the k heads, two short chains
@@ -110,11 +116,11 @@ if HAS_TRITON:
         s2 = tl.load(sin_ptr + t * D + HALF + d).to(tl.float32)
         if not SPLIT or tl.program_id(1) == 0:
             _norm_rope_heads(qi_ptr + t * stride_q, qw_ptr, c1, c2, s1, s2, q_ptr + t * HQ * D, q_ptr, eps, HQ, HQ_P,
-                             D, False)
+                             D, False, OFFSET)
         if not SPLIT or tl.program_id(1) == 1:
             slot = tl.load(slot_ptr + t).to(tl.int64) if WRITE_KV else t
             _norm_rope_heads(ki_ptr + t * stride_k, kw_ptr, c1, c2, s1, s2, k_ptr + t * HKV * D,
-                             kc_ptr + slot * HKV * D, eps, HKV, HKV_P, D, WRITE_KV)
+                             kc_ptr + slot * HKV * D, eps, HKV, HKV_P, D, WRITE_KV, OFFSET)
             if WRITE_KV:
                 h = tl.arange(0, HKV_P)[:, None]
                 dd = tl.arange(0, D)[None, :]
@@ -145,6 +151,23 @@ if HAS_TRITON:
         s = 1.0 / (1.0 + tl.exp(-x))
         tl.store(dg_ptr + t * N + offs, (d * u * s * (1 + x * (1 - s))).to(dg_ptr.dtype.element_ty), mask=m)
         tl.store(du_ptr + t * N + offs, (d * x * s).to(du_ptr.dtype.element_ty), mask=m)
+
+
+    @triton.jit
+    def _gelu_tanh_mul_kernel(g_ptr, u_ptr, o_ptr, N, stride_g, stride_u, BLOCK: tl.constexpr,
+                              PDL: tl.constexpr = False):
+        if PDL:
+            pdl_start()
+        t = tl.program_id(0).to(tl.int64)
+        offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+        m = offs < N
+        g = tl.load(g_ptr + t * stride_g + offs, mask=m, other=0.0).to(tl.float32)
+        u = tl.load(u_ptr + t * stride_u + offs, mask=m, other=0.0).to(tl.float32)
+        dt = o_ptr.dtype.element_ty
+        inner = 0.7978845608028654 * (g + 0.044715 * g * g * g)  # sqrt(2 / pi) (x + 0.044715 x^3)
+        tanh = 1.0 - 2.0 / (tl.exp(2.0 * inner) + 1.0)  # (saturates to +-1, no inf / inf)
+        a = (0.5 * g * (1.0 + tanh)).to(dt).to(tl.float32)
+        tl.store(o_ptr + t * N + offs, (a * u).to(dt), mask=m)
 
 
 @custom_op("monorl::add_rms_norm", mutates_args=())
@@ -212,13 +235,15 @@ def write_kv(k: Tensor, v: Tensor, cache: Tensor, slots: Tensor) -> None:
 
 
 def _qk_norm_rope(q: Tensor, k: Tensor, q_weight: Tensor, k_weight: Tensor, cos: Tensor, sin: Tensor, eps: float,
-                  kv: tuple[Tensor, Tensor, Tensor] | None = None) -> tuple[Tensor, Tensor]:
-    """`qk_norm_rope`; with kv = (v, cache, slots), k and v also written to the cache as `write_kv` would."""
+                  kv: tuple[Tensor, Tensor, Tensor] | None = None, offset: bool = False) -> tuple[Tensor, Tensor]:
+    """`qk_norm_rope`; with kv = (v, cache, slots), k and v also written to the cache as `write_kv` would; offset:
+    the (1 + w) norm (`offset_qk_norm_rope_write_kv`)."""
     T, D = q.shape[0], cos.shape[-1]
     Hq, Hkv = q.shape[-1] // D, k.shape[-1] // D
     if not use_triton(q):
-        q = rms_norm_rows(q.reshape(T, Hq, D), q_weight, eps)
-        k = rms_norm_rows(k.reshape(T, Hkv, D), k_weight, eps)
+        norm = offset_rms_norm_reference if offset else rms_norm_rows
+        q = norm(q.reshape(T, Hq, D), q_weight, eps)
+        k = norm(k.reshape(T, Hkv, D), k_weight, eps)
         q, k = apply_rope(q, cos, sin).to(q.dtype), apply_rope(k, cos, sin).to(k.dtype)
         if kv is not None:
             v, cache, slots = kv
@@ -238,7 +263,8 @@ def _qk_norm_rope(q: Tensor, k: Tensor, q_weight: Tensor, k_weight: Tensor, cos:
             q, k, q_weight.contiguous(), k_weight.contiguous(), cos.contiguous(), sin.contiguous(), q_out, k_out,
             q.stride(0), k.stride(0), v, v.stride(0), kc, vc, slots, eps, HQ=Hq, HKV=Hkv,
             HQ_P=triton.next_power_of_2(Hq), HKV_P=triton.next_power_of_2(Hkv), D=D, WRITE_KV=kv is not None,
-            SPLIT=split, num_warps=tuned("block.qk_warps", chip), enable_fp_fusion=False, **pdl_launch(q))
+            SPLIT=split, OFFSET=offset, num_warps=tuned("block.qk_warps", chip), enable_fp_fusion=False,
+            **pdl_launch(q))
     return q_out, k_out
 
 
@@ -259,7 +285,16 @@ def qk_norm_rope_write_kv(q: Tensor, k: Tensor, v: Tensor, q_weight: Tensor, k_w
     return _qk_norm_rope(q, k, q_weight, k_weight, cos, sin, eps, (v, cache, slots))
 
 
+@custom_op("monorl::offset_qk_norm_rope_write_kv", mutates_args=("cache",))
+def offset_qk_norm_rope_write_kv(q: Tensor, k: Tensor, v: Tensor, q_weight: Tensor, k_weight: Tensor, cos: Tensor,
+                                 sin: Tensor, eps: float, cache: Tensor, slots: Tensor) -> tuple[Tensor, Tensor]:
+    """`qk_norm_rope_write_kv` with Gemma 3's (1 + w) q/k norm (`monorl.ops.offset_rmsnorm`); forward only (the
+    generator's copy, `monorl.model.gemma3_fused`)."""
+    return _qk_norm_rope(q, k, q_weight, k_weight, cos, sin, eps, (v, cache, slots), offset=True)
+
+
 @qk_norm_rope_write_kv.register_fake
+@offset_qk_norm_rope_write_kv.register_fake
 def _(q, k, v, q_weight, k_weight, cos, sin, eps, cache, slots):
     T, D = q.shape[0], cos.shape[-1]
     return q.new_empty(T, q.shape[-1] // D, D), k.new_empty(T, k.shape[-1] // D, D)
@@ -342,3 +377,26 @@ def _silu_mul_backward(ctx, grad: Tensor) -> tuple[Tensor, Tensor]:
 
 
 silu_mul.register_autograd(_silu_mul_backward, setup_context=_silu_mul_setup)
+
+
+@custom_op("monorl::gelu_tanh_mul", mutates_args=())
+def gelu_tanh_mul(gate: Tensor, up: Tensor) -> Tensor:
+    """GELU(gate, tanh approximation) * up, both [T, N] (column slices of a fused gate/up GEMM's output): Gemma 3's
+    GeGLU, forward only (the generator's copy, `monorl.model.gemma3_fused`)."""
+    if not use_triton(gate):
+        return F.gelu(gate, approximate="tanh") * up
+    gate, up = unit_stride(gate), unit_stride(up)
+    T, N = gate.shape
+    out = gate.new_empty(T, N)
+    if T:
+        chip = chip_for(gate)
+        block = tuned("block.silu_block", chip)
+        _gelu_tanh_mul_kernel[(T, triton.cdiv(N, block))](gate, up, out, N, gate.stride(0), up.stride(0), BLOCK=block,
+                                                           num_warps=tuned("block.silu_warps", chip),
+                                                           enable_fp_fusion=False, **pdl_launch(gate))
+    return out
+
+
+@gelu_tanh_mul.register_fake
+def _(gate, up):
+    return gate.new_empty(gate.shape)

@@ -3,7 +3,10 @@
 use_fused_norms_`). Those families run their own decoder layers, so the fused block kernels do not reach them, and
 each norm ran as ~8 PyTorch kernels: a Gemma 3 270M decode step (64 rows, 16k context, window on, H100, 2026-12-07)
 spent ~2.3 of its 5.1 GPU ms in the elementwise kernels of its 108 norms, against a 1.3 ms bytes floor. Forward
-only (the generator has no gradient); the trainer keeps the module's own path."""
+only (the generator has no gradient); the trainer keeps the module's own path.
+
+`offset_add_norm` is Gemma 3's seam between two sub-layers (`monorl.model.gemma3_fused`): the post-norm of a
+sub-layer's output, the residual add and the next pre-norm, one kernel where they were three."""
 
 from __future__ import annotations
 
@@ -32,6 +35,28 @@ if HAS_TRITON:
         tl.store(o_ptr + row * D + offs, (x * r * (1.0 + w)).to(o_ptr.dtype.element_ty), mask=mask)
 
 
+    @triton.jit
+    def _offset_add_norm_kernel(x_ptr, a_ptr, wa_ptr, wh_ptr, h_ptr, o_ptr, D, stride_a, eps, BLOCK_D: tl.constexpr,
+                                PDL: tl.constexpr = False):
+        """h = x + norm(a) * (1 + wa), n = norm(h) * (1 + wh): each rounded to x's dtype where eager rounds."""
+        if PDL:
+            pdl_start()
+        row = tl.program_id(0).to(tl.int64)
+        offs = tl.arange(0, BLOCK_D)
+        mask = offs < D
+        dt = h_ptr.dtype.element_ty
+        a = tl.load(a_ptr + row * stride_a + offs, mask=mask, other=0.0).to(tl.float32)
+        wa = tl.load(wa_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+        y = (a * (1.0 / tl.sqrt(tl.sum(a * a, axis=0) / D + eps)) * (1.0 + wa)).to(dt)
+        x = tl.load(x_ptr + row * D + offs, mask=mask, other=0.0)
+        h = (x.to(tl.float32) + y.to(tl.float32)).to(dt)  # eager's add rounds to the dtype
+        tl.store(h_ptr + row * D + offs, h, mask=mask)
+        hf = h.to(tl.float32)
+        wh = tl.load(wh_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+        n = hf * (1.0 / tl.sqrt(tl.sum(hf * hf, axis=0) / D + eps)) * (1.0 + wh)
+        tl.store(o_ptr + row * D + offs, n.to(dt), mask=mask)
+
+
 def offset_rms_norm_reference(x: Tensor, w: Tensor, eps: float) -> Tensor:
     """The norm's math, in PyTorch ops (differentiable): `OffsetRMSNorm.forward`, and the op off CUDA."""
     xf = x.float()
@@ -57,3 +82,26 @@ def offset_rms_norm(x: Tensor, w: Tensor, eps: float) -> Tensor:
 @offset_rms_norm.register_fake
 def _(x: Tensor, w: Tensor, eps: float) -> Tensor:
     return torch.empty_like(x)
+
+
+@custom_op("monorl::offset_add_norm", mutates_args=())
+def offset_add_norm(x: Tensor, a: Tensor, wa: Tensor, wh: Tensor, eps: float) -> tuple[Tensor, Tensor]:
+    """(h, n) for h = x + (1 + wa)-norm(a) and n = (1 + wh)-norm(h), rows of the last dim, each norm in fp32 and
+    rounded to x's dtype, the add rounded too (as the eager ops: `offset_rms_norm_reference`). x [T, D] contiguous; a
+    [T, D] with unit last stride (a projection's output)."""
+    if not use_triton(x) or x.numel() == 0:
+        h = x + offset_rms_norm_reference(a, wa, eps)
+        return h, offset_rms_norm_reference(h, wh, eps)
+    x = x.contiguous()
+    a = a if a.stride(-1) == 1 else a.contiguous()
+    T, D = x.shape
+    h, n = torch.empty_like(x), torch.empty_like(x)
+    _offset_add_norm_kernel[(T,)](x, a, wa.contiguous(), wh.contiguous(), h, n, D, a.stride(0), eps,
+                                  BLOCK_D=triton.next_power_of_2(D), num_warps=tuned("rmsnorm.warps", chip_for(x)),
+                                  **pdl_launch(x))
+    return h, n
+
+
+@offset_add_norm.register_fake
+def _(x, a, wa, wh, eps):
+    return torch.empty_like(x), torch.empty_like(x)

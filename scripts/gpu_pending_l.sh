@@ -1,0 +1,35 @@
+#!/bin/bash
+# Session 19. #57: every seed of the Gemma-3-270M preset to 100 steps now that stop_without_signal lets a converged
+# run go on, and where the window decode's step goes.
+# STAGE=part (the first call carries .device/wheels .device/tok .device/gemma3/gguf.sha256 .device/gemma3/parts/a
+#   and also runs STAGE=prof; later calls carry the next part, b..e).
+# STAGE=prof: the device's read bandwidth (contiguous stream) and the window decode's profile at 16k x 64 rows,
+#   attention launch by launch (no GGUF needed).
+# STAGE=vs SEEDS="0 1 2": bench_vs_trl.py's monorl side per seed (the JSONs go to $OUT).
+set -u
+export PYTHONUNBUFFERED=1 JSONARGPARSE_DEPRECATION_WARNINGS=off
+[ -d .models ] || tar xzf .device/tok/models.tgz
+prof() {
+  export PYTHONPATH=$PWD/src:$PWD/.device/site
+  (cd benchmarks && timeout 120 python3 probe_read_bandwidth.py --shapes 64/16384 --out $OUT/read_bw.json 2>&1 \
+    | tail -40)
+  (cd benchmarks && timeout 200 python3 profile_window_decode.py --shape gemma3-270m --context 16384 --rows 64 \
+    --top 40 --out $OUT/profile_window_decode.json 2>&1 | grep -v USDT | tail -110)
+}
+case ${STAGE:-part} in
+part)
+  bash scripts/device_setup.sh 2>&1 | tail -1
+  bash scripts/device_setup.sh gemma3 2>&1 | grep -E "wait|OK|damaged"
+  [ "${PROF:-0}" = 1 ] && prof;;
+prof) prof;;
+vs)
+  bash scripts/device_setup.sh gemma3 2>&1 | grep -E "wait|OK|damaged"
+  export PYTHONPATH=$PWD/src:$PWD/.device/site
+  for s in ${SEEDS:-0 1 2}; do
+    timeout ${VLIMIT:-170} python3 benchmarks/bench_vs_trl.py --preset gemma3_270m_arith --seed $s \
+      --model .device/model/gemma-3-270m-q4_k_m.gguf --sides monorl --out $OUT/vs_monorl_s$s.json \
+      > $OUT/monorl_s$s.log 2>&1
+    echo "seed $s rc $?"; grep -vE "^step|it/s|s/it" $OUT/monorl_s$s.log | tail -6
+  done
+  tar czf $OUT/logs.tgz -C $OUT $(cd $OUT && ls *.log) && rm -f $OUT/*.log;;
+esac

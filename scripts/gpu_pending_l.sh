@@ -6,15 +6,20 @@
 # STAGE=prof: the device's read bandwidth (contiguous stream) and the window decode's profile at 16k x 64 rows,
 #   attention launch by launch (no GGUF needed).
 # STAGE=vs SEEDS="0 1 2": bench_vs_trl.py's monorl side per seed (the JSONs go to $OUT).
+# STAGE=fused (the first call of a machine: carry .device/wheels): Gemma 3's fused generator layers -- their GPU
+#   tests, the window/full key splits, the window decode's profile and benchmark (random init, no GGUF).
 set -u
 export PYTHONUNBUFFERED=1 JSONARGPARSE_DEPRECATION_WARNINGS=off
 [ -d .models ] || tar xzf .device/tok/models.tgz
+profile() {
+  (cd benchmarks && timeout 200 python3 profile_window_decode.py --shape gemma3-270m --context 16384 --rows 64 \
+    --top ${TOP:-40} --out $OUT/profile_window_decode.json 2>&1 | grep -v USDT | tail -110)
+}
 prof() {
   export PYTHONPATH=$PWD/src:$PWD/.device/site
   (cd benchmarks && timeout 120 python3 probe_read_bandwidth.py --shapes 64/16384 --out $OUT/read_bw.json 2>&1 \
     | tail -40)
-  (cd benchmarks && timeout 200 python3 profile_window_decode.py --shape gemma3-270m --context 16384 --rows 64 \
-    --top 40 --out $OUT/profile_window_decode.json 2>&1 | grep -v USDT | tail -110)
+  profile
 }
 case ${STAGE:-part} in
 part)
@@ -22,6 +27,16 @@ part)
   bash scripts/device_setup.sh gemma3 2>&1 | grep -E "wait|OK|damaged"
   [ "${PROF:-0}" = 1 ] && prof;;
 prof) prof;;
+fused)
+  bash scripts/device_setup.sh 2>&1 | tail -1
+  export PYTHONPATH=$PWD/src:$PWD/.device/site
+  timeout 200 python3 -m pytest -q -s -p no:cacheprovider --tb=short -m gpu tests/test_gemma3_fused_gpu.py \
+    tests/test_offset_rmsnorm_gpu.py tests/test_window_recycling_gpu.py tests/test_attention_window_gpu.py 2>&1 \
+    | grep -vE "^\s*$" | tail -25
+  (cd benchmarks && timeout 120 python3 tune_window_splits.py --out $OUT/tune_window_splits.json 2>&1 | tail -12)
+  profile
+  (cd benchmarks && timeout 150 python3 bench_window_decode.py --shapes gemma3-270m,gemma3-1b --rows 64 \
+    --contexts 4096,16384 --budget-s 120 --out $OUT/window_decode.json 2>&1 | grep -v USDT | tail -30);;
 vs)
   bash scripts/device_setup.sh gemma3 2>&1 | grep -E "wait|OK|damaged"
   export PYTHONPATH=$PWD/src:$PWD/.device/site

@@ -19,7 +19,7 @@ from monorl.model.config import model_shape
 from monorl.model.decoder import build_model
 from monorl.model.gguf_header import GGUFHeader
 from monorl.model.hf_checkpoint import CheckpointError, load_checkpoint, load_config, load_tokenizer, save_checkpoint
-from monorl.model.tokenizer import TokenizerError
+from monorl.model.tokenizer import TokenizerError, eos_ids
 from monorl.presets import preset
 from monorl.task_registry import load_task
 
@@ -343,6 +343,7 @@ def test_gemma3_270m_q4_k_m_equals_transformers():
     theirs_tok = transformers.AutoTokenizer.from_pretrained(GEMMA3.parent, gguf_file=GEMMA3.name)
     for text in ("The capital of France is", "  two spaces, 12 + 30 = 42.\n\tcaf\u00e9 \U0001f642 \u65e5\u672c"):
         assert tok.encode(text, add_special_tokens=True) == theirs_tok.encode(text), text
+    assert eos_ids(tok) == (1, 106)  # <eos> and <end_of_turn>, as Gemma 3's generation_config.json
     ours, ref = load_checkpoint(GEMMA3), hf_gguf_model(GEMMA3)
     assert type(ref).__name__ == "Gemma3ForCausalLM"
     theirs = ref.state_dict()
@@ -363,3 +364,18 @@ def test_gemma3_270m_q4_k_m_equals_transformers():
     prompt = task.val_prompts(1)[0]
     ours_ids = tok.encode(task.render(prompt, tok))
     assert ours_ids == theirs_tok(task.plain_prompt(prompt))["input_ids"] and ours_ids.count(tok.bos_token_id) == 1
+
+
+@pytest.mark.parametrize("has_turns", [True, False])
+def test_a_gemma_gguf_tokenizer_stops_at_the_end_of_a_turn(has_turns):
+    """A Gemma GGUF keeps only <eos>'s id; a chat turn ends with <end_of_turn>, which Gemma 3's
+    generation_config.json lists beside it (a file without that token: <eos> alone)."""
+    from monorl.model import gemma3_gguf
+
+    tokens = ["<pad>", "<eos>", "<bos>", "<unk>", "\u2581a", "b"] + (["<end_of_turn>"] if has_turns else [])
+    meta = {"tokenizer.ggml.tokens": tokens, "tokenizer.ggml.token_type": [3, 3, 3, 2, 1, 1, 3][:len(tokens)],
+            "tokenizer.ggml.bos_token_id": 2, "tokenizer.ggml.eos_token_id": 1,
+            "tokenizer.ggml.padding_token_id": 0, "tokenizer.ggml.unknown_token_id": 3}
+    tok = gemma3_gguf.tokenizer(lambda key, default=None: meta.get(key, default))
+    assert eos_ids(tok) == ((1, 6) if has_turns else (1,))
+    assert tok.eos_token_id == 1

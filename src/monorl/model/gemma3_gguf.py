@@ -43,6 +43,9 @@ def _merges(tokens: list[str], vocab: dict[str, int]) -> list[tuple[str, str]]:
     return [(left, right) for _, left, right in merges]
 
 
+END_OF_TURN = "<end_of_turn>"
+
+
 def tokenizer(field: Callable[..., Any]) -> HFTokenizer:
     """The tokenizer of a Gemma GGUF file (`field(key)`: its metadata)."""
     from tokenizers import AddedToken, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors
@@ -69,4 +72,7 @@ def tokenizer(field: Callable[..., Any]) -> HFTokenizer:
     if add_bos:
         tok.post_processor = processors.TemplateProcessing(single=f"{names['bos']}:0 $A:0",
                                                            special_tokens=[(names["bos"], vocab[names["bos"]])])
-    return HFTokenizer(tok, config, chat_template=field("tokenizer.chat_template"))
+    # a turn ends with <end_of_turn>: Gemma 3's generation_config.json stops on it beside <eos> ([1, 106]), and
+    # llama.cpp counts it as an end of generation; the GGUF keeps only eos
+    end_of_turn = [vocab[END_OF_TURN]] if END_OF_TURN in vocab else []
+    return HFTokenizer(tok, config, chat_template=field("tokenizer.chat_template"), generation_eos=end_of_turn)

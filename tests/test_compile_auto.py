@@ -51,3 +51,22 @@ def test_auto_resolves_before_the_run_and_is_recorded(tmp_path: Path) -> None:
     run = GRPORun(cfg, progress=False)
     assert run.cfg.compile.backend == "none" and not run.cfg.compile.enabled  # on CPU (resolved before the plan)
     assert '"backend": "none"' in (tmp_path / "run" / "config.json").read_text()
+
+
+def test_the_kernel_list_of_one_seed_serves_another(monkeypatch):
+    """The kept Triton specialisation list (`run_kernels_key`) is shared by a run's seeds, not by other settings."""
+    import sys
+    import types
+
+    from monorl.compile_auto import run_kernels_key
+    from monorl.model.config import model_shape
+    from monorl.presets import preset
+
+    if "triton" not in sys.modules:  # the key reads only Triton's version (CPU CI has no Triton)
+        monkeypatch.setitem(sys.modules, "triton", types.SimpleNamespace(__version__="3.6.0"))
+    a, b = preset("tiny"), preset("tiny")
+    b.seed = a.seed + 1
+    m, traced = model_shape("gemma3-270m"), {"trainer": True, "generator": True}
+    assert run_kernels_key(a, m, 1, traced) == run_kernels_key(b, m, 1, traced)
+    b.rollout.group_size += 1
+    assert run_kernels_key(a, m, 1, traced) != run_kernels_key(b, m, 1, traced)

@@ -5,7 +5,9 @@ kernels per layer eager, 10 with these):
 - `add_rms_norm`: the residual add and the RMSNorm after it, one pass;
 - `qk_norm_rope`: per-head RMSNorm of q and k and rotate-half RoPE, one pass (reading a fused q/k/v GEMM's
   output in place); `qk_norm_rope_write_kv` also writes k and v to the generator's KV cache in that pass;
-- `silu_mul`: SiLU(gate) * up (reading a fused gate/up GEMM's output in place).
+- `silu_mul`: SiLU(gate) * up (reading a fused gate/up GEMM's output in place);
+- Gemma 3's forward-only forms for the generator's copy (`monorl.model.gemma3_fused`): `offset_qk_norm_rope_write_kv`
+  (the (1 + w) q/k norm) and `gelu_tanh_mul` (GeGLU).
 
 Each rounds like the eager PyTorch ops it replaces (fp32 inside, the input dtype wherever eager stores a tensor),
 so results differ from eager only in the order of the fp32 sum of squares. They launch with `enable_fp_fusion=False`:

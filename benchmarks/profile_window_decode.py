@@ -24,6 +24,8 @@ from monorl.generate.cache import kv_cache_bytes_needed
 from monorl.generate.engine import Engine
 from monorl.model.config import model_shape
 from monorl.model.decoder import build_model
+from monorl.model.fused_kernels import FusedKernelsLinear
+from monorl.model.layers import Linear
 
 
 def attention_by_layer(prof: profile, chunk: int) -> list[dict]:
@@ -39,13 +41,18 @@ def attention_by_layer(prof: profile, chunk: int) -> list[dict]:
     return out
 
 
-def side(model: torch.nn.Module, rows: int, context: int, chunk: int, bandwidth: float, top: int) -> dict:
+def side(model: torch.nn.Module, rows: int, context: int, chunk: int, bandwidth: float, top: int,
+         triton_gemm: bool = False) -> dict:
     cfg = model.config
     max_len = decode_len(context, chunk, 6)
     dev = next(model.parameters()).device
     need = kv_cache_bytes_needed(cfg, rows, max_len, BLOCK_SIZE, next(model.parameters()).dtype)
     gen = Generator(model, GeneratorConfig(max_num_seqs=rows, max_model_len=max_len, kv_cache_bytes=need,
                                            stop_check_interval=chunk))
+    if triton_gemm:  # the copy's layer projections on the Triton decode GEMM (`FusedKernelsLinear`), before capture
+        for name, m in gen.model.named_modules():
+            if type(m) is Linear and ".layers." in f".{name}":
+                m.__class__ = FusedKernelsLinear
     engine = Engine(gen)
     g = torch.Generator().manual_seed(context)
     sp = SamplingParams(max_new_tokens=max_len - context, temperature=1.0, seed=1, ignore_eos=True,
@@ -88,6 +95,8 @@ def main() -> None:
     ap.add_argument("--bandwidth", type=float, default=3.35e12, help="bytes/s (an H100's HBM3 peak)")
     ap.add_argument("--out", default="profile_window_decode.json")
     ap.add_argument("--top", type=int, default=14, help="kernels listed, by their time a step")
+    ap.add_argument("--triton-gemm", action="store_true",
+                    help="also the window-on side with the layers' projections on the Triton decode GEMM")
     ap.add_argument("--smoke", action="store_true", help="CPU, a tiny Gemma 3 shape: checks the script")
     args = ap.parse_args()
     if args.smoke:
@@ -96,9 +105,12 @@ def main() -> None:
     else:
         cfg, dev, dtype = model_shape(args.shape), torch.device("cuda"), torch.bfloat16
     res = {"device": torch.cuda.get_device_name() if dev.type == "cuda" else "cpu", **vars(args), "sides": {}}
-    for label, c in (("on", cfg), ("off", window_off(cfg))):
+    sides = [("on", cfg, False)] + ([("on, Triton GEMM", cfg, True)] if args.triton_gemm else []) + \
+        [("off", window_off(cfg), False)]
+    for label, c, triton_gemm in sides:
         model = build_model(c, dev, dtype, seed=None).init_weights(0).requires_grad_(False)
-        res["sides"][label] = s = side(model, args.rows, args.context, args.chunk, args.bandwidth, args.top)
+        res["sides"][label] = s = side(model, args.rows, args.context, args.chunk, args.bandwidth, args.top,
+                                       triton_gemm)
         del model
         free_cuda()
         print(f"{args.shape} ctx {args.context} rows {args.rows} window {label}: step {s['step_ms']:.2f} ms "

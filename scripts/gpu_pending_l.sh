@@ -13,13 +13,13 @@ export PYTHONUNBUFFERED=1 JSONARGPARSE_DEPRECATION_WARNINGS=off
 [ -d .models ] || tar xzf .device/tok/models.tgz
 profile() {
   (cd benchmarks && timeout 200 python3 profile_window_decode.py --shape gemma3-270m --context 16384 --rows 64 \
-    --top ${TOP:-40} --out $OUT/profile_window_decode.json 2>&1 | grep -v USDT | tail -110)
+    --top ${TOP:-40} --bandwidth 3.13e12 ${PROFILE_ARGS:-} --out $OUT/profile_window_decode.json 2>&1 | grep -v USDT | tail -110)
 }
 prof() {
   export PYTHONPATH=$PWD/src:$PWD/.device/site
   (cd benchmarks && timeout 120 python3 probe_read_bandwidth.py --shapes 64/16384 --out $OUT/read_bw.json 2>&1 \
     | tail -40)
-  profile
+  PROFILE_ARGS=--triton-gemm profile
 }
 case ${STAGE:-part} in
 part)
@@ -34,8 +34,8 @@ fused)
     tests/test_offset_rmsnorm_gpu.py tests/test_window_recycling_gpu.py tests/test_attention_window_gpu.py 2>&1 \
     | grep -vE "^\s*$" | tail -25
   (cd benchmarks && timeout 120 python3 tune_window_splits.py --out $OUT/tune_window_splits.json 2>&1 | tail -12)
-  profile
-  (cd benchmarks && timeout 150 python3 bench_window_decode.py --shapes gemma3-270m,gemma3-1b --rows 64 \
+  PROFILE_ARGS=--triton-gemm profile
+  (cd benchmarks && timeout 150 python3 bench_window_decode.py --shapes gemma3-270m --rows 64 \
     --contexts 4096,16384 --budget-s 120 --out $OUT/window_decode.json 2>&1 | grep -v USDT | tail -30);;
 vs)
   bash scripts/device_setup.sh gemma3 2>&1 | grep -E "wait|OK|damaged"

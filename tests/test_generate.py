@@ -353,6 +353,12 @@ def test_decode_splits_fill_idle_sms_only():
     assert picks[40] == picks[256] == picks[1024] == 1 and picks[1] == MAX_SPLITS and picks[32] == 8
     assert all(s & (s - 1) == 0 and 1 <= s <= MAX_SPLITS for s in picks.values())
     assert list(picks.values()) == sorted(picks.values(), reverse=True)
+    # a sliding-window layer's few keys: at most `attention.window_split_keys` a split (never more than the rest)
+    per = tuned("attention.window_split_keys", HOPPER)
+    for window in (per // 2, 2 * per, 4 * per, 64 * per):
+        for rows in (1, 8, 32):
+            got = decode_splits(rows, 1, 132, chip=HOPPER, window=window)
+            assert got == min(decode_splits(rows, 1, 132, chip=HOPPER), max(1, window // per)), (window, rows)
 
 
 def test_gumbel_noise_is_finite_for_every_hash():

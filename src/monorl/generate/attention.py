@@ -337,11 +337,12 @@ def paged_decode_triton(q: Tensor, k_cache: Tensor, v_cache: Tensor, block_table
     64 read through the block table; only seq_len keys are read. Few sequences split their keys over several
     programs (`decode_splits`: a function of the row count, so one CUDA graph per batch bucket keeps its
     launch)."""
-    splits = paged_decode_splits(q.shape[0], k_cache.shape[-2], q.device)
+    splits = paged_decode_splits(q.shape[0], k_cache.shape[-2], q.device, window)
     return attention_triton(q, k_cache, v_cache, seq_lens, block_tables, splits, window=window, sinks=sinks)
 
 
-def paged_decode_splits(rows: int, kv_heads: int, device: torch.device) -> int:
-    """How many parts `paged_decode_triton` splits each row's keys into, for `rows` sequences on `device`."""
+def paged_decode_splits(rows: int, kv_heads: int, device: torch.device, window: int = 0) -> int:
+    """How many parts `paged_decode_triton` splits each row's keys into, for `rows` sequences on `device` (a
+    sliding-window layer's: `window`)."""
     index = device.index if device.index is not None else torch.cuda.current_device()
-    return decode_splits(rows, kv_heads, sm_count(index), chip=chip_of(index))
+    return decode_splits(rows, kv_heads, sm_count(index), chip=chip_of(index), window=window)

@@ -144,6 +144,10 @@ _HOPPER: dict[str, Tunable] = {
                                                       bitwise="the default mode's merge order (never the invariant)"),
     "attention.max_splits": Tunable(16, "(273aafd, 2026-11-25, H100, tune_decode_attention.py --splits)",
                                     bitwise="the default mode's merge order (never the invariant)"),
+    "attention.window_split_keys": Tunable(256, "a sliding-window layer's keys a split at least: window 512, 64 rows "
+                                           "(Gemma 3's heads), us a launch by splits 1 / 2 / 4 / 8 / 16: 22.6 / 15.8 / "
+                                           "20.0 / 22.2 / 30.9 (tune_window_splits.py, H200, 2026-12-07)",
+                                           bitwise="the default mode's merge order (never the invariant)"),
     "attention.combine_warps": Tunable(1, _NOT_SWEPT.format("273aafd, 2026-11-25")),
     "attention.cached_rows": Tunable(64, "query rows a program of a turn boundary's paged prefill (32 new tokens of "
                                      "Qwen3's 2 query heads a kv head), us a layer for 64 sequences x 65 new tokens "

@@ -178,18 +178,23 @@ if HAS_TRITON:
         tl.store(o_ptr + r.to(tl.int64) * stride_ot + h * stride_oh + tl.arange(0, D), out.to(o_ptr.dtype.element_ty))
 
 
-def decode_splits(rows: int, kv_heads: int, sms: int, *, chip: str = HOPPER) -> int:
+def decode_splits(rows: int, kv_heads: int, sms: int, *, chip: str = HOPPER, window: int = 0) -> int:
     """Key splits of a paged decode (not batch-invariant). 1 once rows * kv_heads reach
     `attention.split_below_programs_per_sm` programs an SM; below, a power of two that brings them to about
     `split_target_programs_per_sm`, at most `max_splits`. Measured on an H100 (`benchmarks/tune_decode_attention.py
     --splits`, cold caches, us a launch): 8 rows of ~1000 keys 53 -> 20 (16 splits), 32 of ~1500 95 -> 73 (8); but 40
     rows of 200-400 keys gained at most 8% alone and left the reference decode step (40 rows, 4 splits then) at 1.59 ms,
-    the merge being one more launch a layer; 128 rows of ~800 keys gained 3%."""
+    the merge being one more launch a layer; 128 rows of ~800 keys gained 3%. A sliding-window layer (window > 0)
+    reads at most ~window keys a row: at most `attention.window_split_keys` of them a split (more splits left most
+    programs idle: Gemma 3's 512-key window at 64 rows took 30.9 us with 16 splits, 15.8 with 2)."""
     programs = rows * kv_heads
     if programs >= tuned("attention.split_below_programs_per_sm", chip) * sms:
         return 1
     want = -(-tuned("attention.split_target_programs_per_sm", chip) * sms // max(1, programs))
-    return min(tuned("attention.max_splits", chip), 1 << (want - 1).bit_length())
+    splits = min(tuned("attention.max_splits", chip), 1 << (want - 1).bit_length())
+    if window:
+        splits = min(splits, 1 << max(0, (window // tuned("attention.window_split_keys", chip)).bit_length() - 1))
+    return splits
 
 
 def _tile(Hq: int, Hkv: int, chip: str) -> tuple[int, int, int]:

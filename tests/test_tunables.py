@@ -31,6 +31,7 @@ PINNED = {
     "attention.block_n": 64, "attention.rows": 16, "attention.warps": 4, "attention.split_below_programs_per_sm": 2,
     "attention.split_target_programs_per_sm": 8, "attention.max_splits": 16, "attention.combine_warps": 1,
     "attention.cached_rows": 64, "attention.cached_warps": 4,  # the turn boundary's paged prefill (2026-11-27)
+    "attention.window_split_keys": 256,  # a sliding-window layer's decode splits (2026-12-07)
     "block.split_qk_tokens": 512, "block.qk_warps": 4, "block.norm_warps": ((2048, 4), (None, 8)),
     "block.silu_block": 1024, "block.silu_warps": 4,
     "logprob.segments": 8, "logprob.block": 1024, "logprob.warps": 4, "logprob.combine_warps": 1,

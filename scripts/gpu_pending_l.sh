@@ -8,6 +8,9 @@
 # STAGE=vs SEEDS="0 1 2": bench_vs_trl.py's monorl side per seed (the JSONs go to $OUT).
 # STAGE=fused (the first call of a machine: carry .device/wheels): Gemma 3's fused generator layers -- their GPU
 #   tests, the window/full key splits, the window decode's profile and benchmark (random init, no GGUF).
+# Next (session 20): STAGE=fused again on an H100, to measure the window layers' 2-way key split
+#   (`attention.window_split_keys`, set from tune_window_splits.py on an H200, not yet timed in the step); then
+#   STAGE=vs SEEDS="0 0" for a warm run (the kept kernel list no longer keyed by the seed).
 set -u
 export PYTHONUNBUFFERED=1 JSONARGPARSE_DEPRECATION_WARNINGS=off
 [ -d .models ] || tar xzf .device/tok/models.tgz

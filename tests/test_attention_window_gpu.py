@@ -51,7 +51,7 @@ def test_varlen_triton_and_flash_apply_the_window(window):
     torch.testing.assert_close(fl.float(), ref, atol=2e-2, rtol=0)
 
 
-@pytest.mark.parametrize("window,splits", [(5, 1), (100, 1), (100, 4), (1000, 8)])
+@pytest.mark.parametrize("window,splits", [(5, 1), (100, 1), (100, 4), (512, 2), (1000, 8)])
 def test_paged_decode_triton_applies_the_window(window, splits):
     lengths = [37, 300, 1, 129]
     q, k, v = packed(lengths)

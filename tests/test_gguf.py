@@ -379,3 +379,34 @@ def test_a_gemma_gguf_tokenizer_stops_at_the_end_of_a_turn(has_turns):
     tok = gemma3_gguf.tokenizer(lambda key, default=None: meta.get(key, default))
     assert eos_ids(tok) == ((1, 6) if has_turns else (1,))
     assert tok.eos_token_id == 1
+
+
+def test_a_gemma_gguf_tokenizer_is_kept_and_read_back(tmp_path):
+    """The built Gemma tokenizer (its merges derived from the vocabulary: seconds for 262k tokens) is kept by a child
+    process and read back by the next load, encoding alike; a damaged copy is built again."""
+    from monorl.model import gemma3_gguf
+
+    tokens = ["<pad>", "<eos>", "<bos>", "<unk>", "\u2581a", "b", "\u2581ab", "ab", "<end_of_turn>"]
+    meta = {"tokenizer.ggml.tokens": tokens, "tokenizer.ggml.token_type": [3, 3, 3, 2, 1, 1, 1, 1, 3],
+            "tokenizer.ggml.bos_token_id": 2, "tokenizer.ggml.eos_token_id": 1,
+            "tokenizer.ggml.padding_token_id": 0, "tokenizer.ggml.unknown_token_id": 3,
+            "tokenizer.ggml.add_bos_token": True}
+    field = lambda key, default=None: meta.get(key, default)  # noqa: E731
+    kept = tmp_path / "kept.json"
+    built = gemma3_gguf.tokenizer(field, kept)
+    for w in gemma3_gguf._KEPT_WRITERS:
+        assert w.wait(timeout=60) == 0
+    assert "\u2581a b" in kept.read_text(encoding="utf-8")  # a merge, written as the faster-read string
+    read = gemma3_gguf.tokenizer(field, kept)
+    for text in ("ab ab", "a b<end_of_turn>", "abc"):
+        assert read.encode(text, add_special_tokens=True) == built.encode(text, add_special_tokens=True), text
+    assert built.encode("ab", add_special_tokens=True)[0] == 2  # BOS, set on both paths
+    kept.write_text("{damaged")
+    again = gemma3_gguf.tokenizer(field, kept)
+    assert again.encode("ab ab") == built.encode("ab ab")
+    # the key follows the file: another mtime is another copy
+    f = tmp_path / "m.gguf"
+    f.write_bytes(b"x")
+    first = gemma3_gguf.kept_path(f)
+    os.utime(f, ns=(1, 1))
+    assert gemma3_gguf.kept_path(f) != first and gemma3_gguf.kept_path(tmp_path / "none.gguf") is None

@@ -255,7 +255,8 @@ def gguf_tokenizer(file: str | os.PathLike) -> HFTokenizer:
     reader = open_gguf(file)
     kind = _field(reader, "tokenizer.ggml.model")
     if kind == "llama" and _field(reader, "general.architecture") == GEMMA3.gguf_arch:  # SentencePiece BPE
-        return gemma3_gguf.tokenizer(lambda key, default=None: _field(reader, key, default))
+        return gemma3_gguf.tokenizer(lambda key, default=None: _field(reader, key, default),
+                                     gemma3_gguf.kept_path(file))
     if kind != "gpt2":
         raise GGUFError(f"{file}: unsupported tokenizer.ggml.model {kind!r} (monorl builds byte-level BPE "
                         "tokenizers, 'gpt2')")

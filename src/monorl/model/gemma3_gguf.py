@@ -76,7 +76,7 @@ def tokenizer(field: Callable[..., Any], kept: Path | None = None) -> HFTokenize
                 _KEPT_WRITERS.append(subprocess.Popen([sys.executable, "-c", _KEPT_WRITER, str(kept)],
                                                       stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
                                                       stderr=subprocess.DEVNULL))
-                _KEPT_WRITERS[-1].stdin.write(tok.to_str().encode())  # (the child writes; this returns at once)
+                _KEPT_WRITERS[-1].stdin.write(tok.to_str().encode())  # (the child parses and writes it)
                 _KEPT_WRITERS[-1].stdin.close()
     config: dict[str, Any] = {"tokenizer_class": "GemmaTokenizer", "clean_up_tokenization_spaces": False,
                               **{f"{k}_token": v for k, v in names.items()}}

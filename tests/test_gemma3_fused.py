@@ -22,6 +22,15 @@ from tests.test_families import prompts_of, scaled_model, trainer_logprobs
 from tests.test_window_recycling import BS, CFG, long_inserts
 
 
+@pytest.fixture(autouse=True)
+def one_thread():
+    """Tiny tensors: one intra-op thread is faster on a shared CPU (tests/test_parity_everywhere.py)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 def gemma(seed: int) -> torch.nn.Module:
     """The tiny Gemma 3 with every (1 + w) norm's weight drawn too (each norm tells: swapping two shows)."""
     model = scaled_model(CFG, seed)
@@ -67,11 +76,12 @@ def test_a_converted_copy_decodes_as_the_plain_one_past_the_window():
     for key, ev in plain.items():
         assert fused[key].token_ids == ev.token_ids, key
         torch.testing.assert_close(torch.tensor(fused[key].logprobs), torch.tensor(ev.logprobs), rtol=0, atol=1e-6)
-    # and the generated log-probs are the trainer's (the plain model, unconverted)
+    # and the generated log-probs are the trainer's (the plain model, unconverted; packed otherwise than the decode
+    # rows, so fp32 rounding apart)
     seqs = [TrainSequence(prompts[i], list(fused[(i, j)].token_ids), list(fused[(i, j)].logprobs), 0.0)
             for i in range(len(prompts)) for j in range(2)]
     for s, lp in zip(seqs, trainer_logprobs(model, seqs, 0.9), strict=True):
-        torch.testing.assert_close(torch.tensor(s.old_logprobs, dtype=torch.float32), lp, atol=1e-5, rtol=0)
+        torch.testing.assert_close(torch.tensor(s.old_logprobs, dtype=torch.float32), lp, atol=1e-4, rtol=0)
 
 
 def test_resumed_turns_past_the_ring_are_the_plain_copys():

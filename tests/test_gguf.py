@@ -394,7 +394,9 @@ def test_a_gemma_gguf_tokenizer_is_kept_and_read_back(tmp_path):
     field = lambda key, default=None: meta.get(key, default)  # noqa: E731
     kept = tmp_path / "kept.json"
     built = gemma3_gguf.tokenizer(field, kept)
-    for w in gemma3_gguf._KEPT_WRITERS:
+    from monorl.model import tokenizer as T
+
+    for w in T._copy_writers:
         assert w.wait(timeout=60) == 0
     assert "\u2581a b" in kept.read_text(encoding="utf-8")  # a merge, written as the faster-read string
     read = gemma3_gguf.tokenizer(field, kept)

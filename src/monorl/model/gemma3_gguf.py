@@ -8,16 +8,13 @@ transformers' GGUF loader derives them)."""
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import os
-import subprocess
-import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from monorl.model.config import ModelConfig
-from monorl.model.tokenizer import TOKENIZER_CACHE, HFTokenizer
+from monorl.model.tokenizer import HFTokenizer, kept_copy_path, write_kept_copy
 
 NORM_SHIFT = 1.0
 SLIDING_WINDOW_PATTERN = 6  # llama.cpp's LLM_ARCH_GEMMA3: layer i is full attention when (i + 1) % 6 == 0
@@ -55,9 +52,9 @@ END_OF_TURN = "<end_of_turn>"
 def tokenizer(field: Callable[..., Any], kept: Path | None = None) -> HFTokenizer:
     """The tokenizer of a Gemma GGUF file (`field(key)`: its metadata). kept: where a copy of the built vocabulary and
     merges is kept (`kept_path`): read from there when it exists, else built and handed to a child process that
-    writes it for the next load (`_KEPT_WRITER`). Deriving the merges is most of the Gemma 3 270M run's `prepare_s`
-    (1.9 of its 8.4 s start-up on an H100 host); on the 2-core dev box the build took 4.3 s with the hand-over, and
-    the next load 1.35 s."""
+    writes it for the next load (`monorl.model.tokenizer.write_kept_copy`). Deriving the merges is most of the
+    Gemma 3 270M run's `prepare_s` (1.9 of its 8.4 s start-up on an H100 host); on the 2-core dev box the build took
+    4.3 s with the hand-over, and the next load 1.35 s."""
     from tokenizers import Tokenizer, processors
 
     # a token of spaces only is stored as spaces; GemmaTokenizer spells it with "▁"
@@ -72,12 +69,7 @@ def tokenizer(field: Callable[..., Any], kept: Path | None = None) -> HFTokenize
     if tok is None:
         tok = _built(field, tokens, vocab, names)
         if kept is not None:
-            with contextlib.suppress(OSError):
-                _KEPT_WRITERS.append(subprocess.Popen([sys.executable, "-c", _KEPT_WRITER, str(kept)],
-                                                      stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
-                                                      stderr=subprocess.DEVNULL))
-                _KEPT_WRITERS[-1].stdin.write(tok.to_str().encode())  # (the child parses and writes it)
-                _KEPT_WRITERS[-1].stdin.close()
+            write_kept_copy(kept, text=tok.to_str())
     config: dict[str, Any] = {"tokenizer_class": "GemmaTokenizer", "clean_up_tokenization_spaces": False,
                               **{f"{k}_token": v for k, v in names.items()}}
     add_bos = bool(field("tokenizer.ggml.add_bos_token", False)) and "bos" in names
@@ -110,31 +102,9 @@ def _built(field: Callable[..., Any], tokens: list[str], vocab: dict[str, int], 
 
 
 def kept_path(file: str | os.PathLike) -> Path | None:
-    """Where the built tokenizer of this GGUF file is kept (`TOKENIZER_CACHE`, keyed by the file's path, size and
-    mtime, the `tokenizers` version and this module's build, as `monorl.model.tokenizer`'s kept copies are)."""
-    import tokenizers
-
-    try:
-        st = Path(file).stat()
-    except OSError:
-        return None
-    key = f"gemma3-gguf|{BUILD}|{Path(file).resolve()}|{st.st_size}|{st.st_mtime_ns}|{tokenizers.__version__}"
-    return TOKENIZER_CACHE / f"{hashlib.sha256(key.encode()).hexdigest()[:20]}.json"
+    """Where the built tokenizer of this GGUF file is kept (`monorl.model.tokenizer.kept_copy_path`, its kind this
+    module's build)."""
+    return kept_copy_path(Path(file), f"gemma3-gguf|{BUILD}")
 
 
 BUILD = 1  # raise when `_built` changes what it builds: kept copies of the old build are then not read
-# The child that writes a kept copy: the built tokenizer's JSON on stdin, its merges as "a b" strings where no part
-# holds a space (the library reads those faster), written to a temporary file and moved into place.
-_KEPT_WRITER = """import json, os, sys
-dst = sys.argv[1]
-spec = json.loads(sys.stdin.buffer.read())
-merges = spec["model"].get("merges") or []
-if all(isinstance(m, list) and " " not in m[0] + m[1] for m in merges):
-    spec["model"]["merges"] = [" ".join(m) for m in merges]
-os.makedirs(os.path.dirname(dst), exist_ok=True)
-tmp = f"{dst}.{os.getpid()}.tmp"
-with open(tmp, "w", encoding="utf-8") as f:
-    json.dump(spec, f, ensure_ascii=False)
-os.replace(tmp, dst)
-"""
-_KEPT_WRITERS: list[subprocess.Popen] = []  # kept referenced while they run (tests wait on them)

@@ -154,16 +154,20 @@ def _pick_template(value: Any) -> str | None:
 # by the file's path, size and mtime and the library's version, and later loads read the copy.
 TOKENIZER_CACHE = Path.home() / ".cache" / "monorl" / "tokenizers"
 KEEP_COPY_MIN_BYTES = 1 << 20  # smaller files load in milliseconds either way
+# The child that writes a kept copy: the tokenizer's JSON from the file `src` ("-": on stdin), its merges as "a b"
+# strings where no part holds a space; otherwise written as it is only if `always` (a built tokenizer, whose copy
+# saves the build), else not at all. Written to a temporary file and moved into place.
 _COPY_WRITER = """import json, os, sys
-src, dst = sys.argv[1:]
-with open(src, encoding="utf-8") as f:
-    spec = json.load(f)
+src, dst, always = sys.argv[1], sys.argv[2], sys.argv[3] == "1"
+spec = json.loads(sys.stdin.buffer.read() if src == "-" else open(src, "rb").read())
 model = spec.get("model") or {}
 merges = model.get("merges") or []
-if model.get("type") != "BPE" or not merges or not all(
-        isinstance(m, list) and len(m) == 2 and " " not in m[0] + m[1] for m in merges):
+faster = model.get("type") == "BPE" and merges and all(
+    isinstance(m, list) and len(m) == 2 and " " not in m[0] + m[1] for m in merges)
+if not faster and not always:
     sys.exit(0)
-model["merges"] = [" ".join(m) for m in merges]
+if faster:
+    model["merges"] = [" ".join(m) for m in merges]
 os.makedirs(os.path.dirname(dst), exist_ok=True)
 tmp = f"{dst}.{os.getpid()}.tmp"
 with open(tmp, "w", encoding="utf-8") as f:
@@ -173,21 +177,39 @@ os.replace(tmp, dst)
 _copy_writers: list[subprocess.Popen] = []  # kept referenced while they run (tests wait on them)
 
 
-def _kept_copy(file: Path) -> Path | None:
+def kept_copy_path(file: Path, kind: str = "") -> Path | None:
+    """Where the kept copy of `file`'s tokenizer goes (`TOKENIZER_CACHE`): keyed by its path, size and mtime, the
+    library's version and `kind` (what is kept: "" a tokenizer.json's faster form; else a tokenizer built from the
+    file, e.g. a GGUF's). None for a missing file, or a tokenizer.json too small to gain from a copy."""
     try:
         st = file.stat()
     except OSError:
         return None
-    if st.st_size < KEEP_COPY_MIN_BYTES:
+    if not kind and st.st_size < KEEP_COPY_MIN_BYTES:
         return None
     key = f"{file.resolve()}|{st.st_size}|{st.st_mtime_ns}|{tokenizers.__version__}"
+    key = f"{kind}|{key}" if kind else key
     return TOKENIZER_CACHE / f"{hashlib.sha256(key.encode()).hexdigest()[:20]}.json"
+
+
+def write_kept_copy(dst: Path, src: Path | None = None, text: str | None = None) -> None:
+    """A child process writes the kept copy `dst` (`_COPY_WRITER`) of the tokenizer.json `src`, or of the built
+    tokenizer's JSON `text` (handed over on its stdin; written even where its merges stay pairs)."""
+    with contextlib.suppress(OSError):
+        args = [sys.executable, "-c", _COPY_WRITER, "-" if src is None else str(src), str(dst), "0" if text is None
+                else "1"]
+        child = subprocess.Popen(args, stdin=None if text is None else subprocess.PIPE, stdout=subprocess.DEVNULL,
+                                 stderr=subprocess.DEVNULL)
+        _copy_writers.append(child)
+        if text is not None:
+            child.stdin.write(text.encode())
+            child.stdin.close()
 
 
 def read_tokenizer_file(file: Path) -> _HFTok:
     """`Tokenizer.from_file`, from the kept copy when there is one (see above); otherwise from `file`, and a child
     process writes the copy for the next load. A copy that does not load is ignored."""
-    copy = _kept_copy(file)
+    copy = kept_copy_path(file)
     if copy is not None and copy.is_file():
         try:
             return _HFTok.from_file(str(copy))
@@ -195,9 +217,7 @@ def read_tokenizer_file(file: Path) -> _HFTok:
             pass
     tok = _HFTok.from_file(str(file))
     if copy is not None:
-        with contextlib.suppress(OSError):
-            _copy_writers.append(subprocess.Popen([sys.executable, "-c", _COPY_WRITER, str(file), str(copy)],
-                                                  stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+        write_kept_copy(copy, src=file)
     return tok
 
 

@@ -329,15 +329,21 @@ def silu_mul(gate: Tensor, up: Tensor) -> Tensor:
     """SiLU(gate) * up, both [T, N] (e.g. column slices of a fused gate/up GEMM's output)."""
     if not use_triton(gate):
         return F.silu(gate) * up
+    return _act_mul(_silu_mul_kernel, gate, up)
+
+
+def _act_mul(kernel, gate: Tensor, up: Tensor) -> Tensor:
+    """One launch of an act(gate) * up kernel (`_silu_mul_kernel`, `_gelu_tanh_mul_kernel`): a program a token and
+    column block."""
     gate, up = unit_stride(gate), unit_stride(up)
     T, N = gate.shape
     out = gate.new_empty(T, N)
     if T:
         chip = chip_for(gate)
         block = tuned("block.silu_block", chip)
-        _silu_mul_kernel[(T, triton.cdiv(N, block))](gate, up, out, N, gate.stride(0), up.stride(0), BLOCK=block,
-                                                      num_warps=tuned("block.silu_warps", chip),
-                                                      enable_fp_fusion=False, **pdl_launch(gate))
+        kernel[(T, triton.cdiv(N, block))](gate, up, out, N, gate.stride(0), up.stride(0), BLOCK=block,
+                                           num_warps=tuned("block.silu_warps", chip), enable_fp_fusion=False,
+                                           **pdl_launch(gate))
     return out
 
 
@@ -387,16 +393,7 @@ def gelu_tanh_mul(gate: Tensor, up: Tensor) -> Tensor:
     GeGLU, forward only (the generator's copy, `monorl.model.gemma3_fused`)."""
     if not use_triton(gate):
         return F.gelu(gate, approximate="tanh") * up
-    gate, up = unit_stride(gate), unit_stride(up)
-    T, N = gate.shape
-    out = gate.new_empty(T, N)
-    if T:
-        chip = chip_for(gate)
-        block = tuned("block.silu_block", chip)
-        _gelu_tanh_mul_kernel[(T, triton.cdiv(N, block))](gate, up, out, N, gate.stride(0), up.stride(0), BLOCK=block,
-                                                           num_warps=tuned("block.silu_warps", chip),
-                                                           enable_fp_fusion=False, **pdl_launch(gate))
-    return out
+    return _act_mul(_gelu_tanh_mul_kernel, gate, up)
 
 
 @gelu_tanh_mul.register_fake

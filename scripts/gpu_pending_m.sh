@@ -1,0 +1,73 @@
+#!/bin/bash
+# Session 20. One machine, calls in this order (each carries what it names; the machine keeps ignored paths):
+# STAGE=a (carry .device/wheels .device/tok .device/tri/parts.sha256 .device/tri/parts/a): #57 on this device --
+#   Gemma 3's fused layers' GPU tests, the key splits, the window decode's profile and benchmark with the window
+#   layers' 2-way key split (never timed in the step), at 64 and 128 rows, and the 1B shape.
+# STAGE=b (carry .device/tri/parts/b): #58 -- Triton 3.7.1 (fla's requirement for its gated backward on Hopper, fla
+#   #640) joined into .device/tri371 and put first on the path; tests/test_qwen3_5_gpu.py with fla and the decode
+#   kernels on; then W0's workload on qwen3_5-0.8b against qwen3-0.6b, default mode, fla on, under Triton 3.7.1.
+# STAGE=g PART=a..e (carry .device/gemma3/gguf.sha256 with a, then .device/gemma3/parts/PART): the Gemma GGUF;
+#   the call with the last part also runs STAGE=vs (gpu_pending_l.sh) with SEEDS="0 0": a warm second run.
+set -u
+export PYTHONUNBUFFERED=1 JSONARGPARSE_DEPRECATION_WARNINGS=off
+[ -d .models ] || tar xzf .device/tok/models.tgz
+bash scripts/device_setup.sh 2>&1 | tail -1
+export PYTHONPATH=$PWD/src:$PWD/.device/site
+tri() {  # Triton 3.7.1, once both parts are here
+  [ -f .device/tri371/triton/__init__.py ] && return 0
+  for p in a b; do [ -f .device/tri/parts/$p ] || { echo "triton waits for part $p"; return 1; }; done
+  (cd .device/tri && sha256sum -c --quiet parts.sha256) || return 1
+  mkdir -p .device/tri371 && cat .device/tri/parts/a .device/tri/parts/b | xz -d | tar x -C .device/tri371
+}
+# one CLI run, W0's workload: name, shape, then python lines run before main (flags)
+step() {
+  local name=$1 shape=$2 pre=$3 d=/tmp/step_$1; rm -rf $d
+  local t0; t0=$(date +%s.%N)
+  timeout ${RLIMIT:-120} python3 - $d $shape > $OUT/step_$name.log 2>&1 <<PY
+import sys
+$pre
+from monorl.cli import main
+main(["train", "--preset", "qwen3_0_6b_sum_digits", "--model.shape", sys.argv[2], "--model.random_init", "true",
+      "--rollout.ignore_eos", "true", "--checkpoint.final", "false", "--checkpoint.every_minutes", "0",
+      "--steps", "${STEPS:-8}", "--batch_invariant", "false", "--run_dir", sys.argv[1]])
+PY
+  local rc=$? t1; t1=$(date +%s.%N)
+  python3 - "$d" "$name" "$rc" "$t0" "$t1" <<'PY'
+import json, sys
+d, name, rc, t0, t1 = sys.argv[1:]
+try:
+    s = json.load(open(f"{d}/summary.json"))
+    print(f"{name:28s} rc {rc} process {float(t1)-float(t0):6.2f} s startup {s['startup_s']:5.2f} s steady step "
+          f"{s['steady_step_s']:.4f} s (generate {s['generate_s']:.2f} train {s['train_s']:.2f} s over all steps) "
+          f"logprob_diff_max {s.get('logprob_diff_max')}")
+except Exception as e:
+    print(f"{name} rc {rc} no summary ({e})")
+PY
+  grep -E "gated delta rule:|Error|error:" $OUT/step_$name.log | grep -v DEBUG | sort -u | cut -c1-200 | tail -4
+}
+FLA_ON='from monorl.ops import gated_delta, gated_delta_decode
+gated_delta.FLA_ENABLED = gated_delta_decode.ENABLED = True'
+case ${STAGE:-a} in
+a)
+  tri
+  nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
+  TOP=20 STAGE=fused bash scripts/gpu_pending_l.sh 2>&1 | grep -vE "^torch |^export|^total|^-rw|^drwx" | tail -60
+  (cd benchmarks && timeout 170 python3 bench_window_decode.py --shapes gemma3-270m,gemma3-1b --rows 128 \
+    --contexts 16384 --budget-s 140 --out $OUT/window_decode_128.json 2>&1 | grep -v USDT | tail -12);;
+b)
+  tri || exit 1
+  T=$PWD/.device/tri371
+  PYTHONPATH=$T:$PYTHONPATH python3 -c "import triton, fla; print('triton', triton.__version__, 'fla', fla.__version__)"
+  PYTHONPATH=$T:$PYTHONPATH timeout 200 python3 -m pytest -v -p no:cacheprovider --tb=short -m gpu \
+    tests/test_qwen3_5_gpu.py > $OUT/qwen3_5_tests_371.log 2>&1
+  echo "qwen3_5 GPU tests, triton 3.7.1: rc $?"
+  grep -E "PASSED|FAILED|ERROR|passed|failed" $OUT/qwen3_5_tests_371.log | sed 's/^tests\///' | cut -c1-150 | tail -12
+  grep -E "^E  " $OUT/qwen3_5_tests_371.log | head -12
+  PYTHONPATH=$T:$PYTHONPATH step hybrid_fla_tri371 qwen3_5-0.8b "$FLA_ON"
+  PYTHONPATH=$T:$PYTHONPATH step dense_tri371 qwen3-0.6b ""
+  step hybrid_fla_fwd_tri360 qwen3_5-0.8b "$FLA_ON"
+  step dense_tri360 qwen3-0.6b "";;
+g)
+  bash scripts/device_setup.sh gemma3 2>&1 | grep -E "wait|OK|damaged"
+  [ -f .device/model/gemma-3-270m-q4_k_m.gguf ] && STAGE=vs SEEDS="${SEEDS:-0 0}" bash scripts/gpu_pending_l.sh;;
+esac

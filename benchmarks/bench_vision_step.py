@@ -15,7 +15,9 @@ matches, so no task and no `generate_rollouts`): one fp32 policy the trainer ste
 defaults: decode CUDA graphs, fused kernels, no compile), the image processor the run makes for a named shape
 (`monorl.model.source.image_processor`: Qwen3-VL's preprocessor bounds with the tower's patch sizes; a 448 x 448
 image is 28 x 28 patches, 196 image tokens), synthetic pictures drawn at run time (`count_squares.draw_squares`).
-"generate" includes encoding the prompts' images (PIL resize, patches: the host work a run's rollouts do each step).
+"generate" starts from prompts encoded during the previous step's training, as a run's rollouts do
+(`RolloutProducer.encode_ahead`: the images' PIL resize and patches), so "train" holds that host work where the
+GPU's training kernels do not cover it; the 1-token batches are encoded before their timing too.
 
 Times with CUDA events: generate, train and sync each, median of --steps after --warmup steps, and the peak memory
 allocated during each phase. Decode tokens/s: 40 rows over the decode step, (batch time - the batch's time with 1
@@ -117,9 +119,15 @@ def run_case(cfg: ModelConfig, shape: str, prompts: list[list[int]], pictures: l
         pairs = [encode_with_images(p, [im], cfg.vision, processor) for p, im in zip(prompts, pictures, strict=True)]
         return [ids for ids, _ in pairs], [im for _, im in pairs]
 
+    ahead: list = []  # the next step's encoded prompts, made while the GPU trains (as a run's encode_ahead does)
+
     def generate(sp: SamplingParams) -> tuple[list[list[int]], list | None, list]:
-        ids, images = encode()
+        ids, images = ahead.pop() if ahead else encode()
         return ids, images, gen.generate(ids, sp, n=args.n, images=images)
+
+    def train(seqs: list[TrainSequence]) -> None:
+        trainer.step(seqs)
+        ahead.append(encode())  # host work; the GPU may still be running the step's kernels
 
     def sampling(seed: int, new: int) -> SamplingParams:
         return SamplingParams(max_new_tokens=new, temperature=0.8, top_p=0.95, ignore_eos=True, seed=seed)
@@ -137,7 +145,7 @@ def run_case(cfg: ModelConfig, shape: str, prompts: list[list[int]], pictures: l
                 for k, comps in enumerate(outs) for j, c in enumerate(comps)]
         assert all(len(s.completion_ids) == args.new for s in seqs)
         reset_peak(device)
-        t_train, _ = timed_call(lambda b=seqs: trainer.step(b), device)
+        t_train, _ = timed_call(lambda b=seqs: train(b), device)
         train_peak = peak_gib(device)
         t_sync, _ = timed_call(lambda: gen.load_weights_(model), device)
         print(f"  step {step}: generate {t_gen:.3f} s, train {t_train:.3f} s, sync {t_sync:.3f} s", flush=True)
@@ -149,6 +157,7 @@ def run_case(cfg: ModelConfig, shape: str, prompts: list[list[int]], pictures: l
                 peaks["generate"].append(gen_peak)
                 peaks["train"].append(train_peak)
     for rep in range(args.decode_reps + 1):  # the first: the 1-token batch's own warm-up
+        ahead[:] = [encode()]  # encoded before, as the steps' batches are (the decode split compares like with like)
         t_one, _ = timed_call(lambda r=rep: generate(sampling(1000 + r, 1)), device)
         if rep:
             rows["one_token_s"].append(t_one)

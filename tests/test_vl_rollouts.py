@@ -137,18 +137,14 @@ def test_generator_equals_trainer_bitwise_in_batch_invariant_mode():
             assert torch.equal(lp, torch.tensor(s.old_logprobs, dtype=torch.float32))
 
 
-def test_rollouts_carry_images_to_a_trainer_step(tmp_path):
-    """A dataset task's prompts with images, through `generate_rollouts` (placeholders expanded by the generator's
-    image processor) to `Rollout.train_sequence`: the trainer's log-probs equal the generator's, and a step with the
-    tower frozen (`freeze_vision_`, what --model.freeze_vision does) changes the language model, not the tower."""
+def dataset_with_images(tmp_path):
+    """(tokenizer, tiny VL model, a dataset task of 3 prompts -- two images, one, none --, those prompts, a generator
+    with PROCESSOR)."""
     import json
 
     from tokenizers import AddedToken
 
-    from monorl.generate.sampling import SamplingParams as SP
     from monorl.model.hf_checkpoint import load_tokenizer
-    from monorl.model.qwen3_vl import freeze_vision_
-    from monorl.rl.rollouts.rollout import generate_rollouts
     from monorl.tasks.dataset import DatasetTask
     from tests.test_tokenizer import write_tokenizer_dir
     from tests.test_vision_dataset import VISION_SPECIALS, picture
@@ -174,6 +170,18 @@ def test_rollouts_carry_images_to_a_trainer_step(tmp_path):
     prompts = [next(stream) for _ in range(3)]
     gen = Generator(model, GeneratorConfig(max_num_seqs=8, max_model_len=512, block_size=4))
     gen.image_processor = PROCESSOR
+    return tok, model, task, prompts, gen
+
+
+def test_rollouts_carry_images_to_a_trainer_step(tmp_path):
+    """A dataset task's prompts with images, through `generate_rollouts` (placeholders expanded by the generator's
+    image processor) to `Rollout.train_sequence`: the trainer's log-probs equal the generator's, and a step with the
+    tower frozen (`freeze_vision_`, what --model.freeze_vision does) changes the language model, not the tower."""
+    from monorl.generate.sampling import SamplingParams as SP
+    from monorl.model.qwen3_vl import freeze_vision_
+    from monorl.rl.rollouts.rollout import generate_rollouts
+
+    tok, model, task, prompts, gen = dataset_with_images(tmp_path)
     groups = generate_rollouts(gen, tok, task, prompts, SP(max_new_tokens=6, temperature=1.0, seed=0), n=2,
                                max_len=512)
     assert [g[0].images is not None for g in groups] == [bool(p.meta.get("images")) for p in prompts]
@@ -191,6 +199,30 @@ def test_rollouts_carry_images_to_a_trainer_step(tmp_path):
     trainer.step(seqs)
     assert all(torch.equal(p, tower[n]) for n, p in model.model.visual.named_parameters())
     assert any(not torch.equal(p, text[n]) for n, p in model.named_parameters() if n in text)
+
+
+def test_images_made_ahead_are_what_generation_takes(tmp_path, monkeypatch):
+    """`generation_inputs` (what `RolloutProducer.encode_ahead` makes while the GPU trains) processes a batch's
+    images; `generate_rollouts` given them processes none, and its rollouts are those it makes unaided."""
+    from monorl.distributed.world import SINGLE
+    from monorl.generate.sampling import SamplingParams as SP
+    from monorl.model import image_processing
+    from monorl.rl.rollouts.rollout import encode_prompts, generate_rollouts, generation_inputs
+
+    tok, model, task, prompts, gen = dataset_with_images(tmp_path)
+    sp = SP(max_new_tokens=6, temperature=1.0, seed=0)
+    unaided = generate_rollouts(gen, tok, task, prompts, sp, n=2, max_len=512)
+    inputs = generation_inputs(gen, SINGLE, *encode_prompts(task, tok, prompts, 512, 6, images=True))
+    assert [im is not None for im in inputs.images] == [bool(p.meta.get("images")) for p in prompts]
+    assert sum(im is not None for im in inputs.images) == 2
+    calls = []
+    real = image_processing.ImageProcessor.__call__
+    monkeypatch.setattr(image_processing.ImageProcessor, "__call__",
+                        lambda self, images: calls.append(len(images)) or real(self, images))
+    ahead = generate_rollouts(gen, tok, task, prompts, sp, n=2, max_len=512, inputs=inputs)
+    assert calls == []
+    assert [[(r.prompt_ids, r.completion_ids, r.logprobs) for r in g] for g in ahead] == \
+        [[(r.prompt_ids, r.completion_ids, r.logprobs) for r in g] for g in unaided]
 
 
 def test_the_tower_runs_once_per_prompt_group(monkeypatch):

@@ -24,7 +24,14 @@ from monorl.generate.sampling import SamplingParams
 from monorl.rl.rollouts.dynamic_sampling import SampledBatch, fill_batch, sampling_metric
 from monorl.rl.rollouts.episodes import EpisodeRunner, generate_episodes
 from monorl.rl.rollouts.metrics import ValidationResult, summarize
-from monorl.rl.rollouts.rollout import Rollout, add_overlong_penalty, encode_prompts, generate_rollouts
+from monorl.rl.rollouts.rollout import (
+    GenerationInputs,
+    Rollout,
+    add_overlong_penalty,
+    encode_prompts,
+    generate_rollouts,
+    generation_inputs,
+)
 from monorl.rl.rollouts.sampling import RolloutSpec, rollout_sampling, validation_sampling
 from monorl.tasks.base import Prompt, RewardError
 from monorl.tasks.reward_context import RewardContext
@@ -61,10 +68,11 @@ class RolloutProducer:
         self.stream = stream or PromptStream(spec.task, spec.cfg.seed)  # knows its position, for checkpoints
         # what dynamic sampling's filter reads (default: the pass component, as DAPO filters on accuracy)
         self.metric = sampling_metric(self.cfg.rollout.dynamic_sampling_metric, spec.components, spec.pass_component)
-        # (max_new_tokens, prompts, encode_prompts' result) of the next step's first prompts (`encode_ahead`)
-        self.encoded_ahead: tuple[int, list[Prompt], tuple[list, list[list[int]]]] | None = None
+        # (max_new_tokens, prompts, their generation inputs) of the next step's first prompts (`encode_ahead`)
+        self.encoded_ahead: tuple[int, list[Prompt], GenerationInputs] | None = None
         # the held-out prompts rendered and tokenized by the first validation: every later one reuses them (the
-        # prompts and validation's sampler are the run's own, fixed)
+        # prompts and validation's sampler are the run's own, fixed; their images are made again each time: 200
+        # prompts' patches would keep ~1 GB of host memory)
         self.val_encoded: tuple[list[Prompt], list[list[int]]] | None = None
         self.reward_failed_steps = 0  # consecutive steps whose reward failed on every completion
         self.warned_short_batch = False
@@ -145,18 +153,18 @@ class RolloutProducer:
         """Single-turn groups: one completion per sample, scored (prompts encoded ahead when they were)."""
         spec = self.spec
         ahead, self.encoded_ahead = self.encoded_ahead, None
-        encoded = None
+        inputs = None
         if ahead is not None and ahead[0] == sampling.max_new_tokens and len(ahead[1]) == len(prompts) and \
                 all(a is b for a, b in zip(ahead[1], prompts, strict=True)):
-            encoded = ahead[2]
+            inputs = ahead[2]
         return generate_rollouts(self.generator, spec.tokenizer, spec.task, prompts, sampling,
-                                 self.cfg.rollout.group_size, spec.max_len, self.world, encoded=encoded,
+                                 self.cfg.rollout.group_size, spec.max_len, self.world, inputs=inputs,
                                  context=context, between_chunks=between_chunks)
 
     def encode_ahead(self, step: int) -> None:
         """Render and tokenize the prompts step `step` will draw first (`PromptStream.peek`: the stream's position
-        does not move), for `rollouts` to take instead of encoding them itself. Host work that would otherwise
-        run with the GPU idle at the start of that step."""
+        does not move), and make their images' patches, for `rollouts` to take instead of encoding them itself.
+        Host work that would otherwise run with the GPU idle at the start of that step."""
         spec, ro = self.spec, self.cfg.rollout
         self.encoded_ahead = None
         if self.episodes is not None:  # an episode's prompt is its environment's first observation
@@ -164,8 +172,8 @@ class RolloutProducer:
         try:
             prompts = self.stream.peek(ro.prompts_per_step)
             max_new = rollout_sampling(self.cfg, step).max_new_tokens
-            self.encoded_ahead = (max_new, prompts, encode_prompts(spec.task, spec.tokenizer, prompts, spec.max_len,
-                                                                   max_new, images=True))
+            encoded = encode_prompts(spec.task, spec.tokenizer, prompts, spec.max_len, max_new, images=True)
+            self.encoded_ahead = (max_new, prompts, generation_inputs(self.generator, self.world, *encoded))
         except Exception:  # noqa: BLE001 - a prompt that fails to render fails where that step draws it, as before
             log.debug("encoding the next step's prompts ahead failed; that step encodes them itself", exc_info=True)
 
@@ -194,7 +202,8 @@ class RolloutProducer:
             self.val_encoded = encode_prompts(spec.task, spec.tokenizer, spec.val_prompts, spec.max_len,
                                               sampling.max_new_tokens, images=True)
         groups = generate_rollouts(self.generator, spec.tokenizer, spec.task, spec.val_prompts, sampling, v.k,
-                                   spec.max_len, self.world, encoded=self.val_encoded, context=self.reward_context())
+                                   spec.max_len, self.world, context=self.reward_context(),
+                                   inputs=generation_inputs(self.generator, self.world, *self.val_encoded))
         return summarize(groups, spec.task.reward_components, spec.pass_component, v.pass_threshold)
 
     def warm_up_samplers(self) -> list[SamplingParams]:

@@ -92,9 +92,29 @@ def encode_prompts(task: Task, tokenizer, prompts: Sequence[Prompt], max_len: in
     return kept, ids
 
 
+@dataclass
+class GenerationInputs:
+    """What one rank feeds the generator for a batch: its share of the kept prompts (the batch's prompts from index
+    `first`), their tokens with image placeholders expanded, and their images (`prompt_images`)."""
+    prompts: list[Prompt]
+    ids: list[list[int]]
+    images: list[ImageInputs | None]
+    first: int
+
+
+def generation_inputs(generator: Generator, world: World, prompts: Sequence[Prompt],
+                      prompt_ids: Sequence[list[int]]) -> GenerationInputs:
+    """This rank's `GenerationInputs` of `encode_prompts`' kept prompts and tokens: its share (a TP group's ranks:
+    the same share), images decoded, resized and cut into patches (host work a producer runs ahead, while the GPU
+    trains: `RolloutProducer.encode_ahead`)."""
+    lo, hi = generation_world(world, generator.tp).share(len(prompts))
+    ids, images = prompt_images(generator, prompts[lo:hi], prompt_ids[lo:hi])
+    return GenerationInputs(list(prompts[lo:hi]), ids, images, lo)
+
+
 def generate_rollouts(generator: Generator, tokenizer, task: Task, prompts: Sequence[Prompt],
                       sampling: SamplingParams, n: int, max_len: int, world: World = SINGLE,
-                      encoded: tuple[list[Prompt], list[list[int]]] | None = None,
+                      inputs: GenerationInputs | None = None,
                       context: RewardContext | None = None,
                       between_chunks: Callable[[], None] | None = None) -> list[list[Rollout]]:
     """[prompt][sample] rollouts with rewards (no advantages yet), each with the policy versions that sampled it
@@ -102,17 +122,16 @@ def generate_rollouts(generator: Generator, tokenizer, task: Task, prompts: Sequ
     ranks (`world`) each generates and scores its contiguous share of the prompt groups (a group never spans ranks),
     keyed by the group's index in the whole batch, so a group's completions do not depend on the rank count; every
     rank gets all groups back.
-    encoded: `encode_prompts(task, tokenizer, prompts, max_len, sampling.max_new_tokens)`, when already at hand.
+    inputs: `generation_inputs` of `prompts` for this rank, when already at hand (made ahead).
     context: the step's `RewardContext`, passed to the task's rewards; what they log with log_metric is added to
     it (every rank's), what they log with log_extra lands in each rollout's `extra`."""
-    prompts, prompt_ids = encoded or encode_prompts(task, tokenizer, prompts, max_len, sampling.max_new_tokens,
-                                                    images=True)
-    lo, hi = generation_world(world, generator.tp).share(len(prompts))  # a TP group's ranks: the same share
-    prompts, prompt_ids = prompts[lo:hi], prompt_ids[lo:hi]
-    prompt_ids, images = prompt_images(generator, prompts, prompt_ids)
+    if inputs is None:
+        inputs = generation_inputs(generator, world, *encode_prompts(task, tokenizer, prompts, max_len,
+                                                                     sampling.max_new_tokens, images=True))
+    prompts, prompt_ids, images = inputs.prompts, inputs.ids, inputs.images
     call = context.fresh() if context is not None else None  # this call's logs, merged over ranks below
-    outs = generator.generate(prompt_ids, sampling, n=n, first_prompt_index=lo, between_chunks=between_chunks,
-                              images=images) if prompts else []
+    outs = generator.generate(prompt_ids, sampling, n=n, first_prompt_index=inputs.first,
+                              between_chunks=between_chunks, images=images) if prompts else []
     drain_updates(between_chunks)
     groups = score_groups(tokenizer, task, prompts, prompt_ids, outs, call, images)
     return gather_groups(world, generator, groups, call, context)

@@ -127,7 +127,8 @@ def run_case(cfg: ModelConfig, shape: str, prompts: list[list[int]], pictures: l
 
     def train(seqs: list[TrainSequence]) -> None:
         trainer.step(seqs)
-        ahead.append(encode())  # host work; the GPU may still be running the step's kernels
+        if not args.no_ahead:
+            ahead.append(encode())  # host work; the GPU may still be running the step's kernels
 
     def sampling(seed: int, new: int) -> SamplingParams:
         return SamplingParams(max_new_tokens=new, temperature=0.8, top_p=0.95, ignore_eos=True, seed=seed)
@@ -157,7 +158,7 @@ def run_case(cfg: ModelConfig, shape: str, prompts: list[list[int]], pictures: l
                 peaks["generate"].append(gen_peak)
                 peaks["train"].append(train_peak)
     for rep in range(args.decode_reps + 1):  # the first: the 1-token batch's own warm-up
-        ahead[:] = [encode()]  # encoded before, as the steps' batches are (the decode split compares like with like)
+        ahead[:] = [] if args.no_ahead else [encode()]  # as the steps' batches are (the decode split: like with like)
         t_one, _ = timed_call(lambda r=rep: generate(sampling(1000 + r, 1)), device)
         if rep:
             rows["one_token_s"].append(t_one)
@@ -190,6 +191,8 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=5, help="timed RL steps (median)")
     ap.add_argument("--decode-reps", type=int, default=5, help="timed 1-new-token batches (median)")
     ap.add_argument("--trainer-graphs", action="store_true", help="the trainer step replays CUDA graphs (#59)")
+    ap.add_argument("--no-ahead", action="store_true",
+                    help="each step encodes its prompts at its start (before session 20's encode-ahead of images)")
     ap.add_argument("--smoke", action="store_true", help="CPU, tiny-vl against tiny, few steps: checks the script")
     args = ap.parse_args()
     if args.smoke:

@@ -71,3 +71,10 @@ g)
   bash scripts/device_setup.sh gemma3 2>&1 | grep -E "wait|OK|damaged"
   [ -f .device/model/gemma-3-270m-q4_k_m.gguf ] && STAGE=vs SEEDS="${SEEDS:-0 0}" bash scripts/gpu_pending_l.sh;;
 esac
+# STAGE=v (no carry): #59 -- the vision step with trainer graphs, images encoded ahead (a run's encode_ahead) and
+#   not (--no-ahead: how sessions 13-16 timed it), one machine
+[ "${STAGE:-a}" = v ] && for a in "" "--no-ahead"; do
+  timeout 170 python3 benchmarks/bench_vision_step.py --trainer-graphs $a --out $OUT/vision_step${a:+_noahead}.json \
+    > $OUT/vision${a:+_noahead}.log 2>&1
+  echo "vision step ${a:-ahead} rc $?"; grep -v DEBUG $OUT/vision${a:+_noahead}.log | tail -6
+done

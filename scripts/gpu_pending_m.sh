@@ -52,8 +52,14 @@ a)
   tri
   nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
   TOP=20 STAGE=fused bash scripts/gpu_pending_l.sh 2>&1 | grep -vE "^torch |^export|^total|^-rw|^drwx" | tail -60
-  (cd benchmarks && timeout 170 python3 bench_window_decode.py --shapes gemma3-270m,gemma3-1b --rows 128 \
-    --contexts 16384 --budget-s 140 --out $OUT/window_decode_128.json 2>&1 | grep -v USDT | tail -12);;
+  # more rows (the KV's share of the step grows, the kernels' fixed latency does not), and the 1B shape
+  bw=3.13e12; nvidia-smi --query-gpu=name --format=csv,noheader | grep -q H200 && bw=4.6e12
+  (cd benchmarks && timeout 150 python3 profile_window_decode.py --shape gemma3-270m --context 16384 --rows 128 \
+    --top 12 --bandwidth $bw --out $OUT/profile_window_decode_128.json 2>&1 | grep -v USDT | tail -40)
+  for c in "gemma3-270m 128,256" "gemma3-1b 64"; do set -- $c
+    (cd benchmarks && timeout 150 python3 bench_window_decode.py --shapes $1 --rows $2 --contexts 16384 \
+      --budget-s 110 --out $OUT/window_decode_$1_$2.json 2>&1 | grep -v USDT | grep -E "^\{|^\||Error" | cut -c1-400)
+  done;;
 b)
   tri || exit 1
   T=$PWD/.device/tri371

@@ -2,7 +2,7 @@
 # Session 20. One machine, calls in this order (each carries what it names; the machine keeps ignored paths):
 # STAGE=a (carry .device/wheels .device/tok .device/tri/parts.sha256 .device/tri/parts/a): #57 on this device --
 #   Gemma 3's fused layers' GPU tests, the key splits, the window decode's profile and benchmark with the window
-#   layers' 2-way key split (never timed in the step), at 64 and 128 rows, and the 1B shape.
+#   layers' 2-way key split (never timed in the step). STAGE=a2 (no carry): at 128 and 256 rows, and the 1B shape.
 # STAGE=b (carry .device/tri/parts/b): #58 -- Triton 3.7.1 (fla's requirement for its gated backward on Hopper, fla
 #   #640) joined into .device/tri371 and put first on the path; tests/test_qwen3_5_gpu.py with fla and the decode
 #   kernels on; then W0's workload on qwen3_5-0.8b against qwen3-0.6b, default mode, fla on, under Triton 3.7.1.
@@ -51,7 +51,8 @@ case ${STAGE:-a} in
 a)
   tri
   nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
-  TOP=20 STAGE=fused bash scripts/gpu_pending_l.sh 2>&1 | grep -vE "^torch |^export|^total|^-rw|^drwx" | tail -60
+  TOP=20 STAGE=fused bash scripts/gpu_pending_l.sh 2>&1 | grep -vE "^torch |^export|^total|^-rw|^drwx" | tail -60;;
+a2)
   # more rows (the KV's share of the step grows, the kernels' fixed latency does not), and the 1B shape
   bw=3.13e12; nvidia-smi --query-gpu=name --format=csv,noheader | grep -q H200 && bw=4.6e12
   (cd benchmarks && timeout 150 python3 profile_window_decode.py --shape gemma3-270m --context 16384 --rows 128 \

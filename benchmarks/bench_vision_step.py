@@ -126,9 +126,8 @@ def run_case(cfg: ModelConfig, shape: str, prompts: list[list[int]], pictures: l
         return ids, images, gen.generate(ids, sp, n=args.n, images=images)
 
     def train(seqs: list[TrainSequence]) -> None:
-        trainer.step(seqs)
-        if not args.no_ahead:
-            ahead.append(encode())  # host work; the GPU may still be running the step's kernels
+        # queued behind the update, before the step's host sync: where a run's consumer puts its after_publish
+        trainer.step(seqs, after_update=None if args.no_ahead else lambda: ahead.append(encode()))
 
     def sampling(seed: int, new: int) -> SamplingParams:
         return SamplingParams(max_new_tokens=new, temperature=0.8, top_p=0.95, ignore_eos=True, seed=seed)

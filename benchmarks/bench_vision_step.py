@@ -15,9 +15,10 @@ matches, so no task and no `generate_rollouts`): one fp32 policy the trainer ste
 defaults: decode CUDA graphs, fused kernels, no compile), the image processor the run makes for a named shape
 (`monorl.model.source.image_processor`: Qwen3-VL's preprocessor bounds with the tower's patch sizes; a 448 x 448
 image is 28 x 28 patches, 196 image tokens), synthetic pictures drawn at run time (`count_squares.draw_squares`).
-"generate" starts from prompts encoded during the previous step's training, as a run's rollouts do
-(`RolloutProducer.encode_ahead`: the images' PIL resize and patches), so "train" holds that host work where the
-GPU's training kernels do not cover it; the 1-token batches are encoded before their timing too.
+"generate" starts from prompts encoded during the previous step's training (in the trainer step's after_update,
+before its host sync, where a run's `RolloutProducer.encode_ahead` runs: the images' PIL resize and patches), so
+"train" holds that host work where the GPU's training kernels do not cover it; the 1-token batches are encoded
+before their timing too.
 
 Times with CUDA events: generate, train and sync each, median of --steps after --warmup steps, and the peak memory
 allocated during each phase. Decode tokens/s: 40 rows over the decode step, (batch time - the batch's time with 1

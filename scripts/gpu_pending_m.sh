@@ -58,9 +58,9 @@ a2)
   bw=3.13e12; nvidia-smi --query-gpu=name --format=csv,noheader | grep -q H200 && bw=4.6e12
   (cd benchmarks && timeout 150 python3 profile_window_decode.py --shape gemma3-270m --context 16384 --rows 128 \
     --top 12 --bandwidth $bw --out $OUT/profile_window_decode_128.json 2>&1 | grep -v USDT | tail -40)
-  for c in "gemma3-270m 128,256" "gemma3-1b 64"; do set -- $c
+  for c in "gemma3-270m 128,256 128_256" "gemma3-1b 64 64"; do set -- $c
     (cd benchmarks && timeout 150 python3 bench_window_decode.py --shapes $1 --rows $2 --contexts 16384 \
-      --budget-s 110 --out $OUT/window_decode_$1_$2.json 2>&1 | grep -v USDT | grep -E "^\{|^\||Error" | cut -c1-400)
+      --budget-s 110 --out $OUT/window_decode_$1_$3.json 2>&1 | grep -v USDT | grep -E "^\{|^\||Error" | cut -c1-400)
   done;;
 b)
   tri || exit 1

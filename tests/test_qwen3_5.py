@@ -189,3 +189,46 @@ def test_causal_conv_carries_its_state():
     packed, _ = causal_conv(x, w, torch.tensor([0, 2, 2, 30]), None)
     alone = causal_conv(x[2:], w, torch.tensor([0, 28]), None)[0]
     assert torch.equal(packed[:2], a) and (packed[2:] - alone).abs().max() < 1e-6
+
+
+def _conv_by_one_gather(x, weight, cu_seqlens, initial):
+    """The conv as one [T, K] gather of x and the states (how causal_conv computed it before #58's session 20):
+    the same products, added in the same order."""
+    T, C = x.shape
+    K, N = weight.shape[1], cu_seqlens.shape[0] - 1
+    src = torch.cat([x, initial.to(x.dtype).reshape(N * (K - 1), C)])
+    cu = cu_seqlens.long()
+    t = torch.arange(T)
+    seq = torch.searchsorted(cu, t, right=True) - 1
+    p = (t - cu[seq])[:, None] - torch.arange(K - 1, -1, -1)
+    idx = torch.where(p >= 0, t[:, None] - torch.arange(K - 1, -1, -1), T + seq[:, None] * (K - 1) + (K - 1) + p)
+    taps = src[idx] * weight.t().to(x.dtype)
+    out = taps[:, 0]
+    for i in range(1, K):
+        out = out + taps[:, i]
+    n = cu[1:] - cu[:-1]
+    q = n[:, None] - (K - 1) + torch.arange(K - 1)
+    fidx = torch.where(q >= 0, cu[:-1, None] + q, T + torch.arange(N)[:, None] * (K - 1) + (K - 1) + q)
+    return torch.nn.functional.silu(out), src[fidx]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_causal_conv_by_taps_equals_one_gather_bitwise(dtype):
+    """causal_conv's laid-out taps (each a gather of distinct rows: a cheap backward) give the one-gather form's
+    outputs and final states bit for bit (same products, same order of sums; batch-invariant mode's generator and
+    trainer both rely on that order), and its gradients, on a pack with states, an empty and a 1-token sequence."""
+    g = torch.Generator().manual_seed(5)
+    cu = torch.tensor([0, 1, 1, 9, 40])
+    x = torch.randn(40, 12, generator=g).to(dtype)
+    w = torch.randn(12, 4, generator=g)
+    init = torch.randn(4, 3, 12, generator=g).to(dtype)
+    leaves = [[t.clone().requires_grad_() for t in (x, w, init)] for _ in range(2)]
+    got = causal_conv(*leaves[0][:2], cu, leaves[0][2])
+    want = _conv_by_one_gather(*leaves[1][:2], cu, leaves[1][2])
+    assert all(torch.equal(a, b) for a, b in zip(got, want, strict=True))
+    up = torch.randn(40, 12, generator=g).to(dtype), torch.randn(4, 3, 12, generator=g).to(dtype)
+    for out, ls in ((got, leaves[0]), (want, leaves[1])):
+        ((out[0].float() * up[0].float()).sum() + (out[1].float() * up[1].float()).sum()).backward()
+    tol = 1e-5 if dtype == torch.float32 else 2e-2
+    for a, b in zip(leaves[0], leaves[1], strict=True):
+        torch.testing.assert_close(a.grad, b.grad, atol=tol, rtol=tol)

@@ -39,6 +39,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from monorl.ops import sequence_of_rows
+from monorl.ops.row_copies import take_rows
 
 CHUNK = 64  # the chunked form's chunk (transformers' and fla's)
 FLA_ENABLED = False  # fla's kernels on CUDA (the module docstring says why they are off)
@@ -265,26 +266,31 @@ def causal_conv(x: Tensor, weight: Tensor, cu_seqlens: Tensor, initial: Tensor |
     """SiLU(causal depthwise conv) of packed sequences x [T, C] by weight [C, K], each sequence continuing from its
     state initial [N, K - 1, C] (its K - 1 inputs before; zeros where None) -> (out [T, C], final states
     [N, K - 1, C]: the last K - 1 inputs, state rows included). Gathers, no host read; row-local (a token's
-    output is the same whatever else is packed)."""
+    output is the same whatever else is packed).
+
+    The inputs are laid out once as each sequence's K - 1 state rows then its tokens (a permutation of x and the
+    states' rows); each tap is then one gather of distinct rows, so every backward is an index_add_ without
+    duplicates (`take_rows`). A single [T, K] gather of x names each row K times, and autograd's backward of it is
+    CUDA's sort-based accumulating index_put (the cost #62 found in the trainer's row gathers)."""
     T, C = x.shape
     K = weight.shape[1]
     N = cu_seqlens.shape[0] - 1
     dev = x.device
     if initial is None:
         initial = x.new_zeros(N, K - 1, C)
-    src = torch.cat([x, initial.to(x.dtype).reshape(N * (K - 1), C)])
     cu = cu_seqlens.long()
     t = torch.arange(T, device=dev)
-    seq = sequence_of_rows(cu, t)
-    j = t - cu[seq]  # position within the sequence
-    back = torch.arange(K - 1, -1, -1, device=dev)  # tap i reads the input K - 1 - i before
-    p = j[:, None] - back  # [T, K]: position of each tap's input (< 0: from the state)
-    idx = torch.where(p >= 0, t[:, None] - back, T + seq[:, None] * (K - 1) + (K - 1) + p)
-    taps = src[idx] * weight.t().to(x.dtype)  # [T, K, C]
-    out = taps[:, 0]
+    pos = t + (sequence_of_rows(cu, t) + 1) * (K - 1)  # each token's row in the layout
+    starts = cu[:-1] + torch.arange(N, device=dev) * (K - 1)  # each sequence's first state row there
+    state_rows = (starts[:, None] + torch.arange(K - 1, device=dev)).flatten()
+    source = torch.empty(T + N * (K - 1), dtype=torch.long, device=dev)  # the layout's row -> a row of src
+    source[pos] = t
+    source[state_rows] = torch.arange(T, T + N * (K - 1), device=dev)
+    laid = take_rows(torch.cat([x, initial.to(x.dtype).reshape(N * (K - 1), C)]), source)
+    taps = weight.t().to(x.dtype)  # [K, C]; tap i reads the input K - 1 - i before
+    out = take_rows(laid, pos - (K - 1)) * taps[0]
     for i in range(1, K):  # the taps added in one fixed order (batch-invariant mode relies on it)
-        out = out + taps[:, i]
-    n = cu[1:] - cu[:-1]
-    q = n[:, None] - (K - 1) + torch.arange(K - 1, device=dev)  # [N, K-1]: positions of the last K - 1 inputs
-    fidx = torch.where(q >= 0, cu[:-1, None] + q, T + torch.arange(N, device=dev)[:, None] * (K - 1) + (K - 1) + q)
-    return silu(out), src[fidx]
+        out = out + take_rows(laid, pos - (K - 1) + i) * taps[i]
+    # the last K - 1 rows of each sequence's block: its last inputs, state rows where it is shorter
+    last = (cu[1:] + torch.arange(N, device=dev) * (K - 1))[:, None] + torch.arange(K - 1, device=dev)
+    return silu(out), take_rows(laid, last.flatten()).view(N, K - 1, C)

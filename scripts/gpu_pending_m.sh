@@ -8,6 +8,9 @@
 #   kernels on; then W0's workload on qwen3_5-0.8b against qwen3-0.6b, default mode, fla on, under Triton 3.7.1.
 # STAGE=g PART=a..e (carry .device/gemma3/gguf.sha256 with a, then .device/gemma3/parts/PART): the Gemma GGUF;
 #   the call with the last part also runs STAGE=vs (gpu_pending_l.sh) with SEEDS="0 0": a warm second run.
+# STAGE=c, then STAGE=d: causal_conv's taps (#58) against the tree before (.device/old/src: `git archive <rev> src`),
+#   W0's hybrid step under Triton 3.6 (c) and 3.7.1 (d); c also times the vision step (images ahead, in the
+#   trainer's after_update) and profiles the window decode at 256 rows.
 set -u
 export PYTHONUNBUFFERED=1 JSONARGPARSE_DEPRECATION_WARNINGS=off
 [ -d .models ] || tar xzf .device/tok/models.tgz
@@ -76,6 +79,21 @@ b)
   [ "${ONLY371:-0}" = 1 ] && exit 0
   step hybrid_fla_fwd_tri360 qwen3_5-0.8b "$FLA_ON"
   step dense_tri360 qwen3-0.6b "";;
+c)  # carry .device/wheels .device/tok .device/old (the tree before causal_conv's taps) .device/tri/parts.sha256 .device/tri/parts/a
+  tri
+  export STEPS=${STEPS:-5}
+  PYTHONPATH=$PWD/.device/old/src:$PWD/.device/site step hybrid_old_tri360 qwen3_5-0.8b "$FLA_ON"
+  step hybrid_new_tri360 qwen3_5-0.8b "$FLA_ON"
+  timeout 100 python3 benchmarks/bench_vision_step.py --trainer-graphs --out $OUT/vision_step.json > $OUT/vision.log 2>&1
+  echo "vision step rc $?"; grep -v DEBUG $OUT/vision.log | tail -5
+  bw=3.13e12; nvidia-smi --query-gpu=name --format=csv,noheader | grep -q H200 && bw=4.6e12
+  (cd benchmarks && timeout 100 python3 profile_window_decode.py --shape gemma3-270m --context 16384 --rows 256 \
+    --top 12 --bandwidth $bw --out $OUT/profile_window_decode_256.json 2>&1 | grep -v USDT | tail -40);;
+d)  # carry .device/tri/parts/b: the same two trees with fla's backward under Triton 3.7.1
+  tri || exit 1
+  export STEPS=${STEPS:-5} T=$PWD/.device/tri371
+  PYTHONPATH=$T:$PWD/.device/old/src:$PWD/.device/site step hybrid_old_tri371 qwen3_5-0.8b "$FLA_ON"
+  PYTHONPATH=$T:$PYTHONPATH step hybrid_new_tri371 qwen3_5-0.8b "$FLA_ON";;
 g)
   bash scripts/device_setup.sh gemma3 2>&1 | grep -E "wait|OK|damaged"
   [ -f .device/model/gemma-3-270m-q4_k_m.gguf ] && STAGE=vs SEEDS="${SEEDS:-0 0}" bash scripts/gpu_pending_l.sh;;

@@ -6,6 +6,7 @@ and the kernels on either side. A step's time the GPU sits idle is host time no 
 
   python benchmarks/profile_rl_step.py [--model-dir .models] [--steps 6] [--profile 2] [--out rl_step.json]
   python benchmarks/profile_rl_step.py --preset smollm2_135m_arith --set model.path=FILE.gguf
+  python benchmarks/profile_rl_step.py --set model.shape=qwen3_5-0.8b --fla --steps 3 --profile 1   # #58's hybrid
 
 Under torchrun (`torchrun --standalone --nproc_per_node 4 benchmarks/profile_rl_step.py ...`) every rank runs the
 FSDP step and profiles its own; each writes --out with `.rankN` before the suffix, and rank 0 prints.
@@ -83,6 +84,9 @@ def main() -> None:
     ap.add_argument("--out", default="rl_step.json")
     ap.add_argument("--kernels", type=int, default=14, help="kernels listed by GPU time, generation and the rest")
     ap.add_argument("--set", nargs="*", default=[], help="more config overrides, key=value")
+    ap.add_argument("--fla", action="store_true",
+                    help="Qwen3.5's layers on fla's kernels and the in-place decode kernels (the two switches "
+                         "monorl.ops.gated_delta and gated_delta_decode keep off by default)")
     ap.add_argument("--cprofile", action="store_true",
                     help="also run the profiled steps' count once more under cProfile: the host's functions")
     args = ap.parse_args()
@@ -93,6 +97,9 @@ def main() -> None:
     from monorl.cliargs import run_config
     from monorl.run.grpo import GRPORun
 
+    if args.fla:
+        from monorl.ops import gated_delta, gated_delta_decode
+        gated_delta.FLA_ENABLED = gated_delta_decode.ENABLED = True
     work = Path(tempfile.mkdtemp(prefix="profile_rl_step_"))
     w0 = {"model.path": str(model_dir(Path(args.model_dir), "qwen3-0.6b")), "model.random_init": "true",
           "rollout.ignore_eos": "true"} if args.preset == "qwen3_0_6b_sum_digits" else {"validation.num_prompts": "0"}

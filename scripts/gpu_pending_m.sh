@@ -11,6 +11,9 @@
 # STAGE=c, then STAGE=d: causal_conv's taps (#58) against the tree before (.device/old/src: `git archive <rev> src`),
 #   W0's hybrid step under Triton 3.6 (c) and 3.7.1 (d); c also times the vision step (images ahead, in the
 #   trainer's after_update) and profiles the window decode at 256 rows.
+# Next (session 21): session 20's device time ran out inside STAGE=c, after the window tests and the 256-row profile.
+#   Left: the hybrid's two trees (c's last lines), VISION=1 (the vision step with images made in after_update), and
+#   STAGE=d (Triton 3.7.1: the two trees with fla's backward, and a profile of the hybrid's RL step).
 set -u
 export PYTHONUNBUFFERED=1 JSONARGPARSE_DEPRECATION_WARNINGS=off
 [ -d .models ] || tar xzf .device/tok/models.tgz
@@ -98,7 +101,10 @@ d)  # carry .device/tri/parts/b: the same two trees with fla's backward under Tr
   tri || exit 1
   export STEPS=${STEPS:-5} T=$PWD/.device/tri371
   PYTHONPATH=$T:$PWD/.device/old/src:$PWD/.device/site step hybrid_old_tri371 qwen3_5-0.8b "$FLA_ON"
-  PYTHONPATH=$T:$PYTHONPATH step hybrid_new_tri371 qwen3_5-0.8b "$FLA_ON";;
+  PYTHONPATH=$T:$PYTHONPATH step hybrid_new_tri371 qwen3_5-0.8b "$FLA_ON"
+  # where the hybrid's 0.83 s of training goes (session 20: 1.24 s a step against Qwen3-0.6B's 0.41 s)
+  PYTHONPATH=$T:$PYTHONPATH timeout 200 python3 benchmarks/profile_rl_step.py --set model.shape=qwen3_5-0.8b --fla \
+    --steps 3 --profile 1 --out $OUT/hybrid_rl_step.json 2>&1 | grep -v DEBUG | tail -50;;
 g)
   bash scripts/device_setup.sh gemma3 2>&1 | grep -E "wait|OK|damaged"
   [ -f .device/model/gemma-3-270m-q4_k_m.gguf ] && STAGE=vs SEEDS="${SEEDS:-0 0}" bash scripts/gpu_pending_l.sh;;

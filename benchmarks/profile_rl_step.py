@@ -101,8 +101,11 @@ def main() -> None:
         from monorl.ops import gated_delta, gated_delta_decode
         gated_delta.FLA_ENABLED = gated_delta_decode.ENABLED = True
     work = Path(tempfile.mkdtemp(prefix="profile_rl_step_"))
-    w0 = {"model.path": str(model_dir(Path(args.model_dir), "qwen3-0.6b")), "model.random_init": "true",
-          "rollout.ignore_eos": "true"} if args.preset == "qwen3_0_6b_sum_digits" else {"validation.num_prompts": "0"}
+    shaped = any(kv.startswith("model.shape=") for kv in args.set)  # a named shape: random weights, char tokenizer
+    w0 = {"model.random_init": "true", "rollout.ignore_eos": "true"} if args.preset == "qwen3_0_6b_sum_digits" \
+        else {"validation.num_prompts": "0"}
+    if args.preset == "qwen3_0_6b_sum_digits" and not shaped:
+        w0["model.path"] = str(model_dir(Path(args.model_dir), "qwen3-0.6b"))
     cfg = run_config(args.preset, {
         **w0, "checkpoint.final": "false", "checkpoint.every_minutes": "0",
         "steps": str(args.steps + args.profile * (2 if args.cprofile else 1) + 1), "run_dir": str(work / "run"),

@@ -101,11 +101,12 @@ def test_cached_prefill_equals_prefill_bitwise():
     assert not torch.allclose(runner.prefill([p], [slot_mapping(t3, 0, len(p), bs)]), whole, atol=1e-3)
 
 
-def test_tensor_parallel_generator_is_refused_in_one_line():
-    """Weight sync cuts no shard of the sinks (nor of GPT-OSS's interleaved experts): a TP degree is refused."""
+def test_tensor_parallel_takes_gpt_oss():
+    """GPT-OSS shards (its sinks by q heads, its interleaved experts by columns: tests/test_tensor_parallel.py runs
+    it on two ranks); a degree that does not divide its heads is still refused in one line."""
     from monorl.generate.tensor_parallel import check_tensor_parallel
 
-    check_tensor_parallel(GPT_OSS_TINY, 1)
-    with pytest.raises(ValueError, match="tensor_parallel_size=2: GPT-OSS is not sharded yet") as err:
-        check_tensor_parallel(GPT_OSS_TINY, 2)
+    check_tensor_parallel(GPT_OSS_TINY, 2)
+    with pytest.raises(ValueError, match="does not divide the model's num_kv_heads=2") as err:
+        check_tensor_parallel(GPT_OSS_TINY, 4)
     assert "\n" not in str(err.value)

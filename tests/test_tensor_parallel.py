@@ -55,8 +55,11 @@ def _configs() -> dict[str, ModelConfig]:
     # Gemma 3 (#57): window layers of 8 keys around a full one, so prompts and 12 new tokens pass the window; each
     # rank's window rings and full-layer blocks hold its kv heads only
     from tests.test_window_recycling import CFG as gemma3
+    # GPT-OSS: sinks per q head, q/k/v/o biases, window and full layers, its own experts (gate and up interleaved,
+    # biased; the down bias added once)
+    from tests.test_gpt_oss_generate import GPT_OSS_TINY as gpt_oss
 
-    return {"qwen3_tied": tiny, "llama_bias": llama, "qwen3_moe": moe, "gemma3_window": gemma3}
+    return {"qwen3_tied": tiny, "llama_bias": llama, "qwen3_moe": moe, "gemma3_window": gemma3, "gpt_oss": gpt_oss}
 
 
 def _model(cfg: ModelConfig, seed: int) -> torch.nn.Module:
@@ -165,6 +168,14 @@ def _expected_shard(cfg: ModelConfig, full: dict[str, torch.Tensor], rank: int, 
     for name, t in full.items():
         if "qkv_proj" in name:  # [q | k | v] rows: this rank's q heads, then its kv heads'
             out[name] = torch.cat([part(t[:q], q), part(t[q:q + kv], kv), part(t[q + kv:], kv)])
+        elif name.endswith("self_attn.sinks"):  # GPT-OSS: a logit per q head
+            out[name] = part(t, cfg.num_heads)
+        elif cfg.model_type == "gpt_oss" and ".experts." in name:  # [E, H, 2I] interleaved, [E, 2I], [E, I, H]
+            e = cfg.moe_intermediate_size
+            if name.endswith("down_proj_bias"):
+                out[name] = t if rank == 0 else torch.zeros_like(t)
+            else:
+                out[name] = part(t, 2 * e if "gate_up" in name else e, dim=t.dim() - 1 if "gate_up" in name else 1)
         elif name.endswith("experts.gate_up_proj"):  # [E, 2I, H]: every expert's gate rows, then its up rows
             e = cfg.moe_intermediate_size
             out[name] = torch.cat([part(t[:, :e], e, dim=1), part(t[:, e:], e, dim=1)], dim=1)

@@ -15,6 +15,8 @@ Placement, per TP rank r of N (Megatron's):
   position), so every rank samples the same token and TP=1 and TP=N draw the same noise per token. The cost: an
   all-gather of [rows, V] logits per step (64 rows x 151,936 x 2 bytes = 19 MB for Qwen3 at bf16) and the sampler
   run N times over, once per rank, instead of a max / sum all-reduce over vocabulary shards;
+- a sparse layer's experts each cut like the MLP (their columns; how, per parameter, the experts' class says:
+  `TP_SHARDS`), the router whole, the block's output summed over the ranks; GPT-OSS's sink logits by q heads;
 - embeddings and norms replicated. A tied head (Qwen3 up to 4B) gets its own [V/N, hidden] copy of its rows of the
   embedding (the embedding itself stays whole on every rank).
 
@@ -128,9 +130,6 @@ def check_tensor_parallel(cfg: ModelConfig, size: int) -> None:
     if size > 1 and "linear_attention" in cfg.layer_types:
         raise ValueError(f"generator.tensor_parallel_size={size}: Gated DeltaNet (linear_attention) layers are not "
                          "sharded yet (their heads and state rows): use 1 for a Qwen3.5 model")
-    if size > 1 and cfg.model_type == "gpt_oss":
-        raise ValueError(f"generator.tensor_parallel_size={size}: GPT-OSS is not sharded yet (its attention sinks per "
-                         "head, its interleaved experts and their biases): use 1")
     if size > 1 and cfg.shared_expert_intermediate_size:
         raise ValueError(f"generator.tensor_parallel_size={size}: a shared expert (Qwen3.5-MoE) is not sharded yet: "
                          "use 1")
@@ -162,15 +161,18 @@ def build_tensor_parallel_model(cfg: ModelConfig, tp: TensorParallel, device: to
     # its config stays the model's (an exported config.json, the vocabulary the engine checks), as an FSDP-sharded
     # policy's does; the layers are built from the rank's shard of it
     model.config = cfg
-    from monorl.model.moe import SparseMoeBlock  # (moe.py imports the model; a dense run never needs it)
-
+    experts: dict[str, dict] = {}  # a sparse layer's stacked experts, by attribute name: their `TP_SHARDS`
     for name, module in model.named_modules():
-        if name.rpartition(".")[2] in ROW_PARALLEL:
+        leaf = name.rpartition(".")[2]
+        if leaf in ROW_PARALLEL:
             module.row_parallel = True  # `fused_kernels.project` must not hand its parts on unsummed
             module.register_forward_hook(lambda _m, _inp, out: row_parallel_sum(out, tp))
-        elif isinstance(module, SparseMoeBlock):  # each expert's down projection is row-parallel: the block's sum
-            module.register_forward_hook(lambda _m, _inp, out: row_parallel_sum(out, tp))
-    model.weight_place = TensorParallelPlacement(tp)  # what `weight_sync.sync_weights_` cuts for this rank
+        elif getattr(module, "router_name", None):  # a sparse block (`moe.moe_blocks`' test): each expert's down
+            module.register_forward_hook(lambda _m, _inp, out: row_parallel_sum(out, tp))  # projection row-parallel
+        if (shards := getattr(module, "TP_SHARDS", None)) is not None:
+            if experts.setdefault(leaf, shards) != shards:
+                raise ValueError(f"tensor parallelism: two expert layouts named {leaf!r} in one model")
+    model.weight_place = TensorParallelPlacement(tp, experts)  # what `weight_sync.sync_weights_` cuts for this rank
     return model
 
 
@@ -237,17 +239,20 @@ class Slice:
 
 @dataclass(frozen=True)
 class ExpertSlice:
-    """A Take for a sparse layer's stacked experts: every expert's 1/N of its MLP columns -- of `gate_up_proj`
-    [E, 2I, H] this rank's rows of the gate half and of the up half, of `down_proj` [E, H, I] its columns."""
+    """A Take for a sparse layer's stacked experts: every expert's 1/N of its MLP columns along `dim`, as the
+    experts' class declares (`TP_SHARDS`): "halves" cuts the gate half and the up half alike (Qwen3-MoE's
+    `gate_up_proj` [E, 2I, H]); "once" keeps a bias the row-parallel sum adds once on rank 0 (zeros elsewhere)."""
 
     tp: TensorParallel
-    gate_up: bool
+    dim: int
+    how: str = ""
 
     def __call__(self, t: Tensor) -> Tensor:
-        if not self.gate_up:
-            return _rows(t, self.tp, 2)
-        gate, up = t.chunk(2, dim=1)
-        return torch.cat([_rows(gate, self.tp, 1), _rows(up, self.tp, 1)], dim=1)
+        if self.how == "once":
+            return t if self.tp.rank == 0 else torch.zeros_like(t)
+        if self.how == "halves":
+            return torch.cat([_rows(half, self.tp, self.dim) for half in t.chunk(2, dim=self.dim)], dim=self.dim)
+        return _rows(t, self.tp, self.dim)
 
 
 class TensorParallelPlacement:
@@ -255,8 +260,9 @@ class TensorParallelPlacement:
     the Take that cuts this rank's piece from the full source tensor (a `Slice`, or the bias rule below), or None
     for a whole copy; and whether a source's FSDP shard lets `Slice.from_shard` cut it (`fits_shard`)."""
 
-    def __init__(self, tp: TensorParallel) -> None:
+    def __init__(self, tp: TensorParallel, experts: dict[str, dict] | None = None) -> None:
         self.tp = tp
+        self.experts = experts or {}  # a sparse layer's experts, by attribute name: their `TP_SHARDS`
 
     def fits_shard(self, param: Any) -> bool:
         """Whether `param` (an FSDP2 parameter) is sharded by rows evenly over exactly the TP group's ranks, in
@@ -280,6 +286,8 @@ class TensorParallelPlacement:
             return Slice(tp, 1)
         if dst == "lm_head.weight":  # the head's vocabulary rows (a tied head: the embedding's)
             return Slice(tp, 0)
-        if proj == "experts":  # a sparse layer's stacked experts (the router stays whole)
-            return ExpertSlice(tp, gate_up=leaf == "gate_up_proj")
+        if leaf == "sinks":  # GPT-OSS's sink logit per q head: the rank's heads'
+            return Slice(tp, 0)
+        if proj in self.experts:  # a sparse layer's stacked experts (the router stays whole)
+            return ExpertSlice(tp, *self.experts[proj][leaf])
         return None

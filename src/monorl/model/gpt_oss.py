@@ -59,6 +59,11 @@ class GptOssAttention(Attention):
 class GptOssExperts(nn.Module):
     """E experts in HF's GptOssExperts layout (see the module docstring)."""
 
+    # tensor-parallel generation (as `monorl.model.moe.Experts.TP_SHARDS`): gate and up interleave along the last
+    # dim, so a contiguous 1/N of it holds whole (gate, up) pairs; the down bias is added once, by rank 0 ("once")
+    TP_SHARDS = {"gate_up_proj": (2, ""), "gate_up_proj_bias": (1, ""), "down_proj": (1, ""),
+                 "down_proj_bias": (0, "once")}
+
     def __init__(self, num_experts: int, hidden_size: int, intermediate_size: int) -> None:
         super().__init__()
         self.gate_up_proj = nn.Parameter(torch.empty(num_experts, hidden_size, 2 * intermediate_size))

@@ -51,6 +51,10 @@ LinearFn = Callable[[Tensor, Tensor], Tensor]
 class Experts(nn.Module):
     """E SiLU-gated MLPs as two stacked parameters (transformers' `Qwen3MoeExperts` names and layout)."""
 
+    # tensor-parallel generation (`monorl.generate.tensor_parallel.ExpertSlice`): per parameter, the dim holding each
+    # expert's MLP columns and how a rank takes its 1/N: "halves" (gate rows, then up rows: each half cut alike)
+    TP_SHARDS = {"gate_up_proj": (1, "halves"), "down_proj": (2, "")}
+
     def __init__(self, num_experts: int, hidden_size: int, intermediate_size: int) -> None:
         super().__init__()
         self.gate_up_proj = nn.Parameter(torch.empty(num_experts, 2 * intermediate_size, hidden_size))

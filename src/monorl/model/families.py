@@ -156,7 +156,7 @@ GEMMA3 = Family(
 # `monorl.model.gpt_oss_config`). num_experts / moe_intermediate_size / decoder_sparse_step: no keys of its own (the
 # hook fills them from num_local_experts / intermediate_size), None here as for a key HF does not declare.
 GPT_OSS = Family(
-    model_type="gpt_oss", architecture="GptOssForCausalLM", gguf_arch="", qk_norm=False, qkv_bias=None,
+    model_type="gpt_oss", architecture="GptOssForCausalLM", gguf_arch="gpt-oss", qk_norm=False, qkv_bias=None,
     defaults=MappingProxyType({
         **_COMMON_DEFAULTS, "rms_norm_eps": 1e-5, "rope_theta": 150000.0, "attention_bias": True,
         "vocab_size": 201088, "hidden_size": 2880, "intermediate_size": 2880, "num_hidden_layers": 36,
@@ -196,7 +196,13 @@ def family_of_hf(hf: Mapping[str, Any]) -> Family:
 def family_of_gguf(arch: str) -> Family:
     """The family of a GGUF file's `general.architecture`."""
     for fam in FAMILIES.values():
-        if fam.gguf_arch and fam.gguf_arch == arch and not fam.moe:  # (monorl's GGUF reader maps dense tensors only)
+        if _gguf_read(fam) and fam.gguf_arch == arch:
             return fam
     raise ValueError(f"unsupported GGUF architecture {arch!r}; monorl reads "
-                     f"{sorted(f.gguf_arch for f in FAMILIES.values() if f.gguf_arch and not f.moe)}")
+                     f"{sorted(f.gguf_arch for f in FAMILIES.values() if _gguf_read(f))}")
+
+
+def _gguf_read(fam: Family) -> bool:
+    """Whether monorl's GGUF reader takes the family's files: dense tensors, and GPT-OSS's experts
+    (`monorl.model.gpt_oss_gguf`); a Qwen3-MoE file's stacked experts it does not map."""
+    return bool(fam.gguf_arch) and (not fam.moe or fam is GPT_OSS)

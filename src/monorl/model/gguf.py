@@ -22,15 +22,16 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from monorl.model import gemma3_gguf
+from monorl.model import gemma3_gguf, gpt_oss_gguf
 from monorl.model.config import ModelConfig
-from monorl.model.families import GEMMA3, LLAMA, family_of_gguf
+from monorl.model.families import GEMMA3, GPT_OSS, LLAMA, family_of_gguf
 from monorl.model.gguf_header import GGUFHeader
 from monorl.model.tokenizer import HFTokenizer
 
 GGUF_SUFFIX = ".gguf"
 # quantization types read (the others are refused by name): plain floats, and the block formats in common use
-SUPPORTED_TYPES = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q4_K", "Q6_K")
+# (MXFP4: GPT-OSS's released experts)
+SUPPORTED_TYPES = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q4_K", "Q6_K", "MXFP4")
 
 # llama.cpp tensor names -> HF names ({i}: the block); `_hf_name` applies them
 _TOP_NAMES = {"token_embd": "model.embed_tokens", "output_norm": "model.norm", "output": "lm_head"}
@@ -109,7 +110,7 @@ def gguf_config(file: str | os.PathLike) -> ModelConfig:
             raise GGUFError(f"{file}: metadata {arch}.{key} is missing")
         return value
 
-    if (scaling := meta("rope.scaling.type", "none", required=False)) not in ("none", None):
+    if fam is not GPT_OSS and (scaling := meta("rope.scaling.type", "none", required=False)) not in ("none", None):
         raise GGUFError(f"{file}: unsupported {arch}.rope.scaling.type {scaling!r} (monorl reads unscaled RoPE "
                         "from GGUF files)")
     tensors = {t.name: t for t in reader.tensors}
@@ -126,6 +127,12 @@ def gguf_config(file: str | os.PathLike) -> ModelConfig:
     if "token_embd.weight" not in tensors:
         raise GGUFError(f"{file}: tensor token_embd.weight is missing")
     vocab = int(meta("vocab_size", int(tensors["token_embd.weight"].shape[1]), required=False))
+    if fam is GPT_OSS:  # its config through GptOssConfig's reader (`gpt_oss_gguf`)
+        try:
+            return ModelConfig.from_hf(gpt_oss_gguf.hf_config(meta, lambda key: _field(reader, key), heads, head_dim,
+                                                              vocab, "output.weight" not in tensors))
+        except ValueError as e:
+            raise GGUFError(f"{file}: {e}") from None
     qkv_bias = "blk.0.attn_q.bias" in tensors
     o_bias = "blk.0.attn_output.bias" in tensors
     if fam.qkv_bias and not qkv_bias:
@@ -182,8 +189,12 @@ def gguf_state_dict(file: str | os.PathLike, cfg: ModelConfig, expected: dict[st
     reader = open_gguf(file)
     plan: list[tuple[str, Any]] = []
     unexpected = []
-    gemma = cfg.model_type == GEMMA3.model_type
-    block_names = {**_BLOCK_NAMES, **gemma3_gguf.BLOCK_NAMES} if gemma else _BLOCK_NAMES
+    gemma, gpt_oss = cfg.model_type == GEMMA3.model_type, cfg.model_type == GPT_OSS.model_type
+    block_names = {**_BLOCK_NAMES, **gemma3_gguf.BLOCK_NAMES} if gemma else \
+        {**_BLOCK_NAMES, **gpt_oss_gguf.BLOCK_NAMES} if gpt_oss else _BLOCK_NAMES
+    if gpt_oss:  # its experts as the file holds them (`gpt_oss_gguf.assemble` puts them together after)
+        expected = gpt_oss_gguf.file_shapes(expected, any(t.name.startswith("blk.0.ffn_gate_up_exps.")
+                                                          for t in reader.tensors))
     for t in reader.tensors:
         name = _hf_name(t.name, block_names)
         if name is None or name not in expected:
@@ -222,7 +233,7 @@ def gguf_state_dict(file: str | os.PathLike, cfg: ModelConfig, expected: dict[st
         elif gemma and name.endswith("norm.weight"):  # stored as 1 + w (in fp32, as transformers undoes it)
             w = w - gemma3_gguf.NORM_SHIFT
         out[name] = w.to(device=device, dtype=dtype)
-    return out
+    return gpt_oss_gguf.assemble(out) if gpt_oss else out
 
 
 # ---- the tokenizer -----------------------------------------------------------------------------------------------
@@ -241,8 +252,15 @@ _LLAMA3_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1
                  r"|\s*[\r\n]+|\s+(?!\S)|\s+")
 _QWEN2_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"
                 r"|\s*[\r\n]+|\s+(?!\S)|\s+")
-PRE_TOKENIZER_SPLITS = {"llama3": _LLAMA3_SPLIT, "llama-v3": _LLAMA3_SPLIT, "llama-bpe": _LLAMA3_SPLIT,
-                        "smaug-bpe": _LLAMA3_SPLIT, "qwen2": _QWEN2_SPLIT, "deepseek-r1-qwen": _QWEN2_SPLIT}
+# o200k_base's pattern (tiktoken; GPT-OSS's files say "gpt-4o"): cased words split at each capital run
+_CASED = r"[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]"  # (o200k's letter classes)
+_LOWER = r"[\p{Ll}\p{Lm}\p{Lo}\p{M}]"
+_O200K_SPLIT = (rf"[^\r\n\p{{L}}\p{{N}}]?{_CASED}*{_LOWER}+(?i:'s|'t|'re|'ve|'m|'ll|'d)?"
+                rf"|[^\r\n\p{{L}}\p{{N}}]?{_CASED}+{_LOWER}*(?i:'s|'t|'re|'ve|'m|'ll|'d)?"
+                r"|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+PRE_TOKENIZER_SPLITS = {"gpt-4o": _O200K_SPLIT, "llama3": _LLAMA3_SPLIT, "llama-v3": _LLAMA3_SPLIT,
+                        "llama-bpe": _LLAMA3_SPLIT, "smaug-bpe": _LLAMA3_SPLIT, "qwen2": _QWEN2_SPLIT,
+                        "deepseek-r1-qwen": _QWEN2_SPLIT}
 _CONTROL, _USER_DEFINED = 3, 4  # tokenizer.ggml.token_type values
 
 

@@ -227,7 +227,7 @@ def test_causal_conv_by_taps_equals_one_gather_bitwise(dtype):
     want = _conv_by_one_gather(*leaves[1][:2], cu, leaves[1][2])
     assert all(torch.equal(a, b) for a, b in zip(got, want, strict=True))
     up = torch.randn(40, 12, generator=g).to(dtype), torch.randn(4, 3, 12, generator=g).to(dtype)
-    for out, ls in ((got, leaves[0]), (want, leaves[1])):
+    for out in (got, want):
         ((out[0].float() * up[0].float()).sum() + (out[1].float() * up[1].float()).sum()).backward()
     tol = 1e-5 if dtype == torch.float32 else 2e-2
     for a, b in zip(leaves[0], leaves[1], strict=True):

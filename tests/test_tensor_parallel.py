@@ -52,12 +52,11 @@ def _configs() -> dict[str, ModelConfig]:
     # Qwen3-MoE: each expert's MLP columns split, the router whole, the sparse block's output summed over the ranks;
     # its first layer dense (mlp_only_layers), so both kinds of MLP are in one model
     moe = model_shape("tiny-moe").replace(mlp_only_layers=(0,))
-    # Gemma 3 (#57): window layers of 8 keys around a full one, so prompts and 12 new tokens pass the window; each
-    # rank's window rings and full-layer blocks hold its kv heads only
-    from tests.test_window_recycling import CFG as gemma3
-    # GPT-OSS: sinks per q head, q/k/v/o biases, window and full layers, its own experts (gate and up interleaved,
-    # biased; the down bias added once)
+    # (#57) GPT-OSS: sinks per q head, q/k/v/o biases, window and full layers, its own experts (gate and up
+    # interleaved, biased; the down bias added once). Gemma 3: window layers of 8 keys around a full one, so prompts
+    # and 12 new tokens pass the window; each rank's window rings and full-layer blocks hold its kv heads only
     from tests.test_gpt_oss_generate import GPT_OSS_TINY as gpt_oss
+    from tests.test_window_recycling import CFG as gemma3
 
     return {"qwen3_tied": tiny, "llama_bias": llama, "qwen3_moe": moe, "gemma3_window": gemma3, "gpt_oss": gpt_oss}
 

@@ -157,6 +157,13 @@ def run_case(cfg: ModelConfig, shape: str, prompts: list[list[int]], pictures: l
             if gen_peak is not None:
                 peaks["generate"].append(gen_peak)
                 peaks["train"].append(train_peak)
+    if args.profile and device.type == "cuda":  # one more step, its training under the profiler
+        ids, images, outs = generate(sampling(999, args.new))
+        seqs = [TrainSequence(ids[k], c.token_ids, c.logprobs, advantage=float(j % 3 - 1), group=k,
+                              images=None if images is None else images[k])
+                for k, comps in enumerate(outs) for j, c in enumerate(comps)]
+        profiled = profile_train(lambda: train(seqs), args.profile)
+        gen.load_weights_(model)
     for rep in range(args.decode_reps + 1):  # the first: the 1-token batch's own warm-up
         ahead[:] = [] if args.no_ahead else [encode()]  # as the steps' batches are (the decode split: like with like)
         t_one, _ = timed_call(lambda r=rep: generate(sampling(1000 + r, 1)), device)
@@ -170,8 +177,44 @@ def run_case(cfg: ModelConfig, shape: str, prompts: list[list[int]], pictures: l
            "generate_peak_gib": max(peaks["generate"], default=None),
            "train_peak_gib": max(peaks["train"], default=None),
            "params_b": sum(p.numel() for p in model.parameters()) / 1e9}
+    if args.profile and device.type == "cuda":
+        out["train_profile"] = profiled
     if processor is not None:
         out["image_tokens"] = processor.token_count(processor.grid(args.image_size, args.image_size))
+    return out
+
+
+def profile_train(train: Callable[[], None], top: int) -> dict:
+    """One trainer step under torch's profiler: its wall, CUDA time by kind and the `top` kernels by CUDA time."""
+    from torch.profiler import ProfilerActivity, profile
+
+    kinds = {"elementwise / reduce (aten)": ("at::native", "elementwise", "reduce", "vectorized"),
+             "matmul": ("gemm", "nvjet", "cutlass", "xmma", "matmul", "cublas"),
+             "attention": ("flash", "attn", "attention"), "triton": ("triton", "_kernel")}
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        t0 = time.perf_counter()
+        train()
+        torch.cuda.synchronize()
+        wall = time.perf_counter() - t0
+    rows, by_kind = [], {}
+    for e in prof.key_averages():
+        t = getattr(e, "self_device_time_total", 0.0)
+        if not t or e.device_type != torch.autograd.DeviceType.CUDA:
+            continue
+        rows.append((t / 1e3, e.count, e.key[:90]))
+        kind = next((k for k, keys in kinds.items() if any(w in e.key.lower() for w in keys)), "other")
+        acc = by_kind.setdefault(kind, [0.0, 0])
+        acc[0] += t / 1e3
+        acc[1] += e.count
+    rows.sort(reverse=True)
+    out = {"wall_ms": wall * 1e3, "cuda_ms": sum(r[0] for r in rows), "kernels": sum(r[1] for r in rows),
+           "by_kind": {k: {"ms": v[0], "count": v[1]} for k, v in by_kind.items()},
+           "top": [{"ms": ms, "count": n, "name": name} for ms, n, name in rows[:top]]}
+    print(f"  profiled train step: wall {out['wall_ms']:.1f} ms, CUDA {out['cuda_ms']:.1f} ms in {out['kernels']} "
+          "kernels; " + ", ".join(f"{k} {v[0]:.1f} ms ({v[1]})" for k, v in sorted(by_kind.items())), flush=True)
+    for ms, n, name in rows[:top]:
+        print(f"    {ms:8.2f} ms {n:6d}  {name}", flush=True)
     return out
 
 
@@ -193,6 +236,9 @@ def main() -> None:
     ap.add_argument("--trainer-graphs", action="store_true", help="the trainer step replays CUDA graphs (#59)")
     ap.add_argument("--no-ahead", action="store_true",
                     help="each step encodes its prompts at its start (before session 20's encode-ahead of images)")
+    ap.add_argument("--profile", type=int, default=0, metavar="TOP",
+                    help="CUDA: one more training step per case under torch's profiler, its TOP kernels printed")
+    ap.add_argument("--cases", default="text,vl,vl_frozen", help="which of text, vl, vl_frozen to run")
     ap.add_argument("--smoke", action="store_true", help="CPU, tiny-vl against tiny, few steps: checks the script")
     args = ap.parse_args()
     if args.smoke:
@@ -218,6 +264,7 @@ def main() -> None:
     t0 = time.perf_counter()
     cases = [("text", vl.replace(vision=None), text_prompts, None, False), ("vl", vl, vl_prompts, pictures, False),
              ("vl_frozen", vl, vl_prompts, pictures, True)]
+    cases = [c for c in cases if c[0] in args.cases.split(",")]
     for name, cfg, prompts, pics, freeze in cases:
         print(f"{name}: {args.shape}{' without vision' if pics is None else ''}{' (tower frozen)' if freeze else ''}",
               flush=True)
@@ -229,9 +276,9 @@ def main() -> None:
         res["wall_s"] = time.perf_counter() - t0
         with open(args.out, "w") as f:  # after each case: a run cut short keeps the first case's numbers
             json.dump(res, f, indent=1)
-    text = res["cases"]["text"]
+    text = res["cases"].get("text", {"error": "not run"})
     for name, key in (("vl", "rl_step_ratio"), ("vl_frozen", "rl_step_ratio_frozen")):
-        if "error" not in text and "error" not in res["cases"][name]:
+        if "error" not in text and "error" not in res["cases"].get(name, {"error": ""}):
             res[key] = res["cases"][name]["rl_step_s"] / text["rl_step_s"]
     with open(args.out, "w") as f:
         json.dump(res, f, indent=1)

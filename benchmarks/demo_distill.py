@@ -52,7 +52,8 @@ from itertools import islice
 from pathlib import Path
 from typing import Any
 
-from bench_vs_trl import ROOT, wilson  # noqa: E402 -- benchmarks/ is the script's own directory
+import judge_training  # noqa: E402 -- benchmarks/ is the script's own directory
+from bench_vs_trl import ROOT, wilson  # noqa: E402
 from bench_vs_trl import _num as _n  # noqa: E402 -- the same 'n/a' or formatted number
 
 sys.path.insert(0, str(ROOT / "src"))
@@ -153,8 +154,10 @@ def teacher_cost(rows: list[dict[str, Any]]) -> dict[str, Any]:
 def part_distill(args: argparse.Namespace, start: dict[str, str], name: str, base: dict[str, Any], work: Path,
                  n_val: int) -> dict[str, Any]:
     steps = args.steps
-    teacher = train("teacher: RL", name, work / "teacher", {**base, **start, "steps": steps,
-                                                             "validation.every": args.rl_every})
+    cfg = preset(name)  # every sample logged: the trained judge's grading rows come from this run's replies
+    teacher = train("teacher: RL", name, work / "teacher", {
+        **base, **start, "steps": steps, "validation.every": args.rl_every,
+        "samples_per_step": cfg.rollout.prompts_per_step * cfg.rollout.group_size})
     rl_curve = curve(teacher, n_val)
     teacher_acc = rl_curve[-1]["pass@1"]
     budget = steps // 3
@@ -219,14 +222,40 @@ def judge_agreement(run_dir: Path, name: str) -> dict[str, Any]:
             "right": len(right), "wrong": len(wrong)}
 
 
+def train_judge(args: argparse.Namespace, start: dict[str, str], name: str, base: dict[str, Any], work: Path,
+                teacher_run: str) -> dict[str, Any]:
+    """The judge of `--judge-model trained` (`judge_training`): RL from the start on grading rows built from the
+    teacher run's replies, labelled by the Python reward; its held-out grading accuracy before and after."""
+    cfg = preset(name)
+    rows = judge_training.build_rows(Path(teacher_run) / "samples.jsonl", load_task(cfg.task.name, **cfg.task.args),
+                                     args.judge_rows, seed=cfg.seed)
+    data = work / "judge_grading.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    run = train("judge: RL on grading rows", name, work / "judge_train", {
+        **base, **start, "steps": args.judge_train_steps, "task.name": "dataset", "task.args.path": str(data),
+        "task.args.reward": f"{Path(judge_training.__file__).resolve()}:verdict", "task.args.test_fraction": 0.05,
+        "rollout.max_new_tokens": 12, "validation.max_new_tokens": 12, "trainer.lr": args.judge_lr,
+        "validation.num_prompts": min(200, int(len(rows) * 0.05)), "generator.max_model_len": 512,
+        "stop_without_signal": 0})
+    s = run["summary"]
+    return {"path": str(Path(run["run_dir"]) / "checkpoints" / "final"), "rows": len(rows),
+            "steps": args.judge_train_steps, "lr": args.judge_lr, "wall_s": run["wall_s"],
+            "grading_accuracy_before": (s.get("pre") or {}).get("pass_at_k"),
+            "grading_accuracy_after": (s.get("post") or {}).get("pass_at_k")}
+
+
 def part_judge(args: argparse.Namespace, start: dict[str, str], name: str, base: dict[str, Any], work: Path,
                teacher_run: str | None) -> dict[str, Any]:
     model = start["model.path"]
+    template, answer_tokens, trained = JUDGE_TEMPLATE, 6, None
+    if args.judge_model in ("teacher", "trained") and not teacher_run:
+        raise SystemExit(f"demo_distill: --judge-model {args.judge_model} needs part (a)'s teacher: run --part "
+                         "distill first (same --out) or pass --teacher-run DIR")
     if args.judge_model == "teacher":
-        if not teacher_run:
-            raise SystemExit("demo_distill: --judge-model teacher needs part (a)'s teacher: run --part distill first "
-                             "(same --out) or pass --teacher-run DIR")
         judge_path = teacher_run
+    elif args.judge_model == "trained":
+        trained = train_judge(args, start, name, base, work, teacher_run)
+        judge_path, template, answer_tokens = trained["path"], judge_training.TEMPLATE, 12
     else:
         judge_path = model
     data = work / "judge_arith.jsonl"
@@ -238,14 +267,15 @@ def part_judge(args: argparse.Namespace, start: dict[str, str], name: str, base:
         **base, **start, "steps": args.judge_steps, "task.name": "dataset",
         "task.args.path": str(data), "task.args.reward": "judge", "task.args.judge_model": judge_path,
         # a JSON string is a YAML double-quoted scalar: the CLI reads values as YAML
-        "task.args.judge_template": json.dumps(JUDGE_TEMPLATE), "task.args.judge_max_new_tokens": 6,
+        "task.args.judge_template": json.dumps(template), "task.args.judge_max_new_tokens": answer_tokens,
         "validation.num_prompts": 0, "stop_without_signal": 0,
         "samples_per_step": cfg.rollout.prompts_per_step * cfg.rollout.group_size * 4})
     final = str(Path(run["run_dir"]) / "checkpoints" / "final")
     post = evaluate("judge: pass@1 after (the run's final checkpoint, Python reward)", name, final,
                     work / "eval_post.json", evals)
     judged = [r.get("rewards/judge/mean") for r in run["rows"]]
-    return {"judge_model": args.judge_model, "judge_path": judge_path, "template": JUDGE_TEMPLATE, "rows": rows,
+    return {"judge_model": args.judge_model, "judge_path": judge_path, "template": template, "rows": rows,
+            "trained_judge": trained,
             "steps": args.judge_steps, "pre": pre, "post": post,
             "agreement": judge_agreement(Path(run["run_dir"]), name),
             "judge_grade_first_last5": [_mean(judged[:5]), _mean(judged[-5:])],
@@ -289,6 +319,10 @@ def table(result: dict[str, Any]) -> str:
         lines.append(f"RL steady step {_n(d['rl_steady_step_s'], '.4f')} s; RL run wall {d['rl_wall_s']:.1f} s")
     if j := result.get("judge"):
         a = j["agreement"]
+        if t := j.get("trained_judge"):
+            before, after = _n(t["grading_accuracy_before"]), _n(t["grading_accuracy_after"])
+            lines += ["", f"judge trained: {t['steps']} RL steps on {t['rows']} grading rows (lr {t['lr']:g}), "
+                      f"held-out grading accuracy {before} -> {after}"]
         lines += ["", f"(b) judge-rewarded RL, {j['steps']} steps, judge = {j['judge_model']} ({j['judge_path']})",
                   "| pass@1 before (Python reward, withheld) | after | judge grade first 5 / last 5 steps | "
                   "judge agrees with the withheld reward | mean grade right / wrong | parse failures |",
@@ -313,7 +347,11 @@ def main() -> None:
     ap.add_argument("--distill-lrs-absolute", dest="distill_lrs_relative", action="store_false",
                     help="--distill-lrs are learning rates (default: multiples of the preset's)")
     ap.add_argument("--judge-steps", type=int, default=None, help="judge-rewarded RL steps (default: --steps)")
-    ap.add_argument("--judge-model", choices=("start", "teacher"), default="start")
+    ap.add_argument("--judge-model", choices=("start", "teacher", "trained"), default="start",
+                    help="the judge: the start frozen, part (a)'s teacher, or one trained on grading (judge_training)")
+    ap.add_argument("--judge-rows", type=int, default=4000, help="--judge-model trained: grading rows")
+    ap.add_argument("--judge-train-steps", type=int, default=100, help="--judge-model trained: its RL steps")
+    ap.add_argument("--judge-lr", type=float, default=1e-5, help="--judge-model trained: its learning rate")
     ap.add_argument("--teacher-run", default=None, help="--judge-model teacher: the teacher's run dir")
     ap.add_argument("--work", type=Path, default=None, help="where the runs go (default: a temporary directory)")
     ap.add_argument("--smoke", action="store_true", help="CPU plumbing check with the tiny char model")

@@ -1,7 +1,9 @@
 #!/bin/bash
 # Session 21. STAGE=v (carry .device/wheels .device/tok): #59 -- the vision step (images encoded in the trainer's
 #   after_update, session 20's change, never timed) with one profiled training step per case, to see where the
-#   image step's extra ~0.14 s of training goes.
+#   image step's extra ~0.14 s of training goes. STAGE=v also carries .device/gguf.sha256 .device/parts/a (SmolLM2).
+# STAGE=j (carry .device/parts/b): #60 -- demo_distill with a judge trained by RL on grading rows (judge_training.py):
+#   the teacher (RL, every sample logged), one student, the judge's training, the judge-rewarded run, evaluations.
 set -u
 export PYTHONUNBUFFERED=1 JSONARGPARSE_DEPRECATION_WARNINGS=off
 [ -d .models ] || tar xzf .device/tok/models.tgz
@@ -13,4 +15,13 @@ v)
   timeout ${VLIMIT:-300} python3 benchmarks/bench_vision_step.py --trainer-graphs --profile ${TOP:-22} \
     ${CASES:+--cases $CASES} --out $OUT/vision_step_profiled.json > $OUT/vision_profiled.log 2>&1
   echo "vision step rc $?"; grep -v DEBUG $OUT/vision_profiled.log | grep -vE "^  step" | tail -90;;
+j)
+  bash scripts/device_setup.sh 2>&1 | grep -E "wait|damaged"
+  m=.device/model/SmolLM2-135M-Instruct.Q4_1.gguf
+  timeout ${JLIMIT:-500} python3 benchmarks/demo_distill.py --model $m --part both --judge-model trained \
+    --distill-lrs 1 --judge-train-steps ${JSTEPS:-100} --judge-lr ${JLR:-1e-5} --work /tmp/dd \
+    --out $OUT/demo_distill_trained_judge.json > $OUT/demo_distill.log 2>&1
+  echo "demo_distill rc $?"; grep -vE "DEBUG|^step |it/s|warm start" $OUT/demo_distill.log | tail -40
+  cp /tmp/dd/judge_grading.jsonl $OUT/ 2>/dev/null
+  for r in judge_train judge_run; do tail -3 /tmp/dd/$r/samples.jsonl > $OUT/${r}_samples_tail.jsonl 2>/dev/null; done;;
 esac

@@ -3,6 +3,7 @@ on monorl's engine, batched, its parse failures counted."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -91,3 +92,26 @@ def test_a_reference_template_shows_each_rows_answer_and_needs_an_answer_column(
                        judge_template="Q: {question} ref {reference} A: {completion} Score:")
     prompt = next(task.train_prompts())
     assert task.score_batch([prompt], ["2"], [[0]])[0][1] is None  # the answer column reached the judge
+
+
+def test_the_judge_is_asked_as_a_dataset_task_renders_a_string_prompt(tmp_path: Path) -> None:
+    """With a chat template (`chat`, the default) the filled template is one user turn, rendered exactly as a dataset
+    task renders a row's string prompt: a judge trained by monorl on rows of filled templates is asked as it was
+    trained. Without a template, or with chat off, it is plain text."""
+    from monorl.model.hf_checkpoint import load_tokenizer
+    from tests.test_tokenizer import write_tokenizer_dir
+
+    tok = load_tokenizer(write_tokenizer_dir(tmp_path / "tok"))
+    text = judge("unused").prompt("What is 2 + 5?", "Answer: 7")
+    data = tmp_path / "d.jsonl"
+    data.write_text(json.dumps({"prompt": text, "answer": "10/10"}) + "\n")
+    row = next(DatasetTask(data, reward="accuracy").train_prompts())
+    j = judge("unused")
+    j.tokenizer = tok
+    assert j.render(text) == DatasetTask(data, reward="accuracy").render(row, tok) != text
+    assert j.render(text).startswith("<|im_start|>user\n" + text)
+    j.chat = False
+    assert j.render(text) == text
+    j = judge("unused")
+    j.tokenizer = CharTokenizer()  # no chat template: plain text
+    assert j.render(text) == text

@@ -211,7 +211,7 @@ class DatasetTask(Task):
                  instruction: str | None = None, reward_model: str | None = None,
                  reward_model_label: int = 0, judge_model: str | None = None, judge_rubric: str | None = None,
                  judge_template: str | None = None, judge_max_new_tokens: int | None = None,
-                 judge_temperature: float | None = None) -> None:
+                 judge_temperature: float | None = None, judge_chat: bool | None = None) -> None:
         """Load the data, resolve the reward functions and check they can be called on its columns.
 
         Args:
@@ -233,6 +233,7 @@ class DatasetTask(Task):
             judge_template: the judge's prompt, with {question}, {completion} and {rubric}
             judge_max_new_tokens: the judge's answer length (tokens)
             judge_temperature: the judge's sampling temperature
+            judge_chat: the judge's prompt as a user turn of its chat template (default true, where it has one)
         """
         if reward is None:
             raise _task_error("the dataset task needs --task.args.reward: built-ins "
@@ -266,7 +267,8 @@ class DatasetTask(Task):
         options = {"format_pattern": format_pattern, "length_max": length_max, "length_soft": length_soft,
                    "reward_model": reward_model, "reward_model_label": reward_model_label, "judge_model": judge_model,
                    "judge_rubric": judge_rubric, "judge_template": judge_template,
-                   "judge_max_new_tokens": judge_max_new_tokens, "judge_temperature": judge_temperature}
+                   "judge_max_new_tokens": judge_max_new_tokens, "judge_temperature": judge_temperature,
+                   "judge_chat": judge_chat}
         self._fns: list[_RewardFn] = []
         for spec, weight in zip(specs, weights, strict=True):
             fn = _resolve(spec, options)

@@ -78,8 +78,10 @@ class judge:  # noqa: N801 -- named as the component it gives (rewards/judge/*)
     """A TRL-signature reward function: the judge model's grade of each completion (see the module docstring)."""
 
     def __init__(self, path: str, rubric: str = DEFAULT_RUBRIC, template: str = DEFAULT_TEMPLATE,
-                 max_new_tokens: int = 16, temperature: float = 0.0, device: str | None = None) -> None:
+                 max_new_tokens: int = 16, temperature: float = 0.0, chat: bool = True,
+                 device: str | None = None) -> None:
         check_template(template)
+        self.chat = bool(chat)
         self.path, self.rubric, self.template = str(path), rubric, template
         self.max_new_tokens, self.temperature = int(max_new_tokens), float(temperature)
         self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
@@ -110,6 +112,13 @@ class judge:  # noqa: N801 -- named as the component it gives (rewards/judge/*)
         return self.template.format(question=_prompt_text(question), completion=completion_text(completion),
                                     rubric=self.rubric, reference="" if reference is None else reference)
 
+    def render(self, text: str) -> str:
+        """The text the judge continues: `text` as one user turn through its chat template (`chat`, a tokenizer
+        with one), else `text` itself."""
+        if self.chat and getattr(self.tokenizer, "has_chat_template", False):
+            return self.tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True)
+        return text
+
     def references(self, columns: dict[str, Any], size: int) -> list[Any]:
         """Each completion's reference answer for a `{reference}` template (None each without one)."""
         if "{reference}" not in self.template:
@@ -133,7 +142,8 @@ class judge:  # noqa: N801 -- named as the component it gives (rewards/judge/*)
         if self.generator is None:
             self._load()
         refs = self.references(columns, len(completions))
-        ids = [self.tokenizer.encode(self.prompt(p, c, r)) for p, c, r in zip(prompts, completions, refs, strict=True)]
+        ids = [self.tokenizer.encode(self.render(self.prompt(p, c, r)))
+               for p, c, r in zip(prompts, completions, refs, strict=True)]
         sampling = SamplingParams(max_new_tokens=self.max_new_tokens, temperature=self.temperature)
         outs = self.generator.generate(ids, sampling, n=1)  # the whole batch on one engine
         answers = [o[0].text or "" for o in outs]

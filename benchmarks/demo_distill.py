@@ -224,8 +224,9 @@ def judge_agreement(run_dir: Path, name: str) -> dict[str, Any]:
 
 def train_judge(args: argparse.Namespace, start: dict[str, str], name: str, base: dict[str, Any], work: Path,
                 teacher_run: str) -> dict[str, Any]:
-    """The judge of `--judge-model trained` (`judge_training`): RL from the start on grading rows built from the
-    teacher run's replies, labelled by the Python reward; its held-out grading accuracy before and after."""
+    """The judge of `--judge-model trained` (`judge_training`): from the start, supervised steps then RL on grading
+    rows built from the teacher run's replies, labelled by the Python reward; its held-out grading accuracy after
+    the supervised steps (the run's pre-validation) and after RL."""
     cfg = preset(name)
     rows = judge_training.build_rows(Path(teacher_run) / "samples.jsonl", load_task(cfg.task.name, **cfg.task.args),
                                      args.judge_rows, seed=cfg.seed)
@@ -236,12 +237,13 @@ def train_judge(args: argparse.Namespace, start: dict[str, str], name: str, base
         "task.args.reward": f"{Path(judge_training.__file__).resolve()}:verdict", "task.args.test_fraction": 0.05,
         "rollout.max_new_tokens": 12, "validation.max_new_tokens": 12, "trainer.lr": args.judge_lr,
         "validation.num_prompts": min(200, int(len(rows) * 0.05)), "generator.max_model_len": 512,
-        "stop_without_signal": 0})
+        "warm_start.steps": args.judge_sft_steps, "warm_start.lr": args.judge_sft_lr, "stop_without_signal": 0})
     s = run["summary"]
     return {"path": str(Path(run["run_dir"]) / "checkpoints" / "final"), "rows": len(rows),
-            "steps": args.judge_train_steps, "lr": args.judge_lr, "wall_s": run["wall_s"],
-            "grading_accuracy_before": (s.get("pre") or {}).get("pass_at_k"),
-            "grading_accuracy_after": (s.get("post") or {}).get("pass_at_k")}
+            "steps": args.judge_train_steps, "lr": args.judge_lr, "sft_steps": args.judge_sft_steps,
+            "sft_lr": args.judge_sft_lr, "wall_s": run["wall_s"],
+            "grading_accuracy_after_sft": (s.get("pre") or {}).get("pass_at_k"),
+            "grading_accuracy_after_rl": (s.get("post") or {}).get("pass_at_k")}
 
 
 def part_judge(args: argparse.Namespace, start: dict[str, str], name: str, base: dict[str, Any], work: Path,
@@ -320,9 +322,10 @@ def table(result: dict[str, Any]) -> str:
     if j := result.get("judge"):
         a = j["agreement"]
         if t := j.get("trained_judge"):
-            before, after = _n(t["grading_accuracy_before"]), _n(t["grading_accuracy_after"])
-            lines += ["", f"judge trained: {t['steps']} RL steps on {t['rows']} grading rows (lr {t['lr']:g}), "
-                      f"held-out grading accuracy {before} -> {after}"]
+            before, after = _n(t["grading_accuracy_after_sft"]), _n(t["grading_accuracy_after_rl"])
+            lines += ["", f"judge trained: {t['sft_steps']} supervised steps (lr {t['sft_lr']:g}), then "
+                      f"{t['steps']} RL steps (lr {t['lr']:g}) on {t['rows']} grading rows, "
+                      f"held-out grading accuracy after the supervised steps {before}, after RL {after}"]
         lines += ["", f"(b) judge-rewarded RL, {j['steps']} steps, judge = {j['judge_model']} ({j['judge_path']})",
                   "| pass@1 before (Python reward, withheld) | after | judge grade first 5 / last 5 steps | "
                   "judge agrees with the withheld reward | mean grade right / wrong | parse failures |",
@@ -351,7 +354,10 @@ def main() -> None:
                     help="the judge: the start frozen, part (a)'s teacher, or one trained on grading (judge_training)")
     ap.add_argument("--judge-rows", type=int, default=4000, help="--judge-model trained: grading rows")
     ap.add_argument("--judge-train-steps", type=int, default=100, help="--judge-model trained: its RL steps")
-    ap.add_argument("--judge-lr", type=float, default=1e-5, help="--judge-model trained: its learning rate")
+    ap.add_argument("--judge-lr", type=float, default=1e-5, help="--judge-model trained: its RL learning rate")
+    ap.add_argument("--judge-sft-steps", type=int, default=60,
+                    help="--judge-model trained: supervised steps (32 rows each) on the grades before its RL")
+    ap.add_argument("--judge-sft-lr", type=float, default=2e-5, help="--judge-model trained: their peak lr")
     ap.add_argument("--teacher-run", default=None, help="--judge-model teacher: the teacher's run dir")
     ap.add_argument("--work", type=Path, default=None, help="where the runs go (default: a temporary directory)")
     ap.add_argument("--smoke", action="store_true", help="CPU plumbing check with the tiny char model")

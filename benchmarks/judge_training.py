@@ -8,7 +8,10 @@ come from the task's Python reward, over completions of a *separate* run (the te
 sample logged) plus written variants (right and wrong "Answer: n", worked lines with and without the answer line).
 The judge-rewarded run that follows never calls the Python reward: it only sees the judge's grades.
 
-- `build_rows`: the grading rows, `{"prompt": the filled TEMPLATE, "label": 1 | 0}`, right and wrong balanced.
+- `build_rows`: the grading rows, `{"prompt": the filled TEMPLATE, "completion": the grade, "label": 1 | 0}`, right
+  and wrong balanced. The judge first learns the answer's form from the `completion` column (a supervised warm start:
+  asked as-is, SmolLM2 works the question out instead of grading, so RL would see no grade to reward), then RL on
+  `verdict` sharpens it.
 - `verdict`: the judge-training reward (TRL's reward signature; `--task.args.reward judge_training.py:verdict`): 1.0
   when the judge's "Score: N/10" falls on the label's side of 5/10, else 0.0 (no grade: 0.0).
 """
@@ -33,6 +36,7 @@ Student's reply: {completion}
 
 The reply is correct only if its first "Answer: N" line has N equal to the reference answer. Reply with "Score: 10/10" \
 if it is correct and "Score: 0/10" if it is not."""
+GRADES = {1: "Score: 10/10", 0: "Score: 0/10"}
 QUESTION_RE = re.compile(r"What is (\d+) ([+*]) (\d+)\?")
 
 
@@ -77,7 +81,8 @@ def build_rows(samples: Path, task: Any, size: int, seed: int = 0, written: floa
     if half == 0:
         raise SystemExit(f"judge_training: {samples} gave {len(pool[1])} right and {len(pool[0])} wrong replies; "
                          "need both")
-    rows = [{"prompt": TEMPLATE.format(question=q, reference=truth(q), completion=c), "label": label}
+    rows = [{"prompt": TEMPLATE.format(question=q, reference=truth(q), completion=c), "completion": GRADES[label],
+             "label": label}
             for label in (1, 0) for q, c in rng.sample(pool[label], half)]
     rng.shuffle(rows)
     return rows

@@ -16,6 +16,7 @@ import statistics
 import time
 from pathlib import Path
 
+import judge_training  # noqa: E402 -- benchmarks/ is the script's own directory
 from demo_distill import JUDGE_TEMPLATE, QUESTION_RE  # noqa: E402 -- the template session 16's run trained on
 
 from monorl.presets import preset  # noqa: E402
@@ -50,6 +51,9 @@ KINDS = {"answer_right": 1, "answer_wrong": 0, "restated_right": 0, "restated_wr
          "worked_wrong": 0, "refusal": 0}
 
 
+TEMPLATES = {"session16": (JUDGE_TEMPLATE, 6), "strict": (STRICT_TEMPLATE, 6), "grading": (judge_training.TEMPLATE, 12)}
+
+
 def completions(a: int, op: str, b: int, truth: int, rng: random.Random) -> dict[str, str]:
     wrong = truth + rng.choice([-10, -2, -1, 1, 2, 10])
     eq = f"{a} {op} {b}"
@@ -65,6 +69,8 @@ def main() -> None:
     ap.add_argument("--questions", type=int, default=40)
     ap.add_argument("--preset", default="smollm2_135m_arith")
     ap.add_argument("--device", default=None)
+    ap.add_argument("--templates", default="session16,strict",
+                    help="which of session16, strict, grading (judge_training.TEMPLATE: the trained judge's)")
     ap.add_argument("--out", default="probe_judge.json")
     args = ap.parse_args()
     cfg = preset(args.preset)
@@ -85,8 +91,9 @@ def main() -> None:
     texts = [text for _, _, text in rows]
     for spec in args.judge:
         name, path = spec.split("=", 1)
-        for tname, template in (("session16", JUDGE_TEMPLATE), ("strict", STRICT_TEMPLATE)):
-            j = judge(path, template=template, max_new_tokens=6, device=args.device)
+        for tname in args.templates.split(","):
+            template, answer_tokens = TEMPLATES[tname]
+            j = judge(path, template=template, max_new_tokens=answer_tokens, device=args.device)
             t0 = time.perf_counter()
             grades = j(msgs, texts, [None] * len(texts), answer=[p.answer for p, _, _ in rows])
             per_kind = {}

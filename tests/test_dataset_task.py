@@ -533,3 +533,29 @@ def test_a_batch_no_reward_applied_to_is_warned_about_with_what_the_rewards_logg
     assert lines == [f"task {task.name!r}: no reward component applied to any of the 4 completions (each returned "
                      "None; the rewards logged mine/parse_failures 4): every advantage is 0, nothing of this batch "
                      "trains"]
+
+
+def test_a_completion_column_is_what_the_warm_start_trains_on(tmp_path, capsys):
+    """TRL's prompt-completion rows: `completion` (a string, or assistant messages) is the warm start's reference
+    solution; without that column the warm start is skipped, saying so."""
+    from monorl.cli import main
+
+    for form in (str, lambda c: [{"role": "assistant", "content": c}]):
+        task = _task(tmp_path, rows=[{"prompt": f"say {i}", "completion": form(str(i))} for i in range(8)],
+                     reward="tests/test_dataset_task.py:_digits")
+        assert task.has_solutions
+        assert sorted(task.solution(p) for p in islice(task.train_prompts(), 8)) == [str(i) for i in range(8)]
+    assert not _task(tmp_path, rows=[{"prompt": "say 1", "solution": "1"}], reward="accuracy").has_solutions
+    _jsonl(tmp_path / "d.jsonl", [{"prompt": f"say {i}", "completion": str(i)} for i in range(8)])
+    args = ["--device", "cpu", "--steps", "1", "--rollout.prompts_per_step", "2", "--rollout.group_size", "2",
+            "--rollout.max_new_tokens", "4", "--task.name", "dataset", "--task.args.path", str(tmp_path / "d.jsonl"),
+            "--task.args.reward", "tests/test_dataset_task.py:_digits", "--warm_start.steps", "2",
+            "--warm_start.batch_size", "4", "--validation.num_prompts", "0", "--checkpoint.final", "false",
+            "--run_dir", str(tmp_path / "run")]
+    assert main(["train", *args]) == 0
+    out = capsys.readouterr().out
+    assert "warm start 2/2 | loss" in out and "warm start: skipped" not in out
+
+
+def _digits(completions, **kw):
+    return [float(sum(ch.isdigit() for ch in c)) for c in completions]

@@ -177,7 +177,8 @@ def build_run(cfg: RunConfig, device: torch.device, world: World = SINGLE, plan:
     teacher = resolve_teacher(cfg, tokenizer)
     task: Task = load_task(cfg.task.name, **cfg.task.args)
     warm_start_steps = cfg.warm_start.steps
-    if warm_start_steps > 0 and not (hasattr(task, "solution") or hasattr(task, "solution_messages")):
+    if warm_start_steps > 0 and not ((hasattr(task, "solution") or hasattr(task, "solution_messages"))
+                                     and getattr(task, "has_solutions", True)):
         print(f"warm start: skipped (task {task.name!r} has no reference solutions; warm_start.steps="
               f"{cfg.warm_start.steps} is ignored)", flush=True)
         warm_start_steps = 0

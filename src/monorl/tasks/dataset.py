@@ -40,6 +40,7 @@ from typing import Any
 
 from monorl.fsutil import install_hint
 from monorl.tasks.base import Prompt, Task
+from monorl.tasks.completions import completion_text
 from monorl.tasks.images import row_images, with_placeholders
 from monorl.tasks.reward_context import RewardContext, RewardFunctionError, TrainerState
 from monorl.tasks.reward_failures import report_reward_failure
@@ -350,6 +351,13 @@ class DatasetTask(Task):
         text = users[-1] if users else messages[-1]["content"]
         messages = with_placeholders(messages, len(images))
         return Prompt(text=text, answer=answer, meta={**meta, "columns": columns, "messages": messages})
+
+    @property
+    def has_solutions(self) -> bool:  # a warm start trains on the rows' `completion` column (TRL's prompt-completion)
+        return "completion" in self.columns
+
+    def solution(self, prompt: Prompt) -> str:
+        return completion_text(prompt.meta["columns"]["completion"])
 
     def _instructed(self, text: str) -> str:
         return text if not self.instruction else f"{text}\n\n{self.instruction}"

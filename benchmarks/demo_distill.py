@@ -151,13 +151,20 @@ def teacher_cost(rows: list[dict[str, Any]]) -> dict[str, Any]:
             "steps": len(steady)}
 
 
+def teacher_rl(args: argparse.Namespace, start: dict[str, str], name: str, base: dict[str, Any],
+               work: Path) -> dict[str, Any]:
+    """The preset's RL run from the start: part (a)'s teacher and RL curve, and with every sample logged the replies
+    `--judge-model trained` grades (labelled by the Python reward)."""
+    cfg = preset(name)
+    return train("teacher: RL", name, work / "teacher", {
+        **base, **start, "steps": args.steps, "validation.every": args.rl_every,
+        "samples_per_step": cfg.rollout.prompts_per_step * cfg.rollout.group_size})
+
+
 def part_distill(args: argparse.Namespace, start: dict[str, str], name: str, base: dict[str, Any], work: Path,
                  n_val: int) -> dict[str, Any]:
     steps = args.steps
-    cfg = preset(name)  # every sample logged: the trained judge's grading rows come from this run's replies
-    teacher = train("teacher: RL", name, work / "teacher", {
-        **base, **start, "steps": steps, "validation.every": args.rl_every,
-        "samples_per_step": cfg.rollout.prompts_per_step * cfg.rollout.group_size})
+    teacher = teacher_rl(args, start, name, base, work)
     rl_curve = curve(teacher, n_val)
     teacher_acc = rl_curve[-1]["pass@1"]
     budget = steps // 3
@@ -235,7 +242,8 @@ def train_judge(args: argparse.Namespace, start: dict[str, str], name: str, base
     run = train("judge: RL on grading rows", name, work / "judge_train", {
         **base, **start, "steps": args.judge_train_steps, "task.name": "dataset", "task.args.path": str(data),
         "task.args.reward": f"{Path(judge_training.__file__).resolve()}:verdict", "task.args.test_fraction": 0.05,
-        "rollout.max_new_tokens": 12, "validation.max_new_tokens": 12, "trainer.lr": args.judge_lr,
+        "rollout.max_new_tokens": judge_training.ANSWER_TOKENS, "trainer.lr": args.judge_lr,
+        "validation.max_new_tokens": judge_training.ANSWER_TOKENS,
         "validation.num_prompts": min(200, int(len(rows) * 0.05)), "generator.max_model_len": 512,
         "warm_start.steps": args.judge_sft_steps, "warm_start.lr": args.judge_sft_lr, "stop_without_signal": 0})
     s = run["summary"]
@@ -250,14 +258,16 @@ def part_judge(args: argparse.Namespace, start: dict[str, str], name: str, base:
                teacher_run: str | None) -> dict[str, Any]:
     model = start["model.path"]
     template, answer_tokens, trained = JUDGE_TEMPLATE, 6, None
-    if args.judge_model in ("teacher", "trained") and not teacher_run:
+    if args.judge_model == "trained" and not teacher_run:  # replies to grade: the teacher's RL run alone
+        teacher_run = teacher_rl(args, start, name, base, work)["run_dir"]
+    if args.judge_model == "teacher" and not teacher_run:
         raise SystemExit(f"demo_distill: --judge-model {args.judge_model} needs part (a)'s teacher: run --part "
                          "distill first (same --out) or pass --teacher-run DIR")
     if args.judge_model == "teacher":
         judge_path = teacher_run
     elif args.judge_model == "trained":
         trained = train_judge(args, start, name, base, work, teacher_run)
-        judge_path, template, answer_tokens = trained["path"], judge_training.TEMPLATE, 12
+        judge_path, template, answer_tokens = trained["path"], judge_training.TEMPLATE, judge_training.ANSWER_TOKENS
     else:
         judge_path = model
     data = work / "judge_arith.jsonl"
@@ -352,10 +362,11 @@ def main() -> None:
     ap.add_argument("--judge-steps", type=int, default=None, help="judge-rewarded RL steps (default: --steps)")
     ap.add_argument("--judge-model", choices=("start", "teacher", "trained"), default="start",
                     help="the judge: the start frozen, part (a)'s teacher, or one trained on grading (judge_training)")
-    ap.add_argument("--judge-rows", type=int, default=4000, help="--judge-model trained: grading rows")
-    ap.add_argument("--judge-train-steps", type=int, default=100, help="--judge-model trained: its RL steps")
+    ap.add_argument("--judge-rows", type=int, default=6000, help="--judge-model trained: grading rows")
+    ap.add_argument("--judge-train-steps", type=int, default=0,
+                    help="--judge-model trained: RL steps on `verdict` after the supervised ones")
     ap.add_argument("--judge-lr", type=float, default=1e-5, help="--judge-model trained: its RL learning rate")
-    ap.add_argument("--judge-sft-steps", type=int, default=60,
+    ap.add_argument("--judge-sft-steps", type=int, default=150,
                     help="--judge-model trained: supervised steps (32 rows each) on the grades before its RL")
     ap.add_argument("--judge-sft-lr", type=float, default=2e-5, help="--judge-model trained: their peak lr")
     ap.add_argument("--teacher-run", default=None, help="--judge-model teacher: the teacher's run dir")

@@ -24,4 +24,32 @@ j)
   echo "demo_distill rc $?"; grep -vE "DEBUG|^step |it/s|warm start" $OUT/demo_distill.log | tail -40
   cp /tmp/dd/judge_grading.jsonl $OUT/ 2>/dev/null
   for r in judge_train judge_run; do tail -3 /tmp/dd/$r/samples.jsonl > $OUT/${r}_samples_tail.jsonl 2>/dev/null; done;;
+w)  # #62: W0 (the reference workload) on a fresh machine, then warm: process wall around the CLI (carry
+  # .device/wheels .device/tok .device/gguf.sha256 .device/parts/a: the next call, STAGE=j2, brings part b)
+  M=$(python3 -c "import sys; sys.path.insert(0, 'benchmarks'); from pathlib import Path; from bench_memory import model_dir; print(model_dir(Path('.models'), 'qwen3-0.6b'))")
+  for i in 1 2 3; do
+    d=/tmp/w0_$i; rm -rf $d; t0=$(date +%s.%N)
+    timeout 120 python3 -m monorl.cli train --preset qwen3_0_6b_sum_digits --model.path $M --model.random_init true \
+      --rollout.ignore_eos true --checkpoint.final false --checkpoint.every_minutes 0 --run_dir $d > $OUT/w0_$i.log 2>&1
+    rc=$?; t1=$(date +%s.%N)
+    python3 - "$d" "$i" "$rc" "$t0" "$t1" <<'PY'
+import json, sys
+d, i, rc, t0, t1 = sys.argv[1:]
+try:
+    s = json.load(open(f"{d}/summary.json"))
+    print(f"W0 run {i}: rc {rc} process wall {float(t1)-float(t0):.2f} s, startup {s['startup_s']:.2f} s, steady step "
+          f"{s['steady_step_s']:.4f} s, logprob_diff_max {s['logprob_diff_max']}")
+except Exception as e:
+    print(f"W0 run {i}: rc {rc} no summary ({e})")
+PY
+  done;;
+j2)  # #60: the judge trained on graded answers that write the compared numbers first (carry .device/parts/b)
+  bash scripts/device_setup.sh 2>&1 | grep -E "wait|damaged"
+  m=.device/model/SmolLM2-135M-Instruct.Q4_1.gguf
+  timeout ${JLIMIT:-500} python3 benchmarks/demo_distill.py --model $m --part judge --judge-model trained \
+    --work /tmp/dj --out $OUT/demo_judge_trained.json > $OUT/demo_judge.log 2>&1
+  echo "demo_distill rc $?"; grep -vE "DEBUG|^step |it/s|warm start" $OUT/demo_judge.log | tail -14
+  grep -E "^step (1|20|40|60|80|99) " $OUT/demo_judge.log | cut -c1-160
+  for r in judge_train judge_run; do tail -4 /tmp/dj/$r/samples.jsonl > $OUT/${r}_samples_tail.jsonl 2>/dev/null; done
+  head -c 3000 /tmp/dj/judge_grading.jsonl > $OUT/judge_grading_head.jsonl;;
 esac

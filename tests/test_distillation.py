@@ -192,3 +192,16 @@ def test_a_gguf_teacher_scores_as_the_same_weights_do(tmp_path: Path) -> None:
     other = run(tmp_path / "other", **{"model.shape": None, "model.path": str(files[0]),
                                        "teacher.path": str(files[1])})[0]
     assert other["teacher/kl"] > 0.0
+
+
+def test_the_plan_counts_a_sharded_teacher_as_its_share_and_two_gathered_blocks() -> None:
+    from monorl.plan import GiB, plan_memory
+    from monorl.plan_params import param_counts
+
+    cfg = run_config("qwen3_0_6b_sum_digits", {"teacher.path": "/nowhere", "trainer.loss.kind": "token_grpo"})
+    m, teacher = model_shape("qwen3-0.6b"), model_shape("qwen3-1.7b")
+    c = param_counts(teacher)
+    block = (sum(c.values()) - c["embed"] - c["lm_head"]) // teacher.num_layers
+    row = plan_memory(cfg, m, 160, 80 * GiB, activation_checkpointing=False, teacher=teacher, ranks=4).row(
+        "teacher weights")
+    assert row.bytes == 2 * sum(c.values()) // 4 + 2 * 2 * block and "1/4: sharded" in row.note

@@ -269,3 +269,26 @@ def test_lora_batch_invariant_two_ranks_equal_one_rank(tmp_path: Path) -> None:
     got, want = step_rows(two), step_rows(one)
     assert [row["logprob_diff_max"] for row in got] == [0.0] * len(got) == [row["logprob_diff_max"] for row in want]
     assert_rows_close(got, want)
+
+
+def test_a_sharded_teacher_two_ranks_equal_one_rank(tmp_path: Path) -> None:
+    """Distillation under FSDP: the teacher is sharded over the trainer ranks as the policy is (a block gathered at
+    a time in its forward, every rank running as many); the 2-rank run's teacher/kl, losses and weights equal the
+    1-rank run's, where the teacher is whole."""
+    from tests.test_distillation import save_tiny
+
+    teacher = save_tiny(tmp_path / "teacher", seed=1)
+    extra = {"teacher.path": str(teacher), "trainer.loss.kind": "token_grpo", "checkpoint.every": "0",
+             "rollout.max_new_tokens": "4"}
+    one = tmp_path / "one"
+    train(run_config("tiny", {**OVERRIDES, **extra, "run_dir": str(one)}), progress=False)
+    two = tmp_path / "two"
+    r = run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+             "-m", "monorl.cli", "train", *cli_args(two, **extra)], timeout=300)
+    assert r.returncode == 0, r.stderr[-4000:]
+    assert "teacher: sharded over the 2 trainer ranks" in r.stdout
+    assert "(1/2: sharded; two blocks gathered at a time)" in r.stdout  # the plan's teacher row
+    got, want = step_rows(two), step_rows(one)
+    assert all(row["teacher/kl"] != 0.0 for row in want)
+    assert_rows_close(got, want)
+    assert_weights_close(weights(two), weights(one))

@@ -72,7 +72,7 @@ def plan_memory(cfg: RunConfig, m: ModelConfig, max_prompt_tokens: int, device_b
     `generator.tensor_parallel_size` N > 1: the generator's copy and KV cache are split over N of those ranks
     (`monorl.generate.tensor_parallel`), each group of N generating its share of the step's prompt groups. role
     "trainer" / "generator": a disaggregated rank's rows alone (`ranks`: those of its role; `role_share`). teacher:
-    a distillation teacher's architecture (a frozen full copy on every trainer rank, in the generator's dtype).
+    a distillation teacher's architecture (frozen, in the generator's dtype, sharded over the trainer ranks).
     image_tokens: those of max_prompt_tokens that are a vision-language prompt's images (`monorl.plan_images`);
     tool_image_tokens: those an agent episode's tools may insert (`tool_image_tokens_bound`). rewards: a judge's and a
     reward model's rows (`monorl.plan_rewards`)."""
@@ -125,8 +125,13 @@ def plan_memory(cfg: RunConfig, m: ModelConfig, max_prompt_tokens: int, device_b
                               + (", CUDA-graph pool" if graphs else ""), persistent=graphs))
     if t.loss.kl_coef > 0:
         rows.append(MemoryRow("KL reference", total * gen_bytes, "frozen copy of the starting policy"))
-    if teacher is not None:
-        rows.append(MemoryRow("teacher weights", sum(param_counts(teacher).values()) * gen_bytes, "frozen"))
+    if teacher is not None:  # sharded as the policy is: its share, and two of its blocks gathered in its forward
+        tc = param_counts(teacher)
+        t_total = sum(tc.values())
+        t_block = (t_total - tc["embed"] - tc["lm_head"] - tc["vision"]) // teacher.num_layers
+        gathered = 2 * t_block * gen_bytes if ranks > 1 else 0
+        note = f" (1/{ranks}: sharded; two blocks gathered at a time)" if ranks > 1 else ""
+        rows.append(MemoryRow("teacher weights", t_total * gen_bytes // ranks + gathered, "frozen" + note))
     if lora.enabled and lora_kept_separate(cfg) and ranks == 1:  # an unmerged copy, its frozen base the policy's
         rows.append(MemoryRow("generator weights", lora_param_count(m, lora) * gen_bytes,
                               "adapters only: the base is shared with the policy"))

@@ -189,8 +189,10 @@ def prepare_trainer_policy(p: Parts) -> torch.nn.Module | None:
 
 def build_teacher(p: Parts) -> torch.nn.Module | None:
     """The distillation teacher (`--teacher.path`), where the trainer is: a frozen model loaded by the policy's
-    loader (any checkpoint kind model.path takes) in the generator's dtype (bf16 on CUDA), a full copy on every
-    trainer rank; batch-invariant like the policy in batch-invariant runs. None without a teacher."""
+    loader (any checkpoint kind model.path takes) in the generator's dtype (bf16 on CUDA), sharded over the trainer
+    ranks as the policy is (FSDP2: a block gathered at a time; every rank runs as many forwards, the trainer pads
+    its micro-batches to the most any rank has); batch-invariant like the policy in batch-invariant runs. None
+    without a teacher."""
     t = p.cfg.teacher
     if not t.enabled:
         return None
@@ -199,7 +201,12 @@ def build_teacher(p: Parts) -> torch.nn.Module | None:
                                     resolved=p.spec.teacher)
     if p.cfg.batch_invariant:
         make_batch_invariant_(teacher)
-    return teacher.eval().requires_grad_(False)
+    teacher.eval().requires_grad_(False)
+    if p.train_world.size > 1:
+        shard_model_(teacher, p.device, group=p.train_world.group)
+        if p.world.is_main:
+            print(f"teacher: sharded over the {p.train_world.size} trainer ranks", flush=True)
+    return teacher
 
 
 def build_trainer(p: Parts, ref_model: torch.nn.Module | None) -> Trainer:

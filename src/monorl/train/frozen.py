@@ -5,7 +5,9 @@ They come from a forward over the student's own micro-batches, after packing, an
 packing, no host round trip of the log-probs. Where the student's step replays CUDA graphs, each pack shape's
 frozen forward replays one too (a forward alone: one launch for the eager forward's hundreds), in the trainer's pool,
 keyed by the field it fills (its own budget of graphs beside the step's), so the reference's and the teacher's
-graphs never share a key. The frozen model is a full copy on every rank: no collectives."""
+graphs never share a key. The KL reference is a full copy on every rank; the teacher is sharded over the trainer
+ranks as the policy is (its forward gathers a block at a time: every rank runs as many, on the padded micro-batches
+the trainer's step gives each rank)."""
 
 from __future__ import annotations
 

@@ -7,7 +7,7 @@ frozen forward replays one too (a forward alone: one launch for the eager forwar
 keyed by the field it fills (its own budget of graphs beside the step's), so the reference's and the teacher's
 graphs never share a key. The KL reference is a full copy on every rank; the teacher is sharded over the trainer
 ranks as the policy is (its forward gathers a block at a time: every rank runs as many, on the padded micro-batches
-the trainer's step gives each rank)."""
+the trainer's step gives each rank; eagerly, not from graphs)."""
 
 from __future__ import annotations
 
@@ -18,6 +18,8 @@ from typing import Any
 
 import torch
 from torch import Tensor
+
+from monorl.distributed.fsdp import is_sharded
 
 # the MicroBatch fields a frozen forward fills: what a frozen forward computes, never an input of one
 FROZEN_FIELDS = ("ref_logprobs", "teacher_logprobs")
@@ -49,7 +51,9 @@ def frozen_forward(trainer: Any, model: torch.nn.Module, mb: Any, field: str, te
     the student's step replays graphs, so does this: a graph per (field, pack shape: its image grids included,
     temperature) in the trainer's pool, its output copied out of the graph's buffer; else eagerly."""
     graphs = trainer.graphs
-    if graphs is None or graphs.full(field):
+    # a sharded teacher's forward runs eagerly: its all-gathers were never captured on GPUs (no multi-GPU machine
+    # ran it), and an eager forward costs launches, not correctness
+    if graphs is None or graphs.full(field) or is_sharded(model):
         return trainer.response_logprobs(model, mb, temperature)
     # the frozen fields are never its inputs (whichever forward ran first, or a warm-up's zeros): one graph per key
     mb = dataclasses.replace(mb, **dict.fromkeys(FROZEN_FIELDS))

@@ -120,3 +120,23 @@ def test_judge_engine_stays_within_the_judges_context() -> None:
     judge = model_shape("tiny")
     engine = judge_engine(cfg, judge, 30, 10_000, torch.float32)
     assert engine.max_model_len == judge.max_position_embeddings
+
+
+def test_the_judges_context_counts_its_chat_templates_turn(tmp_path: Path) -> None:
+    """A judge whose tokenizer has a chat template is asked through it (`judge_chat`, default on): its engine's
+    sequences hold the template's turn, and with judge_chat false the plain template."""
+    from monorl.model.hf_checkpoint import load_tokenizer
+    from monorl.tasks.judge import as_asked
+    from tests.test_tokenizer import write_tokenizer_dir
+
+    judge_dir = write_tokenizer_dir(tmp_path / "judge")
+    (judge_dir / "config.json").write_text(json.dumps(model_shape("qwen3-1.7b").to_hf("bfloat16")))
+    tok = load_tokenizer(judge_dir)
+    filled = DEFAULT_TEMPLATE.format(question="", completion="", reference="", rubric=DEFAULT_RUBRIC)
+    lengths = {}
+    for chat in ("true", "false"):
+        cfg = _cfg(tmp_path, "judge", judge_model=str(judge_dir), judge_max_new_tokens="8", judge_chat=chat)
+        lengths[chat] = resolve_model_rewards(cfg, 160, torch.bfloat16).judge_engine.max_model_len
+    rest = 160 + cfg.rollout.max_new_tokens + 8
+    assert lengths == {"true": len(tok.encode(as_asked(tok, filled))) + rest, "false": len(tok.encode(filled)) + rest}
+    assert lengths["true"] > lengths["false"]

@@ -70,7 +70,7 @@ def resolve_model_rewards(cfg: RunConfig, max_prompt_tokens: int, dtype: torch.d
     if (judges := names.count("judge")) and args.get("judge_model"):
         from monorl.model.section import ModelSection
         from monorl.model.source import resolve_model
-        from monorl.tasks.judge import DEFAULT_RUBRIC, DEFAULT_TEMPLATE
+        from monorl.tasks.judge import DEFAULT_RUBRIC, DEFAULT_TEMPLATE, as_asked
 
         try:
             judge, tok, _ = resolve_model(ModelSection(path=str(args["judge_model"])))
@@ -79,7 +79,8 @@ def resolve_model_rewards(cfg: RunConfig, max_prompt_tokens: int, dtype: torch.d
         template = str(args.get("judge_template") or DEFAULT_TEMPLATE)
         filled = template.format(question="", completion="", reference="",
                                  rubric=args.get("judge_rubric") or DEFAULT_RUBRIC)
-        engine = judge_engine(cfg, judge, len(tok.encode(filled)), max_prompt_tokens, dtype)
+        asked = as_asked(tok, filled, args.get("judge_chat") is not False)  # its chat template's turn, as asked
+        engine = judge_engine(cfg, judge, len(tok.encode(asked)), max_prompt_tokens, dtype)
         out.update(judge=judge, judge_engine=engine, judges=judges)
     if (models := names.count("reward_model")) and args.get("reward_model"):
         from monorl.model.hub import resolve_model_path

@@ -59,6 +59,14 @@ def check_template(template: Any) -> None:
                          "with real line breaks (a --config file)")
 
 
+def as_asked(tokenizer: Any, text: str, chat: bool = True) -> str:
+    """The text a judge continues: `text` as one user turn through the tokenizer's chat template (`chat`, a
+    tokenizer with one), else `text` itself."""
+    if chat and getattr(tokenizer, "has_chat_template", False):
+        return tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True)
+    return text
+
+
 @dataclass
 class _JudgeSections:  # what `build_generator` reads of a run config (`GeneratorSections`): the judge's own
     generator: Any
@@ -113,11 +121,7 @@ class judge:  # noqa: N801 -- named as the component it gives (rewards/judge/*)
                                     rubric=self.rubric, reference="" if reference is None else reference)
 
     def render(self, text: str) -> str:
-        """The text the judge continues: `text` as one user turn through its chat template (`chat`, a tokenizer
-        with one), else `text` itself."""
-        if self.chat and getattr(self.tokenizer, "has_chat_template", False):
-            return self.tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True)
-        return text
+        return as_asked(self.tokenizer, text, self.chat)
 
     def references(self, columns: dict[str, Any], size: int) -> list[Any]:
         """Each completion's reference answer for a `{reference}` template (None each without one)."""

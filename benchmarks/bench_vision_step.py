@@ -111,7 +111,8 @@ def run_case(cfg: ModelConfig, shape: str, prompts: list[list[int]], pictures: l
         freeze_vision_(model)
     gen = Generator(model, GeneratorConfig(max_num_seqs=len(prompts) * args.n, max_model_len=max_len))
     backend = resolve_backend("auto", device, torch.bfloat16 if device.type == "cuda" else torch.float32)
-    trainer = Trainer(model, TrainerConfig(lr=1e-6, loss=LossConfig(kind="grpo")), total_steps=100,
+    trainer = Trainer(model, TrainerConfig(lr=1e-6, loss=LossConfig(kind="grpo"),
+                                           micro_batch_tokens=args.micro_batch_tokens), total_steps=100,
                       attn_backend=backend, cuda_graphs=args.trainer_graphs)
 
     def encode() -> tuple[list[list[int]], list | None]:
@@ -238,6 +239,8 @@ def main() -> None:
                     help="each step encodes its prompts at its start (before session 20's encode-ahead of images)")
     ap.add_argument("--profile", type=int, default=0, metavar="TOP",
                     help="CUDA: one more training step per case under torch's profiler, its TOP kernels printed")
+    ap.add_argument("--micro-batch-tokens", type=int, default=TrainerConfig.micro_batch_tokens,
+                    help="the trainer's token budget of one micro-batch (whole sequences, as unshared)")
     ap.add_argument("--cases", default="text,vl,vl_frozen", help="which of text, vl, vl_frozen to run")
     ap.add_argument("--smoke", action="store_true", help="CPU, tiny-vl against tiny, few steps: checks the script")
     args = ap.parse_args()
@@ -259,7 +262,7 @@ def main() -> None:
     res: dict[str, Any] = {"device": torch.cuda.get_device_name() if device.type == "cuda" else "cpu",
                            "torch": torch.__version__, "shape": args.shape, "prompts": args.prompts, "n": args.n,
                            "new_tokens": args.new, "image_size": args.image_size,
-                           "trainer_graphs": args.trainer_graphs,
+                           "trainer_graphs": args.trainer_graphs, "micro_batch_tokens": args.micro_batch_tokens,
                            "text_tokens": [len(p) for p in text_prompts], "max_model_len": max_len, "cases": {}}
     t0 = time.perf_counter()
     cases = [("text", vl.replace(vision=None), text_prompts, None, False), ("vl", vl, vl_prompts, pictures, False),

@@ -24,6 +24,12 @@ j)
   echo "demo_distill rc $?"; grep -vE "DEBUG|^step |it/s|warm start" $OUT/demo_distill.log | tail -40
   cp /tmp/dd/judge_grading.jsonl $OUT/ 2>/dev/null
   for r in judge_train judge_run; do tail -3 /tmp/dd/$r/samples.jsonl > $OUT/${r}_samples_tail.jsonl 2>/dev/null; done;;
+v2)  # #59: the vision step at the default micro-batch budget and at one large enough for one micro-batch a step
+  for mbt in 8192 32768; do
+    timeout 150 python3 benchmarks/bench_vision_step.py --trainer-graphs --micro-batch-tokens $mbt \
+      --out $OUT/vision_step_mbt$mbt.json > $OUT/vision_mbt$mbt.log 2>&1
+    echo "micro_batch_tokens $mbt rc $?"; grep -v DEBUG $OUT/vision_mbt$mbt.log | grep -vE "^  step" | tail -7
+  done;;
 w)  # #62: W0 (the reference workload) on a fresh machine, then warm: process wall around the CLI (carry
   # .device/wheels .device/tok .device/gguf.sha256 .device/parts/a: the next call, STAGE=j2, brings part b)
   M=$(python3 -c "import sys; sys.path.insert(0, 'benchmarks'); from pathlib import Path; from bench_memory import model_dir; print(model_dir(Path('.models'), 'qwen3-0.6b'))")

@@ -22,7 +22,10 @@ monorl's own RL made, against RL from the same start; and a run whose only rewar
   that the answer equal to the reference repeats a graded line of the prompt (`Student: Answer: <ref>` /
   `Score: 10/10`) among lines graded 0/10: grading is copying a line, which small models do (the probe: 41 of 60
   graded right, every right answer 10/10). Reported beside pass@1: the judge's agreement with the withheld reward on
-  every training sample (samples.jsonl), and its parse failures.
+  every training sample (samples.jsonl), and its parse failures. `--judge-model trained` (`judge_training.py`): a
+  judge trained on grading rows (the preset's RL run's replies labelled by the Python reward, and written variants)
+  to write the reply's number and the reference before its grade; it runs that RL run itself when no teacher run is
+  given.
 
 Prints a table and writes --out JSON (default benchmarks/results/demo_distill_<date>.json; a second call with the
 other --part adds to the same file).
@@ -239,7 +242,7 @@ def train_judge(args: argparse.Namespace, start: dict[str, str], name: str, base
                                      args.judge_rows, seed=cfg.seed)
     data = work / "judge_grading.jsonl"
     data.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    run = train("judge: RL on grading rows", name, work / "judge_train", {
+    run = train("judge: trained on grading rows", name, work / "judge_train", {
         **base, **start, "steps": args.judge_train_steps, "task.name": "dataset", "task.args.path": str(data),
         "task.args.reward": f"{Path(judge_training.__file__).resolve()}:verdict", "task.args.test_fraction": 0.05,
         "rollout.max_new_tokens": judge_training.ANSWER_TOKENS, "trainer.lr": args.judge_lr,

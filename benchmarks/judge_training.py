@@ -1,12 +1,12 @@
-"""A judge made by monorl's own RL, for demo_distill's judge-rewarded run (#60, `--judge-model trained`).
+"""A judge trained by monorl, for demo_distill's judge-rewarded run (#60, `--judge-model trained`).
 
 The small models here cannot tell a right arith answer from a wrong one when asked (`probe_judge.py`: SmolLM2-135M
 grades right / wrong "Answer: n" 0.91 / 0.49 or 0.94 / 0.91 on average, Gemma-3-270M 0.20 / 0.13), so a run
 rewarded by them games them (sessions 13 and 16). A judge is usually a larger general model; none can be fetched
-here. So the judge is trained, as reward models are: SmolLM2-135M-Instruct, RL on a grading dataset whose labels
-come from the task's Python reward, over completions of a *separate* run (the teacher's RL run of part (a), every
-sample logged) plus written variants (right and wrong "Answer: n", worked lines with and without the answer line).
-The judge-rewarded run that follows never calls the Python reward: it only sees the judge's grades.
+here. So the judge is trained, as reward models are: SmolLM2-135M-Instruct, supervised steps (and optionally RL on
+`verdict`) on a grading dataset whose labels come from the task's Python reward, over the replies of a *separate*
+run (the preset's RL run, every sample logged) plus written variants (`written_variants`). The judge-rewarded run
+that follows never calls the Python reward: it only sees the judge's grades.
 
 - `build_rows`: the grading rows, `{"prompt": the filled TEMPLATE, "completion": the graded answer, "label": 1 | 0}`,
   right and wrong balanced. The judge learns from the `completion` column (supervised steps: `--warm_start.steps`;

@@ -44,7 +44,6 @@ import argparse
 import datetime
 import json
 import os
-import re
 import shlex
 import statistics
 import subprocess
@@ -82,7 +81,7 @@ Score: 0/10
 Student: {completion}
 Score:"""
 SMOKE = {"rollout.prompts_per_step": 4, "rollout.group_size": 4, "validation.num_prompts": 8}
-QUESTION_RE = re.compile(r"What is (\d+) ([+*]) (\d+)\?")
+QUESTION_RE = judge_training.QUESTION_RE  # "What is a op b?" (probe_judge reads it from here)
 
 
 # ---- child processes ------------------------------------------------------------------------------------------

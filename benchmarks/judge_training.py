@@ -26,6 +26,7 @@ import re
 from pathlib import Path
 from typing import Any
 
+from monorl.tasks.arith import _ANSWER_RE as arith_answer_re
 from monorl.tasks.base import Prompt
 from monorl.tasks.completions import completion_text
 from monorl.tasks.judge import parse_score
@@ -42,7 +43,7 @@ are equal, else "Score: 0/10"."""
 # "Student: N\nReference: R\nScore: 10/10": 26 of SmolLM2's tokens (a digit each) for 5-digit numbers; a longer
 # student number runs out of tokens before its grade: unscorable, never rewarded
 ANSWER_TOKENS = 32
-ANSWER_RE = re.compile(r"Answer:\s*(-?\d+)")  # the arith task's: its reward reads the first match
+ANSWER_RE = arith_answer_re  # the arith task's own: its reward reads the first match
 QUESTION_RE = re.compile(r"What is (\d+) ([+*]) (\d+)\?")
 
 

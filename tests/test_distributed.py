@@ -254,18 +254,24 @@ def test_tensor_parallel_generation_in_the_loop(one_rank: Path, tmp_path: Path) 
     assert_weights_close(weights(d), weights(one_rank))
 
 
-def test_lora_batch_invariant_two_ranks_equal_one_rank(tmp_path: Path) -> None:
-    """LoRA in batch-invariant mode on 2 ranks: the generator's copy (separate adapters beside the frozen base) is
-    built from the FSDP shards once the policy is sharded, not shared with the unsharded policy; the run equals the
-    1-rank run, and the generator's log-probs equal the trainer's at every step, as on one rank."""
-    extra = {"lora.rank": "4", "lora.alpha": "8", "batch_invariant": "true", "checkpoint.every": "0",
-             "rollout.max_new_tokens": "4"}
+def one_and_two_ranks(tmp_path: Path, extra: dict[str, str]) -> tuple[Path, Path, subprocess.CompletedProcess]:
+    """The tiny run with `extra` in this process (one rank) and under torchrun on 2 gloo ranks: both run dirs, and
+    the 2-rank launch (checked to have succeeded)."""
     one = tmp_path / "one"
     train(run_config("tiny", {**OVERRIDES, **extra, "run_dir": str(one)}), progress=False)
     two = tmp_path / "two"
     r = run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
              "-m", "monorl.cli", "train", *cli_args(two, **extra)], timeout=300)
     assert r.returncode == 0, r.stderr[-4000:]
+    return one, two, r
+
+
+def test_lora_batch_invariant_two_ranks_equal_one_rank(tmp_path: Path) -> None:
+    """LoRA in batch-invariant mode on 2 ranks: the generator's copy (separate adapters beside the frozen base) is
+    built from the FSDP shards once the policy is sharded, not shared with the unsharded policy; the run equals the
+    1-rank run, and the generator's log-probs equal the trainer's at every step, as on one rank."""
+    one, two, _ = one_and_two_ranks(tmp_path, {"lora.rank": "4", "lora.alpha": "8", "batch_invariant": "true",
+                                               "checkpoint.every": "0", "rollout.max_new_tokens": "4"})
     got, want = step_rows(two), step_rows(one)
     assert [row["logprob_diff_max"] for row in got] == [0.0] * len(got) == [row["logprob_diff_max"] for row in want]
     assert_rows_close(got, want)
@@ -278,14 +284,8 @@ def test_a_sharded_teacher_two_ranks_equal_one_rank(tmp_path: Path) -> None:
     from tests.test_distillation import save_tiny
 
     teacher = save_tiny(tmp_path / "teacher", seed=1)
-    extra = {"teacher.path": str(teacher), "trainer.loss.kind": "token_grpo", "checkpoint.every": "0",
-             "rollout.max_new_tokens": "4"}
-    one = tmp_path / "one"
-    train(run_config("tiny", {**OVERRIDES, **extra, "run_dir": str(one)}), progress=False)
-    two = tmp_path / "two"
-    r = run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-             "-m", "monorl.cli", "train", *cli_args(two, **extra)], timeout=300)
-    assert r.returncode == 0, r.stderr[-4000:]
+    one, two, r = one_and_two_ranks(tmp_path, {"teacher.path": str(teacher), "trainer.loss.kind": "token_grpo",
+                                               "checkpoint.every": "0", "rollout.max_new_tokens": "4"})
     assert "teacher: sharded over the 2 trainer ranks" in r.stdout
     assert "(1/2: sharded; two blocks gathered at a time)" in r.stdout  # the plan's teacher row
     got, want = step_rows(two), step_rows(one)

@@ -163,8 +163,13 @@ def run_case(cfg: ModelConfig, shape: str, prompts: list[list[int]], pictures: l
         seqs = [TrainSequence(ids[k], c.token_ids, c.logprobs, advantage=float(j % 3 - 1), group=k,
                               images=None if images is None else images[k])
                 for k, comps in enumerate(outs) for j, c in enumerate(comps)]
-        profiled = profile_train(lambda: train(seqs), args.profile)
+        profiled = profile_call(lambda: train(seqs), args.profile, "train step")
         gen.load_weights_(model)
+    if args.profile_prefill and device.type == "cuda":  # one 1-token batch (the prefill, the tower's forward)
+        ahead[:] = [] if args.no_ahead else [encode()]
+        generate(sampling(998, 1))  # its own warm-up
+        ahead[:] = [] if args.no_ahead else [encode()]
+        prefill_profiled = profile_call(lambda: generate(sampling(999, 1)), args.profile_prefill, "1-token batch")
     for rep in range(args.decode_reps + 1):  # the first: the 1-token batch's own warm-up
         ahead[:] = [] if args.no_ahead else [encode()]  # as the steps' batches are (the decode split: like with like)
         t_one, _ = timed_call(lambda r=rep: generate(sampling(1000 + r, 1)), device)
@@ -180,13 +185,16 @@ def run_case(cfg: ModelConfig, shape: str, prompts: list[list[int]], pictures: l
            "params_b": sum(p.numel() for p in model.parameters()) / 1e9}
     if args.profile and device.type == "cuda":
         out["train_profile"] = profiled
+    if args.profile_prefill and device.type == "cuda":
+        out["prefill_profile"] = prefill_profiled
     if processor is not None:
         out["image_tokens"] = processor.token_count(processor.grid(args.image_size, args.image_size))
     return out
 
 
-def profile_train(train: Callable[[], None], top: int) -> dict:
-    """One trainer step under torch's profiler: its wall, CUDA time by kind and the `top` kernels by CUDA time."""
+def profile_call(fn: Callable[[], Any], top: int, label: str) -> dict:
+    """One call (a trainer step, a 1-token batch) under torch's profiler: its wall, CUDA time by kind and the `top`
+    kernels by CUDA time."""
     from torch.profiler import ProfilerActivity, profile
 
     kinds = {"elementwise / reduce (aten)": ("at::native", "elementwise", "reduce", "vectorized"),
@@ -195,7 +203,7 @@ def profile_train(train: Callable[[], None], top: int) -> dict:
     torch.cuda.synchronize()
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
         t0 = time.perf_counter()
-        train()
+        fn()
         torch.cuda.synchronize()
         wall = time.perf_counter() - t0
     rows, by_kind = [], {}
@@ -212,7 +220,7 @@ def profile_train(train: Callable[[], None], top: int) -> dict:
     out = {"wall_ms": wall * 1e3, "cuda_ms": sum(r[0] for r in rows), "kernels": sum(r[1] for r in rows),
            "by_kind": {k: {"ms": v[0], "count": v[1]} for k, v in by_kind.items()},
            "top": [{"ms": ms, "count": n, "name": name} for ms, n, name in rows[:top]]}
-    print(f"  profiled train step: wall {out['wall_ms']:.1f} ms, CUDA {out['cuda_ms']:.1f} ms in {out['kernels']} "
+    print(f"  profiled {label}: wall {out['wall_ms']:.1f} ms, CUDA {out['cuda_ms']:.1f} ms in {out['kernels']} "
           "kernels; " + ", ".join(f"{k} {v[0]:.1f} ms ({v[1]})" for k, v in sorted(by_kind.items())), flush=True)
     for ms, n, name in rows[:top]:
         print(f"    {ms:8.2f} ms {n:6d}  {name}", flush=True)
@@ -239,6 +247,8 @@ def main() -> None:
                     help="each step encodes its prompts at its start (before session 20's encode-ahead of images)")
     ap.add_argument("--profile", type=int, default=0, metavar="TOP",
                     help="CUDA: one more training step per case under torch's profiler, its TOP kernels printed")
+    ap.add_argument("--profile-prefill", type=int, default=0, metavar="TOP",
+                    help="also profile one 1-token batch (the prefill with the tower's forward), TOP kernels")
     ap.add_argument("--micro-batch-tokens", type=int, default=TrainerConfig.micro_batch_tokens,
                     help="the trainer's token budget of one micro-batch (whole sequences, as unshared)")
     ap.add_argument("--cases", default="text,vl,vl_frozen", help="which of text, vl, vl_frozen to run")

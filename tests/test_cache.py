@@ -94,3 +94,21 @@ def test_close_frees_every_request(model):
     assert engine.running and engine.queue
     engine.close()
     assert gen.cache.blocks.num_free() == gen.cache.blocks.usable_blocks and not engine.requests and not engine.groups
+
+
+def test_a_prefill_that_raises_reaches_the_caller_and_frees_every_block(model, monkeypatch):
+    """Admission takes requests off the queue before their prefill runs; when the prefill raises (a CUDA error, an
+    out-of-memory), `generate` must raise that error, not one from its cleanup, and leave no block held."""
+    gen = Generator(model, GeneratorConfig(max_num_seqs=4, max_model_len=64, block_size=4), eos_token_ids=())
+    sp = SamplingParams(max_new_tokens=4, temperature=1.0, seed=0)
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("prefill failed")
+
+    monkeypatch.setattr(gen.runner, "prefill", broken)
+    with pytest.raises(RuntimeError, match="prefill failed"):
+        gen.generate([[2, 3, 4, 5, 6], [7, 8, 9]], sp, n=2)
+    assert gen.cache.blocks.num_free() == gen.cache.blocks.usable_blocks
+    monkeypatch.undo()
+    out = gen.generate([[2, 3, 4, 5, 6]], sp, n=2)  # the generator still serves
+    assert [len(c.token_ids) for c in out[0]] == [4, 4]

@@ -192,7 +192,11 @@ class Engine(Admission):
         """Drop a request in any state and free its cache; returns it (its tokens, flags, log-probs, versions)."""
         req = self._get(request_id)
         if req.state == "queued":
-            self.queue.remove(req)
+            # (admission takes a request off the queue before its prefill runs: a prefill that raised leaves it out)
+            for i, queued in enumerate(self.queue):
+                if queued is req:
+                    del self.queue[i]
+                    break
             if req.group is not None:
                 req.group.pending -= 1
                 self.release_group_if_done(req.group)
@@ -217,6 +221,9 @@ class Engine(Admission):
         self.unread = None
         for request_id in list(self.requests):
             self.finish(request_id)
+        for g in list(self.groups.values()):  # admitted whole, their prefill raised before the group was released
+            g.pending = 0
+            self.release_group_if_done(g)
 
     def request(self, request_id: Hashable) -> Request:
         return self._get(request_id)

@@ -70,7 +70,7 @@ def bi_varlen_attn(q: Tensor, k: Tensor, v: Tensor, cu_seqlens: Tensor, pad_inde
         if L == 0:  # a static pack's zero-length entry
             continue
         kk, vv = _expand_kv(k[a:b], g), _expand_kv(v[a:b], g)
-        valid = window_mask(L, window)
+        valid = window_mask(L, window, q.device)  # (this path serves CUDA too where Triton is missing)
         rows = max(1, (1 << 22) // max(1, L * kk[0].numel()))
         for s in range(0, L, rows):
             e = min(L, s + rows)

@@ -127,8 +127,12 @@ def main() -> None:
                 torch.cuda.synchronize()
             wall = time.perf_counter() - t
         events = prof.events()
+        # GPU work only: a record_function range also shows on the GPU's timeline (a user annotation spanning the
+        # kernels of its phase), which counted as busy time and as a kernel hid every gap inside it
         kernels = sorted(((e.time_range.start, e.time_range.end, e.name) for e in events
-                          if e.device_type == torch.autograd.DeviceType.CUDA and e.time_range.end > e.time_range.start),
+                          if e.device_type == torch.autograd.DeviceType.CUDA and e.time_range.end > e.time_range.start
+                          and not getattr(e, "is_user_annotation", False) and not e.name.startswith("phase:")
+                          and not e.name.startswith("Optimizer.")),
                          key=lambda k: k[0])
         phases = [(e.time_range.start, e.time_range.end, e.name[6:]) for e in events
                   if e.name.startswith("phase:") and e.device_type == torch.autograd.DeviceType.CPU]

@@ -7,17 +7,50 @@
 #   first with its training step and a 1-token batch (prefill, the tower's forward) profiled.
 # STAGE=b (carry .device/tri/parts/b): #58 under Triton 3.7.1 with fla on: the hybrid generator test alone (why it
 #   failed in session 20, the whole traceback in $OUT), then the hybrid's RL step profiled.
+# STAGE=c (a fresh machine; carry as STAGE=a): #58's GPU tests under the device's Triton (3.6): the generator
+#   test's three variants (bf16 fla + kernels, bf16 plain paths, fp32 fla + kernels) and fla's packed conv.
+# STAGE=d (carry .device/tri/parts/b): #58 under Triton 3.7.1: W0's step, hybrid (fla: the rule, its backward, the
+#   packed conv, shared bounds) against Qwen3-0.6B, default mode; then the hybrid's step profiled.
 set -u
 export PYTHONUNBUFFERED=1 JSONARGPARSE_DEPRECATION_WARNINGS=off
 [ -d .models ] || tar xzf .device/tok/models.tgz
 bash scripts/device_setup.sh 2>&1 | tail -1
 export PYTHONPATH=$PWD/src:$PWD/.device/site
+# one CLI run, W0's workload: name, shape, then python lines run before main (flags)
+step() {
+  local name=$1 shape=$2 pre=$3 d=/tmp/step_$1; rm -rf $d
+  local t0; t0=$(date +%s.%N)
+  timeout ${RLIMIT:-150} python3 - $d $shape > $OUT/step_$name.log 2>&1 <<PY
+import sys
+$pre
+from monorl.cli import main
+main(["train", "--preset", "qwen3_0_6b_sum_digits", "--model.shape", sys.argv[2], "--model.random_init", "true",
+      "--rollout.ignore_eos", "true", "--checkpoint.final", "false", "--checkpoint.every_minutes", "0",
+      "--steps", "${STEPS:-6}", "--batch_invariant", "false", "--run_dir", sys.argv[1]])
+PY
+  local rc=$? t1; t1=$(date +%s.%N)
+  python3 - "$d" "$name" "$rc" "$t0" "$t1" <<'PY'
+import json, sys
+d, name, rc, t0, t1 = sys.argv[1:]
+try:
+    s = json.load(open(f"{d}/summary.json"))
+    print(f"{name:22s} rc {rc} process {float(t1)-float(t0):6.2f} s startup {s['startup_s']:5.2f} s steady step "
+          f"{s['steady_step_s']:.4f} s (generate {s['generate_s']:.2f} train {s['train_s']:.2f} s over all steps) "
+          f"logprob_diff_max {s.get('logprob_diff_max')}")
+except Exception as e:
+    print(f"{name} rc {rc} no summary ({e})")
+PY
+  grep -E "gated delta rule:|Error|error:" $OUT/step_$name.log | grep -v DEBUG | sort -u | cut -c1-200 | tail -4
+}
+FLA_ON='from monorl.ops import gated_delta, gated_delta_decode
+gated_delta.FLA_ENABLED = gated_delta_decode.ENABLED = True'
 tri() {  # Triton 3.7.1, once both parts are here (its AMD backend left out: its entry point too)
   sed -i "/amd/d" .device/tri371/triton-3.7.1.dist-info/entry_points.txt 2>/dev/null
   [ -f .device/tri371/triton/__init__.py ] && return 0
   for p in a b; do [ -f .device/tri/parts/$p ] || { echo "triton waits for part $p"; return 1; }; done
   (cd .device/tri && sha256sum -c --quiet parts.sha256) || return 1
   mkdir -p .device/tri371 && cat .device/tri/parts/a .device/tri/parts/b | xz -d | tar x -C .device/tri371
+  sed -i "/amd/d" .device/tri371/triton-3.7.1.dist-info/entry_points.txt
 }
 case ${STAGE:-a} in
 a)
@@ -70,4 +103,22 @@ b)
   PYTHONPATH=$T:$PYTHONPATH timeout 300 python3 benchmarks/profile_rl_step.py --set model.shape=qwen3_5-0.8b --fla \
     --steps 3 --profile 1 --out $OUT/hybrid_rl_step.json > $OUT/hybrid_rl_step.log 2>&1
   echo "hybrid RL step profile rc $?"; grep -v DEBUG $OUT/hybrid_rl_step.log | tail -60;;
+c)
+  nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
+  python3 -c "import triton, fla; print('triton', triton.__version__, 'fla', fla.__version__)"
+  timeout 300 python3 -m pytest -v -p no:cacheprovider --tb=short -m gpu tests/test_qwen3_5_gpu.py \
+    > $OUT/qwen3_5_gpu_tests_360.log 2>&1
+  echo "qwen3_5 GPU tests, triton 3.6: rc $?"
+  grep -E "PASSED|FAILED|ERROR|passed|failed|^E  .*(max|Mismatch|Greatest)" $OUT/qwen3_5_gpu_tests_360.log | \
+    sed 's/^tests\///' | cut -c1-330 | head -24;;
+d)
+  tri || exit 1
+  export PYTHONPATH=$PWD/.device/tri371:$PYTHONPATH
+  python3 -c "import triton, fla; print('triton', triton.__version__, 'fla', fla.__version__)"
+  step hybrid_fla_371 qwen3_5-0.8b "$FLA_ON"
+  step dense_371 qwen3-0.6b ""
+  timeout 200 python3 benchmarks/profile_rl_step.py --set model.shape=qwen3_5-0.8b batch_invariant=false --fla \
+    --steps 3 --profile 1 --kernels 30 --out $OUT/hybrid_rl_step.json > $OUT/hybrid_rl_step.log 2>&1
+  echo "hybrid RL step profile rc $?"; grep -v DEBUG $OUT/hybrid_rl_step.log | grep -vE "^\| |^host pieces" | \
+    tail -68 | cut -c1-160;;
 esac

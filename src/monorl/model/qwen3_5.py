@@ -26,7 +26,7 @@ from monorl.model.layers import Linear, OffsetRMSNorm
 from monorl.model.mlp import MLP
 from monorl.model.moe import SparseMoeBlock
 from monorl.ops import gated_delta_invariant, rmsnorm_invariant
-from monorl.ops.gated_delta import causal_conv, gated_delta_rule
+from monorl.ops.gated_delta import causal_conv, fla_bounds, gated_delta_rule, packed_causal_conv
 from monorl.ops.gated_delta_decode import conv_step, in_place_decode, rule_step
 from monorl.ops.gated_delta_invariant import invariant_decode, invariant_rule, pointwise
 from monorl.ops.rope import apply_rope
@@ -127,8 +127,12 @@ class GatedDeltaNet(nn.Module):
         if shared is not None:  # each sequence whole (a shared prompt copied into every one), as attention sees it
             mixed, b, a = (shared.expand(t[:, None])[:, 0] for t in (mixed, b, a))
         conv_init, state_init = cache.read(run.rows) if run.from_state else (None, None)
-        silu = functools.partial(pointwise, F.silu) if run.reference else F.silu
-        mixed, conv_final = causal_conv(mixed, self.conv1d.weight[:, 0], run.cu_seqlens, conv_init, silu)
+        if run.rows is None and not run.reference:  # the trainer's pack, default mode: no state in or out
+            mixed, conv_final = packed_causal_conv(mixed, self.conv1d.weight[:, 0], run.cu_seqlens,
+                                                   run.bounds()), None
+        else:
+            silu = functools.partial(pointwise, F.silu) if run.reference else F.silu
+            mixed, conv_final = causal_conv(mixed, self.conv1d.weight[:, 0], run.cu_seqlens, conv_init, silu)
         n = mixed.shape[0]
         q, k, v = mixed.split([self.key_dim, self.key_dim, self.value_dim], dim=-1)
         q, k, v = q.view(n, self.hk, self.dk), k.view(n, self.hk, self.dk), v.view(n, self.hv, self.dv)
@@ -138,7 +142,7 @@ class GatedDeltaNet(nn.Module):
         else:
             g = -self.A_log.float().exp() * F.softplus(a.float() + self.dt_bias)
             o, state_final = gated_delta_rule(q, k, v, g, b.sigmoid(), run.cu_seqlens, state_init,
-                                              run.one_token_each)
+                                              run.one_token_each, bounds=None if run.one_token_each else run.bounds())
         if run.rows is not None:
             cache.write(run.rows, conv_final, state_final, run.ends)
         if shared is not None:
@@ -173,6 +177,14 @@ class _Layout:
         self.cu_seqlens, self.rows, self.ends = cu_seqlens, rows, ends
         self.from_state = rows is not None and from_state
         self.one_token_each, self.shared, self.reference = one_token_each, shared, reference
+        self._bounds: tuple[Tensor, Tensor] | None = None
+
+    def bounds(self) -> tuple[Tensor, Tensor] | None:
+        """`fla_bounds` of the sequences, made by the first layer that asks (one device read a forward) on CUDA;
+        None elsewhere (the references read cu_seqlens themselves)."""
+        if self._bounds is None and self.cu_seqlens.is_cuda:
+            self._bounds = fla_bounds(self.cu_seqlens)
+        return self._bounds
 
 
 def layout_of(ctx: Any, cache: Any) -> _Layout:
@@ -182,10 +194,13 @@ def layout_of(ctx: Any, cache: Any) -> _Layout:
     row. Batch-invariant contexts run the mode's rule (`_invariant_rule`: both sides the same order)."""
     backend = getattr(ctx, "backend", None) or getattr(getattr(ctx, "varlen", None), "backend", None)
     reference = backend == "invariant"
+    memo = vars(ctx).get("_recurrent_layout")  # every layer of a forward has the same: made by the first layer
     if cache is None or getattr(ctx, "slot_mapping", None) is None:  # the trainer's pack: no state kept
-        return _Layout(ctx.cu_seqlens, shared=getattr(ctx, "shared", None), reference=reference)
-    # the runner builds a context per forward and every layer's rows are the same: computed by the first layer
-    memo = vars(ctx).get("_recurrent_layout")
+        if memo is None or memo.cu_seqlens is not ctx.cu_seqlens:
+            memo = vars(ctx)["_recurrent_layout"] = _Layout(ctx.cu_seqlens, shared=getattr(ctx, "shared", None),
+                                                            reference=reference)
+        return memo
+    # the runner builds a context per forward
     if memo is None:
         memo = vars(ctx)["_recurrent_layout"] = _cached_layout(ctx, cache, reference)
     return memo

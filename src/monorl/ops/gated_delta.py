@@ -188,6 +188,24 @@ def _fla() -> Any:
     return chunk, recurrent
 
 
+@functools.cache
+def _fla_conv() -> Any:
+    """fla's causal depthwise conv (Triton, varlen, with its backward), or None where `fla-core` is not installed."""
+    try:
+        from fla.modules.causal_conv1d import causal_conv1d
+    except ImportError:
+        return None
+    return causal_conv1d
+
+
+def fla_bounds(cu_seqlens: Tensor) -> tuple[Tensor, Tensor]:
+    """cu_seqlens as fla's varlen kernels take it: int64 on its device, and a host copy (one device read). Made once
+    per forward and handed to every layer: fla memoizes its chunk indices by the identity of these tensors, and with
+    the host copy builds them without reading the device. Without both, each layer's fla call read the device
+    (`repeat_interleave` over device counts) and the host fell behind the GPU at every layer."""
+    return cu_seqlens.long(), cu_seqlens.detach().to("cpu", torch.long)
+
+
 def version_tuple(version: str) -> tuple[int, ...]:
     """'3.7.1+gitabc' -> (3, 7, 1): the leading numbers of a version string."""
     return tuple(int(x) for x in re.findall(r"\d+", version.split("+")[0])[:3])
@@ -239,10 +257,11 @@ def _choose(q: Tensor, tensors: tuple[Tensor | None, ...], reference: bool) -> A
 
 
 def gated_delta_rule(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, cu_seqlens: Tensor,
-                     initial_state: Tensor | None, one_token_each: bool,
-                     reference: bool = False) -> tuple[Tensor, Tensor]:
+                     initial_state: Tensor | None, one_token_each: bool, reference: bool = False,
+                     bounds: tuple[Tensor, Tensor] | None = None) -> tuple[Tensor, Tensor]:
     """The rule over packed sequences: fla's kernels or the references, as `rule_path` decides (`reference`: the
-    references); one_token_each (decode): the recurrent step, else the chunked form."""
+    references); one_token_each (decode): the recurrent step, else the chunked form. bounds: `fla_bounds` of
+    cu_seqlens, shared by a forward's layers (made here when None)."""
     fla = _choose(q, (q, k, v, g, beta, initial_state), reference)
     if fla is None:
         if one_token_each:
@@ -256,9 +275,30 @@ def gated_delta_rule(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, c
         o, final = recurrent(q[:, None], k[:, None], v[:, None], g=g[:, None].float(), beta=beta[:, None],
                              initial_state=state, output_final_state=True, use_qk_l2norm_in_kernel=True)
         return o[:, 0], final
+    cu, cu_host = bounds if bounds is not None else fla_bounds(cu_seqlens)
     o, final = chunk(q[None], k[None], v[None], g=g[None].float(), beta=beta[None], initial_state=state,
-                     output_final_state=True, cu_seqlens=cu_seqlens.long(), use_qk_l2norm_in_kernel=True)
+                     output_final_state=True, cu_seqlens=cu, cu_seqlens_cpu=cu_host, use_qk_l2norm_in_kernel=True)
     return o[0], final
+
+
+def packed_causal_conv(x: Tensor, weight: Tensor, cu_seqlens: Tensor,
+                       bounds: tuple[Tensor, Tensor] | None = None) -> Tensor:
+    """SiLU(causal depthwise conv) of packed sequences that start from zeros and keep no state (the trainer's pack)
+    -> out [T, C]: fla's varlen kernel (forward and backward; the weight rounded to x's dtype first, as
+    `causal_conv` does) wherever its rule serves (`rule_path`; fla #640 concerns the rule's backward only), else
+    `causal_conv`. fla's kernel sums the taps in fp32, `causal_conv` rounds each to x's dtype: the default mode's
+    trainer and generator may differ there by bf16 rounding (measured each step as logprob_diff); batch-invariant
+    mode runs `causal_conv` on both sides. On an H100 the gathers' forward and index_add_ backward
+    took ~0.2 s of a Qwen3.5-0.8B RL step's training (2026-12-07)."""
+    fla = None
+    if x.is_cuda and FLA_ENABLED and _fla() is not None:
+        fla = _fla_conv()
+    if fla is None:
+        return causal_conv(x, weight, cu_seqlens, None)[0]
+    _log_path("fla for the causal conv too", "fla-core's varlen kernel")
+    cu, cu_host = bounds if bounds is not None else fla_bounds(cu_seqlens)
+    y, _ = fla(x[None], weight.to(x.dtype), activation="silu", cu_seqlens=cu, cu_seqlens_cpu=cu_host)
+    return y[0]
 
 
 def causal_conv(x: Tensor, weight: Tensor, cu_seqlens: Tensor, initial: Tensor | None,

@@ -106,7 +106,7 @@ b)
 c)
   nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
   python3 -c "import triton, fla; print('triton', triton.__version__, 'fla', fla.__version__)"
-  timeout 300 python3 -m pytest -v -p no:cacheprovider --tb=short -m gpu tests/test_qwen3_5_gpu.py \
+  timeout 240 python3 -m pytest -v -p no:cacheprovider --tb=short -m gpu tests/test_qwen3_5_gpu.py \
     > $OUT/qwen3_5_gpu_tests_360.log 2>&1
   echo "qwen3_5 GPU tests, triton 3.6: rc $?"
   grep -E "PASSED|FAILED|ERROR|passed|failed|^E  .*(max|Mismatch|Greatest)" $OUT/qwen3_5_gpu_tests_360.log | \
@@ -115,8 +115,10 @@ d)
   tri || exit 1
   export PYTHONPATH=$PWD/.device/tri371:$PYTHONPATH
   python3 -c "import triton, fla; print('triton', triton.__version__, 'fla', fla.__version__)"
+  export STEPS=${STEPS:-5} RLIMIT=${RLIMIT:-120}
   step hybrid_fla_371 qwen3_5-0.8b "$FLA_ON"
   step dense_371 qwen3-0.6b ""
+  [ "${PROFILE:-0}" = 1 ] || exit 0
   timeout 200 python3 benchmarks/profile_rl_step.py --set model.shape=qwen3_5-0.8b batch_invariant=false --fla \
     --steps 3 --profile 1 --kernels 30 --out $OUT/hybrid_rl_step.json > $OUT/hybrid_rl_step.log 2>&1
   echo "hybrid RL step profile rc $?"; grep -v DEBUG $OUT/hybrid_rl_step.log | grep -vE "^\| |^host pieces" | \

@@ -9,6 +9,8 @@
 #   failed in session 20, the whole traceback in $OUT), then the hybrid's RL step profiled.
 # STAGE=c (a fresh machine; carry as STAGE=a): #58's GPU tests under the device's Triton (3.6): the generator
 #   test's three variants (bf16 fla + kernels, bf16 plain paths, fp32 fla + kernels) and fla's packed conv.
+# STAGE=e (a fresh machine; carry .device/wheels .device/tok): c's tests, then W0's step under Triton 3.6 (fla's
+#   forward and the packed conv; the rule's backward the reference, fla #640's guard) against Qwen3-0.6B.
 # STAGE=d (carry .device/tri/parts/b): #58 under Triton 3.7.1: W0's step, hybrid (fla: the rule, its backward, the
 #   packed conv, shared bounds) against Qwen3-0.6B, default mode; then the hybrid's step profiled.
 set -u
@@ -96,7 +98,7 @@ b)
   tri || exit 1
   T=$PWD/.device/tri371
   PYTHONPATH=$T:$PYTHONPATH python3 -c "import triton, fla; print('triton', triton.__version__, 'fla', fla.__version__)"
-  PYTHONPATH=$T:$PYTHONPATH timeout 240 python3 -m pytest -v -x -p no:cacheprovider --tb=long -m gpu \
+  PYTHONPATH=$T:$PYTHONPATH timeout ${TLIMIT:-240} python3 -m pytest -v -x -p no:cacheprovider --tb=long -m gpu \
     tests/test_qwen3_5_gpu.py -k hybrid_generator > $OUT/hybrid_generator_test.log 2>&1
   echo "hybrid generator test, triton 3.7.1, fla on: rc $?"
   grep -E "PASSED|FAILED|passed|failed|^E  " $OUT/hybrid_generator_test.log | cut -c1-200 | head -24
@@ -106,7 +108,7 @@ b)
 c)
   nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
   python3 -c "import triton, fla; print('triton', triton.__version__, 'fla', fla.__version__)"
-  timeout 240 python3 -m pytest -v -p no:cacheprovider --tb=short -m gpu tests/test_qwen3_5_gpu.py \
+  timeout ${TLIMIT:-240} python3 -m pytest -v -p no:cacheprovider --tb=short -m gpu tests/test_qwen3_5_gpu.py \
     > $OUT/qwen3_5_gpu_tests_360.log 2>&1
   echo "qwen3_5 GPU tests, triton 3.6: rc $?"
   grep -E "PASSED|FAILED|ERROR|passed|failed|^E  .*(max|Mismatch|Greatest)" $OUT/qwen3_5_gpu_tests_360.log | \
@@ -123,4 +125,9 @@ d)
     --steps 3 --profile 1 --kernels 30 --out $OUT/hybrid_rl_step.json > $OUT/hybrid_rl_step.log 2>&1
   echo "hybrid RL step profile rc $?"; grep -v DEBUG $OUT/hybrid_rl_step.log | grep -vE "^\| |^host pieces" | \
     tail -68 | cut -c1-160;;
+e)
+  STAGE=c bash scripts/gpu_pending_o.sh 2>&1 | grep -v "^torch "
+  export STEPS=${STEPS:-4} RLIMIT=${RLIMIT:-100}
+  step hybrid_fla_360 qwen3_5-0.8b "$FLA_ON"
+  step dense_360 qwen3-0.6b "";;
 esac

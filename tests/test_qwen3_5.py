@@ -232,3 +232,20 @@ def test_causal_conv_by_taps_equals_one_gather_bitwise(dtype):
     tol = 1e-5 if dtype == torch.float32 else 2e-2
     for a, b in zip(leaves[0], leaves[1], strict=True):
         torch.testing.assert_close(a.grad, b.grad, atol=tol, rtol=tol)
+
+
+def test_a_trainer_pack_has_one_layout_per_forward():
+    """Every Gated DeltaNet layer of one trainer forward shares the first layer's layout (and with it the one set of
+    fla bounds a forward makes: fla memoizes its chunk indices by their identity); a context whose bounds tensor
+    was replaced gets a new one, never the old pack's."""
+    from types import SimpleNamespace
+
+    from monorl.model.qwen3_5 import layout_of
+
+    ctx = SimpleNamespace(cu_seqlens=torch.tensor([0, 3, 7], dtype=torch.int32))
+    first = layout_of(ctx, None)
+    assert layout_of(ctx, None) is first and first.rows is None
+    assert first.bounds() is None  # off CUDA (or without fla) the references read the bounds themselves
+    ctx.cu_seqlens = torch.tensor([0, 5], dtype=torch.int32)
+    again = layout_of(ctx, None)
+    assert again is not first and again.cu_seqlens is ctx.cu_seqlens

@@ -26,7 +26,7 @@ from monorl.model.layers import Linear, OffsetRMSNorm
 from monorl.model.mlp import MLP
 from monorl.model.moe import SparseMoeBlock
 from monorl.ops import gated_delta_invariant, rmsnorm_invariant
-from monorl.ops.gated_delta import causal_conv, fla_bounds, gated_delta_rule, packed_causal_conv
+from monorl.ops.gated_delta import causal_conv, fla_bounds, fla_serves, gated_delta_rule, packed_causal_conv
 from monorl.ops.gated_delta_decode import conv_step, in_place_decode, rule_step
 from monorl.ops.gated_delta_invariant import invariant_decode, invariant_rule, pointwise
 from monorl.ops.rope import apply_rope
@@ -180,9 +180,9 @@ class _Layout:
         self._bounds: tuple[Tensor, Tensor] | None = None
 
     def bounds(self) -> tuple[Tensor, Tensor] | None:
-        """`fla_bounds` of the sequences, made by the first layer that asks (one device read a forward) on CUDA;
-        None elsewhere (the references read cu_seqlens themselves)."""
-        if self._bounds is None and self.cu_seqlens.is_cuda:
+        """`fla_bounds` of the sequences, made by the first layer that asks (one device read a forward) where fla
+        serves; None elsewhere (the references read cu_seqlens themselves)."""
+        if self._bounds is None and fla_serves(self.cu_seqlens):
             self._bounds = fla_bounds(self.cu_seqlens)
         return self._bounds
 

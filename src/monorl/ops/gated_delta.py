@@ -198,6 +198,12 @@ def _fla_conv() -> Any:
     return causal_conv1d
 
 
+def fla_serves(t: Tensor) -> bool:
+    """Whether fla's kernels may run on `t`'s device: CUDA, `FLA_ENABLED`, fla-core installed (for the rule,
+    `rule_path` then also checks its backward's Triton versions)."""
+    return t.is_cuda and FLA_ENABLED and _fla() is not None
+
+
 def fla_bounds(cu_seqlens: Tensor) -> tuple[Tensor, Tensor]:
     """cu_seqlens as fla's varlen kernels take it: int64 on its device, and a host copy (one device read). Made once
     per forward and handed to every layer: fla memoizes its chunk indices by the identity of these tensors, and with
@@ -285,14 +291,12 @@ def packed_causal_conv(x: Tensor, weight: Tensor, cu_seqlens: Tensor,
                        bounds: tuple[Tensor, Tensor] | None = None) -> Tensor:
     """SiLU(causal depthwise conv) of packed sequences that start from zeros and keep no state (the trainer's pack)
     -> out [T, C]: fla's varlen kernel (forward and backward; the weight rounded to x's dtype first, as
-    `causal_conv` does) wherever its rule serves (`rule_path`; fla #640 concerns the rule's backward only), else
+    `causal_conv` does) where `fla_serves` (fla #640 concerns the rule's backward, not the conv's), else
     `causal_conv`. fla's kernel sums the taps in fp32, `causal_conv` rounds each to x's dtype: the default mode's
     trainer and generator may differ there by bf16 rounding (measured each step as logprob_diff); batch-invariant
     mode runs `causal_conv` on both sides. On an H100 the gathers' forward and index_add_ backward
     took ~0.2 s of a Qwen3.5-0.8B RL step's training (2026-12-07)."""
-    fla = None
-    if x.is_cuda and FLA_ENABLED and _fla() is not None:
-        fla = _fla_conv()
+    fla = _fla_conv() if fla_serves(x) else None
     if fla is None:
         return causal_conv(x, weight, cu_seqlens, None)[0]
     _log_path("fla for the causal conv too", "fla-core's varlen kernel")

@@ -16,9 +16,14 @@ rule runs, and logs each choice once:
   apache-tvm-ffi and needs nvcc at run time to JIT its kernels (2026-12-06). fla's forward with the reference's
   backward would cost the reference's forward again in backward, more than the reference alone.
 
+Where fla serves (`fla_serves`) the trainer pack's conv runs on fla's varlen causal conv too (`packed_causal_conv`),
+and one forward's layers share one `fla_bounds` (fla's chunk indices built once, from a host copy).
+
 On one H100 (2026-12-06, fla-core 0.6.0, tests/test_qwen3_5_gpu.py) fla's chunked kernel matched the reference on
 packs with initial states, but the hybrid generator's log-probs came out NaN with it (a positional beta landed in
-fused_recurrent's gk, fixed since), so until that test passes `FLA_ENABLED` stays off. A generator's decode step
+fused_recurrent's gk, fixed since); on an H100 under Triton 3.7.1 (2026-12-07) it ran, but 6 of 90 bf16 log-probs
+of one sample were off by more than 0.1 (0.58 at most). The test now also runs the plain paths in bf16 and fla in
+fp32, to tell rounding from a defect; until it passes `FLA_ENABLED` stays off. A generator's decode step
 on CUDA runs neither: `monorl.ops.gated_delta_decode` updates each row's states in place.
 
 Shapes: q, k [T, Hk, Dk]; v [T, Hv, Dv] (Hv a multiple of Hk: each key head serves Hv / Hk consecutive value

@@ -68,7 +68,9 @@ def test_fla_fused_recurrent_equals_the_reference_one_token_each(hk, hv, dk, dv)
 @pytest.mark.parametrize("dtype, fla, kernels, atol", [
     (torch.bfloat16, True, True, 0.1),  # as a run on a GPU generates
     (torch.bfloat16, False, False, 0.1),  # the plain-PyTorch paths on CUDA: the same tolerance, the baseline
-    (torch.float32, True, True, 2e-3),  # fp32: what is left is the algorithms' order, not bf16 rounding
+    # fp32: what is left is the algorithms' order (and tf32, where fla's Triton dots take fp32 inputs as tf32), not
+    # bf16 rounding; a state carried wrongly across a chunk or a turn moves log-probs by tenths
+    (torch.float32, True, True, 2e-2),
 ])
 def test_hybrid_generator_equals_the_trainer_forward_on_cuda(monkeypatch, dtype, fla, kernels, atol):
     """Prompts of several chunks, n = 2 sharing each prompt's state, 15 sequences through 6 slots (several decode

@@ -12,7 +12,9 @@
 # STAGE=e (a fresh machine; carry .device/wheels .device/tok): c's tests, then W0's step under Triton 3.6 (fla's
 #   forward and the packed conv; the rule's backward the reference, fla #640's guard) against Qwen3-0.6B.
 # STAGE=d (carry .device/tri/parts/b): #58 under Triton 3.7.1: W0's step, hybrid (fla: the rule, its backward, the
-#   packed conv, shared bounds) against Qwen3-0.6B, default mode; then the hybrid's step profiled.
+#   packed conv, shared bounds) against Qwen3-0.6B, default mode; with PROFILE=1 the hybrid's step profiled too.
+# Next (session 23): session 22 ran a and b (and b's fixes by hand); no machine was granted after its changes.
+#   Left: c (or e) on a fresh machine carrying .device/tri/parts.sha256 .device/tri/parts/a too, then d.
 set -u
 export PYTHONUNBUFFERED=1 JSONARGPARSE_DEPRECATION_WARNINGS=off
 [ -d .models ] || tar xzf .device/tok/models.tgz

@@ -127,6 +127,9 @@ def run_case(cfg: ModelConfig, shape: str, prompts: list[list[int]], pictures: l
         ids, images = ahead.pop() if ahead else encode()
         return ids, images, gen.generate(ids, sp, n=args.n, images=images)
 
+    def encode_next() -> None:  # a 1-token batch's prompts encoded before its timing, as the steps' batches are
+        ahead[:] = [] if args.no_ahead else [encode()]
+
     def train(seqs: list[TrainSequence]) -> None:
         # queued behind the update, before the step's host sync: where a run's consumer puts its after_publish
         trainer.step(seqs, after_update=None if args.no_ahead else lambda: ahead.append(encode()))
@@ -166,12 +169,12 @@ def run_case(cfg: ModelConfig, shape: str, prompts: list[list[int]], pictures: l
         profiled = profile_call(lambda: train(seqs), args.profile, "train step")
         gen.load_weights_(model)
     if args.profile_prefill and device.type == "cuda":  # one 1-token batch (the prefill, the tower's forward)
-        ahead[:] = [] if args.no_ahead else [encode()]
+        encode_next()
         generate(sampling(998, 1))  # its own warm-up
-        ahead[:] = [] if args.no_ahead else [encode()]
+        encode_next()
         prefill_profiled = profile_call(lambda: generate(sampling(999, 1)), args.profile_prefill, "1-token batch")
     for rep in range(args.decode_reps + 1):  # the first: the 1-token batch's own warm-up
-        ahead[:] = [] if args.no_ahead else [encode()]  # as the steps' batches are (the decode split: like with like)
+        encode_next()  # (the decode split: like with like)
         t_one, _ = timed_call(lambda r=rep: generate(sampling(1000 + r, 1)), device)
         if rep:
             rows["one_token_s"].append(t_one)

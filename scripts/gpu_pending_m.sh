@@ -19,41 +19,7 @@ export PYTHONUNBUFFERED=1 JSONARGPARSE_DEPRECATION_WARNINGS=off
 [ -d .models ] || tar xzf .device/tok/models.tgz
 bash scripts/device_setup.sh 2>&1 | tail -1
 export PYTHONPATH=$PWD/src:$PWD/.device/site
-tri() {  # Triton 3.7.1, once both parts are here (its AMD backend left out: its entry point too)
-  sed -i "/amd/d" .device/tri371/triton-3.7.1.dist-info/entry_points.txt 2>/dev/null
-  [ -f .device/tri371/triton/__init__.py ] && return 0
-  for p in a b; do [ -f .device/tri/parts/$p ] || { echo "triton waits for part $p"; return 1; }; done
-  (cd .device/tri && sha256sum -c --quiet parts.sha256) || return 1
-  mkdir -p .device/tri371 && cat .device/tri/parts/a .device/tri/parts/b | xz -d | tar x -C .device/tri371
-}
-# one CLI run, W0's workload: name, shape, then python lines run before main (flags)
-step() {
-  local name=$1 shape=$2 pre=$3 d=/tmp/step_$1; rm -rf $d
-  local t0; t0=$(date +%s.%N)
-  timeout ${RLIMIT:-120} python3 - $d $shape > $OUT/step_$name.log 2>&1 <<PY
-import sys
-$pre
-from monorl.cli import main
-main(["train", "--preset", "qwen3_0_6b_sum_digits", "--model.shape", sys.argv[2], "--model.random_init", "true",
-      "--rollout.ignore_eos", "true", "--checkpoint.final", "false", "--checkpoint.every_minutes", "0",
-      "--steps", "${STEPS:-8}", "--batch_invariant", "false", "--run_dir", sys.argv[1]])
-PY
-  local rc=$? t1; t1=$(date +%s.%N)
-  python3 - "$d" "$name" "$rc" "$t0" "$t1" <<'PY'
-import json, sys
-d, name, rc, t0, t1 = sys.argv[1:]
-try:
-    s = json.load(open(f"{d}/summary.json"))
-    print(f"{name:28s} rc {rc} process {float(t1)-float(t0):6.2f} s startup {s['startup_s']:5.2f} s steady step "
-          f"{s['steady_step_s']:.4f} s (generate {s['generate_s']:.2f} train {s['train_s']:.2f} s over all steps) "
-          f"logprob_diff_max {s.get('logprob_diff_max')}")
-except Exception as e:
-    print(f"{name} rc {rc} no summary ({e})")
-PY
-  grep -E "gated delta rule:|Error|error:" $OUT/step_$name.log | grep -v DEBUG | sort -u | cut -c1-200 | tail -4
-}
-FLA_ON='from monorl.ops import gated_delta, gated_delta_decode
-gated_delta.FLA_ENABLED = gated_delta_decode.ENABLED = True'
+source scripts/gpu_common.sh  # step, FLA_ON, tri
 case ${STAGE:-a} in
 a)
   tri
@@ -70,6 +36,7 @@ a2)
   done;;
 b)
   tri || exit 1
+  export STEPS=${STEPS:-8} RLIMIT=${RLIMIT:-120}  # this stage's step defaults, as before the helpers moved
   T=$PWD/.device/tri371
   PYTHONPATH=$T:$PYTHONPATH python3 -c "import triton, fla; print('triton', triton.__version__, 'fla', fla.__version__)"
   PYTHONPATH=$T:$PYTHONPATH timeout 200 python3 -m pytest -v -p no:cacheprovider --tb=short -m gpu \
@@ -99,7 +66,7 @@ c)  # carry .device/wheels .device/tok .device/old (the tree before causal_conv'
   echo "vision step rc $?"; grep -v DEBUG $OUT/vision.log | tail -5;;
 d)  # carry .device/tri/parts/b: the same two trees with fla's backward under Triton 3.7.1
   tri || exit 1
-  export STEPS=${STEPS:-5} T=$PWD/.device/tri371
+  export STEPS=${STEPS:-5} RLIMIT=${RLIMIT:-120} T=$PWD/.device/tri371
   PYTHONPATH=$T:$PWD/.device/old/src:$PWD/.device/site step hybrid_old_tri371 qwen3_5-0.8b "$FLA_ON"
   PYTHONPATH=$T:$PYTHONPATH step hybrid_new_tri371 qwen3_5-0.8b "$FLA_ON"
   # where the hybrid's 0.83 s of training goes (session 20: 1.24 s a step against Qwen3-0.6B's 0.41 s)

@@ -9,6 +9,7 @@ export PYTHONUNBUFFERED=1 JSONARGPARSE_DEPRECATION_WARNINGS=off
 [ -d .models ] || tar xzf .device/tok/models.tgz
 bash scripts/device_setup.sh 2>&1 | tail -1
 export PYTHONPATH=$PWD/src:$PWD/.device/site
+source scripts/gpu_common.sh  # w0_runs
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
 case ${STAGE:-v} in
 v)
@@ -32,23 +33,7 @@ v2)  # #59: the vision step at the default micro-batch budget and at one large e
   done;;
 w)  # #62: W0 (the reference workload) on a fresh machine, then warm: process wall around the CLI (carry
   # .device/wheels .device/tok .device/gguf.sha256 .device/parts/a: the next call, STAGE=j2, brings part b)
-  M=$(python3 -c "import sys; sys.path.insert(0, 'benchmarks'); from pathlib import Path; from bench_memory import model_dir; print(model_dir(Path('.models'), 'qwen3-0.6b'))")
-  for i in 1 2 3; do
-    d=/tmp/w0_$i; rm -rf $d; t0=$(date +%s.%N)
-    timeout 120 python3 -m monorl.cli train --preset qwen3_0_6b_sum_digits --model.path $M --model.random_init true \
-      --rollout.ignore_eos true --checkpoint.final false --checkpoint.every_minutes 0 --run_dir $d > $OUT/w0_$i.log 2>&1
-    rc=$?; t1=$(date +%s.%N)
-    python3 - "$d" "$i" "$rc" "$t0" "$t1" <<'PY'
-import json, sys
-d, i, rc, t0, t1 = sys.argv[1:]
-try:
-    s = json.load(open(f"{d}/summary.json"))
-    print(f"W0 run {i}: rc {rc} process wall {float(t1)-float(t0):.2f} s, startup {s['startup_s']:.2f} s, steady step "
-          f"{s['steady_step_s']:.4f} s, logprob_diff_max {s['logprob_diff_max']}")
-except Exception as e:
-    print(f"W0 run {i}: rc {rc} no summary ({e})")
-PY
-  done;;
+  w0_runs;;
 j2)  # #60: the judge trained on graded answers that write the compared numbers first (carry .device/parts/b)
   bash scripts/device_setup.sh 2>&1 | grep -E "wait|damaged"
   m=.device/model/SmolLM2-135M-Instruct.Q4_1.gguf

@@ -36,6 +36,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--std", type=float, default=0.2)
+    ap.add_argument("--variants", default="all", choices=["all", "few"],
+                    help="few: bf16 on fla and the kernels, bf16 on the plain paths, fp32 on the kernels alone")
     ap.add_argument("--out")
     args = ap.parse_args()
     g = torch.Generator().manual_seed(0)
@@ -47,6 +49,8 @@ def main() -> None:
     rows = []
     variants = [(torch.bfloat16, True, True), (torch.bfloat16, False, False), (torch.float32, True, True),
                 (torch.float32, False, False), (torch.float32, True, False), (torch.float32, False, True)]
+    if args.variants == "few":
+        variants = [variants[0], variants[1], variants[5]]
     for dtype, fla, kernels in variants:
         gated_delta.FLA_ENABLED, gated_delta_decode.ENABLED = fla, kernels
         model = build_model(HYBRID, device=args.device, dtype=dtype, seed=None)

@@ -1,8 +1,8 @@
 #!/bin/bash
-# Session 23. STAGE=a (a fresh machine; carry .device/wheels .device/tok): #58's generator test, diagnosed. The hybrid
-# generator's log-probs against the trainer's and both against a float64 CPU forward (which side drifted), each
-# dtype and path, at the test's weights (std 0.2; six paths) and at std 0.05 and 0.02 (three) (`benchmarks/check_hybrid_generator.py`); then
-# the GPU tests of tests/test_qwen3_5_gpu.py other than the generator's, each under a time limit.
+# Session 23. STAGE=a (a fresh machine; carry .device/wheels .device/tok): #58's generator test, diagnosed. At std
+# 0.02 (W0's init) the hybrid generator's log-probs against the trainer's and both against a float64 CPU forward
+# (`benchmarks/check_hybrid_generator.py`, three paths); then tests/test_qwen3_5_gpu.py, each test under a limit (its
+# generator test now holds each side against the float64 forward).
 set -u
 export PYTHONUNBUFFERED=1 JSONARGPARSE_DEPRECATION_WARNINGS=off
 [ -d .models ] || tar xzf .device/tok/models.tgz
@@ -12,15 +12,12 @@ case ${STAGE:-a} in
 a)
   nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
   python3 -c "import triton, fla; print('triton', triton.__version__, 'fla', fla.__version__)"
-  for std in 0.2 0.05 0.02; do v=few; [ $std = 0.2 ] && v=all
-    lim=90; [ $std = 0.2 ] && lim=150
-    timeout $lim python3 benchmarks/check_hybrid_generator.py --std $std --variants $v --out $OUT/check_hybrid_generator_std$std.json \
-      > $OUT/check_std$std.log 2>&1
-    echo "check_hybrid_generator std $std rc $?"; grep -E "^(bfloat16|float32)|Error" $OUT/check_std$std.log | cut -c1-250
-  done
-  timeout ${TLIMIT:-130} python3 -m pytest -v -p no:cacheprovider --tb=short --timeout 60 -m gpu tests/test_qwen3_5_gpu.py \
-    -k "not hybrid_generator" > $OUT/qwen3_5_gpu_tests_rest.log 2>&1
-  echo "the other qwen3_5 GPU tests: rc $?"
-  grep -E "PASSED|FAILED|ERROR|passed|failed|^E  .*(max|Mismatch|Greatest)" $OUT/qwen3_5_gpu_tests_rest.log | \
-    sed 's/^tests\///' | cut -c1-300 | head -24;;
+  timeout 90 python3 benchmarks/check_hybrid_generator.py --std 0.02 --variants few \
+    --out $OUT/check_hybrid_generator_std0.02.json > $OUT/check_std0.02.log 2>&1
+  echo "check_hybrid_generator std 0.02 rc $?"; grep -E "^(bfloat16|float32)|Error" $OUT/check_std0.02.log | cut -c1-250
+  timeout ${TLIMIT:-330} python3 -m pytest -v -p no:cacheprovider --tb=short --timeout 100 -m gpu tests/test_qwen3_5_gpu.py \
+    > $OUT/qwen3_5_gpu_tests.log 2>&1
+  echo "qwen3_5 GPU tests: rc $?"
+  grep -E "PASSED|FAILED|ERROR|passed|failed|^E  .*(max|Mismatch|Greatest|against float64)" $OUT/qwen3_5_gpu_tests.log | \
+    sed 's/^tests\///' | cut -c1-300 | head -30;;
 esac

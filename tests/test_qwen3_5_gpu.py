@@ -65,34 +65,59 @@ def test_fla_fused_recurrent_equals_the_reference_one_token_each(hk, hv, dk, dv)
     torch.testing.assert_close(final.float(), final_ref, atol=ATOL, rtol=ATOL)
 
 
-@pytest.mark.parametrize("dtype, fla, kernels, atol", [
-    (torch.bfloat16, True, True, 0.1),  # as a run on a GPU generates
-    (torch.bfloat16, False, False, 0.1),  # the plain-PyTorch paths on CUDA: the same tolerance, the baseline
-    # fp32: what is left is the algorithms' order (and tf32, where fla's Triton dots take fp32 inputs as tf32), not
-    # bf16 rounding; a state carried wrongly across a chunk or a turn moves log-probs by tenths
-    (torch.float32, True, True, 2e-2),
+@pytest.mark.parametrize("dtype, fla, kernels", [
+    (torch.bfloat16, True, True),  # as a run on a GPU generates
+    (torch.bfloat16, False, False),  # the plain-PyTorch paths on CUDA
+    (torch.float32, True, True),  # fp32: what is left is the order of sums (and tf32 in fla's dots), not bf16
+    (torch.float32, False, True),  # the decode kernels alone
 ])
-def test_hybrid_generator_equals_the_trainer_forward_on_cuda(monkeypatch, dtype, fla, kernels, atol):
+def test_hybrid_generator_is_as_exact_as_the_trainer_on_cuda(monkeypatch, dtype, fla, kernels):
     """Prompts of several chunks, n = 2 sharing each prompt's state, 15 sequences through 6 slots (several decode
-    buckets, graphs): each sampled token's log-prob equals the trainer's eager forward over the whole sequence."""
+    buckets, graphs): each sampled token's log-prob from the generator and from the trainer's eager forward over
+    the whole sequence, both against a float64 CPU forward of the same weights. The generator must be as exact as
+    the trainer. A direct generator-trainer tolerance cannot tell a defect from rounding at these weights (std
+    0.2): the Gated DeltaNet layer's gated RMSNorm of a small output amplifies bf16 rounding, and on a CPU the bf16
+    trainer alone is 0.97 off the float64 forward at one token, where the generator is 0.15 off
+    (`benchmarks/check_hybrid_generator.py`). A state carried wrongly across a chunk or a turn moves every later
+    log-prob, so it shows in the mean, which rounding does not move."""
     monkeypatch.setattr(gated_delta, "FLA_ENABLED", fla)
     monkeypatch.setattr(gated_delta_decode, "ENABLED", kernels)
-    model = build_model(HYBRID, device="cuda", dtype=dtype, seed=None).init_weights(3, std=0.2)
+    base = build_model(HYBRID, seed=None).init_weights(3, std=0.2)
+    exact = build_model(HYBRID, dtype=torch.float64, seed=None)
+    exact.load_state_dict({k: v.double() for k, v in base.state_dict().items()})
+    model = build_model(HYBRID, device="cuda", dtype=dtype, seed=None)
+    model.load_state_dict(base.state_dict())
     gen = Generator(model, GeneratorConfig(max_num_seqs=6, max_model_len=512))
     assert gen.runner.use_graphs and not gen.runner.graph_prefill  # a hybrid's prefill reads cu_seqlens on the host
     g = torch.Generator().manual_seed(0)
     prompts = [torch.randint(2, HYBRID.vocab_size, (n,), generator=g).tolist() for n in (5, 64, 130, 17, 200, 9, 77)]
     sp = SamplingParams(max_new_tokens=90, temperature=1.0, seed=7, ignore_eos=True)  # decodes across a chunk
     out = gen.generate(prompts, sp, n=2)
-    worst = []  # (max |diff|, prompt, sample, position, mean |diff|): the message says where it drifts
-    for i, (p, comps) in enumerate(zip(prompts, out, strict=True)):
-        for j, c in enumerate(comps):
-            diff = (torch.tensor(c.logprobs) - full_forward_logprobs(model, p, c.token_ids, 1.0)).abs()
-            worst.append((diff.max().item(), i, j, diff.argmax().item(), diff.mean().item()))
+    errors: dict[str, list[torch.Tensor]] = {"generator": [], "trainer": []}
+    for p, comps in zip(prompts, out, strict=True):
+        for c in comps:
+            want = exact_logprobs(exact, p, c.token_ids)
+            errors["generator"].append((torch.tensor(c.logprobs, dtype=torch.float64) - want).abs())
+            errors["trainer"].append((full_forward_logprobs(model, p, c.token_ids, 1.0).double() - want).abs())
         assert comps[0].token_ids != comps[1].token_ids  # each sample continued its own copy of the state
-    worst.sort(reverse=True)
-    assert worst[0][0] <= atol, "max |log-prob diff| (prompt of len, sample, position, mean): " + "; ".join(
-        f"{m:.3g} ({len(prompts[i])}, {j}, {t}, {mean:.2g})" for m, i, j, t, mean in worst[:5])
+    gen_err, trainer_err = (torch.cat(e) for e in errors.values())
+    floor = 2e-2 if dtype == torch.bfloat16 else 2e-3  # where both sides are near exact, their difference is noise
+    msg = (f"generator / trainer against float64: mean {gen_err.mean():.4g} / {trainer_err.mean():.4g}, "
+           f"max {gen_err.max():.4g} / {trainer_err.max():.4g}")
+    assert gen_err.mean() <= 1.5 * trainer_err.mean() + floor / 4, msg
+    assert gen_err.max() <= max(2 * trainer_err.max(), floor), msg
+
+
+def exact_logprobs(model, prompt: list[int], completion: list[int]) -> torch.Tensor:
+    """Log-probs of `completion` after `prompt` from a float64 CPU forward (temperature 1)."""
+    from monorl.model.attention import VarlenContext
+    from monorl.model.logprobs import token_logprobs
+
+    ids = torch.tensor(prompt + completion)
+    ctx = VarlenContext.from_lengths([len(ids)], "cpu")
+    with torch.no_grad():
+        logits = model.compute_logits(model(ids, ctx.positions, ctx))[len(prompt) - 1:-1]
+    return token_logprobs(logits, torch.tensor(completion), 1.0)
 
 
 def test_packed_causal_conv_equals_the_gathered_conv_with_gradients():

@@ -2,7 +2,7 @@
 # Helpers the device scripts (scripts/gpu_pending_*.sh) source: `step` (one W0-workload CLI run of a model shape),
 # `FLA_ON`, `tri` (Triton 3.7.1 joined from its two carried parts) and `w0_runs` (W0 three times, each process wall
 # split by summary.json's mtime). They expect $OUT and PYTHONPATH set as those scripts set them.
-# one CLI run, W0's workload: name, shape, then python lines run before main (flags)
+# one CLI run, W0's workload: name, shape, then python lines run before main (flags); BI=true: batch-invariant mode
 step() {
   local name=$1 shape=$2 pre=$3 d=/tmp/step_$1; rm -rf $d
   local t0; t0=$(date +%s.%N)
@@ -12,7 +12,7 @@ $pre
 from monorl.cli import main
 main(["train", "--preset", "qwen3_0_6b_sum_digits", "--model.shape", sys.argv[2], "--model.random_init", "true",
       "--rollout.ignore_eos", "true", "--checkpoint.final", "false", "--checkpoint.every_minutes", "0",
-      "--steps", "${STEPS:-6}", "--batch_invariant", "false", "--run_dir", sys.argv[1]])
+      "--steps", "${STEPS:-6}", "--batch_invariant", "${BI:-false}", "--run_dir", sys.argv[1]])
 PY
   local rc=$? t1; t1=$(date +%s.%N)
   python3 - "$d" "$name" "$rc" "$t0" "$t1" <<'PY'

@@ -55,7 +55,8 @@ def main() -> None:
         gated_delta.FLA_ENABLED, gated_delta_decode.ENABLED = fla, kernels
         model = build_model(HYBRID, device=args.device, dtype=dtype, seed=None)
         model.load_state_dict(base.state_dict())
-        out = Generator(model, GeneratorConfig(max_num_seqs=6, max_model_len=512)).generate(prompts, sp, n=2)
+        gcfg = GeneratorConfig(max_num_seqs=6, max_model_len=512, dtype=str(dtype).split(".")[-1])  # else bf16 on CUDA
+        out = Generator(model, gcfg).generate(prompts, sp, n=2)
         worst = []
         for i, (p, comps) in enumerate(zip(prompts, out, strict=True)):
             for j, c in enumerate(comps):

@@ -6,7 +6,7 @@ and the kernels on either side. A step's time the GPU sits idle is host time no 
 
   python benchmarks/profile_rl_step.py [--model-dir .models] [--steps 6] [--profile 2] [--out rl_step.json]
   python benchmarks/profile_rl_step.py --preset smollm2_135m_arith --set model.path=FILE.gguf
-  python benchmarks/profile_rl_step.py --set model.shape=qwen3_5-0.8b --fla --steps 3 --profile 1   # #58's hybrid
+  python benchmarks/profile_rl_step.py --set model.shape=qwen3_5-0.8b --steps 3 --profile 1   # #58's hybrid
 
 Under torchrun (`torchrun --standalone --nproc_per_node 4 benchmarks/profile_rl_step.py ...`) every rank runs the
 FSDP step and profiles its own; each writes --out with `.rankN` before the suffix, and rank 0 prints.
@@ -84,9 +84,9 @@ def main() -> None:
     ap.add_argument("--out", default="rl_step.json")
     ap.add_argument("--kernels", type=int, default=14, help="kernels listed by GPU time, generation and the rest")
     ap.add_argument("--set", nargs="*", default=[], help="more config overrides, key=value")
-    ap.add_argument("--fla", action="store_true",
-                    help="Qwen3.5's layers on fla's kernels and the in-place decode kernels (the two switches "
-                         "monorl.ops.gated_delta and gated_delta_decode keep off by default)")
+    ap.add_argument("--no-fla", action="store_true",
+                    help="Qwen3.5's layers on monorl's references and the plain decode path (the two switches "
+                         "monorl.ops.gated_delta.FLA_ENABLED and gated_delta_decode.ENABLED, on by default, off)")
     ap.add_argument("--cprofile", action="store_true",
                     help="also run the profiled steps' count once more under cProfile: the host's functions")
     args = ap.parse_args()
@@ -97,9 +97,9 @@ def main() -> None:
     from monorl.cliargs import run_config
     from monorl.run.grpo import GRPORun
 
-    if args.fla:
+    if args.no_fla:
         from monorl.ops import gated_delta, gated_delta_decode
-        gated_delta.FLA_ENABLED = gated_delta_decode.ENABLED = True
+        gated_delta.FLA_ENABLED = gated_delta_decode.ENABLED = False
     work = Path(tempfile.mkdtemp(prefix="profile_rl_step_"))
     shaped = any(kv.startswith("model.shape=") for kv in args.set)  # a named shape: random weights, char tokenizer
     w0 = {"model.random_init": "true", "rollout.ignore_eos": "true"} if args.preset == "qwen3_0_6b_sum_digits" \

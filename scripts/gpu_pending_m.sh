@@ -70,7 +70,7 @@ d)  # carry .device/tri/parts/b: the same two trees with fla's backward under Tr
   PYTHONPATH=$T:$PWD/.device/old/src:$PWD/.device/site step hybrid_old_tri371 qwen3_5-0.8b "$FLA_ON"
   PYTHONPATH=$T:$PYTHONPATH step hybrid_new_tri371 qwen3_5-0.8b "$FLA_ON"
   # where the hybrid's 0.83 s of training goes (session 20: 1.24 s a step against Qwen3-0.6B's 0.41 s)
-  PYTHONPATH=$T:$PYTHONPATH timeout 200 python3 benchmarks/profile_rl_step.py --set model.shape=qwen3_5-0.8b --fla \
+  PYTHONPATH=$T:$PYTHONPATH timeout 200 python3 benchmarks/profile_rl_step.py --set model.shape=qwen3_5-0.8b \
     --steps 3 --profile 1 --out $OUT/hybrid_rl_step.json 2>&1 | grep -v DEBUG | tail -50;;
 g)
   bash scripts/device_setup.sh gemma3 2>&1 | grep -E "wait|OK|damaged"

@@ -48,7 +48,7 @@ b)
     tests/test_qwen3_5_gpu.py -k hybrid_generator > $OUT/hybrid_generator_test.log 2>&1
   echo "hybrid generator test, triton 3.7.1, fla on: rc $?"
   grep -E "PASSED|FAILED|passed|failed|^E  " $OUT/hybrid_generator_test.log | cut -c1-200 | head -24
-  PYTHONPATH=$T:$PYTHONPATH timeout 300 python3 benchmarks/profile_rl_step.py --set model.shape=qwen3_5-0.8b --fla \
+  PYTHONPATH=$T:$PYTHONPATH timeout 300 python3 benchmarks/profile_rl_step.py --set model.shape=qwen3_5-0.8b \
     --steps 3 --profile 1 --out $OUT/hybrid_rl_step.json > $OUT/hybrid_rl_step.log 2>&1
   echo "hybrid RL step profile rc $?"; grep -v DEBUG $OUT/hybrid_rl_step.log | tail -60;;
 c)
@@ -67,7 +67,7 @@ d)
   step hybrid_fla_371 qwen3_5-0.8b "$FLA_ON"
   step dense_371 qwen3-0.6b ""
   [ "${PROFILE:-0}" = 1 ] || exit 0
-  timeout 200 python3 benchmarks/profile_rl_step.py --set model.shape=qwen3_5-0.8b batch_invariant=false --fla \
+  timeout 200 python3 benchmarks/profile_rl_step.py --set model.shape=qwen3_5-0.8b batch_invariant=false \
     --steps 3 --profile 1 --kernels 30 --out $OUT/hybrid_rl_step.json > $OUT/hybrid_rl_step.log 2>&1
   echo "hybrid RL step profile rc $?"; grep -v DEBUG $OUT/hybrid_rl_step.log | grep -vE "^\| |^host pieces" | \
     tail -68 | cut -c1-160;;

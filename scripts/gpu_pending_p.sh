@@ -21,6 +21,6 @@ a)
   # the bitwise mode on the hybrid, W0's workload (session 17's run did not finish in 110 s)
   BI=true STEPS=3 RLIMIT=${RLIMIT:-130} step hybrid_bitwise qwen3_5-0.8b ""
   grep -E "step [0-9]+/" $OUT/step_hybrid_bitwise.log | cut -c1-200
-  STEPS=3 RLIMIT=${DLIMIT:-75} step hybrid_default qwen3_5-0.8b ""  # the default mode's step beside it (fla off: the default)
+  STEPS=3 RLIMIT=${DLIMIT:-75} step hybrid_default qwen3_5-0.8b ""  # the default mode's step beside it (fla was off by default then)
   grep -E "step [0-9]+/" $OUT/step_hybrid_default.log | cut -c1-200;;
 esac

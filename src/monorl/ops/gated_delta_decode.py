@@ -16,9 +16,9 @@ ops and the state copied four times (gathered out of the cache, read and written
 A program touches only its own row's (and value block's) state, so no two programs of a step race, except the
 padded rows of a CUDA-graph batch, which all point at scratch row 0 (garbage there is never read for a live row).
 Elsewhere (CPU, no Triton) the model runs the plain-PyTorch path. Tested against that path under Triton's
-interpreter (tests/test_gated_delta_decode.py, fp32); not yet run on a GPU (2026-12-06: no device time was left), so
-`ENABLED` is off and the decode step on CUDA gathers, steps and scatters the states with the plain path (the one the
-GPU tests passed) until tests/test_qwen3_5_gpu.py, which turns it on, has passed on one.
+interpreter (tests/test_gated_delta_decode.py, fp32) and on an H100 (tests/test_qwen3_5_gpu.py: in bf16 against the
+gathered reference, and the hybrid generator as exact as the trainer against a float64 forward, 2026-12-07), so
+`ENABLED` is on by default.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from torch import Tensor
 from monorl.ops import HAS_TRITON, use_triton
 from monorl.ops.tunables import chip_for, tuned
 
-ENABLED = False  # the in-place kernels in a CUDA decode step (the module docstring says why they are off)
+ENABLED = True  # the in-place kernels in a CUDA decode step (off: the plain gather-step-scatter path)
 BV = 8  # values per program of the rule step (fla's and vLLM's choice for one token)
 
 if HAS_TRITON:

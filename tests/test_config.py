@@ -35,6 +35,14 @@ def test_batch_invariant_auto_resolves_per_run():
         assert resolve_batch_invariant_(cfg, cuda) is None and cfg.batch_invariant is (value == "true")
     cfg = run_config("tiny", {"batch_invariant": "auto"})
     assert cfg.batch_invariant == "auto"
+    # a hybrid (Gated DeltaNet layers): off on CUDA too, saying why; a dense model of the same family stays on
+    from monorl.model.config import model_shape
+
+    hybrid = model_shape("qwen3_5-0.8b")
+    cfg = run_config("qwen3_0_6b_sum_digits", {})
+    assert "Gated DeltaNet" in resolve_batch_invariant_(cfg, cuda, hybrid) and cfg.batch_invariant is False
+    cfg = run_config("qwen3_0_6b_sum_digits", {})
+    assert resolve_batch_invariant_(cfg, cuda, model_shape("qwen3-0.6b")) and cfg.batch_invariant is True
 
 
 def test_overrides_typed():

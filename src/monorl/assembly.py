@@ -49,15 +49,21 @@ def resolve_device(name: str, world: World = SINGLE) -> torch.device:
     return dev
 
 
-def resolve_batch_invariant_(cfg: RunConfig, device: torch.device) -> str | None:
+def resolve_batch_invariant_(cfg: RunConfig, device: torch.device, m: ModelConfig | None = None) -> str | None:
     """Replace batch_invariant auto in `cfg` by what it means for this run: on for full fine-tuning on CUDA (cost
     1.02-1.14x of a step, Qwen3-0.6B/1.7B on an H200), off with LoRA (1.65x: the generator runs the adapters as
-    separate matmuls, unmerged) and on CPU (the invariant ops' reference path). Returns the line saying which, or
-    None when it was not auto. Before anything reads it: the memory plan and the compile key depend on it."""
+    separate matmuls, unmerged), on CPU (the invariant ops' reference path) and for a model `m` with Gated DeltaNet
+    layers (the mode's rule is plain-PyTorch tree sums over materialised products, recomputing a whole 64-token
+    chunk at every decode step: Qwen3.5-0.8B's W0 step did not finish its first step in ~115 s on an H100, against
+    4.3 s in the default mode, 2026-12-07). Returns the line saying which, or None when it was not auto. Before
+    anything reads it: the memory plan and the compile key depend on it."""
     if cfg.batch_invariant != "auto":
         return None
-    cfg.batch_invariant = device.type == "cuda" and not cfg.lora.enabled
-    why = "full fine-tuning on CUDA" if cfg.batch_invariant else ("LoRA" if cfg.lora.enabled else device.type)
+    hybrid = m is not None and "linear_attention" in m.layer_types
+    cfg.batch_invariant = device.type == "cuda" and not cfg.lora.enabled and not hybrid
+    why = ("full fine-tuning on CUDA" if cfg.batch_invariant else "LoRA" if cfg.lora.enabled
+           else device.type if device.type != "cuda" else "Gated DeltaNet layers: the mode's rule is plain PyTorch, "
+           "tens of times a default step; batch_invariant true asks for it")
     return f"batch_invariant auto -> {str(cfg.batch_invariant).lower()} ({why})"
 
 
@@ -77,7 +83,8 @@ def resolve_config(cfg: RunConfig, model_config: ModelConfig, device: torch.devi
     directory), batch_invariant and compile.backend `auto` decided for this device (rank 0's choice on every rank),
     Dr.GRPO's normaliser defaulted to max_new_tokens. Returns (config, lines saying what `auto` chose)."""
     cfg = with_absolute_paths(copy.deepcopy(cfg))
-    notes = [why for why in (resolve_batch_invariant_(cfg, device), resolve_compile_backend_(cfg, model_config, device))
+    notes = [why for why in (resolve_batch_invariant_(cfg, device, model_config),
+                             resolve_compile_backend_(cfg, model_config, device))
              if why]
     cfg.compile.backend = world.broadcast(cfg.compile.backend)  # rank 0's choice (its node's cache marker)
     loss = cfg.trainer.loss

@@ -45,7 +45,8 @@ class RunConfig:
     stop_without_signal: int = 3
     # generator and trainer log-probs equal bit for bit (invariant kernels; docs/guides/parity.md). auto (the
     # Qwen3 presets'): on for full fine-tuning on CUDA, where it costs 1.02-1.14x of a step (Qwen3-0.6B/1.7B, H200);
-    # off with LoRA (1.65x: unmerged adapters) and on CPU (reference code); `resolve_batch_invariant_`
+    # off with LoRA (1.65x: unmerged adapters), on CPU (reference code) and for Qwen3.5's hybrids (its Gated DeltaNet
+    # rule in the mode: tens of times a default step); `resolve_batch_invariant_`
     batch_invariant: bool | Literal["auto"] = False
     model: ModelSection = field(default_factory=ModelSection)  # the policy: a checkpoint or random weights
     task: TaskSection = field(default_factory=TaskSection)  # prompts and rewards

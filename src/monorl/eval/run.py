@@ -120,7 +120,7 @@ def open_generator(cfg: RunConfig) -> Iterator[LoadedGenerator]:
         task = load_task(cfg.task.name, **cfg.task.args)
         device = resolve_device(cfg.device, world)
         model, tok, source = load_eval_policy(cfg, device)
-        if (why := resolve_batch_invariant_(cfg, device)) and world.is_main:
+        if (why := resolve_batch_invariant_(cfg, device, model.config)) and world.is_main:
             print(why, file=sys.stderr)
         if world.is_main:
             print(f"model: {source}", file=sys.stderr)

@@ -23,6 +23,7 @@ an ignored folder carried to the GPU machine); each run gets a directory holding
 from __future__ import annotations
 
 import argparse
+import filecmp
 import json
 import os
 import shutil
@@ -55,7 +56,10 @@ def model_dir(models: Path, model: str) -> Path:
     d.mkdir(parents=True, exist_ok=True)
     for f in [models / model / "config.json", *sorted((models / "qwen3-tokenizer").iterdir())]:
         if f.is_file() or f.name != "config.json":
-            shutil.copy(f, d / f.name)
+            # an unchanged file is left as it is: its mtime keys the tokenizer's kept copy (`read_tokenizer_file`),
+            # so a rewrite made every benchmark process's first load parse the original again
+            if not (d / f.name).is_file() or not filecmp.cmp(f, d / f.name, shallow=False):
+                shutil.copy(f, d / f.name)
         else:  # a shape monorl knows the released config of (gpt-oss-20b): written from it
             from monorl.model.config import MODEL_SHAPES
 

@@ -57,7 +57,7 @@ def model_dir(models: Path, model: str) -> Path:
     for f in [models / model / "config.json", *sorted((models / "qwen3-tokenizer").iterdir())]:
         if f.is_file() or f.name != "config.json":
             # an unchanged file is left as it is: its mtime keys the tokenizer's kept copy (`read_tokenizer_file`),
-            # so a rewrite made every benchmark process's first load parse the original again
+            # so a rewrite made the first run after each call parse the original again
             if not (d / f.name).is_file() or not filecmp.cmp(f, d / f.name, shallow=False):
                 shutil.copy(f, d / f.name)
         else:  # a shape monorl knows the released config of (gpt-oss-20b): written from it

@@ -1,8 +1,8 @@
 """Qwen3.5's Gated DeltaNet on CUDA: fla's chunked and fused-recurrent kernels against monorl's plain-PyTorch
 references (bf16 inputs, a pack of several sequences with initial states), training gradients through the rule
-`rule_path` picks, monorl's decode kernels (`gated_delta_decode`), and the hybrid tiny model's generator (bf16,
-decode from CUDA graphs as the generator's defaults run: fla in prefill, the in-place kernels in decode) against the
-trainer's full forward over its own tokens. Needs `fla-core` (the linear-attention extra)."""
+`rule_path` picks, monorl's decode kernels (`gated_delta_decode`), and the hybrid tiny model's generator (decode
+from CUDA graphs as the generator's defaults run: fla in prefill, the in-place kernels in decode) as exact as the
+trainer's full forward, both against a float64 CPU forward. Needs `fla-core` (the linear-attention extra)."""
 
 from __future__ import annotations
 

@@ -18,18 +18,9 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from monorl.generate import Generator, GeneratorConfig, SamplingParams  # noqa: E402
 from monorl.model import build_model  # noqa: E402
-from monorl.model.attention import VarlenContext  # noqa: E402
-from monorl.model.logprobs import token_logprobs  # noqa: E402
 from monorl.ops import gated_delta, gated_delta_decode  # noqa: E402
+from tests.conftest import full_forward_logprobs  # noqa: E402
 from tests.test_recurrent_state import HYBRID  # noqa: E402
-
-
-def forward_logprobs(model, prompt: list[int], completion: list[int], device: str) -> torch.Tensor:
-    ids = torch.tensor(prompt + completion, device=device)
-    ctx = VarlenContext.from_lengths([len(ids)], device)
-    with torch.no_grad(), torch.compiler.set_stance("force_eager"):
-        logits = model.compute_logits(model(ids, ctx.positions, ctx))[len(prompt) - 1:-1]
-    return token_logprobs(logits, torch.tensor(completion, device=device), 1.0).double().cpu()
 
 
 def main() -> None:
@@ -60,13 +51,13 @@ def main() -> None:
         worst = []
         for i, (p, comps) in enumerate(zip(prompts, out, strict=True)):
             for j, c in enumerate(comps):
-                trainer = forward_logprobs(model, p, c.token_ids, args.device)
+                trainer = full_forward_logprobs(model, p, c.token_ids, 1.0, args.device).double()
                 diff = (torch.tensor(c.logprobs, dtype=torch.float64) - trainer).abs()
                 worst.append((diff.max().item(), diff.mean().item(), i, j, diff.argmax().item(), c, trainer))
         worst.sort(key=lambda w: -w[0])
         checked = []
         for m, mean, i, j, t, c, trainer in worst[:3]:
-            exact = forward_logprobs(ref64, prompts[i], c.token_ids, "cpu")
+            exact = full_forward_logprobs(ref64, prompts[i], c.token_ids, 1.0, "cpu")
             gen = torch.tensor(c.logprobs, dtype=torch.float64)
             checked.append({"prompt_len": len(prompts[i]), "sample": j, "position": t, "max_diff": m, "mean_diff": mean,
                             "generator_vs_fp64_max": (gen - exact).abs().max().item(),

@@ -1,7 +1,12 @@
 #!/bin/bash
 # Helpers the device scripts (scripts/gpu_pending_*.sh) source: `step` (one W0-workload CLI run of a model shape),
 # `FLA_ON`, `tri` (Triton 3.7.1 joined from its two carried parts) and `w0_runs` (W0 three times, each process wall
-# split by summary.json's mtime). They expect $OUT and PYTHONPATH set as those scripts set them.
+# split by summary.json's mtime). Sourcing it first sets the machine up (the carried wheels installed, the models'
+# config and tokenizer files unpacked, PYTHONPATH); the helpers expect $OUT.
+export PYTHONUNBUFFERED=1 JSONARGPARSE_DEPRECATION_WARNINGS=off
+[ -d .models ] || tar xzf .device/tok/models.tgz
+bash scripts/device_setup.sh 2>&1 | tail -1
+export PYTHONPATH=$PWD/src:$PWD/.device/site
 # one CLI run, W0's workload: name, shape, then python lines run before main (flags); BI=true: batch-invariant mode
 step() {
   local name=$1 shape=$2 pre=$3 d=/tmp/step_$1; rm -rf $d

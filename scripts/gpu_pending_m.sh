@@ -15,11 +15,7 @@
 #   Left: the hybrid's two trees (c's last lines), VISION=1 (the vision step with images made in after_update), and
 #   STAGE=d (Triton 3.7.1: the two trees with fla's backward, and a profile of the hybrid's RL step).
 set -u
-export PYTHONUNBUFFERED=1 JSONARGPARSE_DEPRECATION_WARNINGS=off
-[ -d .models ] || tar xzf .device/tok/models.tgz
-bash scripts/device_setup.sh 2>&1 | tail -1
-export PYTHONPATH=$PWD/src:$PWD/.device/site
-source scripts/gpu_common.sh  # step, FLA_ON, tri
+source scripts/gpu_common.sh  # the device's setup; step, FLA_ON, tri
 case ${STAGE:-a} in
 a)
   tri

@@ -5,11 +5,7 @@
 # STAGE=j (carry .device/parts/b): #60 -- demo_distill with a judge trained by RL on grading rows (judge_training.py):
 #   the teacher (RL, every sample logged), one student, the judge's training, the judge-rewarded run, evaluations.
 set -u
-export PYTHONUNBUFFERED=1 JSONARGPARSE_DEPRECATION_WARNINGS=off
-[ -d .models ] || tar xzf .device/tok/models.tgz
-bash scripts/device_setup.sh 2>&1 | tail -1
-export PYTHONPATH=$PWD/src:$PWD/.device/site
-source scripts/gpu_common.sh  # w0_runs
+source scripts/gpu_common.sh  # the device's setup; w0_runs
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
 case ${STAGE:-v} in
 v)

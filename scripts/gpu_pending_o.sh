@@ -16,11 +16,7 @@
 # Next (session 23): session 22 ran a and b (and b's fixes by hand); no machine was granted after its changes.
 #   Left: c (or e) on a fresh machine carrying .device/tri/parts.sha256 .device/tri/parts/a too, then d.
 set -u
-export PYTHONUNBUFFERED=1 JSONARGPARSE_DEPRECATION_WARNINGS=off
-[ -d .models ] || tar xzf .device/tok/models.tgz
-bash scripts/device_setup.sh 2>&1 | tail -1
-export PYTHONPATH=$PWD/src:$PWD/.device/site
-source scripts/gpu_common.sh  # step, FLA_ON, tri, w0_runs
+source scripts/gpu_common.sh  # the device's setup; step, FLA_ON, tri, w0_runs
 case ${STAGE:-a} in
 a)
   nvidia-smi --query-gpu=name,memory.total --format=csv,noheader

@@ -8,11 +8,7 @@
 # (fla and the kernels now on by default), then W0's step on Qwen3.5-0.8B and Qwen3-0.6B with the defaults, Triton
 # 3.6 (fla's backward guarded: the reference trains).
 set -u
-export PYTHONUNBUFFERED=1 JSONARGPARSE_DEPRECATION_WARNINGS=off
-[ -d .models ] || tar xzf .device/tok/models.tgz
-bash scripts/device_setup.sh 2>&1 | tail -1
-export PYTHONPATH=$PWD/src:$PWD/.device/site
-source scripts/gpu_common.sh  # step
+source scripts/gpu_common.sh  # the device's setup; step
 case ${STAGE:-a} in
 a)
   nvidia-smi --query-gpu=name,memory.total --format=csv,noheader

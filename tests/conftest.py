@@ -134,13 +134,14 @@ def digits_cfg(tmp_path: Path, steps: int = 3) -> RunConfig:
 
 # ---- GPU oracles -----------------------------------------------------------------------------------
 
-def full_forward_logprobs(model, prompt: list[int], completion: list[int], temperature: float) -> torch.Tensor:
-    """Log-probs of `completion` after `prompt` from one eager full forward on CUDA (no cache, no graphs)."""
+def full_forward_logprobs(model, prompt: list[int], completion: list[int], temperature: float,
+                          device: str = "cuda") -> torch.Tensor:
+    """Log-probs of `completion` after `prompt` from one eager full forward on `device` (no cache, no graphs)."""
     from monorl.model.attention import VarlenContext
     from monorl.model.logprobs import token_logprobs
 
-    ids = torch.tensor(prompt + completion, device="cuda")
-    ctx = VarlenContext.from_lengths([len(ids)], "cuda")
+    ids = torch.tensor(prompt + completion, device=device)
+    ctx = VarlenContext.from_lengths([len(ids)], device)
     with torch.no_grad(), torch.compiler.set_stance("force_eager"):
         logits = model.compute_logits(model(ids, ctx.positions, ctx))[len(prompt) - 1:-1]
-    return token_logprobs(logits, torch.tensor(completion, device="cuda"), temperature).cpu()
+    return token_logprobs(logits, torch.tensor(completion, device=device), temperature).cpu()

@@ -100,7 +100,7 @@ def test_hybrid_generator_is_as_exact_as_the_trainer_on_cuda(monkeypatch, dtype,
     errors: dict[str, list[torch.Tensor]] = {"generator": [], "trainer": []}
     for p, comps in zip(prompts, out, strict=True):
         for c in comps:
-            want = exact_logprobs(exact, p, c.token_ids)
+            want = full_forward_logprobs(exact, p, c.token_ids, 1.0, "cpu")  # float64
             errors["generator"].append((torch.tensor(c.logprobs, dtype=torch.float64) - want).abs())
             errors["trainer"].append((full_forward_logprobs(model, p, c.token_ids, 1.0).double() - want).abs())
         assert comps[0].token_ids != comps[1].token_ids  # each sample continued its own copy of the state
@@ -110,18 +110,6 @@ def test_hybrid_generator_is_as_exact_as_the_trainer_on_cuda(monkeypatch, dtype,
            f"max {gen_err.max():.4g} / {trainer_err.max():.4g}")
     assert gen_err.mean() <= 1.5 * trainer_err.mean() + floor / 4, msg
     assert gen_err.max() <= max(2 * trainer_err.max(), floor), msg
-
-
-def exact_logprobs(model, prompt: list[int], completion: list[int]) -> torch.Tensor:
-    """Log-probs of `completion` after `prompt` from a float64 CPU forward (temperature 1)."""
-    from monorl.model.attention import VarlenContext
-    from monorl.model.logprobs import token_logprobs
-
-    ids = torch.tensor(prompt + completion)
-    ctx = VarlenContext.from_lengths([len(ids)], "cpu")
-    with torch.no_grad():
-        logits = model.compute_logits(model(ids, ctx.positions, ctx))[len(prompt) - 1:-1]
-    return token_logprobs(logits, torch.tensor(completion), 1.0)
 
 
 def test_packed_causal_conv_equals_the_gathered_conv_with_gradients():

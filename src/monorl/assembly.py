@@ -61,9 +61,13 @@ def resolve_batch_invariant_(cfg: RunConfig, device: torch.device, m: ModelConfi
         return None
     hybrid = m is not None and "linear_attention" in m.layer_types
     cfg.batch_invariant = device.type == "cuda" and not cfg.lora.enabled and not hybrid
-    why = ("full fine-tuning on CUDA" if cfg.batch_invariant else "LoRA" if cfg.lora.enabled
-           else device.type if device.type != "cuda" else "Gated DeltaNet layers: the mode's rule is plain PyTorch, "
-           "tens of times a default step; batch_invariant true asks for it")
+    if cfg.batch_invariant:
+        why = "full fine-tuning on CUDA"
+    elif cfg.lora.enabled or device.type != "cuda":
+        why = "LoRA" if cfg.lora.enabled else device.type
+    else:
+        why = ("Gated DeltaNet layers: the mode's rule is plain PyTorch, tens of times a default step; "
+               "batch_invariant true asks for it")
     return f"batch_invariant auto -> {str(cfg.batch_invariant).lower()} ({why})"
 
 

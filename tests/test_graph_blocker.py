@@ -1,7 +1,8 @@
 """When the trainer's step cannot be one CUDA-graph replay (`monorl.train.graphs.graph_blocker`): the trainer and the
-memory plan ask the same function. A hybrid's Gated DeltaNet layers walk cu_seqlens on the host in every trainer
-path (the chunked reference, the batch-invariant rule, fla's varlen chunk indices), so its steps run eagerly; the
-plan then counts no CUDA-graph pool."""
+memory plan ask the same function. A hybrid's Gated DeltaNet layers walk cu_seqlens on the host on the references'
+paths (the chunked reference, the batch-invariant rule): its steps run eagerly there; where fla serves them with
+their backward (`gated_delta_padded.capturable`), on one padded sequence, they are captured like any other layer.
+The plan assumes fla serves (the larger plan: graphs keep fixed gradients and a pool)."""
 
 from __future__ import annotations
 
@@ -21,11 +22,16 @@ def test_what_keeps_a_step_out_of_a_graph():
         assert "experts" in graph_blocker(moe, batch_invariant=invariant, flash=True, experts_grouped=grouped)
     for invariant in (False, True):
         assert "Gated DeltaNet" in graph_blocker(hybrid, batch_invariant=invariant, flash=True, experts_grouped=True)
+    assert graph_blocker(hybrid, batch_invariant=False, flash=True, experts_grouped=True, linear_capturable=True) is None
+    assert "Gated DeltaNet" in graph_blocker(hybrid, batch_invariant=True, flash=True, experts_grouped=True,
+                                             linear_capturable=True)
 
 
-def test_the_plan_counts_no_graph_pool_for_a_hybrid():
+def test_the_plan_counts_a_graph_pool_for_a_hybrid_outside_the_mode():
     cfg = preset("qwen3_0_6b_sum_digits")
-    cfg.batch_invariant = False
-    notes = {n: plan_memory(cfg, model_shape(n), 392, int(79.2 * GiB)).row("trainer activations").note
-             for n in ("qwen3-0.6b", "qwen3_5-0.8b")}
-    assert "CUDA-graph pool" in notes["qwen3-0.6b"] and "CUDA-graph pool" not in notes["qwen3_5-0.8b"]
+    notes = {}
+    for invariant in (False, True):
+        cfg.batch_invariant = invariant
+        notes[invariant] = plan_memory(cfg, model_shape("qwen3_5-0.8b"), 392, int(79.2 * GiB)).row(
+            "trainer activations").note
+    assert "CUDA-graph pool" in notes[False] and "CUDA-graph pool" not in notes[True]

@@ -106,8 +106,10 @@ def plan_memory(cfg: RunConfig, m: ModelConfig, max_prompt_tokens: int, device_b
         # above the plan; the term stands in for what the graphed FSDP step holds (not itemised yet)
         copy_params = counts["linear"] + counts["experts"] + (counts["lm_head"] or counts["embed"])
     # the trainer's graphs, as `Trainer` decides (`graph_blocker`), on the flash backend and the grouped-GEMM path
-    # the plan assumes elsewhere (sm90+)
-    graphs = on_gpu and cc.trainer_cuda_graphs and graph_blocker(m, cfg.batch_invariant is True, True, True) is None
+    # the plan assumes elsewhere (sm90+), and a hybrid's layers served by fla (graphs' fixed gradients: the larger
+    # plan, where the machine's Triton leaves them eager)
+    graphs = on_gpu and cc.trainer_cuda_graphs and graph_blocker(m, cfg.batch_invariant is True, True, True,
+                                                                 True) is None
     # trainer graphs write fixed gradient buffers; without them gradients exist only from backward to the
     # optimizer step, while activations are being freed: they count as a transient of the trainer phase
     rows.append(MemoryRow("gradients", trainable * 4 // ranks, "fp32" + ("" if graphs else ", freed after each step"),

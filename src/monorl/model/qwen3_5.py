@@ -26,6 +26,7 @@ from monorl.model.layers import Linear, OffsetRMSNorm
 from monorl.model.mlp import MLP
 from monorl.model.moe import SparseMoeBlock
 from monorl.ops import gated_delta_invariant, rmsnorm_invariant
+from monorl.ops import gated_delta_padded as padded
 from monorl.ops.gated_delta import causal_conv, fla_bounds, fla_serves, gated_delta_rule, packed_causal_conv
 from monorl.ops.gated_delta_decode import conv_step, in_place_decode, rule_step
 from monorl.ops.gated_delta_invariant import invariant_decode, invariant_rule, pointwise
@@ -126,27 +127,40 @@ class GatedDeltaNet(nn.Module):
         shared = run.shared
         if shared is not None:  # each sequence whole (a shared prompt copied into every one), as attention sees it
             mixed, b, a = (shared.expand(t[:, None])[:, 0] for t in (mixed, b, a))
+        weight = self.conv1d.weight[:, 0]
+        if run.reference:  # batch-invariant mode: the parameters as the generator's copy holds them (x's dtype)
+            g = -self.A_log.to(x.dtype).float().exp() * pointwise(F.softplus, a.float() + self.dt_bias.to(x.dtype))
+            beta = pointwise(torch.sigmoid, b)
+        else:
+            g, beta = -self.A_log.float().exp() * F.softplus(a.float() + self.dt_bias), b.sigmoid()
+        if run.rows is None and not run.reference and padded.serves(mixed, weight, g, beta):
+            # the trainer's pack where fla serves: one padded sequence, no host read (a trainer CUDA graph holds it)
+            o = padded.padded_conv_rule(mixed, weight, g, beta, run.padded(mixed.shape[0], weight.shape[1]),
+                                        (self.key_dim, self.key_dim, self.value_dim),
+                                        (self.hk, self.dk, self.hv, self.dv))
+        else:
+            o = self._varlen_mix(mixed, weight, g, beta, run, cache)
+        return o if shared is None else shared.contract(o)
+
+    def _varlen_mix(self, mixed: Tensor, weight: Tensor, g: Tensor, beta: Tensor, run: _Layout,
+                    cache: Any) -> Tensor:
+        """The conv and the rule on the packed sequences as they lie, each state read and written where kept."""
         conv_init, state_init = cache.read(run.rows) if run.from_state else (None, None)
         if run.rows is None and not run.reference:  # the trainer's pack, default mode: no state in or out
-            mixed, conv_final = packed_causal_conv(mixed, self.conv1d.weight[:, 0], run.cu_seqlens,
-                                                   run.bounds()), None
+            mixed, conv_final = packed_causal_conv(mixed, weight, run.cu_seqlens, run.bounds()), None
         else:
             silu = functools.partial(pointwise, F.silu) if run.reference else F.silu
-            mixed, conv_final = causal_conv(mixed, self.conv1d.weight[:, 0], run.cu_seqlens, conv_init, silu)
+            mixed, conv_final = causal_conv(mixed, weight, run.cu_seqlens, conv_init, silu)
         n = mixed.shape[0]
         q, k, v = mixed.split([self.key_dim, self.key_dim, self.value_dim], dim=-1)
         q, k, v = q.view(n, self.hk, self.dk), k.view(n, self.hk, self.dk), v.view(n, self.hv, self.dv)
-        if run.reference:  # batch-invariant mode: the parameters as the generator's copy holds them (x's dtype)
-            g = -self.A_log.to(x.dtype).float().exp() * pointwise(F.softplus, a.float() + self.dt_bias.to(x.dtype))
-            o, state_final = _invariant_rule(run, cache, q, k, v, g, pointwise(torch.sigmoid, b), state_init)
+        if run.reference:
+            o, state_final = _invariant_rule(run, cache, q, k, v, g, beta, state_init)
         else:
-            g = -self.A_log.float().exp() * F.softplus(a.float() + self.dt_bias)
-            o, state_final = gated_delta_rule(q, k, v, g, b.sigmoid(), run.cu_seqlens, state_init,
-                                              run.one_token_each, bounds=None if run.one_token_each else run.bounds())
+            o, state_final = gated_delta_rule(q, k, v, g, beta, run.cu_seqlens, state_init, run.one_token_each,
+                                              bounds=None if run.one_token_each else run.bounds())
         if run.rows is not None:
             cache.write(run.rows, conv_final, state_final, run.ends)
-        if shared is not None:
-            o = shared.contract(o)
         return o
 
 
@@ -178,6 +192,7 @@ class _Layout:
         self.from_state = rows is not None and from_state
         self.one_token_each, self.shared, self.reference = one_token_each, shared, reference
         self._bounds: tuple[Tensor, Tensor] | None = None
+        self._padded: padded.PaddedLayout | None = None
 
     def bounds(self) -> tuple[Tensor, Tensor] | None:
         """`fla_bounds` of the sequences, made by the first layer that asks (one device read a forward) where fla
@@ -185,6 +200,13 @@ class _Layout:
         if self._bounds is None and fla_serves(self.cu_seqlens):
             self._bounds = fla_bounds(self.cu_seqlens)
         return self._bounds
+
+    def padded(self, tokens: int, width: int) -> padded.PaddedLayout:
+        """The trainer pack's padded layout (`gated_delta_padded`) of its `tokens` rows (the sequences whole, shared
+        prompts copied, as the layers' inputs are here), made by the first layer that asks: device ops only."""
+        if self._padded is None:
+            self._padded = padded.padded_layout(self.cu_seqlens, tokens, width)
+        return self._padded
 
 
 def layout_of(ctx: Any, cache: Any) -> _Layout:

@@ -195,7 +195,7 @@ def _fla() -> Any:
 
 
 @functools.cache
-def _fla_conv() -> Any:
+def fla_conv() -> Any:
     """fla's causal depthwise conv (Triton, varlen, with its backward), or None where `fla-core` is not installed."""
     try:
         from fla.modules.causal_conv1d import causal_conv1d
@@ -224,7 +224,7 @@ def version_tuple(version: str) -> tuple[int, ...]:
 
 
 def rule_path(cuda_capability: tuple[int, int] | None, needs_grad: bool, enabled: bool, fla_installed: bool,
-              triton_version: str, fla_tilelang_usable: bool) -> tuple[str, str]:
+              triton_version: str, tilelang_usable: bool) -> tuple[str, str]:
     """Which rule runs -> ("fla" | "reference", why). cuda_capability: the device's (None off CUDA)."""
     if cuda_capability is None:
         return "reference", "not on CUDA"
@@ -233,14 +233,14 @@ def rule_path(cuda_capability: tuple[int, int] | None, needs_grad: bool, enabled
     if not fla_installed:
         return "reference", "fla-core not installed (the linear-attention extra)"
     lo, hi = FLA_BAD_TRITON
-    if needs_grad and cuda_capability[0] == 9 and lo <= version_tuple(triton_version) < hi and not fla_tilelang_usable:
+    if needs_grad and cuda_capability[0] == 9 and lo <= version_tuple(triton_version) < hi and not tilelang_usable:
         return "reference", (f"with a gradient: fla's gated backward is wrong on Hopper with Triton {triton_version} "
                              "(fla #640; Triton >= 3.7.1 or fla's tilelang backend fixes it)")
     return "fla", "fla-core's kernels"
 
 
 @functools.cache
-def _fla_tilelang_usable() -> bool:
+def fla_tilelang_usable() -> bool:
     """Whether fla routes its gated chunk backward to tilelang (installed, nvcc found, not switched off)."""
     try:
         from fla.ops.common.backends.tilelang import CommonTileLangBackend
@@ -254,7 +254,7 @@ def _log_path(path: str, why: str) -> None:
     log.info("gated delta rule: %s (%s)", path, why)
 
 
-def _choose(q: Tensor, tensors: tuple[Tensor | None, ...], reference: bool) -> Any:
+def choose_fla(q: Tensor, tensors: tuple[Tensor | None, ...], reference: bool) -> Any:
     """fla's ops for this call, or None for the references (`rule_path`, logged once per choice)."""
     if reference or not q.is_cuda:
         return None
@@ -263,7 +263,7 @@ def _choose(q: Tensor, tensors: tuple[Tensor | None, ...], reference: bool) -> A
     needs_grad = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
     fla = _fla() if FLA_ENABLED else None
     path, why = rule_path(torch.cuda.get_device_capability(q.device), needs_grad, FLA_ENABLED, fla is not None,
-                          triton.__version__, fla is not None and _fla_tilelang_usable())
+                          triton.__version__, fla is not None and fla_tilelang_usable())
     _log_path(path, why)
     return fla if path == "fla" else None
 
@@ -274,7 +274,7 @@ def gated_delta_rule(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, c
     """The rule over packed sequences: fla's kernels or the references, as `rule_path` decides (`reference`: the
     references); one_token_each (decode): the recurrent step, else the chunked form. bounds: `fla_bounds` of
     cu_seqlens, shared by a forward's layers (made here when None)."""
-    fla = _choose(q, (q, k, v, g, beta, initial_state), reference)
+    fla = choose_fla(q, (q, k, v, g, beta, initial_state), reference)
     if fla is None:
         if one_token_each:
             return recurrent_gated_delta_rule(q, k, v, g, beta, cu_seqlens, initial_state)
@@ -302,7 +302,7 @@ def packed_causal_conv(x: Tensor, weight: Tensor, cu_seqlens: Tensor,
     trainer and generator may differ there by bf16 rounding (measured each step as logprob_diff); batch-invariant
     mode runs `causal_conv` on both sides. On an H100 the gathers' forward and index_add_ backward
     took ~0.2 s of a Qwen3.5-0.8B RL step's training (2026-12-07)."""
-    fla = _fla_conv() if fla_serves(x) else None
+    fla = fla_conv() if fla_serves(x) else None
     if fla is None:
         return causal_conv(x, weight, cu_seqlens, None)[0]
     _log_path("fla for the causal conv too", "fla-core's varlen kernel")

@@ -24,12 +24,16 @@ from monorl.model.config import ModelConfig
 log = logging.getLogger(__name__)
 
 
-def graph_blocker(cfg: ModelConfig, batch_invariant: bool, flash: bool, experts_grouped: bool) -> str | None:
+def graph_blocker(cfg: ModelConfig, batch_invariant: bool, flash: bool, experts_grouped: bool,
+                  linear_capturable: bool = False) -> str | None:
     """Why the trainer's step cannot be a CUDA graph for this model, or None: a step that reads the device on the
     host cannot be captured. flash: the attention backend is flash (the others read lengths on the host);
-    experts_grouped: a MoE block's experts run on grouped_mm here (bf16 on sm90+), not per expert."""
-    if "linear_attention" in cfg.layer_types:  # every Gated DeltaNet trainer path walks cu_seqlens on the host
-        return "a hybrid's Gated DeltaNet layers read their sequences' bounds on the host"
+    experts_grouped: a MoE block's experts run on grouped_mm here (bf16 on sm90+), not per expert;
+    linear_capturable: fla serves a trainer pack's Gated DeltaNet layers with their backward here
+    (`gated_delta_padded.capturable`: the padded sequence, no host read)."""
+    if "linear_attention" in cfg.layer_types and (batch_invariant or not linear_capturable):
+        return ("a hybrid's Gated DeltaNet layers read their sequences' bounds on the host (batch-invariant mode, or "
+                "fla not serving their backward: gated_delta.rule_path)")
     if cfg.is_moe and (batch_invariant or not experts_grouped):
         return ("a mixture-of-experts model runs its experts per expert here (grouped_mm: bf16 on sm90+, outside "
                 "batch-invariant mode)")

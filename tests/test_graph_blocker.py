@@ -22,7 +22,8 @@ def test_what_keeps_a_step_out_of_a_graph():
         assert "experts" in graph_blocker(moe, batch_invariant=invariant, flash=True, experts_grouped=grouped)
     for invariant in (False, True):
         assert "Gated DeltaNet" in graph_blocker(hybrid, batch_invariant=invariant, flash=True, experts_grouped=True)
-    assert graph_blocker(hybrid, batch_invariant=False, flash=True, experts_grouped=True, linear_capturable=True) is None
+    assert graph_blocker(hybrid, batch_invariant=False, flash=True, experts_grouped=True,
+                         linear_capturable=True) is None
     assert "Gated DeltaNet" in graph_blocker(hybrid, batch_invariant=True, flash=True, experts_grouped=True,
                                              linear_capturable=True)
 

@@ -94,3 +94,37 @@ def test_the_layout_is_a_function_of_the_pack_shape() -> None:
             later = [r for r in rows[hi:] if r > last]
             assert not later or min(later) > lay.resets[s]
     assert RESET_G < -200  # exp underflows to 0 in fp32
+
+
+@pytest.mark.parametrize("static", [False, True])
+def test_a_hybrids_trainer_pack_on_the_padded_layout_equals_the_varlen_one(monkeypatch, static):
+    """The model's path (`qwen3_5.GatedDeltaNet._mix`): a pack with shared prompts (copied into each sequence before
+    the layout) and, static, zero-length entries; log-probs and every parameter's gradient, the padded layout on
+    monorl's references (as fla runs it where it serves) against the varlen references."""
+    import functools
+
+    from monorl.model.decoder import build_model
+    from monorl.ops import gated_delta_padded
+    from monorl.train.packing import make_micro_batches
+    from tests.test_recurrent_state import HYBRID
+    from tests.test_shared_prompts import _groups, _logprobs
+
+    model = build_model(HYBRID, seed=None).init_weights(1)
+    seqs = _groups([4, 3], [70, 5], seed=2)
+    (mb,) = make_micro_batches(seqs, 1024, "cpu", static=static)
+    assert mb.ctx.shared is not None
+    out, calls = {}, []
+    on_references = functools.partial(gated_delta_padded.padded_conv_rule, fla=False)
+    for laid in (False, True):
+        if laid:
+            monkeypatch.setattr(gated_delta_padded, "serves", lambda *t: True)
+            monkeypatch.setattr(gated_delta_padded, "padded_conv_rule",
+                                lambda *a, **k: calls.append(1) or on_references(*a, **k))
+        model.zero_grad()
+        lp = _logprobs(model, mb)
+        (lp * torch.linspace(0.5, 1.5, lp.numel())).sum().backward()
+        out[laid] = lp.detach(), [p.grad.clone() for p in model.parameters()]
+    assert len(calls) == 3  # each Gated DeltaNet layer of the padded forward
+    torch.testing.assert_close(out[True][0], out[False][0], rtol=0, atol=1e-5)
+    for a, b in zip(out[True][1], out[False][1], strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5 * float(b.abs().max()))

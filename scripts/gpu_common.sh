@@ -7,7 +7,8 @@ export PYTHONUNBUFFERED=1 JSONARGPARSE_DEPRECATION_WARNINGS=off
 [ -d .models ] || tar xzf .device/tok/models.tgz
 bash scripts/device_setup.sh 2>&1 | tail -1
 export PYTHONPATH=$PWD/src:$PWD/.device/site
-# one CLI run, W0's workload: name, shape, then python lines run before main (flags); BI=true: batch-invariant mode
+# one CLI run, W0's workload: name, shape, then python lines run before main (flags); BI=true: batch-invariant mode;
+# EXTRA: more CLI arguments
 step() {
   local name=$1 shape=$2 pre=$3 d=/tmp/step_$1; rm -rf $d
   local t0; t0=$(date +%s.%N)
@@ -17,7 +18,7 @@ $pre
 from monorl.cli import main
 main(["train", "--preset", "qwen3_0_6b_sum_digits", "--model.shape", sys.argv[2], "--model.random_init", "true",
       "--rollout.ignore_eos", "true", "--checkpoint.final", "false", "--checkpoint.every_minutes", "0",
-      "--steps", "${STEPS:-6}", "--batch_invariant", "${BI:-false}", "--run_dir", sys.argv[1]])
+      "--steps", "${STEPS:-6}", "--batch_invariant", "${BI:-false}", "--run_dir", sys.argv[1], *"${EXTRA:-}".split()])
 PY
   local rc=$? t1; t1=$(date +%s.%N)
   python3 - "$d" "$name" "$rc" "$t0" "$t1" <<'PY'

@@ -62,7 +62,7 @@ from monorl.model.gpt_oss import BatchInvariantGptOssMoeBlock, GptOssMoeBlock
 from monorl.model.layers import BatchInvariantOffsetRMSNorm, FusedOffsetRMSNorm, Linear, OffsetRMSNorm, RMSNorm
 from monorl.model.lora import LoRALinear
 from monorl.model.moe import BatchInvariantSparseMoeBlock, SparseMoeBlock
-from monorl.model.qwen3_5 import BatchInvariantGatedRMSNorm, GatedRMSNorm
+from monorl.model.qwen3_5 import BatchInvariantGatedRMSNorm, FusedGatedRMSNorm, GatedRMSNorm
 from monorl.ops import decode_gemm, logprob_invariant, matmul_invariant, rmsnorm_invariant
 
 
@@ -138,7 +138,8 @@ _CONVERTED = {Linear: BatchInvariantLinear, FusedKernelsLinear: BatchInvariantLi
               nn.Embedding: BatchInvariantEmbedding, DecoderForCausalLM: BatchInvariantDecoderForCausalLM,
               SparseMoeBlock: BatchInvariantSparseMoeBlock, OffsetRMSNorm: BatchInvariantOffsetRMSNorm,
               FusedOffsetRMSNorm: BatchInvariantOffsetRMSNorm,  # (the generator's CUDA copy: `use_fused_norms_`)
-              GatedRMSNorm: BatchInvariantGatedRMSNorm, GptOssMoeBlock: BatchInvariantGptOssMoeBlock,
+              GatedRMSNorm: BatchInvariantGatedRMSNorm, FusedGatedRMSNorm: BatchInvariantGatedRMSNorm,
+              GptOssMoeBlock: BatchInvariantGptOssMoeBlock,
               nn.LayerNorm: BatchInvariantLayerNorm, FusedGemma3FinalNorm: BatchInvariantOffsetRMSNorm,
               **PLAIN_GEMMA3}  # (the generator's fused Gemma 3 layers back to the plain ones)
 

@@ -25,7 +25,7 @@ from monorl.model.config import ModelConfig
 from monorl.model.layers import Linear, OffsetRMSNorm
 from monorl.model.mlp import MLP
 from monorl.model.moe import SparseMoeBlock
-from monorl.ops import gated_delta_invariant, rmsnorm_invariant
+from monorl.ops import gated_delta_invariant, gated_rmsnorm, rmsnorm_invariant
 from monorl.ops import gated_delta_padded as padded
 from monorl.ops.gated_delta import causal_conv, fla_bounds, fla_serves, gated_delta_rule, packed_causal_conv
 from monorl.ops.gated_delta_decode import conv_step, in_place_decode, rule_step
@@ -42,9 +42,15 @@ class GatedRMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: Tensor, gate: Tensor) -> Tensor:
-        h = x.float()
-        h = self.weight * (h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)).to(x.dtype)
-        return (h * F.silu(gate.float())).to(x.dtype)
+        return gated_rmsnorm.gated_rms_norm_reference(x, gate, self.weight, self.eps)
+
+
+class FusedGatedRMSNorm(GatedRMSNorm):
+    """The generator's CUDA copy (`monorl.model.fused_kernels.use_fused_norms_`): one kernel a norm
+    (`monorl.ops.gated_rmsnorm`), forward only."""
+
+    def forward(self, x: Tensor, gate: Tensor) -> Tensor:
+        return gated_rmsnorm.gated_rms_norm(x, gate, self.weight, self.eps)
 
 
 class BatchInvariantGatedRMSNorm(GatedRMSNorm):

@@ -52,7 +52,9 @@ def test_generator_equals_the_trainer_forward(model, temperature):
             if temperature == 0:
                 assert c.token_ids == greedy
             else:
-                torch.testing.assert_close(torch.tensor(c.logprobs), torch.tensor(lps), rtol=0, atol=1e-4)
+                # fp32; the generator's copy fuses the projections (one GEMM where the trainer runs four): up to
+                # 1.06e-4 apart on a 2-core CPU at these weights (std 0.2), 1e-4 before the fusion
+                torch.testing.assert_close(torch.tensor(c.logprobs), torch.tensor(lps), rtol=0, atol=3e-4)
         if temperature:  # the two samples differ: each continued its own copy of the prompt's state
             assert samples[0].token_ids != samples[1].token_ids
 

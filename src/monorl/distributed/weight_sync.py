@@ -39,12 +39,14 @@ from torch import Tensor, nn
 from monorl.distributed.fsdp import GatherPlan, fsdp_units, unsharded
 from monorl.model.lora import LoRALinear, lora_modules
 
-# The generator's copy is built fused: q/k/v as one `qkv_proj` and gate/up as one `gate_up_proj` (one GEMM
-# each). The trainer's copy and checkpoints keep HF's separate projections. This table says which HF projection
-# is which row block of a fused one, in row order.
+# The generator's copy is built fused: q/k/v as one `qkv_proj`, gate/up as one `gate_up_proj` and a Gated
+# DeltaNet layer's four input projections as one `in_proj` (one GEMM each). The trainer's copy and checkpoints keep
+# HF's separate projections. This table says which HF projection is which row block of a fused one, in row order.
 PACKED_MODULES: dict[str, tuple[str, int]] = {
     "q_proj": ("qkv_proj", 0), "k_proj": ("qkv_proj", 1), "v_proj": ("qkv_proj", 2),
     "gate_proj": ("gate_up_proj", 0), "up_proj": ("gate_up_proj", 1),
+    "in_proj_qkv": ("in_proj", 0), "in_proj_z": ("in_proj", 1), "in_proj_b": ("in_proj", 2),
+    "in_proj_a": ("in_proj", 3),
 }
 
 Source = Tensor | LoRALinear  # a source parameter, or a LoRA projection whose merged weight is the source

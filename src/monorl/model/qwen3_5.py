@@ -62,13 +62,22 @@ class BatchInvariantGatedRMSNorm(GatedRMSNorm):
 
 
 class GatedAttention(nn.Module):
-    def __init__(self, cfg: ModelConfig) -> None:
+    """q (with its output gate: 2 x the heads' width), k, v, o; fused (the generator's copy): q/k/v as one
+    `qkv_proj` (`monorl.distributed.weight_sync.PACKED_MODULES`)."""
+
+    def __init__(self, cfg: ModelConfig, fused: bool = False) -> None:
         super().__init__()
         self.num_heads, self.num_kv_heads, self.head_dim = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
         self.rotary_dim = cfg.rotary_dim
-        self.q_proj = Linear(cfg.hidden_size, cfg.num_heads * cfg.head_dim * 2, bias=cfg.o_bias)
-        self.k_proj = Linear(cfg.hidden_size, cfg.num_kv_heads * cfg.head_dim, bias=cfg.o_bias)
-        self.v_proj = Linear(cfg.hidden_size, cfg.num_kv_heads * cfg.head_dim, bias=cfg.o_bias)
+        kv = cfg.num_kv_heads * cfg.head_dim
+        self.sizes = (cfg.num_heads * cfg.head_dim * 2, kv, kv)
+        self.fused = fused
+        if fused:
+            self.qkv_proj = Linear(cfg.hidden_size, sum(self.sizes), bias=cfg.o_bias)
+        else:
+            self.q_proj = Linear(cfg.hidden_size, self.sizes[0], bias=cfg.o_bias)
+            self.k_proj = Linear(cfg.hidden_size, self.sizes[1], bias=cfg.o_bias)
+            self.v_proj = Linear(cfg.hidden_size, self.sizes[2], bias=cfg.o_bias)
         self.o_proj = Linear(cfg.num_heads * cfg.head_dim, cfg.hidden_size, bias=cfg.o_bias)
         self.q_norm = OffsetRMSNorm(cfg.head_dim, cfg.rms_norm_eps)
         self.k_norm = OffsetRMSNorm(cfg.head_dim, cfg.rms_norm_eps)
@@ -79,10 +88,14 @@ class GatedAttention(nn.Module):
 
     def forward(self, x: Tensor, cos: Tensor, sin: Tensor, ctx: AttentionContext, cache: Any) -> Tensor:
         T = x.shape[0]
-        q, gate = self.q_proj(x).view(T, self.num_heads, 2 * self.head_dim).chunk(2, dim=-1)
+        if self.fused:  # column slices of one GEMM's output
+            qg, k, v = self.qkv_proj(x).split(self.sizes, dim=-1)
+        else:
+            qg, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
+        q, gate = qg.view(T, self.num_heads, 2 * self.head_dim).chunk(2, dim=-1)
         q = self.q_norm(q)
-        k = self.k_norm(self.k_proj(x).view(T, self.num_kv_heads, self.head_dim))
-        v = self.v_proj(x).view(T, self.num_kv_heads, self.head_dim)
+        k = self.k_norm(k.view(T, self.num_kv_heads, self.head_dim))
+        v = v.view(T, self.num_kv_heads, self.head_dim)
         q, k = self._rope(q, cos, sin).to(v.dtype), self._rope(k, cos, sin).to(v.dtype)
         o = ctx.attend(q.contiguous(), k.contiguous(), v, cache)
         return self.o_proj(o.flatten(1) * torch.sigmoid(gate.reshape(T, -1)))
@@ -97,16 +110,24 @@ class _Conv(nn.Module):
 
 
 class GatedDeltaNet(nn.Module):
-    def __init__(self, cfg: ModelConfig) -> None:
+    """The linear-attention layer: q/k/v (through the conv), z (the norm's gate), b (beta), a (the decay) projected
+    from x; fused (the generator's copy): the four as one `in_proj` (`weight_sync.PACKED_MODULES`)."""
+
+    def __init__(self, cfg: ModelConfig, fused: bool = False) -> None:
         super().__init__()
         self.hk, self.hv = cfg.linear_num_key_heads, cfg.linear_num_value_heads
         self.dk, self.dv = cfg.linear_key_head_dim, cfg.linear_value_head_dim
         self.key_dim, self.value_dim = self.hk * self.dk, self.hv * self.dv
         conv_dim = 2 * self.key_dim + self.value_dim
-        self.in_proj_qkv = Linear(cfg.hidden_size, conv_dim, bias=False)
-        self.in_proj_z = Linear(cfg.hidden_size, self.value_dim, bias=False)
-        self.in_proj_b = Linear(cfg.hidden_size, self.hv, bias=False)
-        self.in_proj_a = Linear(cfg.hidden_size, self.hv, bias=False)
+        self.sizes = (conv_dim, self.value_dim, self.hv, self.hv)  # in_proj_qkv, _z, _b, _a
+        self.fused = fused
+        if fused:
+            self.in_proj = Linear(cfg.hidden_size, sum(self.sizes), bias=False)
+        else:
+            self.in_proj_qkv = Linear(cfg.hidden_size, conv_dim, bias=False)
+            self.in_proj_z = Linear(cfg.hidden_size, self.value_dim, bias=False)
+            self.in_proj_b = Linear(cfg.hidden_size, self.hv, bias=False)
+            self.in_proj_a = Linear(cfg.hidden_size, self.hv, bias=False)
         self.conv1d = _Conv(conv_dim, cfg.linear_conv_kernel_dim)
         self.dt_bias = nn.Parameter(torch.ones(self.hv))
         self.A_log = nn.Parameter(torch.zeros(self.hv))
@@ -115,8 +136,11 @@ class GatedDeltaNet(nn.Module):
 
     def forward(self, x: Tensor, cos: Tensor, sin: Tensor, ctx: AttentionContext, cache: Any) -> Tensor:
         T = x.shape[0]
-        mixed, b, a = self.in_proj_qkv(x), self.in_proj_b(x), self.in_proj_a(x)
-        z = self.in_proj_z(x).view(T, self.hv, self.dv)
+        if self.fused:  # column slices of one GEMM's output
+            mixed, z, b, a = self.in_proj(x).split(self.sizes, dim=-1)
+        else:
+            mixed, z, b, a = self.in_proj_qkv(x), self.in_proj_z(x), self.in_proj_b(x), self.in_proj_a(x)
+        z = z.view(T, self.hv, self.dv)
         run = layout_of(ctx, cache)
         if run.one_token_each and run.from_state and not run.reference and in_place_decode(x):
             conv, ssm = cache.states()  # a decode step on CUDA: each row's states advanced where they are
@@ -261,9 +285,9 @@ class Qwen3_5Block(nn.Module):
     def __init__(self, cfg: ModelConfig, i: int, fused: bool = False) -> None:
         super().__init__()
         if cfg.layer_type(i) == "linear_attention":
-            self.linear_attn = GatedDeltaNet(cfg)
+            self.linear_attn = GatedDeltaNet(cfg, fused)
         else:
-            self.self_attn = GatedAttention(cfg)
+            self.self_attn = GatedAttention(cfg, fused)
         self.mlp = SparseMoeBlock(cfg, fused) if cfg.sparse_layer(i) else MLP(cfg, fused)
         self.input_layernorm = OffsetRMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.post_attention_layernorm = OffsetRMSNorm(cfg.hidden_size, cfg.rms_norm_eps)

@@ -16,8 +16,11 @@ per call, which rule runs, and logs each choice once:
   apache-tvm-ffi and needs nvcc at run time to JIT its kernels (2026-12-06). fla's forward with the reference's
   backward would cost the reference's forward again in backward, more than the reference alone.
 
-Where fla serves (`fla_serves`) the trainer pack's conv runs on fla's varlen causal conv too (`packed_causal_conv`),
-and one forward's layers share one `fla_bounds` (fla's chunk indices built once, from a host copy).
+Where fla serves the trainer pack (its rule with the gradient needed, `gated_delta_padded.serves`), the pack's conv
+and rule run on one padded sequence with no host read (`monorl.ops.gated_delta_padded`: a trainer CUDA graph holds
+it). Where fla serves only the forward (its backward guarded), the pack's conv still runs on fla's varlen causal conv
+(`packed_causal_conv`) and one forward's layers share one `fla_bounds` (fla's chunk indices built once, from a host
+copy).
 
 On an H100 (2026-12-07, fla-core 0.6.0, Triton 3.6; tests/test_qwen3_5_gpu.py) the hybrid generator with fla in
 prefill and the in-place decode kernels was as exact as the trainer against a float64 forward, in bf16, as it was on

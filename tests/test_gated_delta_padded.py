@@ -59,8 +59,8 @@ def test_padded_layout_computes_each_sequence_as_the_varlen_references_do(length
 
 
 def test_a_sequence_after_the_reset_row_starts_from_zero_state() -> None:
-    """Without the reset (the span's last row at g = 0) the second sequence would continue the first one's state:
-    the layout's reset is what separates them (the test above would pass vacuously if it did not)."""
+    """Without the reset (the span's last row at g = 0) the second sequence continues the first one's state: the
+    reset row is what separates sequences, so the equality above rests on it."""
     mixed, weight, a, b, cu = _inputs([70, 40], seed=3)
     assert padded_layout(cu, mixed.shape[0], K).resets.tolist() == [127, 191]  # spans of 128 and 64 rows
     want = _varlen(mixed, weight, a, b, cu)

@@ -1,8 +1,8 @@
 #!/bin/bash
 # Helpers the device scripts (scripts/gpu_pending_*.sh) source: `step` (one W0-workload CLI run of a model shape),
-# `FLA_ON`, `tri` (Triton 3.7.1 joined from its two carried parts) and `w0_runs` (W0 three times, each process wall
-# split by summary.json's mtime). Sourcing it first sets the machine up (the carried wheels installed, the models'
-# config and tokenizer files unpacked, PYTHONPATH); the helpers expect $OUT.
+# `FLA_ON`, `tri` (Triton 3.7.1 joined from its two carried parts), `tests` (GPU tests, a log each) and `w0_runs`
+# (W0 three times, each process wall split by summary.json's mtime). Sourcing it first sets the machine up (the
+# carried wheels installed, the models' config and tokenizer files unpacked, PYTHONPATH); the helpers expect $OUT.
 export PYTHONUNBUFFERED=1 JSONARGPARSE_DEPRECATION_WARNINGS=off
 [ -d .models ] || tar xzf .device/tok/models.tgz
 bash scripts/device_setup.sh 2>&1 | tail -1
@@ -70,4 +70,13 @@ except Exception as e:
     print(f"W0 run {i}: rc {rc} no summary ({e})")
 PY
   done
+}
+# GPU tests: name, pytest args...; the log in $OUT, the outcome lines here (TLIMIT: all of them, PTLIMIT: each)
+tests() {
+  local name=$1; shift
+  timeout ${TLIMIT:-300} python3 -m pytest -v -p no:cacheprovider --tb=short --timeout ${PTLIMIT:-150} -m gpu "$@" \
+    > $OUT/$name.log 2>&1
+  echo "$name: rc $?"
+  grep -E "PASSED|FAILED|ERROR|SKIPPED|passed|failed|^E  .*(max|Mismatch|Greatest|against float64|Error)" \
+    $OUT/$name.log | sed 's/^tests\///' | cut -c1-300 | head -30
 }

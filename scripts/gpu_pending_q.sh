@@ -9,15 +9,8 @@
 #   (the preset's default, now open to hybrids) and without, and Qwen3-0.6B beside them; PROFILE=1: the graphed
 #   hybrid's step profiled.
 set -u
-source scripts/gpu_common.sh  # the device's setup; step, tri
-tests() {  # name, pytest args...: a log in $OUT, the outcome lines here
-  local name=$1; shift
-  timeout ${TLIMIT:-300} python3 -m pytest -v -p no:cacheprovider --tb=short --timeout 150 -m gpu "$@" \
-    > $OUT/$name.log 2>&1
-  echo "$name: rc $?"
-  grep -E "PASSED|FAILED|ERROR|SKIPPED|passed|failed|^E  .*(max|Mismatch|Greatest|against float64|Error)" \
-    $OUT/$name.log | sed 's/^tests\///' | cut -c1-300 | head -30
-}
+source scripts/gpu_common.sh  # the device's setup; step, tri, tests
+export PTLIMIT=150  # each test's limit (`tests`)
 case ${STAGE:-a} in
 a)
   nvidia-smi --query-gpu=name,memory.total --format=csv,noheader

@@ -83,6 +83,7 @@ def main() -> None:
     ap.add_argument("--gap-ms", type=float, default=0.5, help="idle gaps listed from this length")
     ap.add_argument("--out", default="rl_step.json")
     ap.add_argument("--kernels", type=int, default=14, help="kernels listed by GPU time, generation and the rest")
+    ap.add_argument("--trace", default="", help="write the first profiled step's Chrome trace here (gzipped)")
     ap.add_argument("--set", nargs="*", default=[], help="more config overrides, key=value")
     ap.add_argument("--no-fla", action="store_true",
                     help="Qwen3.5's layers on monorl's references and the plain decode path (the two switches "
@@ -126,6 +127,14 @@ def main() -> None:
             if torch.cuda.is_available():
                 torch.cuda.synchronize()
             wall = time.perf_counter() - t
+        if args.trace and s == args.steps:
+            import gzip
+            import shutil
+            raw = Path(args.trace).with_suffix("")
+            prof.export_chrome_trace(str(raw))
+            with open(raw, "rb") as src, gzip.open(args.trace, "wb") as dst:
+                shutil.copyfileobj(src, dst)
+            raw.unlink()
         events = prof.events()
         # GPU work only: a record_function range also shows on the GPU's timeline (a user annotation spanning the
         # kernels of its phase), which counted as busy time and as a kernel hid every gap inside it
@@ -156,8 +165,11 @@ def main() -> None:
             if b > end:
                 end, prev = b, name
         phase_ms: dict[str, float] = {}
+        phase_gpu_ms: dict[str, float] = {}  # the GPU's busy time inside each phase's host spans
         for a, b, n in phases:
             phase_ms[n] = phase_ms.get(n, 0.0) + (b - a) / 1000
+            inside = [(max(ka, a), min(kb, b)) for ka, kb, _ in kernels if kb > a and ka < b]
+            phase_gpu_ms[n] = phase_gpu_ms.get(n, 0.0) + _union_us(inside) / 1000
         # GPU time by kernel name, generation against the rest: a generation ends with a host read of its tokens,
         # so its kernels all start before the host's generate phase ends
         gen_end = max((b for a, b, n in phases if n == "generate"), default=step_rng[0])
@@ -168,7 +180,8 @@ def main() -> None:
             part[1] += (b - a) / 1000
         rows.append({"step": s + 1, "wall_s": wall, "gpu_busy_s": busy / 1e6, "kernels": len(kernels),
                      "loop_times_s": {k[5:]: v for k, v in m.items() if k.startswith("time/")},
-                     "phases_ms": phase_ms, "gaps": sorted(gaps, key=lambda g: -g["ms"])[:15],
+                     "phases_ms": phase_ms, "phase_gpu_busy_ms": phase_gpu_ms,
+                     "gaps": sorted(gaps, key=lambda g: -g["ms"])[:15],
                      "kernels_ms": {k: dict(sorted(v.items(), key=lambda kv: -kv[1][1]))
                                     for k, v in by_kernel.items()}})
     if args.cprofile:  # the host's side of the same steps: where a step's host time goes, function by function
@@ -196,6 +209,8 @@ def main() -> None:
               f"idle {idle * 1e3:.1f} ms, {r['kernels']} kernels")
         print("loop's times (s): " + ", ".join(f"{k} {v:.3f}" for k, v in r["loop_times_s"].items()))
         print("phases (host ms): " + ", ".join(f"{k} {v:.1f}" for k, v in r["phases_ms"].items()))
+        print("GPU busy inside each phase (ms): " + ", ".join(
+            f"{k} {v:.1f}" for k, v in r["phase_gpu_busy_ms"].items()))
         print("| at ms | idle ms | host phase | phases overlapped | after kernel | before kernel |")
         print("|---|---|---|---|---|---|")
         for g in r["gaps"]:

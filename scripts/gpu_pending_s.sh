@@ -1,0 +1,21 @@
+#!/bin/bash
+# Session 25. One machine, two calls in a row (it is released 30 s after a call):
+# STAGE=a (a fresh machine; carry .device/wheels .device/tok .device/tri/parts.sha256 .device/tri/parts/a), Triton
+#   3.6: #62's W0 twice (fresh, then warm), W0's step profiled with its Chrome trace (where the pack's 29 ms host
+#   span of session 13 goes), then #58's hybrid generator test's four cases and the decode kernels' test.
+# STAGE=b (carry .device/tri/parts/b), Triton 3.7.1: as scripts/gpu_pending_r.sh's STAGE=b (the padded layout's
+#   tests; the graphed hybrid's W0 step profiled).
+set -u
+source scripts/gpu_common.sh  # the device's setup; step, tri, tests, w0_runs
+export PTLIMIT=200
+case ${STAGE:-a} in
+a)
+  nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
+  w0_runs 2
+  timeout 120 python3 benchmarks/profile_rl_step.py --steps 4 --profile 1 --kernels 30 --out $OUT/w0_rl_step.json \
+    --trace $OUT/w0_trace.json.gz > $OUT/w0_profile.log 2>&1
+  echo "W0 profile rc $?"; grep -v DEBUG $OUT/w0_profile.log | grep -vE "^\| |^host pieces|^  " | tail -12 | cut -c1-400
+  TLIMIT=280 tests gpu_tests_360 tests/test_qwen3_5_gpu.py -k "as_exact or decode_kernels";;
+b)
+  STAGE=b bash scripts/gpu_pending_r.sh;;
+esac

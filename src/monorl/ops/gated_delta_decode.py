@@ -30,7 +30,6 @@ from monorl.ops import HAS_TRITON, use_triton
 from monorl.ops.tunables import chip_for, tuned
 
 ENABLED = True  # the in-place kernels in a CUDA decode step (off: the plain gather-step-scatter path)
-BV = 8  # values per program of the rule step (fla's and vLLM's choice for one token)
 
 if HAS_TRITON:
     import triton
@@ -118,11 +117,12 @@ def rule_step(x: Tensor, a: Tensor, b: Tensor, a_log: Tensor, dt_bias: Tensor, s
     dtype; state[rows] advanced by one step in place."""
     N = x.shape[0]
     hv, dv = state.shape[1], state.shape[3]
-    assert state.dtype == torch.float32 and state[0].is_contiguous() and dv % BV == 0
-    o = torch.empty(N, hv, dv, dtype=x.dtype, device=x.device)
     chip = chip_for(x)
-    _rule_step_kernel[(N * hv * (dv // BV),)](x, x.stride(0), a, a.stride(0), b, b.stride(0), a_log, dt_bias, state,
-                                              state.stride(0), rows, o, dk ** -0.5, HK=hk, HV=hv, DK=dk, DV=dv, BV=BV,
+    bv = min(tuned("gated_delta_decode.rule_bv", chip), dv)
+    assert state.dtype == torch.float32 and state[0].is_contiguous() and dv % bv == 0
+    o = torch.empty(N, hv, dv, dtype=x.dtype, device=x.device)
+    _rule_step_kernel[(N * hv * (dv // bv),)](x, x.stride(0), a, a.stride(0), b, b.stride(0), a_log, dt_bias, state,
+                                              state.stride(0), rows, o, dk ** -0.5, HK=hk, HV=hv, DK=dk, DV=dv, BV=bv,
                                               num_warps=tuned("gated_delta_decode.rule_warps", chip),
                                               num_stages=tuned("gated_delta_decode.rule_stages", chip))
     return o

@@ -219,6 +219,8 @@ _HOPPER: dict[str, Tunable] = {
     "entropy.warps": Tunable(8, _NOT_SWEPT.format("6fea232, 2026-11-25"), bitwise="the metric's sum order"),
     "row_copies.warps": Tunable(4, _NOT_SWEPT.format("row_copies.py, 2026-11-25")),
     # ---- Qwen3.5's decode step (gated_delta_decode.py): fla's fused_recurrent launch values, not run on a GPU yet ----
+    "gated_delta_decode.rule_bv": Tunable(8, "values per program: fla's and vLLM's choice for one token; "
+                                          + _NOT_SWEPT.format("gated_delta_decode.py, 2026-12-06")),
     "gated_delta_decode.rule_warps": Tunable(1, _NOT_SWEPT.format("gated_delta_decode.py, 2026-12-06")),
     "gated_delta_decode.rule_stages": Tunable(3, _NOT_SWEPT.format("gated_delta_decode.py, 2026-12-06")),
 }

@@ -36,13 +36,14 @@ def sweep(n: int, args: argparse.Namespace, kept: dict, hk: int, hv: int, dk: in
         with overridden({f"gated_delta_decode.rule_{k}": v for k, v in values.items()}):
             return [gd.rule_step(x, a, b, a_log, dt_bias, s, rows, hk, dk) for s in ss][-1]
 
-    ref_state = states[0].clone()
+    init = states[0].clone()  # the timed launches advance the states in place: each check starts from this copy
+    ref_state = init.clone()
     ref = run(kept, [ref_state])
     results = []
     for bv, w, st in itertools.product(*(map(int, getattr(args, k).split(",")) for k in ("bv", "warps", "stages"))):
         values = {"bv": bv, "warps": w, "stages": st}
         try:
-            s0 = states[0].clone()
+            s0 = init.clone()
             o = run(values, [s0])
             err = max((o.float() - ref.float()).abs().max().item(), (s0 - ref_state).abs().max().item())
             us = do_bench_cudagraph(functools.partial(run, values, states), rep=50) * 1e3 / args.layers

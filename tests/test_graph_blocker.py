@@ -23,9 +23,23 @@ def test_what_keeps_a_step_out_of_a_graph():
     for invariant in (False, True):
         assert "Gated DeltaNet" in graph_blocker(hybrid, batch_invariant=invariant, flash=True, experts_grouped=True)
     assert graph_blocker(hybrid, batch_invariant=False, flash=True, experts_grouped=True,
-                         linear_capturable=True) is None
+                         linear_capturable=lambda: True) is None
     assert "Gated DeltaNet" in graph_blocker(hybrid, batch_invariant=True, flash=True, experts_grouped=True,
-                                             linear_capturable=True)
+                                             linear_capturable=lambda: True)
+
+
+def test_only_a_hybrid_asks_whether_fla_serves_its_layers():
+    """Asking imports fla (seconds): a dense or MoE model's trainer must not pay it."""
+    def ask() -> bool:
+        raise AssertionError("asked for a model without linear-attention layers")
+
+    for name in ("qwen3-0.6b", "qwen3-30b-a3b"):
+        graph_blocker(model_shape(name), batch_invariant=False, flash=True, experts_grouped=True,
+                      linear_capturable=ask)
+    asked = []
+    graph_blocker(model_shape("qwen3_5-0.8b"), batch_invariant=False, flash=True, experts_grouped=True,
+                  linear_capturable=lambda: asked.append(1) or True)
+    assert asked == [1]
 
 
 def test_the_plan_counts_a_graph_pool_for_a_hybrid_outside_the_mode():

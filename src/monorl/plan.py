@@ -109,7 +109,7 @@ def plan_memory(cfg: RunConfig, m: ModelConfig, max_prompt_tokens: int, device_b
     # the plan assumes elsewhere (sm90+), and a hybrid's layers served by fla (graphs' fixed gradients: the larger
     # plan, where the machine's Triton leaves them eager)
     graphs = on_gpu and cc.trainer_cuda_graphs and graph_blocker(m, cfg.batch_invariant is True, True, True,
-                                                                 True) is None
+                                                                 lambda: True) is None
     # trainer graphs write fixed gradient buffers; without them gradients exist only from backward to the
     # optimizer step, while activations are being freed: they count as a transient of the trainer phase
     rows.append(MemoryRow("gradients", trainable * 4 // ranks, "fp32" + ("" if graphs else ", freed after each step"),

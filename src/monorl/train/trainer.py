@@ -102,7 +102,7 @@ class Trainer(TrainerWarmUps):
         grouped = moe and cfg.compute_dtype != "float32" and grouped_mm_serves(
             self.device, model.config.hidden_size, model.config.moe_intermediate_size)
         blocker = graph_blocker(model.config, is_batch_invariant(model), attn_backend == "flash", grouped,
-                                padded_capturable(self.device))
+                                lambda: padded_capturable(self.device))
         # under FSDP2 a graph captures the micro-batch's all-gathers and reduce-scatters with its kernels (NCCL
         # kernels capture; FSDP's side streams join the capture through its events and draw their buffers from the
         # graph's pool): one launch replaces the eager step's thousands (0.300 -> 0.066 s, 2 H200, #45)

@@ -22,15 +22,16 @@ from torch import Tensor, nn
 
 from monorl.model.attention import AttentionContext
 from monorl.model.config import ModelConfig
-from monorl.model.layers import Linear, OffsetRMSNorm
+from monorl.model.layers import FusedOffsetRMSNorm, Linear, OffsetRMSNorm
 from monorl.model.mlp import MLP
 from monorl.model.moe import SparseMoeBlock
 from monorl.ops import gated_delta_invariant, gated_rmsnorm, rmsnorm_invariant
 from monorl.ops import gated_delta_padded as padded
+from monorl.ops.attention_gate import gate_reference, kernels_serve, sigmoid_gate_mul
+from monorl.ops.block_kernels import offset_qk_norm_rope_write_kv, partial_rope
 from monorl.ops.gated_delta import causal_conv, fla_bounds, fla_serves, gated_delta_rule, packed_causal_conv
 from monorl.ops.gated_delta_decode import conv_step, in_place_decode, rule_step
 from monorl.ops.gated_delta_invariant import invariant_decode, invariant_rule, pointwise
-from monorl.ops.rope import apply_rope
 
 
 class GatedRMSNorm(nn.Module):
@@ -63,7 +64,10 @@ class BatchInvariantGatedRMSNorm(GatedRMSNorm):
 
 class GatedAttention(nn.Module):
     """q (with its output gate: 2 x the heads' width), k, v, o; fused (the generator's copy): q/k/v as one
-    `qkv_proj` (`monorl.distributed.weight_sync.PACKED_MODULES`)."""
+    `qkv_proj` (`monorl.distributed.weight_sync.PACKED_MODULES`). That copy on CUDA, its norms converted
+    (`use_fused_norms_`), writing a paged KV cache, runs the layer's elementwise work in two kernels: q/k norm +
+    partial RoPE + the KV write (`block_kernels.offset_qk_norm_rope_write_kv`, each query read from beside its gate
+    in the GEMM's output), and the output gate (`attention_gate.sigmoid_gate_mul`), where eager ran 21."""
 
     def __init__(self, cfg: ModelConfig, fused: bool = False) -> None:
         super().__init__()
@@ -82,23 +86,30 @@ class GatedAttention(nn.Module):
         self.q_norm = OffsetRMSNorm(cfg.head_dim, cfg.rms_norm_eps)
         self.k_norm = OffsetRMSNorm(cfg.head_dim, cfg.rms_norm_eps)
 
-    def _rope(self, x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
-        r = self.rotary_dim
-        return torch.cat([apply_rope(x[..., :r], cos, sin), x[..., r:]], dim=-1)
-
     def forward(self, x: Tensor, cos: Tensor, sin: Tensor, ctx: AttentionContext, cache: Any) -> Tensor:
-        T = x.shape[0]
+        T, D = x.shape[0], self.head_dim
         if self.fused:  # column slices of one GEMM's output
             qg, k, v = self.qkv_proj(x).split(self.sizes, dim=-1)
         else:
             qg, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
-        q, gate = qg.view(T, self.num_heads, 2 * self.head_dim).chunk(2, dim=-1)
+        q, gate = qg.view(T, self.num_heads, 2 * D).chunk(2, dim=-1)  # views: each head's [query | gate]
+        v = v.view(T, self.num_kv_heads, D)
+        slots = getattr(ctx, "slot_mapping", None) if cache is not None else None
+        if self._kernels_serve(qg, cache, slots):
+            q, k = offset_qk_norm_rope_write_kv(qg, k, v, self.q_norm.weight, self.k_norm.weight, cos, sin,
+                                                self.q_norm.eps, cache, slots, 2 * D)
+            return self.o_proj(sigmoid_gate_mul(ctx.attend(q, k, v, cache, kv_written=True), gate))
         q = self.q_norm(q)
-        k = self.k_norm(k.view(T, self.num_kv_heads, self.head_dim))
-        v = v.view(T, self.num_kv_heads, self.head_dim)
-        q, k = self._rope(q, cos, sin).to(v.dtype), self._rope(k, cos, sin).to(v.dtype)
+        k = self.k_norm(k.view(T, self.num_kv_heads, D))
+        q, k = partial_rope(q, cos, sin).to(v.dtype), partial_rope(k, cos, sin).to(v.dtype)
         o = ctx.attend(q.contiguous(), k.contiguous(), v, cache)
-        return self.o_proj(o.flatten(1) * torch.sigmoid(gate.reshape(T, -1)))
+        return self.o_proj(gate_reference(o, gate))
+
+    def _kernels_serve(self, qg: Tensor, cache: Any, slots: Tensor | None) -> bool:
+        """The generator's CUDA copy (fused projections, its (1 + w) norms converted by `use_fused_norms_`; the
+        batch-invariant mode converts them back, and keeps the eager path) writing a paged KV cache."""
+        return (self.fused and isinstance(self.q_norm, FusedOffsetRMSNorm) and slots is not None
+                and not hasattr(cache, "window_context") and kernels_serve(qg, self.head_dim, self.rotary_dim))
 
 
 class _Conv(nn.Module):

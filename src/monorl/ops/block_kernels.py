@@ -7,7 +7,8 @@ kernels per layer eager, 10 with these):
   output in place); `qk_norm_rope_write_kv` also writes k and v to the generator's KV cache in that pass;
 - `silu_mul`: SiLU(gate) * up (reading a fused gate/up GEMM's output in place);
 - Gemma 3's forward-only forms for the generator's copy (`monorl.model.gemma3_fused`): `offset_qk_norm_rope_write_kv`
-  (the (1 + w) q/k norm) and `gelu_tanh_mul` (GeGLU).
+  (the (1 + w) q/k norm) and `gelu_tanh_mul` (GeGLU); Qwen3.5's gated attention runs that q/k op too, with its
+  partial RoPE and each query read from beside its output gate (`q_head_stride`).
 
 Each rounds like the eager PyTorch ops it replaces (fp32 inside, the input dtype wherever eager stores a tensor),
 so results differ from eager only in the order of the fp32 sum of squares. They launch with `enable_fp_fusion=False`:
@@ -68,17 +69,25 @@ if HAS_TRITON:
 
     @triton.jit
     def _norm_rope_heads(src, w_ptr, c1, c2, s1, s2, dst, dst2, eps, H: tl.constexpr, H_P: tl.constexpr,
-                         D: tl.constexpr, STORE2: tl.constexpr, OFFSET: tl.constexpr = False):
-        """RMSNorm over each of H heads [D] at src (row stride D), then rotate-half RoPE; store at dst (and, if
-        STORE2, at dst2 in its dtype: a KV-cache slot). OFFSET: the (1 + w) norm (`offset_rmsnorm`: normed and
-        scaled in fp32, rounded once) where Qwen3's rounds the normed row before w."""
-        HALF: tl.constexpr = D // 2
+                         D: tl.constexpr, R: tl.constexpr, HS: tl.constexpr, STORE2: tl.constexpr,
+                         OFFSET: tl.constexpr = False):
+        """RMSNorm over each of H heads [D] at src (heads HS apart), then rotate-half RoPE of each head's first R
+        dims (R < D: the rest pass through, normed only: Qwen3.5's partial rotary); store at dst (and, if STORE2,
+        at dst2 in its dtype: a KV-cache slot). OFFSET: the (1 + w) norm (`offset_rmsnorm`: normed and scaled in
+        fp32, rounded once) where Qwen3's rounds the normed row before w."""
+        HALF: tl.constexpr = R // 2
         h = tl.arange(0, H_P)[:, None]
         d = tl.arange(0, HALF)[None, :]
         m = h < H
-        x1 = tl.load(src + h * D + d, mask=m, other=0.0).to(tl.float32)
-        x2 = tl.load(src + h * D + HALF + d, mask=m, other=0.0).to(tl.float32)
-        r = 1.0 / tl.sqrt((tl.sum(x1 * x1, axis=1) + tl.sum(x2 * x2, axis=1)) / D + eps)
+        x1 = tl.load(src + h * HS + d, mask=m, other=0.0).to(tl.float32)
+        x2 = tl.load(src + h * HS + HALF + d, mask=m, other=0.0).to(tl.float32)
+        ss = tl.sum(x1 * x1, axis=1) + tl.sum(x2 * x2, axis=1)
+        if R < D:  # the unrotated dims, as a [H_P, D] tile masked to R.. (R == D: not traced, the sum as it was)
+            p = tl.arange(0, D)[None, :]
+            mp = m & (p >= R)
+            x3 = tl.load(src + h * HS + p, mask=mp, other=0.0).to(tl.float32)
+            ss += tl.sum(x3 * x3, axis=1)
+        r = 1.0 / tl.sqrt(ss / D + eps)
         dt = dst.dtype.element_ty
         w1 = tl.load(w_ptr + d).to(tl.float32)
         w2 = tl.load(w_ptr + HALF + d).to(tl.float32)
@@ -96,33 +105,44 @@ if HAS_TRITON:
         if STORE2:
             tl.store(dst2 + h * D + d, o1.to(dst2.dtype.element_ty), mask=m)
             tl.store(dst2 + h * D + HALF + d, o2.to(dst2.dtype.element_ty), mask=m)
+        if R < D:
+            w3 = tl.load(w_ptr + p, mask=p >= R, other=0.0).to(tl.float32)
+            if OFFSET:
+                o3 = (x3 * r[:, None] * (1.0 + w3)).to(dt)
+            else:
+                o3 = (w3 * (x3 * r[:, None]).to(dt).to(tl.float32)).to(dt)
+            tl.store(dst + h * D + p, o3, mask=mp)
+            if STORE2:
+                tl.store(dst2 + h * D + p, o3.to(dst2.dtype.element_ty), mask=mp)
 
     @triton.jit
     def _qk_norm_rope_kernel(qi_ptr, ki_ptr, qw_ptr, kw_ptr, cos_ptr, sin_ptr, q_ptr, k_ptr, stride_q, stride_k,
                              v_ptr, stride_v, kc_ptr, vc_ptr, slot_ptr, eps, HQ: tl.constexpr, HKV: tl.constexpr,
-                             HQ_P: tl.constexpr, HKV_P: tl.constexpr, D: tl.constexpr, WRITE_KV: tl.constexpr,
-                             SPLIT: tl.constexpr = False, OFFSET: tl.constexpr = False, PDL: tl.constexpr = False):
-        """One token's q and k heads normed and rotated; with WRITE_KV, its k (as returned) and v also stored at
-        its KV-cache slot (kc_ptr / vc_ptr: [slots, HKV, D]), so the generator needs no separate cache write.
-        SPLIT (few tokens: a decode step): program (t, 0) does the q heads and (t, 1) the k heads, two short chains
-        side by side (40 tokens: 2.42 -> 1.95 us a launch, H200); each is the same code on the same tile either
-        way, so the values do not depend on it."""
+                             HQ_P: tl.constexpr, HKV_P: tl.constexpr, D: tl.constexpr, R: tl.constexpr,
+                             Q_HS: tl.constexpr, WRITE_KV: tl.constexpr, SPLIT: tl.constexpr = False,
+                             OFFSET: tl.constexpr = False, PDL: tl.constexpr = False):
+        """One token's q and k heads normed and rotated (RoPE over each head's first R dims, cos / sin [T, R]; q's
+        heads Q_HS apart: 2 * D where each head's query sits beside its output gate); with WRITE_KV, its k (as
+        returned) and v also stored at its KV-cache slot (kc_ptr / vc_ptr: [slots, HKV, D]), so the generator needs
+        no separate cache write. SPLIT (few tokens: a decode step): program (t, 0) does the q heads and (t, 1) the
+        k heads, two short chains side by side (40 tokens: 2.42 -> 1.95 us a launch, H200); each is the same code
+        on the same tile either way, so the values do not depend on it."""
         if PDL:  # wait for the kernel before (programmatic dependent launch)
             pdl_start()
         t = tl.program_id(0).to(tl.int64)
-        HALF: tl.constexpr = D // 2
+        HALF: tl.constexpr = R // 2
         d = tl.arange(0, HALF)[None, :]
-        c1 = tl.load(cos_ptr + t * D + d).to(tl.float32)
-        c2 = tl.load(cos_ptr + t * D + HALF + d).to(tl.float32)
-        s1 = tl.load(sin_ptr + t * D + d).to(tl.float32)
-        s2 = tl.load(sin_ptr + t * D + HALF + d).to(tl.float32)
+        c1 = tl.load(cos_ptr + t * R + d).to(tl.float32)
+        c2 = tl.load(cos_ptr + t * R + HALF + d).to(tl.float32)
+        s1 = tl.load(sin_ptr + t * R + d).to(tl.float32)
+        s2 = tl.load(sin_ptr + t * R + HALF + d).to(tl.float32)
         if not SPLIT or tl.program_id(1) == 0:
             _norm_rope_heads(qi_ptr + t * stride_q, qw_ptr, c1, c2, s1, s2, q_ptr + t * HQ * D, q_ptr, eps, HQ, HQ_P,
-                             D, False, OFFSET)
+                             D, R, Q_HS, False, OFFSET)
         if not SPLIT or tl.program_id(1) == 1:
             slot = tl.load(slot_ptr + t).to(tl.int64) if WRITE_KV else t
             _norm_rope_heads(ki_ptr + t * stride_k, kw_ptr, c1, c2, s1, s2, k_ptr + t * HKV * D,
-                             kc_ptr + slot * HKV * D, eps, HKV, HKV_P, D, WRITE_KV, OFFSET)
+                             kc_ptr + slot * HKV * D, eps, HKV, HKV_P, D, R, D, WRITE_KV, OFFSET)
             if WRITE_KV:
                 h = tl.arange(0, HKV_P)[:, None]
                 dd = tl.arange(0, D)[None, :]
@@ -236,17 +256,29 @@ def write_kv(k: Tensor, v: Tensor, cache: Tensor, slots: Tensor) -> None:
     cache[1].view(-1, Hkv, D).index_copy_(0, slots, v.to(cache.dtype))
 
 
+def partial_rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+    """`apply_rope` of the first cos.shape[-1] dims of x's heads [T, H, D], the rest passed through (HF's
+    partial_rotary_factor: Qwen3.5's full-attention layers); all of them where cos is as wide as the heads."""
+    r = cos.shape[-1]
+    if r == x.shape[-1]:
+        return apply_rope(x, cos, sin)
+    return torch.cat([apply_rope(x[..., :r], cos, sin), x[..., r:]], dim=-1)
+
+
 def _qk_norm_rope(q: Tensor, k: Tensor, q_weight: Tensor, k_weight: Tensor, cos: Tensor, sin: Tensor, eps: float,
-                  kv: tuple[Tensor, Tensor, Tensor] | None = None, offset: bool = False) -> tuple[Tensor, Tensor]:
+                  kv: tuple[Tensor, Tensor, Tensor] | None = None, offset: bool = False,
+                  q_head_stride: int = 0) -> tuple[Tensor, Tensor]:
     """`qk_norm_rope`; with kv = (v, cache, slots), k and v also written to the cache as `write_kv` would; offset:
-    the (1 + w) norm (`offset_qk_norm_rope_write_kv`)."""
-    T, D = q.shape[0], cos.shape[-1]
-    Hq, Hkv = q.shape[-1] // D, k.shape[-1] // D
+    the (1 + w) norm (`offset_qk_norm_rope_write_kv`). Heads are q_weight.shape[-1] wide, RoPE rotates the first
+    cos.shape[-1] of each (`partial_rope`); q's heads lie q_head_stride apart (0: side by side)."""
+    T, D, R = q.shape[0], q_weight.shape[-1], cos.shape[-1]
+    QS = q_head_stride or D
+    Hq, Hkv = q.shape[-1] // QS, k.shape[-1] // D
     if not use_triton(q):
         norm = offset_rms_norm_reference if offset else rms_norm_rows
-        q = norm(q.reshape(T, Hq, D), q_weight, eps)
+        q = norm(q.reshape(T, Hq, QS)[..., :D], q_weight, eps)
         k = norm(k.reshape(T, Hkv, D), k_weight, eps)
-        q, k = apply_rope(q, cos, sin).to(q.dtype), apply_rope(k, cos, sin).to(k.dtype)
+        q, k = partial_rope(q, cos, sin).to(q.dtype), partial_rope(k, cos, sin).to(k.dtype)
         if kv is not None:
             v, cache, slots = kv
             write_kv(k, v.reshape(T, Hkv, D), cache, slots)
@@ -264,10 +296,16 @@ def _qk_norm_rope(q: Tensor, k: Tensor, q_weight: Tensor, k_weight: Tensor, cos:
         _qk_norm_rope_kernel[(T, 2 if split else 1)](
             q, k, q_weight.contiguous(), k_weight.contiguous(), cos.contiguous(), sin.contiguous(), q_out, k_out,
             q.stride(0), k.stride(0), v, v.stride(0), kc, vc, slots, eps, HQ=Hq, HKV=Hkv,
-            HQ_P=triton.next_power_of_2(Hq), HKV_P=triton.next_power_of_2(Hkv), D=D, WRITE_KV=kv is not None,
-            SPLIT=split, OFFSET=offset, num_warps=tuned("block.qk_warps", chip), enable_fp_fusion=False,
-            **pdl_launch(q))
+            HQ_P=triton.next_power_of_2(Hq), HKV_P=triton.next_power_of_2(Hkv), D=D, R=R, Q_HS=QS,
+            WRITE_KV=kv is not None, SPLIT=split, OFFSET=offset, num_warps=tuned("block.qk_warps", chip),
+            enable_fp_fusion=False, **pdl_launch(q))
     return q_out, k_out
+
+
+def _qk_shapes(q: Tensor, k: Tensor, q_weight: Tensor, q_head_stride: int = 0) -> tuple[Tensor, Tensor]:
+    """The q/k ops' outputs, empty (their fake implementations)."""
+    T, D = q.shape[0], q_weight.shape[-1]
+    return q.new_empty(T, q.shape[-1] // (q_head_stride or D), D), k.new_empty(T, k.shape[-1] // D, D)
 
 
 @custom_op("monorl::qk_norm_rope", mutates_args=())
@@ -289,23 +327,29 @@ def qk_norm_rope_write_kv(q: Tensor, k: Tensor, v: Tensor, q_weight: Tensor, k_w
 
 @custom_op("monorl::offset_qk_norm_rope_write_kv", mutates_args=("cache",))
 def offset_qk_norm_rope_write_kv(q: Tensor, k: Tensor, v: Tensor, q_weight: Tensor, k_weight: Tensor, cos: Tensor,
-                                 sin: Tensor, eps: float, cache: Tensor, slots: Tensor) -> tuple[Tensor, Tensor]:
-    """`qk_norm_rope_write_kv` with Gemma 3's (1 + w) q/k norm (`monorl.ops.offset_rmsnorm`); forward only (the
-    generator's copy, `monorl.model.gemma3_fused`)."""
-    return _qk_norm_rope(q, k, q_weight, k_weight, cos, sin, eps, (v, cache, slots), offset=True)
+                                 sin: Tensor, eps: float, cache: Tensor, slots: Tensor,
+                                 q_head_stride: int = 0) -> tuple[Tensor, Tensor]:
+    """`qk_norm_rope_write_kv` with the (1 + w) q/k norm (`monorl.ops.offset_rmsnorm`), forward only (the
+    generator's copies: Gemma 3's `monorl.model.gemma3_fused`, Qwen3.5's `monorl.model.qwen3_5.GatedAttention`).
+    Heads are q_weight.shape[-1] wide; RoPE rotates the first cos.shape[-1] dims of each (`partial_rope`); q's
+    heads lie q_head_stride apart (0: side by side; Qwen3.5: 2 * head_dim, each query beside its output gate,
+    read out of the q/k/v GEMM's output in place)."""
+    return _qk_norm_rope(q, k, q_weight, k_weight, cos, sin, eps, (v, cache, slots), True, q_head_stride)
 
 
 @qk_norm_rope_write_kv.register_fake
-@offset_qk_norm_rope_write_kv.register_fake
 def _(q, k, v, q_weight, k_weight, cos, sin, eps, cache, slots):
-    T, D = q.shape[0], cos.shape[-1]
-    return q.new_empty(T, q.shape[-1] // D, D), k.new_empty(T, k.shape[-1] // D, D)
+    return _qk_shapes(q, k, q_weight)
+
+
+@offset_qk_norm_rope_write_kv.register_fake
+def _(q, k, v, q_weight, k_weight, cos, sin, eps, cache, slots, q_head_stride=0):
+    return _qk_shapes(q, k, q_weight, q_head_stride)
 
 
 @qk_norm_rope.register_fake
 def _(q, k, q_weight, k_weight, cos, sin, eps):
-    T, D = q.shape[0], cos.shape[-1]
-    return q.new_empty(T, q.shape[-1] // D, D), k.new_empty(T, k.shape[-1] // D, D)
+    return _qk_shapes(q, k, q_weight)
 
 
 def _qk_norm_rope_setup(ctx, inputs, output) -> None:

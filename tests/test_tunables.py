@@ -43,7 +43,8 @@ PINNED = {
     "sampler.search_programs_per_sm": 2, "sampler.plan_rows": 128, "sampler.plan_warps": 4,
     "sampler.sort_path_warps": 8, "sampler.combine_warps": 1,
     "decode_state.step_warps": 1, "decode_state.commit_warps": 4, "entropy.block": 2048, "entropy.warps": 8,
-    "row_copies.warps": 4, "gated_delta_decode.rule_warps": 1, "gated_delta_decode.rule_stages": 3,
+    "row_copies.warps": 4, "gated_delta_decode.rule_bv": 64, "gated_delta_decode.rule_warps": 4,
+    "gated_delta_decode.rule_stages": 1,
 }
 HOPPER_ONLY = {"matmul.tiling_follows_m", "decode_gemm.enabled"}  # off on the default path, as they always were
 

@@ -23,6 +23,8 @@ gathered reference, and the hybrid generator as exact as the trainer against a f
 
 from __future__ import annotations
 
+import math
+
 import torch
 from torch import Tensor
 
@@ -118,8 +120,8 @@ def rule_step(x: Tensor, a: Tensor, b: Tensor, a_log: Tensor, dt_bias: Tensor, s
     N = x.shape[0]
     hv, dv = state.shape[1], state.shape[3]
     chip = chip_for(x)
-    bv = min(tuned("gated_delta_decode.rule_bv", chip), dv)
-    assert state.dtype == torch.float32 and state[0].is_contiguous() and dv % bv == 0
+    bv = math.gcd(tuned("gated_delta_decode.rule_bv", chip), dv)  # a power of two dividing Dv (tl.arange's)
+    assert state.dtype == torch.float32 and state[0].is_contiguous()
     o = torch.empty(N, hv, dv, dtype=x.dtype, device=x.device)
     _rule_step_kernel[(N * hv * (dv // bv),)](x, x.stride(0), a, a.stride(0), b, b.stride(0), a_log, dt_bias, state,
                                               state.stride(0), rows, o, dk ** -0.5, HK=hk, HV=hv, DK=dk, DV=dv, BV=bv,

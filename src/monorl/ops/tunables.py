@@ -42,6 +42,10 @@ _VOCAB = ((151936,),)  # Qwen3's vocabulary (V)
 _INVARIANT_TILE = ("every tiling keeps 64 rows per 4 warps (a 64-row wgmma over K in order), so an element's value "
                    "does not depend on it (tests/test_batch_invariant_gpu.py checks every pair bitwise)")
 _SPLIT_SUM = "the number of fp32 K parts summed: ((p0 + p1) + p2) ... (not the batch-invariant path)"
+_RULE_SWEEP = ("16 value heads of 128, Dk 128 (Qwen3.5-0.8B/2B): at 40 rows 32.8 us against 42.2 with fla's (8, 1 "
+               "warp), floor 25.0; at 128 rows 96.1 against 132.6, floor 80.1 (benchmarks/tune_rule_step.py, H100, "
+               "2026-12-08)")
+_RULE_SHAPES = ((16, 128, 128),)  # (value heads, Dk, Dv)
 _NOT_SWEPT = "set when the kernel was written ({}), not swept"
 
 _HOPPER: dict[str, Tunable] = {
@@ -218,11 +222,11 @@ _HOPPER: dict[str, Tunable] = {
     "entropy.block": Tunable(2048, _NOT_SWEPT.format("6fea232, 2026-11-25"), bitwise="the metric's sum order"),
     "entropy.warps": Tunable(8, _NOT_SWEPT.format("6fea232, 2026-11-25"), bitwise="the metric's sum order"),
     "row_copies.warps": Tunable(4, _NOT_SWEPT.format("row_copies.py, 2026-11-25")),
-    # ---- Qwen3.5's decode step (gated_delta_decode.py): fla's fused_recurrent launch values, not run on a GPU yet ----
-    "gated_delta_decode.rule_bv": Tunable(8, "values per program: fla's and vLLM's choice for one token; "
-                                          + _NOT_SWEPT.format("gated_delta_decode.py, 2026-12-06")),
-    "gated_delta_decode.rule_warps": Tunable(1, _NOT_SWEPT.format("gated_delta_decode.py, 2026-12-06")),
-    "gated_delta_decode.rule_stages": Tunable(3, _NOT_SWEPT.format("gated_delta_decode.py, 2026-12-06")),
+    # ---- Qwen3.5's decode step (gated_delta_decode.py) ----
+    "gated_delta_decode.rule_bv": Tunable(64, _RULE_SWEEP, shapes=_RULE_SHAPES),
+    "gated_delta_decode.rule_warps": Tunable(4, _RULE_SWEEP, shapes=_RULE_SHAPES),
+    "gated_delta_decode.rule_stages": Tunable(1, "one load and one store a program: nothing to pipeline (both "
+                                              "values timed the same, " + _RULE_SWEEP + ")"),
 }
 
 # Other chips: Hopper's values, unmeasured, with the Hopper-only tilings off (what the kernels always did there).

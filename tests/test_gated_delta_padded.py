@@ -128,3 +128,14 @@ def test_a_hybrids_trainer_pack_on_the_padded_layout_equals_the_varlen_one(monke
     torch.testing.assert_close(out[True][0], out[False][0], rtol=0, atol=1e-5)
     for a, b in zip(out[True][1], out[False][1], strict=True):
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5 * float(b.abs().max()))
+
+
+def test_the_reference_layout_made_in_inference_mode_serves_a_training_forward() -> None:
+    """The chunked reference caches its layout by the sequences' bounds: a generator's prefill (inference mode) may
+    make it, and a trainer forward with the same bounds then saves its indices for backward."""
+    lengths = [37, 5, 66]  # bounds no other test asks for: the cache starts without them
+    with torch.inference_mode():
+        _varlen(*_inputs(lengths, seed=3))
+    inputs = [t.requires_grad_() if t.is_floating_point() else t for t in _inputs(lengths, seed=3)]
+    _varlen(*inputs).sum().backward()
+    assert all(t.grad is not None for t in inputs if t.is_floating_point())

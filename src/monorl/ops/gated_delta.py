@@ -111,7 +111,16 @@ def _chunk_layout(bounds: tuple[int, ...], chunk: int, zero: int,
                   device: torch.device) -> tuple[list[tuple[list[int], Tensor]], Tensor, Tensor]:
     """Sequences at `bounds` grouped by chunk count -> ([(a group's sequences, their tokens [n, C * chunk], the
     zero token `zero` past each end)], each token's row in the groups' outputs end to end, the order that puts the
-    groups' final states back in sequence order), on `device` (copied there once for all the forward's layers)."""
+    groups' final states back in sequence order), on `device` (copied there once for all the forward's layers).
+    Made outside inference mode wherever it is first asked for: the cache outlives the generator's prefill that may
+    make it, and a trainer forward with the same bounds saves these indices for backward (an inference tensor there
+    raises)."""
+    with torch.inference_mode(False):
+        return _make_chunk_layout(bounds, chunk, zero, device)
+
+
+def _make_chunk_layout(bounds: tuple[int, ...], chunk: int, zero: int,
+                       device: torch.device) -> tuple[list[tuple[list[int], Tensor]], Tensor, Tensor]:
     start = bounds[0]
     groups: dict[int, list[int]] = {}
     for s in range(len(bounds) - 1):

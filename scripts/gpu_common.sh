@@ -71,6 +71,26 @@ except Exception as e:
 PY
   done
 }
+# W0 N times (default 2) with the batch-invariant GEMM's K parts ((2048, 4), (3072, 4): o and down) and without,
+# alternating in one machine: steady step and logprob_diff_max of each
+w0_parts() {
+  local M i P d
+  M=$(python3 -c "import sys; sys.path.insert(0, 'benchmarks'); from pathlib import Path; from bench_memory import model_dir; print(model_dir(Path('.models'), 'qwen3-0.6b'))")
+  for i in $(seq 1 ${1:-2}); do for P in none parts; do
+    d=/tmp/w0p_${P}_$i; rm -rf $d
+    timeout 90 python3 - $M $d $P > $OUT/w0_${P}_$i.log 2>&1 <<'PY'
+import sys
+from monorl.ops import tunables
+if sys.argv[3] == "parts":
+    tunables._OVERRIDES["matmul_split.parts"] = ((2048, 4), (3072, 4))
+from monorl.cli import main
+main(["train", "--preset", "qwen3_0_6b_sum_digits", "--model.path", sys.argv[1], "--model.random_init", "true",
+      "--rollout.ignore_eos", "true", "--checkpoint.final", "false", "--checkpoint.every_minutes", "0",
+      "--run_dir", sys.argv[2]])
+PY
+    python3 -c "import json,sys; s=json.load(open('$d/summary.json')); print('W0 $P $i: steady step %.4f s, generate %.3f train %.3f s (10 steps), logprob_diff_max %s' % (s['steady_step_s'], s['generate_s'], s['train_s'], s['logprob_diff_max']))" 2>/dev/null || echo "W0 $P $i: no summary"
+  done; done
+}
 # GPU tests: name, pytest args...; the log in $OUT, the outcome lines here (TLIMIT: all of them, PTLIMIT: each)
 tests() {
   local name=$1; shift

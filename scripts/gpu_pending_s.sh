@@ -22,13 +22,9 @@ b)
   STAGE=b bash scripts/gpu_pending_r.sh;;
 c)  # a fresh machine, Triton 3.6 (carry .device/wheels .device/tok): the fixes and changes since call a
   nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
-  # the hybrid generator's bf16 cases failed in call a on a helper's unfinished gated-attention path; now finished
-  TLIMIT=230 tests gpu_tests_c tests/test_gated_attention_kernel_gpu.py tests/test_qwen3_5_gpu.py \
-    -k "not fla_ and not packed and not rule_grad and not dtype2 and not dtype3"
-  w0_runs 2  # trainer_init without fla's import (7.24 s warm in call a)
-  w0_parts 2  # the invariant GEMM's K parts for o (K 2048) and down (K 3072) against none, alternating
-  timeout 150 python3 benchmarks/bench_hybrid_decode.py --no-train --pairs qwen3_5-0.8b:qwen3-0.6b --rows 40 \
-    --contexts 256 --out $OUT/hybrid_decode_w0.json 2>&1 | grep -v DEBUG | tail -8
-  timeout 120 python3 benchmarks/bench_hybrid_decode.py --no-train --rows 16 --contexts 16384 \
-    --out $OUT/hybrid_decode_16k.json 2>&1 | grep -v DEBUG | tail -8;;
+  w0_runs 1  # trainer_init without fla's import (7.24 s warm, 10.70 s fresh in call a)
+  # the hybrid generator's bf16 case failed in call a on a helper's unfinished gated-attention path; now finished
+  TLIMIT=190 PTLIMIT=120 tests gpu_tests_c tests/test_gated_attention_kernel_gpu.py tests/test_qwen3_5_gpu.py \
+    -k "not fla_ and not packed and not rule_grad and not dtype1 and not dtype2 and not dtype3"
+  w0_parts 1;;
 esac

@@ -28,10 +28,11 @@ from monorl.model.moe import SparseMoeBlock
 from monorl.ops import gated_delta_invariant, gated_rmsnorm, rmsnorm_invariant
 from monorl.ops import gated_delta_padded as padded
 from monorl.ops.attention_gate import gate_reference, kernels_serve, sigmoid_gate_mul
-from monorl.ops.block_kernels import offset_qk_norm_rope_write_kv, partial_rope
+from monorl.ops.block_kernels import offset_qk_norm_rope_write_kv
 from monorl.ops.gated_delta import causal_conv, fla_bounds, fla_serves, gated_delta_rule, packed_causal_conv
 from monorl.ops.gated_delta_decode import conv_step, in_place_decode, rule_step
 from monorl.ops.gated_delta_invariant import invariant_decode, invariant_rule, pointwise
+from monorl.ops.rope import partial_rope
 
 
 class GatedRMSNorm(nn.Module):

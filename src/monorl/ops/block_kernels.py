@@ -32,7 +32,7 @@ from monorl.ops import HAS_TRITON, custom_op, pdl_launch, unit_stride, use_trito
 from monorl.ops.decode_gemm import sum_parts
 from monorl.ops.offset_rmsnorm import offset_rms_norm_reference
 from monorl.ops.rmsnorm_invariant import rms_norm_backward, rms_norm_rows
-from monorl.ops.rope import apply_rope
+from monorl.ops.rope import partial_rope
 from monorl.ops.tunables import chip_for, threshold_pick, tuned
 
 if HAS_TRITON:
@@ -254,15 +254,6 @@ def write_kv(k: Tensor, v: Tensor, cache: Tensor, slots: Tensor) -> None:
     Hkv, D = cache.shape[-2:]
     cache[0].view(-1, Hkv, D).index_copy_(0, slots, k.to(cache.dtype))
     cache[1].view(-1, Hkv, D).index_copy_(0, slots, v.to(cache.dtype))
-
-
-def partial_rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
-    """`apply_rope` of the first cos.shape[-1] dims of x's heads [T, H, D], the rest passed through (HF's
-    partial_rotary_factor: Qwen3.5's full-attention layers); all of them where cos is as wide as the heads."""
-    r = cos.shape[-1]
-    if r == x.shape[-1]:
-        return apply_rope(x, cos, sin)
-    return torch.cat([apply_rope(x[..., :r], cos, sin), x[..., r:]], dim=-1)
 
 
 def _qk_norm_rope(q: Tensor, k: Tensor, q_weight: Tensor, k_weight: Tensor, cos: Tensor, sin: Tensor, eps: float,

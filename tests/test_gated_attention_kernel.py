@@ -44,6 +44,7 @@ def kernels_on(monkeypatch):
     """The ops' CUDA branch (their kernels) for CPU tensors."""
     monkeypatch.setattr(block_kernels, "use_triton", lambda t: True)
     monkeypatch.setattr(attention_gate, "use_triton", lambda t: True)
+    monkeypatch.setattr(attention_gate, "ENABLED", True)
 
 
 def _inputs(T, Hq, Hkv, D, R, q_head_stride, seed=0):

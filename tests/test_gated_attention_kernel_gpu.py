@@ -11,6 +11,13 @@ import torch
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA")]
 
+
+@pytest.fixture(autouse=True)
+def kernels_enabled(monkeypatch):
+    """The path under test, whatever `attention_gate.ENABLED`'s default."""
+    from monorl.ops import attention_gate
+    monkeypatch.setattr(attention_gate, "ENABLED", True)
+
 BF16_STEP = dict(rtol=8e-3, atol=2e-2)  # one bf16 rounding apart (the row sums' order differs from torch's)
 EPS = 1e-6
 

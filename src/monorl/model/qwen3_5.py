@@ -68,7 +68,8 @@ class GatedAttention(nn.Module):
     `qkv_proj` (`monorl.distributed.weight_sync.PACKED_MODULES`). That copy on CUDA, its norms converted
     (`use_fused_norms_`), writing a paged KV cache, runs the layer's elementwise work in two kernels: q/k norm +
     partial RoPE + the KV write (`block_kernels.offset_qk_norm_rope_write_kv`, each query read from beside its gate
-    in the GEMM's output), and the output gate (`attention_gate.sigmoid_gate_mul`), where eager ran 21."""
+    in the GEMM's output), and the output gate (`attention_gate.sigmoid_gate_mul`), where eager runs 21; while
+    `attention_gate.ENABLED` (off until its GPU tests pass)."""
 
     def __init__(self, cfg: ModelConfig, fused: bool = False) -> None:
         super().__init__()

@@ -30,8 +30,8 @@ def graph_blocker(cfg: ModelConfig, batch_invariant: bool, flash: bool, experts_
     host cannot be captured. flash: the attention backend is flash (the others read lengths on the host);
     experts_grouped: a MoE block's experts run on grouped_mm here (bf16 on sm90+), not per expert;
     linear_capturable: whether fla serves a trainer pack's Gated DeltaNet layers with their backward here
-    (`gated_delta_padded.capturable`: the padded sequence, no host read); asked of hybrids only (it imports fla:
-    ~7 s of a dense W0 run's start-up on an H100 when every trainer asked, 2026-12-08)."""
+    (`gated_delta_padded.capturable`: the padded sequence, no host read); asked of hybrids only: asking imports fla
+    (while every trainer asked, a dense W0 run's trainer_init was 7.24 s on an H100, 0.28 s before, 2026-12-08)."""
     if "linear_attention" in cfg.layer_types and (batch_invariant or not linear_capturable()):
         return ("a hybrid's Gated DeltaNet layers read their sequences' bounds on the host (batch-invariant mode, or "
                 "fla not serving their backward: gated_delta.rule_path)")

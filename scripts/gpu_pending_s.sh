@@ -20,7 +20,7 @@ a)
   TLIMIT=240 tests gpu_tests_360 tests/test_qwen3_5_gpu.py -k "as_exact or decode_kernels";;
 b)
   STAGE=b bash scripts/gpu_pending_r.sh;;
-c)  # a fresh machine, Triton 3.6 (carry .device/wheels .device/tok): the fixes and changes since call a
+c)  # never ran (no machine was lent after call a; scripts/gpu_pending_t.sh carries it on): a fresh machine, Triton 3.6
   nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
   w0_runs 1  # trainer_init without fla's import (7.24 s warm, 10.70 s fresh in call a)
   # the hybrid generator's bf16 case failed in call a on a helper's unfinished gated-attention path; now finished

@@ -63,6 +63,7 @@ from monorl.model.layers import BatchInvariantOffsetRMSNorm, FusedOffsetRMSNorm,
 from monorl.model.lora import LoRALinear
 from monorl.model.moe import BatchInvariantSparseMoeBlock, SparseMoeBlock
 from monorl.model.qwen3_5 import BatchInvariantGatedRMSNorm, FusedGatedRMSNorm, GatedRMSNorm
+from monorl.model.qwen3_5_fused import PLAIN_QWEN3_5, FusedQwen3_5FinalNorm
 from monorl.ops import decode_gemm, logprob_invariant, matmul_invariant, rmsnorm_invariant
 
 
@@ -141,7 +142,8 @@ _CONVERTED = {Linear: BatchInvariantLinear, FusedKernelsLinear: BatchInvariantLi
               GatedRMSNorm: BatchInvariantGatedRMSNorm, FusedGatedRMSNorm: BatchInvariantGatedRMSNorm,
               GptOssMoeBlock: BatchInvariantGptOssMoeBlock,
               nn.LayerNorm: BatchInvariantLayerNorm, FusedGemma3FinalNorm: BatchInvariantOffsetRMSNorm,
-              **PLAIN_GEMMA3}  # (the generator's fused Gemma 3 layers back to the plain ones)
+              FusedQwen3_5FinalNorm: BatchInvariantOffsetRMSNorm,
+              **PLAIN_GEMMA3, **PLAIN_QWEN3_5}  # (the generator's fused Gemma 3, Qwen3.5 layers back to plain ones)
 
 
 def make_batch_invariant_(model: DecoderForCausalLM) -> DecoderForCausalLM:

@@ -32,6 +32,7 @@ from monorl.model.gemma3_fused import use_fused_gemma3_
 from monorl.model.layers import FusedOffsetRMSNorm, Linear, OffsetRMSNorm, RMSNorm
 from monorl.model.mlp import MLP
 from monorl.model.qwen3_5 import FusedGatedRMSNorm, GatedRMSNorm
+from monorl.model.qwen3_5_fused import use_fused_qwen3_5_
 from monorl.model.rope import rope
 from monorl.ops import block_kernels, decode_gemm, matmul_invariant, matmul_invariant_split, rmsnorm_invariant
 
@@ -174,14 +175,15 @@ def use_fused_kernels_(model: DecoderForCausalLM) -> DecoderForCausalLM:
 def use_fused_norms_(model: DecoderForCausalLM) -> DecoderForCausalLM:
     """A generator copy whose family runs its own decoder layers (Gemma 3, Qwen3.5: `fused_kernels_supported` is
     False): its (1 + w) norms and Qwen3.5's gated norms one kernel each (`FusedOffsetRMSNorm`, `FusedGatedRMSNorm`),
-    and Gemma 3's layers on their fused kernels where the copy has fused projections (`monorl.model.gemma3_fused`);
-    forward only. Returns it."""
+    and Gemma 3's and Qwen3.5's layers on their fused kernels where the copy has fused projections
+    (`monorl.model.gemma3_fused`, `monorl.model.qwen3_5_fused`); forward only. Returns it."""
     for m in model.modules():
         if type(m) is OffsetRMSNorm:
             m.__class__ = FusedOffsetRMSNorm
         elif type(m) is GatedRMSNorm:
             m.__class__ = FusedGatedRMSNorm
     use_fused_gemma3_(model)
+    use_fused_qwen3_5_(model)
     return model
 
 

@@ -6,7 +6,8 @@ spent ~2.3 of its 5.1 GPU ms in the elementwise kernels of its 108 norms, agains
 only (the generator has no gradient); the trainer keeps the module's own path.
 
 `offset_add_norm` is Gemma 3's seam between two sub-layers (`monorl.model.gemma3_fused`): the post-norm of a
-sub-layer's output, the residual add and the next pre-norm, one kernel where they were three."""
+sub-layer's output, the residual add and the next pre-norm, one kernel where they were three. `offset_residual_norm`
+is Qwen3.5's (no post-norm): the residual add and the next pre-norm, the same kernel without its first norm."""
 
 from __future__ import annotations
 
@@ -37,8 +38,9 @@ if HAS_TRITON:
 
     @triton.jit
     def _offset_add_norm_kernel(x_ptr, a_ptr, wa_ptr, wh_ptr, h_ptr, o_ptr, D, stride_a, eps, BLOCK_D: tl.constexpr,
-                                PDL: tl.constexpr = False):
-        """h = x + norm(a) * (1 + wa), n = norm(h) * (1 + wh): each rounded to x's dtype where eager rounds."""
+                                NORM_A: tl.constexpr = True, PDL: tl.constexpr = False):
+        """h = x + norm(a) * (1 + wa) (NORM_A; else h = x + a, wa unused), n = norm(h) * (1 + wh): each rounded to
+        x's dtype where eager rounds."""
         if PDL:
             pdl_start()
         row = tl.program_id(0).to(tl.int64)
@@ -46,8 +48,11 @@ if HAS_TRITON:
         mask = offs < D
         dt = h_ptr.dtype.element_ty
         a = tl.load(a_ptr + row * stride_a + offs, mask=mask, other=0.0).to(tl.float32)
-        wa = tl.load(wa_ptr + offs, mask=mask, other=0.0).to(tl.float32)
-        y = (a * (1.0 / tl.sqrt(tl.sum(a * a, axis=0) / D + eps)) * (1.0 + wa)).to(dt)
+        if NORM_A:
+            wa = tl.load(wa_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+            y = (a * (1.0 / tl.sqrt(tl.sum(a * a, axis=0) / D + eps)) * (1.0 + wa)).to(dt)
+        else:
+            y = a.to(dt)
         x = tl.load(x_ptr + row * D + offs, mask=mask, other=0.0)
         h = (x.to(tl.float32) + y.to(tl.float32)).to(dt)  # eager's add rounds to the dtype
         tl.store(h_ptr + row * D + offs, h, mask=mask)
@@ -92,16 +97,36 @@ def offset_add_norm(x: Tensor, a: Tensor, wa: Tensor, wh: Tensor, eps: float) ->
     if not use_triton(x) or x.numel() == 0:
         h = x + offset_rms_norm_reference(a, wa, eps)
         return h, offset_rms_norm_reference(h, wh, eps)
+    return _add_norm_triton(x, a, wa, wh, eps, norm_a=True)
+
+
+def _add_norm_triton(x: Tensor, a: Tensor, wa: Tensor, wh: Tensor, eps: float, norm_a: bool) -> tuple[Tensor, Tensor]:
     x = x.contiguous()
     a = a if a.stride(-1) == 1 else a.contiguous()
     T, D = x.shape
     h, n = torch.empty_like(x), torch.empty_like(x)
     _offset_add_norm_kernel[(T,)](x, a, wa.contiguous(), wh.contiguous(), h, n, D, a.stride(0), eps,
-                                  BLOCK_D=triton.next_power_of_2(D), num_warps=tuned("rmsnorm.warps", chip_for(x)),
-                                  **pdl_launch(x))
+                                  BLOCK_D=triton.next_power_of_2(D), NORM_A=norm_a,
+                                  num_warps=tuned("rmsnorm.warps", chip_for(x)), **pdl_launch(x))
     return h, n
 
 
 @offset_add_norm.register_fake
 def _(x, a, wa, wh, eps):
+    return torch.empty_like(x), torch.empty_like(x)
+
+
+@custom_op("monorl::offset_residual_norm", mutates_args=())
+def offset_residual_norm(x: Tensor, a: Tensor, w: Tensor, eps: float) -> tuple[Tensor, Tensor]:
+    """(h, n) for h = x + a (rounded to x's dtype, as eager's add) and n = (1 + w)-norm(h): Qwen3.5's seam between
+    a sub-layer's output and the next pre-norm (`monorl.model.qwen3_5_fused`), one kernel where it was two. x [T, D]
+    contiguous; a [T, D] with unit last stride."""
+    if not use_triton(x) or x.numel() == 0:
+        h = x + a
+        return h, offset_rms_norm_reference(h, w, eps)
+    return _add_norm_triton(x, a, w, w, eps, norm_a=False)
+
+
+@offset_residual_norm.register_fake
+def _(x, a, w, eps):
     return torch.empty_like(x), torch.empty_like(x)

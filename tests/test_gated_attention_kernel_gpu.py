@@ -111,34 +111,46 @@ def test_the_generator_copys_layer_on_the_kernels_in_bf16(phase):
     assert torch.equal(cache_fused[1], cache_plain[1])  # v copied as it is
 
 
-def test_a_converted_cuda_generator_is_as_close_to_the_trainer_as_the_eager_one(monkeypatch):
+def generator_trainer_gaps(cfg, each=lambda gen, fused: None) -> dict[bool, torch.Tensor]:
+    """|generator - trainer| log-prob of each sampled token, a CUDA generator with fused kernels (True) and
+    without (False), against the trainer's fp32 forward on CPU (random weights of `cfg`); each(gen, fused) runs after
+    each generation. Prints the gaps' mean and max."""
     from monorl.generate.generator import Generator, GeneratorConfig
     from monorl.generate.sampling import SamplingParams
-    from monorl.model import qwen3_5
     from monorl.model.decoder import build_model
     from monorl.train.packing import TrainSequence
     from tests.test_families import prompts_of, trainer_logprobs
-    from tests.test_recurrent_state import HYBRID
 
-    cfg = HYBRID.replace(head_dim=32)  # rotary_dim 8
-    calls = []
-    op = qwen3_5.offset_qk_norm_rope_write_kv
-    monkeypatch.setattr(qwen3_5, "offset_qk_norm_rope_write_kv", lambda *a: calls.append(1) or op(*a))
     on_cpu = build_model(cfg, seed=None).init_weights(7, std=0.2)  # the trainer's reference: fp32, on CPU
     model = build_model(cfg, seed=None).init_weights(7, std=0.2).cuda()
     prompts = prompts_of([3, 21, 10, 30], cfg.vocab_size, seed=3)
     sp = SamplingParams(max_new_tokens=24, temperature=0.9, seed=2)
     gaps = {}
     for fused in (True, False):
-        calls.clear()
         gen = Generator(model, GeneratorConfig(max_num_seqs=8, max_model_len=128, block_size=4,
                                                fused_kernels=fused), eos_token_ids=())
         out = gen.generate(prompts, sp, n=2)
-        assert bool(calls) == fused  # the converted copy's attention layers ran the kernels
+        each(gen, fused)
         seqs = [TrainSequence(p, list(c.token_ids), list(c.logprobs), 0.0) for p, cs in zip(prompts, out, strict=True)
                 for c in cs]
         ref = trainer_logprobs(on_cpu, seqs, 0.9)
         gaps[fused] = torch.cat([(torch.tensor(s.old_logprobs) - r).abs() for s, r in zip(seqs, ref, strict=True)])
     print(f"|generator - trainer| log-prob, mean / max: fused {gaps[True].mean():.4f} / {gaps[True].max():.4f}, "
           f"eager {gaps[False].mean():.4f} / {gaps[False].max():.4f}")
+    return gaps
+
+
+def test_a_converted_cuda_generator_is_as_close_to_the_trainer_as_the_eager_one(monkeypatch):
+    from monorl.model import qwen3_5
+    from tests.test_recurrent_state import HYBRID
+
+    calls = []
+    op = qwen3_5.offset_qk_norm_rope_write_kv
+    monkeypatch.setattr(qwen3_5, "offset_qk_norm_rope_write_kv", lambda *a: calls.append(1) or op(*a))
+
+    def ran_the_kernels(gen, fused):
+        assert bool(calls) == fused  # the converted copy's attention layers ran the kernels
+        calls.clear()
+
+    gaps = generator_trainer_gaps(HYBRID.replace(head_dim=32), ran_the_kernels)  # rotary_dim 8
     assert gaps[True].mean() <= 1.5 * gaps[False].mean() + 2e-3

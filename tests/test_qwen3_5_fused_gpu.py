@@ -24,32 +24,16 @@ def test_residual_norm_in_bf16():
 
 @pytest.mark.parametrize("moe", [False, True], ids=["dense", "moe"])
 def test_a_converted_cuda_generator_is_as_close_to_the_trainer_as_the_eager_one(monkeypatch, moe):
-    from monorl.generate.generator import Generator, GeneratorConfig
-    from monorl.generate.sampling import SamplingParams
     from monorl.model import qwen3_5_fused
-    from monorl.model.decoder import build_model
     from monorl.ops import attention_gate
-    from monorl.train.packing import TrainSequence
-    from tests.test_families import prompts_of, trainer_logprobs
+    from tests.test_gated_attention_kernel_gpu import generator_trainer_gaps
     from tests.test_recurrent_state import HYBRID, HYBRID_MOE
 
     monkeypatch.setattr(qwen3_5_fused, "ENABLED", True)
     monkeypatch.setattr(attention_gate, "ENABLED", True)
-    cfg = (HYBRID_MOE if moe else HYBRID).replace(head_dim=32)
-    on_cpu = build_model(cfg, seed=None).init_weights(7, std=0.2)  # the trainer's reference: fp32, on CPU
-    model = build_model(cfg, seed=None).init_weights(7, std=0.2).cuda()
-    prompts = prompts_of([3, 21, 10, 30], cfg.vocab_size, seed=3)
-    sp = SamplingParams(max_new_tokens=24, temperature=0.9, seed=2)
-    gaps = {}
-    for fused in (True, False):
-        gen = Generator(model, GeneratorConfig(max_num_seqs=8, max_model_len=128, block_size=4,
-                                               fused_kernels=fused), eos_token_ids=())
+
+    def converted(gen, fused):
         assert (type(gen.model.model.layers[0]) is qwen3_5_fused.FusedQwen3_5Block) == fused
-        out = gen.generate(prompts, sp, n=2)
-        seqs = [TrainSequence(p, list(c.token_ids), list(c.logprobs), 0.0) for p, cs in zip(prompts, out, strict=True)
-                for c in cs]
-        ref = trainer_logprobs(on_cpu, seqs, 0.9)
-        gaps[fused] = torch.cat([(torch.tensor(s.old_logprobs) - r).abs() for s, r in zip(seqs, ref, strict=True)])
-    print(f"|generator - trainer| log-prob, mean / max: fused {gaps[True].mean():.4f} / {gaps[True].max():.4f}, "
-          f"eager {gaps[False].mean():.4f} / {gaps[False].max():.4f}")
+
+    gaps = generator_trainer_gaps((HYBRID_MOE if moe else HYBRID).replace(head_dim=32), converted)
     assert gaps[True].mean() <= 1.5 * gaps[False].mean() + 2e-3

@@ -80,13 +80,13 @@ w0_parts() {
     d=/tmp/w0p_${P}_$i; rm -rf $d
     timeout 90 python3 - $M $d $P > $OUT/w0_${P}_$i.log 2>&1 <<'PY'
 import sys
-from monorl.ops import tunables
-if sys.argv[3] == "parts":
-    tunables._OVERRIDES["matmul_split.parts"] = ((2048, 4), (3072, 4))
 from monorl.cli import main
-main(["train", "--preset", "qwen3_0_6b_sum_digits", "--model.path", sys.argv[1], "--model.random_init", "true",
-      "--rollout.ignore_eos", "true", "--checkpoint.final", "false", "--checkpoint.every_minutes", "0",
-      "--run_dir", sys.argv[2]])
+from monorl.ops.tunables import overridden
+parts = {"matmul_split.parts": ((2048, 4), (3072, 4))} if sys.argv[3] == "parts" else {}
+with overridden(parts):
+  main(["train", "--preset", "qwen3_0_6b_sum_digits", "--model.path", sys.argv[1], "--model.random_init", "true",
+        "--rollout.ignore_eos", "true", "--checkpoint.final", "false", "--checkpoint.every_minutes", "0",
+        "--run_dir", sys.argv[2]])
 PY
     python3 -c "import json,sys; s=json.load(open('$d/summary.json')); print('W0 $P $i: steady step %.4f s, generate %.3f train %.3f s (10 steps), logprob_diff_max %s' % (s['steady_step_s'], s['generate_s'], s['train_s'], s['logprob_diff_max']))" 2>/dev/null || echo "W0 $P $i: no summary"
   done; done
